@@ -1,0 +1,87 @@
+"""The ``adx`` command line: one typer app; each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+from adx.logs import configure_logging
+
+app = typer.Typer(
+    name="adx",
+    help="ADX: sandboxed Environments and durable agent runs for AI agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+# Exit status per failure family: scripts can tell "fix your input" from "try again later".
+EXIT_CODES: dict[type[AdxError], int] = {
+    InvalidInputError: 2,
+    NotFoundError: 3,
+    ConflictError: 4,
+    UnavailableError: 5,
+    UncertainOutcomeError: 6,
+}
+
+
+class GlobalOptions:
+    log_level: str = "info"
+    log_format: str = "kv"
+
+
+def fail(exc: AdxError) -> NoReturn:
+    status = next((code for family, code in EXIT_CODES.items() if isinstance(exc, family)), 1)
+    err_console.print(f"adx: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(status)
+
+
+def setup_logging(component: str, level: str | None = None, fmt: str | None = None) -> None:
+    configure_logging(
+        component,
+        level or GlobalOptions.log_level,
+        "json" if (fmt or GlobalOptions.log_format) == "json" else "kv",
+    )
+
+
+@app.callback()
+def _global(
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="debug, info, warning or error", envvar="ADX_LOG_LEVEL")
+    ] = "info",
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="kv (key=value) or json", envvar="ADX_LOG_FORMAT")
+    ] = "kv",
+) -> None:
+    if log_level.lower() not in ("debug", "info", "warning", "error"):
+        fail(InvalidInputError("--log-level", f"must be debug, info, warning or error, not {log_level!r}"))
+    if log_format not in ("kv", "json"):
+        fail(InvalidInputError("--log-format", f"must be kv or json, not {log_format!r}"))
+    GlobalOptions.log_level = log_level.lower()
+    GlobalOptions.log_format = log_format
+
+
+def main() -> None:
+    # Importing the command modules registers them on ``app``.
+    from adx.cli import _config_cmd, _up  # noqa: F401
+
+    try:
+        app()
+    except AdxError as exc:  # pragma: no cover - commands translate their own errors via fail()
+        try:
+            fail(exc)
+        except typer.Exit as done:
+            sys.exit(done.exit_code)

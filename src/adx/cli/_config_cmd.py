@@ -1,0 +1,35 @@
+"""``adx config check``: validate a component's configuration file without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from adx.cli._app import app, console, fail
+from adx.config import COMPONENTS, load_component_config
+from adx.errors import AdxError
+
+config_app = typer.Typer(help="Inspect and validate configuration files.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("check")
+def check(
+    file: Annotated[Path, typer.Argument(help="TOML configuration file", dir_okay=False)],
+    component: Annotated[
+        str,
+        typer.Option("--component", "-c", help=f"which component's schema: {', '.join(sorted(COMPONENTS))}"),
+    ],
+    show: Annotated[bool, typer.Option("--show", help="print the effective configuration as JSON")] = False,
+) -> None:
+    """Exit 0 if FILE (plus ADX_* environment overrides) is a valid configuration for COMPONENT."""
+    try:
+        config = load_component_config(component, file)
+    except AdxError as exc:
+        fail(exc)
+    if show:
+        console.print_json(config.model_dump_json())
+    else:
+        console.print(f"{file}: valid {component} configuration", highlight=False)

@@ -1,0 +1,114 @@
+"""``adx up``: the all-in-one single-node cluster (at this stage: the embedded Redis and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections import deque
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from adx.cli._app import app, console, fail, setup_logging
+from adx.config import UpConfig, load_model
+from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedServer, ServerState
+from adx.errors import AdxError, UnavailableError
+
+log = logging.getLogger("adx.up")
+
+
+@app.command()
+def up(
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="state directory (default ./.adx)", file_okay=False)
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML file (component 'up')", dir_okay=False)
+    ] = None,
+) -> None:
+    """Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."""
+    try:
+        cfg = load_model(UpConfig, "up", config)
+    except AdxError as exc:
+        fail(exc)
+    if state_dir is not None:
+        cfg = cfg.model_copy(update={"state_dir": state_dir})
+    setup_logging("up", cfg.logging.level if config else None, cfg.logging.format if config else None)
+    try:
+        asyncio.run(_run(cfg))
+    except AdxError as exc:
+        fail(exc)
+
+
+def _print_endpoints(servers: list[ManagedServer], state_dir: Path) -> None:
+    table = Table(title=f"ADX is up (state in {state_dir})", title_justify="left")
+    table.add_column("service")
+    table.add_column("url")
+    table.add_column("pid", justify="right")
+    table.add_column("")
+    for server in servers:
+        info = server.read_info()
+        assert info is not None
+        table.add_row(server.kind, info.url, str(info.pid), "reused" if server.reused else "started")
+    console.print(table)
+    console.print("Press Ctrl-C to stop.")
+
+
+async def _run(cfg: UpConfig) -> None:
+    state_dir = cfg.state_dir.absolute()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    servers: list[ManagedServer] = [
+        EmbeddedRedis(state_dir, cfg.redis),
+        EmbeddedPostgres(state_dir, cfg.postgres),
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    started: list[ManagedServer] = []
+    try:
+        for server in servers:
+            with console.status(f"starting {server.kind} ..."):
+                await asyncio.to_thread(server.start)
+            started.append(server)
+        _print_endpoints(servers, state_dir)
+        await _supervise(servers, cfg, stop)
+    finally:
+        for server in reversed(started):
+            with console.status(f"stopping {server.kind} ..."):
+                await asyncio.to_thread(server.stop)
+            console.print(f"stopped {server.kind}")
+
+
+async def _supervise(servers: list[ManagedServer], cfg: UpConfig, stop: asyncio.Event) -> None:
+    """Detect crashed servers, report them, restart them on their data (rate-limited)."""
+    restarts: dict[str, deque[float]] = {server.kind: deque() for server in servers}
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=cfg.health_interval_seconds)
+        if stop.is_set():
+            return
+        for server in servers:
+            status = await asyncio.to_thread(server.status)
+            if status.state is ServerState.RUNNING:
+                continue
+            log.error("%s server is %s: %s", server.kind, status.state.value, status.detail)
+            console.print(f"[red]{server.kind} server {status.state.value}[/red]: {status.detail}")
+            if status.state is not ServerState.CRASHED:
+                continue
+            window = restarts[server.kind]
+            now = time.monotonic()
+            while window and now - window[0] > 60:
+                window.popleft()
+            if len(window) >= cfg.max_restarts_per_minute:
+                raise UnavailableError(
+                    f"{server.kind} crashed {len(window)} times within a minute; giving up (see {server.log_path})"
+                )
+            window.append(now)
+            info = await asyncio.to_thread(server.start)
+            console.print(f"restarted {server.kind} on its existing data: {info.url} (pid {info.pid})")

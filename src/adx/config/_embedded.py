@@ -1,0 +1,47 @@
+"""Configuration of the embedded Redis and PostgreSQL servers and of ``adx up``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from adx.config._base import LoggingConfig, StrictModel
+
+__all__ = ["PostgresServerConfig", "RedisServerConfig", "UpConfig"]
+
+Port = int
+
+
+class RedisServerConfig(StrictModel):
+    host: str = Field(default="127.0.0.1", description="TCP address to listen on")
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    appendfsync: Literal["always", "everysec", "no"] = Field(
+        default="always", description="AOF fsync policy; 'always' makes every acknowledged write durable"
+    )
+    start_timeout_seconds: float = Field(default=15.0, gt=0, le=600)
+    stop_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+
+
+class PostgresServerConfig(StrictModel):
+    host: str = Field(default="127.0.0.1", description="TCP address to listen on")
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    database: str = Field(default="adx", min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    fsync: bool = Field(
+        default=True, description="PostgreSQL's fsync; never turn off outside throwaway tests"
+    )
+    max_connections: int = Field(default=200, ge=10, le=10000)
+    start_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    stop_timeout_seconds: float = Field(default=20.0, gt=0, le=600)
+
+
+class UpConfig(StrictModel):
+    """``adx up``: the all-in-one single-node cluster."""
+
+    state_dir: Path = Field(default=Path(".adx"), description="where embedded servers keep their data")
+    logging: LoggingConfig = LoggingConfig()
+    redis: RedisServerConfig = RedisServerConfig()
+    postgres: PostgresServerConfig = PostgresServerConfig()
+    health_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    max_restarts_per_minute: int = Field(default=5, ge=0, le=100)
