@@ -27,9 +27,7 @@ def up(
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="state directory (default ./.adx)", file_okay=False)
     ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="TOML file (component 'up')", dir_okay=False)
-    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML file (component 'up')", dir_okay=False)] = None,
 ) -> None:
     """Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."""
     try:

@@ -32,14 +32,10 @@ COMPONENTS: dict[str, type[BaseModel]] = {
 }
 
 
-def load_component_config(
-    component: str, path: Path | None, environ: Mapping[str, str] | None = None
-) -> BaseModel:
+def load_component_config(component: str, path: Path | None, environ: Mapping[str, str] | None = None) -> BaseModel:
     try:
         model = COMPONENTS[component]
     except KeyError:
         known = ", ".join(sorted(COMPONENTS))
-        raise ConfigError(
-            "--component", "component", f"unknown component {component!r} (known: {known})"
-        ) from None
+        raise ConfigError("--component", "component", f"unknown component {component!r} (known: {known})") from None
     return load_model(model, component, path, environ)

@@ -29,9 +29,7 @@ class StrictModel(BaseModel):
 
 class LoggingConfig(StrictModel):
     level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["kv", "json"] = Field(
-        default="kv", description="kv: key=value pairs; json: one object a line"
-    )
+    format: Literal["kv", "json"] = Field(default="kv", description="kv: key=value pairs; json: one object a line")
 
 
 class ConfigError(InvalidInputError):

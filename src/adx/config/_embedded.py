@@ -28,9 +28,7 @@ class PostgresServerConfig(StrictModel):
     host: str = Field(default="127.0.0.1", description="TCP address to listen on")
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     database: str = Field(default="adx", min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    fsync: bool = Field(
-        default=True, description="PostgreSQL's fsync; never turn off outside throwaway tests"
-    )
+    fsync: bool = Field(default=True, description="PostgreSQL's fsync; never turn off outside throwaway tests")
     max_connections: int = Field(default=200, ge=10, le=10000)
     start_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     stop_timeout_seconds: float = Field(default=20.0, gt=0, le=600)

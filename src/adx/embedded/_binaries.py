@@ -44,11 +44,7 @@ def postgres_bin_dir(override: Path | None = None) -> Path:
         if package is not None:
             candidates.append(package / "pginstall" / "bin")
     for candidate in candidates:
-        if (
-            candidate is not None
-            and _executable(candidate / "postgres")
-            and _executable(candidate / "initdb")
-        ):
+        if candidate is not None and _executable(candidate / "postgres") and _executable(candidate / "initdb"):
             return candidate
     where = f" in {override}" if override is not None else ""
     raise UnavailableError(

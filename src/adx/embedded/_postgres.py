@@ -72,9 +72,7 @@ class EmbeddedPostgres(ManagedServer):
         ]
         result = subprocess.run(self._wrap(argv), capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise UnavailableError(
-                f"initdb failed with status {result.returncode}: {result.stderr.strip()[-2000:]}"
-            )
+            raise UnavailableError(f"initdb failed with status {result.returncode}: {result.stderr.strip()[-2000:]}")
         os.replace(scratch, self.data_dir)
 
     def _unix_socket_path(self, port: int) -> str | None:
@@ -120,9 +118,7 @@ class EmbeddedPostgres(ManagedServer):
 
     def _after_first_healthy(self, url: str) -> None:
         with psycopg.connect(self._admin_url(url), autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (self.config.database,)
-            ).fetchone()
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.config.database,)).fetchone()
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.config.database)))
 

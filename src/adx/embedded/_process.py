@@ -111,9 +111,7 @@ class ManagedServer:
     kind: str = "server"
     log_name: str = "server.log"
 
-    def __init__(
-        self, state_dir: Path, host: str, port: int, start_timeout: float, stop_timeout: float
-    ) -> None:
+    def __init__(self, state_dir: Path, host: str, port: int, start_timeout: float, stop_timeout: float) -> None:
         self.dir = Path(state_dir).absolute() / self.kind
         self.host = host
         self.requested_port = port
@@ -163,9 +161,8 @@ class ManagedServer:
             return None
 
     def is_alive(self, info: ServerInfo) -> bool:
-        if self._child is not None and self._child.pid == info.pid:
-            if self._child.poll() is not None:
-                return False
+        if self._child is not None and self._child.pid == info.pid and self._child.poll() is not None:
+            return False
         return info.boot_id == boot_id() and proc_start_ticks(info.pid) == info.proc_start_ticks
 
     def status(self) -> ServerStatus:
@@ -182,9 +179,7 @@ class ManagedServer:
     def start(self) -> ServerInfo:
         """Start (or reuse) the server; return where it listens. Raises UnavailableError on failure."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with exclusive_lock(
-            self.lock_path, timeout=self.start_timeout + self.stop_timeout, what=f"{self.kind} lock"
-        ):
+        with exclusive_lock(self.lock_path, timeout=self.start_timeout + self.stop_timeout, what=f"{self.kind} lock"):
             info = self.read_info()
             if info is not None and self.is_alive(info):
                 deadline = time.monotonic() + self.start_timeout
@@ -210,9 +205,7 @@ class ManagedServer:
         """Stop the recorded server if running. Returns True if a process was stopped."""
         if not self.dir.exists():
             return False
-        with exclusive_lock(
-            self.lock_path, timeout=self.start_timeout + self.stop_timeout, what=f"{self.kind} lock"
-        ):
+        with exclusive_lock(self.lock_path, timeout=self.start_timeout + self.stop_timeout, what=f"{self.kind} lock"):
             info = self.read_info()
             stopped = False
             if info is not None and self.is_alive(info):
@@ -260,9 +253,7 @@ class ManagedServer:
                 return self._spawn(port)
             except PortInUse:
                 if attempt == attempts:
-                    raise UnavailableError(
-                        f"{self.kind}: port {port} on {self.host} is already in use"
-                    ) from None
+                    raise UnavailableError(f"{self.kind}: port {port} on {self.host} is already in use") from None
                 log.info("%s: port %d was taken meanwhile; trying another", self.kind, port)
         raise AssertionError("unreachable")
 
@@ -286,9 +277,7 @@ class ManagedServer:
             except FileNotFoundError as exc:
                 raise UnavailableError(f"{self.kind}: cannot execute {exc.filename}: not found") from None
             except PermissionError as exc:
-                raise UnavailableError(
-                    f"{self.kind}: cannot execute {exc.filename}: permission denied"
-                ) from None
+                raise UnavailableError(f"{self.kind}: cannot execute {exc.filename}: permission denied") from None
         self._child = proc
         url = self._url(port)
         deadline = time.monotonic() + self.start_timeout
@@ -299,9 +288,7 @@ class ManagedServer:
                 self._terminate(proc.pid)
             if self._bind_failure(log_tail):
                 raise PortInUse()
-            raise UnavailableError(
-                f"{self.kind} did not become healthy: {reason}; log {self.log_path}:\n{log_tail}"
-            )
+            raise UnavailableError(f"{self.kind} did not become healthy: {reason}; log {self.log_path}:\n{log_tail}")
         ticks = proc_start_ticks(proc.pid)
         assert ticks is not None
         info = ServerInfo(
@@ -343,9 +330,7 @@ class ManagedServer:
             if self._child is not None and self._child.pid == pid and self._child.poll() is not None:
                 break
             if time.monotonic() > deadline:
-                log.warning(
-                    "%s pid %d ignored the stop signal for %.0fs; killing", self.kind, pid, self.stop_timeout
-                )
+                log.warning("%s pid %d ignored the stop signal for %.0fs; killing", self.kind, pid, self.stop_timeout)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + self.stop_timeout

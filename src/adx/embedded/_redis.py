@@ -21,9 +21,7 @@ class EmbeddedRedis(ManagedServer):
     kind = "redis"
     log_name = "redis.log"
 
-    def __init__(
-        self, state_dir: Path, config: RedisServerConfig | None = None, binary: Path | None = None
-    ) -> None:
+    def __init__(self, state_dir: Path, config: RedisServerConfig | None = None, binary: Path | None = None) -> None:
         self.config = config or RedisServerConfig()
         super().__init__(
             state_dir,
