@@ -32,4 +32,4 @@ def check(
     if show:
         console.print_json(config.model_dump_json())
     else:
-        console.print(f"{file}: valid {component} configuration", highlight=False)
+        console.print(f"{file}: valid {component} configuration", highlight=False, soft_wrap=True)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from adx.cli._app import app, console, fail, setup_logging
 from adx.config import UpConfig, load_model
@@ -44,16 +43,13 @@ def up(
 
 
 def _print_endpoints(servers: list[ManagedServer], state_dir: Path) -> None:
-    table = Table(title=f"ADX is up (state in {state_dir})", title_justify="left")
-    table.add_column("service")
-    table.add_column("url")
-    table.add_column("pid", justify="right")
-    table.add_column("")
+    # Plain lines, not a table: URLs must never be wrapped or cut when the output is piped or copied.
+    console.print(f"[bold]ADX is up[/bold] (state in {state_dir})", soft_wrap=True)
     for server in servers:
         info = server.read_info()
         assert info is not None
-        table.add_row(server.kind, info.url, str(info.pid), "reused" if server.reused else "started")
-    console.print(table)
+        how = "reused" if server.reused else "started"
+        console.print(f"  {server.kind:<9} {info.url}  (pid {info.pid}, {how})", soft_wrap=True, highlight=False)
     console.print("Press Ctrl-C to stop.")
 
 

@@ -1,0 +1,3 @@
+from adx.cli import main
+
+main()

@@ -1,0 +1,87 @@
+"""The ``adx`` command as a user runs it: a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import redis
+
+ADX = [sys.executable, "-m", "adx"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ADX, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_config_check_accepts_valid_file(tmp_path: Path) -> None:
+    path = tmp_path / "up.toml"
+    path.write_text('[redis]\nappendfsync = "everysec"\n')
+    result = run("config", "check", str(path), "--component", "up")
+    assert result.returncode == 0, result.stderr
+    assert "valid up configuration" in result.stdout
+
+
+def test_bad_config_is_one_clear_line_and_starts_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "up.toml"
+    path.write_text("[redis]\nport = -1\n")
+    state = tmp_path / "state"
+    for args in (
+        ("config", "check", str(path), "--component", "up"),
+        ("up", "--config", str(path), "--state-dir", str(state)),
+    ):
+        result = run(*args)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0] == f"adx: error: {path}: redis.port: Input should be greater than or equal to 0"
+    assert not state.exists()
+
+
+def test_bad_global_option_names_it() -> None:
+    result = run("--log-level", "loud", "config", "check", "x", "--component", "up")
+    assert result.returncode == 2
+    assert "--log-level" in result.stderr
+
+
+def test_up_starts_real_servers_prints_urls_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [*ADX, "up", "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "Press Ctrl-C" not in seen:
+            assert time.monotonic() < deadline, seen
+            line = proc.stdout.readline()
+            assert line, f"adx up exited early: {proc.stderr.read() if proc.stderr else ''}"
+            seen += line
+        redis_url = re.search(r"redis://[\d.]+:\d+/0", seen)
+        pg_url = re.search(r"postgresql://\S+", seen)
+        assert redis_url and pg_url, seen
+        assert redis.Redis.from_url(redis_url.group(0)).ping()
+        with psycopg.connect(pg_url.group(0)) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "stopped redis" in out and "stopped postgres" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (state / "redis" / "server.json").exists()
+    assert not (state / "postgres" / "server.json").exists()

@@ -1,0 +1,71 @@
+"""Structured logging and the error hierarchy."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+import adx.errors
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+from adx.logs import configure_logging
+
+
+@pytest.fixture
+def restore_root_logger():  # type: ignore[no-untyped-def]
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_json_lines_carry_component_and_context(restore_root_logger) -> None:  # type: ignore[no-untyped-def]
+    out = io.StringIO()
+    configure_logging("coordinator", "debug", "json", stream=out)
+    logging.getLogger("adx.test").info("committed %s", "env-1", extra={"env_id": "env-1", "generation": 3})
+    line = json.loads(out.getvalue().strip())
+    assert line["component"] == "coordinator"
+    assert line["msg"] == "committed env-1"
+    assert (line["env_id"], line["generation"], line["level"]) == ("env-1", 3, "info")
+
+
+def test_kv_lines_quote_values_with_spaces(restore_root_logger) -> None:  # type: ignore[no-untyped-def]
+    out = io.StringIO()
+    configure_logging("node", "info", "kv", stream=out)
+    logging.getLogger("adx.test").warning("two words", extra={"env_id": "e1"})
+    logging.getLogger("adx.test").debug("hidden below the level")
+    text = out.getvalue()
+    assert "component=node" in text and 'msg="two words"' in text and "env_id=e1" in text
+    assert "hidden" not in text
+    assert len(text.strip().splitlines()) == 1
+
+
+def test_unknown_level_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown log level"):
+        configure_logging("x", "loud")
+
+
+def test_error_families_share_one_root() -> None:
+    for family in (InvalidInputError, NotFoundError, ConflictError, UnavailableError, UncertainOutcomeError):
+        assert issubclass(family, AdxError)
+    err = InvalidInputError("resources.cpuMillis", "must be positive")
+    assert str(err) == "resources.cpuMillis: must be positive"
+    assert err.details == {"field": "resources.cpuMillis", "reason": "must be positive"}
+    assert len({f.code for f in AdxError.__subclasses__()}) == len(AdxError.__subclasses__())
+
+
+def test_public_exports_are_honest() -> None:
+    for name in adx.errors.__all__:
+        assert hasattr(adx.errors, name)
+    public = {n for n, v in vars(adx.errors).items() if isinstance(v, type) and issubclass(v, AdxError)}
+    assert public == set(adx.errors.__all__)
