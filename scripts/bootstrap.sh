@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs everything ADX needs into ./.venv (idempotent) on a Debian/Ubuntu machine with Python 3.11+.
+# Sourced by the other scripts; afterwards "$ADX_UV" is the uv command to use.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ADX needs Python 3.11 or newer")'
+
+# System tools the runtime uses (all from the base system on Debian/Ubuntu; installed only if missing).
+missing=()
+command -v unshare >/dev/null || missing+=(util-linux)
+command -v ip >/dev/null || missing+=(iproute2)
+if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+  echo "bootstrap: installing ${missing[*]}" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# uv manages the virtual environment from uv.lock. Take it from PyPI with pip; Debian marks the system
+# Python "externally managed", hence the fallbacks.
+if ! "$PYTHON" -m uv --version >/dev/null 2>&1; then
+  echo "bootstrap: installing uv" >&2
+  if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip python3-venv >/dev/null
+    fi
+  fi
+  "$PYTHON" -m pip install -q uv 2>/dev/null || "$PYTHON" -m pip install -q --break-system-packages uv
+fi
+
+export UV_PYTHON_DOWNLOADS=never
+export UV_PYTHON="$PYTHON"
+ADX_UV="$PYTHON -m uv"
+$ADX_UV sync --frozen --quiet
+export ADX_UV
