@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 from _harness import emit, progress, summarize, time_calls
 
+from adx.config import RedisServerConfig
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis
 
 # The Coordinator's commit shape: write only if the stored revision is the expected one.
@@ -29,6 +30,12 @@ local next_revision = tostring(tonumber(ARGV[1]) + 1)
 redis.call('HSET', KEYS[1], 'revision', next_revision, 'body', ARGV[2])
 return {1, next_revision}
 """
+
+
+def exec_seconds(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, capture_output=True, check=True)
+    return time.perf_counter() - start
 
 
 def bench_startup(rounds: int) -> dict[str, object]:
@@ -57,10 +64,8 @@ def bench_startup(rounds: int) -> dict[str, object]:
             pg_warm.append(time.perf_counter() - start)
             p.stop()
 
-            redis_exec += time_calls(lambda: subprocess.run([str(r.binary), "--version"], capture_output=True), 1)
-            pg_exec += time_calls(
-                lambda: subprocess.run([str(p.bin_dir / "postgres"), "--version"], capture_output=True), 1
-            )
+            redis_exec.append(exec_seconds([str(r.binary), "--version"]))
+            pg_exec.append(exec_seconds([str(p.bin_dir / "postgres"), "--version"]))
     return {
         "redis_start_cold": summarize(redis_cold),
         "redis_start_existing_data": summarize(redis_warm),
@@ -71,36 +76,37 @@ def bench_startup(rounds: int) -> dict[str, object]:
     }
 
 
+def cas_vs_set(url: str, ops: int) -> dict[str, object]:
+    client = redis.Redis.from_url(url)
+    cas = client.register_script(CAS_SCRIPT)
+    revision = 0
+
+    def cas_once() -> None:
+        nonlocal revision
+        ok, new = cas(keys=["env:bench"], args=[revision, "x" * 200])
+        assert ok == 1, (ok, new)
+        revision = int(new)
+
+    set_samples = time_calls(lambda: client.set("plain:bench", "x" * 200), ops, warmup=50)
+    cas_samples = time_calls(cas_once, ops)
+    cas_summary = summarize(cas_samples, "us")
+    set_summary = summarize(set_samples, "us")
+    return {
+        "lua_cas_round_trip": cas_summary,
+        "baseline_plain_set_round_trip": set_summary,
+        "ratio_p50_cas_over_set": round(cas_summary["p50_us"] / set_summary["p50_us"], 3),
+    }
+
+
 def bench_cas(ops: int) -> dict[str, object]:
+    results: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="adx-bench-") as tmp:
-        results: dict[str, object] = {}
         for fsync in ("always", "everysec"):
-            server = EmbeddedRedis(Path(tmp) / fsync)
-            server.config = server.config.model_copy(update={"appendfsync": fsync})
+            server = EmbeddedRedis(Path(tmp) / fsync, RedisServerConfig(appendfsync=fsync))
             info = server.start()
             try:
-                client = redis.Redis.from_url(info.url)
-                cas = client.register_script(CAS_SCRIPT)
-                revision = 0
-
-                def cas_once() -> None:
-                    nonlocal revision
-                    ok, new = cas(keys=["env:bench"], args=[revision, "x" * 200])
-                    assert ok == 1, (ok, new)
-                    revision = int(new)
-
                 progress(f"Lua CAS vs SET, appendfsync={fsync}, {ops} ops each")
-                set_samples = time_calls(lambda: client.set("plain:bench", "x" * 200), ops, warmup=50)
-                revision = 0
-                client.delete("env:bench")
-                cas_samples = time_calls(cas_once, ops)
-                cas_summary = summarize(cas_samples, "us")
-                set_summary = summarize(set_samples, "us")
-                results[f"appendfsync_{fsync}"] = {
-                    "lua_cas_round_trip": cas_summary,
-                    "baseline_plain_set_round_trip": set_summary,
-                    "ratio_p50_cas_over_set": round(cas_summary["p50_us"] / set_summary["p50_us"], 3),
-                }
+                results[f"appendfsync_{fsync}"] = cas_vs_set(info.url, ops)
             finally:
                 server.stop()
     return results
