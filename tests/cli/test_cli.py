@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -85,3 +86,43 @@ def test_up_starts_real_servers_prints_urls_and_stops_on_ctrl_c(tmp_path: Path) 
             proc.wait()
     assert not (state / "redis" / "server.json").exists()
     assert not (state / "postgres" / "server.json").exists()
+
+
+def test_up_detects_reports_and_restarts_a_crashed_server(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [*ADX, "up", "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "ADX_UP__HEALTH_INTERVAL_SECONDS": "0.2"},
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+
+        def read_until(marker: str) -> None:
+            deadline = time.monotonic() + 60
+            while not any(marker in line for line in lines):
+                assert time.monotonic() < deadline, lines
+                line = proc.stdout.readline()  # type: ignore[union-attr]
+                assert line, f"adx up exited early: {lines}"
+                lines.append(line)
+
+        read_until("Press Ctrl-C")
+        info = json.loads((state / "redis" / "server.json").read_text())
+        client = redis.Redis.from_url(info["url"])
+        client.set("survives", "yes")
+        os.kill(info["pid"], signal.SIGKILL)
+        read_until("restarted redis")
+        assert any("redis server crashed" in line for line in lines), lines
+        restarted = json.loads((state / "redis" / "server.json").read_text())
+        assert restarted["pid"] != info["pid"]
+        assert redis.Redis.from_url(restarted["url"]).get("survives") == b"yes"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
