@@ -1,0 +1,51 @@
+"""Domain types shared by every ADX component. No I/O here."""
+
+from adx.model._ids import CHECKPOINT, ENVIRONMENT, EXECUTION, OPERATION, check_id, new_id
+from adx.model._lifecycle import (
+    CheckpointStorage,
+    IdleAction,
+    Lifecycle,
+    PauseOptions,
+    RestartPolicy,
+    Retention,
+    RetentionPolicy,
+)
+from adx.model._quantity import MAX_QUANTITY, parse_bytes, parse_cpu_millis
+from adx.model._resources import Resources, allocatable
+from adx.model._spec import EnvironmentSpec, field_path, parse_wire
+from adx.model._states import (
+    ALLOWED_TRANSITIONS,
+    TERMINAL_STATES,
+    EnvironmentState,
+    can_transition,
+    check_transition,
+)
+
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "CHECKPOINT",
+    "ENVIRONMENT",
+    "EXECUTION",
+    "MAX_QUANTITY",
+    "OPERATION",
+    "TERMINAL_STATES",
+    "CheckpointStorage",
+    "EnvironmentSpec",
+    "EnvironmentState",
+    "IdleAction",
+    "Lifecycle",
+    "PauseOptions",
+    "Resources",
+    "RestartPolicy",
+    "Retention",
+    "RetentionPolicy",
+    "allocatable",
+    "can_transition",
+    "check_id",
+    "check_transition",
+    "field_path",
+    "new_id",
+    "parse_bytes",
+    "parse_cpu_millis",
+    "parse_wire",
+]

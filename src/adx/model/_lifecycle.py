@@ -1,0 +1,116 @@
+"""Lifecycle policy of an Environment (ENV-1..3, RST-2, RST-6): idle action, pause options, restarts."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+
+from adx.model._base import ApiModel
+
+DEFAULT_RETENTION_TTL_SECONDS = 90_000
+DEFAULT_PAUSE_TIMEOUT_SECONDS = 300
+
+
+class IdleAction(StrEnum):
+    DELETE = "delete"
+    PAUSE = "pause"
+
+
+class CheckpointStorage(StrEnum):
+    CONFIGURED = "configured"  # the node's configured default
+    LOCAL = "local"  # the node's own disk
+    SHARED = "shared"  # the cluster's shared storage (needed to resume on another node)
+
+
+class RetentionPolicy(ApiModel):
+    """ENV-3: ``{"kind": "ttl", "ttlSeconds": 90000}`` (default) or ``{"kind": "forever"}``.
+
+    A TTL counts from the checkpoint's publication; ``forever`` lives until explicit delete or replacement.
+    """
+
+    kind: Literal["ttl", "forever"] = "ttl"
+    ttl_seconds: int | None = Field(default=None, gt=0, le=10 * 365 * 86_400, strict=True)
+
+    @model_validator(mode="after")
+    def _ttl_matches_kind(self) -> RetentionPolicy:
+        if self.kind == "ttl" and self.ttl_seconds is None:
+            object.__setattr__(self, "ttl_seconds", DEFAULT_RETENTION_TTL_SECONDS)
+        if self.kind == "forever" and self.ttl_seconds is not None:
+            raise ValueError("ttlSeconds is only allowed with kind 'ttl'")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_ttl_for_forever(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.kind == "forever":
+            data.pop("ttlSeconds", None)
+            data.pop("ttl_seconds", None)
+        return data
+
+
+class Retention:
+    """Constructors for a checkpoint's retention: ``Retention.ttl(3600)`` or ``Retention.forever()``."""
+
+    @staticmethod
+    def ttl(seconds: int = DEFAULT_RETENTION_TTL_SECONDS) -> RetentionPolicy:
+        return RetentionPolicy(kind="ttl", ttl_seconds=seconds)
+
+    @staticmethod
+    def forever() -> RetentionPolicy:
+        return RetentionPolicy(kind="forever")
+
+
+class PauseOptions(ApiModel):
+    """ENV-3. ``timeout_seconds`` bounds only the backend capture call; TTL counts from publication."""
+
+    retention: RetentionPolicy = Field(default_factory=RetentionPolicy)
+    timeout_seconds: int = Field(default=DEFAULT_PAUSE_TIMEOUT_SECONDS, ge=1, le=3600, strict=True)
+    storage: CheckpointStorage = CheckpointStorage.CONFIGURED
+
+
+class RestartPolicy(ApiModel):
+    """RST-2: exponential backoff with a cumulative retry cap."""
+
+    max_retries: int = Field(default=3, ge=0, le=1000, strict=True)
+    initial_backoff_seconds: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
+    max_backoff_seconds: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _max_not_below_initial(self) -> RestartPolicy:
+        if self.max_backoff_seconds < self.initial_backoff_seconds:
+            raise ValueError("maxBackoffSeconds must be at least initialBackoffSeconds")
+        return self
+
+    def backoff_seconds(self, attempt: int) -> float:
+        """Delay before restart number ``attempt`` (1-based): initial * 2^(attempt-1), capped."""
+        if attempt < 1:
+            raise ValueError("attempt is 1-based")
+        exponent = min(attempt - 1, 64)
+        return float(min(self.initial_backoff_seconds * float(2**exponent), self.max_backoff_seconds))
+
+    def allows(self, attempts_so_far: int) -> bool:
+        return attempts_so_far < self.max_retries
+
+
+class Lifecycle(ApiModel):
+    """ENV-1. ``idle_timeout_seconds = 0`` never reclaims (IDLE-1)."""
+
+    idle_timeout_seconds: int = Field(default=0, ge=0, le=30 * 86_400, strict=True)
+    idle_action: IdleAction = IdleAction.DELETE
+    pause_options: PauseOptions | None = None
+    restart_policy: RestartPolicy | None = None
+    # RST-6: omitted means health failures never trigger a restart.
+    execd_health_failure_threshold: int | None = Field(default=None, ge=1, le=1000, strict=True)
+
+    @model_validator(mode="after")
+    def _pause_needs_a_window(self) -> Lifecycle:
+        # ENV-2 (request half): the node half (checkpoint capability) is checked at placement.
+        if self.idle_action is IdleAction.PAUSE and self.idle_timeout_seconds <= 0:
+            raise ValueError("idleAction 'pause' requires a positive idleTimeoutSeconds")
+        return self
+
+    @property
+    def effective_pause_options(self) -> PauseOptions:
+        return self.pause_options or PauseOptions()
