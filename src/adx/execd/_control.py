@@ -1,0 +1,204 @@
+"""execd's side of runtime control (CTL-1): report to sandboxd over the per-sandbox control socket.
+
+On every (re)connect execd sends ``hello`` with its full state, then events as they happen. Activity changes
+are coalesced: at most one ``activity`` message per ``coalesce`` seconds, always carrying the newest values,
+so a burst of requests costs sandboxd one message. Events raised while disconnected are not queued: the next
+``hello`` carries the state they produced. When the socket goes away execd reconnects with capped backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from adx.execd import _protocol as P
+from adx.execd._activity import Activity
+
+__all__ = ["ControlClient"]
+
+log = logging.getLogger("adx.execd.control")
+
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 1.0
+#: A write that cannot complete in this long means sandboxd stopped reading: drop and reconnect.
+WRITE_TIMEOUT = 10.0
+
+
+class ControlClient:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        sandbox_id: str,
+        execution_id: str | None,
+        activity: Activity,
+        coalesce: float = 0.05,
+    ) -> None:
+        self.path = path
+        self.sandbox_id = sandbox_id
+        self.execution_id = execution_id
+        self.activity = activity
+        self.coalesce = coalesce
+        #: execd's own view of what sandboxd should know, folded with the same function sandboxd uses.
+        self.state = P.initial_state()
+        self.connected = False
+        self.connects = 0
+        self._queue: list[bytes] = []
+        self._wake = asyncio.Event()
+        self._activity_dirty = False
+        self._last_activity_sent = 0.0
+        self._task: asyncio.Task[None] | None = None
+        #: sandboxd -> execd requests other than admission (none today) are ignored; tests may hook here.
+        self.on_message: Callable[[dict[str, Any]], None] | None = None
+        activity.subscribe(self._on_activity)
+
+    # -- events from execd ------------------------------------------------------------------------------
+    def emit(self, message: dict[str, Any]) -> None:
+        """Record an event in the local state and send it if connected."""
+        P.apply_event(self.state, message)
+        if self.connected:
+            self._queue.append(P.encode(message))
+            self._wake.set()
+
+    def _on_activity(self) -> None:
+        self.state["activity"] = self.activity.snapshot()
+        if self.connected:
+            self._activity_dirty = True
+            self._wake.set()
+
+    # -- connection loop --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="execd-control")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        delay = RECONNECT_MIN
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(str(self.path), limit=P.MAX_LINE), 5.0
+                )
+            except (OSError, TimeoutError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+                continue
+            delay = RECONNECT_MIN
+            try:
+                await self._session(reader, writer)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, P.ProtocolError) as exc:
+                log.info("control connection lost", extra={"reason": repr(exc)})
+            finally:
+                self.connected = False
+                self._queue.clear()
+                self._activity_dirty = False
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(writer.wait_closed(), 1.0)
+            await asyncio.sleep(RECONNECT_MIN)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # hello and "connected" are set in one synchronous step: every later event is queued after it.
+        self.state["activity"] = self.activity.snapshot()
+        hello = {
+            "type": P.HELLO,
+            "protocol": P.PROTOCOL_VERSION,
+            "sandboxId": self.sandbox_id,
+            "executionId": self.execution_id,
+            "pid": os.getpid(),
+            "state": self.state,
+        }
+        self._queue = [P.encode(hello)]
+        self._activity_dirty = False
+        self._last_activity_sent = time.monotonic()
+        self.connected = True
+        self.connects += 1
+        self._wake.set()
+        read_task = asyncio.get_running_loop().create_task(self._read(reader, writer))
+        try:
+            while not read_task.done():
+                await self._flush(writer)
+                timeout = None
+                if self._activity_dirty:
+                    timeout = max(0.0, self._last_activity_sent + self.coalesce - time.monotonic())
+                wake = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({wake, read_task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+                self._wake.clear()
+            read_task.result()  # re-raise why the reader stopped
+        finally:
+            read_task.cancel()
+            with contextlib.suppress(BaseException):
+                await read_task
+
+    async def _flush(self, writer: asyncio.StreamWriter) -> None:
+        now = time.monotonic()
+        if self._activity_dirty and now - self._last_activity_sent >= self.coalesce:
+            self._activity_dirty = False
+            self._last_activity_sent = now
+            self._queue.append(P.encode({"type": P.ACTIVITY, **self.activity.snapshot()}))
+        if self._queue:
+            writer.write(b"".join(self._queue))
+            self._queue.clear()
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            line = await reader.readline()
+            if not line:
+                raise ConnectionResetError("control socket closed by sandboxd")
+            message = P.decode(line)
+            reply = self._handle(message)
+            if reply is not None:
+                self._queue.append(P.encode(reply))
+                self._wake.set()
+
+    def _handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        kind = message["type"]
+        request_id = message.get("requestId")
+        if kind == P.CLOSE_ADMISSION:
+            expected = message.get("expectedVersion")
+            if not isinstance(expected, int) or isinstance(expected, bool):
+                return {
+                    "type": P.REPLY,
+                    "requestId": request_id,
+                    "ok": False,
+                    "error": "invalid_input",
+                    "field": "expectedVersion",
+                    "version": self.activity.version,
+                }
+            ok = self.activity.close_admission(expected)
+            return {
+                "type": P.REPLY,
+                "requestId": request_id,
+                "ok": ok,
+                "version": self.activity.version,
+                "admissionOpen": self.activity.admission_open,
+                "error": None if ok else "version_changed",
+            }
+        if kind == P.OPEN_ADMISSION:
+            self.activity.open_admission()
+            return {
+                "type": P.REPLY,
+                "requestId": request_id,
+                "ok": True,
+                "version": self.activity.version,
+                "admissionOpen": True,
+                "error": None,
+            }
+        if kind == P.CHECKPOINT_ACK:
+            P.apply_event(self.state, message)
+            return None
+        if self.on_message is not None:
+            self.on_message(message)
+        return None

@@ -1,0 +1,289 @@
+"""Node-level runtime-control aggregation (CTL-2, CTL-3), to be mounted by sandboxd.
+
+- One listening Unix socket per sandbox (:meth:`ControlHub.add_sandbox`); that sandbox's execd connects to it
+  and reports with the :mod:`adx.execd._protocol` format. The newest execd connection of a sandbox wins.
+- One node-level subscription socket. A subscriber first receives ``snapshot`` (every sandbox with a live
+  execd connection and its full state), then ``delta`` messages, one per changed sandbox, coalesced: many
+  changes of one sandbox between two flushes cost one delta carrying the newest state. A lost execd
+  connection produces ``delta`` with ``"state": null`` (observation cleared). Every (re)subscribe starts
+  with a fresh snapshot.
+- Subscribers (and sandboxd itself, through the methods) can send ``close_admission`` / ``open_admission`` /
+  ``checkpoint_ack`` for a sandbox; the hub forwards them to its execd and relays the reply.
+
+Standard library only; asyncio; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from adx.errors import NotFoundError, UnavailableError
+from adx.execd import _protocol as P
+
+__all__ = ["ControlHub"]
+
+log = logging.getLogger("adx.execd.control_hub")
+
+#: A subscriber or execd that does not accept our bytes within this long is disconnected.
+WRITE_TIMEOUT = 10.0
+
+
+def _unlink(path: Path) -> None:
+    # A stale socket file from an earlier run; a local unlink takes microseconds, no thread needed.
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+class _Sandbox:
+    def __init__(self, sandbox_id: str, path: Path) -> None:
+        self.id = sandbox_id
+        self.path = path
+        self.server: asyncio.AbstractServer | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.state: P.SandboxState | None = None  # None: no live execd connection (no fresh information)
+        self.hello: dict[str, Any] = {}
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.connections = 0
+
+
+class _Subscriber:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.dirty: dict[str, None] = {}  # insertion-ordered set of sandbox IDs with unsent changes
+        self.wake = asyncio.Event()
+        self.seq = 0
+
+
+class ControlHub:
+    def __init__(self, subscribe_path: Path, *, coalesce: float = 0.02, request_timeout: float = 5.0) -> None:
+        self.subscribe_path = subscribe_path
+        self.coalesce = coalesce
+        self.request_timeout = request_timeout
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._subscribers: set[_Subscriber] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        _unlink(self.subscribe_path)
+        self._server = await asyncio.start_unix_server(
+            self._serve_subscriber, str(self.subscribe_path), limit=P.MAX_LINE
+        )
+        os.chmod(self.subscribe_path, 0o600)
+
+    async def stop(self) -> None:
+        for sandbox_id in list(self._sandboxes):
+            await self.remove_sandbox(sandbox_id)
+        if self._server is not None:
+            self._server.close()
+        for sub in list(self._subscribers):
+            sub.writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        _unlink(self.subscribe_path)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def add_sandbox(self, sandbox_id: str, control_path: Path) -> None:
+        """Listen on ``control_path`` for ``sandbox_id``'s execd (mode 0600; a stale socket is replaced)."""
+        if sandbox_id in self._sandboxes:
+            raise ValueError(f"sandbox {sandbox_id!r} is already registered")
+        sandbox = _Sandbox(sandbox_id, control_path)
+        _unlink(control_path)
+        sandbox.server = await asyncio.start_unix_server(
+            lambda r, w: self._serve_execd(sandbox, r, w), str(control_path), limit=P.MAX_LINE
+        )
+        os.chmod(control_path, 0o600)
+        self._sandboxes[sandbox_id] = sandbox
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        sandbox = self._sandboxes.pop(sandbox_id, None)
+        if sandbox is None:
+            return
+        if sandbox.server is not None:
+            sandbox.server.close()
+        if sandbox.writer is not None:
+            sandbox.writer.close()
+        self._clear(sandbox)
+        _unlink(sandbox.path)
+
+    # -- queries ----------------------------------------------------------------------------------------
+    def state(self, sandbox_id: str) -> P.SandboxState | None:
+        sandbox = self._sandboxes.get(sandbox_id)
+        return None if sandbox is None or sandbox.state is None else copy.deepcopy(sandbox.state)
+
+    def snapshot(self) -> dict[str, P.SandboxState]:
+        return {sid: copy.deepcopy(s.state) for sid, s in self._sandboxes.items() if s.state is not None}
+
+    def connected(self, sandbox_id: str) -> bool:
+        sandbox = self._sandboxes.get(sandbox_id)
+        return sandbox is not None and sandbox.state is not None
+
+    # -- requests to an execd -----------------------------------------------------------------------------
+    async def request(self, sandbox_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        """Send ``message`` to the sandbox's execd and wait for its reply (raise UnavailableError if none)."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise NotFoundError(f"no sandbox {sandbox_id!r} on this control hub")
+        if sandbox.writer is None or sandbox.state is None:
+            raise UnavailableError(f"execd of sandbox {sandbox_id} is not connected")
+        request_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        sandbox.pending[request_id] = future
+        try:
+            sandbox.writer.write(P.encode({**message, "requestId": request_id}))
+            await asyncio.wait_for(sandbox.writer.drain(), WRITE_TIMEOUT)
+            return await asyncio.wait_for(future, self.request_timeout)
+        except (OSError, TimeoutError) as exc:
+            raise UnavailableError(f"execd of sandbox {sandbox_id} did not answer: {exc!r}") from None
+        finally:
+            sandbox.pending.pop(request_id, None)
+
+    async def close_admission(self, sandbox_id: str, expected_version: int) -> dict[str, Any]:
+        """IDLE-6: ``{"ok": true, ...}`` if execd closed admission at ``expected_version``, else ``ok: false``."""
+        return await self.request(sandbox_id, {"type": P.CLOSE_ADMISSION, "expectedVersion": expected_version})
+
+    async def open_admission(self, sandbox_id: str) -> dict[str, Any]:
+        return await self.request(sandbox_id, {"type": P.OPEN_ADMISSION})
+
+    async def ack_checkpoint(self, sandbox_id: str, operation_id: str) -> None:
+        """sandboxd took the checkpoint request over: execd drops it from its pending list (no reply)."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise NotFoundError(f"no sandbox {sandbox_id!r} on this control hub")
+        message = {"type": P.CHECKPOINT_ACK, "operationId": operation_id}
+        if sandbox.state is not None and P.apply_event(sandbox.state, message):
+            self._changed(sandbox)
+        if sandbox.writer is not None:
+            sandbox.writer.write(P.encode(message))
+            with contextlib.suppress(OSError, TimeoutError):
+                await asyncio.wait_for(sandbox.writer.drain(), WRITE_TIMEOUT)
+
+    # -- execd side ---------------------------------------------------------------------------------------
+    async def _serve_execd(self, sandbox: _Sandbox, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if sandbox.writer is not None:
+            sandbox.writer.close()  # the newest connection wins: an old one may be half-dead
+            self._clear(sandbox)
+        sandbox.writer = writer
+        sandbox.connections += 1
+        generation = sandbox.connections
+        try:
+            first = P.decode(await reader.readline())
+            if first["type"] != P.HELLO:
+                raise P.ProtocolError(f"first message must be hello, got {first['type']!r}")
+            sandbox.hello = {k: v for k, v in first.items() if k != "state"}
+            sandbox.state = P.initial_state()
+            P.apply_event(sandbox.state, first)
+            self._changed(sandbox)
+            while line := await reader.readline():
+                message = P.decode(line)
+                if message["type"] == P.REPLY:
+                    future = sandbox.pending.get(message.get("requestId"))  # type: ignore[arg-type]
+                    if future is not None and not future.done():
+                        future.set_result(message)
+                    continue
+                if P.apply_event(sandbox.state, message):
+                    self._changed(sandbox)
+        except (OSError, asyncio.IncompleteReadError, P.ProtocolError, ValueError) as exc:
+            log.info("execd control connection failed", extra={"sandbox": sandbox.id, "reason": repr(exc)})
+        finally:
+            # Only the connection that is still current may clear the observation.
+            if sandbox.connections == generation and sandbox.writer is writer:
+                sandbox.writer = None
+                self._clear(sandbox)
+            writer.close()
+
+    def _clear(self, sandbox: _Sandbox) -> None:
+        for future in sandbox.pending.values():
+            if not future.done():
+                future.set_exception(ConnectionResetError("execd disconnected"))
+        if sandbox.state is not None:
+            sandbox.state = None
+            self._changed(sandbox)
+
+    def _changed(self, sandbox: _Sandbox) -> None:
+        for sub in self._subscribers:
+            sub.dirty[sandbox.id] = None
+            sub.wake.set()
+
+    # -- subscriber side --------------------------------------------------------------------------------
+    async def _serve_subscriber(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sub = _Subscriber(writer)
+        # Snapshot and registration in one synchronous step: every later change lands in sub.dirty.
+        writer.write(P.encode({"type": P.SNAPSHOT, "seq": sub.seq, "sandboxes": self.snapshot()}))
+        self._subscribers.add(sub)
+        read_task = asyncio.get_running_loop().create_task(self._read_subscriber(sub, reader))
+        try:
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+            while not read_task.done():
+                wake = asyncio.ensure_future(sub.wake.wait())
+                await asyncio.wait({wake, read_task}, return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+                sub.wake.clear()
+                if sub.dirty:
+                    # Coalescing window: let a burst of changes settle into one delta per sandbox.
+                    await asyncio.sleep(self.coalesce)
+                    dirty, sub.dirty = sub.dirty, {}
+                    for sandbox_id in dirty:
+                        sub.seq += 1
+                        sandbox = self._sandboxes.get(sandbox_id)
+                        state = None if sandbox is None else sandbox.state
+                        writer.write(
+                            P.encode({"type": P.DELTA, "seq": sub.seq, "sandboxId": sandbox_id, "state": state})
+                        )
+                    await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            log.info("subscriber dropped", extra={"reason": repr(exc)})
+        finally:
+            self._subscribers.discard(sub)
+            read_task.cancel()
+            writer.close()
+
+    async def _read_subscriber(self, sub: _Subscriber, reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while line := await reader.readline():
+                try:
+                    message = P.decode(line)
+                except P.ProtocolError as exc:
+                    await self._reply(sub, {"type": P.REPLY, "requestId": None, "ok": False, "error": str(exc)})
+                    continue
+                self._spawn(self._forward(sub, message))
+
+    async def _forward(self, sub: _Subscriber, message: dict[str, Any]) -> None:
+        request_id = message.get("requestId")
+        sandbox_id = message.get("sandboxId")
+        kind = message["type"]
+        reply: dict[str, Any] = {"type": P.REPLY, "requestId": request_id, "sandboxId": sandbox_id}
+        try:
+            if not isinstance(sandbox_id, str):
+                raise NotFoundError("sandboxId must be a string")
+            if kind == P.CLOSE_ADMISSION:
+                answer = await self.close_admission(sandbox_id, message.get("expectedVersion"))  # type: ignore[arg-type]
+            elif kind == P.OPEN_ADMISSION:
+                answer = await self.open_admission(sandbox_id)
+            elif kind == P.CHECKPOINT_ACK:
+                await self.ack_checkpoint(sandbox_id, str(message.get("operationId")))
+                answer = {"ok": True}
+            else:
+                answer = {"ok": False, "error": f"unknown request type {kind!r}"}
+            reply.update({k: v for k, v in answer.items() if k not in ("type", "requestId")})
+        except (NotFoundError, UnavailableError) as exc:
+            reply.update({"ok": False, "error": exc.code, "message": str(exc)})
+        await self._reply(sub, reply)
+
+    async def _reply(self, sub: _Subscriber, reply: dict[str, Any]) -> None:
+        sub.writer.write(P.encode(reply))
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(sub.writer.drain(), WRITE_TIMEOUT)

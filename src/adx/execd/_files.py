@@ -1,0 +1,203 @@
+"""File operations inside the sandbox: streamed read, atomic streamed write, list, stat, remove, mkdir.
+
+Memory stays bounded by one chunk per transfer whatever the file size: reads go file -> socket chunk by
+chunk with ``drain()`` backpressure, writes go socket -> temp file chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import stat as stat_mod
+from typing import Any
+
+from adx.execd._http import CHUNK, HttpError, Request, Response, invalid
+
+__all__ = ["handle_files"]
+
+
+def _path(req: Request) -> str:
+    path = req.query.get("path")
+    if not path:
+        raise invalid("path", "required query parameter")
+    if not path.startswith("/"):
+        raise invalid("path", f"must be absolute, got {path!r}")
+    if "\x00" in path:
+        raise invalid("path", "must not contain NUL")
+    return os.path.normpath(path)
+
+
+def _flag(req: Request, name: str) -> bool:
+    raw = req.query.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise invalid(name, f"must be true or false, got {raw!r}")
+    return raw in ("true", "1")
+
+
+def _os_error(exc: OSError, path: str) -> HttpError:
+    if exc.errno == errno.ENOENT:
+        return HttpError(404, "not_found", f"{path}: no such file or directory", {"field": "path"})
+    if exc.errno in (errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST):
+        return HttpError(409, "conflict", f"{path}: {exc.strerror}", {"field": "path"})
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return HttpError(403, "permission_denied", f"{path}: {exc.strerror}", {"field": "path"})
+    return HttpError(500, "io_error", f"{path}: {exc.strerror}", {"field": "path"})
+
+
+def _kind(mode: int) -> str:
+    if stat_mod.S_ISREG(mode):
+        return "file"
+    if stat_mod.S_ISDIR(mode):
+        return "directory"
+    if stat_mod.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _describe(name: str, st: os.stat_result) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": _kind(st.st_mode),
+        "size": st.st_size,
+        "mode": stat_mod.S_IMODE(st.st_mode),
+        "mtime": st.st_mtime,
+    }
+
+
+async def _read(req: Request, resp: Response, path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _os_error(exc, path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise invalid("path", f"{path} is not a regular file")
+        await resp.start(200, "application/octet-stream", length=st.st_size)
+        remaining = st.st_size
+        # Exactly the size announced in Content-Length; a file growing meanwhile is cut at that size.
+        while remaining > 0:
+            data = os.read(fd, min(CHUNK, remaining))
+            if not data:
+                break  # truncated meanwhile: the short body tells the client
+            remaining -= len(data)
+            await resp.write(data)
+        if remaining == 0:
+            await resp.end()
+    finally:
+        os.close(fd)
+
+
+def _is_dir(path: str) -> bool:
+    # A directory and not a symlink to one. Local metadata calls take microseconds: no thread hop.
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _write(req: Request, resp: Response, path: str) -> None:
+    """Write temp file next to ``path`` -> fsync -> rename -> fsync dir: readers see old or new, never a mix."""
+    raw_mode = req.query.get("mode", "644")
+    try:
+        mode = int(raw_mode, 8)
+        if not 0 <= mode <= 0o7777:
+            raise ValueError
+    except ValueError:
+        raise invalid("mode", f"must be an octal permission like 644, got {raw_mode!r}") from None
+    parent = os.path.dirname(path) or "/"
+    if _flag(req, "mkdirs"):
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as exc:
+            raise _os_error(exc, parent) from None
+    if _is_dir(path):
+        raise HttpError(409, "conflict", f"{path} is a directory", {"field": "path"})
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.execd-tmp.{os.urandom(4).hex()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        raise _os_error(exc, parent) from None
+    size = 0
+    try:
+        try:
+            while chunk := await req.body.read():
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+                size += len(chunk)
+            os.fchmod(fd, mode)  # the umask must not narrow the requested mode
+            # fsync of a large file can take long: off the event loop so other requests keep flowing.
+            await asyncio.to_thread(os.fsync, fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    await asyncio.to_thread(_fsync_dir, parent)
+    await resp.send_json(201, {"path": path, "size": size})
+
+
+def _remove_tree(path: str) -> None:
+    import shutil  # only recursive removal needs it; not paid at start-up
+
+    shutil.rmtree(path)
+
+
+async def handle_files(req: Request, resp: Response, action: str) -> None:
+    path = _path(req)
+    if action == "content":
+        if req.method == "GET":
+            await _read(req, resp, path)
+        elif req.method == "PUT":
+            await _write(req, resp, path)
+        elif req.method == "DELETE":
+            recursive = _flag(req, "recursive")
+            try:
+                if _is_dir(path):
+                    if recursive:
+                        await asyncio.to_thread(_remove_tree, path)
+                    else:
+                        os.rmdir(path)
+                else:
+                    os.unlink(path)
+            except OSError as exc:
+                raise _os_error(exc, path) from None
+            await resp.send(204)
+        else:
+            raise HttpError(405, "method_not_allowed", f"{req.method} is not allowed on /v1/files")
+    elif action == "stat":
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+        await resp.send_json(200, {"path": path, **_describe(os.path.basename(path), st)})
+    elif action == "list":
+        try:
+            entries = []
+            with os.scandir(path) as it:
+                for entry in it:
+                    with contextlib.suppress(FileNotFoundError):  # removed while listing
+                        entries.append(_describe(entry.name, entry.stat(follow_symlinks=False)))
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+        entries.sort(key=lambda e: e["name"])
+        await resp.send_json(200, {"path": path, "entries": entries})
+    elif action == "mkdir":
+        try:
+            if _flag(req, "parents"):
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.mkdir(path)
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+        await resp.send_json(201, {"path": path})

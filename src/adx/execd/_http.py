@@ -1,0 +1,281 @@
+"""A minimal HTTP/1.1 server on asyncio streams (standard library only).
+
+Why not a framework: execd runs in every sandbox and its idle memory is paid per sandbox; fastapi/pydantic
+cost tens of MiB. What is implemented is what execd needs: request line and headers, ``Content-Length`` and
+``chunked`` request bodies read incrementally, fixed-length and chunked (streamed) responses, keep-alive,
+and backpressure through ``drain()``. No TLS (Unix sockets only), no pipelining guarantees beyond serial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+__all__ = ["BodyReader", "HttpError", "Request", "Response", "serve_connection"]
+
+log = logging.getLogger("adx.execd.http")
+
+MAX_HEAD = 64 * 1024
+#: Keep-alive connections idle longer than this are closed (a slow client cannot pin a connection forever).
+IDLE_TIMEOUT = 120.0
+CHUNK = 64 * 1024
+
+REASONS = {
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    204: "No Content",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    411: "Length Required",
+    413: "Payload Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class HttpError(Exception):
+    """Becomes ``{"error": {"code", "message", "details"}}`` with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+def invalid(field: str, reason: str) -> HttpError:
+    """400 naming the offending field, shaped like :class:`adx.errors.InvalidInputError`."""
+    return HttpError(400, "invalid_input", f"{field}: {reason}", {"field": field, "reason": reason})
+
+
+class BodyReader:
+    """Reads a request body incrementally; never buffers more than one chunk of it."""
+
+    def __init__(self, reader: asyncio.StreamReader, length: int | None, chunked: bool) -> None:
+        self._reader = reader
+        self._remaining = length or 0  # for Content-Length bodies; for chunked: left in the current chunk
+        self._chunked = chunked
+        self.done = not chunked and not length
+
+    async def read(self, n: int = CHUNK) -> bytes:
+        """Up to ``n`` bytes; ``b""`` at the end of the body."""
+        if self.done:
+            return b""
+        if self._chunked and self._remaining == 0:
+            await self._next_chunk()
+            if self.done:
+                return b""
+        data = await self._reader.read(min(n, self._remaining))
+        if not data:
+            raise HttpError(400, "invalid_request", "request body ended early")
+        self._remaining -= len(data)
+        if not self._chunked and self._remaining == 0:
+            self.done = True
+        elif self._chunked and self._remaining == 0 and await self._reader.readexactly(2) != b"\r\n":
+            raise HttpError(400, "invalid_request", "malformed chunked body")
+        return data
+
+    async def _next_chunk(self) -> None:
+        try:
+            line = await self._reader.readuntil(b"\r\n")
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except (ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+            raise HttpError(400, "invalid_request", "malformed chunked body") from None
+        if size < 0:
+            raise HttpError(400, "invalid_request", "malformed chunked body")
+        if size == 0:
+            # Trailers (ignored) end with an empty line.
+            while (await self._reader.readuntil(b"\r\n")) != b"\r\n":
+                pass
+            self.done = True
+        self._remaining = size
+
+    async def read_all(self, limit: int) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while chunk := await self.read():
+            total += len(chunk)
+            if total > limit:
+                raise HttpError(413, "payload_too_large", f"request body is larger than {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def json(self, limit: int = 1 << 20) -> dict[str, Any]:
+        raw = await self.read_all(limit)
+        if not raw.strip():
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise invalid("body", f"not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise invalid("body", "must be a JSON object")
+        return value
+
+
+class Request:
+    def __init__(
+        self, method: str, target: str, headers: dict[str, str], body: BodyReader, reader: asyncio.StreamReader
+    ) -> None:
+        self.method = method
+        split = urlsplit(target)
+        self.path = unquote(split.path)
+        self.query = dict(parse_qsl(split.query, keep_blank_values=True))
+        self.headers = headers
+        self.body = body
+        self._reader = reader
+
+    def client_gone(self) -> bool:
+        """True once the client closed its side. Only meaningful after the body has been read.
+
+        The stream protocol records EOF as soon as the peer shuts down, whether or not we are reading, so
+        a long-running request can poll this to notice an abandoned client that sends nothing.
+        """
+        return self._reader.at_eof()
+
+
+class Response:
+    def __init__(self, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+        self._writer = writer
+        self.keep_alive = keep_alive
+        self.started = False
+        self.finished = False
+        self._chunked = False
+        self.status = 0
+
+    def _head(self, status: int, headers: dict[str, str]) -> bytes:
+        self.status = status
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
+        if not self.keep_alive:
+            headers["Connection"] = "close"
+        lines.extend(f"{k}: {v}" for k, v in headers.items())
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def send(self, status: int, body: bytes = b"", content_type: str = "application/json") -> None:
+        headers = {"Content-Length": str(len(body))}
+        if body:
+            headers["Content-Type"] = content_type
+        self.started = True
+        self._writer.write(self._head(status, headers) + body)
+        await self._writer.drain()
+        self.finished = True
+
+    async def send_json(self, status: int, value: Any) -> None:
+        await self.send(status, json.dumps(value, separators=(",", ":")).encode())
+
+    async def start(self, status: int, content_type: str, length: int | None = None) -> None:
+        """Send the head; with ``length=None`` the body is chunked (streamed as produced)."""
+        headers = {"Content-Type": content_type}
+        if length is None:
+            self._chunked = True
+            headers["Transfer-Encoding"] = "chunked"
+        else:
+            headers["Content-Length"] = str(length)
+        self.started = True
+        self._writer.write(self._head(status, headers))
+        await self._writer.drain()
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._chunked:
+            self._writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            self._writer.write(data)
+        # drain() is the backpressure: a slow client slows the producer instead of growing our buffers.
+        await self._writer.drain()
+
+    async def end(self) -> None:
+        if self._chunked:
+            self._writer.write(b"0\r\n\r\n")
+            await self._writer.drain()
+        self.finished = True
+
+
+Handler = Callable[[Request, Response], Awaitable[None]]
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]] | None:
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial.strip():
+            raise HttpError(400, "invalid_request", "incomplete request head") from None
+        return None  # the client closed an idle keep-alive connection
+    except asyncio.LimitOverrunError:
+        raise HttpError(431, "head_too_large", f"request head is larger than {MAX_HEAD} bytes") from None
+    try:
+        text = raw.decode("latin-1")
+        request_line, *header_lines = text.rstrip("\r\n").split("\r\n")
+        method, target, version = request_line.split(" ")
+    except ValueError:
+        raise HttpError(400, "invalid_request", "malformed request line") from None
+    if not version.startswith("HTTP/1."):
+        raise HttpError(400, "invalid_request", f"unsupported protocol {version!r}")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise HttpError(400, "invalid_request", "malformed header line")
+        headers[name.lower()] = value.strip()
+    if version == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
+        headers["connection"] = "close"
+    return method, target, headers
+
+
+async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler) -> None:
+    """Serve requests on one connection until the client closes it or a response forbids reuse."""
+    try:
+        while True:
+            resp = Response(writer, keep_alive=False)
+            try:
+                # An idle keep-alive connection (or a client dribbling its head) is closed after IDLE_TIMEOUT.
+                head = await asyncio.wait_for(_read_head(reader), IDLE_TIMEOUT)
+                if head is None:
+                    return
+                method, target, headers = head
+                chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+                length: int | None = None
+                if not chunked and "content-length" in headers:
+                    try:
+                        length = int(headers["content-length"])
+                        if length < 0:
+                            raise ValueError
+                    except ValueError:
+                        raise HttpError(400, "invalid_request", "invalid Content-Length") from None
+                body = BodyReader(reader, length, chunked)
+                req = Request(method, target, headers, body, reader)
+                resp.keep_alive = headers.get("connection", "").lower() != "close"
+            except HttpError as exc:
+                await resp.send_json(exc.status, exc.body())
+                return
+            except TimeoutError:
+                return
+            await handler(req, resp)
+            if not resp.finished:
+                return  # the handler aborted mid-response: the connection's framing is lost
+            if not body.done:
+                # An unread body would be parsed as the next request; draining an unknown amount is not worth it.
+                return
+            if not resp.keep_alive:
+                return
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass  # the client went away; nothing to answer
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer.wait_closed(), 1.0)

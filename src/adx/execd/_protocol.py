@@ -1,0 +1,207 @@
+"""Runtime-control wire format (CTL-1..3): newline-delimited JSON objects over Unix stream sockets.
+
+Standard library only: execd (inside every sandbox) and sandboxd (on the host) both import this module.
+
+Two links use it:
+
+1. **execd -> sandboxd**, one connection per sandbox. execd connects to the per-sandbox control socket that
+   sandboxd listens on. On every (re)connect execd first sends ``hello`` carrying its *full* current state;
+   after that it sends events that each change one part of that state:
+
+   - ``{"type":"hello","protocol":1,"sandboxId":..,"executionId":..,"pid":..,"state":STATE}``
+   - ``{"type":"ready"}``
+   - ``{"type":"probe","ok":false,"consecutiveFailures":3,"reason":"..."}`` (``ok:true`` once it recovers)
+   - ``{"type":"checkpoint_request","operationId":..,"reason":..,"requestedAt":<unix s>}``
+   - ``{"type":"activity","version":..,"active":..,"backgroundRunning":..,"admissionOpen":..}`` (coalesced)
+   - ``{"type":"workload_exited","exitCode":..}``
+   - ``{"type":"reply","requestId":..,"ok":..,"version":..,"error":..}`` answering a request below
+
+   sandboxd -> execd requests on the same connection (control operations: they never bump the activity
+   version):
+
+   - ``{"type":"close_admission","requestId":..,"expectedVersion":..}`` (IDLE-6)
+   - ``{"type":"open_admission","requestId":..}``
+   - ``{"type":"checkpoint_ack","operationId":..}``: sandboxd took the request over; execd forgets it.
+     Until then a pending request stays in STATE and is re-sent in every ``hello`` (CTL-7).
+
+2. **sandboxd -> its subscriber** (adxlet), ONE node-level connection (CTL-2/3):
+
+   - ``{"type":"snapshot","seq":..,"sandboxes":{sandboxId: STATE}}`` first, on every (re)subscribe;
+   - ``{"type":"delta","seq":..,"sandboxId":..,"state":STATE | null}`` afterwards, coalesced per sandbox;
+     ``null`` means the execd connection was lost: the observation is cleared (no fresh information);
+   - ``{"type":"reply","requestId":..,"ok":..,...}`` answering a subscriber request;
+
+   and the subscriber may send ``close_admission`` / ``open_admission`` / ``checkpoint_ack`` with an extra
+   ``sandboxId``; sandboxd forwards them to that sandbox's execd.
+
+STATE is :class:`SandboxState` (camelCase keys, JSON-ready).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypedDict
+
+__all__ = [
+    "MAX_LINE",
+    "PROTOCOL_VERSION",
+    "ActivityState",
+    "CheckpointRequest",
+    "ProbeState",
+    "ProtocolError",
+    "SandboxState",
+    "apply_event",
+    "decode",
+    "encode",
+    "initial_state",
+]
+
+PROTOCOL_VERSION = 1
+#: Longest accepted line; a longer one is a protocol error (protects both sides' memory).
+MAX_LINE = 1 << 20
+
+# execd -> sandboxd
+HELLO = "hello"
+READY = "ready"
+PROBE = "probe"
+CHECKPOINT_REQUEST = "checkpoint_request"
+ACTIVITY = "activity"
+WORKLOAD_EXITED = "workload_exited"
+REPLY = "reply"
+# sandboxd -> execd (and subscriber -> sandboxd, with sandboxId)
+CLOSE_ADMISSION = "close_admission"
+OPEN_ADMISSION = "open_admission"
+CHECKPOINT_ACK = "checkpoint_ack"
+# sandboxd -> subscriber
+SNAPSHOT = "snapshot"
+DELTA = "delta"
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid control message."""
+
+
+class ActivityState(TypedDict):
+    version: int
+    active: int
+    backgroundRunning: int
+    admissionOpen: bool
+
+
+class ProbeState(TypedDict):
+    ok: bool
+    consecutiveFailures: int
+    reason: str | None
+
+
+class CheckpointRequest(TypedDict):
+    operationId: str
+    reason: str | None
+    requestedAt: float
+
+
+class SandboxState(TypedDict):
+    ready: bool
+    probe: ProbeState | None
+    activity: ActivityState
+    checkpointRequests: list[CheckpointRequest]
+    workloadExitCode: int | None
+
+
+def initial_state() -> SandboxState:
+    return {
+        "ready": False,
+        "probe": None,
+        "activity": {"version": 0, "active": 0, "backgroundRunning": 0, "admissionOpen": True},
+        "checkpointRequests": [],
+        "workloadExitCode": None,
+    }
+
+
+def encode(message: dict[str, Any] | Any) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one line into a message with a string ``type``; raise :class:`ProtocolError` otherwise."""
+    if len(line) > MAX_LINE:
+        raise ProtocolError(f"line longer than {MAX_LINE} bytes")
+    try:
+        value = json.loads(line)
+    except ValueError as exc:
+        raise ProtocolError(f"invalid JSON: {exc}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ProtocolError("a message must be a JSON object with a string 'type'")
+    return value
+
+
+def _int(message: dict[str, Any], key: str) -> int:
+    value = message.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"{message['type']}.{key} must be an integer")
+    return value
+
+
+def apply_event(state: SandboxState, message: dict[str, Any]) -> bool:
+    """Fold one execd event into ``state`` (in place). Return whether the state changed.
+
+    ``hello`` replaces the whole state; ``reply`` and unknown types leave it alone (forward compatibility:
+    an older sandboxd ignores event types a newer execd adds).
+    """
+    kind = message["type"]
+    if kind == HELLO:
+        new = message.get("state")
+        if not isinstance(new, dict):
+            raise ProtocolError("hello.state must be an object")
+        merged = initial_state()
+        merged.update(new)  # type: ignore[typeddict-item]
+        changed = merged != state
+        # TypedDicts have no clear(); the same object must be updated in place for its holders.
+        plain: dict[str, Any] = state  # type: ignore[assignment]
+        plain.clear()
+        plain.update(merged)
+        return changed
+    if kind == READY:
+        changed = not state["ready"]
+        state["ready"] = True
+        return changed
+    if kind == PROBE:
+        probe: ProbeState = {
+            "ok": bool(message.get("ok")),
+            "consecutiveFailures": _int(message, "consecutiveFailures"),
+            "reason": message.get("reason"),
+        }
+        changed = state["probe"] != probe
+        state["probe"] = probe
+        return changed
+    if kind == ACTIVITY:
+        activity: ActivityState = {
+            "version": _int(message, "version"),
+            "active": _int(message, "active"),
+            "backgroundRunning": _int(message, "backgroundRunning"),
+            "admissionOpen": bool(message.get("admissionOpen")),
+        }
+        changed = state["activity"] != activity
+        state["activity"] = activity
+        return changed
+    if kind == CHECKPOINT_REQUEST:
+        op = message.get("operationId")
+        if not isinstance(op, str) or not op:
+            raise ProtocolError("checkpoint_request.operationId must be a non-empty string")
+        if any(item["operationId"] == op for item in state["checkpointRequests"]):
+            return False  # duplicates never add a second item (CTL-7)
+        state["checkpointRequests"].append(
+            {"operationId": op, "reason": message.get("reason"), "requestedAt": float(message.get("requestedAt", 0))}
+        )
+        return True
+    if kind == CHECKPOINT_ACK:
+        op = message.get("operationId")
+        before = len(state["checkpointRequests"])
+        state["checkpointRequests"] = [i for i in state["checkpointRequests"] if i["operationId"] != op]
+        return len(state["checkpointRequests"]) != before
+    if kind == WORKLOAD_EXITED:
+        code = _int(message, "exitCode")
+        changed = state["workloadExitCode"] != code
+        state["workloadExitCode"] = code
+        return changed
+    return False

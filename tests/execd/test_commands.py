@@ -1,0 +1,205 @@
+"""Commands through a real execd process: streaming, exit codes, timeouts, kill, stdin/env/cwd, background."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from execd_helpers import ExecdProcess, joined, run
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes (its parent reaps it).
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_output_arrives_incrementally(execd: ExecdProcess) -> None:
+    """The first line is delivered long before the command ends (streamed, not buffered)."""
+    started = time.monotonic()
+    first_at = None
+    frames = []
+    with (
+        execd.client() as client,
+        client.stream("POST", "/v1/commands", json={"command": "echo first; sleep 1.2; echo last"}) as resp,
+    ):
+        assert resp.status_code == 200
+        assert resp.headers["content-type"] == "application/x-ndjson"
+        for line in resp.iter_lines():
+            frame = json.loads(line)
+            frames.append(frame)
+            if frame.get("data") == "first\n":
+                first_at = time.monotonic() - started
+    ended_at = time.monotonic() - started
+    assert first_at is not None, frames
+    assert first_at < 0.6, f"first line after {first_at:.3f}s"
+    assert ended_at >= 1.2
+    assert frames[0]["pid"] > 0 and frames[0]["id"]
+    assert frames[-1] == {"exitCode": 0, "signal": None, "timedOut": False}
+    assert joined([f for f in frames if "stream" in f], "stdout") == "first\nlast\n"
+
+
+def test_exit_codes_and_separate_streams(execd: ExecdProcess) -> None:
+    with execd.client() as client:
+        frames, end = run(client, command="echo out; echo err >&2; exit 7")
+        assert end["exitCode"] == 7 and end["signal"] is None
+        assert joined(frames, "stdout") == "out\n"
+        assert joined(frames, "stderr") == "err\n"
+        frames, end = run(client, argv=["/bin/false"])
+        assert end["exitCode"] == 1
+        frames, end = run(client, argv=["printf", "\\377\\000x"], encoding="base64")
+        assert end["exitCode"] == 0
+        import base64
+
+        assert b"".join(base64.b64decode(f["data"]) for f in frames) == b"\xff\x00x"
+
+
+def test_timeout_kills_the_whole_process_group(execd: ExecdProcess, short_dir: Path) -> None:
+    marker = short_dir / "grandchild.pid"
+    started = time.monotonic()
+    with execd.client() as client:
+        _, end = run(client, command=f"sleep 30 & echo $! > {marker}; wait", timeoutSeconds=0.5)
+    assert time.monotonic() - started < 5
+    assert end == {"exitCode": 128 + 9, "signal": 9, "timedOut": True}
+    grandchild = int(marker.read_text())
+    assert wait_until(lambda: not pid_alive(grandchild)), "timeout must kill the command's whole group"
+
+
+def test_kill_a_background_command(execd: ExecdProcess) -> None:
+    with execd.client() as client:
+        started = client.post("/v1/commands", json={"argv": ["sleep", "30"], "background": True})
+        assert started.status_code == 201
+        cid, pid = started.json()["id"], started.json()["pid"]
+        assert client.get(f"/v1/commands/{cid}").json()["state"] == "running"
+        killed = client.post(f"/v1/commands/{cid}/kill", json={"signal": "SIGTERM"})
+        assert killed.json() == {"id": cid, "signal": "SIGTERM", "delivered": True}
+        assert wait_until(lambda: client.get(f"/v1/commands/{cid}").json()["state"] == "exited")
+        status = client.get(f"/v1/commands/{cid}").json()
+        assert status["signal"] == 15 and status["exitCode"] == 128 + 15
+        assert not pid_alive(pid)
+        assert client.post(f"/v1/commands/{cid}/kill", json={}).json()["delivered"] is False
+
+
+def test_stdin_env_and_cwd(execd: ExecdProcess, short_dir: Path) -> None:
+    with execd.client() as client:
+        frames, end = run(client, argv=["cat"], stdin="hello stdin")
+        assert joined(frames, "stdout") == "hello stdin" and end["exitCode"] == 0
+        frames, _ = run(client, command="echo $GREETING; pwd", env={"GREETING": "hi there"}, cwd=str(short_dir))
+        assert joined(frames, "stdout") == f"hi there\n{short_dir}\n"
+
+
+def test_background_output_is_kept_in_a_bounded_ring(execd_factory: Callable[..., ExecdProcess]) -> None:
+    execd = execd_factory("--ring-bytes", "1000")
+    with execd.client() as client:
+        cid = client.post(
+            "/v1/commands", json={"command": "for i in $(seq 1 500); do echo line$i; done", "background": True}
+        ).json()["id"]
+        assert wait_until(lambda: client.get(f"/v1/commands/{cid}").json()["state"] == "exited")
+        out = client.get(f"/v1/commands/{cid}/output", params={"stream": "stdout"}).json()
+        assert out["exitCode"] == 0
+        assert len(out["data"]) == 1000, "only the newest ring-bytes are kept"
+        assert out["data"].endswith("line500\n")
+        assert out["droppedBytes"] == out["offset"] > 0
+        assert out["nextOffset"] == out["offset"] + 1000
+        again = client.get(f"/v1/commands/{cid}/output", params={"offset": out["nextOffset"]}).json()
+        assert again["data"] == ""
+
+
+def test_background_stdin_stays_open_until_closed(execd: ExecdProcess) -> None:
+    with execd.client() as client:
+        cid = client.post("/v1/commands", json={"argv": ["cat"], "background": True, "keepStdinOpen": True}).json()[
+            "id"
+        ]
+        assert client.post(f"/v1/commands/{cid}/stdin", content=b"part1 ").json()["written"] == 6
+        assert client.get(f"/v1/commands/{cid}").json()["state"] == "running"
+        client.post(f"/v1/commands/{cid}/stdin", params={"close": "true"}, content=b"part2")
+        assert wait_until(lambda: client.get(f"/v1/commands/{cid}").json()["state"] == "exited")
+        assert client.get(f"/v1/commands/{cid}/output").json()["data"] == "part1 part2"
+
+
+def test_list_and_delete(execd: ExecdProcess) -> None:
+    with execd.client() as client:
+        a = client.post("/v1/commands", json={"argv": ["sleep", "30"], "background": True}).json()["id"]
+        b = client.post("/v1/commands", json={"argv": ["true"], "background": True}).json()["id"]
+        listed = {c["id"]: c for c in client.get("/v1/commands").json()["commands"]}
+        assert {a, b} <= set(listed)
+        conflict = client.delete(f"/v1/commands/{a}")
+        assert conflict.status_code == 409
+        assert wait_until(lambda: client.get(f"/v1/commands/{b}").json()["state"] == "exited")
+        assert client.delete(f"/v1/commands/{b}").status_code == 204
+        assert client.get(f"/v1/commands/{b}").status_code == 404
+        client.post(f"/v1/commands/{a}/kill", json={})
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "argv"),
+        ({"argv": "ls"}, "argv"),
+        ({"argv": ["ls"], "command": "ls"}, "argv"),
+        ({"command": ""}, "command"),
+        ({"argv": ["/no/such/binary"]}, "argv"),
+        ({"argv": ["ls"], "cwd": "relative"}, "cwd"),
+        ({"argv": ["ls"], "cwd": "/no/such/dir"}, "cwd"),
+        ({"argv": ["ls"], "timeoutSeconds": -1}, "timeoutSeconds"),
+        ({"argv": ["ls"], "env": {"A": 1}}, "env.A"),
+        ({"argv": ["ls"], "background": "yes"}, "background"),
+        ({"argv": ["ls"], "colour": "blue"}, "colour"),
+        ({"argv": ["ls"], "encoding": "latin-1"}, "encoding"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(execd: ExecdProcess, body: dict[str, object], field: str) -> None:
+    with execd.client() as client:
+        resp = client.post("/v1/commands", json=body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "invalid_input"
+    assert error["details"]["field"] == field
+    assert field in error["message"]
+
+
+def test_malformed_json_and_unknown_routes(execd: ExecdProcess) -> None:
+    with execd.client() as client:
+        resp = client.post("/v1/commands", content=b"{not json")
+        assert resp.status_code == 400 and resp.json()["error"]["details"]["field"] == "body"
+        assert client.get("/v1/nope").status_code == 404
+        assert client.get("/v1/commands/unknown").json()["error"]["details"]["field"] == "id"
+
+
+def test_foreground_command_dies_with_its_client(execd: ExecdProcess) -> None:
+    """A client that hangs up during a silent foreground command takes the command with it."""
+    with execd.client() as client, client.stream("POST", "/v1/commands", json={"argv": ["sleep", "30"]}) as resp:
+        pid = json.loads(next(resp.iter_lines()))["pid"]
+        assert pid_alive(pid)
+    # leaving both contexts closed the connection
+    assert wait_until(lambda: not pid_alive(pid), 3.0)
+    with execd.client() as client:
+        assert client.get("/v1/commands").json()["commands"] == []
+
+
+def test_keep_alive_connection_serves_many_requests(execd: ExecdProcess) -> None:
+    transport = httpx.HTTPTransport(uds=str(execd.socket))
+    with httpx.Client(transport=transport, base_url="http://execd") as client:
+        for _ in range(20):
+            _, end = run(client, argv=["true"])
+            assert end["exitCode"] == 0
