@@ -11,6 +11,7 @@ from adx.model._lifecycle import (
     RetentionPolicy,
 )
 from adx.model._quantity import MAX_QUANTITY, parse_bytes, parse_cpu_millis
+from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord
 from adx.model._resources import Resources, allocatable
 from adx.model._spec import EnvironmentSpec, field_path, parse_wire
 from adx.model._states import (
@@ -29,11 +30,14 @@ __all__ = [
     "MAX_QUANTITY",
     "OPERATION",
     "TERMINAL_STATES",
+    "CheckpointRef",
     "CheckpointStorage",
+    "EnvironmentRecord",
     "EnvironmentSpec",
     "EnvironmentState",
     "IdleAction",
     "Lifecycle",
+    "NodeRecord",
     "PauseOptions",
     "Resources",
     "RestartPolicy",

@@ -1,0 +1,54 @@
+"""Placement: which nodes may take a request, best first. Pure; the store re-checks atomically."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adx.model import NodeRecord, Resources, allocatable
+
+
+@dataclass(frozen=True)
+class Refusal:
+    node: str
+    reason: str
+
+
+def eligibility(node: NodeRecord, need: Resources, now: float, *, needs_checkpoint: bool = False) -> str | None:
+    """None if ``node`` may take ``need`` now, else why not (RES-4, RES-6, ENV-2)."""
+    if node.session_expires_at < now:
+        return "node session expired"
+    if not node.admission_open:
+        return "node admission closed"
+    if node.capacity_valid_until < now:
+        return "node capacity sample expired"
+    if needs_checkpoint and not node.checkpoint_capable:
+        return "node cannot checkpoint (idleAction pause needs it)"
+    short = need.shortfall(allocatable(node.capacity, node.reserved))
+    if short:
+        return "no capacity: " + ",".join(short)
+    return None
+
+
+def rank_nodes(
+    nodes: list[NodeRecord], need: Resources, now: float, *, needs_checkpoint: bool = False
+) -> tuple[list[NodeRecord], list[Refusal]]:
+    """Eligible nodes, the one with the most room left after placement first (spreads load); and refusals."""
+    eligible: list[NodeRecord] = []
+    refused: list[Refusal] = []
+    for node in nodes:
+        reason = eligibility(node, need, now, needs_checkpoint=needs_checkpoint)
+        if reason is None:
+            eligible.append(node)
+        else:
+            refused.append(Refusal(node.name, reason))
+
+    def headroom(node: NodeRecord) -> tuple[float, float, str]:
+        free = allocatable(node.capacity, node.reserved)
+        cpu = (free.cpu_millis - need.cpu_millis) / node.capacity.cpu_millis if node.capacity.cpu_millis else 0.0
+        mem = (
+            (free.memory_bytes - need.memory_bytes) / node.capacity.memory_bytes if node.capacity.memory_bytes else 0.0
+        )
+        return (-min(cpu, mem), -(cpu + mem), node.name)
+
+    eligible.sort(key=headroom)
+    return eligible, refused

@@ -1,0 +1,115 @@
+"""Lua scripts: every multi-key change of the Coordinator's store is one of these (atomic, compare-and-set).
+
+Conventions: a script returns ``{status, detail}``; status 1 = done, 0 = compare failed (detail = the current
+revision), negative = refused (detail = the reason). Numbers travel as strings.
+"""
+
+from __future__ import annotations
+
+# Shared fragment: would `need` fit the node's allocatable = max(capacity - reserved, 0)? (RES-4, RES-6)
+_ADMIT = """
+local function admit(node_key, now, cpu, mem, disk)
+  local n = redis.call('HMGET', node_key, 'cap_cpu', 'cap_mem', 'cap_disk', 'cap_valid_until', 'admission',
+                       'session_expires_at', 'res_cpu', 'res_mem', 'res_disk')
+  if not n[1] then return 'unknown node' end
+  if n[6] == false or tonumber(n[6]) < now then return 'node session expired' end
+  if n[5] ~= '1' then return 'node admission closed' end
+  if tonumber(n[4]) < now then return 'node capacity sample expired' end
+  local short = {}
+  if cpu > 0 and cpu > math.max(tonumber(n[1]) - tonumber(n[7]), 0) then table.insert(short, 'cpu') end
+  if mem > 0 and mem > math.max(tonumber(n[2]) - tonumber(n[8]), 0) then table.insert(short, 'memory') end
+  if disk > 0 and disk > math.max(tonumber(n[3]) - tonumber(n[9]), 0) then table.insert(short, 'disk') end
+  if #short > 0 then return 'no capacity: ' .. table.concat(short, ',') end
+  return nil
+end
+"""
+
+# KEYS: env, tenant index, node, node reservations, idempotency key (or a dummy)
+# ARGV: env_id, doc, tenant, node, generation, state, cpu, mem, disk, now, created_at, idem_ttl, route
+CREATE_ENV = (
+    _ADMIT
+    + """
+if ARGV[12] ~= '0' then
+  local existing = redis.call('GET', KEYS[5])
+  if existing then return {2, existing} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 'environment exists'} end
+local cpu, mem, disk = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local refused = admit(KEYS[3], tonumber(ARGV[10]), cpu, mem, disk)
+if refused then return {-2, refused} end
+redis.call('HINCRBY', KEYS[3], 'res_cpu', ARGV[7])
+redis.call('HINCRBY', KEYS[3], 'res_mem', ARGV[8])
+redis.call('HINCRBY', KEYS[3], 'res_disk', ARGV[9])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[7] .. ' ' .. ARGV[8] .. ' ' .. ARGV[9])
+redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'rev', '1', 'gen', ARGV[5], 'tenant', ARGV[3],
+           'node', ARGV[4], 'state', ARGV[6])
+redis.call('ZADD', KEYS[2], ARGV[11], ARGV[1])
+if ARGV[12] ~= '0' then redis.call('SET', KEYS[5], ARGV[1], 'EX', tonumber(ARGV[12])) end
+redis.call('PUBLISH', 'adx:routes', ARGV[13])
+return {1, '1'}
+"""
+)
+
+# KEYS: env, node reservations (of the record's node, or a dummy), node, tenant index
+# ARGV: expected_rev, expected_gen ('' = any), doc, state, release ('1' releases the node reservation),
+#       deleted_ttl (seconds to keep a deleted record; '0' = not deleting), env_id, route
+COMMIT_ENV = """
+local cur = redis.call('HMGET', KEYS[1], 'rev', 'gen')
+if not cur[1] then return {-1, 'not found'} end
+if cur[1] ~= ARGV[1] then return {0, cur[1]} end
+if ARGV[2] ~= '' and cur[2] ~= ARGV[2] then return {-3, cur[2]} end
+local new_rev = tostring(tonumber(cur[1]) + 1)
+redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'rev', new_rev, 'state', ARGV[4])
+if ARGV[5] == '1' then
+  local held = redis.call('HGET', KEYS[2], ARGV[7])
+  if held then
+    -- Amounts stay strings (Lua numbers are doubles and print large values as 1e+15); Redis rejects "-0".
+    local cpu, mem, disk = string.match(held, '(%d+) (%d+) (%d+)')
+    if cpu ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_cpu', '-' .. cpu) end
+    if mem ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_mem', '-' .. mem) end
+    if disk ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_disk', '-' .. disk) end
+    redis.call('HDEL', KEYS[2], ARGV[7])
+  end
+end
+if ARGV[6] ~= '0' then
+  redis.call('ZREM', KEYS[4], ARGV[7])
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
+end
+redis.call('PUBLISH', 'adx:routes', ARGV[8])
+return {1, new_rev}
+"""
+
+# KEYS: node, node set   ARGV: session, session_ttl, now, address, relay_address, checkpoint_capable,
+#                              shared_storage, name
+REGISTER_NODE = """
+local previous = redis.call('HGET', KEYS[1], 'session')
+local fresh = redis.call('EXISTS', KEYS[1]) == 0
+redis.call('HSET', KEYS[1], 'session', ARGV[1], 'session_expires_at', tostring(tonumber(ARGV[3]) + tonumber(ARGV[2])),
+           'address', ARGV[4], 'relay_address', ARGV[5], 'checkpoint_capable', ARGV[6], 'shared_storage', ARGV[7])
+if fresh then
+  redis.call('HSET', KEYS[1], 'cap_cpu', '0', 'cap_mem', '0', 'cap_disk', '0', 'cap_valid_until', '0',
+             'admission', '0', 'res_cpu', '0', 'res_mem', '0', 'res_disk', '0')
+end
+redis.call('SADD', KEYS[2], ARGV[8])
+return {1, previous or ''}
+"""
+
+# KEYS: node   ARGV: session, session_ttl, now
+HEARTBEAT = """
+local session = redis.call('HGET', KEYS[1], 'session')
+if not session then return {-1, 'unknown node'} end
+if session ~= ARGV[1] then return {-4, session} end
+redis.call('HSET', KEYS[1], 'session_expires_at', tostring(tonumber(ARGV[3]) + tonumber(ARGV[2])))
+return {1, ''}
+"""
+
+# KEYS: node   ARGV: session, cpu, mem, disk, valid_until, admission ('1'/'0')
+# RES-4: a sample replaces capacity and its validity only; reservations are never touched here.
+REPORT_CAPACITY = """
+local session = redis.call('HGET', KEYS[1], 'session')
+if not session then return {-1, 'unknown node'} end
+if session ~= ARGV[1] then return {-4, session} end
+redis.call('HSET', KEYS[1], 'cap_cpu', ARGV[2], 'cap_mem', ARGV[3], 'cap_disk', ARGV[4],
+           'cap_valid_until', ARGV[5], 'admission', ARGV[6])
+return {1, ''}
+"""

@@ -1,0 +1,382 @@
+"""The Coordinator's store on Redis: the only authority for Environments, nodes, tenants and API keys.
+
+Every change that touches more than one key, or must not overwrite a newer version, is one Lua script
+(``_scripts``). Redis errors are translated here: a connection failure before a command was sent is
+UnavailableError; a failure after it may have been applied is UncertainOutcomeError, and callers must
+reload the authoritative record before acting (CRD-2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from adx.coordinator import _scripts
+from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.model import EnvironmentRecord, EnvironmentState, NodeRecord, Resources
+
+T = TypeVar("T")
+
+ROUTES_CHANNEL = "adx:routes"
+NODE_SET = "adx:nodes"
+API_KEY_PREFIX = "adxk_"
+DELETED_RECORD_TTL_SECONDS = 24 * 3600
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+
+
+def env_key(env_id: str) -> str:
+    return f"adx:env:{env_id}"
+
+
+def tenant_index_key(tenant: str) -> str:
+    return f"adx:tenant-envs:{tenant}"
+
+
+def node_key(name: str) -> str:
+    return f"adx:node:{name}"
+
+
+def node_reservations_key(name: str) -> str:
+    return f"adx:node-res:{name}"
+
+
+def idempotency_key(tenant: str, key: str) -> str:
+    return f"adx:idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+ScriptArg = str | int | float
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def hash_api_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+class SessionRejected(ConflictError):
+    """The node's session is not the registered one: the node must re-register (NOD-6)."""
+
+    code = "session_rejected"
+
+
+class NoCapacity(ConflictError):
+    """The node refused the reservation (capacity, expired sample, closed admission)."""
+
+    code = "no_capacity"
+
+
+@dataclass(frozen=True)
+class CreateOutcome:
+    record: EnvironmentRecord
+    created: bool  # False: an earlier request with the same idempotency key created it
+
+
+def _route(record: EnvironmentRecord) -> str:
+    return json.dumps(
+        {
+            "id": record.id,
+            "tenant": record.tenant,
+            "node": record.node,
+            "state": record.state.value,
+            "revision": record.revision,
+            "generation": record.generation,
+        },
+        separators=(",", ":"),
+    )
+
+
+class CoordinatorStore:
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._redis = client
+        self._create_env = client.register_script(_scripts.CREATE_ENV)
+        self._commit_env = client.register_script(_scripts.COMMIT_ENV)
+        self._register_node = client.register_script(_scripts.REGISTER_NODE)
+        self._heartbeat = client.register_script(_scripts.HEARTBEAT)
+        self._report_capacity = client.register_script(_scripts.REPORT_CAPACITY)
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: float = 5.0) -> CoordinatorStore:
+        return cls(aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout))
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def _call(self, what: str, op: Callable[[], Awaitable[T]], *, writes: bool) -> T:
+        try:
+            return await op()
+        except redis_errors.ConnectionError as exc:
+            # A refused connection never sent the command; anything else may have reached the server.
+            if writes and not isinstance(exc.__cause__, ConnectionRefusedError) and "refused" not in str(exc):
+                raise UncertainOutcomeError(f"{what}: connection lost after sending; outcome unknown") from exc
+            raise UnavailableError(f"{what}: Redis unavailable: {exc}") from exc
+        except redis_errors.TimeoutError as exc:
+            if writes:
+                raise UncertainOutcomeError(f"{what}: Redis timed out; outcome unknown") from exc
+            raise UnavailableError(f"{what}: Redis timed out") from exc
+        except redis_errors.RedisError as exc:
+            raise UnavailableError(f"{what}: Redis error: {exc}") from exc
+
+    async def ping(self) -> None:
+        await self._call("ping", self._redis.ping, writes=False)
+
+    # -- tenants and API keys (SEC-2: only hashes are stored) ---------------------------------------------
+    async def create_tenant(self, name: str) -> str:
+        """Create tenant ``name`` (or add a key to it) and return a new API key, shown only once."""
+        if not name or len(name) > 64 or not all(c.isalnum() or c in "-_" for c in name):
+            raise InvalidInputError("name", "must be 1-64 letters, digits, '-' or '_'")
+        api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        now = time.time()
+
+        async def op() -> None:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hsetnx(f"adx:tenant:{name}", "created_at", repr(now))
+                pipe.sadd("adx:tenants", name)
+                pipe.set(f"adx:apikey:{hash_api_key(api_key)}", name)
+                await pipe.execute()
+
+        await self._call("create tenant", op, writes=True)
+        return api_key
+
+    async def authenticate(self, api_key: str) -> str:
+        """The tenant owning ``api_key``; NotFoundError for an unknown key (no detail on why)."""
+        tenant = await self._call(
+            "authenticate", lambda: self._redis.get(f"adx:apikey:{hash_api_key(api_key)}"), writes=False
+        )
+        if tenant is None:
+            raise NotFoundError("unknown API key")
+        return _text(tenant)
+
+    # -- environments -----------------------------------------------------------------------------
+    async def create_environment(self, record: EnvironmentRecord, *, idempotency: str | None = None) -> CreateOutcome:
+        """Reserve the record's resources on its node and store it, atomically (placement CAS)."""
+        if record.node is None:
+            raise InvalidInputError("node", "a new environment must name its node")
+        if record.revision != 1:
+            raise InvalidInputError("revision", "a new environment record has revision 1")
+        need = record.spec.resources
+        idem = idempotency_key(record.tenant, idempotency) if idempotency else "adx:idem:-"
+        keys = [
+            env_key(record.id),
+            tenant_index_key(record.tenant),
+            node_key(record.node),
+            node_reservations_key(record.node),
+            idem,
+        ]
+        args: list[ScriptArg] = [
+            record.id,
+            record.model_dump_json(by_alias=True),
+            record.tenant,
+            record.node,
+            record.generation,
+            record.state.value,
+            need.cpu_millis,
+            need.memory_bytes,
+            need.disk_bytes,
+            time.time(),
+            record.created_at,
+            IDEMPOTENCY_TTL_SECONDS if idempotency else 0,
+            _route(record),
+        ]
+        status, detail = await self._call(
+            "create environment", lambda: self._create_env(keys=keys, args=args), writes=True
+        )
+        detail = _text(detail)
+        if status == 1:
+            return CreateOutcome(record, created=True)
+        if status == 2:
+            return CreateOutcome(await self.get_environment(detail), created=False)
+        if status == -2:
+            raise NoCapacity(f"node {record.node} refused: {detail}", details={"node": record.node})
+        raise ConflictError(f"environment {record.id}: {detail}")
+
+    async def get_environment(self, env_id: str) -> EnvironmentRecord:
+        doc = await self._call("get environment", lambda: self._redis.hget(env_key(env_id), "doc"), writes=False)
+        if doc is None:
+            raise NotFoundError(f"environment {env_id} not found")
+        return EnvironmentRecord.model_validate_json(doc)
+
+    async def get_tenant_environment(self, tenant: str, env_id: str) -> EnvironmentRecord:
+        """Like get_environment, but another tenant's Environment is indistinguishable from none (SEC-2)."""
+        record = await self.get_environment(env_id)
+        if record.tenant != tenant:
+            raise NotFoundError(f"environment {env_id} not found")
+        return record
+
+    async def list_environments(self, tenant: str, *, limit: int = 1000) -> list[EnvironmentRecord]:
+        ids = await self._call(
+            "list environments", lambda: self._redis.zrange(tenant_index_key(tenant), 0, limit - 1), writes=False
+        )
+        if not ids:
+            return []
+
+        async def fetch() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for raw in ids:
+                    pipe.hget(env_key(_text(raw)), "doc")
+                return list(await pipe.execute())
+
+        docs = await self._call("list environments", fetch, writes=False)
+        return [EnvironmentRecord.model_validate_json(doc) for doc in docs if doc is not None]
+
+    async def commit_environment(
+        self,
+        current: EnvironmentRecord,
+        changes: dict[str, Any],
+        *,
+        check_generation: bool = True,
+        release_reservation: bool = False,
+    ) -> EnvironmentRecord:
+        """Compare-and-set: apply ``changes`` if the stored revision (and generation) still match ``current``.
+
+        Raises ConflictError (with the stored revision) when someone committed in between.
+        """
+        updated = current.model_copy(update={**changes, "revision": current.revision + 1, "updated_at": time.time()})
+        deleting = updated.state is EnvironmentState.DELETED
+        node = current.node or "-"
+        keys = [env_key(current.id), node_reservations_key(node), node_key(node), tenant_index_key(current.tenant)]
+        args: list[ScriptArg] = [
+            current.revision,
+            current.generation if check_generation else "",
+            updated.model_dump_json(by_alias=True),
+            updated.state.value,
+            "1" if (release_reservation or deleting) and current.node else "0",
+            DELETED_RECORD_TTL_SECONDS if deleting else 0,
+            current.id,
+            _route(updated),
+        ]
+        status, detail = await self._call(
+            "commit environment", lambda: self._commit_env(keys=keys, args=args), writes=True
+        )
+        detail = _text(detail)
+        if status == 1:
+            return updated
+        if status == -1:
+            raise NotFoundError(f"environment {current.id} not found")
+        what = "revision" if status == 0 else "generation"
+        expected = current.revision if status == 0 else current.generation
+        raise ConflictError(
+            f"environment {current.id}: stale {what} (expected {expected}, stored {detail})",
+            details={"stored_" + what: int(detail)},
+        )
+
+    # -- nodes ------------------------------------------------------------------------------------
+    async def register_node(
+        self,
+        name: str,
+        *,
+        session: str,
+        address: str,
+        relay_address: str = "",
+        session_ttl: float = 15.0,
+        checkpoint_capable: bool = False,
+        shared_storage: bool = False,
+    ) -> str:
+        """Register (or re-register) a node under a new process session; returns the previous session."""
+        args: list[ScriptArg] = [
+            session,
+            session_ttl,
+            time.time(),
+            address,
+            relay_address,
+            int(checkpoint_capable),
+            int(shared_storage),
+            name,
+        ]
+        _, previous = await self._call(
+            "register node",
+            lambda: self._register_node(keys=[node_key(name), NODE_SET], args=args),
+            writes=True,
+        )
+        return _text(previous)
+
+    async def heartbeat(self, name: str, session: str, session_ttl: float = 15.0) -> None:
+        status, detail = await self._call(
+            "heartbeat",
+            lambda: self._heartbeat(keys=[node_key(name)], args=[session, session_ttl, time.time()]),
+            writes=True,
+        )
+        self._check_node_status(name, status, detail)
+
+    async def report_capacity(
+        self, name: str, session: str, capacity: Resources, *, valid_for: float, admission_open: bool = True
+    ) -> None:
+        args: list[ScriptArg] = [
+            session,
+            capacity.cpu_millis,
+            capacity.memory_bytes,
+            capacity.disk_bytes,
+            time.time() + valid_for,
+            "1" if admission_open else "0",
+        ]
+        status, detail = await self._call(
+            "report capacity", lambda: self._report_capacity(keys=[node_key(name)], args=args), writes=True
+        )
+        self._check_node_status(name, status, detail)
+
+    @staticmethod
+    def _check_node_status(name: str, status: int, detail: Any) -> None:
+        if status == 1:
+            return
+        if status == -1:
+            raise NotFoundError(f"node {name} is not registered")
+        raise SessionRejected(f"node {name}: session is not the registered one")
+
+    async def get_node(self, name: str) -> NodeRecord:
+        raw = await self._call("get node", lambda: self._redis.hgetall(node_key(name)), writes=False)
+        if not raw:
+            raise NotFoundError(f"node {name} not found")
+        return _node_from_hash(name, {_text(k): _text(v) for k, v in raw.items()})
+
+    async def list_nodes(self) -> list[NodeRecord]:
+        names = await self._call("list nodes", lambda: self._redis.smembers(NODE_SET), writes=False)
+        nodes = []
+        for raw in sorted(names):
+            try:
+                nodes.append(await self.get_node(_text(raw)))
+            except NotFoundError:
+                continue
+        return nodes
+
+    async def node_reservations(self, name: str) -> dict[str, Resources]:
+        raw = await self._call(
+            "node reservations", lambda: self._redis.hgetall(node_reservations_key(name)), writes=False
+        )
+        out = {}
+        for env_id, held in raw.items():
+            cpu, mem, disk = (int(x) for x in _text(held).split())
+            out[_text(env_id)] = Resources(cpu_millis=cpu, memory_bytes=mem, disk_bytes=disk)
+        return out
+
+
+def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:
+    return NodeRecord(
+        name=name,
+        address=h.get("address", ""),
+        relay_address=h.get("relay_address", ""),
+        session=h.get("session", ""),
+        session_expires_at=float(h.get("session_expires_at", 0)),
+        capacity=Resources(
+            cpu_millis=int(h.get("cap_cpu", 0)),
+            memory_bytes=int(h.get("cap_mem", 0)),
+            disk_bytes=int(h.get("cap_disk", 0)),
+        ),
+        capacity_valid_until=float(h.get("cap_valid_until", 0)),
+        admission_open=h.get("admission") == "1",
+        reserved=Resources(
+            cpu_millis=int(h.get("res_cpu", 0)),
+            memory_bytes=int(h.get("res_mem", 0)),
+            disk_bytes=int(h.get("res_disk", 0)),
+        ),
+        checkpoint_capable=h.get("checkpoint_capable") == "1",
+        shared_storage=h.get("shared_storage") == "1",
+    )
