@@ -1,0 +1,110 @@
+"""ADX durable agent runtime on PostgreSQL.
+
+Assemble an immutable worker deployment: register the three standard audit schemas and the application's
+schemas, freeze them, register graphs into an executable registry and freeze it, then build a
+:class:`DurableTenantScheduler` (which builds its agent loop internally) and run it in an :class:`AgentWorker`.
+"""
+
+from adx.agents._api import AgentResult, AgentRuns, PendingWait, RunView
+from adx.agents._driver import (
+    BudgetExceededError,
+    DurableGraphDriverOptions,
+    ModelResult,
+    NodeContext,
+    ShutdownSignal,
+    ToolOutcomeUnknownError,
+)
+from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
+from adx.agents._graph import (
+    END,
+    Budget,
+    ExecutableGraph,
+    ExecutableGraphRegistry,
+    ExecutableGraphRegistryBuilder,
+    Fail,
+    GraphBuilder,
+    Interrupt,
+    ModelChunk,
+    ModelProvider,
+    Next,
+    NodeOutcome,
+    NodeWaits,
+    Timer,
+    Usage,
+)
+from adx.agents._lifecycle import (
+    DurableGraphLifecycleOptions,
+    EvidenceRequest,
+    ExecutedOutcome,
+    GraphLifecycleEvidenceProvider,
+    LifecycleEvidence,
+    LifecycleResult,
+)
+from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions, TickOutcome, TickReport
+from adx.agents._schemas import (
+    AGENT_CANCELLATION_EVENT_SCHEMA_ID,
+    GRAPH_DRIVER_EVENT_SCHEMA_ID,
+    GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
+    JsonSchemaRegistry,
+    JsonSchemaRegistryBuilder,
+    SchemaLimits,
+    SchemaRef,
+    register_standard_agent_cancellation_event_schema,
+    register_standard_graph_driver_event_schema,
+    register_standard_graph_lifecycle_event_schema,
+)
+from adx.agents._store import AgentStore, CommitHook, RunKey
+
+__all__ = [
+    "AGENT_CANCELLATION_EVENT_SCHEMA_ID",
+    "END",
+    "GRAPH_DRIVER_EVENT_SCHEMA_ID",
+    "GRAPH_LIFECYCLE_EVENT_SCHEMA_ID",
+    "AgentResult",
+    "AgentRuns",
+    "AgentStore",
+    "Budget",
+    "BudgetExceededError",
+    "CommitHook",
+    "DurableGraphDriverOptions",
+    "DurableGraphLifecycleOptions",
+    "DurableTenantScheduler",
+    "DurableTenantSchedulerOptions",
+    "EvidenceError",
+    "EvidenceRequest",
+    "ExecutableGraph",
+    "ExecutableGraphRegistry",
+    "ExecutableGraphRegistryBuilder",
+    "ExecutedOutcome",
+    "Fail",
+    "GraphBuilder",
+    "GraphLifecycleEvidenceProvider",
+    "Interrupt",
+    "JsonSchemaRegistry",
+    "JsonSchemaRegistryBuilder",
+    "LifecycleEvidence",
+    "LifecycleResult",
+    "ModelChunk",
+    "ModelProvider",
+    "ModelResult",
+    "Next",
+    "NodeContext",
+    "NodeOutcome",
+    "NodeWaits",
+    "PendingWait",
+    "RunKey",
+    "RunView",
+    "SchemaLimits",
+    "SchemaRef",
+    "SchemaValidationError",
+    "ShutdownSignal",
+    "StaleFenceError",
+    "TickOutcome",
+    "TickReport",
+    "Timer",
+    "ToolOutcomeUnknownError",
+    "Usage",
+    "register_standard_agent_cancellation_event_schema",
+    "register_standard_graph_driver_event_schema",
+    "register_standard_graph_lifecycle_event_schema",
+]

@@ -1,0 +1,534 @@
+"""Lifecycle coordination: commits each driver handoff as ONE transaction, with exact lost-ACK replay.
+
+Success, failure and cancellation first recover trusted evidence (:class:`GraphLifecycleEvidenceProvider`),
+validate schemas offline and build the final result; only then one transaction finalises the run. An evidence
+error releases the exact fence and never partially finalises anything (AGT-4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from adx.agents._canonical import digest
+from adx.agents._driver import (
+    CancellationHandoff,
+    FailureHandoff,
+    Handoff,
+    ReleaseHandoff,
+    ReleaseKind,
+    SuccessHandoff,
+    WaitHandoff,
+)
+from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
+from adx.agents._graph import Budget, ExecutableGraphRegistry
+from adx.agents._schemas import (
+    AGENT_CANCELLATION_EVENT_SCHEMA_ID,
+    GRAPH_DRIVER_EVENT_SCHEMA_ID,
+    GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
+)
+from adx.agents._store import AgentStore, Claim, RunKey
+from adx.errors import AdxError, InvalidInputError, NotFoundError, UncertainOutcomeError
+
+__all__ = [
+    "DurableGraphLifecycle",
+    "DurableGraphLifecycleOptions",
+    "EvidenceRequest",
+    "ExecutedOutcome",
+    "GraphLifecycleEvidenceProvider",
+    "LifecycleEvidence",
+    "LifecycleResult",
+]
+
+log = logging.getLogger("adx.agents.lifecycle")
+
+
+class ExecutedOutcome(StrEnum):
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RECOVERY_RELEASED = "recovery_released"
+    DEFERRED = "deferred"
+    YIELDED = "yielded"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class DurableGraphLifecycleOptions:
+    evidence_timeout_seconds: float = 10.0
+    evidence_retry_seconds: float = 5.0
+    commit_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.evidence_timeout_seconds > 0:
+            raise InvalidInputError("evidence_timeout_seconds", "must be positive")
+        if not self.evidence_retry_seconds >= 0:
+            raise InvalidInputError("evidence_retry_seconds", "must not be negative")
+        if self.commit_attempts < 1:
+            raise InvalidInputError("commit_attempts", "must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRequest:
+    key: RunKey
+    fence: int
+    checkpoint_seq: int
+    kind: str  # "success" | "failure" | "cancellation"
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleEvidence:
+    """Persisted facts the terminal barrier does not own: admission, artifact, cumulative usage."""
+
+    key: RunKey
+    checkpoint_seq: int
+    descriptor: dict[str, Any]
+    request: dict[str, Any]
+    budget: dict[str, Any]
+    artifact: Any
+    terminal_ready: bool
+    usage: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleResult:
+    outcome: ExecutedOutcome
+    event_id: uuid.UUID
+    revision: int | None = None
+    result: dict[str, Any] | None = None
+    usage: dict[str, int] | None = None
+    wait: dict[str, Any] | None = None
+    replayed: bool = False
+    reason: str | None = None
+
+
+class GraphLifecycleEvidenceProvider:
+    """Provider-native evidence: bounded, deterministic, read-only recovery from the runtime's own tables.
+
+    It never repeats model or tool work, never guesses a request and never fills missing usage with zero
+    (AGT-3). Applications subclass it to add their own checks (e.g. artifact provenance) by overriding
+    :meth:`recover` and calling ``super()``.
+    """
+
+    async def recover(self, store: AgentStore, request: EvidenceRequest) -> LifecycleEvidence:
+        facts = await store.read_evidence(request.key, request.checkpoint_seq)
+        checkpoint = facts["checkpoint"]
+        if checkpoint is None:
+            raise EvidenceError(f"run {request.key.run_id}: checkpoint {request.checkpoint_seq} is not persisted")
+        usage = facts["usage"]
+        if usage["missing_usage"]:
+            raise EvidenceError(
+                f"run {request.key.run_id}: {usage['missing_usage']} model call(s) have no recorded usage;"
+                " refusing to report zero"
+            )
+        run = facts["run"]
+        return LifecycleEvidence(
+            key=request.key,
+            checkpoint_seq=int(checkpoint["seq"]),
+            descriptor=run["descriptor"],
+            request=run["request"],
+            budget=run["budget"],
+            artifact=checkpoint["artifact"],
+            terminal_ready=checkpoint["next_node"] is None,
+            usage={
+                k: int(usage[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")
+            },
+        )
+
+
+def _event_base(kind: str, handoff: Handoff, checkpoint_seq: int) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "event_id": str(handoff.event_id),
+        "run_id": str(handoff.claim.key.run_id),
+        "fence": handoff.claim.fence,
+        "checkpoint_seq": checkpoint_seq,
+    }
+
+
+class DurableGraphLifecycle:
+    """Commits handoffs. Construction fails closed unless all three standard audit schemas are frozen in."""
+
+    def __init__(
+        self,
+        store: AgentStore,
+        executables: ExecutableGraphRegistry,
+        evidence: GraphLifecycleEvidenceProvider,
+        options: DurableGraphLifecycleOptions,
+    ) -> None:
+        schemas = executables.schemas
+        for schema_id in (
+            GRAPH_DRIVER_EVENT_SCHEMA_ID,
+            GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
+            AGENT_CANCELLATION_EVENT_SCHEMA_ID,
+        ):
+            if schema_id not in schemas:
+                raise InvalidInputError(
+                    "schemas", f"lifecycle start-up refused: the standard schema {schema_id} is not registered"
+                )
+        if not getattr(evidence, "recover", None):
+            raise InvalidInputError("evidence_provider", "must provide recover(store, request)")
+        self.store = store
+        self.executables = executables
+        self.evidence = evidence
+        self.options = options
+        self._lifecycle_schema = (GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, schemas.digest(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID))
+        self._cancel_schema = (AGENT_CANCELLATION_EVENT_SCHEMA_ID, schemas.digest(AGENT_CANCELLATION_EVENT_SCHEMA_ID))
+
+    async def commit(self, handoff: Handoff) -> LifecycleResult:
+        if isinstance(handoff, WaitHandoff):
+            return await self.commit_wait(handoff)
+        if isinstance(handoff, SuccessHandoff):
+            return await self.commit_success(handoff)
+        if isinstance(handoff, FailureHandoff):
+            return await self.commit_failure(handoff)
+        if isinstance(handoff, CancellationHandoff):
+            return await self.commit_cancellation(handoff)
+        return await self.commit_release(handoff)
+
+    # --- wait (AGT-5, AGT-10) ----------------------------------------------------------------------------
+
+    async def commit_wait(self, h: WaitHandoff) -> LifecycleResult:
+        event = {
+            **_event_base("waiting", h, h.step + 1),
+            "attempt_id": str(h.attempt_id),
+            "waits": [
+                {
+                    k: v
+                    for k, v in (("wait_id", w["wait_id"]), ("kind", w["kind"]), ("timer_ms", w["timer_ms"]))
+                    if v is not None
+                }
+                for w in h.waits
+            ],
+        }
+        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
+        for attempt in range(self.options.commit_attempts):
+            try:
+                commit = await self.store.commit_wait(
+                    h.claim,
+                    attempt_id=h.attempt_id,
+                    step=h.step,
+                    resume_node=h.resume_node,
+                    state=h.state,
+                    waits=list(h.waits),
+                    event_id=h.event_id,
+                    event=event,
+                    schema=self._lifecycle_schema,
+                )
+                return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, int(commit["revision"]), wait=commit)
+            except (UncertainOutcomeError, StaleFenceError) as exc:
+                replay = await self.replay_wait(h)
+                if replay is not None:
+                    return replay
+                if isinstance(exc, StaleFenceError) or attempt + 1 == self.options.commit_attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def replay_wait(self, h: WaitHandoff) -> LifecycleResult | None:
+        """Event-first replay (AGT-10): verify the original event, projection, checkpoint, result consumption and
+        immutable registrations; return the original commit without touching the run's later state."""
+        try:
+            commit = await self.store.read_wait_commit(h.claim.key, h.event_id)
+        except NotFoundError:
+            return None
+        expected = sorted((w["wait_id"], w["kind"], w["timer_ms"]) for w in h.waits)
+        registered = sorted((w["wait_id"], w["kind"], w["timer_ms"]) for w in commit["waits"])
+        problems = []
+        if commit["kind"] != "waiting" or commit["fence"] != h.claim.fence or commit["checkpoint_seq"] != h.step + 1:
+            problems.append("event projection differs")
+        if commit["payload"].get("attempt_id") != str(h.attempt_id) or commit["attempt_status"] != "completed":
+            problems.append("node result was not consumed by this event")
+        if registered != expected:
+            problems.append("wait registrations differ")
+        if not commit["checkpoint_present"] and commit["checkpoint_seq"] > 0:
+            # Retention may prune old checkpoints; only a missing *current* one would be an inconsistency.
+            run = await self.store.read_run(h.claim.key)
+            if int(run["checkpoint_seq"]) - self.store.checkpoint_retention < commit["checkpoint_seq"]:
+                problems.append("successor checkpoint missing")
+        if problems:
+            raise StaleFenceError(f"wait replay of event {h.event_id} refused: {', '.join(problems)}")
+        return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, int(commit["revision"]), wait=commit, replayed=True)
+
+    # --- terminal edges (AGT-6..9) -----------------------------------------------------------------------
+
+    async def replay_terminal(self, claim: Claim, event_id: uuid.UUID, status: str) -> LifecycleResult | None:
+        """Lost-ACK replay (AGT-9): the same event, the committed revision (pre-commit + 1, unchanged since),
+        the expected terminal status and a cleared lease; anything else is stale and fails closed."""
+        row = await self.store.read_terminal(claim.key, event_id)
+        if row is None:
+            return None
+        ok = (
+            row["terminal_event_id"] == event_id
+            and row["event_fence"] == claim.fence
+            and row["status"] == status
+            and row["result_status"] == status
+            and row["lease_owner"] is None
+            and row["revision"] == row["event_revision"]
+        )
+        if not ok:
+            raise StaleFenceError(
+                f"run {claim.key.run_id}: terminal replay of event {event_id} refused (run is {row['status']},"
+                f" revision {row['revision']}, event revision {row['event_revision']})"
+            )
+        return LifecycleResult(
+            ExecutedOutcome(status),
+            event_id,
+            int(row["revision"]),
+            result=row["result"],
+            usage=row["usage"],
+            replayed=True,
+        )
+
+    async def _recover(self, h: Handoff, kind: str) -> LifecycleEvidence:
+        request = EvidenceRequest(h.claim.key, h.claim.fence, h.step, kind)
+        try:
+            return await asyncio.wait_for(
+                self.evidence.recover(self.store, request), timeout=self.options.evidence_timeout_seconds
+            )
+        except EvidenceError:
+            raise
+        except TimeoutError:
+            raise EvidenceError(f"evidence recovery exceeded {self.options.evidence_timeout_seconds}s") from None
+        except AdxError as exc:
+            raise EvidenceError(f"evidence recovery failed: {exc}") from exc
+
+    def _check_admission(self, claim: Claim, ev: LifecycleEvidence) -> None:
+        graph = self.executables.get(claim.graph_name, claim.graph_version)
+        if ev.key != claim.key or ev.checkpoint_seq < 0:
+            raise EvidenceError("evidence provenance names another run")
+        if digest(ev.descriptor) != digest(claim.descriptor) or ev.descriptor.get("graph_digest") != graph.digest:
+            raise EvidenceError("evidence descriptor differs from the admitted descriptor")
+        if digest(ev.request) != digest(claim.request):
+            raise EvidenceError("evidence request differs from the admitted request")
+        if digest(ev.budget) != digest(claim.budget):
+            raise EvidenceError("evidence budget differs from the resolved budget")
+        try:
+            # Offline schema validation of the admitted input (schemas are frozen; no network).
+            self.executables.schemas.validate(graph.input_schema, ev.request.get("input"))
+        except SchemaValidationError as exc:
+            raise EvidenceError(f"admitted input no longer validates: {exc}") from exc
+
+    async def _release_on_evidence_error(self, h: Handoff, exc: Exception) -> LifecycleResult:
+        log.warning(
+            "lifecycle evidence error; releasing the exact fence",
+            extra={"run_id": str(h.claim.key.run_id), "fence": h.claim.fence, "error": str(exc)},
+        )
+        attempt_id: uuid.UUID | None = getattr(h, "attempt_id", None)
+        # A failed node stays failed (it counts toward quarantine); a never-dispatched next node is skipped.
+        status = None if attempt_id is None else ("failed" if isinstance(h, FailureHandoff) else "skipped")
+        release = ReleaseHandoff(
+            h.claim,
+            uuid.uuid4(),
+            h.step,
+            ReleaseKind.RECOVERY_RELEASED,
+            f"evidence error: {exc}",
+            self.options.evidence_retry_seconds,
+            attempt_id,
+            status,
+        )
+        result = await self.commit_release(release)
+        return LifecycleResult(result.outcome, result.event_id, result.revision, reason=str(exc))
+
+    async def _terminal(
+        self,
+        h: Handoff,
+        *,
+        status: str,
+        artifact: Any,
+        result: dict[str, Any],
+        usage: dict[str, int],
+        event_kind: str,
+        event: dict[str, Any],
+        schema: tuple[str, str],
+        attempt_id: uuid.UUID | None,
+        error: str | None,
+    ) -> LifecycleResult:
+        for attempt in range(self.options.commit_attempts):
+            try:
+                row = await self.store.commit_terminal(
+                    h.claim,
+                    status=status,
+                    step=h.step,
+                    artifact=artifact,
+                    result=result,
+                    usage=usage,
+                    event_id=h.event_id,
+                    event_kind=event_kind,
+                    event=event,
+                    schema=schema,
+                    attempt_id=attempt_id,
+                    error=error,
+                )
+                return LifecycleResult(
+                    ExecutedOutcome(status), h.event_id, int(row["revision"]), result=result, usage=usage
+                )
+            except (UncertainOutcomeError, StaleFenceError) as exc:
+                # Lost ACK or a concurrent change: the committed facts decide, never a second evidence read.
+                replay = await self.replay_terminal(h.claim, h.event_id, status)
+                if replay is not None:
+                    return replay
+                if isinstance(exc, StaleFenceError) or attempt + 1 == self.options.commit_attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def commit_success(self, h: SuccessHandoff) -> LifecycleResult:
+        replay = await self.replay_terminal(h.claim, h.event_id, "succeeded")
+        if replay is not None:
+            return replay
+        graph = self.executables.get(h.claim.graph_name, h.claim.graph_version)
+        try:
+            ev = await self._recover(h, "success")
+            self._check_admission(h.claim, ev)
+            if ev.checkpoint_seq != h.step or not ev.terminal_ready:
+                raise EvidenceError(f"checkpoint {h.step} is not the run's terminal-ready checkpoint")
+            if digest(ev.artifact) != digest(h.artifact):
+                raise EvidenceError("persisted artifact differs from the handoff's artifact")
+            if ev.usage != h.usage:
+                raise EvidenceError(f"rebuilt usage {ev.usage} differs from the driver's {h.usage}")
+            try:
+                self.executables.schemas.validate(graph.output_schema, ev.artifact)
+            except SchemaValidationError as exc:
+                raise EvidenceError(f"artifact does not match the output schema: {exc}") from exc
+            budget = Budget(**ev.budget)
+            if ev.usage["node_commits"] > budget.max_steps:
+                raise EvidenceError("usage exceeds the resolved budget")
+        except EvidenceError as exc:
+            return await self._release_on_evidence_error(h, exc)
+        result = {
+            "run_id": str(h.claim.key.run_id),
+            "status": "succeeded",
+            "artifact": ev.artifact,
+            "usage": ev.usage,
+            "descriptor_digest": digest(ev.descriptor),
+            "request_digest": digest(ev.request),
+            "budget": ev.budget,
+            "event_id": str(h.event_id),
+        }
+        event = {
+            **_event_base("succeeded", h, h.step + 1),
+            "result_digest": digest(result),
+            "usage": ev.usage,
+        }
+        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
+        return await self._terminal(
+            h,
+            status="succeeded",
+            artifact=ev.artifact,
+            result=result,
+            usage=ev.usage,
+            event_kind="succeeded",
+            event=event,
+            schema=self._lifecycle_schema,
+            attempt_id=None,
+            error=None,
+        )
+
+    async def commit_failure(self, h: FailureHandoff) -> LifecycleResult:
+        if h.in_flight:
+            # AGT-7: same-fence work in flight: hand ownership to higher-fence crash recovery.
+            release = ReleaseHandoff(
+                h.claim,
+                h.event_id,
+                h.step,
+                ReleaseKind.RECOVERY_RELEASED,
+                f"in-flight work at failure: {h.reason}",
+                0.0,
+                h.attempt_id,
+                "failed",
+                h.reason,
+            )
+            return await self.commit_release(release)
+        replay = await self.replay_terminal(h.claim, h.event_id, "failed")
+        if replay is not None:
+            return replay
+        try:
+            ev = await self._recover(h, "failure")
+            self._check_admission(h.claim, ev)
+        except EvidenceError as exc:
+            return await self._release_on_evidence_error(h, exc)
+        result = {
+            "run_id": str(h.claim.key.run_id),
+            "status": "failed",
+            "failure": {"reason": h.reason},
+            "usage": ev.usage,
+            "descriptor_digest": digest(ev.descriptor),
+            "request_digest": digest(ev.request),
+            "budget": ev.budget,
+            "event_id": str(h.event_id),
+        }
+        event = {
+            **_event_base("failed", h, h.step + 1),
+            "reason": h.reason,
+            "usage": ev.usage,
+            "result_digest": digest(result),
+        }
+        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
+        return await self._terminal(
+            h,
+            status="failed",
+            artifact=None,
+            result=result,
+            usage=ev.usage,
+            event_kind="failed",
+            event=event,
+            schema=self._lifecycle_schema,
+            attempt_id=h.attempt_id,
+            error=h.reason,
+        )
+
+    async def commit_cancellation(self, h: CancellationHandoff) -> LifecycleResult:
+        replay = await self.replay_terminal(h.claim, h.event_id, "cancelled")
+        if replay is not None:
+            return replay
+        try:
+            ev = await self._recover(h, "cancellation")
+            self._check_admission(h.claim, ev)
+        except EvidenceError as exc:
+            # AGT-8: without evidence the run stays cancellation-requested (released, retried later).
+            return await self._release_on_evidence_error(h, exc)
+        result = {
+            "run_id": str(h.claim.key.run_id),
+            "status": "cancelled",
+            "usage": ev.usage,
+            "descriptor_digest": digest(ev.descriptor),
+            "request_digest": digest(ev.request),
+            "budget": ev.budget,
+            "event_id": str(h.event_id),
+        }
+        event = {**_event_base("cancellation_confirmed", h, h.step + 1), "usage": ev.usage}
+        self.executables.schemas.validate(AGENT_CANCELLATION_EVENT_SCHEMA_ID, event)
+        return await self._terminal(
+            h,
+            status="cancelled",
+            artifact=None,
+            result=result,
+            usage=ev.usage,
+            event_kind="cancellation_confirmed",
+            event=event,
+            schema=self._cancel_schema,
+            attempt_id=h.attempt_id,
+            error=None,
+        )
+
+    # --- release (Deferred, Yielded, RecoveryReleased) ---------------------------------------------------
+
+    async def commit_release(self, h: ReleaseHandoff) -> LifecycleResult:
+        event = {**_event_base("released", h, h.step), "outcome": h.kind.value, "reason": h.reason[:1024]}
+        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
+        revision = await self.store.release(
+            h.claim,
+            reason=h.reason,
+            delay_s=h.delay_s,
+            requeue=h.kind is ReleaseKind.YIELDED,
+            event_id=h.event_id,
+            event=event,
+            schema=self._lifecycle_schema,
+            attempt_id=h.attempt_id,
+            attempt_status=h.attempt_status,
+            error=h.error,
+        )
+        return LifecycleResult(ExecutedOutcome(h.kind.value), h.event_id, revision, reason=h.reason)
