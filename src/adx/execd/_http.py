@@ -24,6 +24,7 @@ MAX_HEAD = 64 * 1024
 #: Keep-alive connections idle longer than this are closed (a slow client cannot pin a connection forever).
 IDLE_TIMEOUT = 120.0
 CHUNK = 64 * 1024
+DISCARD_LIMIT = 1 << 20
 
 REASONS = {
     200: "OK",
@@ -237,6 +238,22 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, 
     return method, target, headers
 
 
+async def _discard(body: BodyReader) -> bool:
+    """Read and drop what the handler left of a body (e.g. after an early error response).
+
+    Closing a socket with unread input makes the kernel send RST, which can destroy the response before the
+    client reads it; so a modest remainder is drained. A large or slow one is not worth it: the caller closes.
+    """
+    left = DISCARD_LIMIT
+    try:
+        async with asyncio.timeout(2.0):
+            while left > 0 and (chunk := await body.read()):
+                left -= len(chunk)
+    except (TimeoutError, HttpError):
+        return False
+    return body.done
+
+
 async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler) -> None:
     """Serve requests on one connection until the client closes it or a response forbids reuse."""
     try:
@@ -268,8 +285,7 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
             await handler(req, resp)
             if not resp.finished:
                 return  # the handler aborted mid-response: the connection's framing is lost
-            if not body.done:
-                # An unread body would be parsed as the next request; draining an unknown amount is not worth it.
+            if not body.done and not await _discard(body):
                 return
             if not resp.keep_alive:
                 return
