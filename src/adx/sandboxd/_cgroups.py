@@ -1,0 +1,323 @@
+"""Sandbox cgroups on cgroup v1, cgroup v2 or the hybrid of both (detected once at start).
+
+- cgroup2 (when mounted) carries identity, ``cgroup.kill`` and ``cgroup.freeze``, and is where the workload
+  is cloned into (``CLONE_INTO_CGROUP``).
+- Limits and stats (memory, cpu, pids) come from whichever version owns each controller: on a hybrid host the
+  v1 hierarchies own them (a controller bound to v1 cannot be enabled in v2); on a v2-only host, v2 does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CgroupLayout", "CgroupStats", "SandboxCgroup", "detect_layout"]
+
+_CONTROLLERS = ("memory", "cpu", "pids")
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    v2_root: Path | None
+    v2_controllers: frozenset[str]
+    v1_mounts: dict[str, Path] = field(default_factory=dict)  # controller -> mount point
+
+    def source(self, controller: str) -> str | None:
+        """'v1', 'v2' or None: which hierarchy provides ``controller``."""
+        if controller in self.v1_mounts:
+            return "v1"
+        if self.v2_root is not None and controller in self.v2_controllers:
+            return "v2"
+        return None
+
+    def missing(self) -> list[str]:
+        return [c for c in _CONTROLLERS if self.source(c) is None]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "v2_root": str(self.v2_root) if self.v2_root else None,
+            "controllers": {c: self.source(c) for c in (*_CONTROLLERS, "cpuacct", "freezer")},
+        }
+
+
+def detect_layout(mountinfo: str | None = None) -> CgroupLayout:
+    text = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
+    v2_root: Path | None = None
+    v1: dict[str, Path] = {}
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        rfields = right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        mount_point, fstype, super_opts = Path(fields[4]), rfields[0], rfields[2].split(",")
+        if fstype == "cgroup2" and v2_root is None:
+            v2_root = mount_point
+        elif fstype == "cgroup":
+            for opt in super_opts:
+                if opt in ("memory", "cpu", "cpuacct", "pids", "freezer"):
+                    v1.setdefault(opt, mount_point)
+    controllers: frozenset[str] = frozenset()
+    if v2_root is not None:
+        with contextlib.suppress(OSError):
+            controllers = frozenset((v2_root / "cgroup.controllers").read_text().split())
+    return CgroupLayout(v2_root=v2_root, v2_controllers=controllers, v1_mounts=v1)
+
+
+@dataclass(frozen=True)
+class CgroupStats:
+    cpu_usage_ns: int
+    memory_bytes: int
+    memory_peak_bytes: int
+    pids: int
+    oom_kills: int
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read_int(path: Path, default: int = 0) -> int:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return default
+    return int(text) if text and text != "max" else default
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                out[key] = int(value)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+class SandboxCgroup:
+    """The cgroup(s) of one sandbox: ``<hierarchy>/<parent>/<sandbox_id>`` in every hierarchy used."""
+
+    def __init__(self, layout: CgroupLayout, parent: str, sandbox_id: str) -> None:
+        self.layout = layout
+        self.parent = parent.strip("/")
+        self.sandbox_id = sandbox_id
+        self.v2: Path | None = layout.v2_root / self.parent / sandbox_id if layout.v2_root else None
+        self.v1: dict[str, Path] = {}
+        wanted = [c for c in _CONTROLLERS if layout.source(c) == "v1"]
+        if "cpu" in wanted and "cpuacct" in layout.v1_mounts:
+            wanted.append("cpuacct")
+        if layout.v2_root is None and "freezer" in layout.v1_mounts:
+            wanted.append("freezer")  # v1-only hosts: freeze and kill through the freezer
+        for controller in wanted:
+            self.v1[controller] = layout.v1_mounts[controller] / self.parent / sandbox_id
+
+    # -- paths --------------------------------------------------------------------------------------
+    def dirs(self) -> list[Path]:
+        """Distinct cgroup directories of this sandbox (co-mounted controllers share one)."""
+        seen: list[Path] = []
+        for path in ([self.v2] if self.v2 else []) + list(self.v1.values()):
+            if path not in seen:
+                seen.append(path)
+        return seen
+
+    def identity_dir(self) -> Path:
+        if self.v2 is not None:
+            return self.v2
+        return self.v1.get("memory") or self.dirs()[0]
+
+    def identity(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the identity directory, or None when it does not exist."""
+        try:
+            st = os.stat(self.identity_dir())
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def v1_procs_files(self) -> list[str]:
+        return [str(p / "cgroup.procs") for p in dict.fromkeys(self.v1.values())]
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def create(self, cpu_millis: int, memory_bytes: int, pids_max: int) -> None:
+        """Create every directory and set the limits. Fails if the leaf already exists (IDs are unique)."""
+        if self.v2 is not None:
+            self._ensure_v2_parent()
+        for path in self.dirs():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        self._set_limits(cpu_millis, memory_bytes, pids_max)
+
+    def _ensure_v2_parent(self) -> None:
+        assert self.v2 is not None and self.layout.v2_root is not None
+        wanted = [c for c in _CONTROLLERS if self.layout.source(c) == "v2"]
+        node = self.layout.v2_root
+        for part in Path(self.parent).parts:
+            if wanted:
+                # Controllers must be enabled in every ancestor's subtree_control to reach the leaf.
+                _write(node / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+            node = node / part
+            node.mkdir(exist_ok=True)
+        if wanted:
+            _write(node / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+
+    def _set_limits(self, cpu_millis: int, memory_bytes: int, pids_max: int) -> None:
+        period = 100_000
+        quota = max(1000, cpu_millis * period // 1000)
+        if self.layout.source("memory") == "v1":
+            mem = self.v1["memory"]
+            _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+            # Without swap accounting a sandbox could page past its limit; memsw exists only with swap on.
+            if (mem / "memory.memsw.limit_in_bytes").exists():
+                with contextlib.suppress(OSError):
+                    _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
+        elif self.v2 is not None:
+            _write(self.v2 / "memory.max", str(memory_bytes))
+            if (self.v2 / "memory.swap.max").exists():
+                _write(self.v2 / "memory.swap.max", "0")
+        if self.layout.source("cpu") == "v1":
+            cpu = self.v1["cpu"]
+            _write(cpu / "cpu.cfs_period_us", str(period))
+            _write(cpu / "cpu.cfs_quota_us", str(quota))
+        elif self.v2 is not None and self.layout.source("cpu") == "v2":
+            _write(self.v2 / "cpu.max", f"{quota} {period}")
+        if self.layout.source("pids") == "v1":
+            _write(self.v1["pids"] / "pids.max", str(pids_max))
+        elif self.v2 is not None and self.layout.source("pids") == "v2":
+            _write(self.v2 / "pids.max", str(pids_max))
+
+    def exists(self) -> bool:
+        return self.identity_dir().is_dir()
+
+    def procs(self) -> set[int]:
+        pids: set[int] = set()
+        for path in self.dirs():
+            try:
+                pids.update(int(x) for x in (path / "cgroup.procs").read_text().split())
+            except FileNotFoundError:
+                continue
+        return pids
+
+    def is_empty(self) -> bool:
+        return not self.procs()
+
+    def kill(self) -> None:
+        """Kill every process in the sandbox (identity must have been checked by the caller)."""
+        if self.v2 is not None and self.v2.is_dir():
+            # Kills the whole tree, double-forked daemons included, in one write; no PIDs involved.
+            _write(self.v2 / "cgroup.kill", "1")
+            # A frozen cgroup stays frozen after a kill; thaw so the cgroup is reusable/removable cleanly.
+            with contextlib.suppress(OSError):
+                _write(self.v2 / "cgroup.freeze", "0")
+            return
+        freezer = self.v1.get("freezer")
+        # v1-only fallback: freeze so nothing forks while we signal, kill what is listed, thaw, repeat.
+        for _ in range(100):
+            pids = self.procs()
+            if not pids:
+                return
+            if freezer is not None:
+                _write(freezer / "freezer.state", "FROZEN")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if freezer is not None:
+                _write(freezer / "freezer.state", "THAWED")
+            time.sleep(0.005)
+
+    def wait_empty(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.is_empty():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+
+    def freeze(self, timeout: float = 5.0) -> None:
+        if self.v2 is not None:
+            _write(self.v2 / "cgroup.freeze", "1")
+            deadline = time.monotonic() + timeout
+            while _keyed(self.v2 / "cgroup.events").get("frozen") != 1:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cgroup {self.v2} did not freeze within {timeout}s")
+                time.sleep(0.002)
+        elif "freezer" in self.v1:
+            _write(self.v1["freezer"] / "freezer.state", "FROZEN")
+
+    def thaw(self) -> None:
+        if self.v2 is not None:
+            _write(self.v2 / "cgroup.freeze", "0")
+        elif "freezer" in self.v1:
+            _write(self.v1["freezer"] / "freezer.state", "THAWED")
+
+    def frozen(self) -> bool:
+        if self.v2 is not None:
+            return _keyed(self.v2 / "cgroup.events").get("frozen") == 1
+        if "freezer" in self.v1:
+            with contextlib.suppress(FileNotFoundError):
+                return (self.v1["freezer"] / "freezer.state").read_text().strip() == "FROZEN"
+        return False
+
+    def oom_kills(self) -> int:
+        if self.layout.source("memory") == "v1":
+            return _keyed(self.v1["memory"] / "memory.oom_control").get("oom_kill", 0)
+        if self.v2 is not None:
+            return _keyed(self.v2 / "memory.events").get("oom_kill", 0)
+        return 0
+
+    def stats(self) -> CgroupStats:
+        if self.layout.source("memory") == "v1":
+            mem = self.v1["memory"]
+            memory = _read_int(mem / "memory.usage_in_bytes")
+            peak = _read_int(mem / "memory.max_usage_in_bytes")
+        else:
+            assert self.v2 is not None
+            memory = _read_int(self.v2 / "memory.current")
+            peak = _read_int(self.v2 / "memory.peak", memory)
+        if "cpuacct" in self.v1:
+            cpu_ns = _read_int(self.v1["cpuacct"] / "cpuacct.usage")
+        elif self.v2 is not None:
+            # cpu.stat exists in every v2 cgroup (usage_usec is core accounting, no controller needed).
+            cpu_ns = _keyed(self.v2 / "cpu.stat").get("usage_usec", 0) * 1000
+        else:
+            cpu_ns = 0
+        if self.layout.source("pids") == "v1":
+            pids = _read_int(self.v1["pids"] / "pids.current")
+        elif self.v2 is not None:
+            pids = _read_int(self.v2 / "pids.current")
+        else:
+            pids = len(self.procs())
+        return CgroupStats(cpu_ns, memory, peak, pids, self.oom_kills())
+
+    def remove(self) -> None:
+        """rmdir every directory (idempotent). Raises OSError(EBUSY) if a cgroup still has processes."""
+        for path in self.dirs():
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EBUSY:
+                    raise
+                raise
+
+
+def remove_parent_if_empty(layout: CgroupLayout, parent: str) -> None:
+    """Remove the ``parent`` directories when no sandbox cgroup is left (used by tests and tooling)."""
+    roots = [layout.v2_root] if layout.v2_root else []
+    roots += list(dict.fromkeys(layout.v1_mounts.values()))
+    for root in roots:
+        with contextlib.suppress(OSError):
+            (root / parent.strip("/")).rmdir()

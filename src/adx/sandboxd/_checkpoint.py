@@ -1,0 +1,161 @@
+"""Filesystem checkpoints: the sandbox's overlay upper layer as a compressed tar plus a manifest.
+
+Artifact directory ``<root>/<checkpoint_id>/``: ``layer.tar.zst`` (or ``.gz`` where zstd is missing) and
+``manifest.json`` (kind, source, the sandbox spec, layer file/compression/sha256/size). The checkpoint's
+*digest* is the sha256 of ``manifest.json``; Restore requires it, verifies the manifest against it and the
+layer against the manifest before extracting anything, and extracts from a private copy it verified (not
+from the shared path, which could change between check and use).
+
+GNU tar is used (not Python's tarfile) because the upper layer carries overlayfs metadata — whiteouts are
+0:0 character devices and opaque directories are ``trusted.overlay.*`` xattrs — which tarfile cannot keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from adx._fs import atomic_write_bytes, fsync_dir
+from adx.errors import ConflictError, InvalidInputError, UnavailableError
+
+__all__ = ["CHECKPOINT_KIND", "capture_layer", "resolve_location", "verify_and_extract"]
+
+CHECKPOINT_KIND = "filesystem"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+_TAR_FLAGS = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--sparse"]
+_CHUNK = 1 << 20
+
+
+def _compressor() -> tuple[str, list[str], list[str]]:
+    """(name, compress argv, decompress argv); zstd when installed, gzip otherwise."""
+    if shutil.which("zstd"):
+        return "zstd", ["zstd", "-q", "-1", "-T0", "-c"], ["zstd", "-q", "-d", "-c"]
+    return "gzip", ["gzip", "-1", "-c"], ["gzip", "-d", "-c"]
+
+
+def _decompressor(name: str) -> list[str]:
+    if name == "zstd":
+        if not shutil.which("zstd"):
+            raise UnavailableError("checkpoint needs zstd to decompress, and it is not installed")
+        return ["zstd", "-q", "-d", "-c"]
+    if name == "gzip":
+        return ["gzip", "-d", "-c"]
+    raise InvalidInputError("manifest.layer.compression", f"unsupported compression {name!r}")
+
+
+def resolve_location(location: str, roots: dict[str, Path]) -> Path:
+    """The artifact dir, which must lie directly under one of the configured roots."""
+    path = Path(location)
+    if not path.is_absolute():
+        raise InvalidInputError("location", "must be an absolute path")
+    resolved = path.resolve()
+    for root in roots.values():
+        if resolved.parent == root.resolve():
+            return resolved
+    raise InvalidInputError("location", "is not inside a configured checkpoint root")
+
+
+def capture_layer(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]) -> tuple[str, str, int]:
+    """Write layer + manifest into ``artifact_dir`` (created). Returns (manifest digest, layer sha256, size)."""
+    name, compress, _ = _compressor()
+    layer_name = f"layer.tar.{'zst' if name == 'zstd' else 'gz'}"
+    artifact_dir.mkdir(mode=0o700)
+    layer_path = artifact_dir / layer_name
+    digest = hashlib.sha256()
+    size = 0
+    with open(layer_path, "wb") as out:
+        tar = subprocess.Popen(
+            ["tar", *_TAR_FLAGS, "-C", str(upper), "-cf", "-", "."],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert tar.stdout is not None
+        comp = subprocess.Popen(compress, stdin=tar.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        tar.stdout.close()  # comp owns the pipe now; tar gets SIGPIPE if comp dies
+        assert comp.stdout is not None
+        while chunk := comp.stdout.read(_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+        comp_err = comp.stderr.read() if comp.stderr else b""
+        tar_err = tar.stderr.read() if tar.stderr else b""
+        if comp.wait() != 0 or tar.wait() != 0:
+            raise UnavailableError(
+                f"checkpoint capture failed: tar {tar.returncode} {tar_err[-300:]!r}, "
+                f"{name} {comp.returncode} {comp_err[-300:]!r}"
+            )
+        out.flush()
+        os.fsync(out.fileno())
+    manifest = {
+        **manifest_body,
+        "format": MANIFEST_FORMAT,
+        "kind": CHECKPOINT_KIND,
+        "layer": {"file": layer_name, "compression": name, "sha256": digest.hexdigest(), "size": size},
+    }
+    raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    atomic_write_bytes(artifact_dir / MANIFEST, raw, mode=0o600)
+    fsync_dir(artifact_dir.parent)
+    return hashlib.sha256(raw).hexdigest(), digest.hexdigest(), size
+
+
+def read_manifest(artifact_dir: Path, expected_digest: str) -> dict[str, Any]:
+    try:
+        raw = (artifact_dir / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        raise InvalidInputError("location", f"no {MANIFEST} in {artifact_dir}") from None
+    if hashlib.sha256(raw).hexdigest() != expected_digest.lower():
+        raise ConflictError(
+            f"checkpoint {artifact_dir}: manifest digest does not match; artifact refused",
+            details={"location": str(artifact_dir)},
+        )
+    manifest: dict[str, Any] = json.loads(raw)
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("kind") != CHECKPOINT_KIND:
+        raise InvalidInputError("location", "unsupported checkpoint format or kind")
+    return manifest
+
+
+def verify_and_extract(artifact_dir: Path, manifest: dict[str, Any], scratch: Path, upper: Path) -> None:
+    """Copy the layer to ``scratch`` while hashing, compare with the manifest, then extract into ``upper``."""
+    layer = manifest["layer"]
+    name = Path(layer["file"]).name  # never follow a path out of the artifact dir
+    digest = hashlib.sha256()
+    with open(artifact_dir / name, "rb") as src, open(scratch, "wb") as dst:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+    if digest.hexdigest() != layer["sha256"]:
+        with contextlib.suppress(FileNotFoundError):
+            scratch.unlink()
+        raise ConflictError(
+            f"checkpoint {artifact_dir}: layer sha256 does not match its manifest; artifact refused",
+            details={"location": str(artifact_dir)},
+        )
+    decompress = _decompressor(layer["compression"])
+    with open(scratch, "rb") as src:
+        comp = subprocess.Popen(decompress, stdin=src, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert comp.stdout is not None
+        tar = subprocess.run(
+            ["tar", *_TAR_FLAGS, "-C", str(upper), "-xpf", "-"],
+            stdin=comp.stdout,
+            capture_output=True,
+            check=False,
+        )
+        comp.stdout.close()
+        comp_err = comp.stderr.read() if comp.stderr else b""
+        if comp.wait() != 0 or tar.returncode != 0:
+            raise UnavailableError(
+                f"checkpoint extract failed: tar {tar.returncode} {tar.stderr[-300:]!r}, {comp_err[-300:]!r}"
+            )
+    scratch.unlink()
+
+
+def new_checkpoint_id() -> str:
+    return f"ckpt-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{os.urandom(6).hex()}"

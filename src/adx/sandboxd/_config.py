@@ -1,0 +1,89 @@
+"""Configuration of ``adx sandboxd`` (TOML, validated; unknown keys are errors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from adx.config._base import LoggingConfig, StrictModel
+
+__all__ = ["CapacityConfig", "DefaultsConfig", "SandboxdConfig"]
+
+MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
+
+
+class CapacityConfig(StrictModel):
+    """What this node may reserve for sandboxes; 0 means "measure the host at start"."""
+
+    cpu_millis: int = Field(default=0, ge=0)
+    memory_bytes: int = Field(default=0, ge=0)
+    disk_bytes: int = Field(default=0, ge=0)
+    max_sandboxes: int = Field(default=1000, ge=1, le=100_000)
+
+
+class DefaultsConfig(StrictModel):
+    """Resources of a sandbox whose request leaves them out."""
+
+    cpu_millis: int = Field(default=1000, ge=10)
+    memory_bytes: int = Field(default=512 << 20, ge=8 << 20)
+    pids_max: int = Field(default=1024, ge=8)
+    disk_bytes: int = Field(default=1 << 30, ge=0)
+    tmp_bytes: int = Field(default=256 << 20, ge=1 << 20)
+    network: Literal["none", "host"] = "none"
+
+
+class SandboxdConfig(StrictModel):
+    state_dir: Path = Field(default=Path("/var/lib/adx/sandboxd"), description="private registry dir (0700)")
+    socket_path: Path | None = Field(default=None, description="API socket; default <state_dir>/api/sandboxd.sock")
+    cgroup_parent: str = Field(
+        default="adx-sandboxd",
+        pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+        description="cgroup directory (relative to each hierarchy root) holding one cgroup per sandbox",
+    )
+    images_dir: Path | None = Field(default=None, description="default <state_dir>/images")
+    checkpoint_dirs: dict[str, Path] = Field(
+        default_factory=dict,
+        description="named artifact roots, e.g. {shared = '/mnt/ckpt'}; 'local' defaults to <state_dir>/checkpoints",
+    )
+    capacity: CapacityConfig = CapacityConfig()
+    defaults: DefaultsConfig = DefaultsConfig()
+    max_record_bytes: int = Field(default=1 << 20, ge=4096, description="larger registry files are refused")
+    create_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    delete_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    checkpoint_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
+    request_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    max_wait_seconds: float = Field(default=3600.0, gt=0, le=86400)
+    maintenance_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
+    resource_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
+    logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("checkpoint_dirs")
+    @classmethod
+    def _names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name, path in value.items():
+            if not name.isidentifier():
+                raise ValueError(f"checkpoint dir name {name!r} must be an identifier")
+            if not path.is_absolute():
+                raise ValueError(f"checkpoint dir {name!r} must be an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _socket_len(self) -> SandboxdConfig:
+        if len(str(self.api_socket.absolute())) > MAX_UNIX_SOCKET_PATH:
+            raise ValueError(f"socket_path {self.api_socket} is longer than {MAX_UNIX_SOCKET_PATH} bytes")
+        return self
+
+    @property
+    def api_socket(self) -> Path:
+        return self.socket_path or self.state_dir / "api" / "sandboxd.sock"
+
+    @property
+    def images_root(self) -> Path:
+        return self.images_dir or self.state_dir / "images"
+
+    def artifact_roots(self) -> dict[str, Path]:
+        roots = {"local": self.state_dir / "checkpoints"}
+        roots.update(self.checkpoint_dirs)
+        return roots

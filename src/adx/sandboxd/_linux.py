@@ -1,0 +1,217 @@
+"""Thin ctypes bindings for the Linux calls the sandbox needs and the stdlib lacks.
+
+Only the spawner and supervisor (single-threaded processes) call ``clone3``; the daemon never does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import struct
+from typing import Any
+
+__all__ = [
+    "CLONE_INTO_CGROUP",
+    "CLONE_NEWIPC",
+    "CLONE_NEWNET",
+    "CLONE_NEWNS",
+    "CLONE_NEWPID",
+    "CLONE_NEWUTS",
+    "MNT_DETACH",
+    "MS_BIND",
+    "MS_NODEV",
+    "MS_NOEXEC",
+    "MS_NOSUID",
+    "MS_PRIVATE",
+    "MS_RDONLY",
+    "MS_REC",
+    "MS_REMOUNT",
+    "clone3",
+    "drop_capabilities",
+    "mount",
+    "peer_credentials",
+    "pivot_root",
+    "set_loopback_up",
+    "sethostname",
+    "umount2",
+]
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_INTO_CGROUP = 0x200000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+_SYSCALLS = {
+    # (clone3, pivot_root): clone3 uses the generic number everywhere; pivot_root differs on x86_64.
+    "x86_64": (435, 155),
+    "aarch64": (435, 41),
+}
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def _nr(index: int) -> int:
+    try:
+        return _SYSCALLS[platform.machine()][index]
+    except KeyError:
+        raise OSError(f"unsupported architecture {platform.machine()}") from None
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+class _CloneArgs(ctypes.Structure):
+    _fields_ = [
+        ("flags", ctypes.c_uint64),
+        ("pidfd", ctypes.c_uint64),
+        ("child_tid", ctypes.c_uint64),
+        ("parent_tid", ctypes.c_uint64),
+        ("exit_signal", ctypes.c_uint64),
+        ("stack", ctypes.c_uint64),
+        ("stack_size", ctypes.c_uint64),
+        ("tls", ctypes.c_uint64),
+        ("set_tid", ctypes.c_uint64),
+        ("set_tid_size", ctypes.c_uint64),
+        ("cgroup", ctypes.c_uint64),
+    ]
+
+
+def clone3(flags: int, cgroup_fd: int | None = None) -> int:
+    """fork-like clone3: returns 0 in the child, the child's PID in the parent.
+
+    The child is a copy of a *single-threaded* caller (never call this from a threaded process: the copy
+    would hold whatever locks other threads held). ``cgroup_fd`` (a cgroup2 directory) places the child
+    into that cgroup atomically, so not a single instruction of the workload runs outside it.
+    """
+    args = _CloneArgs()
+    args.flags = flags
+    args.exit_signal = 17  # SIGCHLD, so waitpid() works as for fork()
+    if cgroup_fd is not None:
+        args.flags |= CLONE_INTO_CGROUP
+        args.cgroup = cgroup_fd
+    pid = _libc.syscall(ctypes.c_long(_nr(0)), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+    return _check(pid, "clone3")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    result = _libc.mount(
+        source.encode() if source is not None else None,
+        target.encode(),
+        fstype.encode() if fstype is not None else None,
+        flags,
+        data.encode() if data is not None else None,
+    )
+    _check(result, f"mount {source} on {target}")
+
+
+def umount2(target: str, flags: int) -> None:
+    _check(_libc.umount2(target.encode(), flags), f"umount {target}")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    result = _libc.syscall(ctypes.c_long(_nr(1)), new_root.encode(), put_old.encode())
+    _check(result, "pivot_root")
+
+
+def sethostname(name: str) -> None:
+    raw = name.encode()
+    _check(_libc.sethostname(raw, len(raw)), "sethostname")
+
+
+# Capabilities kept inside a sandbox (Docker's default set minus MKNOD and NET_RAW). Everything else —
+# SYS_ADMIN (mount, escape via new mounts), DAC_READ_SEARCH (open_by_handle_at escapes), SYS_MODULE,
+# SYS_PTRACE, NET_ADMIN (the host network when sharing it), ... — is removed from the bounding set so no
+# exec inside the sandbox can regain it.
+KEEP_CAPABILITIES = frozenset(
+    {
+        0,  # CHOWN
+        1,  # DAC_OVERRIDE
+        3,  # FOWNER
+        4,  # FSETID
+        5,  # KILL
+        6,  # SETGID
+        7,  # SETUID
+        8,  # SETPCAP
+        10,  # NET_BIND_SERVICE
+        18,  # SYS_CHROOT
+        29,  # AUDIT_WRITE
+        31,  # SETFCAP
+    }
+)
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+def drop_capabilities() -> None:
+    """Shrink the bounding set to KEEP_CAPABILITIES, clear ambient/inheritable, set no_new_privs."""
+    last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())  # noqa: SIM115 - tiny read in a child
+    for cap in range(last_cap + 1):
+        if cap not in KEEP_CAPABILITIES:
+            _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+    # capget/capset v3: zero the inheritable set (root's is normally empty; make it certain).
+    header = struct.pack("Ii", 0x20080522, 0)
+    data = ctypes.create_string_buffer(24)
+    hdr = ctypes.create_string_buffer(header)
+    _check(_libc.syscall(ctypes.c_long(125 if platform.machine() == "x86_64" else 90), hdr, data), "capget")
+    values = list(struct.unpack("6I", data.raw))
+    keep_mask = sum(1 << cap for cap in KEEP_CAPABILITIES)
+    for word in (0, 1):
+        base = 3 * word
+        mask = (keep_mask >> (32 * word)) & 0xFFFFFFFF
+        values[base] &= mask  # effective
+        values[base + 1] &= mask  # permitted
+        values[base + 2] = 0  # inheritable
+    data = ctypes.create_string_buffer(struct.pack("6I", *values))
+    hdr = ctypes.create_string_buffer(header)
+    _check(_libc.syscall(ctypes.c_long(126 if platform.machine() == "x86_64" else 91), hdr, data), "capset")
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def set_loopback_up() -> None:
+    """Bring ``lo`` up in a fresh network namespace (SIOCGIFFLAGS/SIOCSIFFLAGS)."""
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(sock, 0x8913, ifreq))[1]
+        ifreq = struct.pack("16sH14s", b"lo", flags | 0x1, b"")  # IFF_UP
+        fcntl.ioctl(sock, 0x8914, ifreq)
+
+
+def peer_credentials(sock: Any) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the peer of a connected Unix socket, as recorded by the kernel at connect().
+
+    ``sock`` is a socket or asyncio's TransportSocket wrapper (both have ``getsockopt``).
+    """
+    import socket as _socket
+
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid

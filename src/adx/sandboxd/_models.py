@@ -1,0 +1,268 @@
+"""Typed wire and storage models of sandboxd (shared by the daemon and its client).
+
+The API is JSON over HTTP/1.1 on a private Unix socket: ``POST /v1/<Call>`` with the request model as the
+body; errors are ``{"error": {"code", "message", "details"}}`` with the ``adx.errors`` family's code.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from adx.sandboxd._states import State
+
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointRequest",
+    "CreateRequest",
+    "CreateResponse",
+    "DeleteResponse",
+    "ExitStatus",
+    "Health",
+    "ListResponse",
+    "NativeIdentity",
+    "ResourceInfo",
+    "ResourcesSpec",
+    "RestoreRequest",
+    "SandboxInfo",
+    "SandboxRecord",
+    "SandboxRef",
+    "Stats",
+    "WaitRequest",
+    "WaitResponse",
+]
+
+SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResourcesSpec(_Model):
+    cpu_millis: int | None = Field(default=None, ge=10, le=1_000_000)
+    memory_bytes: int | None = Field(default=None, ge=8 << 20)
+    pids_max: int | None = Field(default=None, ge=8, le=4_194_304)
+    disk_bytes: int | None = Field(default=None, ge=0)
+
+
+class Resources(_Model):
+    """Resolved resources of a sandbox (what is reserved and enforced)."""
+
+    cpu_millis: int
+    memory_bytes: int
+    pids_max: int
+    disk_bytes: int  # accounted against capacity; not enforced by overlayfs on ext4
+
+
+class NativeIdentity(_Model):
+    """Written by the supervisor before the workload starts; binds the record to this boot's cgroup (SBX-5)."""
+
+    boot_id: str
+    cgroup_dev: int
+    cgroup_ino: int
+    cgroup_dir: str
+    created_at: float
+
+
+class ExitStatus(_Model):
+    exit_code: int | None = None
+    signal: int | None = None
+    oom_killed: bool = False
+    oom_kills: int = 0
+    setup_failed: bool = False
+    finished_at: float | None = None
+    boot_id: str | None = None
+    known: bool = True  # False: the workload is gone but no supervisor recorded how it ended
+
+
+class SandboxRecord(_Model):
+    """One persisted sandbox (``sandboxes/<id>/record.json``, inside an owner envelope)."""
+
+    sandbox_id: str
+    generation: int
+    token: str
+    state: State
+    request_id: str
+    request_digest: str
+    argv: list[str]
+    init_argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    network: Literal["none", "host"]
+    resources: Resources
+    metadata: dict[str, str]
+    created_at: float
+    updated_at: float
+    expires_at: float | None = None
+    native: NativeIdentity | None = None
+    exit: ExitStatus | None = None
+    reason: str | None = None
+    restored_from: str | None = None
+
+
+class CreateRequest(_Model):
+    request_id: str = Field(min_length=1, max_length=200, description="idempotency key")
+    sandbox_id: str | None = Field(default=None, description="optional caller-chosen ID (never reused)")
+    generation: int = Field(default=1, ge=1)
+    argv: list[str] = Field(min_length=1, max_length=4096)
+    init_argv: list[str] | None = Field(default=None, description="PID 1 of the sandbox; default argv")
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = "/work"
+    resources: ResourcesSpec = ResourcesSpec()
+    metadata: dict[str, str] = Field(default_factory=dict)
+    ttl_seconds: float | None = Field(default=None, gt=0)
+    network: Literal["none", "host"] | None = None
+
+    @field_validator("sandbox_id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        if value is not None and not SANDBOX_ID_RE.match(value):
+            raise ValueError("must match ^[a-z0-9][a-z0-9-]{0,62}$")
+        return value
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
+
+    @field_validator("argv", "init_argv")
+    @classmethod
+    def _argv(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not value[0] or any("\0" in a for a in value)):
+            raise ValueError("must be a non-empty list of strings without NUL bytes")
+        return value
+
+
+class SandboxRef(_Model):
+    """Names one sandbox in a per-sandbox call: all four must match (SBX-4)."""
+
+    sandbox_id: str
+    generation: int
+    token: str
+    owner: str | None = None
+
+
+class SandboxInfo(_Model):
+    sandbox_id: str
+    generation: int
+    owner: str
+    state: State
+    request_id: str
+    argv: list[str]
+    init_argv: list[str]
+    cwd: str
+    network: str
+    resources: Resources
+    metadata: dict[str, str]
+    created_at: float
+    updated_at: float
+    expires_at: float | None
+    native: NativeIdentity | None
+    exit: ExitStatus | None
+    reason: str | None
+    restored_from: str | None
+    run_dir: str = Field(description="host dir bind-mounted at /run/adx inside (for the execd socket)")
+    observation_error: str | None = Field(default=None, description="native query failed; state is the last stored")
+
+
+class CreateResponse(_Model):
+    sandbox: SandboxInfo
+    token: str
+
+
+class ListResponse(_Model):
+    sandboxes: list[SandboxInfo]
+
+
+class DeleteResponse(_Model):
+    sandbox_id: str
+    generation: int
+    state: State
+
+
+class WaitRequest(_Model):
+    ref: SandboxRef
+    timeout_seconds: float = Field(default=3600.0, gt=0)
+
+
+class WaitResponse(_Model):
+    done: bool
+    sandbox: SandboxInfo
+
+
+class Stats(_Model):
+    sandbox_id: str
+    cpu_usage_ns: int
+    memory_bytes: int
+    memory_peak_bytes: int
+    pids: int
+    oom_kills: int
+    observed_at: float
+
+
+class DeviceInfo(_Model):
+    path: str
+    dev: str  # "major:minor" of the whole device backing it
+
+
+class ResourceInfo(_Model):
+    cpu_cores: int
+    memory_bytes: int
+    storage_bytes: int
+    storage_free_bytes: int
+    devices: list[DeviceInfo]
+    capacity: Resources
+    reserved: Resources
+    sandboxes: int
+    observed_at: float
+
+
+class Health(_Model):
+    ok: bool
+    owner: str
+    pid: int
+    started_at: float
+    storage_failed: bool
+    spawner_alive: bool
+    cgroups: dict[str, Any]
+    resource_observed_at: float
+    resource_age_seconds: float
+    resource_fresh: bool
+    deferred_errors: list[str]
+
+
+class CheckpointRequest(_Model):
+    ref: SandboxRef
+    kind: Literal["filesystem"] = "filesystem"
+    storage: str = Field(default="local", description="name of a configured artifact root")
+    leave_running: bool = Field(default=True, description="thaw after capture (else stop the workload)")
+
+
+class CheckpointInfo(_Model):
+    checkpoint_id: str
+    kind: Literal["filesystem"]
+    location: str
+    digest: str = Field(description="sha256 of manifest.json; Restore requires it")
+    layer_sha256: str
+    size_bytes: int
+    created_at: float
+    source_sandbox_id: str
+
+
+class RestoreRequest(_Model):
+    request_id: str = Field(min_length=1, max_length=200)
+    location: str
+    digest: str
+    sandbox_id: str | None = None
+    generation: int = Field(default=1, ge=1)
+    argv: list[str] | None = None
+    init_argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    resources: ResourcesSpec | None = None
+    metadata: dict[str, str] | None = None
+    ttl_seconds: float | None = Field(default=None, gt=0)

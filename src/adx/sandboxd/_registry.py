@@ -1,0 +1,337 @@
+"""The persistent registry of sandboxd: a private directory, validated before anything is changed.
+
+Layout (``state_dir``, mode 0700)::
+
+    daemon.lock            exclusive flock of the running daemon (SBX-3)
+    owner.json             {"format": 1, "owner": "<uuid>"}  — the native ownership marker
+    registry.json          v2 header {"version": 2, "owner": "<uuid>"} — activates the per-sandbox tree
+    sandboxes.json         v1 snapshot (legacy; authoritative only until the v2 header is activated)
+    sandboxes/<id>/        record.json (owner envelope), lifecycle.lock, native.json, exit.json,
+                           upper/ ovlwork/ rootfs/ run/, and after delete only tombstone.json + lifecycle.lock
+
+Every write is temp + fsync + rename + fsync(dir) (``adx._fs.atomic_write_json``). A failed or uncertain
+write sets the storage-failed flag: all later registry access is refused until a restart re-reads the disk
+(SBX-13). Validation (``load``) only reads; it refuses corrupt, oversized or incompatible content, a v1 file
+with records but no owner marker and a v2 header without one (SBX-9), and never falls back from an
+activated v2 tree to v1 (SBX-14).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from adx._fs import atomic_write_json, fsync_dir
+from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
+from adx.sandboxd._models import SANDBOX_ID_RE, Resources, SandboxRecord
+from adx.sandboxd._supervisor import EXIT_FILE, LOCK_FILE, NATIVE_FILE, RECORD_FILE, TOMBSTONE_FILE
+
+__all__ = ["LoadedRegistry", "Registry", "RegistryError", "Tombstone"]
+
+OWNER_FILE = "owner.json"
+HEADER_FILE = "registry.json"
+V1_FILE = "sandboxes.json"
+SANDBOXES_DIR = "sandboxes"
+REGISTRY_VERSION = 2
+_KEEP_AFTER_RECLAIM = frozenset({TOMBSTONE_FILE, LOCK_FILE})
+
+
+class RegistryError(AdxError):
+    """The registry on disk cannot be used as is; the daemon refuses to start and changes nothing."""
+
+    code = "registry_refused"
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    sandbox_id: str
+    generation: int
+    resources: Resources
+    deleted_at: float
+    data: dict[str, Any]
+
+
+@dataclass
+class LoadedRegistry:
+    """Everything read and validated from the state dir, before any change."""
+
+    owner: str | None
+    header: dict[str, Any] | None
+    v1_records: list[SandboxRecord]
+    records: dict[str, SandboxRecord] = field(default_factory=dict)
+    tombstones: dict[str, Tombstone] = field(default_factory=dict)
+    uncommitted: list[str] = field(default_factory=list)  # id dirs without record or tombstone
+
+
+def _read_json(path: Path, max_bytes: int) -> Any:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    if size > max_bytes:
+        raise RegistryError(f"{path}: {size} bytes is larger than the limit of {max_bytes}; refusing to start")
+    raw = path.read_bytes()
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise RegistryError(f"{path}: corrupt or truncated JSON ({exc}); refusing to start") from None
+
+
+def _parse_owner(value: Any, path: Path) -> str:
+    if not isinstance(value, dict) or value.get("format") != 1 or not isinstance(value.get("owner"), str):
+        raise RegistryError(f"{path}: not a valid owner marker; refusing to start")
+    try:
+        uuid.UUID(value["owner"])
+    except ValueError:
+        raise RegistryError(f"{path}: owner {value['owner']!r} is not a UUID; refusing to start") from None
+    owner: str = value["owner"]
+    return owner
+
+
+def _parse_record(raw: Any, path: Path, owner: str, sandbox_id: str) -> SandboxRecord:
+    if not isinstance(raw, dict) or raw.get("format") != REGISTRY_VERSION:
+        raise RegistryError(f"{path}: not a v{REGISTRY_VERSION} record envelope; refusing to start")
+    if raw.get("owner") != owner:
+        raise RegistryError(f"{path}: owner {raw.get('owner')!r} differs from the registry owner; refusing to start")
+    try:
+        record = SandboxRecord.model_validate(raw.get("record"))
+    except ValidationError as exc:
+        raise RegistryError(f"{path}: invalid record ({exc.errors()[0]['msg']}); refusing to start") from None
+    if record.sandbox_id != sandbox_id:
+        raise RegistryError(f"{path}: record names {record.sandbox_id!r}, not its directory; refusing to start")
+    return record
+
+
+def _parse_tombstone(raw: Any, path: Path, sandbox_id: str) -> Tombstone:
+    try:
+        if not isinstance(raw, dict) or raw["sandbox_id"] != sandbox_id:
+            raise KeyError("sandbox_id")
+        return Tombstone(
+            sandbox_id=sandbox_id,
+            generation=int(raw["generation"]),
+            resources=Resources.model_validate(raw["resources"]),
+            deleted_at=float(raw["deleted_at"]),
+            data=raw,
+        )
+    except (KeyError, TypeError, ValueError, ValidationError):
+        raise RegistryError(f"{path}: invalid tombstone; refusing to start") from None
+
+
+class Registry:
+    def __init__(self, state_dir: Path, max_record_bytes: int) -> None:
+        self.dir = state_dir
+        self.sandboxes_dir = state_dir / SANDBOXES_DIR
+        self.max_bytes = max_record_bytes
+        self.owner: str = ""
+        self.storage_failed: str | None = None
+        self._lock = threading.Lock()
+
+    # -- startup ----------------------------------------------------------------------------------
+    def load(self) -> LoadedRegistry:
+        """Read and validate everything. Raises RegistryError; writes nothing."""
+        owner_raw = _read_json(self.dir / OWNER_FILE, self.max_bytes)
+        owner = _parse_owner(owner_raw, self.dir / OWNER_FILE) if owner_raw is not None else None
+        header = _read_json(self.dir / HEADER_FILE, self.max_bytes)
+        v1 = _read_json(self.dir / V1_FILE, self.max_bytes)
+        loaded = LoadedRegistry(owner=owner, header=None, v1_records=[])
+        if header is not None:
+            if not isinstance(header, dict) or header.get("version") != REGISTRY_VERSION:
+                raise RegistryError(f"{self.dir / HEADER_FILE}: unsupported registry header; refusing to start")
+            if owner is None:
+                # SBX-9: the header activates private per-sandbox records; an empty-looking map proves nothing.
+                raise RegistryError(
+                    f"{self.dir / HEADER_FILE}: v2 registry header without {OWNER_FILE}; restore the original "
+                    "ownership state (markers are never fabricated); refusing to start"
+                )
+            if header.get("owner") != owner:
+                raise RegistryError(f"{self.dir / HEADER_FILE}: owner differs from {OWNER_FILE}; refusing to start")
+            loaded.header = header
+            self._load_tree(loaded, owner)
+            return loaded  # SBX-14: an activated v2 tree never falls back to v1
+        if v1 is not None:
+            loaded.v1_records = self._parse_v1(v1, owner)
+        if self.sandboxes_dir.exists() and any(not p.name.startswith(".") for p in self.sandboxes_dir.iterdir()):
+            raise RegistryError(
+                f"{self.sandboxes_dir}: per-sandbox records exist but no v2 header activates them; refusing to start"
+            )
+        return loaded
+
+    def _parse_v1(self, v1: Any, owner: str | None) -> list[SandboxRecord]:
+        path = self.dir / V1_FILE
+        if not isinstance(v1, dict) or v1.get("version") != 1 or not isinstance(v1.get("sandboxes"), dict):
+            raise RegistryError(f"{path}: not a v1 registry; refusing to start")
+        entries = v1["sandboxes"]
+        if entries and owner is None:
+            raise RegistryError(
+                f"{path}: v1 registry has {len(entries)} record(s) but no {OWNER_FILE} marker: it may still own "
+                "live sandboxes of the previous runtime. Delete them through that runtime (or use a fresh state "
+                "dir); never delete entries or fabricate the marker. Refusing to start"
+            )
+        out = []
+        for sandbox_id, value in entries.items():
+            try:
+                rec = SandboxRecord.model_validate(value)
+            except ValidationError as exc:
+                raise RegistryError(f"{path}: invalid v1 record {sandbox_id!r}: {exc.errors()[0]['msg']}") from None
+            if rec.sandbox_id != sandbox_id:
+                raise RegistryError(f"{path}: v1 record key {sandbox_id!r} names {rec.sandbox_id!r}")
+            out.append(rec)
+        return out
+
+    def _load_tree(self, loaded: LoadedRegistry, owner: str) -> None:
+        if not self.sandboxes_dir.is_dir():
+            raise RegistryError(f"{self.sandboxes_dir}: missing from an activated registry; refusing to start")
+        for entry in sorted(self.sandboxes_dir.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            if not entry.is_dir() or not SANDBOX_ID_RE.match(entry.name):
+                raise RegistryError(f"{entry}: unexpected entry in the registry; refusing to start")
+            tomb_raw = _read_json(entry / TOMBSTONE_FILE, self.max_bytes)
+            if tomb_raw is not None:
+                loaded.tombstones[entry.name] = _parse_tombstone(tomb_raw, entry / TOMBSTONE_FILE, entry.name)
+                continue
+            rec_raw = _read_json(entry / RECORD_FILE, self.max_bytes)
+            if rec_raw is None:
+                # mkdir happened, the record commit did not: nothing native was started (the supervisor
+                # starts only a committed record), so the ID is merely blocked.
+                loaded.uncommitted.append(entry.name)
+                continue
+            loaded.records[entry.name] = _parse_record(rec_raw, entry / RECORD_FILE, owner, entry.name)
+
+    def initialize(self, loaded: LoadedRegistry) -> None:
+        """Create or migrate storage (after validation): owner marker, records, then activate the v2 header."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if loaded.header is not None:
+            assert loaded.owner is not None
+            self.owner = loaded.owner
+            for sandbox_id in loaded.uncommitted:
+                self._write_tombstone_raw(
+                    sandbox_id,
+                    {
+                        "sandbox_id": sandbox_id,
+                        "generation": 0,
+                        "resources": {"cpu_millis": 0, "memory_bytes": 0, "pids_max": 0, "disk_bytes": 0},
+                        "deleted_at": time.time(),
+                        "reason": "create interrupted before its record was committed",
+                    },
+                )
+            return
+        owner = loaded.owner
+        if owner is None:
+            owner = str(uuid.uuid4())
+            atomic_write_json(self.dir / OWNER_FILE, {"format": 1, "owner": owner})
+        self.owner = owner
+        self.sandboxes_dir.mkdir(mode=0o700, exist_ok=True)
+        for rec in loaded.v1_records:
+            # The v1 snapshot stays authoritative until the header below is activated; a crash before that
+            # re-runs this migration from v1 (the half-written tree is not activated, so it is rewritten).
+            sdir = self.sandboxes_dir / rec.sandbox_id
+            sdir.mkdir(mode=0o700, exist_ok=True)
+            self._write_record_raw(sdir, rec)
+            loaded.records[rec.sandbox_id] = rec
+        fsync_dir(self.sandboxes_dir)
+        atomic_write_json(self.dir / HEADER_FILE, {"version": REGISTRY_VERSION, "owner": owner})
+        if loaded.v1_records:
+            # Activated: the v1 file is history now; keep it for operators under a name nobody reads.
+            os.replace(self.dir / V1_FILE, self.dir / (V1_FILE + ".migrated"))
+            fsync_dir(self.dir)
+
+    # -- writes -----------------------------------------------------------------------------------
+    def check_usable(self) -> None:
+        if self.storage_failed is not None:
+            raise UnavailableError(
+                f"sandboxd registry storage failed ({self.storage_failed}); refusing registry access until "
+                "sandboxd restarts and reconciles",
+                details={"storage_failed": True},
+            )
+
+    def _fail(self, what: str, exc: OSError, sandbox_id: str) -> UncertainOutcomeError:
+        with self._lock:
+            self.storage_failed = f"{what} {sandbox_id}: {exc}"
+        return UncertainOutcomeError(
+            f"registry commit of {what} for sandbox {sandbox_id} failed or is uncertain: {exc}; "
+            "registry access is refused until sandboxd restarts",
+            details={"sandbox_id": sandbox_id, "storage_failed": True},
+        )
+
+    def sandbox_dir(self, sandbox_id: str) -> Path:
+        return self.sandboxes_dir / sandbox_id
+
+    def _write_record_raw(self, sdir: Path, record: SandboxRecord) -> None:
+        envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
+        atomic_write_json(sdir / RECORD_FILE, envelope)
+
+    def create_dir(self, sandbox_id: str) -> Path:
+        """mkdir the sandbox dir; FileExistsError proves the ID was used before (tombstones keep dirs)."""
+        self.check_usable()
+        sdir = self.sandbox_dir(sandbox_id)
+        sdir.mkdir(mode=0o700)
+        return sdir
+
+    def put(self, record: SandboxRecord) -> None:
+        self.check_usable()
+        try:
+            self._write_record_raw(self.sandbox_dir(record.sandbox_id), record)
+        except OSError as exc:
+            raise self._fail("record", exc, record.sandbox_id) from exc
+
+    def _write_tombstone_raw(self, sandbox_id: str, data: dict[str, Any]) -> None:
+        atomic_write_json(self.sandbox_dir(sandbox_id) / TOMBSTONE_FILE, data)
+
+    def write_tombstone(self, record: SandboxRecord, extra: dict[str, Any]) -> Tombstone:
+        self.check_usable()
+        data = {
+            "sandbox_id": record.sandbox_id,
+            "generation": record.generation,
+            "owner": self.owner,
+            "resources": record.resources.model_dump(mode="json"),
+            "deleted_at": time.time(),
+            "native": record.native.model_dump(mode="json") if record.native else None,
+            **extra,
+        }
+        try:
+            self._write_tombstone_raw(record.sandbox_id, data)
+        except OSError as exc:
+            raise self._fail("tombstone", exc, record.sandbox_id) from exc
+        return Tombstone(record.sandbox_id, record.generation, record.resources, data["deleted_at"], data)
+
+    def reclaim(self, sandbox_id: str) -> None:
+        """Remove everything but the tombstone and the lock (idempotent: an interrupted reclaim continues).
+
+        Removes the secret-bearing record last, so a reclaim interrupted midway still names its owner.
+        """
+        sdir = self.sandbox_dir(sandbox_id)
+        entries = sorted(sdir.iterdir(), key=lambda p: p.name == RECORD_FILE)
+        for entry in entries:
+            if entry.name in _KEEP_AFTER_RECLAIM:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                # The overlay work dir holds a mode-000 "work" dir; as root rmtree handles it.
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        fsync_dir(sdir)
+
+    def needs_reclaim(self, sandbox_id: str) -> bool:
+        sdir = self.sandbox_dir(sandbox_id)
+        return any(p.name not in _KEEP_AFTER_RECLAIM for p in sdir.iterdir())
+
+    def read_native(self, sandbox_id: str) -> dict[str, Any] | None:
+        raw = _read_json(self.sandbox_dir(sandbox_id) / NATIVE_FILE, self.max_bytes)
+        return raw if isinstance(raw, dict) else None
+
+    def read_exit(self, sandbox_id: str) -> dict[str, Any] | None:
+        try:
+            raw = _read_json(self.sandbox_dir(sandbox_id) / EXIT_FILE, self.max_bytes)
+        except RegistryError:
+            return None
+        return raw if isinstance(raw, dict) else None

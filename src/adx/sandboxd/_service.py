@@ -1,0 +1,834 @@
+"""sandboxd's core: registry-backed sandbox lifecycle, startup reconciliation and maintenance.
+
+Blocking work (fsync'd registry writes, cgroup I/O, tar) runs in worker threads via ``asyncio.to_thread``;
+the event loop itself only does bookkeeping. Per-sandbox operations are serialised by a per-sandbox
+``asyncio.Lock``; the cross-process exclusion with the supervisor is its ``lifecycle.lock`` flock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+from adx.sandboxd import _checkpoint as ckpt
+from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
+from adx.sandboxd._config import SandboxdConfig
+from adx.sandboxd._errors import PermissionDeniedError
+from adx.sandboxd._image import ensure_default_image, load_image
+from adx.sandboxd._models import (
+    CheckpointInfo,
+    CheckpointRequest,
+    CreateRequest,
+    CreateResponse,
+    DeleteResponse,
+    DeviceInfo,
+    ExitStatus,
+    Health,
+    ListResponse,
+    NativeIdentity,
+    ResourceInfo,
+    Resources,
+    RestoreRequest,
+    SandboxInfo,
+    SandboxRecord,
+    SandboxRef,
+    Stats,
+    WaitRequest,
+    WaitResponse,
+)
+from adx.sandboxd._registry import LoadedRegistry, Registry, Tombstone
+from adx.sandboxd._spawn_client import SpawnerProcess
+from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
+from adx.sandboxd._supervisor import EXIT_FILE, LOCK_FILE, boot_id
+
+__all__ = ["SandboxService"]
+
+log = logging.getLogger("adx.sandboxd")
+
+_FAULTS_ENV = "ADX_SANDBOXD_FAULTS"  # test-only fault points, comma separated
+
+
+def _fault(point: str) -> None:
+    """Crash the daemon at a named point when the test harness asks for it (real SIGKILL, no cleanup)."""
+    if point in os.environ.get(_FAULTS_ENV, "").split(","):
+        log.warning("fault injection: SIGKILL at %s", point)
+        os.kill(os.getpid(), 9)
+
+
+def _lock_held(path: Path) -> bool:
+    """True when another open file description holds ``path``'s flock (the supervisor is alive)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops our lock at once if we got it
+    return False
+
+
+def _meminfo_total() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _whole_device(dev: int) -> str:
+    major, minor = os.major(dev), os.minor(dev)
+    sysdir = Path(f"/sys/dev/block/{major}:{minor}")
+    if (sysdir / "partition").exists():
+        with contextlib.suppress(OSError):
+            return (sysdir.resolve().parent / "dev").read_text().strip()
+    return f"{major}:{minor}"
+
+
+class SandboxService:
+    def __init__(self, config: SandboxdConfig, layout: CgroupLayout) -> None:
+        self.config = config
+        self.layout = layout
+        self.registry = Registry(config.state_dir, config.max_record_bytes)
+        self.spawner = SpawnerProcess()
+        self.records: dict[str, SandboxRecord] = {}
+        self.tombstoned: set[str] = set()
+        self.pending_reclaim: dict[str, Tombstone] = {}
+        self.by_request: dict[str, str] = {}
+        self.deferred_errors: list[str] = []
+        self.started_at = time.time()
+        self.boot_id = boot_id()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._alloc_lock: asyncio.Lock | None = None
+        self._image: dict[str, Any] = {}
+        self._image_root = Path()
+        self._resource: ResourceInfo | None = None
+        self.capacity = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
+
+    @property
+    def owner(self) -> str:
+        return self.registry.owner
+
+    # == startup (synchronous, before the event loop and before any thread exists) =================
+    def load(self) -> LoadedRegistry:
+        """SBX-10 step 1: open and validate; raises RegistryError without changing anything."""
+        return self.registry.load()
+
+    def start(self, loaded: LoadedRegistry) -> None:
+        """SBX-10: storage init/migration, native preflight, delete retries, reconciliation."""
+        missing = self.layout.missing()
+        if missing:
+            raise UnavailableError(f"cgroup controllers unavailable on this host: {', '.join(missing)}")
+        self.registry.initialize(loaded)
+        log.info("registry open", extra={"owner": self.owner, "records": len(loaded.records)})
+        self._preflight()
+        self.spawner.start()
+        self.records = dict(loaded.records)
+        self.tombstoned = set(loaded.tombstones) | set(loaded.uncommitted)
+        self.by_request = {r.request_id: r.sandbox_id for r in self.records.values()}
+        for sandbox_id, tomb in loaded.tombstones.items():
+            if (
+                self.registry.needs_reclaim(sandbox_id)
+                or SandboxCgroup(self.layout, self.config.cgroup_parent, sandbox_id).exists()
+            ):
+                # An interrupted reclaim continues from the tombstone; until it is done it stays reserved.
+                self.pending_reclaim[sandbox_id] = tomb
+                self._try_reclaim(sandbox_id)
+        for rec in list(self.records.values()):
+            if rec.state == State.STOPPING:
+                try:
+                    self._delete_native(rec)
+                    self._forget(rec, "delete intent completed at startup")
+                except AdxError as exc:
+                    self._defer(f"retrying delete of {rec.sandbox_id} failed: {exc}")
+            elif rec.state == State.CREATING:
+                # The create's reply was never sent and its outcome is unknown: keep it reserved and
+                # visible as failed; the supervisor (if still starting) sees this and does not start.
+                self._set_sync(rec, State.FAILED, reason="create interrupted by a sandboxd restart")
+            else:
+                try:
+                    self._reconcile_sync(rec.sandbox_id)
+                except AdxError as exc:
+                    self._defer(f"reconciling {rec.sandbox_id} failed: {exc}")
+        self._refresh_resource()
+
+    def _preflight(self) -> None:
+        """Native checks after storage init and before the API is bound."""
+        for d in self._cgroup_parents():
+            d.mkdir(parents=True, exist_ok=True)
+        image = ensure_default_image(self.config.images_root)
+        self._image = load_image(image)
+        self._image_root = image / "root"
+        for root in self.config.artifact_roots().values():
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._measure_capacity()
+
+    def _cgroup_parents(self) -> list[Path]:
+        roots = [self.layout.v2_root] if self.layout.v2_root else []
+        roots += list(dict.fromkeys(self.layout.v1_mounts.values()))
+        return [r / self.config.cgroup_parent for r in roots]
+
+    def _measure_capacity(self) -> None:
+        cap = self.config.capacity
+        st = os.statvfs(self.config.state_dir)
+        self.capacity = Resources(
+            cpu_millis=cap.cpu_millis or (len(os.sched_getaffinity(0)) * 1000),
+            memory_bytes=cap.memory_bytes or _meminfo_total(),
+            pids_max=0,
+            disk_bytes=cap.disk_bytes or st.f_blocks * st.f_frsize,
+        )
+
+    def _defer(self, message: str) -> None:
+        log.warning("deferred: %s", message)
+        self.deferred_errors = [*self.deferred_errors[-49:], message]
+
+    async def attach(self) -> None:
+        self._alloc_lock = asyncio.Lock()
+        await self.spawner.attach()
+
+    async def close(self) -> None:
+        await self.spawner.close()
+
+    # == helpers ====================================================================================
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        lock = self._locks.get(sandbox_id)
+        if lock is None:
+            lock = self._locks[sandbox_id] = asyncio.Lock()
+        return lock
+
+    def _cgroup(self, sandbox_id: str) -> SandboxCgroup:
+        return SandboxCgroup(self.layout, self.config.cgroup_parent, sandbox_id)
+
+    def _info(self, rec: SandboxRecord, observation_error: str | None = None) -> SandboxInfo:
+        return SandboxInfo(
+            sandbox_id=rec.sandbox_id,
+            generation=rec.generation,
+            owner=self.owner,
+            state=rec.state,
+            request_id=rec.request_id,
+            argv=rec.argv,
+            init_argv=rec.init_argv,
+            cwd=rec.cwd,
+            network=rec.network,
+            resources=rec.resources,
+            metadata=rec.metadata,
+            created_at=rec.created_at,
+            updated_at=rec.updated_at,
+            expires_at=rec.expires_at,
+            native=rec.native,
+            exit=rec.exit,
+            reason=rec.reason,
+            restored_from=rec.restored_from,
+            run_dir=str(self.registry.sandbox_dir(rec.sandbox_id) / "run"),
+            observation_error=observation_error,
+        )
+
+    def _set_sync(self, rec: SandboxRecord, state: State, **changes: Any) -> SandboxRecord:
+        """Validate the transition, persist, then publish in memory (the disk is the commit point)."""
+        check_transition(rec.sandbox_id, rec.generation, rec.state, state, changes.get("reason") or "observed")
+        # A reason describes the latest transition only; an observation without one clears the old one.
+        update = {"state": state, "updated_at": time.time(), "reason": None, **changes}
+        if state == rec.state and "reason" not in changes:
+            update["reason"] = rec.reason
+        new = rec.model_copy(update=update)
+        self.registry.put(new)
+        self.records[rec.sandbox_id] = new
+        return new
+
+    async def _set(self, rec: SandboxRecord, state: State, **changes: Any) -> SandboxRecord:
+        return await asyncio.to_thread(self._set_sync, rec, state, **changes)
+
+    def _forget(self, rec: SandboxRecord, reason: str) -> None:
+        """The delete is complete (tombstone persisted, cgroup empty, lock released): release capacity last."""
+        check_transition(rec.sandbox_id, rec.generation, rec.state, State.DELETED, reason)
+        self.records.pop(rec.sandbox_id, None)
+        self.tombstoned.add(rec.sandbox_id)
+        if self.by_request.get(rec.request_id) == rec.sandbox_id:
+            del self.by_request[rec.request_id]
+
+    def _reserved(self) -> Resources:
+        items = [r.resources for r in self.records.values()] + [t.resources for t in self.pending_reclaim.values()]
+        return Resources(
+            cpu_millis=sum(r.cpu_millis for r in items),
+            memory_bytes=sum(r.memory_bytes for r in items),
+            pids_max=sum(r.pids_max for r in items),
+            disk_bytes=sum(r.disk_bytes for r in items),
+        )
+
+    def _auth(self, ref: SandboxRef) -> SandboxRecord:
+        """SBX-4: owner, sandbox ID, secret token and generation must all match."""
+        self.registry.check_usable()
+        if ref.owner is not None and ref.owner != self.owner:
+            raise PermissionDeniedError(f"owner {ref.owner} is not this sandboxd's owner")
+        rec = self.records.get(ref.sandbox_id)
+        if rec is None:
+            if ref.sandbox_id in self.tombstoned:
+                raise NotFoundError(f"sandbox {ref.sandbox_id} was deleted", details={"tombstone": True})
+            raise NotFoundError(f"no sandbox {ref.sandbox_id}")
+        if not hmac.compare_digest(ref.token.encode(), rec.token.encode()):
+            raise PermissionDeniedError(f"invalid token for sandbox {ref.sandbox_id}")
+        if ref.generation != rec.generation:
+            raise ConflictError(
+                f"sandbox {ref.sandbox_id} is generation {rec.generation}, not {ref.generation}",
+                details={"generation": rec.generation},
+            )
+        return rec
+
+    # == native observation ========================================================================
+    def _native_of(self, rec: SandboxRecord) -> NativeIdentity | None:
+        if rec.native is not None:
+            return rec.native
+        raw = self.registry.read_native(rec.sandbox_id)
+        if raw is None:
+            return None
+        try:
+            return NativeIdentity.model_validate(raw)
+        except ValidationError:
+            return None
+
+    def _ours(self, native: NativeIdentity | None, cg: SandboxCgroup) -> str:
+        """'ours', 'vanished' or 'replaced': is the cgroup on disk the one this record created? (SBX-5, SBX-8)"""
+        if native is None:
+            return "vanished" if cg.identity() is None else "replaced"
+        if native.boot_id != self.boot_id:
+            return "vanished"  # a reboot killed everything of the old boot
+        ident = cg.identity()
+        if ident is None:
+            return "vanished"
+        return "ours" if ident == (native.cgroup_dev, native.cgroup_ino) else "replaced"
+
+    def _observe(self, rec: SandboxRecord) -> tuple[State, dict[str, Any]]:
+        """Native state of a started sandbox: Running/Paused/Stopped(Terminated)/Missing(Failed)."""
+        native = self._native_of(rec)
+        if native is None:
+            if rec.state == State.CREATING:
+                return State.CREATING, {}
+            return State.FAILED, {"reason": "no native identity was ever recorded"}
+        cg = self._cgroup(rec.sandbox_id)
+        where = self._ours(native, cg)
+        if where != "ours":
+            why = "host rebooted" if native.boot_id != self.boot_id else f"cgroup {where}"
+            return State.FAILED, {"reason": f"native sandbox missing ({why})", "native": native}
+        sdir = self.registry.sandbox_dir(rec.sandbox_id)
+        exit_raw = self.registry.read_exit(rec.sandbox_id)
+        if exit_raw is None and _lock_held(sdir / LOCK_FILE):
+            return (State.PAUSED if cg.frozen() else State.RUNNING), {"native": native}
+        exit_raw = exit_raw or self.registry.read_exit(rec.sandbox_id)  # it may have landed meanwhile
+        if exit_raw is not None:
+            return State.TERMINATED, {"exit": ExitStatus.model_validate(exit_raw), "native": native}
+        if not cg.is_empty():
+            # Supervisor lost (killed) but the workload lives: still running, just unsupervised.
+            return State.RUNNING, {"native": native, "reason": "supervisor lost; workload still running"}
+        return State.TERMINATED, {"exit": ExitStatus(known=False), "native": native}
+
+    def _reconcile_sync(self, sandbox_id: str) -> tuple[SandboxRecord, str | None]:
+        rec = self.records[sandbox_id]
+        if rec.state in (State.STOPPING, State.CREATING):
+            return rec, None  # the persisted intent rules; queries never override it (SBX-2)
+        try:
+            state, changes = self._observe(rec)
+        except OSError as exc:
+            # SBX-6/13: an unavailable native query invents nothing.
+            return rec, f"native query failed: {exc}"
+        if state == rec.state and all(getattr(rec, k) == v for k, v in changes.items() if k != "reason"):
+            return rec, None
+        if state != rec.state and state not in ALLOWED[rec.state]:
+            return rec, None
+        return self._set_sync(rec, state, **changes), None
+
+    async def _reconcile(self, sandbox_id: str) -> tuple[SandboxRecord, str | None]:
+        return await asyncio.to_thread(self._reconcile_sync, sandbox_id)
+
+    # == delete (SBX-7, SBX-12) ====================================================================
+    def _delete_native(self, rec: SandboxRecord) -> None:
+        """Kill by identity-bound cgroup, take the lifecycle lock, prove empty, tombstone, reclaim.
+
+        Raises (keeping the Stopping record and reservation) when absence cannot be proven.
+        """
+        sandbox_id = rec.sandbox_id
+        sdir = self.registry.sandbox_dir(sandbox_id)
+        cg = self._cgroup(sandbox_id)
+        timeout = self.config.delete_timeout_seconds
+        if self._ours(self._native_of(rec), cg) == "ours":
+            cg.kill()
+        lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            next_kill = time.monotonic() + 0.1
+            while True:
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    now = time.monotonic()
+                    if now > deadline:
+                        raise UnavailableError(
+                            f"sandbox {sandbox_id}: supervisor still holds the lifecycle lock after {timeout}s; "
+                            "delete stays pending",
+                            details={"sandbox_id": sandbox_id},
+                        ) from None
+                    if now > next_kill:
+                        # A start racing the intent may have cloned after our first kill: kill again.
+                        if self._ours(self._native_of(rec), cg) == "ours":
+                            cg.kill()
+                        next_kill = now + 0.1
+                    time.sleep(0.002)
+            # Under the lock no process can start any more (the supervisor only starts under it).
+            native = self._native_of(rec)
+            where = self._ours(native, cg)
+            if where == "ours":
+                cg.kill()
+                if not cg.wait_empty(timeout):
+                    raise UnavailableError(
+                        f"sandbox {sandbox_id}: cgroup not empty {timeout}s after cgroup.kill; delete stays pending",
+                        details={"sandbox_id": sandbox_id},
+                    )
+            elif where == "replaced" and native is not None:
+                log.warning("sandbox %s: cgroup was replaced by another; not touching it", sandbox_id)
+            tomb = self.registry.write_tombstone(rec, {"cgroup": where, "reason": "deleted"})
+            _fault("delete.after_tombstone")
+            self.pending_reclaim[sandbox_id] = tomb
+            if where in ("ours", "vanished") or native is None:
+                self._try_reclaim(sandbox_id, raise_errors=True)
+            else:
+                self.registry.reclaim(sandbox_id)
+                self.pending_reclaim.pop(sandbox_id, None)
+        finally:
+            os.close(lock_fd)  # releases the lifecycle lock
+
+    def _try_reclaim(self, sandbox_id: str, raise_errors: bool = False) -> None:
+        try:
+            cg = self._cgroup(sandbox_id)
+            if cg.exists() and not cg.is_empty():
+                raise UnavailableError(f"sandbox {sandbox_id}: tombstoned cgroup has processes")
+            cg.remove()
+            self.registry.reclaim(sandbox_id)
+        except (OSError, AdxError) as exc:
+            msg = f"reclaim of {sandbox_id} failed (reservation kept, retried): {exc}"
+            if raise_errors:
+                raise UnavailableError(msg) from exc
+            self._defer(msg)
+            return
+        self.pending_reclaim.pop(sandbox_id, None)
+
+    async def _finish_delete(self, rec: SandboxRecord, reason: str) -> None:
+        await asyncio.to_thread(self._delete_native, rec)
+        self._forget(rec, reason)
+
+    # == API ========================================================================================
+    async def create(self, req: CreateRequest, restore: tuple[Path, dict[str, Any]] | None = None) -> CreateResponse:
+        self.registry.check_usable()
+        digest = hashlib.sha256(json.dumps(req.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        assert self._alloc_lock is not None
+        async with self._alloc_lock:
+            existing = self.by_request.get(req.request_id)
+            if existing is not None:
+                rec = self.records[existing]
+                if rec.request_digest != digest:
+                    raise ConflictError(
+                        f"request_id {req.request_id} was used for a different create",
+                        details={"sandbox_id": existing},
+                    )
+            else:
+                rec = self._reserve(req, digest, restore)
+        if existing is not None:
+            async with self._lock(existing):  # a concurrent duplicate waits for the first to finish
+                rec = self.records.get(existing, rec)
+                return CreateResponse(sandbox=self._info(rec), token=rec.token)
+        async with self._lock(rec.sandbox_id):
+            return await self._create_locked(rec, restore)
+
+    def _reserve(self, req: CreateRequest, digest: str, restore: tuple[Path, dict[str, Any]] | None) -> SandboxRecord:
+        d = self.config.defaults
+        if req.sandbox_id is not None:
+            sandbox_id = req.sandbox_id
+            if sandbox_id in self.records or sandbox_id in self.tombstoned:
+                raise ConflictError(
+                    f"sandbox ID {sandbox_id} was used before; IDs are never reused", details={"sandbox_id": sandbox_id}
+                )
+        else:
+            sandbox_id = f"sb-{secrets.token_hex(10)}"
+        res = Resources(
+            cpu_millis=req.resources.cpu_millis or d.cpu_millis,
+            memory_bytes=req.resources.memory_bytes or d.memory_bytes,
+            pids_max=req.resources.pids_max or d.pids_max,
+            disk_bytes=req.resources.disk_bytes if req.resources.disk_bytes is not None else d.disk_bytes,
+        )
+        if len(self.records) + len(self.pending_reclaim) >= self.config.capacity.max_sandboxes:
+            raise ConflictError("sandbox count limit reached", details={"limit": self.config.capacity.max_sandboxes})
+        reserved = self._reserved()
+        for name in ("cpu_millis", "memory_bytes", "disk_bytes"):
+            want, have, used = getattr(res, name), getattr(self.capacity, name), getattr(reserved, name)
+            if used + want > have:
+                raise ConflictError(
+                    f"insufficient {name}: {want} requested, {have - used} of {have} free",
+                    details={"resource": name, "requested": want, "free": have - used},
+                )
+        now = time.time()
+        rec = SandboxRecord(
+            sandbox_id=sandbox_id,
+            generation=req.generation,
+            token=secrets.token_urlsafe(32),
+            state=State.CREATING,
+            request_id=req.request_id,
+            request_digest=digest,
+            argv=req.argv,
+            init_argv=req.init_argv or req.argv,
+            env=req.env,
+            cwd=req.cwd,
+            network=req.network or d.network,
+            resources=res,
+            metadata=req.metadata,
+            created_at=now,
+            updated_at=now,
+            expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
+            restored_from=restore[1]["checkpoint_id"] if restore else None,
+        )
+        self.records[sandbox_id] = rec  # reserved from here on
+        self.by_request[req.request_id] = sandbox_id
+        return rec
+
+    def _unreserve(self, rec: SandboxRecord) -> None:
+        self.records.pop(rec.sandbox_id, None)
+        if self.by_request.get(rec.request_id) == rec.sandbox_id:
+            del self.by_request[rec.request_id]
+
+    def _prepare_dir(self, rec: SandboxRecord) -> None:
+        sdir = self.registry.create_dir(rec.sandbox_id)
+        self.registry.put(rec)  # commit point: from here the ID is known to survive a crash
+        for name in ("upper", "ovlwork", "rootfs", "run"):
+            (sdir / name).mkdir(mode=0o755 if name == "run" else 0o700)
+
+    def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
+        sdir = self.registry.sandbox_dir(rec.sandbox_id)
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
+        env.update(rec.env)
+        env.setdefault("ADX_SANDBOX_ID", rec.sandbox_id)
+        return {
+            "sandbox_id": rec.sandbox_id,
+            "sandbox_dir": str(sdir),
+            "image_root": str(self._image_root),
+            "image_binds": self._image["binds"],
+            "init_argv": rec.init_argv,
+            "env": env,
+            "cwd": rec.cwd,
+            "hostname": rec.sandbox_id,
+            "network": rec.network,
+            "cgroup_parent": self.config.cgroup_parent,
+            "resources": rec.resources.model_dump(),
+            "tmp_bytes": self.config.defaults.tmp_bytes,
+            "run_dir": str(sdir / "run"),
+        }
+
+    async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
+        try:
+            await asyncio.to_thread(self._prepare_dir, rec)
+        except FileExistsError:
+            self._unreserve(rec)
+            raise ConflictError(
+                f"sandbox ID {rec.sandbox_id} was used before; IDs are never reused",
+                details={"sandbox_id": rec.sandbox_id},
+            ) from None
+        except UncertainOutcomeError:
+            raise  # storage-failed: the reservation stays until a restart reconciles
+        except OSError as exc:
+            self._unreserve(rec)
+            with contextlib.suppress(OSError):
+                self.registry.sandbox_dir(rec.sandbox_id).rmdir()
+            raise UnavailableError(f"cannot create sandbox dir: {exc}") from exc
+        _fault("create.after_commit")
+        error: AdxError | None = None
+        if restore is not None:
+            sdir = self.registry.sandbox_dir(rec.sandbox_id)
+            try:
+                await asyncio.to_thread(
+                    ckpt.verify_and_extract, restore[0], restore[1], sdir / ".layer", sdir / "upper"
+                )
+            except AdxError as exc:
+                error = exc
+            except OSError as exc:
+                error = UnavailableError(f"restore of {rec.sandbox_id} failed: {exc}")
+        if error is None:
+            try:
+                report = await self.spawner.spawn(self._spawn_spec(rec), self.config.create_timeout_seconds)
+            except UncertainOutcomeError as exc:
+                await self._set(rec, State.FAILED, reason=f"create outcome unknown: {exc}")
+                raise UncertainOutcomeError(
+                    f"create of sandbox {rec.sandbox_id} is uncertain ({exc}); it is kept as failed and reserved: "
+                    "query or delete this ID, do not resubmit blindly",
+                    details={"sandbox_id": rec.sandbox_id},
+                ) from exc
+            except AdxError as exc:
+                error = exc
+            else:
+                if report.get("ok"):
+                    native = NativeIdentity.model_validate(report["native"])
+                    rec = await self._set(rec, State.RUNNING, native=native, reason="started")
+                    return CreateResponse(sandbox=self._info(rec), token=rec.token)
+                error = UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
+        # SBX-13: create failed. Clean up; only a confirmed cleanup removes record and reservation.
+        try:
+            await asyncio.to_thread(self._delete_native, rec)
+        except AdxError as cleanup_exc:
+            await self._set(rec, State.FAILED, reason=f"{error}; cleanup uncertain: {cleanup_exc}")
+            raise UncertainOutcomeError(
+                f"create of sandbox {rec.sandbox_id} failed and its cleanup is uncertain ({cleanup_exc}); "
+                "it is kept as failed and reserved",
+                details={"sandbox_id": rec.sandbox_id},
+            ) from error
+        self._forget(rec, "create failed; cleanup confirmed")
+        error.details.setdefault("sandbox_id", rec.sandbox_id)
+        raise error
+
+    async def get(self, ref: SandboxRef) -> SandboxInfo:
+        rec = self._auth(ref)
+        async with self._lock(rec.sandbox_id):
+            if rec.sandbox_id not in self.records:
+                raise NotFoundError(f"sandbox {rec.sandbox_id} was deleted", details={"tombstone": True})
+            rec, err = await self._reconcile(rec.sandbox_id)
+            return self._info(rec, err)
+
+    async def list(self) -> ListResponse:
+        self.registry.check_usable()
+        # SBX-11: list returns the persisted observations; only Get/Wait query the native side.
+        return ListResponse(
+            sandboxes=[self._info(r) for r in sorted(self.records.values(), key=lambda r: r.created_at)]
+        )
+
+    async def delete(self, ref: SandboxRef) -> DeleteResponse:
+        rec = self._auth(ref)
+        async with self._lock(rec.sandbox_id):
+            rec = self.records.get(rec.sandbox_id, rec)
+            if rec.sandbox_id not in self.records:
+                return DeleteResponse(sandbox_id=rec.sandbox_id, generation=rec.generation, state=State.DELETED)
+            await self._delete_locked(rec, "delete requested")
+            return DeleteResponse(sandbox_id=rec.sandbox_id, generation=rec.generation, state=State.DELETED)
+
+    async def _delete_locked(self, rec: SandboxRecord, reason: str) -> None:
+        if rec.state != State.STOPPING:
+            rec = await self._set(rec, State.STOPPING, reason=reason)  # the durable intent comes first
+        _fault("delete.after_intent")
+        await self._finish_delete(rec, reason)
+
+    async def wait(self, req: WaitRequest) -> WaitResponse:
+        rec = self._auth(req.ref)
+        sandbox_id = rec.sandbox_id
+        exit_path = self.registry.sandbox_dir(sandbox_id) / EXIT_FILE
+        deadline = time.monotonic() + min(req.timeout_seconds, self.config.max_wait_seconds)
+        next_full = 0.0
+        last = self._info(rec)
+        while True:
+            now = time.monotonic()
+            current = self.records.get(sandbox_id)
+            if current is None:
+                return WaitResponse(done=True, sandbox=last.model_copy(update={"state": State.DELETED}))
+            # A stat per tick is cheap; the full native query (thread) runs when the exit record appears
+            # and once a second to notice vanished cgroups.
+            if exit_path.exists() or now >= next_full:
+                next_full = now + 1.0
+                async with self._lock(sandbox_id):
+                    if sandbox_id in self.records:
+                        current, _ = await self._reconcile(sandbox_id)
+                last = self._info(current)
+            if current.state in TERMINAL_FOR_WAIT:
+                return WaitResponse(done=True, sandbox=self._info(current))
+            if now >= deadline:
+                return WaitResponse(done=False, sandbox=last)
+            await asyncio.sleep(0.02)
+
+    async def stats(self, ref: SandboxRef) -> Stats:
+        rec = self._auth(ref)
+
+        def read() -> Stats:
+            cg = self._cgroup(rec.sandbox_id)
+            if self._ours(self._native_of(rec), cg) != "ours":
+                raise ConflictError(f"sandbox {rec.sandbox_id} has no live cgroup", details={"state": str(rec.state)})
+            s = cg.stats()
+            return Stats(
+                sandbox_id=rec.sandbox_id,
+                cpu_usage_ns=s.cpu_usage_ns,
+                memory_bytes=s.memory_bytes,
+                memory_peak_bytes=s.memory_peak_bytes,
+                pids=s.pids,
+                oom_kills=s.oom_kills,
+                observed_at=time.time(),
+            )
+
+        return await asyncio.to_thread(read)
+
+    def _refresh_resource(self) -> ResourceInfo:
+        st = os.statvfs(self.config.state_dir)
+        devices = []
+        for path in [self.config.state_dir, *self.config.artifact_roots().values()]:
+            with contextlib.suppress(OSError):
+                devices.append(DeviceInfo(path=str(path), dev=_whole_device(os.stat(path).st_dev)))
+        self._resource = ResourceInfo(
+            cpu_cores=len(os.sched_getaffinity(0)),
+            memory_bytes=_meminfo_total(),
+            storage_bytes=st.f_blocks * st.f_frsize,
+            storage_free_bytes=st.f_bavail * st.f_frsize,
+            devices=devices,
+            capacity=self.capacity,
+            reserved=self._reserved(),
+            sandboxes=len(self.records),
+            observed_at=time.time(),
+        )
+        return self._resource
+
+    async def resource(self) -> ResourceInfo:
+        info = await asyncio.to_thread(self._refresh_resource)
+        return info
+
+    async def health(self) -> Health:
+        res = self._resource
+        observed = res.observed_at if res else 0.0
+        age = max(0.0, time.time() - observed)
+        fresh = age <= 3 * self.config.resource_refresh_seconds
+        spawner = self.spawner.alive()
+        storage_ok = self.registry.storage_failed is None
+        return Health(
+            ok=spawner and storage_ok and fresh,
+            owner=self.owner,
+            pid=os.getpid(),
+            started_at=self.started_at,
+            storage_failed=not storage_ok,
+            spawner_alive=spawner,
+            cgroups=self.layout.describe(),
+            resource_observed_at=observed,
+            resource_age_seconds=age,
+            resource_fresh=fresh,
+            deferred_errors=list(self.deferred_errors),
+        )
+
+    async def checkpoint(self, req: CheckpointRequest) -> CheckpointInfo:
+        rec = self._auth(req.ref)
+        roots = self.config.artifact_roots()
+        if req.storage not in roots:
+            raise InvalidInputError("storage", f"unknown checkpoint storage {req.storage!r} (known: {sorted(roots)})")
+        async with self._lock(rec.sandbox_id):
+            rec, _ = await self._reconcile(rec.sandbox_id)
+            if rec.state not in (State.RUNNING, State.PAUSED, State.TERMINATED):
+                raise ConflictError(f"sandbox {rec.sandbox_id} is {rec.state}; cannot checkpoint")
+            checkpoint_id = ckpt.new_checkpoint_id()
+            artifact = roots[req.storage] / checkpoint_id
+            created_at = time.time()
+            body: dict[str, Any] = {
+                "checkpoint_id": checkpoint_id,
+                "created_at": created_at,
+                "source": {"sandbox_id": rec.sandbox_id, "generation": rec.generation, "owner": self.owner},
+                "spec": {
+                    "argv": rec.argv,
+                    "init_argv": rec.init_argv,
+                    "env": rec.env,
+                    "cwd": rec.cwd,
+                    "network": rec.network,
+                    "resources": rec.resources.model_dump(),
+                    "metadata": rec.metadata,
+                },
+            }
+            sdir = self.registry.sandbox_dir(rec.sandbox_id)
+
+            def run() -> tuple[str, str, int]:
+                cg = self._cgroup(rec.sandbox_id)
+                live = rec.state == State.RUNNING and self._ours(rec.native, cg) == "ours"
+                if live:
+                    cg.freeze()  # a consistent upper layer: nothing writes while tar reads
+                try:
+                    return ckpt.capture_layer(sdir / "upper", artifact, body)
+                except BaseException:
+                    shutil.rmtree(artifact, ignore_errors=True)
+                    raise
+                finally:
+                    if live and not req.leave_running:
+                        cg.kill()
+                    if live:
+                        cg.thaw()
+
+            try:
+                digest, layer_sha, size = await asyncio.wait_for(
+                    asyncio.to_thread(run), self.config.checkpoint_timeout_seconds
+                )
+            except TimeoutError:
+                raise UncertainOutcomeError(f"checkpoint of {rec.sandbox_id} timed out") from None
+            return CheckpointInfo(
+                checkpoint_id=checkpoint_id,
+                kind="filesystem",
+                location=str(artifact),
+                digest=digest,
+                layer_sha256=layer_sha,
+                size_bytes=size,
+                created_at=created_at,
+                source_sandbox_id=rec.sandbox_id,
+            )
+
+    async def restore(self, req: RestoreRequest) -> CreateResponse:
+        self.registry.check_usable()
+        artifact = ckpt.resolve_location(req.location, self.config.artifact_roots())
+        manifest = await asyncio.to_thread(ckpt.read_manifest, artifact, req.digest)  # digest first
+        spec = manifest["spec"]
+        create = CreateRequest(
+            request_id=req.request_id,
+            sandbox_id=req.sandbox_id,
+            generation=req.generation,
+            argv=req.argv or spec["argv"],
+            init_argv=req.init_argv or (spec["init_argv"] if not req.argv else None),
+            env=req.env if req.env is not None else spec["env"],
+            cwd=spec["cwd"],
+            resources=req.resources or spec["resources"],
+            metadata=req.metadata if req.metadata is not None else spec["metadata"],
+            ttl_seconds=req.ttl_seconds,
+            network=spec["network"],
+        )
+        return await self.create(create, restore=(artifact, manifest))
+
+    # == maintenance ================================================================================
+    async def maintenance(self) -> None:
+        """Retry pending deletes and reclaims, delete expired sandboxes, keep resource data fresh."""
+        last_resource = time.monotonic()
+        while True:
+            await asyncio.sleep(self.config.maintenance_interval_seconds)
+            if self.registry.storage_failed is not None:
+                continue
+            now = time.time()
+            for rec in list(self.records.values()):
+                expired = rec.expires_at is not None and rec.expires_at <= now
+                if rec.state != State.STOPPING and not expired:
+                    continue
+                lock = self._lock(rec.sandbox_id)
+                if lock.locked():
+                    continue
+                async with lock:
+                    current = self.records.get(rec.sandbox_id)
+                    if current is None:
+                        continue
+                    try:
+                        await self._delete_locked(current, "ttl expired" if expired else "retrying delete intent")
+                    except AdxError as exc:
+                        self._defer(f"delete of {rec.sandbox_id}: {exc}")
+            for sandbox_id in list(self.pending_reclaim):
+                await asyncio.to_thread(self._try_reclaim, sandbox_id)
+            if time.monotonic() - last_resource >= self.config.resource_refresh_seconds:
+                last_resource = time.monotonic()
+                await asyncio.to_thread(self._refresh_resource)

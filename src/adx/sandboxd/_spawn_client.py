@@ -1,0 +1,95 @@
+"""sandboxd's side of the spawner protocol (see ``_spawner``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from adx.errors import UnavailableError, UncertainOutcomeError
+
+__all__ = ["SpawnerProcess"]
+
+
+class SpawnerProcess:
+    """Starts the spawner (a fresh, single-threaded interpreter) and talks to it over a socketpair.
+
+    ``start()`` is synchronous and may run before the event loop; ``attach()`` wires the socket to the loop.
+    """
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "adx.sandboxd._spawner", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        theirs.close()
+        self._sock = ours
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    async def attach(self) -> None:
+        assert self._sock is not None
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=self._sock, limit=1 << 20)
+        self._task = asyncio.create_task(self._read_loop(), name="spawner-reader")
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        try:
+            while line := await self._reader.readline():
+                msg = json.loads(line)
+                fut = self._pending.pop(int(msg.pop("req")), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        finally:
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(UncertainOutcomeError("the spawner exited while a sandbox was starting"))
+            self._pending.clear()
+
+    async def spawn(self, spec: dict[str, Any], deadline_seconds: float) -> dict[str, Any]:
+        """Returns the supervisor's report. Raises UncertainOutcomeError when the outcome is unknown."""
+        if self._writer is None or not self.alive():
+            raise UnavailableError("the sandbox spawner is not running")
+        self._next += 1
+        req = self._next
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req] = fut
+        self._writer.write(json.dumps({"req": req, "spec": spec}).encode() + b"\n")
+        await self._writer.drain()
+        try:
+            return await asyncio.wait_for(fut, deadline_seconds)
+        except TimeoutError:
+            self._pending.pop(req, None)
+            raise UncertainOutcomeError(f"the supervisor did not report within {deadline_seconds}s") from None
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._proc is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._proc.wait), 5.0)
+            except TimeoutError:
+                self._proc.kill()

@@ -1,0 +1,127 @@
+"""The spawner: a single-threaded helper process that forks supervisors for sandboxd.
+
+sandboxd is an asyncio daemon with executor threads; forking (let alone raw ``clone3``) from a threaded
+process copies locks held by other threads. So sandboxd execs this small process at start (before anything
+else), and asks it over a socketpair — newline-delimited JSON — to start sandboxes. For each request the
+spawner forks a child that forks the supervisor and exits at once (the spawner reaps it), so supervisors are
+re-parented away from the spawner and survive the spawner's and sandboxd's exit. The supervisor reports
+its start result over a pipe that the spawner forwards, tagged with the request number.
+
+Protocol: request ``{"req": n, "spec": {...}}``; reply ``{"req": n, "ok": bool, ...}``. EOF on the control
+socket ends the spawner (it never outlives its daemon).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import sys
+from typing import Any
+
+from adx.sandboxd._cgroups import CgroupLayout, detect_layout
+from adx.sandboxd._supervisor import run_supervisor
+
+__all__ = ["main"]
+
+
+def _fork_supervisor(spec: dict[str, Any], layout: CgroupLayout, ctrl_fd: int) -> int:
+    """Fork the detached supervisor; return the read end of its result pipe."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # intermediate child
+        code = 1
+        try:
+            os.close(r)
+            os.close(ctrl_fd)
+            os.setsid()  # own session: no terminal signals, not in sandboxd's process group
+            # The grandchild is the supervisor; this child exits at once so init adopts the supervisor.
+            code = _supervisor_main(spec, layout, w) if os.fork() == 0 else 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    os.waitpid(pid, 0)
+    return r
+
+
+def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -> int:
+    sdir = spec["sandbox_dir"]
+    log = os.open(f"{sdir}/supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    # Drop every descriptor inherited from the spawner (other requests' pipes, the control socket): a
+    # supervisor must hold nothing of sandboxd's, or sandboxd's restart would find its resources busy.
+    keep = sorted({0, 1, 2, result_fd})
+    prev = 2
+    for fd in keep[3:] if len(keep) > 3 else []:
+        os.closerange(prev + 1, fd)
+        prev = fd
+    os.closerange(prev + 1, 65536)
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        return run_supervisor(spec, layout, result_fd)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(result_fd, json.dumps({"ok": False, "error": f"supervisor crashed: {exc!r}"}).encode())
+        import traceback
+
+        traceback.print_exc()
+        return 1
+
+
+def main() -> int:
+    ctrl_fd = int(sys.argv[1])
+    os.set_blocking(ctrl_fd, True)
+    layout = detect_layout()
+    sel = selectors.DefaultSelector()
+    sel.register(ctrl_fd, selectors.EVENT_READ, None)
+    pending: dict[int, tuple[int, list[bytes]]] = {}  # pipe fd -> (req, chunks)
+    buf = b""
+
+    def send(payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode() + b"\n"
+        while data:
+            data = data[os.write(ctrl_fd, data) :]
+
+    while True:
+        for key, _ in sel.select():
+            fd = key.fd
+            if fd == ctrl_fd:
+                chunk = os.read(ctrl_fd, 1 << 16)
+                if not chunk:
+                    return 0  # sandboxd went away; supervisors live on
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    msg = json.loads(line)
+                    try:
+                        pipe = _fork_supervisor(msg["spec"], layout, ctrl_fd)
+                    except OSError as exc:
+                        send({"req": msg["req"], "ok": False, "error": f"fork failed: {exc}"})
+                        continue
+                    pending[pipe] = (msg["req"], [])
+                    sel.register(pipe, selectors.EVENT_READ, None)
+            else:
+                req, chunks = pending[fd]
+                data = os.read(fd, 1 << 16)
+                if data:
+                    chunks.append(data)
+                    continue
+                sel.unregister(fd)
+                os.close(fd)
+                del pending[fd]
+                raw = b"".join(chunks)
+                try:
+                    result = json.loads(raw) if raw else {"ok": False, "error": "supervisor exited before starting"}
+                except ValueError:
+                    result = {"ok": False, "error": f"garbled supervisor reply: {raw[:200]!r}"}
+                send({"req": req, **result})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

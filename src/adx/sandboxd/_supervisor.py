@@ -1,0 +1,221 @@
+"""The per-sandbox supervisor and the in-namespace setup of the workload.
+
+A supervisor is forked (twice, so it is re-parented away from the spawner) by the single-threaded spawner.
+It outlives sandboxd restarts and for its whole life holds the sandbox's exclusive lifecycle lock
+(``lifecycle.lock``). Under that lock it refuses to start when a delete intent is persisted (SBX-7) or when
+the sandbox was started before (IDs are never restarted, SBX-5), creates the cgroup, persists the native
+identity (boot ID + cgroup inode) *before* any workload runs, clones the workload into its namespaces and
+cgroup, then waits for it and durably records how it ended (exit code / signal / OOM) in ``exit.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from adx._fs import atomic_write_json
+from adx.sandboxd import _linux as lx
+from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
+
+__all__ = ["EXIT_FILE", "LOCK_FILE", "NATIVE_FILE", "run_supervisor"]
+
+LOCK_FILE = "lifecycle.lock"
+NATIVE_FILE = "native.json"
+EXIT_FILE = "exit.json"
+RECORD_FILE = "record.json"
+TOMBSTONE_FILE = "tombstone.json"
+
+_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _in_namespace_setup(spec: dict[str, Any], v1_procs: list[str], log_fd: int, err_fd: int) -> None:
+    """Runs in the cloned child (PID 1 of the new PID namespace); ends in execve or _exit."""
+    try:
+        for path in v1_procs:
+            # "0" means the writing process: join the v1 limit hierarchies before any workload code runs.
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, b"0")
+            os.close(fd)
+        sdir = spec["sandbox_dir"]
+        root = f"{sdir}/rootfs"
+        # Nothing we mount may propagate back to the host's mount namespace.
+        lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
+        lx.mount(
+            "overlay",
+            root,
+            "overlay",
+            lx.MS_NODEV,
+            f"lowerdir={spec['image_root']},upperdir={sdir}/upper,workdir={sdir}/ovlwork",
+        )
+        for host_dir in spec["image_binds"]:
+            target = f"{root}{host_dir}"
+            lx.mount(host_dir, target, None, lx.MS_BIND | lx.MS_REC)
+            lx.mount(None, target, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NODEV)
+        lx.mount("proc", f"{root}/proc", "proc", lx.MS_NOSUID | lx.MS_NODEV | lx.MS_NOEXEC)
+        dev = f"{root}/dev"
+        lx.mount("tmpfs", dev, "tmpfs", lx.MS_NOSUID | lx.MS_NOEXEC, "mode=755,size=256k")
+        for name in _DEVICES:
+            os.close(os.open(f"{dev}/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
+            lx.mount(f"/dev/{name}", f"{dev}/{name}", None, lx.MS_BIND)
+        os.mkdir(f"{dev}/pts")
+        os.mkdir(f"{dev}/shm", 0o1777)
+        lx.mount("devpts", f"{dev}/pts", "devpts", lx.MS_NOSUID | lx.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+        lx.mount("shm", f"{dev}/shm", "tmpfs", lx.MS_NOSUID | lx.MS_NODEV, "mode=1777,size=64m")
+        os.symlink("pts/ptmx", f"{dev}/ptmx")
+        os.symlink("/proc/self/fd", f"{dev}/fd")
+        for i, name in enumerate(("stdin", "stdout", "stderr")):
+            os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
+        lx.mount("tmpfs", f"{root}/tmp", "tmpfs", lx.MS_NOSUID | lx.MS_NODEV, f"mode=1777,size={spec['tmp_bytes']}")
+        if spec.get("run_dir"):
+            lx.mount(spec["run_dir"], f"{root}/run/adx", None, lx.MS_BIND)
+        if spec["network"] == "none":
+            lx.set_loopback_up()
+        lx.sethostname(spec["hostname"])
+        os.chdir(root)
+        # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.
+        lx.pivot_root(".", ".")
+        lx.umount2(".", lx.MNT_DETACH)
+        os.chdir("/")
+        os.chdir(spec["cwd"])
+        lx.drop_capabilities()
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        argv = spec["init_argv"]
+        os.execvpe(argv[0], argv, spec["env"])
+    except BaseException as exc:  # report any failure to the supervisor, never return into its code
+        with contextlib.suppress(BaseException):
+            os.write(err_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
+    finally:
+        os._exit(127)
+
+
+def _record_state(sdir: Path) -> str | None:
+    try:
+        rec = json.loads((sdir / RECORD_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    state = rec.get("record", {}).get("state")
+    return state if isinstance(state, str) else None
+
+
+def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -> int:
+    """Supervise one sandbox. Reports ``{"ok": ...}`` once on ``result_fd``; returns the process exit code."""
+    sdir = Path(spec["sandbox_dir"])
+
+    def report(payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[os.write(result_fd, data) :]
+        with contextlib.suppress(OSError):
+            os.close(result_fd)
+
+    lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # Blocking: a concurrent delete holds it only for moments; the intent check below decides.
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    if (sdir / TOMBSTONE_FILE).exists() or _record_state(sdir) != "creating":
+        report({"ok": False, "error": "delete intent persisted or record not creating; not starting"})
+        return 0
+    if (sdir / NATIVE_FILE).exists():
+        report({"ok": False, "error": "sandbox was started before; IDs are never restarted"})
+        return 0
+    res = spec["resources"]
+    cgroup = SandboxCgroup(layout, spec["cgroup_parent"], spec["sandbox_id"])
+    try:
+        cgroup.create(res["cpu_millis"], res["memory_bytes"], res["pids_max"])
+        ident = cgroup.identity()
+        assert ident is not None
+        native = {
+            "boot_id": boot_id(),
+            "cgroup_dev": ident[0],
+            "cgroup_ino": ident[1],
+            "cgroup_dir": str(cgroup.identity_dir()),
+            "created_at": time.time(),
+        }
+        atomic_write_json(sdir / NATIVE_FILE, native)
+    except Exception as exc:
+        report({"ok": False, "error": f"cgroup setup failed: {exc}"})
+        return 1
+
+    flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
+    if spec["network"] == "none":
+        flags |= lx.CLONE_NEWNET
+    log_fd = os.open(sdir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    cg_fd = os.open(cgroup.v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2 else None
+    try:
+        pid = lx.clone3(flags, cg_fd)
+    except OSError as exc:
+        report({"ok": False, "error": f"clone3 failed: {exc}"})
+        return 1
+    if pid == 0:
+        os.close(err_r)
+        _in_namespace_setup(spec, cgroup.v1_procs_files(), log_fd, err_w)  # never returns
+    os.close(err_w)
+    if cg_fd is not None:
+        os.close(cg_fd)
+    chunks = []
+    while chunk := os.read(err_r, 4096):  # EOF when execve closed the CLOEXEC write end
+        chunks.append(chunk)
+    os.close(err_r)
+    if chunks:
+        os.waitpid(pid, 0)
+        report({"ok": False, "error": "sandbox setup failed: " + b"".join(chunks).decode(errors="replace")})
+        _record_exit(sdir, None, None, cgroup, setup_failed=True)
+        return 1
+    report({"ok": True, "native": native, "started_at": time.time()})
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            status = -1
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
+            continue
+    code = os.waitstatus_to_exitcode(status) if status != -1 else None
+    if code is None:
+        _record_exit(sdir, None, None, cgroup)
+    elif code < 0:
+        _record_exit(sdir, None, -code, cgroup)
+    else:
+        _record_exit(sdir, code, None, cgroup)
+    return 0
+
+
+def _record_exit(
+    sdir: Path, code: int | None, sig: int | None, cgroup: SandboxCgroup, *, setup_failed: bool = False
+) -> None:
+    try:
+        oom_kills = cgroup.oom_kills()
+    except OSError:
+        oom_kills = 0
+    atomic_write_json(
+        sdir / EXIT_FILE,
+        {
+            "exit_code": code,
+            "signal": sig,
+            # The kernel killed something in this sandbox for memory and the init died of SIGKILL.
+            "oom_killed": bool(oom_kills) and sig == signal.SIGKILL,
+            "oom_kills": oom_kills,
+            "setup_failed": setup_failed,
+            "finished_at": time.time(),
+            "boot_id": boot_id(),
+        },
+    )

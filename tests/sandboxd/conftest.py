@@ -1,0 +1,24 @@
+"""sandboxd test fixtures (helpers live in sbx_helpers)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sbx_helpers import DaemonFactory
+
+
+@pytest.fixture
+def sandboxd(tmp_path: Path) -> Iterator[DaemonFactory]:
+    factory = DaemonFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+# Namespaces, cgroups and overlayfs need root; elsewhere these tests cannot run (and must not pretend to).
+if os.geteuid() != 0:
+    collect_ignore_glob = ["test_*.py"]

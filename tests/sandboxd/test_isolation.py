@@ -1,0 +1,147 @@
+"""Isolation of process sandboxes: namespaces, copy-on-write root, limits, whole-tree kill on delete."""
+# ruff: noqa: ASYNC240 - the tests inspect host files between awaits; a blocking stat in a test is harmless
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from sbx_helpers import DaemonFactory, wait_until
+
+from adx.sandboxd import CreateRequest, ResourcesSpec, State, ref_of
+
+PROBE = r"""
+import os, json
+out = {
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "shadow": os.path.exists("/etc/shadow"),
+    "root_home": os.listdir("/root"),
+    "state_dir_visible": os.path.exists(os.environ["STATE_DIR"]),
+    "hostname": os.uname().nodename,
+    "top": sorted(os.listdir("/")),
+}
+for path in ("/work/hello.txt", "/etc/adx-probe", "/opt/new/file"):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write("from the sandbox\n")
+try:
+    open("/usr/adx-probe", "w")
+    out["usr_writable"] = True
+except OSError as exc:
+    out["usr_writable"] = exc.strerror
+print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.req("SEC-3", "SBX-5")
+async def test_sandbox_sees_no_host_processes_and_writes_land_in_its_upper_layer(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(
+            CreateRequest(request_id="iso", argv=["python3", "-c", PROBE], env={"STATE_DIR": str(d.state_dir)})
+        )
+        done = await c.wait(ref_of(created), timeout_seconds=20)
+        assert done.done and done.sandbox.state == State.TERMINATED
+        assert done.sandbox.exit is not None and done.sandbox.exit.exit_code == 0, d.log()
+        sid = created.sandbox.sandbox_id
+        import json
+
+        out = json.loads((d.sandbox_dir(sid) / "output.log").read_text().strip().splitlines()[-1])
+        assert out["pids"] == [1], "only the sandbox's own PID 1 is visible"
+        assert out["shadow"] is False and out["root_home"] == [] and out["state_dir_visible"] is False
+        assert out["hostname"] == sid
+        assert out["usr_writable"] == "Read-only file system"
+        upper = d.sandbox_dir(sid) / "upper"
+        assert (upper / "work/hello.txt").read_text() == "from the sandbox\n"
+        assert (upper / "etc/adx-probe").exists() and (upper / "opt/new/file").exists()
+        assert not Path("/etc/adx-probe").exists() and not Path("/opt/new").exists()
+        assert not Path("/work/hello.txt").exists()
+        # Identity is bound to this boot and the cgroup's inode (SBX-5).
+        native = created.sandbox.native
+        assert native is not None
+        assert native.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        await c.delete(ref_of(created))
+
+
+@pytest.mark.req("SEC-3")
+async def test_memory_limit_oom_kills_and_wait_reports_it(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(
+            CreateRequest(
+                request_id="oom",
+                argv=["python3", "-c", "x = b'a' * (256 << 20); print('survived', flush=True)"],
+                resources=ResourcesSpec(memory_bytes=48 << 20),
+            )
+        )
+        done = await c.wait(ref_of(created), timeout_seconds=30)
+        assert done.done and done.sandbox.state == State.TERMINATED
+        assert done.sandbox.exit is not None
+        assert done.sandbox.exit.signal == 9 and done.sandbox.exit.oom_killed, done.sandbox.exit
+        assert "survived" not in (d.sandbox_dir(created.sandbox.sandbox_id) / "output.log").read_text()
+        await c.delete(ref_of(created))
+
+
+FORK_BOMB = r"""
+import os, time
+n = 0
+for _ in range(64):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    n += 1
+print("forked", n, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.req("SEC-3")
+async def test_pids_limit_holds(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(
+            CreateRequest(request_id="pids", argv=["python3", "-c", FORK_BOMB], resources=ResourcesSpec(pids_max=12))
+        )
+        log = d.sandbox_dir(created.sandbox.sandbox_id) / "output.log"
+        line = wait_until(lambda: "forked" in log.read_text() and log.read_text(), timeout=20)
+        forked = int(line.split()[1])
+        assert 1 <= forked < 12
+        stats = await c.stats(ref_of(created))
+        assert stats.pids <= 12
+        await c.delete(ref_of(created))
+
+
+@pytest.mark.req("SBX-7", "SBX-12")
+async def test_double_forked_daemon_dies_on_delete_and_the_id_is_never_reused(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(
+            CreateRequest(
+                request_id="df",
+                sandbox_id="double-fork",
+                # The inner shell double-forks a sleeper into its own session, then the init itself sleeps.
+                argv=["/bin/sh", "-c", "(setsid sleep 1000 &) ; sleep 1000"],
+            )
+        )
+        sid = created.sandbox.sandbox_id
+        procs = wait_until(lambda: len(d.cgroup_procs(sid)) >= 3 and d.cgroup_procs(sid), timeout=10)
+        res = await c.resource()
+        assert res.reserved.memory_bytes == created.sandbox.resources.memory_bytes
+        started = time.monotonic()
+        await c.delete(ref_of(created))
+        assert time.monotonic() - started < 5
+        for pid in procs:
+            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+        assert not d.v2_cgroup(sid).exists()
+        sdir = d.sandbox_dir(sid)
+        assert sorted(os.listdir(sdir)) == ["lifecycle.lock", "tombstone.json"]
+        assert (await c.resource()).reserved.memory_bytes == 0
+        with pytest.raises(Exception) as info:
+            await c.create(CreateRequest(request_id="df2", sandbox_id="double-fork", argv=["true"]))
+        assert "never reused" in str(info.value)
