@@ -11,16 +11,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from adx.agents._config import AgentWorkerConfig
 from adx.config._base import ConfigError, LoggingConfig, StrictModel, load_model
-from adx.config._coordinator import CoordinatorConfig
 from adx.config._embedded import PostgresServerConfig, RedisServerConfig, UpConfig
 from adx.sandboxd._config import SandboxdConfig
 
 __all__ = [
     "COMPONENTS",
     "ConfigError",
-    "CoordinatorConfig",
     "LoggingConfig",
     "PostgresServerConfig",
     "RedisServerConfig",
@@ -34,8 +31,6 @@ __all__ = [
 #: Component name (as on the command line) -> its configuration model. Later components register here.
 COMPONENTS: dict[str, type[BaseModel]] = {
     "up": UpConfig,
-    "agent-worker": AgentWorkerConfig,
-    "coordinator": CoordinatorConfig,
     "sandboxd": SandboxdConfig,
 }
 
