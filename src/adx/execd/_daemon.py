@@ -200,7 +200,8 @@ class Execd:
             code = command.exit_code if command.exit_code is not None else 255
             log.info("workload exited", extra={"exit_code": code})
             self.emit({"type": P.WORKLOAD_EXITED, "exitCode": code})
-            if self.options.exit_with_workload:
+            # During a shutdown the workload dies of our SIGTERM: that is a clean exit, not the workload's status.
+            if self.options.exit_with_workload and not self._stop.is_set():
                 self.exit_code = code
                 self._stop.set()
 

@@ -1,0 +1,300 @@
+"""Runtime control: execd -> per-sandbox control socket -> ControlHub -> one node-level subscription.
+
+Real sockets throughout. The end-to-end tests run real execd processes; the 50-sandbox test runs 50 of
+execd's real ``ControlClient`` reporters in this process (same code, same sockets, without 50 interpreters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from execd_helpers import ExecdProcess
+
+from adx.execd import _protocol as P
+from adx.execd._activity import Activity
+from adx.execd._control import ControlClient
+from adx.execd._control_hub import ControlHub
+
+STEP = 5.0  # every wait in these tests is bounded
+
+
+class Subscriber:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.states: dict[str, Any] = {}
+        self.deltas: list[dict[str, Any]] = []
+
+    @classmethod
+    async def connect(cls, path: Path) -> tuple[Subscriber, dict[str, Any]]:
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=P.MAX_LINE)
+        sub = cls(reader, writer)
+        snapshot = await sub.next()
+        assert snapshot["type"] == "snapshot"
+        sub.states = dict(snapshot["sandboxes"])
+        return sub, snapshot
+
+    async def next(self, seconds: float = STEP) -> dict[str, Any]:
+        line = await asyncio.wait_for(self.reader.readline(), seconds)
+        assert line, "subscription closed"
+        message = json.loads(line)
+        if message["type"] == "delta":
+            self.deltas.append(message)
+            if message["state"] is None:
+                self.states.pop(message["sandboxId"], None)
+            else:
+                self.states[message["sandboxId"]] = message["state"]
+        return message
+
+    async def until(self, predicate: Callable[[dict[str, Any]], bool], seconds: float = STEP) -> None:
+        """Consume messages until ``predicate(self.states)`` holds."""
+        async with asyncio.timeout(seconds):
+            while not predicate(self.states):
+                await self.next(seconds)
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.writer.write(P.encode(message))
+        await self.writer.drain()
+        async with asyncio.timeout(STEP):
+            while True:
+                reply = await self.next()
+                if reply["type"] == "reply" and reply.get("requestId") == message.get("requestId"):
+                    return reply
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def async_client(execd: ExecdProcess, admin: bool = False) -> httpx.AsyncClient:
+    path = execd.admin_socket if admin else execd.socket
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(path)), base_url="http://execd", timeout=10)
+
+
+@pytest.fixture
+async def hub(short_dir: Path) -> Any:
+    hub = ControlHub(short_dir / "node.sock", coalesce=0.02)
+    await hub.start()
+    yield hub
+    await hub.stop()
+
+
+@pytest.mark.req("CTL-1", "CTL-3", "IDLE-6")
+async def test_execd_reports_ready_activity_checkpoints_and_admission_through_the_hub(
+    hub: ControlHub, execd_factory: Callable[..., ExecdProcess], short_dir: Path
+) -> None:
+    sub, snapshot = await Subscriber.connect(hub.subscribe_path)
+    assert snapshot["sandboxes"] == {}
+    control = short_dir / "sb1.ctl"
+    await hub.add_sandbox("sb1", control)
+    execd = execd_factory("--control-socket", str(control), "--sandbox-id", "sb1", wait=False)
+    await sub.until(lambda s: s.get("sb1", {}).get("ready") is True)
+
+    # Activity: a client command shows up as coalesced deltas ending at execd's own version.
+    async with async_client(execd) as client:
+        for _ in range(5):
+            resp = await client.post("/v1/commands", json={"argv": ["true"]})
+            assert resp.status_code == 200
+        async with async_client(execd, admin=True) as admin:
+            version = (await admin.get("/v1/activity")).json()["version"]
+        await sub.until(lambda s: s["sb1"]["activity"]["version"] == version)
+        assert len(sub.deltas) < 12, "10 version bumps must be coalesced into fewer deltas"
+
+        # Workload checkpoint request: carried in the state, deduplicated by operation ID.
+        for _ in range(2):
+            resp = await client.post("/v1/checkpoint-requests", json={"operationId": "op-1", "reason": "snapshot"})
+            assert resp.status_code == 202
+        assert resp.json() == {"operationId": "op-1", "duplicate": True}
+        await sub.until(lambda s: [c["operationId"] for c in s["sb1"]["checkpointRequests"]] == ["op-1"])
+        await hub.ack_checkpoint("sb1", "op-1")
+        await sub.until(lambda s: s["sb1"]["checkpointRequests"] == [])
+
+        # IDLE-6 through the node-level stream: stale fails and closes nothing, current closes.
+        current = hub.state("sb1")
+        assert current is not None
+        version = current["activity"]["version"]
+        stale = await sub.request(
+            {"type": "close_admission", "requestId": 1, "sandboxId": "sb1", "expectedVersion": version - 1}
+        )
+        assert stale["ok"] is False and stale["error"] == "version_changed"
+        assert (await client.get("/v1/commands")).status_code == 200
+        version += 2  # that list request started and ended
+        await sub.until(lambda s: s["sb1"]["activity"]["version"] == version)
+        closed = await sub.request(
+            {"type": "close_admission", "requestId": 2, "sandboxId": "sb1", "expectedVersion": version}
+        )
+        assert closed["ok"] is True and closed["admissionOpen"] is False
+        refused = await client.post("/v1/commands", json={"argv": ["true"]})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "admission_closed"
+        await sub.until(lambda s: s["sb1"]["activity"]["admissionOpen"] is False)
+        assert hub.state("sb1")["activity"]["version"] == version  # type: ignore[index]
+        reopened = await sub.request({"type": "open_admission", "requestId": 3, "sandboxId": "sb1"})
+        assert reopened["ok"] is True
+        assert (await client.post("/v1/commands", json={"argv": ["true"]})).status_code == 200
+        unknown = await sub.request({"type": "open_admission", "requestId": 4, "sandboxId": "nope"})
+        assert unknown["ok"] is False and unknown["error"] == "not_found"
+
+        # The control socket goes away: observation cleared; execd reconnects to the new socket and the
+        # fresh hello carries the still-pending checkpoint request (kept during the disconnect, CTL-7).
+        await client.post("/v1/checkpoint-requests", json={"operationId": "op-2"})
+        await sub.until(lambda s: len(s["sb1"]["checkpointRequests"]) == 1)
+        await hub.remove_sandbox("sb1")
+        await sub.until(lambda s: "sb1" not in s)
+        assert sub.deltas[-1]["state"] is None
+        await hub.add_sandbox("sb1", control)
+        await sub.until(lambda s: "sb1" in s)
+        assert [c["operationId"] for c in sub.states["sb1"]["checkpointRequests"]] == ["op-2"]
+        assert sub.states["sb1"]["ready"] is True
+
+    # execd dies: its observation is cleared in the stream.
+    os.kill(execd.pid, signal.SIGKILL)
+    await sub.until(lambda s: "sb1" not in s)
+    assert hub.state("sb1") is None
+    sub.close()
+
+
+@pytest.mark.req("CTL-1")
+async def test_probe_failures_are_pushed_and_ready_waits_for_the_probe(
+    hub: ControlHub, execd_factory: Callable[..., ExecdProcess], short_dir: Path
+) -> None:
+    sub, _ = await Subscriber.connect(hub.subscribe_path)
+    control = short_dir / "p.ctl"
+    await hub.add_sandbox("p", control)
+    healthy = short_dir / "healthy"
+    execd_factory(
+        "--control-socket", str(control), "--sandbox-id", "p",
+        "--probe-command", f"test -e {healthy}", "--probe-interval", "0.05", "--probe-timeout", "1",
+        wait=False,
+    )  # fmt: skip
+    await sub.until(lambda s: (s.get("p", {}).get("probe") or {}).get("consecutiveFailures", 0) >= 2)
+    state = sub.states["p"]
+    assert state["ready"] is False and state["probe"]["ok"] is False
+    assert "exited with 1" in state["probe"]["reason"]
+    healthy.touch()
+    await sub.until(lambda s: s["p"]["ready"] is True and s["p"]["probe"]["ok"] is True)
+    assert sub.states["p"]["probe"]["consecutiveFailures"] == 0
+    sub.close()
+
+
+@pytest.mark.req("CTL-1")
+async def test_tcp_probe(hub: ControlHub, execd_factory: Callable[..., ExecdProcess], short_dir: Path) -> None:
+    with socket.socket() as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        port = probe_port.getsockname()[1]
+    sub, _ = await Subscriber.connect(hub.subscribe_path)
+    control = short_dir / "t.ctl"
+    await hub.add_sandbox("t", control)
+    execd_factory(
+        "--control-socket", str(control), "--probe-tcp-port", str(port), "--probe-interval", "0.05", wait=False
+    )
+    await sub.until(lambda s: (s.get("t", {}).get("probe") or {}).get("ok") is False)
+    assert f"tcp port {port}" in sub.states["t"]["probe"]["reason"]
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", port)
+    try:
+        await sub.until(lambda s: s["t"]["ready"] is True)
+    finally:
+        server.close()
+    sub.close()
+
+
+@pytest.mark.req("CTL-1")
+async def test_workload_exit_is_reported(
+    hub: ControlHub, execd_factory: Callable[..., ExecdProcess], short_dir: Path
+) -> None:
+    sub, _ = await Subscriber.connect(hub.subscribe_path)
+    control = short_dir / "w.ctl"
+    await hub.add_sandbox("w", control)
+    execd_factory(
+        "--control-socket", str(control), "--keep-running-after-workload-exit", "--", "sh", "-c", "sleep 0.3; exit 5",
+        wait=False,
+    )  # fmt: skip
+    await sub.until(lambda s: s.get("w", {}).get("workloadExitCode") == 5)
+    sub.close()
+
+
+@pytest.mark.req("CTL-2", "CTL-3")
+async def test_fifty_sandboxes_one_subscription_snapshot_then_deltas(hub: ControlHub, short_dir: Path) -> None:
+    count = 50
+    clients: dict[str, ControlClient] = {}
+    for i in range(count):
+        sid = f"sb-{i:02d}"
+        await hub.add_sandbox(sid, short_dir / f"{sid}.ctl")
+        client = ControlClient(short_dir / f"{sid}.ctl", sandbox_id=sid, execution_id="e1", activity=Activity())
+        client.emit({"type": P.READY})
+        client.start()
+        clients[sid] = client
+    try:
+        async with asyncio.timeout(STEP):
+            while len(hub.snapshot()) < count:  # noqa: ASYNC110 - polling the hub's state is the test's view
+                await asyncio.sleep(0.01)
+
+        sub, snapshot = await Subscriber.connect(hub.subscribe_path)
+        assert sorted(snapshot["sandboxes"]) == sorted(clients), "one snapshot with all 50"
+        assert all(state["ready"] for state in snapshot["sandboxes"].values())
+
+        # A burst of 20 changes on one sandbox: only that sandbox's deltas, coalesced, newest state last.
+        activity = clients["sb-07"].activity
+        for _ in range(10):
+            activity.begin()
+            activity.end()
+        await sub.until(lambda s: s["sb-07"]["activity"]["version"] == 20)
+        with pytest.raises(TimeoutError):
+            await sub.next(seconds=0.3)  # nothing else is pending
+        assert {d["sandboxId"] for d in sub.deltas} == {"sb-07"}
+        assert len(sub.deltas) <= 3, f"20 changes should coalesce, got {len(sub.deltas)} deltas"
+        assert [d["seq"] for d in sub.deltas] == list(range(1, len(sub.deltas) + 1))
+
+        # A dropped execd connection clears exactly that sandbox's observation.
+        await clients["sb-09"].stop()
+        await sub.until(lambda s: "sb-09" not in s)
+        assert sub.deltas[-1] == {"type": "delta", "seq": sub.deltas[-1]["seq"], "sandboxId": "sb-09", "state": None}
+
+        # Reconnecting the subscriber starts over with a full snapshot of the current state.
+        sub.close()
+        sub2, snapshot2 = await Subscriber.connect(hub.subscribe_path)
+        assert len(snapshot2["sandboxes"]) == count - 1 and "sb-09" not in snapshot2["sandboxes"]
+        assert snapshot2["sandboxes"]["sb-07"]["activity"]["version"] == 20
+        assert snapshot2["seq"] == 0
+
+        # The execd side reconnects by itself, and its hello restores the observation.
+        clients["sb-09"].start()
+        await sub2.until(lambda s: "sb-09" in s)
+        assert clients["sb-09"].connects == 2
+        sub2.close()
+    finally:
+        for client in clients.values():
+            await client.stop()
+
+
+@pytest.mark.req("CTL-3")
+async def test_execd_reconnects_when_the_hub_restarts(short_dir: Path) -> None:
+    """The whole hub (sandboxd) goes away and comes back: the reporter reconnects with a full hello."""
+    path = short_dir / "r.ctl"
+    activity = Activity()
+    client = ControlClient(path, sandbox_id="r", execution_id=None, activity=activity)
+    client.start()
+    try:
+        for round_ in range(2):
+            hub = ControlHub(short_dir / "node.sock")
+            await hub.start()
+            await hub.add_sandbox("r", path)
+            activity.begin()
+            started = time.monotonic()
+            async with asyncio.timeout(STEP):
+                while (state := hub.state("r")) is None or state["activity"]["version"] != activity.version:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert time.monotonic() - started < 2.0
+            activity.end()
+            await hub.stop()
+            assert round_ + 1 == client.connects
+    finally:
+        await client.stop()
