@@ -37,6 +37,7 @@ def test_sigkill_redis_gives_connection_error_and_aof_keys_survive_restart(
 
     restarted = server.start()
     assert restarted.pid != info.pid
+    assert restarted.port == info.port  # a crash restart keeps the address clients hold
     client = redis.Redis.from_url(restarted.url, socket_timeout=2)
     assert client.get("counter") == b"42"
     assert [client.get(f"k{i}") for i in range(100)] == [f"v{i}".encode() for i in range(100)]

@@ -12,12 +12,14 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from adx.config._base import ConfigError, LoggingConfig, StrictModel, load_model
+from adx.config._coordinator import CoordinatorConfig
 from adx.config._embedded import PostgresServerConfig, RedisServerConfig, UpConfig
 from adx.sandboxd._config import SandboxdConfig
 
 __all__ = [
     "COMPONENTS",
     "ConfigError",
+    "CoordinatorConfig",
     "LoggingConfig",
     "PostgresServerConfig",
     "RedisServerConfig",
@@ -31,6 +33,7 @@ __all__ = [
 #: Component name (as on the command line) -> its configuration model. Later components register here.
 COMPONENTS: dict[str, type[BaseModel]] = {
     "up": UpConfig,
+    "coordinator": CoordinatorConfig,
     "sandboxd": SandboxdConfig,
 }
 

@@ -18,9 +18,18 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from adx.coordinator import _scripts
-from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
 from adx.model import EnvironmentRecord, EnvironmentState, NodeRecord, Resources
 
 T = TypeVar("T")
@@ -57,6 +66,11 @@ ScriptArg = str | int | float
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _never_connected(exc: redis_errors.ConnectionError) -> bool:
+    # redis-py words connect failures as "Error <errno> connecting to host:port."
+    return isinstance(exc.__cause__, ConnectionRefusedError) or " connecting to " in str(exc)
 
 
 def hash_api_key(api_key: str) -> str:
@@ -106,7 +120,12 @@ class CoordinatorStore:
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 5.0) -> CoordinatorStore:
-        return cls(aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout))
+        # No silent retries: redis-py would re-send a CAS script whose first attempt may have been applied,
+        # turning our own success into a "stale revision". Failures surface as Unavailable/Uncertain instead.
+        client = aioredis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+        )
+        return cls(client)
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -114,17 +133,23 @@ class CoordinatorStore:
     async def _call(self, what: str, op: Callable[[], Awaitable[T]], *, writes: bool) -> T:
         try:
             return await op()
-        except redis_errors.ConnectionError as exc:
-            # A refused connection never sent the command; anything else may have reached the server.
-            if writes and not isinstance(exc.__cause__, ConnectionRefusedError) and "refused" not in str(exc):
-                raise UncertainOutcomeError(f"{what}: connection lost after sending; outcome unknown") from exc
-            raise UnavailableError(f"{what}: Redis unavailable: {exc}") from exc
-        except redis_errors.TimeoutError as exc:
-            if writes:
-                raise UncertainOutcomeError(f"{what}: Redis timed out; outcome unknown") from exc
-            raise UnavailableError(f"{what}: Redis timed out") from exc
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            # The server went away or stalled: its other pooled connections are as suspect as this one.
+            await self._redis.connection_pool.disconnect(inuse_connections=False)
+            raise self._translate(what, exc, writes) from exc
         except redis_errors.RedisError as exc:
             raise UnavailableError(f"{what}: Redis error: {exc}") from exc
+
+    @staticmethod
+    def _translate(what: str, exc: redis_errors.RedisError, writes: bool) -> AdxError:
+        if isinstance(exc, redis_errors.ConnectionError):
+            # A connection that could not be made never carried the command; a lost one may have.
+            if writes and not _never_connected(exc):
+                return UncertainOutcomeError(f"{what}: connection lost after sending; outcome unknown")
+            return UnavailableError(f"{what}: Redis unavailable: {exc}")
+        if writes:
+            return UncertainOutcomeError(f"{what}: Redis timed out; outcome unknown")
+        return UnavailableError(f"{what}: Redis timed out")
 
     async def ping(self) -> None:
         await self._call("ping", self._redis.ping, writes=False)
@@ -211,6 +236,19 @@ class CoordinatorStore:
         if record.tenant != tenant:
             raise NotFoundError(f"environment {env_id} not found")
         return record
+
+    async def load_all_environments(self, *, batch: int = 500) -> list[EnvironmentRecord]:
+        """Every stored Environment record (start-up cache load; SCAN, never KEYS)."""
+
+        async def scan() -> list[EnvironmentRecord]:
+            records = []
+            async for key in self._redis.scan_iter(match="adx:env:*", count=batch):
+                doc = await self._redis.hget(key, "doc")
+                if doc is not None:
+                    records.append(EnvironmentRecord.model_validate_json(doc))
+            return records
+
+        return await self._call("load environments", scan, writes=False)
 
     async def list_environments(self, tenant: str, *, limit: int = 1000) -> list[EnvironmentRecord]:
         ids = await self._call(

@@ -199,7 +199,7 @@ class ManagedServer:
                     extra={"detail": self._crash_detail(info)},
                 )
             self._prepare()
-            return self._start_locked()
+            return self._start_locked(info.port if info is not None else None)
 
     def stop(self) -> bool:
         """Stop the recorded server if running. Returns True if a process was stopped."""
@@ -237,10 +237,13 @@ class ManagedServer:
     def _crash_detail(self, info: ServerInfo) -> str:
         return f"pid {info.pid} exited; last log lines:\n{tail(self.log_path)}"
 
-    def _start_locked(self) -> ServerInfo:
+    def _start_locked(self, previous_port: int | None) -> ServerInfo:
         attempts = 1 if self.requested_port else 3
         for attempt in range(1, attempts + 1):
-            if self.requested_port:
+            if not self.requested_port and previous_port and attempt == 1 and port_is_free(self.host, previous_port):
+                # A restart keeps its address when it can, so clients holding the old URL reconnect.
+                port = previous_port
+            elif self.requested_port:
                 port = self.requested_port
                 if not port_is_free(self.host, port):
                     raise UnavailableError(

@@ -1,0 +1,62 @@
+"""ADX errors across gRPC: one mapping, used by every server and client (translated at the boundary)."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+
+CODE_KEY = "adx-error-code"
+FIELD_KEY = "adx-error-field"
+
+_STATUS: list[tuple[type[AdxError], grpc.StatusCode]] = [
+    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (ConflictError, grpc.StatusCode.ABORTED),
+    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (UncertainOutcomeError, grpc.StatusCode.UNKNOWN),
+]
+
+
+def status_for(exc: AdxError) -> grpc.StatusCode:
+    return next((status for family, status in _STATUS if isinstance(exc, family)), grpc.StatusCode.INTERNAL)
+
+
+async def abort_with(context: grpc.aio.ServicerContext[object, object], exc: AdxError) -> NoReturn:
+    metadata: list[tuple[str, str]] = [(CODE_KEY, exc.code)]
+    if isinstance(exc, InvalidInputError):
+        metadata.append((FIELD_KEY, exc.field))
+    context.set_trailing_metadata(tuple(metadata))
+    await context.abort(status_for(exc), exc.message)
+    raise AssertionError("unreachable")  # abort() always raises
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError, what: str) -> AdxError:
+    """The ADX error a failed call stands for. Transport failures are Unavailable or Uncertain."""
+    trailing: dict[str, object] = {item[0]: item[1] for item in exc.trailing_metadata() or ()}  # type: ignore[index]
+    message = exc.details() or exc.code().name
+    code = exc.code()
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidInputError(str(trailing.get(FIELD_KEY, "")), message)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFoundError(message)
+    if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):
+        conflict = ConflictError(message)
+        conflict.code = str(trailing.get(CODE_KEY, conflict.code))
+        return conflict
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return InvalidInputError("credentials", message)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        # The call never reached a handler (connection refused/reset before the request was accepted).
+        return UnavailableError(f"{what}: {message}")
+    # DEADLINE_EXCEEDED, UNKNOWN, CANCELLED, INTERNAL: the server may or may not have acted.
+    return UncertainOutcomeError(f"{what}: {code.name}: {message}")

@@ -1,0 +1,19 @@
+"""Configuration of ``adx coordinator``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from adx.config._base import LoggingConfig, StrictModel
+
+
+class CoordinatorConfig(StrictModel):
+    name: str = Field(default="main", pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="certificate name")
+    listen: str = Field(default="127.0.0.1:7401", description="host:port of the gRPC service")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^(redis|rediss|unix)://")
+    certs_dir: Path = Field(default=Path(".adx/certs"), description="holds ca.pem and coordinator-<name>.pem/.key")
+    session_ttl_seconds: float = Field(default=15.0, gt=0, le=3600)
+    redis_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    logging: LoggingConfig = LoggingConfig()

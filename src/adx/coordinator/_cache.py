@@ -1,0 +1,70 @@
+"""In-memory caches of committed state (CRD-2): loaded from Redis at start, updated by every commit.
+
+``InspectNode`` is served from here without reading Redis. An uncertain write marks the affected node's
+catalog invalid; it is served again only after the affected records were reloaded from Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from adx.coordinator._store import CoordinatorStore
+from adx.errors import NotFoundError
+from adx.model import EnvironmentRecord, EnvironmentState, NodeRecord
+
+log = logging.getLogger("adx.coordinator.cache")
+
+
+class CoordinatorCache:
+    def __init__(self) -> None:
+        self.environments: dict[str, EnvironmentRecord] = {}
+        self.by_node: dict[str, set[str]] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        # node -> environment IDs whose stored state is unknown after an uncertain write
+        self._suspect: dict[str, set[str]] = {}
+
+    @classmethod
+    async def load(cls, store: CoordinatorStore) -> CoordinatorCache:
+        cache = cls()
+        for record in await store.load_all_environments():
+            cache.apply(record)
+        for node in await store.list_nodes():
+            cache.nodes[node.name] = node
+        log.info("caches loaded", extra={"environments": len(cache.environments), "nodes": len(cache.nodes)})
+        return cache
+
+    def apply(self, record: EnvironmentRecord) -> None:
+        """Record a committed version (never replaces a newer revision with an older one)."""
+        current = self.environments.get(record.id)
+        if current is not None and current.revision > record.revision:
+            return
+        if current is not None and current.node and current.node != record.node:
+            self.by_node.get(current.node, set()).discard(record.id)
+        if record.state is EnvironmentState.DELETED:
+            self.environments.pop(record.id, None)
+            if record.node:
+                self.by_node.get(record.node, set()).discard(record.id)
+            return
+        self.environments[record.id] = record
+        if record.node:
+            self.by_node.setdefault(record.node, set()).add(record.id)
+
+    def invalidate(self, env_id: str, node: str | None) -> None:
+        self._suspect.setdefault(node or "", set()).add(env_id)
+
+    def catalog_valid(self, node: str) -> bool:
+        return not self._suspect.get(node)
+
+    async def reload_suspects(self, store: CoordinatorStore, node: str) -> None:
+        """Reload every record made uncertain on ``node`` (raises if Redis is still unavailable)."""
+        for env_id in sorted(self._suspect.get(node, set())):
+            try:
+                self.apply(await store.get_environment(env_id))
+            except NotFoundError:
+                stale = self.environments.pop(env_id, None)
+                if stale is not None and stale.node:
+                    self.by_node.get(stale.node, set()).discard(env_id)
+            self._suspect[node].discard(env_id)
+
+    def node_catalog(self, node: str) -> list[EnvironmentRecord]:
+        return [self.environments[env_id] for env_id in sorted(self.by_node.get(node, set()))]

@@ -1,0 +1,183 @@
+"""The Coordinator's gRPC service (node-facing calls). Every call is checked against the caller's
+certificate (SEC-1) and, for node calls, against the node's registered, unexpired session (CRD-4)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+
+import grpc
+
+from adx._grpc_errors import abort_with
+from adx._grpc_tls import require_peer
+from adx.coordinator._cache import CoordinatorCache
+from adx.coordinator._store import CoordinatorStore
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+from adx.model import EnvironmentRecord, Resources, parse_wire
+from adx.proto import coordinator_pb2 as pb
+from adx.proto import coordinator_pb2_grpc as pb_grpc
+
+log = logging.getLogger("adx.coordinator")
+
+Context = grpc.aio.ServicerContext[object, object]
+
+# Fields of an Environment record a node may change with CommitResult; ownership fields are not among them.
+NODE_COMMITTABLE = frozenset({"state", "executionId", "restartAttempts", "restartPending", "checkpoint", "lastError"})
+
+
+class SessionExpired(ConflictError):
+    code = "session_expired"
+
+
+class CoordinatorService(pb_grpc.CoordinatorServicer):
+    def __init__(self, store: CoordinatorStore, cache: CoordinatorCache, *, session_ttl: float = 15.0) -> None:
+        self.store = store
+        self.cache = cache
+        self.session_ttl = session_ttl
+
+    async def _node_caller(self, context: Context, node: str) -> None:
+        identity = await require_peer(context, "node")
+        if identity.name != node:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"certificate is for node {identity.name}, not {node}"
+            )
+
+    def _check_session(self, node: str, session: str) -> None:
+        known = self.cache.nodes.get(node)
+        if known is None:
+            raise NotFoundError(f"node {node} is not registered")
+        if known.session != session:
+            raise ConflictError(f"node {node}: session is not the registered one; register again")
+        if known.session_expires_at < time.time():
+            raise SessionExpired(f"node {node}: session expired; register again")
+
+    async def _refresh_node(self, node: str) -> None:
+        self.cache.nodes[node] = await self.store.get_node(node)
+
+    async def RegisterNode(self, request: pb.RegisterNodeRequest, context: Context) -> pb.RegisterNodeResponse:
+        await self._node_caller(context, request.node)
+        try:
+            previous = await self.store.register_node(
+                request.node,
+                session=request.session,
+                address=request.address,
+                relay_address=request.relay_address,
+                session_ttl=self.session_ttl,
+                checkpoint_capable=request.checkpoint_capable,
+                shared_storage=request.shared_storage,
+            )
+            await self._refresh_node(request.node)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        log.info("node registered", extra={"node": request.node, "session": request.session, "previous": previous})
+        return pb.RegisterNodeResponse(previous_session=previous, session_ttl_seconds=self.session_ttl)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
+        await self._node_caller(context, request.node)
+        try:
+            await self.store.heartbeat(request.node, request.session, self.session_ttl)
+            await self._refresh_node(request.node)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.HeartbeatResponse(session_ttl_seconds=self.session_ttl)
+
+    async def ReportCapacity(self, request: pb.ReportCapacityRequest, context: Context) -> pb.ReportCapacityResponse:
+        await self._node_caller(context, request.node)
+        try:
+            capacity = parse_wire(Resources, _json(request.capacity_json, "capacityJson"), "capacity")
+            await self.store.report_capacity(
+                request.node,
+                request.session,
+                capacity,
+                valid_for=request.valid_for_seconds,
+                admission_open=request.admission_open,
+            )
+            await self._refresh_node(request.node)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.ReportCapacityResponse()
+
+    async def InspectNode(self, request: pb.InspectNodeRequest, context: Context) -> pb.InspectNodeResponse:
+        await self._node_caller(context, request.node)
+        try:
+            self._check_session(request.node, request.session)
+            if not self.cache.catalog_valid(request.node):
+                # CRD-2: after an uncertain write the catalog is served again only after a reload.
+                await self.cache.reload_suspects(self.store, request.node)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        catalog = self.cache.node_catalog(request.node)
+        return pb.InspectNodeResponse(
+            environment_json=[record.model_dump_json(by_alias=True) for record in catalog], served_at=time.time()
+        )
+
+    async def CommitResult(self, request: pb.CommitResultRequest, context: Context) -> pb.CommitResultResponse:
+        await self._node_caller(context, request.node)
+        try:
+            self._check_session(request.node, request.session)
+            committed = await self._commit_for_node(request)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.CommitResultResponse(environment_json=committed.model_dump_json(by_alias=True))
+
+    async def _commit_for_node(self, request: pb.CommitResultRequest) -> EnvironmentRecord:
+        changes = _json(request.changes_json, "changesJson")
+        if not isinstance(changes, dict):
+            raise InvalidInputError("changesJson", "must be a JSON object")
+        forbidden = sorted(set(changes) - NODE_COMMITTABLE)
+        if forbidden:
+            raise InvalidInputError(f"changesJson.{forbidden[0]}", "may not be changed by a node")
+        current = self.cache.environments.get(request.environment_id)
+        if current is None or current.node != request.node:
+            raise NotFoundError(f"environment {request.environment_id} is not owned by node {request.node}")
+        if (current.revision, current.generation) != (request.expected_revision, request.expected_generation):
+            raise ConflictError(
+                f"environment {current.id}: stale result (expected revision {request.expected_revision} "
+                f"generation {request.expected_generation}, committed {current.revision}/{current.generation})",
+                details={"revision": current.revision, "generation": current.generation},
+            )
+        merged = parse_wire(EnvironmentRecord, {**current.to_wire(), **changes})
+        update = {name: getattr(merged, name) for name in merged.model_fields_set if name != "id"}
+        try:
+            committed = await self.store.commit_environment(
+                current, update, release_reservation=request.release_reservation
+            )
+        except UncertainOutcomeError:
+            self.cache.invalidate(current.id, current.node)
+            raise
+        except ConflictError:
+            # Someone else committed: reload the authority before anyone acts on the cache again.
+            self.cache.invalidate(current.id, current.node)
+            # If Redis is unavailable now, the record stays suspect and the next InspectNode reloads it.
+            with contextlib.suppress(UnavailableError):
+                await self.cache.reload_suspects(self.store, request.node)
+            raise
+        self.cache.apply(committed)
+        log.info(
+            "result committed",
+            extra={
+                "env_id": committed.id,
+                "node": request.node,
+                "generation": committed.generation,
+                "execution_id": committed.execution_id,
+                "state": committed.state.value,
+                "revision": committed.revision,
+            },
+        )
+        return committed
+
+
+def _json(text: str, field: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidInputError(field, f"is not valid JSON: {exc}") from None
