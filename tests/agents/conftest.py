@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -13,14 +15,18 @@ from adx.agents import (
     DurableGraphLifecycleOptions,
     DurableTenantScheduler,
     DurableTenantSchedulerOptions,
+    EvidenceRequest,
     ExecutableGraphRegistry,
     ExecutableGraphRegistryBuilder,
     GraphLifecycleEvidenceProvider,
     JsonSchemaRegistryBuilder,
+    LifecycleEvidence,
+    RunKey,
     register_standard_agent_cancellation_event_schema,
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
+from adx.agents._store import Claim
 
 ANY_OBJECT = "urn:adx-test:schema:any-object:1.0.0"
 TENANT = "acme"
@@ -88,3 +94,38 @@ def executables() -> ExecutableGraphRegistry:
 @pytest.fixture
 def runs(store: AgentStore, executables: ExecutableGraphRegistry) -> AgentRuns:
     return AgentRuns(store, executables)
+
+
+async def claim_next(scheduler: DurableTenantScheduler) -> Claim:
+    """Claim the first claimable run the way a tick does (used to drive the loop step by step)."""
+    store = scheduler.store
+    cutoff = await store.scan_cutoff()
+    for candidate in await store.scan_page(scheduler.tenant_id, cutoff, 0, 1000):
+        if candidate.claimable:
+            claim = await store.claim(
+                RunKey(scheduler.tenant_id, candidate.run_id),
+                revision=candidate.revision,
+                owner=scheduler.identity,
+                claim_id=uuid.uuid4(),
+                lease_s=scheduler.driver_options.lease_seconds,
+            )
+            if claim is not None:
+                return claim
+    raise AssertionError("nothing claimable")
+
+
+async def fetch(store: AgentStore, query: str, *params: object) -> list[dict[str, Any]]:
+    async with store.connection("test query") as conn:
+        cur = await conn.execute(query, params)
+        return [dict(r) for r in await cur.fetchall()]
+
+
+class CountingEvidence(GraphLifecycleEvidenceProvider):
+    """The real provider, counting how often evidence is read (to prove replays never re-read it)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def recover(self, store: AgentStore, request: EvidenceRequest) -> LifecycleEvidence:
+        self.calls += 1
+        return await super().recover(store, request)

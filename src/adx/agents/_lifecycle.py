@@ -379,6 +379,7 @@ class DurableGraphLifecycle:
         replay = await self.replay_terminal(h.claim, h.event_id, "succeeded")
         if replay is not None:
             return replay
+        await self.store.check_current(h.claim, h.step)
         graph = self.executables.get(h.claim.graph_name, h.claim.graph_version)
         try:
             ev = await self._recover(h, "success")
@@ -445,6 +446,7 @@ class DurableGraphLifecycle:
         replay = await self.replay_terminal(h.claim, h.event_id, "failed")
         if replay is not None:
             return replay
+        await self.store.check_current(h.claim, h.step)
         try:
             ev = await self._recover(h, "failure")
             self._check_admission(h.claim, ev)
@@ -484,6 +486,7 @@ class DurableGraphLifecycle:
         replay = await self.replay_terminal(h.claim, h.event_id, "cancelled")
         if replay is not None:
             return replay
+        await self.store.check_current(h.claim, h.step)
         try:
             ev = await self._recover(h, "cancellation")
             self._check_admission(h.claim, ev)
@@ -523,7 +526,7 @@ class DurableGraphLifecycle:
             h.claim,
             reason=h.reason,
             delay_s=h.delay_s,
-            requeue=h.kind is ReleaseKind.YIELDED,
+            requeue=True,  # a released run goes to the back of the queue: no head-of-line blocking
             event_id=h.event_id,
             event=event,
             schema=self._lifecycle_schema,

@@ -946,6 +946,28 @@ class AgentStore:
                 raise StaleFenceError(f"run {k.run_id}: fence {claim.fence} at step {step} is no longer current")
             return dict(row)
 
+    async def check_current(self, claim: Claim, step: int) -> None:
+        """Fail fast (before any evidence read) when the handoff's fence, owner or step is no longer current."""
+        async with self.connection("check ownership") as conn:
+            cur = await conn.execute(
+                "SELECT status, fence, lease_owner, checkpoint_seq FROM adx_agent_runs"
+                " WHERE tenant_id = %s AND run_id = %s",
+                (claim.key.tenant_id, claim.key.run_id),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise StaleFenceError(f"run {claim.key.run_id} does not exist")
+        if (
+            row["status"] in TERMINAL
+            or row["fence"] != claim.fence
+            or row["lease_owner"] != claim.owner
+            or row["checkpoint_seq"] != step
+        ):
+            raise StaleFenceError(
+                f"run {claim.key.run_id}: handoff of fence {claim.fence} at step {step} is stale"
+                f" (run is {row['status']}, fence {row['fence']}, step {row['checkpoint_seq']})"
+            )
+
     async def read_terminal(self, key: RunKey, event_id: uuid.UUID) -> dict[str, Any] | None:
         """For a lost-ACK retry: the run's terminal facts and the committed event, or None if no such event."""
         async with self.connection("read terminal") as conn:

@@ -1,0 +1,47 @@
+"""Configuration of ``adx agent worker`` (component ``agent-worker``)."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from adx.config._base import LoggingConfig, StrictModel
+
+__all__ = ["AgentWorkerConfig"]
+
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class AgentWorkerConfig(StrictModel):
+    database_url: str = Field(description="PostgreSQL URL (postgresql://user@host:port/db)")
+    tenant_id: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    registrations: str = Field(
+        description="import path of the application module defining register_graphs(executables) and optionally"
+        " register_schemas(schemas), evidence_provider() and readiness(store)"
+    )
+    slots: int = Field(default=4, ge=1, le=1024)
+    tick_deadline_seconds: float = Field(default=300.0, gt=0)
+    drain_seconds: float = Field(default=30.0, gt=0)
+    idle_poll_seconds: float = Field(default=0.5, gt=0)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    node_timeout_seconds: float = Field(default=120.0, gt=0)
+    max_node_attempts: int = Field(default=5, ge=1)
+    max_nodes_per_claim: int = Field(default=64, ge=1)
+    pool_max_size: int | None = Field(default=None, ge=1, le=1000)
+    migrate: bool = Field(default=True, description="apply missing migrations at start (advisory-locked)")
+    logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("registrations")
+    @classmethod
+    def _module_path(cls, value: str) -> str:
+        if not _MODULE.match(value):
+            raise ValueError("must be a dotted Python module path")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value

@@ -1,0 +1,115 @@
+"""Assembling an immutable worker deployment from an application's registrations, and running it."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+from types import ModuleType
+
+from adx.agents._config import AgentWorkerConfig
+from adx.agents._driver import DurableGraphDriverOptions
+from adx.agents._graph import ExecutableGraphRegistry, ExecutableGraphRegistryBuilder
+from adx.agents._lifecycle import DurableGraphLifecycleOptions, GraphLifecycleEvidenceProvider
+from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions
+from adx.agents._schemas import (
+    JsonSchemaRegistryBuilder,
+    register_standard_agent_cancellation_event_schema,
+    register_standard_graph_driver_event_schema,
+    register_standard_graph_lifecycle_event_schema,
+)
+from adx.agents._store import AgentStore
+from adx.agents._worker import (
+    AgentWorker,
+    AgentWorkerBinding,
+    AgentWorkerHealth,
+    AgentWorkerOptions,
+    AgentWorkerReadiness,
+)
+from adx.errors import InvalidInputError
+
+__all__ = ["build_executables", "load_registrations", "run_worker"]
+
+log = logging.getLogger("adx.agents.worker")
+
+
+def load_registrations(path: str) -> ModuleType:
+    try:
+        module = importlib.import_module(path)
+    except ImportError as exc:
+        raise InvalidInputError("registrations", f"cannot import {path!r}: {exc}") from None
+    if not callable(getattr(module, "register_graphs", None)):
+        raise InvalidInputError("registrations", f"{path!r} defines no register_graphs(executables)")
+    return module
+
+
+def build_executables(module: ModuleType) -> ExecutableGraphRegistry:
+    """Standard audit schemas, then the application's schemas, frozen; then its graphs, frozen (AGT-1)."""
+    schemas = JsonSchemaRegistryBuilder.with_default_limits()
+    register_standard_graph_driver_event_schema(schemas)
+    register_standard_graph_lifecycle_event_schema(schemas)
+    register_standard_agent_cancellation_event_schema(schemas)
+    register_schemas = getattr(module, "register_schemas", None)
+    if register_schemas is not None:
+        register_schemas(schemas)
+    executables = ExecutableGraphRegistryBuilder(schemas.build())
+    module.register_graphs(executables)
+    return executables.build()
+
+
+async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
+    """Run a tenant worker until SIGTERM/SIGINT; then drain and stop. Returns the final health."""
+    module = load_registrations(cfg.registrations)
+    executables = build_executables(module)
+    store = await AgentStore.open(cfg.database_url, max_size=cfg.pool_max_size or cfg.slots + 2, migrate=cfg.migrate)
+    try:
+        await store.ensure_tenant(cfg.tenant_id)
+        make_evidence = getattr(module, "evidence_provider", None)
+        evidence = make_evidence() if make_evidence is not None else GraphLifecycleEvidenceProvider()
+        scheduler = DurableTenantScheduler(
+            store,
+            executables,
+            evidence,
+            DurableGraphDriverOptions(
+                lease_seconds=cfg.lease_seconds,
+                node_timeout_seconds=cfg.node_timeout_seconds,
+                max_node_attempts=cfg.max_node_attempts,
+                max_nodes_per_claim=cfg.max_nodes_per_claim,
+            ),
+            DurableGraphLifecycleOptions(),
+            DurableTenantSchedulerOptions(tenant_id=cfg.tenant_id),
+        )
+        make_readiness = getattr(module, "readiness", None)
+        readiness = make_readiness(store) if make_readiness is not None else AgentWorkerReadiness.database(store)
+        worker = await AgentWorker.start(
+            AgentWorkerBinding.tenant(scheduler),
+            readiness,
+            AgentWorkerOptions(
+                slots=cfg.slots,
+                tick_deadline_seconds=cfg.tick_deadline_seconds,
+                drain_seconds=cfg.drain_seconds,
+                idle_poll_seconds=cfg.idle_poll_seconds,
+            ),
+        )
+        loop = asyncio.get_running_loop()
+        stopping: list[asyncio.Task[None]] = []
+
+        def stop() -> None:
+            if not stopping:
+                stopping.append(asyncio.ensure_future(worker.shutdown()))
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+        try:
+            await worker.wait()
+            if stopping:
+                await stopping[0]
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        health = worker.health()
+        log.info("agent worker stopped", extra={"ticks": health.ticks, "executed": health.executed})
+        return health
+    finally:
+        await store.close()
