@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from adx.config._base import ConfigError, LoggingConfig, StrictModel, load_model
 from adx.config._coordinator import CoordinatorConfig
 from adx.config._embedded import PostgresServerConfig, RedisServerConfig, UpConfig
+from adx.execd._config import ExecdConfig
 from adx.sandboxd._config import SandboxdConfig
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
 COMPONENTS: dict[str, type[BaseModel]] = {
     "up": UpConfig,
     "coordinator": CoordinatorConfig,
+    "execd": ExecdConfig,
     "sandboxd": SandboxdConfig,
 }
 
