@@ -3,20 +3,28 @@
 - ``redis_server`` / ``postgres_server``: one instance each for the whole session (do not kill these).
 - ``redis_factory`` / ``postgres_factory``: per-test instances a test may SIGKILL and restart.
 - ``postgres_dsn``: a fresh, empty database on the session server for one test.
+- ``coordinator_cluster``: a real Coordinator on a private Redis, with a CA that issues node certificates.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import grpc
 import psycopg
 import pytest
 from psycopg import sql
 
-from adx.config import PostgresServerConfig, RedisServerConfig
+from adx._certs import Identity, init_ca, issue
+from adx._grpc_tls import channel_credentials
+from adx.config import CoordinatorConfig, PostgresServerConfig, RedisServerConfig
+from adx.coordinator._daemon import RunningCoordinator, start_coordinator
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ServerInfo
+from adx.proto import coordinator_pb2_grpc
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +85,62 @@ def postgres_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedPostgres]
     yield make
     for server in made:
         server.stop()
+
+
+@dataclass
+class CoordinatorCluster:
+    """A real Coordinator (in-process gRPC server with mutual TLS) on a private real Redis."""
+
+    redis: EmbeddedRedis
+    certs: Path
+    coordinator: RunningCoordinator
+    config: CoordinatorConfig
+
+    @property
+    def target(self) -> str:
+        return f"localhost:{self.coordinator.port}"
+
+    def node_credentials(self, node: str) -> grpc.ChannelCredentials:
+        return channel_credentials(issue(self.certs, Identity("node", node)))
+
+    def stub(self, node: str) -> tuple[grpc.aio.Channel, Any]:
+        channel = grpc.aio.secure_channel(self.target, self.node_credentials(node))
+        return channel, coordinator_pb2_grpc.CoordinatorStub(channel)
+
+
+@pytest.fixture
+async def coordinator_cluster(
+    redis_factory: Callable[..., EmbeddedRedis], tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[tuple[CoordinatorCluster, Any]]]]:
+    """``await make(session_ttl=.., redis_timeout=.., before_start=async fn(redis_url))`` -> (cluster, fn's result).
+
+    ``before_start`` runs against Redis before the Coordinator starts (so the Coordinator must load it).
+    """
+    running: list[RunningCoordinator] = []
+
+    async def make(
+        session_ttl: float = 30.0,
+        redis_timeout: float = 5.0,
+        before_start: Callable[[str], Awaitable[Any]] | None = None,
+    ) -> tuple[CoordinatorCluster, Any]:
+        redis_server = redis_factory()
+        info = redis_server.read_info()
+        assert info is not None
+        prepared = await before_start(info.url) if before_start is not None else None
+        certs = tmp_path / "certs"
+        init_ca(certs)
+        issue(certs, Identity("coordinator", "main"))
+        config = CoordinatorConfig(
+            listen="127.0.0.1:0",
+            redis_url=info.url,
+            certs_dir=certs,
+            session_ttl_seconds=session_ttl,
+            redis_timeout_seconds=redis_timeout,
+        )
+        coordinator = await start_coordinator(config)
+        running.append(coordinator)
+        return CoordinatorCluster(redis_server, certs, coordinator, config), prepared
+
+    yield make
+    for coordinator in running:
+        await coordinator.stop(grace=None)

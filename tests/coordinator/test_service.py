@@ -6,39 +6,18 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
 
-from adx._certs import Identity, init_ca, issue
 from adx._grpc_errors import from_rpc_error
-from adx._grpc_tls import channel_credentials
-from adx.config import CoordinatorConfig
 from adx.coordinator import CoordinatorStore
-from adx.coordinator._daemon import RunningCoordinator, start_coordinator
-from adx.embedded import EmbeddedRedis
 from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, Resources, new_id
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
 
 GiB = 2**30
-
-
-@dataclass
-class Cluster:
-    redis: EmbeddedRedis
-    certs: Path
-    coordinator: RunningCoordinator
-    config: CoordinatorConfig
-
-    def stub(self, node: str) -> tuple[grpc.aio.Channel, pb_grpc.CoordinatorStub]:
-        paths = issue(self.certs, Identity("node", node))
-        channel = grpc.aio.secure_channel(f"localhost:{self.coordinator.port}", channel_credentials(paths))
-        return channel, pb_grpc.CoordinatorStub(channel)
 
 
 def new_record(node: str, tenant: str = "acme") -> EnvironmentRecord:
@@ -56,7 +35,14 @@ def new_record(node: str, tenant: str = "acme") -> EnvironmentRecord:
     )
 
 
-async def seed(url: str, node: str, count: int) -> list[EnvironmentRecord]:
+def seeder(node: str, count: int):  # type: ignore[no-untyped-def]
+    async def seed(url: str) -> list[EnvironmentRecord]:
+        return await seed_environments(url, node, count)
+
+    return seed
+
+
+async def seed_environments(url: str, node: str, count: int) -> list[EnvironmentRecord]:
     """Environments created through the store before the Coordinator starts (it must load them)."""
     store = CoordinatorStore.from_url(url)
     session = new_id("ses")
@@ -65,36 +51,6 @@ async def seed(url: str, node: str, count: int) -> list[EnvironmentRecord]:
     records = [(await store.create_environment(new_record(node))).record for _ in range(count)]
     await store.close()
     return records
-
-
-@pytest.fixture
-async def make_cluster(
-    redis_factory: Callable[..., EmbeddedRedis], tmp_path: Path
-) -> AsyncIterator[Callable[..., object]]:
-    running: list[RunningCoordinator] = []
-
-    async def make(session_ttl: float = 30.0, redis_timeout: float = 5.0, seed_node: str = "", seeds: int = 0):  # type: ignore[no-untyped-def]
-        redis_server = redis_factory()
-        info = redis_server.read_info()
-        assert info is not None
-        seeded = await seed(info.url, seed_node, seeds) if seed_node else []
-        certs = tmp_path / "certs"
-        init_ca(certs)
-        issue(certs, Identity("coordinator", "main"))
-        config = CoordinatorConfig(
-            listen="127.0.0.1:0",
-            redis_url=info.url,
-            certs_dir=certs,
-            session_ttl_seconds=session_ttl,
-            redis_timeout_seconds=redis_timeout,
-        )
-        coordinator = await start_coordinator(config)
-        running.append(coordinator)
-        return Cluster(redis_server, certs, coordinator, config), seeded
-
-    yield make
-    for coordinator in running:
-        await coordinator.stop(grace=None)
 
 
 async def call(what: str, coro):  # type: ignore[no-untyped-def]
@@ -111,8 +67,8 @@ async def register(stub: pb_grpc.CoordinatorStub, node: str) -> str:
 
 
 @pytest.mark.req("CRD-2", "CRD-4", "SEC-1")
-async def test_inspect_node_serves_the_loaded_catalog_to_its_own_node_only(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    cluster, seeded = await make_cluster(seed_node="n1", seeds=3)
+async def test_inspect_node_serves_the_loaded_catalog_to_its_own_node_only(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster, seeded = await coordinator_cluster(before_start=seeder("n1", 3))
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
     reply = await call("inspect", stub.InspectNode(pb.InspectNodeRequest(node="n1", session=session)))
@@ -131,8 +87,8 @@ async def test_inspect_node_serves_the_loaded_catalog_to_its_own_node_only(make_
 
 
 @pytest.mark.req("SEC-1")
-async def test_a_caller_without_a_client_certificate_is_refused(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    cluster, _ = await make_cluster()
+async def test_a_caller_without_a_client_certificate_is_refused(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster, _ = await coordinator_cluster()
     ca = (cluster.certs / "ca.pem").read_bytes()
     async with grpc.aio.secure_channel(
         f"localhost:{cluster.coordinator.port}", grpc.ssl_channel_credentials(root_certificates=ca)
@@ -142,8 +98,8 @@ async def test_a_caller_without_a_client_certificate_is_refused(make_cluster) ->
 
 
 @pytest.mark.req("CRD-4")
-async def test_inspect_needs_an_unexpired_session_but_not_closed_admission(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    cluster, _ = await make_cluster(session_ttl=0.5)
+async def test_inspect_needs_an_unexpired_session_but_not_closed_admission(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster, _ = await coordinator_cluster(session_ttl=0.5)
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
     capacity = Resources(cpu_millis=1000, memory_bytes=GiB).model_dump_json(by_alias=True)
@@ -166,8 +122,8 @@ async def test_inspect_needs_an_unexpired_session_but_not_closed_admission(make_
 
 
 @pytest.mark.req("CRD-2")
-async def test_catalog_is_served_from_cache_while_redis_is_down(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    cluster, seeded = await make_cluster(seed_node="n1", seeds=2, redis_timeout=1.0)
+async def test_catalog_is_served_from_cache_while_redis_is_down(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster, seeded = await coordinator_cluster(redis_timeout=1.0, before_start=seeder("n1", 2))
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
     cluster.redis.send_signal(signal.SIGKILL)
@@ -193,8 +149,8 @@ async def test_catalog_is_served_from_cache_while_redis_is_down(make_cluster) ->
 
 
 @pytest.mark.req("CRD-2")
-async def test_uncertain_commit_invalidates_the_catalog_until_reloaded(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    cluster, seeded = await make_cluster(seed_node="n1", seeds=1, redis_timeout=0.3)
+async def test_uncertain_commit_invalidates_the_catalog_until_reloaded(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster, seeded = await coordinator_cluster(redis_timeout=0.3, before_start=seeder("n1", 1))
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
     info = cluster.redis.read_info()
@@ -230,8 +186,8 @@ async def test_uncertain_commit_invalidates_the_catalog_until_reloaded(make_clus
     await channel.close()
 
 
-async def test_commit_result_checks_owner_version_and_fields(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    cluster, seeded = await make_cluster(seed_node="n1", seeds=1)
+async def test_commit_result_checks_owner_version_and_fields(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster, seeded = await coordinator_cluster(before_start=seeder("n1", 1))
     env = seeded[0]
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")

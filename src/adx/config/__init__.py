@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from adx.config._base import ConfigError, LoggingConfig, StrictModel, load_model
 from adx.config._coordinator import CoordinatorConfig
 from adx.config._embedded import PostgresServerConfig, RedisServerConfig, UpConfig
+from adx.config._node import NodeConfig
 from adx.execd._config import ExecdConfig
 from adx.sandboxd._config import SandboxdConfig
 
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigError",
     "CoordinatorConfig",
     "LoggingConfig",
+    "NodeConfig",
     "PostgresServerConfig",
     "RedisServerConfig",
     "SandboxdConfig",
@@ -35,6 +37,7 @@ __all__ = [
 COMPONENTS: dict[str, type[BaseModel]] = {
     "up": UpConfig,
     "coordinator": CoordinatorConfig,
+    "node": NodeConfig,
     "execd": ExecdConfig,
     "sandboxd": SandboxdConfig,
 }

@@ -1,0 +1,60 @@
+"""Configuration of ``adx node`` (the adxlet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from adx.config._base import LoggingConfig, StrictModel
+
+
+class AutoResourceSource(StrictModel):
+    """RES-3: read this machine (cgroup-aware CPU and memory, free space on ``disk_path``)."""
+
+    kind: Literal["auto"] = "auto"
+    disk_path: Path = Path("/")
+    valid_for_seconds: float = Field(default=30.0, gt=0, le=86_400)
+
+
+class SandboxdResourceSource(StrictModel):
+    """RES-2: ask sandboxd's Resource call over its Unix socket, after a passing health call."""
+
+    kind: Literal["sandboxd"] = "sandboxd"
+    socket: Path
+    valid_for_seconds: float = Field(default=30.0, gt=0, le=86_400)
+
+
+ResourceSource = Annotated[AutoResourceSource | SandboxdResourceSource, Field(discriminator="kind")]
+
+
+class NodeConfig(StrictModel):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="node name; must match its certificate")
+    listen: str = Field(default="127.0.0.1:7402", description="gRPC for the Coordinator and API server")
+    advertise_address: str = Field(default="", description="host:port others dial (default: listen)")
+    relay_listen: str = Field(default="127.0.0.1:7403", description="the data-plane Relay")
+    coordinator: str = Field(default="localhost:7401", description="host:port of the Coordinator")
+    certs_dir: Path = Path(".adx/certs")
+    state_dir: Path = Path(".adx/node")
+    report_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    rpc_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
+    runtime_ready_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    resource_source: ResourceSource | None = None
+    capacity_file: Path | None = Field(default=None, description="legacy: a JSON capacity file instead of a source")
+    degradation_journal: Path | None = None
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _one_capacity_source(self) -> NodeConfig:
+        # RES-1: a resource source or a legacy capacity file, never both.
+        if self.resource_source is not None and self.capacity_file is not None:
+            raise ValueError("resource_source and capacity_file are mutually exclusive; configure one")
+        return self
+
+    @property
+    def effective_resource_source(self) -> AutoResourceSource | SandboxdResourceSource | None:
+        """The configured source; the default is ``auto`` when neither a source nor a file is set."""
+        if self.resource_source is None and self.capacity_file is None:
+            return AutoResourceSource()
+        return self.resource_source

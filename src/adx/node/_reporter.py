@@ -1,0 +1,152 @@
+"""The node's report loop (NOD-2): register, then every ``report_interval_seconds`` heartbeat and report a
+capacity sample to the Coordinator, through one function whatever the runtime is.
+
+A transport failure closes admission of new Environments locally and keeps the rest going (NOD-6); an
+explicit session rejection requires a fresh registration under a new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from adx._grpc_errors import from_rpc_error
+from adx.errors import AdxError, ConflictError, UnavailableError, UncertainOutcomeError
+from adx.model import new_id
+from adx.node._resources import CapacityTracker
+from adx.proto import coordinator_pb2 as pb
+from adx.proto import coordinator_pb2_grpc as pb_grpc
+
+log = logging.getLogger("adx.node.reporter")
+
+
+@dataclass
+class ReportState:
+    session: str = ""
+    registered: bool = False
+    coordinator_reachable: bool = False
+    last_report_at: float = 0.0
+    reports: int = 0
+    failures: int = 0
+    last_error: str = ""
+    listeners: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+class Reporter:
+    def __init__(
+        self,
+        stub: pb_grpc.CoordinatorAsyncStub,
+        *,
+        node: str,
+        address: str,
+        relay_address: str,
+        tracker: CapacityTracker,
+        interval: float,
+        rpc_timeout: float,
+        checkpoint_capable: bool = False,
+        shared_storage: bool = False,
+    ) -> None:
+        self.stub = stub
+        self.node = node
+        self.address = address
+        self.relay_address = relay_address
+        self.tracker = tracker
+        self.interval = interval
+        self.rpc_timeout = rpc_timeout
+        self.checkpoint_capable = checkpoint_capable
+        self.shared_storage = shared_storage
+        self.state = ReportState()
+
+    @property
+    def admission_open(self) -> bool:
+        """Local admission of new Environments: needs the Coordinator reachable and a fresh sample."""
+        return self.state.registered and self.state.coordinator_reachable and self.tracker.admission_open()
+
+    async def _rpc(self, what: str, call: Awaitable[object]) -> object:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, what) from None
+
+    async def register(self) -> None:
+        """A new process session every registration (fresh identity per process and per re-takeover)."""
+        session = new_id("ses")
+        await self._rpc(
+            "register",
+            self.stub.RegisterNode(
+                pb.RegisterNodeRequest(
+                    node=self.node,
+                    session=session,
+                    address=self.address,
+                    relay_address=self.relay_address,
+                    checkpoint_capable=self.checkpoint_capable,
+                    shared_storage=self.shared_storage,
+                ),
+                timeout=self.rpc_timeout,
+            ),
+        )
+        self.state.session = session
+        self.state.registered = True
+        self.state.coordinator_reachable = True
+        log.info("registered with the coordinator", extra={"node": self.node, "session": session})
+
+    async def report_once(self) -> None:
+        """Heartbeat, then a capacity sample (only once a valid sample exists: RES-6)."""
+        now = time.time()
+        sample = await self.tracker.refresh(now)
+        try:
+            if not self.state.registered:
+                await self.register()
+            await self._rpc(
+                "heartbeat",
+                self.stub.Heartbeat(
+                    pb.HeartbeatRequest(node=self.node, session=self.state.session), timeout=self.rpc_timeout
+                ),
+            )
+            if sample is not None:
+                # A failed read re-sends the old sample with its *original* validity: never renewed (RES-6).
+                await self._rpc(
+                    "report capacity",
+                    self.stub.ReportCapacity(
+                        pb.ReportCapacityRequest(
+                            node=self.node,
+                            session=self.state.session,
+                            capacity_json=sample.capacity.model_dump_json(by_alias=True),
+                            valid_for_seconds=max(sample.valid_until - time.time(), 0.0),
+                            admission_open=self.tracker.admission_open(),
+                        ),
+                        timeout=self.rpc_timeout,
+                    ),
+                )
+            self.state.coordinator_reachable = True
+            self.state.reports += 1
+            self.state.last_report_at = now
+            self.state.last_error = ""
+        except ConflictError as exc:
+            # Session rejected or expired: register again under a new session on the next round.
+            self.state.registered = False
+            self._failed(exc)
+        except (UnavailableError, UncertainOutcomeError) as exc:
+            self.state.coordinator_reachable = False
+            self._failed(exc)
+        except AdxError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: AdxError) -> None:
+        self.state.failures += 1
+        self.state.last_error = str(exc)
+        log.warning("report failed: %s", exc, extra={"node": self.node})
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            await self.report_once()
+            delay = max(self.interval - (time.monotonic() - started), 0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
