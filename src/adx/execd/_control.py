@@ -14,7 +14,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from adx.execd import _protocol as P
@@ -33,14 +32,14 @@ WRITE_TIMEOUT = 10.0
 class ControlClient:
     def __init__(
         self,
-        path: Path,
+        path: str | os.PathLike[str],
         *,
         sandbox_id: str,
         execution_id: str | None,
         activity: Activity,
         coalesce: float = 0.05,
     ) -> None:
-        self.path = path
+        self.path = os.fspath(path)
         self.sandbox_id = sandbox_id
         self.execution_id = execution_id
         self.activity = activity
@@ -86,9 +85,7 @@ class ControlClient:
         delay = RECONNECT_MIN
         while True:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_unix_connection(str(self.path), limit=P.MAX_LINE), 5.0
-                )
+                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path, limit=P.MAX_LINE), 5.0)
             except (OSError, TimeoutError):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)

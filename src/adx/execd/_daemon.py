@@ -28,8 +28,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from adx.execd import _protocol as P
@@ -62,30 +60,51 @@ RUN_FIELDS = frozenset(
 )
 
 
-@dataclass
 class ExecdOptions:
-    socket: Path
-    admin_socket: Path | None = None
-    control_socket: Path | None = None
-    sandbox_id: str = ""
-    execution_id: str | None = None
-    socket_mode: int = 0o600
-    workload: list[str] = field(default_factory=list)
-    workload_cwd: str | None = None
-    exit_with_workload: bool = True
-    probe_command: str | None = None
-    probe_tcp_port: int | None = None
-    probe_interval: float = 5.0
-    probe_timeout: float = 2.0
-    grace_seconds: float = 5.0
-    ring_bytes: int = 1 << 20
-    coalesce_seconds: float = 0.05
+    """Everything execd is told at start. A plain class, not a dataclass: every import costs every sandbox."""
+
+    def __init__(
+        self,
+        socket: str,
+        *,
+        admin_socket: str | None = None,
+        control_socket: str | None = None,
+        sandbox_id: str = "",
+        execution_id: str | None = None,
+        socket_mode: int = 0o600,
+        workload: list[str] | None = None,
+        workload_cwd: str | None = None,
+        exit_with_workload: bool = True,
+        probe_command: str | None = None,
+        probe_tcp_port: int | None = None,
+        probe_interval: float = 5.0,
+        probe_timeout: float = 2.0,
+        grace_seconds: float = 5.0,
+        ring_bytes: int = 1 << 20,
+        coalesce_seconds: float = 0.05,
+    ) -> None:
+        self.socket = socket
+        self.admin_socket = admin_socket
+        self.control_socket = control_socket
+        self.sandbox_id = sandbox_id
+        self.execution_id = execution_id
+        self.socket_mode = socket_mode
+        self.workload = workload or []
+        self.workload_cwd = workload_cwd
+        self.exit_with_workload = exit_with_workload
+        self.probe_command = probe_command
+        self.probe_tcp_port = probe_tcp_port
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
+        self.grace_seconds = grace_seconds
+        self.ring_bytes = ring_bytes
+        self.coalesce_seconds = coalesce_seconds
 
 
-def _unlink(path: Path) -> None:
+def _unlink(path: str) -> None:
     # Local metadata calls take microseconds: not worth a thread hop.
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+        os.unlink(path)
 
 
 def _frame(value: dict[str, Any]) -> bytes:
@@ -134,11 +153,9 @@ class Execd:
         if self.control is not None:
             self.control.emit(message)
 
-    async def _listen(self, path: Path, handler: Any) -> None:
+    async def _listen(self, path: str, handler: Any) -> None:
         _unlink(path)  # a stale socket from a previous execd of this sandbox
-        server = await asyncio.start_unix_server(
-            lambda r, w: serve_connection(r, w, handler), str(path), limit=64 * 1024
-        )
+        server = await asyncio.start_unix_server(lambda r, w: serve_connection(r, w, handler), path, limit=64 * 1024)
         os.chmod(path, self.options.socket_mode)
         self._servers.append(server)
 

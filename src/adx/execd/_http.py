@@ -14,7 +14,6 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = ["BodyReader", "HttpError", "Request", "Response", "serve_connection"]
 
@@ -128,14 +127,41 @@ class BodyReader:
         return value
 
 
+def unquote(text: str, plus: bool = False) -> str:
+    """Percent-decoding as UTF-8 (what urllib.parse.unquote does, without importing it: ~0.5 MiB per sandbox)."""
+    if plus:
+        text = text.replace("+", " ")
+    if "%" not in text:
+        return text
+    parts = text.split("%")
+    out = bytearray(parts[0].encode())
+    for part in parts[1:]:
+        try:
+            out += bytes.fromhex(part[:2]) if len(part) >= 2 else b"%" + part.encode()
+            out += part[2:].encode()
+        except ValueError:
+            out += b"%" + part.encode()
+    return out.decode("utf-8", "replace")
+
+
+def parse_target(target: str) -> tuple[str, dict[str, str]]:
+    """Request target -> (decoded path, query dict; the last value of a repeated key wins)."""
+    path, _, query = target.partition("?")
+    path = path.partition("#")[0]
+    params: dict[str, str] = {}
+    for pair in query.partition("#")[0].split("&"):
+        if pair:
+            key, _, value = pair.partition("=")
+            params[unquote(key, plus=True)] = unquote(value, plus=True)
+    return unquote(path), params
+
+
 class Request:
     def __init__(
         self, method: str, target: str, headers: dict[str, str], body: BodyReader, reader: asyncio.StreamReader
     ) -> None:
         self.method = method
-        split = urlsplit(target)
-        self.path = unquote(split.path)
-        self.query = dict(parse_qsl(split.query, keep_blank_values=True))
+        self.path, self.query = parse_target(target)
         self.headers = headers
         self.body = body
         self._reader = reader

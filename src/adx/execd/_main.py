@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import os
 import sys
-from pathlib import Path
 
 from adx.execd._daemon import Execd, ExecdOptions
 from adx.logs import configure_logging
@@ -33,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="execd",
         description="ADX execd: PID 1 of a sandbox; serves commands and files over HTTP on a Unix socket.",
     )
-    p.add_argument("--socket", required=True, type=Path, help="client HTTP Unix socket to listen on")
-    p.add_argument("--admin-socket", type=Path, help="privileged HTTP socket: activity and admission control")
-    p.add_argument("--control-socket", type=Path, help="sandboxd's per-sandbox control socket to report to")
+    p.add_argument("--socket", required=True, help="client HTTP Unix socket to listen on")
+    p.add_argument("--admin-socket", help="privileged HTTP socket: activity and admission control")
+    p.add_argument("--control-socket", help="sandboxd's per-sandbox control socket to report to")
     p.add_argument("--sandbox-id", default="", help="identity sent in the control hello")
     p.add_argument("--execution-id", default=None, help="execution identity sent in the control hello")
     p.add_argument("--socket-mode", type=_octal, default=0o600, help="mode of the sockets (default 600)")
@@ -69,7 +68,7 @@ def options_from_args(argv: list[str]) -> tuple[ExecdOptions, argparse.Namespace
     if args.probe_tcp_port is not None and not 0 < args.probe_tcp_port < 65536:
         parser.error("--probe-tcp-port must be in 1..65535")
     options = ExecdOptions(
-        socket=args.socket,
+        args.socket,
         admin_socket=args.admin_socket,
         control_socket=args.control_socket,
         sandbox_id=args.sandbox_id,
