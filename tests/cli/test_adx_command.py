@@ -126,3 +126,37 @@ def test_up_detects_reports_and_restarts_a_crashed_server(tmp_path: Path) -> Non
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_up_uses_external_servers_when_given(tmp_path: Path, redis_server, postgres_server) -> None:  # type: ignore[no-untyped-def]
+    state = tmp_path / "state"
+    env = {**os.environ, "ADX_UP__REDIS_URL": redis_server.url, "ADX_UP__POSTGRES_URL": postgres_server.url}
+    proc = subprocess.Popen(
+        [*ADX, "up", "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        while "Press Ctrl-C" not in seen:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else ""
+            seen += line
+        assert f"{redis_server.url}  (external)" in seen
+        assert f"{postgres_server.url}  (external)" in seen
+        assert not (state / "redis").exists() and not (state / "postgres").exists()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_with_an_unreachable_external_server_fails_clearly(tmp_path: Path) -> None:
+    env = {**os.environ, "ADX_UP__REDIS_URL": "redis://127.0.0.1:1/0"}
+    result = subprocess.run(
+        [*ADX, "up", "--state-dir", str(tmp_path / "s")], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 5
+    assert "adx: error: external redis at redis://127.0.0.1:1/0 does not answer" in result.stderr

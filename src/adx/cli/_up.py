@@ -11,6 +11,8 @@ from collections import deque
 from pathlib import Path
 from typing import Annotated
 
+import psycopg
+import redis
 import typer
 
 from adx.cli._app import app, console, fail, setup_logging
@@ -42,9 +44,27 @@ def up(
         fail(exc)
 
 
-def _print_endpoints(servers: list[ManagedServer], state_dir: Path) -> None:
+def _check_external(kind: str, url: str) -> None:
+    """An external server must answer before anything else starts."""
+    try:
+        if kind == "redis":
+            client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+            try:
+                client.ping()
+            finally:
+                client.close()
+        else:
+            with psycopg.connect(url, connect_timeout=5) as conn:
+                conn.execute("SELECT 1")
+    except (redis.RedisError, psycopg.Error) as exc:
+        raise UnavailableError(f"external {kind} at {url} does not answer: {str(exc).strip()}") from None
+
+
+def _print_endpoints(servers: list[ManagedServer], external: dict[str, str], state_dir: Path) -> None:
     # Plain lines, not a table: URLs must never be wrapped or cut when the output is piped or copied.
     console.print(f"[bold]ADX is up[/bold] (state in {state_dir})", soft_wrap=True)
+    for kind, url in external.items():
+        console.print(f"  {kind:<9} {url}  (external)", soft_wrap=True, highlight=False)
     for server in servers:
         info = server.read_info()
         assert info is not None
@@ -56,10 +76,14 @@ def _print_endpoints(servers: list[ManagedServer], state_dir: Path) -> None:
 async def _run(cfg: UpConfig) -> None:
     state_dir = cfg.state_dir.absolute()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    servers: list[ManagedServer] = [
-        EmbeddedRedis(state_dir, cfg.redis),
-        EmbeddedPostgres(state_dir, cfg.postgres),
-    ]
+    external = {kind: url for kind, url in (("redis", cfg.redis_url), ("postgres", cfg.postgres_url)) if url}
+    for kind, url in external.items():
+        await asyncio.to_thread(_check_external, kind, url)
+    servers: list[ManagedServer] = []
+    if cfg.redis_url is None:
+        servers.append(EmbeddedRedis(state_dir, cfg.redis))
+    if cfg.postgres_url is None:
+        servers.append(EmbeddedPostgres(state_dir, cfg.postgres))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -70,7 +94,7 @@ async def _run(cfg: UpConfig) -> None:
             with console.status(f"starting {server.kind} ..."):
                 await asyncio.to_thread(server.start)
             started.append(server)
-        _print_endpoints(servers, state_dir)
+        _print_endpoints(servers, external, state_dir)
         await _supervise(servers, cfg, stop)
     finally:
         for server in reversed(started):

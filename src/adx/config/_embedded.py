@@ -41,5 +41,11 @@ class UpConfig(StrictModel):
     logging: LoggingConfig = LoggingConfig()
     redis: RedisServerConfig = RedisServerConfig()
     postgres: PostgresServerConfig = PostgresServerConfig()
+    redis_url: str | None = Field(
+        default=None, pattern=r"^(redis|rediss|unix)://", description="use this Redis instead of an embedded one"
+    )
+    postgres_url: str | None = Field(
+        default=None, pattern=r"^postgres(ql)?://", description="use this PostgreSQL instead of an embedded one"
+    )
     health_interval_seconds: float = Field(default=1.0, gt=0, le=60)
     max_restarts_per_minute: int = Field(default=5, ge=0, le=100)
