@@ -1,0 +1,213 @@
+"""execd: command round trip, HTTP overhead, start-up and idle memory, each beside a same-run baseline.
+
+    uv run python bench/bench_execd.py [--n 300]
+
+Figures and their baselines (all in this run, same machine):
+- ``true`` run through execd's socket (POST /v1/commands, full NDJSON stream read) beside
+  ``subprocess.run(["true"])`` in this process (the cost of the process itself);
+- execd's HTTP round trip (GET /v1/health) beside a bare HTTP responder on the same kind of Unix socket
+  (an asyncio server answering a fixed response: the floor of any HTTP-over-UDS server in Python);
+- execd start-up to first answered request beside a bare ``python -c pass`` interpreter start;
+- execd idle RSS beside a bare interpreter's RSS.
+One client connection per figure, kept alive, raw socket client (no HTTP library overhead in the numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _harness import emit, progress, summarize, time_calls
+
+BARE_SERVER = r"""
+import asyncio, os, sys
+BODY = b'{"status":"ok"}'
+RESP = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+async def handle(r, w):
+    while True:
+        try:
+            await r.readuntil(b"\r\n\r\n")
+        except Exception:
+            break
+        w.write(RESP)
+        await w.drain()
+    w.close()
+async def main():
+    server = await asyncio.start_unix_server(handle, sys.argv[1])
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+class RawClient:
+    """Minimal keep-alive HTTP/1.1 client: enough to read fixed-length and chunked responses."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.buf = b""
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed")
+        self.buf += data
+
+    def _until(self, marker: bytes) -> bytes:
+        while marker not in self.buf:
+            self._fill()
+        head, _, self.buf = self.buf.partition(marker)
+        return head
+
+    def _exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def request(self, method: str, path: str, body: bytes = b"") -> bytes:
+        self.sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        head = self._until(b"\r\n\r\n").decode("latin-1").lower()
+        if "transfer-encoding: chunked" in head:
+            out = b""
+            while True:
+                size = int(self._until(b"\r\n").split(b";")[0], 16)
+                if size == 0:
+                    self._until(b"\r\n")
+                    return out
+                out += self._exact(size)
+                self._exact(2)
+        length = int(head.split("content-length:")[1].split("\r\n")[0])
+        return self._exact(length)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def wait_socket(path: str, timeout: float = 10.0) -> float:
+    """Seconds until a request on ``path`` is answered."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        with contextlib.suppress(OSError):
+            client = RawClient(path)
+            try:
+                client.request("GET", "/v1/health")
+                return time.perf_counter() - start
+            finally:
+                client.close()
+        time.sleep(0.001)
+    raise RuntimeError(f"{path} did not answer")
+
+
+def start_execd(tmp: str, tag: str) -> tuple[subprocess.Popen[bytes], str, float]:
+    sock = f"{tmp}/s{tag}"
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adx.execd", "--socket", sock, "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    # The socket file appears at bind(), a moment before listen(): retry until a request is answered.
+    wait_socket(sock)
+    return proc, sock, time.perf_counter() - start
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--starts", type=int, default=15)
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bx", dir="/tmp")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        progress("start-up")
+        starts = []
+        for i in range(args.starts):
+            proc, _, seconds = start_execd(tmp, f"st{i}")
+            starts.append(seconds)
+            stop(proc)
+        bare_starts = time_calls(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), args.starts)
+
+        proc, sock, _ = start_execd(tmp, "main")
+        procs.append(proc)
+        time.sleep(0.3)
+        idle_rss = rss_kib(proc.pid)
+        bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        procs.append(bare)
+        time.sleep(0.3)
+        bare_rss = rss_kib(bare.pid)
+
+        progress("command round trips")
+        client = RawClient(sock)
+        body = b'{"argv":["true"]}'
+
+        def run_true() -> None:
+            out = client.request("POST", "/v1/commands", body)
+            if b'"exitCode":0' not in out:
+                raise RuntimeError(out)
+
+        through_execd = time_calls(run_true, args.n, warmup=20)
+        direct = time_calls(lambda: subprocess.run(["true"], check=True), args.n, warmup=20)
+        execd_http = time_calls(lambda: client.request("GET", "/v1/health"), args.n, warmup=50)
+        client.close()
+
+        bare_sock = f"{tmp}/bare"
+        bare_server = subprocess.Popen([sys.executable, "-c", BARE_SERVER, bare_sock])
+        procs.append(bare_server)
+        wait_socket(bare_sock)
+        bare_client = RawClient(bare_sock)
+        bare_http = time_calls(lambda: bare_client.request("GET", "/v1/health"), args.n, warmup=50)
+        bare_client.close()
+
+        emit(
+            "execd",
+            {
+                "true_through_execd": summarize(through_execd),
+                "baseline_subprocess_run_true": summarize(direct),
+                "execd_http_round_trip_health": summarize(execd_http),
+                "baseline_bare_asyncio_http_uds_round_trip": summarize(bare_http),
+                "execd_start_to_first_answer": summarize(starts),
+                "baseline_python_c_pass": summarize(bare_starts),
+                "execd_idle_rss_mib": round(idle_rss / 1024, 2),
+                "baseline_bare_python_rss_mib": round(bare_rss / 1024, 2),
+            },
+        )
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
