@@ -549,10 +549,11 @@ class AgentStore:
                 (key.tenant_id, key.run_id, seq),
             )
             wake = [dict(r) for r in await cur.fetchall()]
-        # Node attempts at this step by lower fences that never finished died with their worker.
+        # Node attempts at this step by lower fences that never finished died with their worker. Model and
+        # tool attempts stay 'started': their outcome is unknown, and the tool's idempotency decides.
         await conn.execute(
             "UPDATE adx_agent_attempts SET status = 'abandoned', finished_at = now() WHERE tenant_id = %s"
-            " AND run_id = %s AND step = %s AND status = 'started' AND fence < %s",
+            " AND run_id = %s AND step = %s AND kind = 'node' AND status = 'started' AND fence < %s",
             (key.tenant_id, key.run_id, seq, fence),
         )
         cur = await conn.execute(
