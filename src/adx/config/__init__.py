@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from adx.agents._config import AgentWorkerConfig
 from adx.config._base import ConfigError, LoggingConfig, StrictModel, load_model
 from adx.config._coordinator import CoordinatorConfig
 from adx.config._embedded import PostgresServerConfig, RedisServerConfig, UpConfig
@@ -36,6 +37,7 @@ __all__ = [
 #: Component name (as on the command line) -> its configuration model. Later components register here.
 COMPONENTS: dict[str, type[BaseModel]] = {
     "up": UpConfig,
+    "agent-worker": AgentWorkerConfig,
     "coordinator": CoordinatorConfig,
     "node": NodeConfig,
     "execd": ExecdConfig,
