@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -75,9 +74,7 @@ class RawClient:
         return data
 
     def request(self, method: str, path: str, body: bytes = b"") -> bytes:
-        self.sock.sendall(
-            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-        )
+        self.sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         head = self._until(b"\r\n\r\n").decode("latin-1").lower()
         if "transfer-encoding: chunked" in head:
             out = b""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -9,10 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from adx.execd import _protocol as P
+
+STEP = 5.0  # every wait in the async tests is bounded
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
@@ -92,3 +98,50 @@ def run(client: httpx.Client, **body: Any) -> tuple[list[dict[str, Any]], dict[s
 
 def joined(frames: list[dict[str, Any]], stream: str) -> str:
     return "".join(f["data"] for f in frames if f["stream"] == stream)
+
+
+class Subscriber:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.states: dict[str, Any] = {}
+        self.deltas: list[dict[str, Any]] = []
+
+    @classmethod
+    async def connect(cls, path: Path) -> tuple[Subscriber, dict[str, Any]]:
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=P.MAX_LINE)
+        sub = cls(reader, writer)
+        snapshot = await sub.next()
+        assert snapshot["type"] == "snapshot"
+        sub.states = dict(snapshot["sandboxes"])
+        return sub, snapshot
+
+    async def next(self, seconds: float = STEP) -> dict[str, Any]:
+        line = await asyncio.wait_for(self.reader.readline(), seconds)
+        assert line, "subscription closed"
+        message = json.loads(line)
+        if message["type"] == "delta":
+            self.deltas.append(message)
+            if message["state"] is None:
+                self.states.pop(message["sandboxId"], None)
+            else:
+                self.states[message["sandboxId"]] = message["state"]
+        return message
+
+    async def until(self, predicate: Callable[[dict[str, Any]], bool], seconds: float = STEP) -> None:
+        """Consume messages until ``predicate(self.states)`` holds."""
+        async with asyncio.timeout(seconds):
+            while not predicate(self.states):
+                await self.next(seconds)
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.writer.write(P.encode(message))
+        await self.writer.drain()
+        async with asyncio.timeout(STEP):
+            while True:
+                reply = await self.next()
+                if reply["type"] == "reply" and reply.get("requestId") == message.get("requestId"):
+                    return reply
+
+    def close(self) -> None:
+        self.writer.close()

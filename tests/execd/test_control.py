@@ -7,7 +7,6 @@ execd's real ``ControlClient`` reporters in this process (same code, same socket
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -18,61 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
-from execd_helpers import ExecdProcess
+from execd_helpers import STEP, ExecdProcess, Subscriber
 
 from adx.execd import _protocol as P
 from adx.execd._activity import Activity
 from adx.execd._control import ControlClient
 from adx.execd._control_hub import ControlHub
-
-STEP = 5.0  # every wait in these tests is bounded
-
-
-class Subscriber:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.states: dict[str, Any] = {}
-        self.deltas: list[dict[str, Any]] = []
-
-    @classmethod
-    async def connect(cls, path: Path) -> tuple[Subscriber, dict[str, Any]]:
-        reader, writer = await asyncio.open_unix_connection(str(path), limit=P.MAX_LINE)
-        sub = cls(reader, writer)
-        snapshot = await sub.next()
-        assert snapshot["type"] == "snapshot"
-        sub.states = dict(snapshot["sandboxes"])
-        return sub, snapshot
-
-    async def next(self, seconds: float = STEP) -> dict[str, Any]:
-        line = await asyncio.wait_for(self.reader.readline(), seconds)
-        assert line, "subscription closed"
-        message = json.loads(line)
-        if message["type"] == "delta":
-            self.deltas.append(message)
-            if message["state"] is None:
-                self.states.pop(message["sandboxId"], None)
-            else:
-                self.states[message["sandboxId"]] = message["state"]
-        return message
-
-    async def until(self, predicate: Callable[[dict[str, Any]], bool], seconds: float = STEP) -> None:
-        """Consume messages until ``predicate(self.states)`` holds."""
-        async with asyncio.timeout(seconds):
-            while not predicate(self.states):
-                await self.next(seconds)
-
-    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
-        self.writer.write(P.encode(message))
-        await self.writer.drain()
-        async with asyncio.timeout(STEP):
-            while True:
-                reply = await self.next()
-                if reply["type"] == "reply" and reply.get("requestId") == message.get("requestId"):
-                    return reply
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def async_client(execd: ExecdProcess, admin: bool = False) -> httpx.AsyncClient:

@@ -1,0 +1,72 @@
+"""How a sandbox runtime (sandboxd) starts execd as a sandbox's PID 1.
+
+execd needs only the standard library of any Python >= 3.11 plus a handful of ADX modules, so a sandbox whose
+image has ``python3`` (the default image binds the host's ``/usr``) can run it from a small directory:
+:func:`install_runtime` copies exactly those modules; :func:`init_argv` builds the PID 1 command line.
+"""
+
+from __future__ import annotations
+
+import py_compile
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["RUNTIME_MODULES", "init_argv", "install_runtime"]
+
+#: The files ``python -m adx.execd`` imports (relative to the directory that holds the ``adx`` package).
+RUNTIME_MODULES = (
+    "adx/__init__.py",
+    "adx/logs.py",
+    "adx/execd/__init__.py",
+    "adx/execd/__main__.py",
+    "adx/execd/_main.py",
+    "adx/execd/_daemon.py",
+    "adx/execd/_http.py",
+    "adx/execd/_files.py",
+    "adx/execd/_procs.py",
+    "adx/execd/_activity.py",
+    "adx/execd/_control.py",
+    "adx/execd/_protocol.py",
+)
+
+_SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def install_runtime(dest: Path, *, compile_bytecode: bool = True) -> Path:
+    """Copy execd's modules under ``dest`` (to be put on ``PYTHONPATH`` inside the sandbox); return ``dest``.
+
+    With ``compile_bytecode`` the ``.pyc`` files are written too (valid for interpreters of this one's minor
+    version, e.g. the image's python3.11): otherwise every sandbox start compiles them again (~100 ms).
+    """
+    for rel in RUNTIME_MODULES:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_SOURCE_ROOT / rel, target)
+        if compile_bytecode:
+            py_compile.compile(str(target), doraise=True)
+    return dest
+
+
+def init_argv(
+    *,
+    python: str = "python3",
+    socket: str = "/run/adx/execd.sock",
+    control_socket: str | None = "/run/adx/control.sock",
+    sandbox_id: str = "",
+    execution_id: str | None = None,
+    workload: Sequence[str] = (),
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv of execd as PID 1 (paths as seen inside the sandbox)."""
+    argv = [python, "-m", "adx.execd", "--socket", socket]
+    if control_socket:
+        argv += ["--control-socket", control_socket]
+    if sandbox_id:
+        argv += ["--sandbox-id", sandbox_id]
+    if execution_id:
+        argv += ["--execution-id", execution_id]
+    argv += list(extra)
+    if workload:
+        argv += ["--", *workload]
+    return argv
