@@ -10,9 +10,15 @@ import pytest
 from sbx_helpers import DaemonFactory
 
 
+@pytest.fixture(scope="session")
+def sandbox_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One default image for the session: it is a read-only lower layer, so daemons may share it."""
+    return tmp_path_factory.mktemp("sandbox-images")
+
+
 @pytest.fixture
-def sandboxd(tmp_path: Path) -> Iterator[DaemonFactory]:
-    factory = DaemonFactory(tmp_path)
+def sandboxd(tmp_path: Path, sandbox_images: Path) -> Iterator[DaemonFactory]:
+    factory = DaemonFactory(tmp_path, sandbox_images)
     try:
         yield factory
     finally:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,13 @@ def cleanup_cgroup_parent(parent: str) -> None:
             base.rmdir()
 
 
+def remove_sandbox_cgroup(parent: str, sandbox_id: str) -> None:
+    """rmdir one (empty) sandbox cgroup in every hierarchy."""
+    for root in _hierarchy_roots():
+        with contextlib.suppress(FileNotFoundError):
+            (root / parent / sandbox_id).rmdir()
+
+
 class Daemon:
     """One sandboxd instance on its own state dir, run as a real subprocess (so SIGKILL is real)."""
 
@@ -91,7 +99,15 @@ class Daemon:
             if isinstance(value, dict):
                 continue
             lines.append(f"{key} = {_toml(value)}")
+        tables: dict[str, dict[str, Any]] = {
+            # Generous CPU capacity (quotas overcommit), small default sandboxes: tests run many at once.
+            "capacity": {"cpu_millis": 1_000_000},
+            "defaults": {"cpu_millis": 250, "memory_bytes": 128 << 20, "tmp_bytes": 16 << 20},
+        }
         for key, value in {**self.extra, **overrides}.items():
+            if isinstance(value, dict):
+                tables[key] = {**tables.get(key, {}), **value}
+        for key, value in tables.items():
             if isinstance(value, dict):
                 lines.append(f"[{key}]")
                 lines += [f"{k} = {_toml(v)}" for k, v in value.items()]
@@ -113,13 +129,22 @@ class Daemon:
     def start(self, env: dict[str, str] | None = None, timeout: float = 30.0) -> Daemon:
         proc = self.spawn(env)
         deadline = time.monotonic() + timeout
-        while not self.socket.exists():
+        while not self._accepting():
             if proc.poll() is not None:
                 raise AssertionError(f"sandboxd exited with {proc.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"sandboxd did not start within {timeout}s:\n{self.log()}")
             time.sleep(0.01)
         return self
+
+    def _accepting(self) -> bool:
+        # A SIGKILLed predecessor leaves its socket file behind: readiness is a successful connect.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(str(self.socket))
+            except OSError:
+                return False
+        return True
 
     def run_to_exit(self, timeout: float = 30.0) -> tuple[int, str]:
         """Start a daemon expected to refuse; return (exit status, its output)."""
@@ -170,12 +195,15 @@ def _toml(value: Any) -> str:
 
 
 class DaemonFactory:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, images_dir: Path | None = None) -> None:
         self.base = base
+        self.images_dir = images_dir
         self.parent = f"adx-test-{uuid.uuid4().hex[:10]}"
         self.daemons: list[Daemon] = []
 
     def __call__(self, name: str = "d1", start: bool = True, **extra: Any) -> Daemon:
+        if self.images_dir is not None:
+            extra.setdefault("images_dir", str(self.images_dir))
         daemon = Daemon(self.base / name, f"{self.parent}/{name}", extra)
         self.daemons.append(daemon)
         if start:

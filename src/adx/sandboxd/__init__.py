@@ -6,28 +6,31 @@ daemon entry used by ``adx sandboxd``).
 
 from __future__ import annotations
 
-# adx.config registers SandboxdConfig from this package: load it first so the import cycle resolves.
-import adx.config  # noqa: F401
-from adx.sandboxd._client import SandboxdClient, ref_of
-from adx.sandboxd._config import CapacityConfig, DefaultsConfig, SandboxdConfig
-from adx.sandboxd._errors import PermissionDeniedError
-from adx.sandboxd._models import (
-    CheckpointInfo,
-    CreateRequest,
-    CreateResponse,
-    DeleteResponse,
-    ExitStatus,
-    Health,
-    ResourceInfo,
-    Resources,
-    ResourcesSpec,
-    RestoreRequest,
-    SandboxInfo,
-    SandboxRef,
-    Stats,
-    WaitResponse,
-)
-from adx.sandboxd._states import State
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adx.sandboxd._client import SandboxdClient, ref_of
+    from adx.sandboxd._config import CapacityConfig, DefaultsConfig, SandboxdConfig
+    from adx.sandboxd._daemon import run
+    from adx.sandboxd._errors import PermissionDeniedError
+    from adx.sandboxd._models import (
+        CheckpointInfo,
+        CreateRequest,
+        CreateResponse,
+        DeleteResponse,
+        ExitStatus,
+        Health,
+        ResourceInfo,
+        Resources,
+        ResourcesSpec,
+        RestoreRequest,
+        SandboxInfo,
+        SandboxRef,
+        Stats,
+        WaitResponse,
+    )
+    from adx.sandboxd._states import State
 
 __all__ = [
     "CapacityConfig",
@@ -54,8 +57,29 @@ __all__ = [
     "run",
 ]
 
+# Public names resolve lazily (PEP 562): the spawner and supervisors import only the few native modules
+# they need and start fast, instead of pulling in the whole configuration registry.
+_WHERE = {
+    "SandboxdClient": "_client",
+    "ref_of": "_client",
+    "CapacityConfig": "_config",
+    "DefaultsConfig": "_config",
+    "SandboxdConfig": "_config",
+    "PermissionDeniedError": "_errors",
+    "State": "_states",
+}
 
-def run(config: SandboxdConfig) -> int:
-    from adx.sandboxd._daemon import run as _run
 
-    return _run(config)
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(name)
+    # adx.config registers SandboxdConfig from this package: load it first so the import cycle resolves.
+    import adx.config  # noqa: F401
+
+    if name == "run":
+        from adx.sandboxd._daemon import run
+
+        return run
+
+    module = importlib.import_module(f"adx.sandboxd.{_WHERE.get(name, '_models')}")
+    return getattr(module, name)

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+# Import through adx.config (or adx.sandboxd) rather than this module first: adx.config registers this
+# model, so it must be initialised before us.
 from adx.config._base import LoggingConfig, StrictModel
 
 __all__ = ["CapacityConfig", "DefaultsConfig", "SandboxdConfig"]

@@ -93,6 +93,9 @@ class ApiServer:
             self._server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        # Python 3.11's server leaves the socket file; a stale file would look like a live daemon.
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -45,6 +45,11 @@ REGISTRY_VERSION = 2
 _KEEP_AFTER_RECLAIM = frozenset({TOMBSTONE_FILE, LOCK_FILE})
 
 
+def _ignore_missing(func: Any, path: str, exc_info: Any) -> None:
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
+
+
 class RegistryError(AdxError):
     """The registry on disk cannot be used as is; the daemon refuses to start and changes nothing."""
 
@@ -316,9 +321,9 @@ class Registry:
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 # The overlay work dir holds a mode-000 "work" dir; as root rmtree handles it.
-                shutil.rmtree(entry)
+                shutil.rmtree(entry, ignore_errors=False, onerror=_ignore_missing)
             else:
-                entry.unlink()
+                entry.unlink(missing_ok=True)
         fsync_dir(sdir)
 
     def needs_reclaim(self, sandbox_id: str) -> bool:

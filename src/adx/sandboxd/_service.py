@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+import adx.config  # noqa: F401 - initialise the config registry first (it imports our _config)
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -828,7 +829,12 @@ class SandboxService:
                     except AdxError as exc:
                         self._defer(f"delete of {rec.sandbox_id}: {exc}")
             for sandbox_id in list(self.pending_reclaim):
-                await asyncio.to_thread(self._try_reclaim, sandbox_id)
+                lock = self._lock(sandbox_id)
+                if lock.locked():
+                    continue  # a delete is reclaiming it right now
+                async with lock:
+                    if sandbox_id in self.pending_reclaim:
+                        await asyncio.to_thread(self._try_reclaim, sandbox_id)
             if time.monotonic() - last_resource >= self.config.resource_refresh_seconds:
                 last_resource = time.monotonic()
                 await asyncio.to_thread(self._refresh_resource)

@@ -1,0 +1,128 @@
+"""Restart recovery of sandboxd: SIGKILL while sandboxes run, SIGKILL in the middle of Delete, normal stop."""
+# ruff: noqa: ASYNC240 - the tests inspect host files between awaits; a blocking stat in a test is harmless
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from sbx_helpers import DaemonFactory, remove_sandbox_cgroup, wait_until
+
+from adx.errors import ConflictError, NotFoundError, UncertainOutcomeError
+from adx.sandboxd import CreateRequest, State, ref_of
+
+SLEEPER = ["/bin/sh", "-c", "(setsid sleep 1000 &) ; sleep 1000"]
+
+
+def _kill_cgroup(d: object, sandbox_id: str) -> None:
+    # What an OOM killer or an operator could do while sandboxd is down: end the workload natively.
+    (d.v2_cgroup(sandbox_id) / "cgroup.kill").write_text("1")  # type: ignore[attr-defined]
+
+
+@pytest.mark.req("SBX-1", "SBX-10", "SBX-11", "SBX-6", "SBX-8")
+async def test_sigkill_restart_keeps_running_sandboxes_and_reports_dead_and_missing_ones(
+    sandboxd: DaemonFactory,
+) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = [
+            await c.create(CreateRequest(request_id=f"r{i}", argv=SLEEPER, metadata={"n": str(i)})) for i in range(4)
+        ]
+        owner = (await c.health()).owner
+    refs = [ref_of(x) for x in created]
+    ids = [x.sandbox.sandbox_id for x in created]
+    for sid in ids:
+        wait_until(lambda sid=sid: len(d.cgroup_procs(sid)) >= 2)
+    d.kill()  # SIGKILL: no shutdown code runs
+
+    # While sandboxd is down: sandbox 2's processes die; sandbox 3 dies and its cgroup vanishes.
+    _kill_cgroup(d, ids[2])
+    _kill_cgroup(d, ids[3])
+    wait_until(lambda: (d.sandbox_dir(ids[2]) / "exit.json").exists())
+    wait_until(lambda: (d.sandbox_dir(ids[3]) / "exit.json").exists())
+    wait_until(lambda: not d.cgroup_procs(ids[3]))
+    remove_sandbox_cgroup(d.cgroup_parent, ids[3])  # "vanished" within the same boot, no tombstone (SBX-8)
+
+    d.start()
+    async with d.client() as c:
+        assert (await c.health()).owner == owner  # same owner kept (SBX-2)
+        listed = {s.sandbox_id: s for s in await c.list()}
+        assert set(listed) == set(ids)
+        for ref in refs[:2]:
+            info = await c.get(ref)  # the old tokens still work
+            assert info.state == State.RUNNING
+            assert len(d.cgroup_procs(ref.sandbox_id)) >= 2
+        dead = await c.get(refs[2])
+        assert dead.state == State.TERMINATED
+        assert dead.exit is not None and dead.exit.signal == 9
+        missing = await c.get(refs[3])
+        assert missing.state == State.FAILED and "missing" in (missing.reason or "")
+        # Terminated and missing sandboxes stay visible and reserved until an explicit delete.
+        res = await c.resource()
+        assert res.reserved.memory_bytes == sum(x.sandbox.resources.memory_bytes for x in created)
+        # Startup neither restarted the dead workload nor adopted anything.
+        assert not d.cgroup_procs(ids[2])
+        for ref in refs:
+            await c.delete(ref)
+        assert (await c.resource()).reserved.memory_bytes == 0
+        assert await c.list() == []
+
+
+@pytest.mark.req("SBX-11")
+async def test_normal_stop_leaves_sandboxes_running_and_restart_reconnects(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="r", argv=SLEEPER))
+    sid = created.sandbox.sandbox_id
+    procs = wait_until(lambda: len(d.cgroup_procs(sid)) >= 2 and d.cgroup_procs(sid))
+    d.stop()  # SIGTERM: a normal shutdown
+    assert d.proc is not None and d.proc.returncode == 0
+    assert d.cgroup_procs(sid) == procs  # nothing was killed or restarted
+    d.start()
+    async with d.client() as c:
+        info = await c.get(ref_of(created))
+        assert info.state == State.RUNNING and info.native == created.sandbox.native
+        assert d.cgroup_procs(sid) == procs
+        await c.delete(ref_of(created))
+
+
+@pytest.mark.req("SBX-7", "SBX-12", "SBX-5", "SBX-10")
+async def test_sigkill_mid_delete_completes_on_restart_with_tombstone_and_refuses_id_reuse(
+    sandboxd: DaemonFactory,
+) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="r", sandbox_id="victim", argv=SLEEPER))
+        keeper = await c.create(CreateRequest(request_id="k", argv=SLEEPER))
+    sid = "victim"
+    procs = wait_until(lambda: len(d.cgroup_procs(sid)) >= 3 and d.cgroup_procs(sid))
+    d.stop()
+    # Restart with a fault point: sandboxd SIGKILLs itself right after persisting the Stopping intent.
+    d.start(env={"ADX_SANDBOXD_FAULTS": "delete.after_intent"})
+    async with d.client() as c:
+        with pytest.raises(UncertainOutcomeError):
+            await c.delete(ref_of(created))
+    assert d.proc is not None and d.proc.wait(10) == -9
+    record = json.loads((d.sandbox_dir(sid) / "record.json").read_text())
+    assert record["record"]["state"] == "stopping"  # the durable intent
+    assert d.cgroup_procs(sid) == procs  # nothing killed yet: the crash came first
+    assert not (d.sandbox_dir(sid) / "tombstone.json").exists()
+
+    d.start()  # startup retries the Stopping record before it serves anything
+    async with d.client() as c:
+        for pid in procs:
+            assert not Path(f"/proc/{pid}/cmdline").exists() or not Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert not d.v2_cgroup(sid).exists()
+        tomb = json.loads((d.sandbox_dir(sid) / "tombstone.json").read_text())
+        assert tomb["sandbox_id"] == sid and tomb["generation"] == 1
+        assert sorted(os.listdir(d.sandbox_dir(sid))) == ["lifecycle.lock", "tombstone.json"]
+        res = await c.resource()
+        assert res.reserved.memory_bytes == keeper.sandbox.resources.memory_bytes  # released only after empty
+        with pytest.raises(NotFoundError):
+            await c.get(ref_of(created))
+        with pytest.raises(ConflictError, match="never reused"):
+            await c.create(CreateRequest(request_id="again", sandbox_id=sid, argv=SLEEPER))
+        assert (await c.get(ref_of(keeper))).state == State.RUNNING
+        await c.delete(ref_of(keeper))
