@@ -9,6 +9,7 @@ PID 1 is a tiny shell that waits for them and then ``exec``s execd (same PID 1).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -97,5 +98,70 @@ async def test_execd_is_pid1_of_a_real_sandbox(sandboxd: DaemonFactory, short_di
             f"sandbox create -> execd Ready {ready_after * 1000:.0f} ms (create call {create_took * 1000:.0f} ms, "
             f"execd modules in place -> Ready {exec_to_ready * 1000:.0f} ms)"
         )
+    finally:
+        await hub.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.req("CTL-2", "CTL-3")
+async def test_fifty_real_sandboxes_one_subscription(sandboxd: DaemonFactory, short_dir: Path) -> None:
+    """50 sandboxes, each with execd as PID 1: one snapshot with all 50, then only the touched one's deltas;
+    a deleted sandbox's observation is cleared; a new subscription starts with a fresh full snapshot."""
+    count = 50
+    d = sandboxd()
+    hub = ControlHub(short_dir / "node.sock")
+    await hub.start()
+    try:
+        async with d.client() as c:
+            refs = {}
+
+            async def create(i: int) -> Path:
+                sid = f"ex{i:02d}"
+                execd = init_argv(python="/usr/bin/python3", sandbox_id=sid)
+                created = await c.create(
+                    CreateRequest(
+                        request_id=sid,
+                        sandbox_id=sid,
+                        argv=["sleep", "1000"],
+                        init_argv=["/bin/sh", "-c", WAIT_THEN_EXEC, "sh", *execd],
+                        env={"PYTHONPATH": "/run/adx/py", "PATH": "/usr/local/bin:/usr/bin:/bin"},
+                        resources=ResourcesSpec(memory_bytes=64 << 20),
+                    )
+                )
+                refs[sid] = ref_of(created)
+                run_dir = Path(created.sandbox.run_dir)
+                await hub.add_sandbox(sid, run_dir / "control.sock")
+                install_runtime(run_dir / "py")
+                (run_dir / "py" / "ready").touch()
+                return run_dir
+
+            run_dirs = await asyncio.gather(*(create(i) for i in range(count)))
+            async with asyncio.timeout(60):
+                while sum(1 for s in hub.snapshot().values() if s["ready"]) < count:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+
+            sub, snapshot = await Subscriber.connect(hub.subscribe_path)
+            assert len(snapshot["sandboxes"]) == count, "one snapshot with all 50"
+            assert all(state["ready"] for state in snapshot["sandboxes"].values())
+
+            transport = httpx.AsyncHTTPTransport(uds=str(run_dirs[7] / "execd.sock"))
+            async with httpx.AsyncClient(transport=transport, base_url="http://execd", timeout=10) as client:
+                for _ in range(3):
+                    assert (await client.post("/v1/commands", json={"argv": ["true"]})).status_code == 200
+            await sub.until(lambda s: s["ex07"]["activity"]["version"] == 6)
+            with pytest.raises(TimeoutError):
+                await sub.next(seconds=0.3)
+            assert {m["sandboxId"] for m in sub.deltas} == {"ex07"}, "only the touched sandbox's deltas"
+            assert len(sub.deltas) < 6, "six version bumps are coalesced"
+
+            await c.delete(refs["ex09"])
+            await sub.until(lambda s: "ex09" not in s, seconds=15)
+            assert sub.deltas[-1]["sandboxId"] == "ex09" and sub.deltas[-1]["state"] is None
+            sub.close()
+
+            sub2, snapshot2 = await Subscriber.connect(hub.subscribe_path)
+            assert sorted(snapshot2["sandboxes"]) == sorted(f"ex{i:02d}" for i in range(count) if i != 9)
+            assert snapshot2["sandboxes"]["ex07"]["activity"]["version"] == 6
+            sub2.close()
     finally:
         await hub.stop()
