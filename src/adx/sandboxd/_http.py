@@ -104,6 +104,13 @@ class ApiServer:
                 log.warning("refused peer", extra={"peer_pid": pid, "peer_uid": uid})
                 exc = PermissionDeniedError(f"peer uid {uid} is not allowed (sandboxd runs as uid {self.allowed_uid})")
                 await self._respond(writer, *_error_body(exc), keep_alive=False)
+                # Half-close, then swallow what the peer already sent: closing with unread bytes makes the
+                # kernel send RST, which can destroy the refusal before the peer reads it.
+                with contextlib.suppress(Exception):
+                    writer.write_eof()
+                    async with asyncio.timeout(1.0):
+                        while await reader.read(65536):
+                            pass
                 return
             while True:
                 keep = await self._one_request(reader, writer)
