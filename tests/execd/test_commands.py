@@ -203,3 +203,14 @@ def test_keep_alive_connection_serves_many_requests(execd: ExecdProcess) -> None
         for _ in range(20):
             _, end = run(client, argv=["true"])
             assert end["exitCode"] == 0
+
+
+def test_unset_env_keeps_execd_private_variables_out_of_commands(
+    execd_factory: Callable[..., ExecdProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXECD_PRIVATE", "secret")
+    monkeypatch.setenv("SHARED", "visible")
+    execd = execd_factory("--unset-env", "EXECD_PRIVATE")
+    with execd.client() as client:
+        frames, _ = run(client, command="echo ${EXECD_PRIVATE-unset} $SHARED")
+    assert joined(frames, "stdout") == "unset visible\n"

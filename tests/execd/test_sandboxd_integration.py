@@ -10,6 +10,7 @@ PID 1 is a tiny shell that waits for them and then ``exec``s execd (same PID 1).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -80,9 +81,14 @@ async def test_execd_is_pid1_of_a_real_sandbox(sandboxd: DaemonFactory, short_di
                 health = (await client.get("/v1/health")).json()
                 assert health["pid"] == 1, "execd is the sandbox's PID 1"
                 assert health["workload"]["state"] == "running"
-                resp = await client.post("/v1/commands", json={"command": "echo $$; ls /proc | grep -c '^[0-9]'"})
-                frames = [line for line in resp.text.splitlines() if '"stream"' in line]
-                assert frames and resp.text.splitlines()[-1].startswith('{"exitCode":0')
+                resp = await client.post(
+                    "/v1/commands", json={"command": "echo ${PYTHONPATH-unset}; cat /proc/1/cmdline"}
+                )
+                lines = [json.loads(line) for line in resp.text.splitlines()]
+                out = "".join(f["data"] for f in lines if f.get("stream") == "stdout")
+                assert lines[-1]["exitCode"] == 0
+                assert out.startswith("unset\n"), "execd's PYTHONPATH is not the commands' business"
+                assert "adx.execd" in out, "PID 1 is execd"
                 put = await client.put("/v1/files", params={"path": "/work/from-host.txt"}, content=b"hello")
                 assert put.status_code == 201
             assert (d.sandbox_dir("ex1") / "upper" / "work" / "from-host.txt").read_bytes() == b"hello", (

@@ -45,6 +45,9 @@ class ExecdConfig(StrictModel):
     grace_seconds: float = Field(default=5.0, ge=0, le=3600, description="SIGTERM -> SIGKILL at shutdown")
     ring_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30, description="kept output per background stream")
     coalesce_seconds: float = Field(default=0.05, ge=0, le=60, description="min interval of activity reports")
+    unset_env: list[str] = Field(
+        default_factory=list, description="variables removed from the workload's and commands' environment"
+    )
     python: str | None = Field(default=None, description="interpreter of the execd process (default: this one)")
     logging: LoggingConfig = LoggingConfig()
 
@@ -77,6 +80,8 @@ def to_argv(cfg: ExecdConfig) -> list[str]:
         "--log-level", cfg.logging.level,
         "--log-format", cfg.logging.format,
     ]  # fmt: skip
+    for name in cfg.unset_env:
+        argv += ["--unset-env", name]
     if cfg.workload:
         argv += ["--", *cfg.workload]
     return argv

@@ -82,6 +82,7 @@ class ExecdOptions:
         grace_seconds: float = 5.0,
         ring_bytes: int = 1 << 20,
         coalesce_seconds: float = 0.05,
+        unset_env: list[str] | None = None,
     ) -> None:
         self.socket = socket
         self.admin_socket = admin_socket
@@ -99,6 +100,7 @@ class ExecdOptions:
         self.grace_seconds = grace_seconds
         self.ring_bytes = ring_bytes
         self.coalesce_seconds = coalesce_seconds
+        self.unset_env = unset_env or []
 
 
 def _unlink(path: str) -> None:
@@ -134,6 +136,9 @@ class Execd:
             if options.control_socket
             else None
         )
+        # The environment of the workload and of commands: execd's own, minus what only execd needed (e.g. the
+        # PYTHONPATH that points at execd's modules inside the sandbox).
+        self.base_env = {k: v for k, v in os.environ.items() if k not in set(options.unset_env)}
         self.started_at = time.time()
         self.ready = False
         self.workload: Command | None = None
@@ -173,7 +178,11 @@ class Execd:
         if self.options.workload:
             try:
                 self.workload = self.procs.spawn(
-                    self.options.workload, kind="workload", capture=False, cwd=self.options.workload_cwd
+                    self.options.workload,
+                    kind="workload",
+                    capture=False,
+                    cwd=self.options.workload_cwd,
+                    env=self.base_env,
                 )
             except SpawnError as exc:
                 log.error("workload did not start", extra={"reason": str(exc)})
@@ -423,7 +432,7 @@ class Execd:
             if not isinstance(command, str) or not command.strip():
                 raise invalid("command", "must be a non-empty string")
             argv = ["/bin/sh", "-c", command]
-        env = dict(os.environ)
+        env = dict(self.base_env)
         extra = body.get("env", {})
         if not isinstance(extra, dict):
             raise invalid("env", "must be an object of string values")

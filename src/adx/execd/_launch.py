@@ -57,8 +57,13 @@ def init_argv(
     execution_id: str | None = None,
     workload: Sequence[str] = (),
     extra: Sequence[str] = (),
+    pythonpath_only_for_execd: bool = True,
 ) -> list[str]:
-    """The argv of execd as PID 1 (paths as seen inside the sandbox)."""
+    """The argv of execd as PID 1 (paths as seen inside the sandbox).
+
+    ``pythonpath_only_for_execd``: the sandbox's PYTHONPATH points at execd's modules; keep it out of the
+    workload's and commands' environment.
+    """
     argv = [python, "-m", "adx.execd", "--socket", socket]
     if control_socket:
         argv += ["--control-socket", control_socket]
@@ -66,6 +71,8 @@ def init_argv(
         argv += ["--sandbox-id", sandbox_id]
     if execution_id:
         argv += ["--execution-id", execution_id]
+    if pythonpath_only_for_execd:
+        argv += ["--unset-env", "PYTHONPATH"]
     argv += list(extra)
     if workload:
         argv += ["--", *workload]

@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-seconds", type=float, default=5.0, help="SIGTERM -> SIGKILL grace at shutdown")
     p.add_argument("--ring-bytes", type=int, default=1 << 20, help="kept output per background stream")
     p.add_argument("--coalesce-seconds", type=float, default=0.05, help="min interval between activity reports")
+    p.add_argument(
+        "--unset-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="remove NAME from the workload's and commands' environment (repeatable)",
+    )
     p.add_argument("--log-level", default=os.environ.get("ADX_LOG_LEVEL", "info"))
     p.add_argument("--log-format", default=os.environ.get("ADX_LOG_FORMAT", "kv"), choices=("kv", "json"))
     p.add_argument("workload", nargs=argparse.REMAINDER, help="-- ARGV of the workload (optional)")
@@ -84,6 +91,7 @@ def options_from_args(argv: list[str]) -> tuple[ExecdOptions, argparse.Namespace
         grace_seconds=args.grace_seconds,
         ring_bytes=args.ring_bytes,
         coalesce_seconds=args.coalesce_seconds,
+        unset_env=args.unset_env,
     )
     return options, args
 

@@ -270,7 +270,7 @@ class Command:
 class ProcessTable:
     """All processes execd started, plus the reaper that also collects orphans (PID 1 duty)."""
 
-    def __init__(self, *, ring_capacity: int = 1 << 20, keep_finished: int = 128) -> None:
+    def __init__(self, *, ring_capacity: int = 1 << 20, keep_finished: int = 32) -> None:
         self.ring_capacity = ring_capacity
         self.keep_finished = keep_finished
         self.by_pid: dict[int, Command] = {}
