@@ -27,6 +27,10 @@ from psycopg import sql
 from adx.agents import (
     AgentRuns,
     AgentStore,
+    AgentWorker,
+    AgentWorkerBinding,
+    AgentWorkerOptions,
+    AgentWorkerReadiness,
     DurableGraphDriverOptions,
     DurableGraphLifecycleOptions,
     DurableTenantScheduler,
@@ -41,7 +45,6 @@ from adx.agents import (
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
-from adx.agents._worker import AgentWorker, AgentWorkerBinding, AgentWorkerOptions, AgentWorkerReadiness
 from adx.config import PostgresServerConfig
 from adx.embedded import EmbeddedPostgres
 

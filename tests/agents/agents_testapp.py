@@ -79,3 +79,20 @@ def register_graphs(executables: ExecutableGraphRegistryBuilder) -> None:
         g.node(name, _chain_node(name))
         g.edge(name, CHAIN_NODES[index + 1] if index + 1 < len(CHAIN_NODES) else "__end__")
     g.terminal(lambda state: {"count": state["count"]})
+
+
+class _RefusingEvidence:
+    """Evidence that is never available (AGENTS_TEST_EVIDENCE=fail): runs stop at the terminal barrier."""
+
+    async def recover(self, store: Any, request: Any) -> Any:
+        from adx.agents import EvidenceError
+
+        raise EvidenceError("evidence withheld by the test")
+
+
+def evidence_provider() -> Any:
+    from adx.agents import GraphLifecycleEvidenceProvider
+
+    if os.environ.get("AGENTS_TEST_EVIDENCE") == "fail":
+        return _RefusingEvidence()
+    return GraphLifecycleEvidenceProvider()

@@ -277,3 +277,35 @@ async def test_budget_bounds_the_steps(store: AgentStore, registry: Any, api: Ag
     result = await api.get_result(TENANT, run.run_id)
     assert result is not None and result.failure == {"reason": "budget exhausted: max_steps=3"}
     assert result.usage["node_commits"] == 3
+
+
+@pytest.mark.req("AGT-16")
+async def test_owner_cut_off_from_the_database_loses_its_lease_and_its_node_task(
+    store: AgentStore, postgres_dsn: str, registry: Any, api: AgentRuns, harness: Harness
+) -> None:
+    """An owner whose lease renewals fail (a partition at its store boundary) cancels its node when its lease
+    runs out; a higher fence takes the run over; the old owner's tick reports ExecutionFailed."""
+    from adx.errors import UnavailableError
+
+    run = await api.submit(TENANT, "slow", "1", {})
+    owner_store = await AgentStore.open(postgres_dsn, max_size=4)
+    try:
+
+        async def partitioned(*args: Any, **kwargs: Any) -> bool:
+            raise UnavailableError("injected: database unreachable from this owner")
+
+        owner = make_scheduler(owner_store, registry, driver=DurableGraphDriverOptions(lease_seconds=0.6))
+        tick = asyncio.create_task(owner.tick())
+        await harness.blocked.wait()
+        owner_store.renew_lease = partitioned  # type: ignore[method-assign]
+        report = await asyncio.wait_for(tick, 5)
+        assert report.outcome is TickOutcome.EXECUTION_FAILED and "lease lost" in (report.error or ""), report
+        assert harness.cancelled  # the node task was cancelled, not left running
+    finally:
+        await owner_store.close()
+    harness.block.set()
+    await asyncio.sleep(0.1)
+    rescuer = make_scheduler(store, registry)
+    report = await rescuer.tick()
+    assert report.executed is ExecutedOutcome.SUCCEEDED, report
+    assert (await api.get_run(TENANT, run.run_id)).fence == 2

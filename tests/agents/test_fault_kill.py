@@ -28,9 +28,10 @@ RUNS = 16
 KILLS = 10
 
 
-def _start_worker(config: Path, dsn: str, log: Path) -> subprocess.Popen[bytes]:
+def _start_worker(config: Path, dsn: str, log: Path, **extra: str) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        **extra,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         "AGENTS_TEST_DSN": dsn,
     }
@@ -122,3 +123,54 @@ async def test_sigkill_workers_at_random_points_loses_and_duplicates_nothing(
     # executions were repeated (their uncommitted effects were rolled back with their transaction).
     assert takeovers is not None and takeovers[0] > 0
     assert executions is not None and executions[0] >= RUNS * 10
+
+
+@pytest.mark.slow
+@pytest.mark.req("AGT-17", "AGT-6")
+async def test_terminal_replay_in_a_new_process_reruns_no_node(
+    store: AgentStore, executables: ExecutableGraphRegistry, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """Runs stopped at the terminal barrier (evidence withheld) are finished by a new worker process from
+    their terminal-ready checkpoint: no node executes again."""
+    runs = AgentRuns(store, executables)
+    submitted = [await runs.submit(TENANT, "chain", "1", {"count": 0}) for _ in range(4)]
+    config = tmp_path / "worker.toml"
+    config.write_text(
+        f'database_url = "{postgres_dsn}"\ntenant_id = "{TENANT}"\nregistrations = "agents_testapp"\n'
+        "idle_poll_seconds = 0.05\n"
+    )
+    log = tmp_path / "worker.log"
+    first = _start_worker(config, postgres_dsn, log, AGENTS_TEST_EVIDENCE="fail")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            views = [await runs.get_run(TENANT, r.run_id) for r in submitted]
+            if all(v.checkpoint_seq == 10 and not v.leased for v in views):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"runs did not reach the terminal barrier: {log.read_text()[-2000:]}")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait)
+    assert all(v.status == "queued" for v in views)  # released, never partially finalised
+
+    started = _started(log)
+    second = _start_worker(config, postgres_dsn, log)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            views = [await runs.get_run(TENANT, r.run_id) for r in submitted]
+            if all(v.finished for v in views):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        deadline = time.monotonic() + 20
+        while _started(log) == started and time.monotonic() < deadline and second.poll() is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        second.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(second.wait, 30) == 0
+    assert [v.status for v in views] == ["succeeded"] * 4
+    with psycopg.connect(postgres_dsn) as conn:
+        executions = conn.execute("SELECT run_id, count(*) FROM agent_node_runs GROUP BY run_id").fetchall()
+    assert sorted(n for _, n in executions) == [10, 10, 10, 10]

@@ -9,12 +9,16 @@ from typing import Any
 import pytest
 from conftest import ANY_OBJECT, TENANT, build_registry, make_scheduler
 
-from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistryBuilder, Next, NodeContext
-from adx.agents._worker import (
+from adx.agents import (
+    AgentRuns,
+    AgentStore,
     AgentWorker,
     AgentWorkerBinding,
     AgentWorkerOptions,
     AgentWorkerReadiness,
+    ExecutableGraphRegistryBuilder,
+    Next,
+    NodeContext,
 )
 from adx.errors import InvalidInputError, UnavailableError
 

@@ -54,6 +54,13 @@ from adx.agents._schemas import (
     register_standard_graph_lifecycle_event_schema,
 )
 from adx.agents._store import AgentStore, CommitHook, RunKey
+from adx.agents._worker import (
+    AgentWorker,
+    AgentWorkerBinding,
+    AgentWorkerHealth,
+    AgentWorkerOptions,
+    AgentWorkerReadiness,
+)
 
 __all__ = [
     "AGENT_CANCELLATION_EVENT_SCHEMA_ID",
@@ -63,6 +70,11 @@ __all__ = [
     "AgentResult",
     "AgentRuns",
     "AgentStore",
+    "AgentWorker",
+    "AgentWorkerBinding",
+    "AgentWorkerHealth",
+    "AgentWorkerOptions",
+    "AgentWorkerReadiness",
     "Budget",
     "BudgetExceededError",
     "CommitHook",

@@ -419,7 +419,9 @@ class AgentStore:
         async with self.transaction("request cancellation") as conn:
             cur = await conn.execute(
                 "UPDATE adx_agent_runs SET cancel_requested_at = now(), revision = revision + 1, updated_at = now(),"
-                " wake_at = CASE WHEN status = 'waiting' THEN now() ELSE wake_at END"
+                # A waiting or backed-off run becomes claimable now, so a driver confirms promptly.
+                " wake_at = CASE WHEN status = 'waiting' THEN now() ELSE wake_at END,"
+                " available_at = LEAST(available_at, now())"
                 " WHERE tenant_id = %s AND run_id = %s AND cancel_requested_at IS NULL"
                 " AND status NOT IN ('succeeded', 'failed', 'cancelled') RETURNING status",
                 (key.tenant_id, key.run_id),
