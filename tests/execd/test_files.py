@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -126,3 +127,20 @@ def test_concurrent_readers_never_see_a_partial_write(execd: ExecdProcess, short
         stop.set()
         thread.join()
     assert seen <= {b"aa3000000", b"bb3000000"}, seen
+
+
+def test_expect_100_continue_upload_is_not_delayed(execd: ExecdProcess, short_dir: Path) -> None:
+    """curl sends large uploads with 'Expect: 100-continue' and waits up to 1 s unless the server answers."""
+    payload = os.urandom(3 * 1024 * 1024)
+    src = short_dir / "src.bin"
+    src.write_bytes(payload)
+    target = short_dir / "dst.bin"
+    started = time.monotonic()
+    result = subprocess.run(
+        ["curl", "-sS", "--unix-socket", str(execd.socket), "-H", "Expect: 100-continue",
+         "--expect100-timeout", "5", "-T", str(src), f"http://execd/v1/files?path={target}"],
+        capture_output=True, timeout=20, check=True,
+    )  # fmt: skip
+    assert time.monotonic() - started < 2.0, "the server must answer 100 Continue instead of making curl wait"
+    assert b'"size":3145728' in result.stdout
+    assert target.read_bytes() == payload

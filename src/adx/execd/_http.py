@@ -65,16 +65,28 @@ def invalid(field: str, reason: str) -> HttpError:
 class BodyReader:
     """Reads a request body incrementally; never buffers more than one chunk of it."""
 
-    def __init__(self, reader: asyncio.StreamReader, length: int | None, chunked: bool) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        length: int | None,
+        chunked: bool,
+        writer: asyncio.StreamWriter | None = None,
+    ) -> None:
         self._reader = reader
         self._remaining = length or 0  # for Content-Length bodies; for chunked: left in the current chunk
         self._chunked = chunked
         self.done = not chunked and not length
+        # "Expect: 100-continue" clients (curl, for large uploads) wait for this before sending the body;
+        # it is sent only when the handler actually reads, so an early error answer costs no upload.
+        self._continue_to = writer
 
     async def read(self, n: int = CHUNK) -> bytes:
         """Up to ``n`` bytes; ``b""`` at the end of the body."""
         if self.done:
             return b""
+        if self._continue_to is not None:
+            self._continue_to.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._continue_to = None
         if self._chunked and self._remaining == 0:
             await self._next_chunk()
             if self.done:
@@ -270,6 +282,8 @@ async def _discard(body: BodyReader) -> bool:
     Closing a socket with unread input makes the kernel send RST, which can destroy the response before the
     client reads it; so a modest remainder is drained. A large or slow one is not worth it: the caller closes.
     """
+    if body._continue_to is not None:
+        return False  # the client never got "100 Continue", so it may never send the body: just close
     left = DISCARD_LIMIT
     try:
         async with asyncio.timeout(2.0):
@@ -300,7 +314,8 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                             raise ValueError
                     except ValueError:
                         raise HttpError(400, "invalid_request", "invalid Content-Length") from None
-                body = BodyReader(reader, length, chunked)
+                expect = headers.get("expect", "").lower() == "100-continue"
+                body = BodyReader(reader, length, chunked, writer if expect else None)
                 req = Request(method, target, headers, body, reader)
                 resp.keep_alive = headers.get("connection", "").lower() != "close"
             except HttpError as exc:
