@@ -21,7 +21,15 @@ out = {
     "state_dir_visible": os.path.exists(os.environ["STATE_DIR"]),
     "hostname": os.uname().nodename,
     "top": sorted(os.listdir("/")),
+    "interfaces": sorted(name for _, name in __import__("socket").if_nameindex()),
+    "cap_eff": int([l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1], 16),
 }
+try:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    out["mount"] = libc.mount(b"tmpfs", b"/mnt", b"tmpfs", 0, None) == 0
+except Exception as exc:
+    out["mount"] = repr(exc)
 for path in ("/work/hello.txt", "/etc/adx-probe", "/opt/new/file"):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
@@ -53,6 +61,9 @@ async def test_sandbox_sees_no_host_processes_and_writes_land_in_its_upper_layer
         assert out["shadow"] is False and out["root_home"] == [] and out["state_dir_visible"] is False
         assert out["hostname"] == sid
         assert out["usr_writable"] == "Read-only file system"
+        assert out["interfaces"] == ["lo"], "a private network namespace by default"
+        assert not out["cap_eff"] & (1 << 21), "CAP_SYS_ADMIN is dropped"
+        assert out["mount"] is False
         upper = d.sandbox_dir(sid) / "upper"
         assert (upper / "work/hello.txt").read_text() == "from the sandbox\n"
         assert (upper / "etc/adx-probe").exists() and (upper / "opt/new/file").exists()

@@ -1,0 +1,144 @@
+"""SBX-13 uncertainty handling, SBX-7 late-start prevention, TTL maintenance and the config error path."""
+# ruff: noqa: ASYNC221 - chattr is a millisecond helper run between awaits; blocking is harmless in a test
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sbx_helpers import LAYOUT, DaemonFactory, cleanup_cgroup_parent, wait_until
+
+from adx.errors import NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.sandboxd import CreateRequest, State, ref_of
+from adx.sandboxd._image import ensure_default_image, load_image
+from adx.sandboxd._spawn_client import SpawnerProcess
+
+
+@pytest.fixture
+def immutable() -> Iterator[list[Path]]:
+    """Paths made immutable (chattr +i) by a test; always made mutable again."""
+    paths: list[Path] = []
+    yield paths
+    for path in paths:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+@pytest.mark.req("SBX-13", "SBX-2")
+async def test_uncertain_registry_commit_sets_storage_failed_until_restart(
+    sandboxd: DaemonFactory, immutable: list[Path]
+) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="a", argv=["sleep", "1000"]))
+        sid = created.sandbox.sandbox_id
+        sdir = d.sandbox_dir(sid)
+        # The storage fails under sandboxd: even root cannot create the temp file for the next commit.
+        subprocess.run(["chattr", "+i", str(sdir)], check=True)
+        immutable.append(sdir)
+        with pytest.raises(UncertainOutcomeError, match="registry access is refused"):
+            await c.delete(ref_of(created))
+        with pytest.raises(UnavailableError, match="storage failed"):
+            await c.list()
+        with pytest.raises(UnavailableError, match="storage failed"):
+            await c.create(CreateRequest(request_id="b", argv=["true"]))
+        health = await c.health()
+        assert health.storage_failed and not health.ok
+        # Nothing was killed: the delete never reached the native side without its persisted intent.
+        assert d.cgroup_procs(sid)
+    subprocess.run(["chattr", "-i", str(sdir)], check=True)
+    d.kill()
+    d.start()  # restart re-reads the disk and reconciles
+    async with d.client() as c:
+        assert (await c.health()).ok
+        assert (await c.get(ref_of(created))).state == State.RUNNING
+        await c.delete(ref_of(created))
+
+
+@pytest.mark.req("SBX-13")
+async def test_failed_create_with_confirmed_cleanup_removes_record_and_reservation(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        with pytest.raises(UnavailableError, match="failed to start") as info:
+            await c.create(CreateRequest(request_id="bad", argv=["/no/such/binary"]))
+        sid = info.value.details["sandbox_id"]
+        assert await c.list() == []
+        assert (await c.resource()).reserved.memory_bytes == 0
+        assert (d.sandbox_dir(sid) / "tombstone.json").exists()
+        assert not d.v2_cgroup(sid).exists()
+        # The request ID is free again (the failed sandbox is gone), its sandbox ID is not reused.
+        ok = await c.create(CreateRequest(request_id="bad", argv=["sleep", "1000"]))
+        assert ok.sandbox.sandbox_id != sid
+        await c.delete(ref_of(ok))
+
+
+@pytest.mark.req("SBX-7", "SBX-5")
+async def test_supervisor_refuses_to_start_under_a_delete_intent_or_a_second_time(tmp_path: Path) -> None:
+    parent = f"adx-test-late-{os.getpid()}"
+    image = ensure_default_image(tmp_path / "images")
+    spawner = SpawnerProcess()
+    spawner.start()
+    await spawner.attach()
+    try:
+        for name, state, started_before in (("late", "stopping", False), ("again", "creating", True)):
+            sdir = tmp_path / name
+            for sub in ("", "upper", "ovlwork", "rootfs", "run"):
+                (sdir / sub).mkdir()
+            (sdir / "record.json").write_text(json.dumps({"format": 2, "owner": "o", "record": {"state": state}}))
+            if started_before:
+                (sdir / "native.json").write_text("{}")
+            spec = {
+                "sandbox_id": name,
+                "sandbox_dir": str(sdir),
+                "image_root": str(image / "root"),
+                "image_binds": load_image(image)["binds"],
+                "init_argv": ["sleep", "1000"],
+                "env": {"PATH": "/usr/bin:/bin"},
+                "cwd": "/work",
+                "hostname": name,
+                "network": "none",
+                "cgroup_parent": parent,
+                "resources": {"cpu_millis": 100, "memory_bytes": 64 << 20, "pids_max": 64, "disk_bytes": 0},
+                "tmp_bytes": 1 << 20,
+                "run_dir": str(sdir / "run"),
+            }
+            report = await spawner.spawn(spec, 20.0)
+            assert report["ok"] is False
+            assert ("delete intent" if state == "stopping" else "never restarted") in report["error"]
+            assert LAYOUT.v2_root is not None and not (LAYOUT.v2_root / parent / name).exists()
+            assert not (sdir / "exit.json").exists()
+    finally:
+        await spawner.close()
+        cleanup_cgroup_parent(parent)
+
+
+@pytest.mark.req("SBX-10")
+async def test_expired_sandbox_is_deleted_by_maintenance(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="ttl", argv=["sleep", "1000"], ttl_seconds=0.5))
+        sid = created.sandbox.sandbox_id
+        wait_until(lambda: (d.sandbox_dir(sid) / "tombstone.json").exists(), timeout=10)
+        with pytest.raises(NotFoundError):
+            await c.get(ref_of(created))
+        assert not d.v2_cgroup(sid).exists()
+        # A long wait that times out says so instead of inventing an exit.
+        other = await c.create(CreateRequest(request_id="w", argv=["sleep", "1000"]))
+        waited = await c.wait(ref_of(other), timeout_seconds=0.3)
+        assert not waited.done and waited.sandbox.state == State.RUNNING
+        await c.delete(ref_of(other))
+
+
+def test_config_error_exits_at_once_naming_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "s"}"\n[defaults]\nmemory_byte = 5\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "adx", "sandboxd", "--config", str(cfg)], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 2, out.stderr
+    assert "defaults.memory_byte" in out.stderr and "unknown key" in out.stderr
+    assert not (tmp_path / "s").exists()
