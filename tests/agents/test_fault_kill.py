@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import agents_testapp
+import httpx
 import psycopg
 import pytest
 from conftest import TENANT
@@ -41,6 +42,14 @@ def _start_worker(config: Path, dsn: str, log: Path, **extra: str) -> subprocess
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
     )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _started(log: Path) -> int:
@@ -155,6 +164,8 @@ async def test_terminal_replay_in_a_new_process_reruns_no_node(
         await asyncio.to_thread(first.wait)
     assert all(v.status == "queued" for v in views)  # released, never partially finalised
 
+    port = _free_port()
+    config.write_text(config.read_text() + f"health_port = {port}\n")
     started = _started(log)
     second = _start_worker(config, postgres_dsn, log)
     try:
@@ -168,6 +179,14 @@ async def test_terminal_replay_in_a_new_process_reruns_no_node(
         deadline = time.monotonic() + 20
         while _started(log) == started and time.monotonic() < deadline and second.poll() is None:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
+        # AGT-14: the health endpoint serves local state and counters, never request content.
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert response.status_code == 200, response.text
+        health = response.json()
+        assert health["state"] == "running" and health["executed"] == {"succeeded": 4}
+        assert set(health) >= {"slots", "busy_slots", "ticks", "readiness_failures", "identity"}
+        assert "count" not in response.text
         second.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(second.wait, 30) == 0
     assert [v.status for v in views] == ["succeeded"] * 4

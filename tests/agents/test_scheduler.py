@@ -135,3 +135,14 @@ async def test_yielded_and_deferred_outcomes(store: AgentStore, api: AgentRuns) 
     report = await scheduler.tick()
     assert report.executed is ExecutedOutcome.SUCCEEDED, report
     assert calls == [1, 2]
+
+
+@pytest.mark.req("AGT-11")
+async def test_a_tenant_scheduler_only_sees_its_tenant(store: AgentStore, registry: Any, api: AgentRuns) -> None:
+    await store.ensure_tenant("other")
+    theirs = await api.submit("other", "chain", "1", {"count": 0})
+    mine = make_scheduler(store, registry)
+    assert (await mine.tick()).outcome is TickOutcome.IDLE
+    other = make_scheduler(store, registry, options=DurableTenantSchedulerOptions("other"))
+    report = await other.tick()
+    assert report.run_id == theirs.run_id and report.executed is ExecutedOutcome.SUCCEEDED

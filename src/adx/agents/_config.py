@@ -30,6 +30,10 @@ class AgentWorkerConfig(StrictModel):
     max_nodes_per_claim: int = Field(default=64, ge=1)
     pool_max_size: int | None = Field(default=None, ge=1, le=1000)
     migrate: bool = Field(default=True, description="apply missing migrations at start (advisory-locked)")
+    health_host: str = Field(default="127.0.0.1", description="address of the health endpoint")
+    health_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve GET /healthz (JSON health, 503 when not ready); off if unset"
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @field_validator("registrations")

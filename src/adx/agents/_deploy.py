@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
+import json
 import logging
 import signal
 from types import ModuleType
@@ -58,6 +60,35 @@ def build_executables(module: ModuleType) -> ExecutableGraphRegistry:
     return executables.build()
 
 
+async def serve_health(worker: AgentWorker, host: str, port: int) -> asyncio.Server:
+    """A minimal HTTP endpoint: ``GET /healthz`` -> the worker's health as JSON (503 unless ready).
+
+    Only local state and counters are served; never request content (AGT-14)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
+            if not request.startswith(b"GET ") or path != b"/healthz":
+                status, body = "404 Not Found", b'{"error": "not found"}'
+            else:
+                health = worker.health()
+                status = "200 OK" if health.ready and health.state == "running" else "503 Service Unavailable"
+                body = json.dumps(dataclasses.asdict(health)).encode()
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)
+
+
 async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
     """Run a tenant worker until SIGTERM/SIGINT; then drain and stop. Returns the final health."""
     module = load_registrations(cfg.registrations)
@@ -92,6 +123,10 @@ async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
                 idle_poll_seconds=cfg.idle_poll_seconds,
             ),
         )
+        server = await serve_health(worker, cfg.health_host, cfg.health_port) if cfg.health_port is not None else None
+        if server is not None:
+            bound = server.sockets[0].getsockname()
+            log.info("health endpoint listening", extra={"address": f"{bound[0]}:{bound[1]}"})
         loop = asyncio.get_running_loop()
         stopping: list[asyncio.Task[None]] = []
 
@@ -108,6 +143,9 @@ async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+            if server is not None:
+                server.close()
+                await server.wait_closed()
         health = worker.health()
         log.info("agent worker stopped", extra={"ticks": health.ticks, "executed": health.executed})
         return health
