@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from execd_helpers import ExecdProcess, joined, run
+from execd_helpers import ExecdProcess, joined, rss_kib, run
 
 
 def pid_alive(pid: int) -> bool:
@@ -214,3 +214,29 @@ def test_unset_env_keeps_execd_private_variables_out_of_commands(
     with execd.client() as client:
         frames, _ = run(client, command="echo ${EXECD_PRIVATE-unset} $SHARED")
     assert joined(frames, "stdout") == "unset visible\n"
+
+
+def test_multibyte_characters_split_across_chunks_survive(execd: ExecdProcess) -> None:
+    with execd.client() as client:
+        frames, _ = run(client, command=r"printf '\342\234'; sleep 0.2; printf '\223 ok\n'")
+    assert joined(frames, "stdout") == "\u2713 ok\n"
+
+
+def test_fast_output_to_a_slow_client_is_bounded_by_backpressure(execd: ExecdProcess) -> None:
+    """40 MiB of output read slowly: execd pauses the command's pipe instead of buffering the output."""
+    idle_hwm = rss_kib(execd.pid, "VmHWM")
+    total = 0
+    with (
+        execd.client() as client,
+        client.stream(
+            "POST", "/v1/commands", json={"command": "head -c 41943040 /dev/zero", "encoding": "base64"}
+        ) as resp,
+    ):
+        for i, chunk in enumerate(resp.iter_raw()):
+            total += len(chunk)
+            if i < 40:
+                time.sleep(0.01)  # a slow reader at first: the producer must wait, not pile up output
+    assert total > 40 * 1024 * 1024 * 4 / 3
+    growth_mib = (rss_kib(execd.pid, "VmHWM") - idle_hwm) / 1024
+    print(f"execd VmHWM growth streaming 40 MiB to a slow client: {growth_mib:.2f} MiB")
+    assert growth_mib < 12, f"execd peak RSS grew {growth_mib:.1f} MiB streaming 40 MiB to a slow client"
