@@ -248,3 +248,50 @@ async def test_execd_reconnects_when_the_hub_restarts(short_dir: Path) -> None:
             assert round_ + 1 == client.connects
     finally:
         await client.stop()
+
+
+@pytest.mark.req("CTL-3")
+async def test_hub_requests_fail_cleanly_and_garbage_drops_the_connection(hub: ControlHub, short_dir: Path) -> None:
+    from adx.errors import NotFoundError, UnavailableError
+
+    path = short_dir / "g.ctl"
+    await hub.add_sandbox("g", path)
+    with pytest.raises(NotFoundError):
+        await hub.close_admission("nope", 0)
+    with pytest.raises(UnavailableError):
+        await hub.close_admission("g", 0)  # registered, but no execd connected: no fresh information
+    sub, _ = await Subscriber.connect(hub.subscribe_path)
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(P.encode({"type": "hello", "protocol": 1, "sandboxId": "g", "state": P.initial_state()}))
+    await writer.drain()
+    await sub.until(lambda s: "g" in s)
+    writer.write(b"this is not json\n")
+    await writer.drain()
+    await sub.until(lambda s: "g" not in s)
+    assert await asyncio.wait_for(reader.read(), STEP) == b"", "the hub closed the bad connection"
+    writer.close()
+    with pytest.raises(ValueError):
+        await hub.add_sandbox("g", path)
+    sub.close()
+
+
+async def test_an_execd_that_never_answers_a_request_times_out(short_dir: Path) -> None:
+    from adx.errors import UnavailableError
+
+    hub = ControlHub(short_dir / "n.sock", request_timeout=0.3)
+    await hub.start()
+    try:
+        await hub.add_sandbox("mute", short_dir / "m.ctl")
+        _, writer = await asyncio.open_unix_connection(str(short_dir / "m.ctl"))
+        writer.write(P.encode({"type": "hello", "protocol": 1, "sandboxId": "mute", "state": P.initial_state()}))
+        await writer.drain()
+        async with asyncio.timeout(STEP):
+            while not hub.connected("mute"):  # noqa: ASYNC110 - polling the hub's state is the test's view
+                await asyncio.sleep(0.01)
+        started = time.monotonic()
+        with pytest.raises(UnavailableError):
+            await hub.close_admission("mute", 0)
+        assert time.monotonic() - started < 2
+        writer.close()
+    finally:
+        await hub.stop()

@@ -367,8 +367,8 @@ class ProcessTable:
             if popen.stdin is not None:
                 _, writer = await loop.connect_write_pipe(_PipeWriter, popen.stdin)
                 command.stdin = writer
-            command.stdin_ready.set()
         finally:
+            command.stdin_ready.set()  # even on failure: a waiting stdin writer must see "no stdin", not hang
             await command._supervise(limit)
 
     def _finished(self, command: Command) -> None:
