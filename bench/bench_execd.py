@@ -8,7 +8,11 @@ Figures and their baselines (all in this run, same machine):
 - execd's HTTP round trip (GET /v1/health) beside a bare HTTP responder on the same kind of Unix socket
   (an asyncio server answering a fixed response: the floor of any HTTP-over-UDS server in Python);
 - execd start-up to first answered request beside a bare ``python -c pass`` interpreter start;
-- execd idle RSS beside a bare interpreter's RSS.
+- execd idle RSS beside a bare interpreter's RSS;
+- with ``--sandboxes N`` (root): sandbox create -> execd Ready on a real sandboxd, split into the create call
+  and execd's own start (modules in place -> Ready reported through a ControlHub), beside the same sandbox
+  created with ``true`` as PID 1 (create call only). sandboxd does not ship execd into sandboxes yet, so the
+  execd modules are copied into the run dir after create; that copy is excluded from the split figures.
 One client connection per figure, kept alive, raw socket client (no HTTP library overhead in the numbers).
 """
 
@@ -136,10 +140,83 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+async def sandbox_figures(rounds: int, tmp: str) -> dict[str, object]:
+    import asyncio
+
+    from sbx_helpers import DaemonFactory  # the sandboxd test harness: unique cgroup parent, full cleanup
+
+    from adx.execd._control_hub import ControlHub
+    from adx.execd._launch import init_argv, install_runtime
+    from adx.sandboxd import CreateRequest, ResourcesSpec, ref_of
+
+    wait_then_exec = 'while [ ! -e /run/adx/py/ready ]; do sleep 0.001; done; exec "$@"'
+    base = Path(tmp) / "sbx"
+    base.mkdir()
+    factory = DaemonFactory(base)
+    hub = ControlHub(Path(tmp) / "node.sock", coalesce=0.0)
+    await hub.start()
+    creates, execd_starts, totals, bare_creates = [], [], [], []
+    try:
+        daemon = factory()
+        async with daemon.client() as client:
+            for i in range(rounds):
+                sid = f"b{i}"
+                start = time.perf_counter()
+                created = await client.create(
+                    CreateRequest(
+                        request_id=sid,
+                        sandbox_id=sid,
+                        argv=["sleep", "1000"],
+                        init_argv=["/bin/sh", "-c", wait_then_exec, "sh", *init_argv(python="/usr/bin/python3")],
+                        env={"PYTHONPATH": "/run/adx/py", "PATH": "/usr/bin:/bin"},
+                        resources=ResourcesSpec(cpu_millis=1000, memory_bytes=128 << 20),
+                    )
+                )
+                created_at = time.perf_counter()
+                run_dir = Path(created.sandbox.run_dir)
+                await hub.add_sandbox(sid, run_dir / "control.sock")
+                install_runtime(run_dir / "py")
+                (run_dir / "py" / "ready").touch()
+                in_place = time.perf_counter()
+                async with asyncio.timeout(30):
+                    while not ((state := hub.state(sid)) and state["ready"]):  # noqa: ASYNC110
+                        await asyncio.sleep(0.001)
+                ready = time.perf_counter()
+                creates.append(created_at - start)
+                execd_starts.append(ready - in_place)
+                totals.append(ready - start)
+                await client.delete(ref_of(created))
+                await hub.remove_sandbox(sid)
+
+                start = time.perf_counter()
+                bare = await client.create(
+                    CreateRequest(request_id=f"t{i}", argv=["sleep", "1000"], resources=ResourcesSpec(cpu_millis=1000))
+                )
+                bare_creates.append(time.perf_counter() - start)
+                await client.delete(ref_of(bare))
+    finally:
+        await hub.stop()
+        factory.cleanup()
+    return {
+        "sandbox_create_call": summarize(creates),
+        "execd_start_in_sandbox_to_ready": summarize(execd_starts),
+        "sandbox_create_to_execd_ready_sum_of_parts_p50_ms": round(
+            (percentile_ms(creates) + percentile_ms(execd_starts)), 3
+        ),
+        "sandbox_create_to_execd_ready_incl_module_copy": summarize(totals),
+        "baseline_sandbox_create_call_sleep_pid1": summarize(bare_creates),
+    }
+
+
+def percentile_ms(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2] * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--starts", type=int, default=15)
+    parser.add_argument("--sandboxes", type=int, default=0, help="rounds on a real sandboxd (root only)")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="bx", dir="/tmp")
     procs: list[subprocess.Popen[bytes]] = []
@@ -183,9 +260,17 @@ def main() -> None:
         bare_http = time_calls(lambda: bare_client.request("GET", "/v1/health"), args.n, warmup=50)
         bare_client.close()
 
+        sandbox: dict[str, object] = {}
+        if args.sandboxes:
+            import asyncio
+
+            progress("sandboxes")
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sandboxd"))
+            sandbox = asyncio.run(sandbox_figures(args.sandboxes, tmp))
         emit(
             "execd",
             {
+                **sandbox,
                 "true_through_execd": summarize(through_execd),
                 "baseline_subprocess_run_true": summarize(direct),
                 "execd_http_round_trip_health": summarize(execd_http),
