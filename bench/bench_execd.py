@@ -7,7 +7,8 @@ Figures and their baselines (all in this run, same machine):
   ``subprocess.run(["true"])`` in this process (the cost of the process itself);
 - execd's HTTP round trip (GET /v1/health) beside a bare HTTP responder on the same kind of Unix socket
   (an asyncio server answering a fixed response: the floor of any HTTP-over-UDS server in Python);
-- execd start-up to first answered request beside a bare ``python -c pass`` interpreter start;
+- execd start-up to first answered request beside a bare ``python -c pass`` interpreter start, and the same
+  for execd forked from a warm parent that already imported it (a zygote-style spawner);
 - execd idle RSS beside a bare interpreter's RSS;
 - with ``--sandboxes N`` (root): sandbox create -> execd Ready on a real sandboxd, split into the create call
   and execd's own start (modules in place -> Ready reported through a ControlHub), beside the same sandbox
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -131,6 +133,26 @@ def start_execd(tmp: str, tag: str) -> tuple[subprocess.Popen[bytes], str, float
     return proc, sock, time.perf_counter() - start
 
 
+def start_forked(tmp: str, tag: str) -> float:
+    """execd forked from a warm parent that already imported it (what a zygote-style spawner could do)."""
+    from adx.execd._main import main as execd_main
+
+    sock = f"{tmp}/f{tag}"
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child: run execd in-process, never return into the benchmark
+        code = 1
+        try:
+            code = execd_main(["--socket", sock, "--log-level", "warning"])
+        finally:
+            os._exit(code)
+    wait_socket(sock)
+    seconds = time.perf_counter() - start
+    os.kill(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+    return seconds
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -227,6 +249,9 @@ def main() -> None:
             proc, _, seconds = start_execd(tmp, f"st{i}")
             starts.append(seconds)
             stop(proc)
+        import adx.execd._main  # noqa: F401 - warm the parent once, outside the timing
+
+        forked_starts = [start_forked(tmp, str(i)) for i in range(args.starts)]
         bare_starts = time_calls(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), args.starts)
 
         proc, sock, _ = start_execd(tmp, "main")
@@ -276,6 +301,7 @@ def main() -> None:
                 "execd_http_round_trip_health": summarize(execd_http),
                 "baseline_bare_asyncio_http_uds_round_trip": summarize(bare_http),
                 "execd_start_to_first_answer": summarize(starts),
+                "execd_forked_from_warm_parent_to_first_answer": summarize(forked_starts),
                 "baseline_python_c_pass": summarize(bare_starts),
                 "execd_idle_rss_mib": round(idle_rss / 1024, 2),
                 "baseline_bare_python_rss_mib": round(bare_rss / 1024, 2),
