@@ -280,6 +280,7 @@ class Registry:
         self.check_usable()
         sdir = self.sandbox_dir(sandbox_id)
         sdir.mkdir(mode=0o700)
+        fsync_dir(self.sandboxes_dir)  # the entry that blocks the ID's reuse must survive a host crash too
         return sdir
 
     def put(self, record: SandboxRecord) -> None:
@@ -331,7 +332,10 @@ class Registry:
         return any(p.name not in _KEEP_AFTER_RECLAIM for p in sdir.iterdir())
 
     def read_native(self, sandbox_id: str) -> dict[str, Any] | None:
-        raw = _read_json(self.sandbox_dir(sandbox_id) / NATIVE_FILE, self.max_bytes)
+        try:
+            raw = _read_json(self.sandbox_dir(sandbox_id) / NATIVE_FILE, self.max_bytes)
+        except RegistryError:
+            return None  # written without fsync: after a host crash it may be torn; it then proves nothing
         return raw if isinstance(raw, dict) else None
 
     def read_exit(self, sandbox_id: str) -> dict[str, Any] | None:

@@ -544,6 +544,7 @@ class SandboxService:
         }
 
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
+        t0 = time.perf_counter()
         try:
             await asyncio.to_thread(self._prepare_dir, rec)
         except FileExistsError:
@@ -573,7 +574,9 @@ class SandboxService:
                 error = UnavailableError(f"restore of {rec.sandbox_id} failed: {exc}")
         if error is None:
             try:
+                t1 = time.perf_counter()
                 report = await self.spawner.spawn(self._spawn_spec(rec), self.config.create_timeout_seconds)
+                t2 = time.perf_counter()
             except UncertainOutcomeError as exc:
                 await self._set(rec, State.FAILED, reason=f"create outcome unknown: {exc}")
                 raise UncertainOutcomeError(
@@ -587,6 +590,15 @@ class SandboxService:
                 if report.get("ok"):
                     native = NativeIdentity.model_validate(report["native"])
                     rec = await self._set(rec, State.RUNNING, native=native, reason="started")
+                    log.debug(
+                        "create timings",
+                        extra={
+                            "sandbox_id": rec.sandbox_id,
+                            "prepare_ms": round((t1 - t0) * 1000, 2),
+                            "spawn_ms": round((t2 - t1) * 1000, 2),
+                            "commit_ms": round((time.perf_counter() - t2) * 1000, 2),
+                        },
+                    )
                     return CreateResponse(sandbox=self._info(rec), token=rec.token)
                 error = UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
         # SBX-13: create failed. Clean up; only a confirmed cleanup removes record and reservation.

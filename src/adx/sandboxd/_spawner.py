@@ -3,9 +3,9 @@
 sandboxd is an asyncio daemon with executor threads; forking (let alone raw ``clone3``) from a threaded
 process copies locks held by other threads. So sandboxd execs this small process at start (before anything
 else), and asks it over a socketpair — newline-delimited JSON — to start sandboxes. For each request the
-spawner forks a child that forks the supervisor and exits at once (the spawner reaps it), so supervisors are
-re-parented away from the spawner and survive the spawner's and sandboxd's exit. The supervisor reports
-its start result over a pipe that the spawner forwards, tagged with the request number.
+spawner forks the supervisor in its own session (the spawner reaps supervisors that exit); supervisors survive
+the spawner's and sandboxd's exit (orphans are re-parented to init). The supervisor reports its start result
+over a pipe that the spawner forwards, tagged with the request number.
 
 Protocol: request ``{"req": n, "spec": {...}}``; reply ``{"req": n, "ok": bool, ...}``. EOF on the control
 socket ends the spawner (it never outlives its daemon).
@@ -31,19 +31,28 @@ def _fork_supervisor(spec: dict[str, Any], layout: CgroupLayout, ctrl_fd: int) -
     """Fork the detached supervisor; return the read end of its result pipe."""
     r, w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
-    if pid == 0:  # intermediate child
+    if pid == 0:  # the supervisor
         code = 1
         try:
             os.close(r)
             os.close(ctrl_fd)
             os.setsid()  # own session: no terminal signals, not in sandboxd's process group
-            # The grandchild is the supervisor; this child exits at once so init adopts the supervisor.
-            code = _supervisor_main(spec, layout, w) if os.fork() == 0 else 0
+            code = _supervisor_main(spec, layout, w)
         finally:
             os._exit(code)
     os.close(w)
-    os.waitpid(pid, 0)
     return r
+
+
+def _reap() -> None:
+    """Collect exited supervisors (a single fork is faster than double-forking; we reap instead)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -> int:
@@ -89,7 +98,8 @@ def main() -> int:
             data = data[os.write(ctrl_fd, data) :]
 
     while True:
-        for key, _ in sel.select():
+        _reap()
+        for key, _ in sel.select(timeout=1.0):
             fd = key.fd
             if fd == ctrl_fd:
                 chunk = os.read(ctrl_fd, 1 << 16)

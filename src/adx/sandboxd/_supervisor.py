@@ -148,7 +148,9 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
             "cgroup_dir": str(cgroup.identity_dir()),
             "created_at": time.time(),
         }
-        atomic_write_json(sdir / NATIVE_FILE, native)
+        # No fsync here (hot path): this file only has meaning within the boot that wrote it — a reboot kills
+        # every sandbox and is detected through boot_id — and rename keeps it whole across process crashes.
+        _write_json_no_sync(sdir / NATIVE_FILE, native)
     except Exception as exc:
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
@@ -197,6 +199,12 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     else:
         _record_exit(sdir, code, None, cgroup)
     return 0
+
+
+def _write_json_no_sync(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
 
 
 def _record_exit(
