@@ -50,6 +50,7 @@ class ControlClient:
         self.connects = 0
         self._queue: list[bytes] = []
         self._wake = asyncio.Event()
+        self._flushed = asyncio.Event()  # set while everything produced so far has been written
         self._activity_dirty = False
         self._last_activity_sent = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -63,17 +64,26 @@ class ControlClient:
         P.apply_event(self.state, message)
         if self.connected:
             self._queue.append(P.encode(message))
+            self._flushed.clear()
             self._wake.set()
 
     def _on_activity(self) -> None:
         self.state["activity"] = self.activity.snapshot()
         if self.connected:
             self._activity_dirty = True
+            self._flushed.clear()
             self._wake.set()
 
     # -- connection loop --------------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="execd-control")
+
+    async def drain(self, seconds: float) -> None:
+        """Give queued reports (e.g. ``workload_exited`` at shutdown) up to ``seconds`` to reach sandboxd."""
+        if self.connected:
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flushed.wait(), seconds)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -125,6 +135,8 @@ class ControlClient:
         try:
             while not read_task.done():
                 await self._flush(writer)
+                if not self._queue and not self._activity_dirty:
+                    self._flushed.set()
                 timeout = None
                 if self._activity_dirty:
                     timeout = max(0.0, self._last_activity_sent + self.coalesce - time.monotonic())

@@ -214,6 +214,7 @@ class Execd:
         for task in list(self._tasks):
             task.cancel()
         if self.control is not None:
+            await self.control.drain(0.5)
             await self.control.stop()
         for path in (self.options.socket, self.options.admin_socket):
             if path is not None:
@@ -249,7 +250,11 @@ class Execd:
         assert self.options.probe_command is not None
         try:
             command = self.procs.spawn(
-                ["/bin/sh", "-c", self.options.probe_command], kind="probe", capture=False, timeout=timeout
+                ["/bin/sh", "-c", self.options.probe_command],
+                kind="probe",
+                capture=False,
+                timeout=timeout,
+                env=self.base_env,
             )
         except SpawnError as exc:
             return str(exc)
