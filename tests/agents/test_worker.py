@@ -20,7 +20,7 @@ from adx.agents import (
     Next,
     NodeContext,
 )
-from adx.errors import InvalidInputError, UnavailableError
+from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
 
 class Probe:
@@ -96,6 +96,8 @@ async def test_a_worker_never_runs_more_than_its_slots(store: AgentStore, regist
     finally:
         await worker.shutdown()
     assert probe.peak == 3
+    with pytest.raises(ConflictError, match="already owned"):
+        await AgentWorker.start(AgentWorkerBinding.tenant(scheduler), ready(), AgentWorkerOptions())
     health = worker.health()
     assert health.executed == {"succeeded": 9} and health.state == "stopped" and health.slots == 3
 

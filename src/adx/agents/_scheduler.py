@@ -130,6 +130,7 @@ class DurableTenantScheduler:
         self.identity = _new_identity()
         self._namespace = uuid.uuid5(uuid.NAMESPACE_URL, f"urn:adx:agent-worker:{self.identity}")
         self._tick_seq = 0
+        self._worker_owned = False  # set by the AgentWorker that owns this scheduler
 
     @property
     def tenant_id(self) -> str:

@@ -164,12 +164,20 @@ class AgentWorker:
 
     async def _start(self) -> None:
         scheduler = self.scheduler
+        # A binding owns its scheduler: two workers ticking one scheduler would share its identity and claims.
+        if getattr(scheduler, "_worker_owned", False):
+            raise ConflictError("this scheduler is already owned by a worker")
+        scheduler._worker_owned = True
         # AGT-13: verify the real database schema and the frozen registry before any claim.
-        await scheduler.store.check_schema()
-        if not scheduler.executables.frozen:
-            raise ConflictError("executable registry is not frozen")
-        if not await self._check_once():
-            raise UnavailableError("agent worker readiness check failed at start")
+        try:
+            await scheduler.store.check_schema()
+            if not scheduler.executables.frozen:
+                raise ConflictError("executable registry is not frozen")
+            if not await self._check_once():
+                raise UnavailableError("agent worker readiness check failed at start")
+        except BaseException:
+            scheduler._worker_owned = False  # a worker that never started owns nothing
+            raise
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
         self._checker = asyncio.create_task(self._readiness_loop(), name="agent-worker-readiness")
