@@ -112,7 +112,7 @@ async def test_execd_reports_ready_activity_checkpoints_and_admission_through_th
     sub.close()
 
 
-@pytest.mark.req("CTL-1")
+@pytest.mark.req("CTL-1", "RST-6")
 async def test_probe_failures_are_pushed_and_ready_waits_for_the_probe(
     hub: ControlHub, execd_factory: Callable[..., ExecdProcess], short_dir: Path
 ) -> None:
