@@ -126,3 +126,27 @@ async def test_sigkill_mid_delete_completes_on_restart_with_tombstone_and_refuse
             await c.create(CreateRequest(request_id="again", sandbox_id=sid, argv=SLEEPER))
         assert (await c.get(ref_of(keeper))).state == State.RUNNING
         await c.delete(ref_of(keeper))
+
+
+async def test_a_dead_spawner_is_replaced_and_running_sandboxes_are_unaffected(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        first = await c.create(CreateRequest(request_id="a", argv=SLEEPER))
+        assert d.proc is not None
+        children = Path(f"/proc/{d.proc.pid}/task/{d.proc.pid}/children").read_text().split()
+        [spawner] = [int(p) for p in children if b"_spawner" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(spawner, 9)
+        wait_until(lambda: not _alive(spawner))
+        second = await c.create(CreateRequest(request_id="b", argv=SLEEPER))
+        assert second.sandbox.state == State.RUNNING
+        assert (await c.health()).spawner_alive
+        assert (await c.get(ref_of(first))).state == State.RUNNING
+        await c.delete(ref_of(first))
+        await c.delete(ref_of(second))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False

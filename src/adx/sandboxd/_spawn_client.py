@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from typing import Any
 from adx.errors import UnavailableError, UncertainOutcomeError
 
 __all__ = ["SpawnerProcess"]
+
+log = logging.getLogger("adx.sandboxd.spawner")
 
 
 class SpawnerProcess:
@@ -29,6 +32,7 @@ class SpawnerProcess:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next = 0
         self._task: asyncio.Task[None] | None = None
+        self._restart_lock = asyncio.Lock()
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -63,10 +67,27 @@ class SpawnerProcess:
                     fut.set_exception(UncertainOutcomeError("the spawner exited while a sandbox was starting"))
             self._pending.clear()
 
+    async def _restart(self) -> None:
+        """Replace a dead spawner. Safe from the threaded daemon: Popen execs a fresh interpreter at once."""
+        log.warning("the sandbox spawner exited (status %s); starting a new one", self._proc and self._proc.poll())
+        if self._writer is not None:
+            self._writer.close()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._writer = self._reader = None
+        self.start()
+        await self.attach()
+
     async def spawn(self, spec: dict[str, Any], deadline_seconds: float) -> dict[str, Any]:
         """Returns the supervisor's report. Raises UncertainOutcomeError when the outcome is unknown."""
         if self._writer is None or not self.alive():
-            raise UnavailableError("the sandbox spawner is not running")
+            async with self._restart_lock:
+                if self._writer is None or not self.alive():
+                    try:
+                        await self._restart()
+                    except OSError as exc:
+                        raise UnavailableError(f"the sandbox spawner cannot be started: {exc}") from exc
+        assert self._writer is not None
         self._next += 1
         req = self._next
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
