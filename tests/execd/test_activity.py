@@ -140,3 +140,23 @@ def test_concurrent_requests_are_all_counted(execd: ExecdProcess) -> None:
         thread.join(10)
     assert peak["active"] == 3
     assert execd.activity()["active"] == 0
+
+
+@pytest.mark.req("IDLE-2")
+def test_a_stalled_upload_stops_counting_as_activity(execd_factory: Any, short_dir: Any) -> None:
+    """An abandoned-but-open upload is active while it is plausible, then fails with 408 and ends."""
+    import socket
+
+    execd = execd_factory("--body-idle-timeout", "0.5")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(str(execd.socket))
+    try:
+        sock.sendall(f"PUT /v1/files?path={short_dir}/f HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc".encode())
+        assert wait_for(execd, lambda a: a["active"] == 1)["active"] == 1
+        sock.settimeout(5)
+        answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b'"request_timeout"' in answer
+        assert wait_for(execd, lambda a: a["active"] == 0)["active"] == 0
+    finally:
+        sock.close()

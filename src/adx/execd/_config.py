@@ -45,6 +45,8 @@ class ExecdConfig(StrictModel):
     grace_seconds: float = Field(default=5.0, ge=0, le=3600, description="SIGTERM -> SIGKILL at shutdown")
     ring_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30, description="kept output per background stream")
     coalesce_seconds: float = Field(default=0.05, ge=0, le=60, description="min interval of activity reports")
+    body_idle_timeout_seconds: float = Field(default=60.0, gt=0, le=86400, description="stalled request body -> 408")
+    write_timeout_seconds: float = Field(default=300.0, gt=0, le=86400, description="client reading nothing -> drop")
     unset_env: list[str] = Field(
         default_factory=list, description="variables removed from the workload's and commands' environment"
     )
@@ -77,6 +79,8 @@ def to_argv(cfg: ExecdConfig) -> list[str]:
         "--grace-seconds", str(cfg.grace_seconds),
         "--ring-bytes", str(cfg.ring_bytes),
         "--coalesce-seconds", str(cfg.coalesce_seconds),
+        "--body-idle-timeout", str(cfg.body_idle_timeout_seconds),
+        "--write-timeout", str(cfg.write_timeout_seconds),
         "--log-level", cfg.logging.level,
         "--log-format", cfg.logging.format,
     ]  # fmt: skip

@@ -44,6 +44,7 @@ log = logging.getLogger("adx.execd")
 #: How often a foreground command checks whether its client hung up while the command prints nothing.
 CLIENT_POLL = 0.2
 MAX_TIMEOUT = 7 * 86400.0
+STDIN_WRITE_TIMEOUT = 60.0
 RUN_FIELDS = frozenset(
     {
         "argv",
@@ -610,10 +611,18 @@ class Execd:
         written = 0
         try:
             while chunk := await req.body.read():
-                await command.stdin.write(chunk)
+                # Bounded: a command that never reads its stdin must not keep this request active forever.
+                await asyncio.wait_for(command.stdin.write(chunk), STDIN_WRITE_TIMEOUT)
                 written += len(chunk)
         except BrokenPipeError:
             raise HttpError(409, "conflict", "stdin is closed", {"field": "id"}) from None
+        except TimeoutError:
+            raise HttpError(
+                409,
+                "stdin_blocked",
+                f"the command did not read its stdin for {STDIN_WRITE_TIMEOUT:.0f}s",
+                {"field": "id", "written": written},
+            ) from None
         if close:
             command.stdin.close()
         await resp.send_json(200, {"id": command.id, "written": written, "closed": close})

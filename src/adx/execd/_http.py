@@ -24,6 +24,10 @@ MAX_HEAD = 64 * 1024
 IDLE_TIMEOUT = 120.0
 CHUNK = 64 * 1024
 DISCARD_LIMIT = 1 << 20
+#: A request body that stalls this long fails (408): an abandoned upload must not count as activity forever.
+BODY_IDLE_TIMEOUT = 60.0
+#: A client that reads nothing of a response for this long is dropped, for the same reason.
+WRITE_TIMEOUT = 300.0
 
 REASONS = {
     200: "OK",
@@ -34,6 +38,7 @@ REASONS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     409: "Conflict",
     411: "Length Required",
     413: "Payload Too Large",
@@ -91,19 +96,26 @@ class BodyReader:
             await self._next_chunk()
             if self.done:
                 return b""
-        data = await self._reader.read(min(n, self._remaining))
+        data = await self._timed(self._reader.read(min(n, self._remaining)))
         if not data:
             raise HttpError(400, "invalid_request", "request body ended early")
         self._remaining -= len(data)
         if not self._chunked and self._remaining == 0:
             self.done = True
-        elif self._chunked and self._remaining == 0 and await self._reader.readexactly(2) != b"\r\n":
+        elif self._chunked and self._remaining == 0 and await self._timed(self._reader.readexactly(2)) != b"\r\n":
             raise HttpError(400, "invalid_request", "malformed chunked body")
         return data
 
+    @staticmethod
+    async def _timed(awaitable: Awaitable[bytes]) -> bytes:
+        try:
+            return await asyncio.wait_for(awaitable, BODY_IDLE_TIMEOUT)
+        except TimeoutError:
+            raise HttpError(408, "request_timeout", f"no request body data for {BODY_IDLE_TIMEOUT:.0f}s") from None
+
     async def _next_chunk(self) -> None:
         try:
-            line = await self._reader.readuntil(b"\r\n")
+            line = await self._timed(self._reader.readuntil(b"\r\n"))
             size = int(line.split(b";", 1)[0].strip(), 16)
         except (ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
             raise HttpError(400, "invalid_request", "malformed chunked body") from None
@@ -111,7 +123,7 @@ class BodyReader:
             raise HttpError(400, "invalid_request", "malformed chunked body")
         if size == 0:
             # Trailers (ignored) end with an empty line.
-            while (await self._reader.readuntil(b"\r\n")) != b"\r\n":
+            while (await self._timed(self._reader.readuntil(b"\r\n"))) != b"\r\n":
                 pass
             self.done = True
         self._remaining = size
@@ -196,6 +208,12 @@ class Response:
         self._chunked = False
         self.status = 0
 
+    async def _drain(self) -> None:
+        try:
+            await asyncio.wait_for(self._writer.drain(), WRITE_TIMEOUT)
+        except TimeoutError:
+            raise ConnectionAbortedError(f"client read nothing for {WRITE_TIMEOUT:.0f}s") from None
+
     def _head(self, status: int, headers: dict[str, str]) -> bytes:
         self.status = status
         lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
@@ -210,7 +228,7 @@ class Response:
             headers["Content-Type"] = content_type
         self.started = True
         self._writer.write(self._head(status, headers) + body)
-        await self._writer.drain()
+        await self._drain()
         self.finished = True
 
     async def send_json(self, status: int, value: Any) -> None:
@@ -226,7 +244,7 @@ class Response:
             headers["Content-Length"] = str(length)
         self.started = True
         self._writer.write(self._head(status, headers))
-        await self._writer.drain()
+        await self._drain()
 
     async def write(self, data: bytes) -> None:
         if not data:
@@ -236,12 +254,12 @@ class Response:
         else:
             self._writer.write(data)
         # drain() is the backpressure: a slow client slows the producer instead of growing our buffers.
-        await self._writer.drain()
+        await self._drain()
 
     async def end(self) -> None:
         if self._chunked:
             self._writer.write(b"0\r\n\r\n")
-            await self._writer.drain()
+            await self._drain()
         self.finished = True
 
 

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 
+from adx.execd import _http
 from adx.execd._daemon import Execd, ExecdOptions
 from adx.logs import configure_logging
 
@@ -58,6 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="remove NAME from the workload's and commands' environment (repeatable)",
     )
+    p.add_argument(
+        "--body-idle-timeout",
+        type=_positive,
+        default=_http.BODY_IDLE_TIMEOUT,
+        help="seconds a request body may stall before 408 (an abandoned upload is not activity forever)",
+    )
+    p.add_argument(
+        "--write-timeout",
+        type=_positive,
+        default=_http.WRITE_TIMEOUT,
+        help="seconds a client may read nothing of a response before it is dropped",
+    )
     p.add_argument("--log-level", default=os.environ.get("ADX_LOG_LEVEL", "info"))
     p.add_argument("--log-format", default=os.environ.get("ADX_LOG_FORMAT", "kv"), choices=("kv", "json"))
     p.add_argument("workload", nargs=argparse.REMAINDER, help="-- ARGV of the workload (optional)")
@@ -98,5 +111,7 @@ def options_from_args(argv: list[str]) -> tuple[ExecdOptions, argparse.Namespace
 
 def main(argv: list[str] | None = None) -> int:
     options, args = options_from_args(sys.argv[1:] if argv is None else argv)
+    _http.BODY_IDLE_TIMEOUT = args.body_idle_timeout
+    _http.WRITE_TIMEOUT = args.write_timeout
     configure_logging("execd", args.log_level, args.log_format)
     return asyncio.run(Execd(options).run())
