@@ -142,3 +142,36 @@ def test_config_error_exits_at_once_naming_the_key(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     assert "defaults.memory_byte" in out.stderr and "unknown key" in out.stderr
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.req("SBX-13", "SBX-7")
+async def test_uncertain_cleanup_keeps_failed_record_and_failed_delete_keeps_stopping(sandboxd: DaemonFactory) -> None:
+    d = sandboxd(start=False)
+    d.start(env={"ADX_SANDBOXD_FAULTS": "delete.native:fail"})  # the native runtime cannot clean up
+    async with d.client() as c:
+        running = await c.create(CreateRequest(request_id="ok", argv=["sleep", "1000"]))
+        with pytest.raises(UncertainOutcomeError, match="cleanup is uncertain") as info:
+            await c.create(CreateRequest(request_id="bad", argv=["/no/such/binary"]))
+        bad_id = info.value.details["sandbox_id"]  # the ID is in the error
+        listed = {s.sandbox_id: s for s in await c.list()}
+        assert listed[bad_id].state == State.FAILED  # kept as failed, full reservation kept
+        with pytest.raises(UnavailableError, match="injected"):
+            await c.delete(ref_of(running))
+        info_after = await c.get(ref_of(running))  # token and record kept; the intent stays
+        assert info_after.state == State.STOPPING
+        assert d.cgroup_procs(running.sandbox.sandbox_id), "nothing was claimed or killed"
+        reserved = (await c.resource()).reserved.memory_bytes
+        assert reserved == running.sandbox.resources.memory_bytes + listed[bad_id].resources.memory_bytes
+    d.kill()
+    d.start()  # runtime access restored: startup retries the Stopping record
+    async with d.client() as c:
+        with pytest.raises(NotFoundError):
+            await c.get(ref_of(running))
+        [left] = await c.list()
+        assert left.sandbox_id == bad_id and left.state == State.FAILED  # only an explicit delete removes it
+        assert (await c.resource()).reserved.memory_bytes == left.resources.memory_bytes
+        # Retrying the same request returns that failed sandbox (with its token) instead of starting another.
+        again = await c.create(CreateRequest(request_id="bad", argv=["/no/such/binary"]))
+        assert again.sandbox.sandbox_id == bad_id and again.sandbox.state == State.FAILED
+        await c.delete(ref_of(again))
+        assert await c.list() == [] and (await c.resource()).reserved.memory_bytes == 0

@@ -71,10 +71,14 @@ _FAULTS_ENV = "ADX_SANDBOXD_FAULTS"  # test-only fault points, comma separated
 
 
 def _fault(point: str) -> None:
-    """Crash the daemon at a named point when the test harness asks for it (real SIGKILL, no cleanup)."""
-    if point in os.environ.get(_FAULTS_ENV, "").split(","):
+    """Test-only fault points named in $ADX_SANDBOXD_FAULTS: ``<point>`` SIGKILLs the daemon right there (no
+    cleanup code runs); ``<point>:fail`` makes the step fail as an unavailable native runtime would."""
+    faults = os.environ.get(_FAULTS_ENV, "").split(",")
+    if point in faults:
         log.warning("fault injection: SIGKILL at %s", point)
         os.kill(os.getpid(), 9)
+    if f"{point}:fail" in faults:
+        raise UnavailableError(f"injected fault at {point}")
 
 
 def _lock_held(path: Path) -> bool:
@@ -369,6 +373,7 @@ class SandboxService:
         Raises (keeping the Stopping record and reservation) when absence cannot be proven.
         """
         sandbox_id = rec.sandbox_id
+        _fault("delete.native")
         sdir = self.registry.sandbox_dir(sandbox_id)
         cg = self._cgroup(sandbox_id)
         timeout = self.config.delete_timeout_seconds
