@@ -110,7 +110,7 @@ class Daemon:
         for key, value in tables.items():
             if isinstance(value, dict):
                 lines.append(f"[{key}]")
-                lines += [f"{k} = {_toml(v)}" for k, v in value.items()]
+                lines += [f'"{k}" = {_toml(v)}' for k, v in value.items()]
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def spawn(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

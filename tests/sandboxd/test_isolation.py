@@ -156,3 +156,20 @@ async def test_double_forked_daemon_dies_on_delete_and_the_id_is_never_reused(sa
         with pytest.raises(Exception) as info:
             await c.create(CreateRequest(request_id="df2", sandbox_id="double-fork", argv=["true"]))
         assert "never reused" in str(info.value)
+
+
+@pytest.mark.req("SEC-3")
+async def test_configured_read_only_binds_are_visible_and_read_only(sandboxd: DaemonFactory, tmp_path: Path) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (runtime / "tool.txt").write_text("shared tool\n")
+    d = sandboxd(ro_binds={"/opt/adx": str(runtime)})
+    script = "cat /opt/adx/tool.txt; touch /opt/adx/x 2>/dev/null && echo writable || echo read-only"
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="ro", argv=["/bin/sh", "-c", script]))
+        done = await c.wait(ref_of(created), timeout_seconds=20)
+        assert done.sandbox.exit is not None and done.sandbox.exit.exit_code == 0
+        out = (d.sandbox_dir(created.sandbox.sandbox_id) / "output.log").read_text()
+        assert out == "shared tool\nread-only\n"
+        assert sorted(os.listdir(runtime)) == ["tool.txt"]
+        await c.delete(ref_of(created))

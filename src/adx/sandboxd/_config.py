@@ -49,6 +49,10 @@ class SandboxdConfig(StrictModel):
         default_factory=dict,
         description="named artifact roots, e.g. {shared = '/mnt/ckpt'}; 'local' defaults to <state_dir>/checkpoints",
     )
+    ro_binds: dict[str, Path] = Field(
+        default_factory=dict,
+        description="read-only host dirs in every sandbox, {'/opt/adx' = '/var/lib/adx/execd-runtime'}: e.g. execd",
+    )
     capacity: CapacityConfig = CapacityConfig()
     defaults: DefaultsConfig = DefaultsConfig()
     max_record_bytes: int = Field(default=1 << 20, ge=4096, description="larger registry files are refused")
@@ -69,6 +73,22 @@ class SandboxdConfig(StrictModel):
                 raise ValueError(f"checkpoint dir name {name!r} must be an identifier")
             if not path.is_absolute():
                 raise ValueError(f"checkpoint dir {name!r} must be an absolute path")
+        return value
+
+    @field_validator("ro_binds")
+    @classmethod
+    def _binds(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for inside, host in value.items():
+            parts = Path(inside).parts
+            if (
+                not inside.startswith("/")
+                or len(parts) < 2
+                or parts[1] in ("proc", "dev", "tmp", "usr")
+                or ".." in parts
+            ):
+                raise ValueError(f"{inside!r} must be an absolute path outside /proc, /dev, /tmp and /usr")
+            if not host.is_absolute():
+                raise ValueError(f"host dir for {inside!r} must be an absolute path")
         return value
 
     @model_validator(mode="after")

@@ -188,6 +188,9 @@ class SandboxService:
         self._image_root = image / "root"
         for root in self.config.artifact_roots().values():
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for inside, host in self.config.ro_binds.items():
+            if not host.is_dir():
+                raise UnavailableError(f"ro_binds: host dir {host} for {inside} does not exist")
         self._measure_capacity()
 
     def _cgroup_parents(self) -> list[Path]:
@@ -546,6 +549,7 @@ class SandboxService:
             "resources": rec.resources.model_dump(),
             "tmp_bytes": self.config.defaults.tmp_bytes,
             "run_dir": str(sdir / "run"),
+            "ro_binds": {inside: str(host) for inside, host in self.config.ro_binds.items()},
         }
 
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:

@@ -78,6 +78,11 @@ def _in_namespace_setup(spec: dict[str, Any], v1_procs: list[str], log_fd: int, 
         lx.mount("tmpfs", f"{root}/tmp", "tmpfs", lx.MS_NOSUID | lx.MS_NODEV, f"mode=1777,size={spec['tmp_bytes']}")
         if spec.get("run_dir"):
             lx.mount(spec["run_dir"], f"{root}/run/adx", None, lx.MS_BIND)
+        for inside, host_dir in spec.get("ro_binds", {}).items():
+            target = f"{root}{inside}"
+            os.makedirs(target, exist_ok=True)  # the mount point lands in the upper layer (an empty dir)
+            lx.mount(host_dir, target, None, lx.MS_BIND | lx.MS_REC)
+            lx.mount(None, target, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV)
         if spec["network"] == "none":
             lx.set_loopback_up()
         lx.sethostname(spec["hostname"])
