@@ -255,6 +255,11 @@ class AgentWorker:
                 log.warning("tick failed", extra={"slot": index, "error": str(exc)})
                 await self._pause(opts.error_backoff_seconds)
                 continue
+            except Exception:  # a bug must not silently retire a slot: count it, back off, keep ticking
+                self._counters.tick_errors += 1
+                log.exception("tick raised unexpectedly", extra={"slot": index})
+                await self._pause(opts.error_backoff_seconds)
+                continue
             finally:
                 self._busy -= 1
             self._counters.ticks[report.outcome.value] += 1
