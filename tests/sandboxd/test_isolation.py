@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -173,3 +175,34 @@ async def test_configured_read_only_binds_are_visible_and_read_only(sandboxd: Da
         assert out == "shared tool\nread-only\n"
         assert sorted(os.listdir(runtime)) == ["tool.txt"]
         await c.delete(ref_of(created))
+
+
+@pytest.mark.req("SEC-3")
+async def test_veth_network_gives_a_private_address_reachable_from_the_host(sandboxd: DaemonFactory) -> None:
+    import httpx
+
+    d = sandboxd()
+    server = ["/bin/sh", "-c", "echo served > /work/index.txt; exec python3 -m http.server 8765 -d /work"]
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="net", argv=server, network="veth"))
+        info = created.sandbox
+        assert info.network == "veth" and info.address and info.host_address
+        other = await c.create(CreateRequest(request_id="net2", argv=["sleep", "1000"], network="veth"))
+        assert other.sandbox.address != info.address  # one private /30 each
+
+        async def fetch() -> str:
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                for _ in range(100):
+                    try:
+                        return (await http.get(f"http://{info.address}:8765/index.txt")).text
+                    except httpx.TransportError:
+                        await asyncio.sleep(0.05)
+            raise AssertionError("the sandbox's server never answered on its address")
+
+        assert await fetch() == "served\n"
+        await c.delete(ref_of(created))
+        await c.delete(ref_of(other))
+        # The host end of the pair goes away with the sandbox's namespace.
+        wait_until(
+            lambda: info.host_address not in subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
+        )

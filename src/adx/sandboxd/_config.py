@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -33,7 +34,7 @@ class DefaultsConfig(StrictModel):
     pids_max: int = Field(default=1024, ge=8)
     disk_bytes: int = Field(default=1 << 30, ge=0)
     tmp_bytes: int = Field(default=256 << 20, ge=1 << 20)
-    network: Literal["none", "host"] = "none"
+    network: Literal["none", "host", "veth"] = "none"
 
 
 class SandboxdConfig(StrictModel):
@@ -48,6 +49,10 @@ class SandboxdConfig(StrictModel):
     checkpoint_dirs: dict[str, Path] = Field(
         default_factory=dict,
         description="named artifact roots, e.g. {shared = '/mnt/ckpt'}; 'local' defaults to <state_dir>/checkpoints",
+    )
+    veth_pool: str = Field(
+        default="10.213.0.0/16",
+        description="IPv4 pool for network='veth' sandboxes: one /30 each (host end .1, sandbox .2)",
     )
     ro_binds: dict[str, Path] = Field(
         default_factory=dict,
@@ -74,6 +79,14 @@ class SandboxdConfig(StrictModel):
             if not path.is_absolute():
                 raise ValueError(f"checkpoint dir {name!r} must be an absolute path")
         return value
+
+    @field_validator("veth_pool")
+    @classmethod
+    def _pool(cls, value: str) -> str:
+        net = ipaddress.ip_network(value)  # ValueError names the problem
+        if net.version != 4 or net.prefixlen > 29 or not net.is_private:
+            raise ValueError("must be a private IPv4 network of /29 or larger")
+        return str(net)
 
     @field_validator("ro_binds")
     @classmethod

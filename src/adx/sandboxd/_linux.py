@@ -33,6 +33,7 @@ __all__ = [
     "MS_REC",
     "MS_REMOUNT",
     "clone3",
+    "configure_interface",
     "drop_capabilities",
     "mount",
     "peer_credentials",
@@ -206,6 +207,18 @@ def set_loopback_up() -> None:
         flags = struct.unpack("16sH14s", fcntl.ioctl(sock, 0x8913, ifreq))[1]
         ifreq = struct.pack("16sH14s", b"lo", flags | 0x1, b"")  # IFF_UP
         fcntl.ioctl(sock, 0x8914, ifreq)
+
+
+def configure_interface(name: str, address: str, prefix: int) -> None:
+    """Give ``name`` an IPv4 address/prefix and bring it up (SIOCSIFADDR, SIOCSIFNETMASK, SIOCSIFFLAGS)."""
+    mask = (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for request, raw in ((0x8916, socket.inet_aton(address)), (0x891C, struct.pack("!I", mask))):
+            ifreq = struct.pack("16sH2s4s8s", name.encode(), socket.AF_INET, b"", raw, b"")
+            fcntl.ioctl(sock, request, ifreq)
+        ifreq = struct.pack("16sH14s", name.encode(), 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(sock, 0x8913, ifreq))[1]
+        fcntl.ioctl(sock, 0x8914, struct.pack("16sH14s", name.encode(), flags | 0x1, b""))
 
 
 def peer_credentials(sock: Any) -> tuple[int, int, int]:

@@ -91,7 +91,7 @@ class SandboxRecord(_Model):
     init_argv: list[str]
     env: dict[str, str]
     cwd: str
-    network: Literal["none", "host"]
+    network: Literal["none", "host", "veth"]
     resources: Resources
     metadata: dict[str, str]
     created_at: float
@@ -101,6 +101,7 @@ class SandboxRecord(_Model):
     exit: ExitStatus | None = None
     reason: str | None = None
     restored_from: str | None = None
+    net_index: int | None = Field(default=None, description="veth mode: the /30 of the node's pool in use")
 
 
 class CreateRequest(_Model):
@@ -114,7 +115,10 @@ class CreateRequest(_Model):
     resources: ResourcesSpec = ResourcesSpec()
     metadata: dict[str, str] = Field(default_factory=dict)
     ttl_seconds: float | None = Field(default=None, gt=0)
-    network: Literal["none", "host"] | None = None
+    network: Literal["none", "host", "veth"] | None = Field(
+        default=None,
+        description="none: private netns with lo only; veth: plus a veth pair with a private /30; host: shared",
+    )
 
     @field_validator("sandbox_id")
     @classmethod
@@ -167,6 +171,8 @@ class SandboxInfo(_Model):
     reason: str | None
     restored_from: str | None
     run_dir: str = Field(description="host dir bind-mounted at /run/adx inside (for the execd socket)")
+    address: str | None = Field(default=None, description="veth mode: the sandbox's private IPv4 address")
+    host_address: str | None = Field(default=None, description="veth mode: the host end's address")
     observation_error: str | None = Field(default=None, description="native query failed; state is the last stored")
 
 

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -129,6 +130,7 @@ class SandboxService:
         self._alloc_lock: asyncio.Lock | None = None
         self._image: dict[str, Any] = {}
         self._image_root = Path()
+        self._next_net = 0
         self._resource: ResourceInfo | None = None
         self.capacity = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
 
@@ -153,6 +155,7 @@ class SandboxService:
         self.records = dict(loaded.records)
         self.tombstoned = set(loaded.tombstones) | set(loaded.uncommitted)
         self.by_request = {r.request_id: r.sandbox_id for r in self.records.values()}
+        self._next_net = 1 + max((r.net_index for r in self.records.values() if r.net_index is not None), default=-1)
         for sandbox_id, tomb in loaded.tombstones.items():
             if (
                 self.registry.needs_reclaim(sandbox_id)
@@ -230,6 +233,7 @@ class SandboxService:
         return SandboxCgroup(self.layout, self.config.cgroup_parent, sandbox_id)
 
     def _info(self, rec: SandboxRecord, observation_error: str | None = None) -> SandboxInfo:
+        veth = self._veth(rec)
         return SandboxInfo(
             sandbox_id=rec.sandbox_id,
             generation=rec.generation,
@@ -250,6 +254,8 @@ class SandboxService:
             reason=rec.reason,
             restored_from=rec.restored_from,
             run_dir=str(self.registry.sandbox_dir(rec.sandbox_id) / "run"),
+            address=veth["sandbox_ip"] if veth else None,
+            host_address=veth["host_ip"] if veth else None,
             observation_error=observation_error,
         )
 
@@ -514,10 +520,34 @@ class SandboxService:
             updated_at=now,
             expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
             restored_from=restore[1]["checkpoint_id"] if restore else None,
+            net_index=self._allocate_net() if (req.network or d.network) == "veth" else None,
         )
         self.records[sandbox_id] = rec  # reserved from here on
         self.by_request[req.request_id] = sandbox_id
         return rec
+
+    def _allocate_net(self) -> int:
+        """Next free /30 of the pool, round robin: a just-freed subnet is reused last, after its veth is gone."""
+        pool = ipaddress.ip_network(self.config.veth_pool)
+        size = pool.num_addresses // 4
+        used = {r.net_index for r in self.records.values() if r.net_index is not None}
+        for step in range(size):
+            index = (self._next_net + step) % size
+            if index not in used:
+                self._next_net = index + 1
+                return index
+        raise ConflictError(f"veth pool {pool} is exhausted", details={"pool": str(pool)})
+
+    def _veth(self, rec: SandboxRecord) -> dict[str, Any] | None:
+        if rec.net_index is None:
+            return None
+        base = ipaddress.ip_network(self.config.veth_pool).network_address + 4 * rec.net_index
+        return {
+            "host_if": "adxv" + hashlib.sha256(rec.sandbox_id.encode()).hexdigest()[:10],
+            "host_ip": str(base + 1),
+            "sandbox_ip": str(base + 2),
+            "prefix": 30,
+        }
 
     def _unreserve(self, rec: SandboxRecord) -> None:
         self.records.pop(rec.sandbox_id, None)
@@ -550,6 +580,7 @@ class SandboxService:
             "tmp_bytes": self.config.defaults.tmp_bytes,
             "run_dir": str(sdir / "run"),
             "ro_binds": {inside: str(host) for inside, host in self.config.ro_binds.items()},
+            "veth": self._veth(rec),
         }
 
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:

@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ def boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-def _in_namespace_setup(spec: dict[str, Any], v1_procs: list[str], log_fd: int, err_fd: int) -> None:
+def _in_namespace_setup(
+    spec: dict[str, Any], v1_procs: list[str], log_fd: int, err_fd: int, sync_fd: int | None
+) -> None:
     """Runs in the cloned child (PID 1 of the new PID namespace); ends in execve or _exit."""
     try:
         for path in v1_procs:
@@ -83,8 +86,16 @@ def _in_namespace_setup(spec: dict[str, Any], v1_procs: list[str], log_fd: int, 
             os.makedirs(target, exist_ok=True)  # the mount point lands in the upper layer (an empty dir)
             lx.mount(host_dir, target, None, lx.MS_BIND | lx.MS_REC)
             lx.mount(None, target, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV)
-        if spec["network"] == "none":
+        if spec["network"] in ("none", "veth"):
             lx.set_loopback_up()
+        if spec["network"] == "veth":
+            assert sync_fd is not None
+            # The supervisor moves our end of the veth pair into this namespace, then says go.
+            if os.read(sync_fd, 1) != b"1":
+                raise OSError("the supervisor could not create the veth pair")
+            os.close(sync_fd)
+            veth = spec["veth"]
+            lx.configure_interface("eth0", veth["sandbox_ip"], veth["prefix"])
         lx.sethostname(spec["hostname"])
         os.chdir(root)
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.
@@ -161,8 +172,9 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         return 1
 
     flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
-    if spec["network"] == "none":
+    if spec["network"] in ("none", "veth"):
         flags |= lx.CLONE_NEWNET
+    sync_r, sync_w = os.pipe2(os.O_CLOEXEC) if spec["network"] == "veth" else (None, None)
     log_fd = os.open(sdir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     cg_fd = os.open(cgroup.v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2 else None
@@ -173,8 +185,15 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         return 1
     if pid == 0:
         os.close(err_r)
-        _in_namespace_setup(spec, cgroup.v1_procs_files(), log_fd, err_w)  # never returns
+        if sync_w is not None:
+            os.close(sync_w)
+        _in_namespace_setup(spec, cgroup.v1_procs_files(), log_fd, err_w, sync_r)  # never returns
     os.close(err_w)
+    if sync_r is not None and sync_w is not None:
+        os.close(sync_r)
+        ok = _create_veth(spec["veth"], pid)
+        os.write(sync_w, b"1" if ok else b"0")
+        os.close(sync_w)
     if cg_fd is not None:
         os.close(cg_fd)
     chunks = []
@@ -204,6 +223,20 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     else:
         _record_exit(sdir, code, None, cgroup)
     return 0
+
+
+def _create_veth(veth: dict[str, Any], pid: int) -> bool:
+    """Host end in the host namespace, peer ``eth0`` straight into the sandbox's (one ``ip -batch``)."""
+    batch = (
+        f"link add {veth['host_if']} type veth peer name eth0 netns {pid}\n"
+        f"addr add {veth['host_ip']}/{veth['prefix']} dev {veth['host_if']}\n"
+        f"link set {veth['host_if']} up\n"
+    )
+    out = subprocess.run(["ip", "-batch", "-"], input=batch.encode(), capture_output=True, check=False)
+    if out.returncode != 0:
+        print(f"veth setup failed: {out.stderr.decode(errors='replace')}", flush=True)
+        return False
+    return True
 
 
 def _write_json_no_sync(path: Path, value: dict[str, Any]) -> None:
