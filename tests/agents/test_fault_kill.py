@@ -135,7 +135,7 @@ async def test_sigkill_workers_at_random_points_loses_and_duplicates_nothing(
 
 
 @pytest.mark.slow
-@pytest.mark.req("AGT-17", "AGT-6")
+@pytest.mark.req("AGT-17", "AGT-6", "AGT-14")
 async def test_terminal_replay_in_a_new_process_reruns_no_node(
     store: AgentStore, executables: ExecutableGraphRegistry, postgres_dsn: str, tmp_path: Path
 ) -> None:

@@ -112,6 +112,7 @@ def api(store: AgentStore, registry: Any) -> AgentRuns:
     return AgentRuns(store, registry)
 
 
+@pytest.mark.req("AGT-2")
 async def test_missing_cancellation_schema_stops_lifecycle_startup(store: AgentStore) -> None:
     """AGT-2: without the standard cancellation schema, lifecycle start-up fails closed."""
     schemas = JsonSchemaRegistryBuilder.with_default_limits()
@@ -258,7 +259,9 @@ async def test_lost_ack_success_replays_exactly_without_rereading_evidence(
     with pytest.raises(StaleFenceError):
         await scheduler.loop.lifecycle.commit(cancel)
     with pytest.raises(StaleFenceError):  # the same event, but expecting another terminal status
-        await scheduler.loop.lifecycle.replay_terminal(claim, handoff.event_id, "failed")
+        await scheduler.loop.lifecycle.replay_terminal(claim, handoff.event_id, "failed", handoff.revision)
+    with pytest.raises(StaleFenceError):  # the same event, but not committed at the expected revision + 1
+        await scheduler.loop.lifecycle.replay_terminal(claim, handoff.event_id, "succeeded", handoff.revision + 1)
     assert evidence.calls == 1
     view = await api.get_run(TENANT, run.run_id)
     assert view.status == "succeeded"

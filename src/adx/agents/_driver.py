@@ -126,6 +126,7 @@ class SuccessHandoff:
     step: int
     artifact: Any
     usage: dict[str, int]
+    revision: int = 0  # the run revision the driver last committed or claimed (AGT-9 replay expects + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ class FailureHandoff:
     reason: str
     attempt_id: uuid.UUID | None
     in_flight: tuple[uuid.UUID, ...] = ()
+    revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,7 @@ class CancellationHandoff:
     step: int
     attempt_id: uuid.UUID | None
     usage: dict[str, int]
+    revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,9 +453,10 @@ class DurableGraphDriver:
         opts = self.options
         ck = claim.checkpoint
         step = ck.seq
+        rev = claim.revision
         usage = dict(claim.usage)
         if claim.cancel_requested:
-            return CancellationHandoff(claim, uuid.uuid4(), step, None, usage)
+            return CancellationHandoff(claim, uuid.uuid4(), step, None, usage, revision=rev)
         graph = self.executables.get(claim.graph_name, claim.graph_version)
         if claim.descriptor.get("graph_digest") != graph.digest:
             # This worker's registry differs from the one the run was admitted under: do not drive it.
@@ -468,7 +472,7 @@ class DurableGraphDriver:
             )
         if ck.next_node is None:
             # The terminal-ready checkpoint is durable: finish without re-running any node.
-            return SuccessHandoff(claim, uuid.uuid4(), step, ck.artifact, usage)
+            return SuccessHandoff(claim, uuid.uuid4(), step, ck.artifact, usage, revision=rev)
         budget = Budget(**claim.budget)
         node = ck.next_node
         failures = claim.prior_attempts
@@ -479,6 +483,7 @@ class DurableGraphDriver:
                 step,
                 f"quarantined: node {node!r} at step {step} was abandoned or failed {failures} times",
                 None,
+                revision=rev,
             )
         state = ck.state
         wake = claim.wake if ck.kind == "wait" else None
@@ -487,7 +492,12 @@ class DurableGraphDriver:
         while True:
             if usage["node_commits"] >= budget.max_steps:
                 return FailureHandoff(
-                    claim, uuid.uuid4(), step, f"budget exhausted: max_steps={budget.max_steps}", attempt_id
+                    claim,
+                    uuid.uuid4(),
+                    step,
+                    f"budget exhausted: max_steps={budget.max_steps}",
+                    attempt_id,
+                    revision=rev,
                 )
             ctx = NodeContext(
                 self.store,
@@ -505,7 +515,9 @@ class DurableGraphDriver:
                 if outcome is None:
                     outcome = Next()
                 if isinstance(outcome, Fail):
-                    return FailureHandoff(claim, uuid.uuid4(), step, str(outcome.reason)[:1024], attempt_id)
+                    return FailureHandoff(
+                        claim, uuid.uuid4(), step, str(outcome.reason)[:1024], attempt_id, revision=rev
+                    )
                 if isinstance(outcome, NodeWaits):
                     waits = _waits_json(outcome.waits)
                     resume = outcome.resume_at or node
@@ -521,7 +533,7 @@ class DurableGraphDriver:
             except (StaleFenceError, asyncio.CancelledError):
                 raise
             except (BudgetExceededError, ToolOutcomeUnknownError) as exc:
-                return FailureHandoff(claim, uuid.uuid4(), step, str(exc)[:1024], attempt_id)
+                return FailureHandoff(claim, uuid.uuid4(), step, str(exc)[:1024], attempt_id, revision=rev)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"[:1024]
                 if ctx.in_flight:
@@ -530,7 +542,12 @@ class DurableGraphDriver:
                 failures += 1
                 if failures >= opts.max_node_attempts:
                     return FailureHandoff(
-                        claim, uuid.uuid4(), step, f"node {node!r} failed {failures} times: {error}", attempt_id
+                        claim,
+                        uuid.uuid4(),
+                        step,
+                        f"node {node!r} failed {failures} times: {error}",
+                        attempt_id,
+                        revision=rev,
                     )
                 return ReleaseHandoff(
                     claim,
@@ -572,16 +589,17 @@ class DurableGraphDriver:
             )
             lease.extended()
             step += 1
+            rev = result.revision
             usage = result.usage
             nodes_run += 1
             state, wake, failures = new_state, None, 0
             if next_node is None:
-                return SuccessHandoff(claim, uuid.uuid4(), step, artifact, usage)
+                return SuccessHandoff(claim, uuid.uuid4(), step, artifact, usage, revision=rev)
             assert result.next_attempt_id is not None
             attempt_id = result.next_attempt_id
             node = next_node
             if result.cancel_requested:
-                return CancellationHandoff(claim, uuid.uuid4(), step, attempt_id, usage)
+                return CancellationHandoff(claim, uuid.uuid4(), step, attempt_id, usage, revision=rev)
             if shutdown.is_set():
                 return ReleaseHandoff(
                     claim, uuid.uuid4(), step, ReleaseKind.YIELDED, "worker shutting down", 0.0, attempt_id, "skipped"

@@ -255,14 +255,18 @@ class DurableGraphLifecycle:
 
     # --- terminal edges (AGT-6..9) -----------------------------------------------------------------------
 
-    async def replay_terminal(self, claim: Claim, event_id: uuid.UUID, status: str) -> LifecycleResult | None:
-        """Lost-ACK replay (AGT-9): the same event, the committed revision (pre-commit + 1, unchanged since),
-        the expected terminal status and a cleared lease; anything else is stale and fails closed."""
+    async def replay_terminal(
+        self, claim: Claim, event_id: uuid.UUID, status: str, revision: int
+    ) -> LifecycleResult | None:
+        """Lost-ACK replay (AGT-9): only the same event, committed at exactly ``revision + 1`` (the driver's last
+        revision plus this edge) and unchanged since, with the expected terminal status and a cleared lease;
+        anything else is stale and fails closed. Committed facts are returned; evidence is not read again."""
         row = await self.store.read_terminal(claim.key, event_id)
         if row is None:
             return None
         ok = (
             row["terminal_event_id"] == event_id
+            and row["event_revision"] == revision + 1
             and row["event_fence"] == claim.fence
             and row["status"] == status
             and row["result_status"] == status
@@ -335,7 +339,7 @@ class DurableGraphLifecycle:
 
     async def _terminal(
         self,
-        h: Handoff,
+        h: SuccessHandoff | FailureHandoff | CancellationHandoff,
         *,
         status: str,
         artifact: Any,
@@ -368,7 +372,7 @@ class DurableGraphLifecycle:
                 )
             except (UncertainOutcomeError, StaleFenceError) as exc:
                 # Lost ACK or a concurrent change: the committed facts decide, never a second evidence read.
-                replay = await self.replay_terminal(h.claim, h.event_id, status)
+                replay = await self.replay_terminal(h.claim, h.event_id, status, h.revision)
                 if replay is not None:
                     return replay
                 if isinstance(exc, StaleFenceError) or attempt + 1 == self.options.commit_attempts:
@@ -376,7 +380,7 @@ class DurableGraphLifecycle:
         raise AssertionError("unreachable")
 
     async def commit_success(self, h: SuccessHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, "succeeded")
+        replay = await self.replay_terminal(h.claim, h.event_id, "succeeded", h.revision)
         if replay is not None:
             return replay
         await self.store.check_current(h.claim, h.step)
@@ -443,7 +447,7 @@ class DurableGraphLifecycle:
                 h.reason,
             )
             return await self.commit_release(release)
-        replay = await self.replay_terminal(h.claim, h.event_id, "failed")
+        replay = await self.replay_terminal(h.claim, h.event_id, "failed", h.revision)
         if replay is not None:
             return replay
         await self.store.check_current(h.claim, h.step)
@@ -483,7 +487,7 @@ class DurableGraphLifecycle:
         )
 
     async def commit_cancellation(self, h: CancellationHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, "cancelled")
+        replay = await self.replay_terminal(h.claim, h.event_id, "cancelled", h.revision)
         if replay is not None:
             return replay
         await self.store.check_current(h.claim, h.step)
