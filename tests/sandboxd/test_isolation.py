@@ -27,6 +27,13 @@ out = {
     "cap_eff": int([l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1], 16),
 }
 try:
+    with open("/proc/sys/kernel/core_pattern", "w") as fh:
+        fh.write("|/bin/false")
+    out["core_pattern_writable"] = True
+except OSError as exc:
+    out["core_pattern_writable"] = exc.strerror
+out["kallsyms"] = open("/proc/kallsyms").read()
+try:
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     out["mount"] = libc.mount(b"tmpfs", b"/mnt", b"tmpfs", 0, None) == 0
@@ -66,6 +73,7 @@ async def test_sandbox_sees_no_host_processes_and_writes_land_in_its_upper_layer
         assert out["interfaces"] == ["lo"], "a private network namespace by default"
         assert not out["cap_eff"] & (1 << 21), "CAP_SYS_ADMIN is dropped"
         assert out["mount"] is False
+        assert out["core_pattern_writable"] == "Read-only file system" and out["kallsyms"] == ""
         upper = d.sandbox_dir(sid) / "upper"
         assert (upper / "work/hello.txt").read_text() == "from the sandbox\n"
         assert (upper / "etc/adx-probe").exists() and (upper / "opt/new/file").exists()

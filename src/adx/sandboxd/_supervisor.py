@@ -65,6 +65,7 @@ def _in_namespace_setup(
             lx.mount(host_dir, target, None, lx.MS_BIND | lx.MS_REC)
             lx.mount(None, target, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NODEV)
         lx.mount("proc", f"{root}/proc", "proc", lx.MS_NOSUID | lx.MS_NODEV | lx.MS_NOEXEC)
+        _harden_proc(f"{root}/proc")
         dev = f"{root}/dev"
         lx.mount("tmpfs", dev, "tmpfs", lx.MS_NOSUID | lx.MS_NOEXEC, "mode=755,size=256k")
         for name in _DEVICES:
@@ -119,6 +120,24 @@ def _in_namespace_setup(
             os.write(err_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
     finally:
         os._exit(127)
+
+
+# Without a user namespace the sandbox's root is uid 0, and many /proc/sys files check only the uid: a write to
+# kernel/core_pattern would run a host command as root. These stay read-only; kernel-internals are masked.
+_PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+_PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "kmsg")
+
+
+def _harden_proc(proc: str) -> None:
+    for name in _PROC_READ_ONLY:
+        path = f"{proc}/{name}"
+        if os.path.exists(path):
+            lx.mount(path, path, None, lx.MS_BIND | lx.MS_REC)
+            lx.mount(None, path, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV)
+    for name in _PROC_MASKED:
+        path = f"{proc}/{name}"
+        if os.path.exists(path):
+            lx.mount("/dev/null", path, None, lx.MS_BIND)
 
 
 def _record_state(sdir: Path) -> str | None:
