@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import TENANT, build_registry, fetch, make_scheduler
-from test_lifecycle import approval_graph
+from agents_helpers import TENANT, build_registry, fetch, make_scheduler
+from test_agents_lifecycle import approval_graph
 
 from adx.agents import (
     AgentRuns,

@@ -20,7 +20,7 @@ import agents_testapp
 import httpx
 import psycopg
 import pytest
-from conftest import TENANT
+from agents_helpers import TENANT
 
 from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry
 

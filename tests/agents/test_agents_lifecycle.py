@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import (
+from agents_helpers import (
     ANY_OBJECT,
     TENANT,
     CountingEvidence,

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import ANY_OBJECT, TENANT, build_registry, make_scheduler
+from agents_helpers import ANY_OBJECT, TENANT, build_registry, make_scheduler
 
 from adx.agents import (
     AgentRuns,

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import TENANT, make_scheduler
+from agents_helpers import TENANT, make_scheduler
 
 from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry, ExecutedOutcome, TickOutcome
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from conftest import ANY_OBJECT, TENANT, build_registry, claim_next, fetch, make_scheduler
+from agents_helpers import ANY_OBJECT, TENANT, build_registry, claim_next, fetch, make_scheduler
 
 from adx.agents import (
     AgentRuns,

@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import ANY_OBJECT, TENANT, fetch, make_scheduler, standard_schemas
+from agents_helpers import ANY_OBJECT, TENANT, fetch, make_scheduler, standard_schemas
 
 from adx.agents import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,

@@ -11,7 +11,7 @@ from typing import Any
 
 import agents_testapp
 import pytest
-from conftest import TENANT, build_registry, fetch, make_scheduler
+from agents_helpers import TENANT, build_registry, fetch, make_scheduler
 
 from adx.agents import (
     AgentRuns,

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import TENANT, fetch, make_scheduler
+from agents_helpers import TENANT, fetch, make_scheduler
 
 from adx.agents import AgentRuns, AgentStore, DurableGraphDriverOptions, TickOutcome
 
