@@ -33,6 +33,16 @@ try:
 except OSError as exc:
     out["core_pattern_writable"] = exc.strerror
 out["kallsyms"] = open("/proc/kallsyms").read()
+import ctypes, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def errno_of(*args):
+    return 0 if libc.syscall(*args) >= 0 else ctypes.get_errno()
+out["unshare_userns"] = errno_of(272, 0x10000000)       # EPERM expected
+out["keyctl"] = errno_of(250, 0, 0, 0, 0, 0)             # KEYCTL_GET_KEYRING_ID: EPERM expected
+out["subprocess"] = subprocess.run(["echo", "ok"], capture_output=True, text=True).stdout.strip()
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+out["threads"] = True
 try:
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
@@ -73,6 +83,8 @@ async def test_sandbox_sees_no_host_processes_and_writes_land_in_its_upper_layer
         assert out["interfaces"] == ["lo"], "a private network namespace by default"
         assert not out["cap_eff"] & (1 << 21), "CAP_SYS_ADMIN is dropped"
         assert out["mount"] is False
+        assert out["unshare_userns"] == 1 and out["keyctl"] == 1  # EPERM from the seccomp filter
+        assert out["subprocess"] == "ok" and out["threads"]  # clone3 -> ENOSYS -> libc falls back to clone
         assert out["core_pattern_writable"] == "Read-only file system" and out["kallsyms"] == ""
         upper = d.sandbox_dir(sid) / "upper"
         assert (upper / "work/hello.txt").read_text() == "from the sandbox\n"

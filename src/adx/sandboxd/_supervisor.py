@@ -105,6 +105,7 @@ def _in_namespace_setup(
         os.chdir("/")
         os.chdir(spec["cwd"])
         lx.drop_capabilities()
+        lx.install_seccomp()  # last: it forbids mount/pivot_root, which the setup above needed
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
