@@ -31,6 +31,7 @@ async def test_checkpoint_delete_restore_here_and_on_a_second_sandboxd(sandboxd:
         src = await c1.create(CreateRequest(request_id="src", argv=["/bin/sh", "-c", WRITER], metadata={"k": "v"}))
         sid = src.sandbox.sandbox_id
         wait_until(lambda: (d1.sandbox_dir(sid) / "upper/work/ready").exists())
+        assert (await c1.stats(ref_of(src))).disk_bytes >= 3 * 4096  # the writable layer's usage is reported
         ck = await c1.checkpoint(ref_of(src), storage="shared")
         assert ck.kind == "filesystem" and Path(ck.location).parent == shared
         manifest = json.loads((Path(ck.location) / "manifest.json").read_text())

@@ -147,6 +147,7 @@ async def test_pids_limit_holds(sandboxd: DaemonFactory) -> None:
         assert 1 <= forked < 12
         stats = await c.stats(ref_of(created))
         assert stats.pids <= 12
+        assert stats.memory_bytes > 0 and stats.cpu_usage_ns > 0
         await c.delete(ref_of(created))
 
 

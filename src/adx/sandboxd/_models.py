@@ -208,6 +208,7 @@ class Stats(_Model):
     memory_peak_bytes: int
     pids: int
     oom_kills: int
+    disk_bytes: int = Field(description="bytes in the sandbox's writable layer (reported; not enforced on ext4)")
     observed_at: float
 
 

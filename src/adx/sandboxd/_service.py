@@ -113,6 +113,28 @@ def _whole_device(dev: int) -> str:
     return f"{major}:{minor}"
 
 
+def _tree_bytes(root: Path) -> int:
+    """Allocated bytes under ``root`` (like du; hard links counted once), without following symlinks."""
+    total, seen, stack = 0, set(), [root]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+    return total
+
+
 class SandboxService:
     def __init__(self, config: SandboxdConfig, layout: CgroupLayout) -> None:
         self.config = config
@@ -726,6 +748,7 @@ class SandboxService:
                 memory_peak_bytes=s.memory_peak_bytes,
                 pids=s.pids,
                 oom_kills=s.oom_kills,
+                disk_bytes=_tree_bytes(self.registry.sandbox_dir(rec.sandbox_id) / "upper"),
                 observed_at=time.time(),
             )
 
