@@ -257,10 +257,18 @@ class AgentStore:
             raise translate(exc, what, writing=writing) from exc
 
     @contextlib.asynccontextmanager
-    async def transaction(self, what: str) -> AsyncIterator[Conn]:
-        """One write transaction; a lost connection surfaces as UncertainOutcomeError (reconcile, then retry)."""
-        async with self.connection(what, writing=True) as conn, conn.transaction():
-            yield conn
+    async def transaction(self, what: str, *, single_statement: bool = False) -> AsyncIterator[Conn]:
+        """One write transaction; a lost connection surfaces as UncertainOutcomeError (reconcile, then retry).
+
+        ``single_statement``: the body runs exactly one statement, which PostgreSQL executes atomically as its
+        own transaction; skipping BEGIN/COMMIT saves two round trips on the hot path without weakening it.
+        """
+        async with self.connection(what, writing=True) as conn:
+            if single_statement:
+                yield conn
+            else:
+                async with conn.transaction():
+                    yield conn
         if self.faults.after_commit is not None:
             self.faults.after_commit(what)
 
@@ -592,7 +600,7 @@ class AgentStore:
     async def start_node_attempt(self, claim: Claim, node: str) -> uuid.UUID:
         """Record a node attempt before dispatch (fenced)."""
         attempt_id = uuid.uuid4()
-        async with self.transaction("start node attempt") as conn:
+        async with self.transaction("start node attempt", single_statement=True) as conn:
             cur = await conn.execute(
                 "INSERT INTO adx_agent_attempts (attempt_id, tenant_id, run_id, step, node, kind, call_key, fence,"
                 " status) SELECT %s, tenant_id, run_id, %s, %s, 'node', %s, fence, 'started' FROM adx_agent_runs"
@@ -614,7 +622,7 @@ class AgentStore:
 
     async def renew_lease(self, key: RunKey, fence: int, owner: str, lease_s: float) -> bool:
         """Extend our lease; False when the fence or owner moved on (we lost the run)."""
-        async with self.transaction("renew lease") as conn:
+        async with self.transaction("renew lease", single_statement=True) as conn:
             cur = await conn.execute(
                 "UPDATE adx_agent_runs SET lease_expires_at = now() + make_interval(secs => %s)"
                 " WHERE tenant_id = %s AND run_id = %s AND fence = %s AND lease_owner = %s RETURNING 1",
@@ -638,7 +646,7 @@ class AgentStore:
     ) -> uuid.UUID:
         """Record a model/tool call before it is dispatched (fenced)."""
         attempt_id = uuid.uuid4()
-        async with self.transaction(f"start {kind} call") as conn:
+        async with self.transaction(f"start {kind} call", single_statement=True) as conn:
             cur = await conn.execute(
                 "INSERT INTO adx_agent_attempts (attempt_id, tenant_id, run_id, step, node, kind, call_key, fence,"
                 " status, request) SELECT %s, tenant_id, run_id, %s, %s, %s, %s, fence, 'started', %s"
@@ -719,7 +727,7 @@ class AgentStore:
         new_seq = step + 1
         next_attempt = uuid.uuid4() if next_node is not None else None
         k = claim.key
-        async with self.transaction("commit node") as conn:
+        async with self.transaction("commit node", single_statement=not hooks) as conn:
             cur = await conn.execute(
                 "WITH r AS (UPDATE adx_agent_runs SET checkpoint_seq = %(seq)s, revision = revision + 1,"
                 "   updated_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s)"
@@ -817,7 +825,7 @@ class AgentStore:
         with database time, status Waiting, lease released."""
         timers = [w["timer_ms"] for w in waits if w["kind"] == "timer"]
         k = claim.key
-        async with self.transaction("commit wait") as conn:
+        async with self.transaction("commit wait", single_statement=True) as conn:
             cur = await conn.execute(
                 "WITH r AS (UPDATE adx_agent_runs SET status = 'waiting', checkpoint_seq = %(seq)s,"
                 "   revision = revision + 1, lease_owner = NULL, lease_expires_at = NULL, claim_id = NULL,"
@@ -903,7 +911,7 @@ class AgentStore:
     ) -> dict[str, Any]:
         """AGT-6/7/8 in ONE statement: terminal checkpoint, result, status, cleared ownership, event."""
         k = claim.key
-        async with self.transaction(f"commit {status}") as conn:
+        async with self.transaction(f"commit {status}", single_statement=True) as conn:
             cur = await conn.execute(
                 "WITH r AS (UPDATE adx_agent_runs SET status = %(status)s, checkpoint_seq = %(seq)s,"
                 "   revision = revision + 1, lease_owner = NULL, lease_expires_at = NULL, claim_id = NULL,"
@@ -1001,7 +1009,7 @@ class AgentStore:
     ) -> int:
         """Give the run back (Deferred, Yielded, RecoveryReleased): ONE transaction clears our exact lease."""
         k = claim.key
-        async with self.transaction("release run") as conn:
+        async with self.transaction("release run", single_statement=True) as conn:
             cur = await conn.execute(
                 "WITH r AS (UPDATE adx_agent_runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,"
                 "   claim_id = NULL, revision = revision + 1, updated_at = now(),"
