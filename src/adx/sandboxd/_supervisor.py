@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adx._fs import atomic_write_json
+from adx._fs import fsync_dir
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 
@@ -237,11 +237,11 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
             continue
     code = os.waitstatus_to_exitcode(status) if status != -1 else None
     if code is None:
-        _record_exit(sdir, None, None, cgroup)
+        _record_exit(sdir, None, None, cgroup, lock_fd=lock_fd)
     elif code < 0:
-        _record_exit(sdir, None, -code, cgroup)
+        _record_exit(sdir, None, -code, cgroup, lock_fd=lock_fd)
     else:
-        _record_exit(sdir, code, None, cgroup)
+        _record_exit(sdir, code, None, cgroup, lock_fd=lock_fd)
     return 0
 
 
@@ -266,22 +266,44 @@ def _write_json_no_sync(path: Path, value: dict[str, Any]) -> None:
 
 
 def _record_exit(
-    sdir: Path, code: int | None, sig: int | None, cgroup: SandboxCgroup, *, setup_failed: bool = False
+    sdir: Path,
+    code: int | None,
+    sig: int | None,
+    cgroup: SandboxCgroup,
+    *,
+    setup_failed: bool = False,
+    lock_fd: int | None = None,
 ) -> None:
+    """Publish how the workload ended, release the lifecycle lock, then make the record durable.
+
+    Publication is an atomic rename (enough for sandboxd restarts: the page cache survives them). The lock is
+    released right after, so a waiting Delete is not held up by the disk; the fsyncs that make the record
+    survive a host crash too follow (harmless if a Delete already reclaimed the file).
+    """
     try:
         oom_kills = cgroup.oom_kills()
     except OSError:
         oom_kills = 0
-    atomic_write_json(
-        sdir / EXIT_FILE,
-        {
-            "exit_code": code,
-            "signal": sig,
-            # The kernel killed something in this sandbox for memory and the init died of SIGKILL.
-            "oom_killed": bool(oom_kills) and sig == signal.SIGKILL,
-            "oom_kills": oom_kills,
-            "setup_failed": setup_failed,
-            "finished_at": time.time(),
-            "boot_id": boot_id(),
-        },
-    )
+    record = {
+        "exit_code": code,
+        "signal": sig,
+        # The kernel killed something in this sandbox for memory and the init died of SIGKILL.
+        "oom_killed": bool(oom_kills) and sig == signal.SIGKILL,
+        "oom_kills": oom_kills,
+        "setup_failed": setup_failed,
+        "finished_at": time.time(),
+        "boot_id": boot_id(),
+    }
+    path = sdir / EXIT_FILE
+    tmp = path.with_name(f".{EXIT_FILE}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(record, indent=2, sort_keys=True).encode() + b"\n")
+        os.replace(tmp, path)
+        if lock_fd is not None:
+            os.close(lock_fd)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        fsync_dir(sdir)
