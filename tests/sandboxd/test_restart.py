@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -150,3 +151,30 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.req("SBX-10", "SBX-2")
+async def test_pause_freezes_in_place_and_a_restart_maps_it_to_paused(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    counter = [
+        "/bin/sh",
+        "-c",
+        "i=0; while :; do i=$((i+1)); echo $i > /work/n.tmp; mv /work/n.tmp /work/n; sleep 0.01; done",
+    ]
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="p", argv=counter))
+        n = d.sandbox_dir(created.sandbox.sandbox_id) / "upper/work/n"
+        wait_until(lambda: n.exists() and int(n.read_text()) > 3)
+        assert (await c.pause(ref_of(created))).state == State.PAUSED
+        frozen_at = n.read_text()
+        await asyncio.sleep(0.3)
+        assert n.read_text() == frozen_at
+    d.kill()
+    d.start()
+    async with d.client() as c:
+        assert (await c.get(ref_of(created))).state == State.PAUSED  # native Paused -> Paused
+        assert (await c.resume(ref_of(created))).state == State.RUNNING
+        wait_until(lambda: int(n.read_text()) > int(frozen_at) + 3)
+        await c.pause(ref_of(created))
+        await c.delete(ref_of(created))  # a frozen sandbox is deleted like any other
+        assert not d.v2_cgroup(created.sandbox.sandbox_id).exists()

@@ -135,6 +135,13 @@ class SandboxdClient:
     async def health(self) -> Health:
         return await self._call("Health", None, Health)
 
+    async def pause(self, ref: SandboxRef) -> SandboxInfo:
+        """Freeze the sandbox's processes in place (no checkpoint); ``resume`` thaws them."""
+        return await self._call("Pause", ref, SandboxInfo)
+
+    async def resume(self, ref: SandboxRef) -> SandboxInfo:
+        return await self._call("Resume", ref, SandboxInfo)
+
     async def checkpoint(
         self, ref: SandboxRef, storage: str = "local", leave_running: bool = True, call_timeout: float = 600.0
     ) -> CheckpointInfo:

@@ -55,6 +55,8 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
         "Stats": Route(SandboxRef, service.stats, t, shield=False),
         "Resource": Route(None, lambda _: service.resource(), t, shield=False),
         "Health": Route(None, lambda _: service.health(), t, shield=False),
+        "Pause": Route(SandboxRef, service.pause, t, shield=True),
+        "Resume": Route(SandboxRef, service.resume, t, shield=True),
         "Checkpoint": Route(CheckpointRequest, service.checkpoint, config.checkpoint_timeout_seconds + t, shield=True),
         "Restore": Route(RestoreRequest, service.restore, config.checkpoint_timeout_seconds + t, shield=True),
     }

@@ -798,6 +798,35 @@ class SandboxService:
             deferred_errors=list(self.deferred_errors),
         )
 
+    async def pause(self, ref: SandboxRef) -> SandboxInfo:
+        """Freeze every process of the sandbox (cgroup freezer); state becomes Paused by observation."""
+        return await self._freeze(ref, freeze=True)
+
+    async def resume(self, ref: SandboxRef) -> SandboxInfo:
+        return await self._freeze(ref, freeze=False)
+
+    async def _freeze(self, ref: SandboxRef, freeze: bool) -> SandboxInfo:
+        rec = self._auth(ref)
+        async with self._lock(rec.sandbox_id):
+            rec, _ = await self._reconcile(rec.sandbox_id)
+            if rec.state not in (State.RUNNING, State.PAUSED):  # pausing a paused sandbox is a no-op
+                raise ConflictError(
+                    f"sandbox {rec.sandbox_id} is {rec.state}; cannot {'pause' if freeze else 'resume'}"
+                )
+
+            def act() -> None:
+                cg = self._cgroup(rec.sandbox_id)
+                if self._ours(rec.native, cg) != "ours":
+                    raise ConflictError(f"sandbox {rec.sandbox_id} has no live cgroup")
+                if freeze:
+                    cg.freeze()
+                else:
+                    cg.thaw()
+
+            await asyncio.to_thread(act)
+            rec, err = await self._reconcile(rec.sandbox_id)
+            return self._info(rec, err)
+
     async def checkpoint(self, req: CheckpointRequest) -> CheckpointInfo:
         rec = self._auth(req.ref)
         roots = self.config.artifact_roots()
