@@ -175,3 +175,18 @@ async def test_uncertain_cleanup_keeps_failed_record_and_failed_delete_keeps_sto
         assert again.sandbox.sandbox_id == bad_id and again.sandbox.state == State.FAILED
         await c.delete(ref_of(again))
         assert await c.list() == [] and (await c.resource()).reserved.memory_bytes == 0
+
+
+@pytest.mark.req("SEC-3")
+def test_image_init_builds_the_default_image_without_host_secrets(tmp_path: Path) -> None:
+    cfg = tmp_path / "sandboxd.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "s"}"\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "adx", "image", "init", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    root = Path(out.stdout.strip()) / "root"
+    assert (root / "etc/passwd").exists() and (root / "work").is_dir()
+    for secret in ("etc/shadow", "etc/gshadow", "etc/ssh", "etc/sudoers", "etc/ssl/private"):
+        assert not (root / secret).exists(), secret
+    assert list((root / "root").iterdir()) == [] and list((root / "usr").iterdir()) == []
