@@ -225,27 +225,33 @@ class DurableTenantScheduler:
     async def _execute(
         self, claim: Claim, signal: ShutdownSignal, pages: int, decoded: int, contended: int, retries: int
     ) -> TickReport:
-        base = {
-            "run_id": claim.key.run_id,
-            "claim_attempt_id": claim.claim_id,
-            "pages": pages,
-            "candidates": decoded,
-            "contended": contended,
-            "retries": retries,
-        }
+        def report(outcome: TickOutcome, result: LifecycleResult | None = None, error: str | None = None) -> TickReport:
+            return TickReport(
+                outcome,
+                executed=result.outcome if result is not None else None,
+                run_id=claim.key.run_id,
+                claim_attempt_id=claim.claim_id,
+                pages=pages,
+                candidates=decoded,
+                contended=contended,
+                retries=retries,
+                error=error,
+                lifecycle=result,
+            )
+
         try:
             result = await self.loop.run(claim, signal)
         except StaleFenceError as exc:
             # We lost the run (higher fence or expired lease): nothing of ours is left to clean.
-            return TickReport(TickOutcome.EXECUTION_FAILED, error=str(exc), **base)  # type: ignore[arg-type]
+            return report(TickOutcome.EXECUTION_FAILED, error=str(exc))
         except AdxError as exc:
             await self._cleanup(claim, exc)
-            return TickReport(TickOutcome.EXECUTION_FAILED, error=str(exc), **base)  # type: ignore[arg-type]
+            return report(TickOutcome.EXECUTION_FAILED, error=str(exc))
         except Exception as exc:  # a bug in application code or here: keep the worker alive, release the run
             log.exception("run-local execution error", extra={"run_id": str(claim.key.run_id)})
             await self._cleanup(claim, exc)
-            return TickReport(TickOutcome.EXECUTION_FAILED, error=f"{type(exc).__name__}: {exc}", **base)  # type: ignore[arg-type]
-        return TickReport(TickOutcome.EXECUTED, executed=result.outcome, lifecycle=result, **base)  # type: ignore[arg-type]
+            return report(TickOutcome.EXECUTION_FAILED, error=f"{type(exc).__name__}: {exc}")
+        return report(TickOutcome.EXECUTED, result)
 
     async def _cleanup(self, claim: Claim, exc: BaseException) -> None:
         """Try to release the exact fence; if that fails too, the lease simply expires."""
