@@ -25,7 +25,7 @@ from agents_helpers import TENANT
 from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry
 
 HERE = Path(__file__).parent
-RUNS = 16
+RUNS = 24
 KILLS = 10
 
 
@@ -80,19 +80,27 @@ async def test_sigkill_workers_at_random_points_loses_and_duplicates_nothing(
     print(f"AGENTS_FAULT_SEED={seed}")  # shown on failure: rerun the same kill schedule with it
     rng = random.Random(seed)
     kills = 0
-    for _ in range(KILLS):
+    alive: list[subprocess.Popen[bytes]] = []
+    # Up to two workers compete at a time (fencing under real contention); each cycle starts one and
+    # SIGKILLs a random live one at a random point after it began claiming.
+    while kills < KILLS:
         started = _started(log)
-        worker = _start_worker(config, postgres_dsn, log)
-        # Kill at a random point after the worker began claiming (start-up itself takes ~1 s of imports).
+        alive.append(_start_worker(config, postgres_dsn, log))
         deadline = time.monotonic() + 20
-        while _started(log) == started and time.monotonic() < deadline and worker.poll() is None:  # noqa: ASYNC110
+        while _started(log) == started and time.monotonic() < deadline and alive[-1].poll() is None:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         await asyncio.sleep(rng.uniform(0.0, 0.9))
-        if worker.poll() is not None:
-            pytest.fail(f"worker exited early with {worker.returncode}: {log.read_text()[-2000:]}")
+        for worker in alive:
+            if worker.poll() is not None:
+                pytest.fail(f"worker exited early with {worker.returncode}: {log.read_text()[-2000:]}")
+        if len(alive) == 2 or rng.random() < 0.5:
+            victim = alive.pop(rng.randrange(len(alive)))
+            victim.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(victim.wait)
+            kills += 1
+    for worker in alive:
         worker.send_signal(signal.SIGKILL)
         await asyncio.to_thread(worker.wait)
-        kills += 1
 
     # A new worker process finishes every run; none is lost or stuck.
     started = _started(log)
@@ -115,7 +123,7 @@ async def test_sigkill_workers_at_random_points_loses_and_duplicates_nothing(
         code = await asyncio.to_thread(worker.wait, 30)
     assert code == 0, log.read_text()[-3000:]
 
-    assert kills == KILLS
+    assert kills >= KILLS
     assert [v.status for v in views] == ["succeeded"] * RUNS
     for run in submitted:
         result = await runs.get_result(TENANT, run.run_id)
@@ -130,8 +138,9 @@ async def test_sigkill_workers_at_random_points_loses_and_duplicates_nothing(
     assert {count for _, _, count in effects} == {1}
     # The kills really landed mid-run: some runs were taken over by a higher fence and some node
     # executions were repeated (their uncommitted effects were rolled back with their transaction).
+    print(f"kills={kills} takeovers={takeovers} executions={executions}")
     assert takeovers is not None and takeovers[0] > 0
-    assert executions is not None and executions[0] >= RUNS * 10
+    assert executions is not None and executions[0] > RUNS * 10
 
 
 @pytest.mark.slow
