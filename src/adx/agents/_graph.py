@@ -42,6 +42,7 @@ __all__ = [
 
 END = "__end__"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,127}$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 JSON: TypeAlias = Any
 
@@ -381,10 +382,10 @@ class ExecutableGraphRegistryBuilder:
         self._check_open()
         if not _NAME.match(name):
             raise InvalidInputError("graph", f"{name!r} is not a valid graph name")
-        if not isinstance(version, str) or (
-            not _NAME.match(version) and not re.match(r"^[0-9][0-9A-Za-z.+-]*$", version)
-        ):
-            raise InvalidInputError("version", f"{version!r} is not a valid version")
+        if not isinstance(version, str) or not _VERSION.match(version):
+            raise InvalidInputError(
+                "version", f"{version!r} is not a valid version (letters, digits, '.', '_', '+', '-')"
+            )
         if (name, version) in self._graphs:
             raise ConflictError(f"graph {name!r} version {version!r} is already registered")
         builder = GraphBuilder(
