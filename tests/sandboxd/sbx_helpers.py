@@ -181,6 +181,10 @@ class Daemon:
         path = self.v2_cgroup(sandbox_id) / "cgroup.procs"
         return {int(x) for x in path.read_text().split()} if path.exists() else set()
 
+    def settled_procs(self, sandbox_id: str, count: int = 3, timeout: float = 10.0) -> set[int]:
+        """The sandbox's processes once exactly ``count`` exist (SLEEPER's transient subshell has exited)."""
+        return wait_until(lambda: len(procs := self.cgroup_procs(sandbox_id)) == count and procs, timeout=timeout)
+
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self.sock_dir, ignore_errors=True)

@@ -35,7 +35,7 @@ async def test_sigkill_restart_keeps_running_sandboxes_and_reports_dead_and_miss
     refs = [ref_of(x) for x in created]
     ids = [x.sandbox.sandbox_id for x in created]
     for sid in ids:
-        wait_until(lambda sid=sid: len(d.cgroup_procs(sid)) >= 2)
+        d.settled_procs(sid)
     d.kill()  # SIGKILL: no shutdown code runs
 
     # While sandboxd is down: sandbox 2's processes die; sandbox 3 dies and its cgroup vanishes.
@@ -77,7 +77,7 @@ async def test_normal_stop_leaves_sandboxes_running_and_restart_reconnects(sandb
     async with d.client() as c:
         created = await c.create(CreateRequest(request_id="r", argv=SLEEPER))
     sid = created.sandbox.sandbox_id
-    procs = wait_until(lambda: len(d.cgroup_procs(sid)) >= 2 and d.cgroup_procs(sid))
+    procs = d.settled_procs(sid)
     d.stop()  # SIGTERM: a normal shutdown
     assert d.proc is not None and d.proc.returncode == 0
     assert d.cgroup_procs(sid) == procs  # nothing was killed or restarted
@@ -98,7 +98,7 @@ async def test_sigkill_mid_delete_completes_on_restart_with_tombstone_and_refuse
         created = await c.create(CreateRequest(request_id="r", sandbox_id="victim", argv=SLEEPER))
         keeper = await c.create(CreateRequest(request_id="k", argv=SLEEPER))
     sid = "victim"
-    procs = wait_until(lambda: len(d.cgroup_procs(sid)) >= 3 and d.cgroup_procs(sid))
+    procs = d.settled_procs(sid)
     d.stop()
     # Restart with a fault point: sandboxd SIGKILLs itself right after persisting the Stopping intent.
     d.start(env={"ADX_SANDBOXD_FAULTS": "delete.after_intent"})

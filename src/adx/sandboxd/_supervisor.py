@@ -39,16 +39,24 @@ def boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-def _in_namespace_setup(
-    spec: dict[str, Any], v1_procs: list[str], log_fd: int, err_fd: int, sync_fd: int | None
-) -> None:
-    """Runs in the cloned child (PID 1 of the new PID namespace); ends in execve or _exit."""
+def _in_namespace_setup(spec: dict[str, Any], log_fd: int, err_fd: int, go_fd: int | None) -> None:
+    """Runs in the cloned child (PID 1 of the new PID namespace); ends in execve or _exit.
+
+    ``go_fd``: the supervisor writes one byte once it has moved us into the v1 limit hierarchies and (veth
+    mode) created our network device. We do our mounts meanwhile and wait for it at the first point that
+    needs it — before configuring eth0, or at the latest before exec — so no workload code runs unlimited.
+    """
+    waited = False
+
+    def wait_go() -> None:
+        nonlocal waited
+        if go_fd is not None and not waited:
+            waited = True
+            if os.read(go_fd, 1) != b"1":
+                raise OSError("the supervisor could not place the sandbox in its cgroups or network")
+            os.close(go_fd)
+
     try:
-        for path in v1_procs:
-            # "0" means the writing process: join the v1 limit hierarchies before any workload code runs.
-            fd = os.open(path, os.O_WRONLY)
-            os.write(fd, b"0")
-            os.close(fd)
         sdir = spec["sandbox_dir"]
         root = f"{sdir}/rootfs"
         # Nothing we mount may propagate back to the host's mount namespace.
@@ -90,11 +98,7 @@ def _in_namespace_setup(
         if spec["network"] in ("none", "veth"):
             lx.set_loopback_up()
         if spec["network"] == "veth":
-            assert sync_fd is not None
-            # The supervisor moves our end of the veth pair into this namespace, then says go.
-            if os.read(sync_fd, 1) != b"1":
-                raise OSError("the supervisor could not create the veth pair")
-            os.close(sync_fd)
+            wait_go()  # the supervisor moves our end of the veth pair into this namespace first
             veth = spec["veth"]
             lx.configure_interface("eth0", veth["sandbox_ip"], veth["prefix"])
         lx.sethostname(spec["hostname"])
@@ -106,6 +110,7 @@ def _in_namespace_setup(
         os.chdir(spec["cwd"])
         lx.drop_capabilities()
         lx.install_seccomp()  # last: it forbids mount/pivot_root, which the setup above needed
+        wait_go()
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
@@ -194,7 +199,9 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
     if spec["network"] in ("none", "veth"):
         flags |= lx.CLONE_NEWNET
-    sync_r, sync_w = os.pipe2(os.O_CLOEXEC) if spec["network"] == "veth" else (None, None)
+    v1_procs = cgroup.v1_procs_files()
+    need_go = bool(v1_procs) or spec["network"] == "veth"
+    go_r, go_w = os.pipe2(os.O_CLOEXEC) if need_go else (None, None)
     log_fd = os.open(sdir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     cg_fd = os.open(cgroup.v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2 else None
@@ -205,15 +212,19 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         return 1
     if pid == 0:
         os.close(err_r)
-        if sync_w is not None:
-            os.close(sync_w)
-        _in_namespace_setup(spec, cgroup.v1_procs_files(), log_fd, err_w, sync_r)  # never returns
+        if go_w is not None:
+            os.close(go_w)
+        _in_namespace_setup(spec, log_fd, err_w, go_r)  # never returns
     os.close(err_w)
-    if sync_r is not None and sync_w is not None:
-        os.close(sync_r)
-        ok = _create_veth(spec["veth"], pid)
-        os.write(sync_w, b"1" if ok else b"0")
-        os.close(sync_w)
+    if go_r is not None and go_w is not None:
+        os.close(go_r)
+        # Moving a task between v1 cgroups can wait for an RCU grace period (milliseconds); doing it here
+        # overlaps that wait with the child's mount setup instead of adding to it.
+        ok = _join_v1(v1_procs, pid)
+        if ok and spec["network"] == "veth":
+            ok = _create_veth(spec["veth"], pid)
+        os.write(go_w, b"1" if ok else b"0")
+        os.close(go_w)
     if cg_fd is not None:
         os.close(cg_fd)
     chunks = []
@@ -243,6 +254,20 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     else:
         _record_exit(sdir, code, None, cgroup, lock_fd=lock_fd)
     return 0
+
+
+def _join_v1(procs_files: list[str], pid: int) -> bool:
+    try:
+        for path in procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, str(pid).encode())
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        print(f"joining v1 cgroups failed: {exc}", flush=True)
+        return False
+    return True
 
 
 def _create_veth(veth: dict[str, Any], pid: int) -> bool:
