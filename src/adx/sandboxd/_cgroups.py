@@ -150,14 +150,24 @@ class SandboxCgroup:
         return [str(p / "cgroup.procs") for p in dict.fromkeys(self.v1.values())]
 
     # -- lifecycle ----------------------------------------------------------------------------------
-    def create(self, cpu_millis: int, memory_bytes: int, pids_max: int) -> None:
-        """Create every directory and set the limits. Fails if the leaf already exists (IDs are unique)."""
+    def create(self, cpu_millis: int, memory_bytes: int, pids_max: int, *, defer_v1: bool = False) -> None:
+        """Create the directories and set the limits. Fails if the leaf already exists (IDs are unique).
+
+        ``defer_v1``: create only the cgroup2 directory now; ``create_v1`` does the v1 hierarchies later (the
+        supervisor overlaps that with the child's mount setup on hybrid hosts).
+        """
         if self.v2 is not None:
             self._ensure_v2_parent()
-        for path in self.dirs():
+            self.v2.mkdir()
+            self._set_limits(cpu_millis, memory_bytes, pids_max, v1=False)
+        if not defer_v1:
+            self.create_v1(cpu_millis, memory_bytes, pids_max)
+
+    def create_v1(self, cpu_millis: int, memory_bytes: int, pids_max: int) -> None:
+        for path in dict.fromkeys(self.v1.values()):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir()
-        self._set_limits(cpu_millis, memory_bytes, pids_max)
+        self._set_limits(cpu_millis, memory_bytes, pids_max, v1=True)
 
     def _ensure_v2_parent(self) -> None:
         assert self.v2 is not None and self.layout.v2_root is not None
@@ -172,29 +182,31 @@ class SandboxCgroup:
         if wanted:
             _write(node / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
 
-    def _set_limits(self, cpu_millis: int, memory_bytes: int, pids_max: int) -> None:
+    def _set_limits(self, cpu_millis: int, memory_bytes: int, pids_max: int, *, v1: bool) -> None:
+        """Set the limits of the v1 hierarchies (``v1=True``) or of the cgroup2 directory."""
         period = 100_000
         quota = max(1000, cpu_millis * period // 1000)
-        if self.layout.source("memory") == "v1":
+        want = "v1" if v1 else "v2"
+        if self.layout.source("memory") == want == "v1":
             mem = self.v1["memory"]
             _write(mem / "memory.limit_in_bytes", str(memory_bytes))
             # Without swap accounting a sandbox could page past its limit; memsw exists only with swap on.
             if (mem / "memory.memsw.limit_in_bytes").exists():
                 with contextlib.suppress(OSError):
                     _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
-        elif self.v2 is not None:
+        elif self.layout.source("memory") == want == "v2" and self.v2 is not None:
             _write(self.v2 / "memory.max", str(memory_bytes))
             if (self.v2 / "memory.swap.max").exists():
                 _write(self.v2 / "memory.swap.max", "0")
-        if self.layout.source("cpu") == "v1":
+        if self.layout.source("cpu") == want == "v1":
             cpu = self.v1["cpu"]
             _write(cpu / "cpu.cfs_period_us", str(period))
             _write(cpu / "cpu.cfs_quota_us", str(quota))
-        elif self.v2 is not None and self.layout.source("cpu") == "v2":
+        elif self.layout.source("cpu") == want == "v2" and self.v2 is not None:
             _write(self.v2 / "cpu.max", f"{quota} {period}")
-        if self.layout.source("pids") == "v1":
+        if self.layout.source("pids") == want == "v1":
             _write(self.v1["pids"] / "pids.max", str(pids_max))
-        elif self.v2 is not None and self.layout.source("pids") == "v2":
+        elif self.layout.source("pids") == want == "v2" and self.v2 is not None:
             _write(self.v2 / "pids.max", str(pids_max))
 
     def exists(self) -> bool:
