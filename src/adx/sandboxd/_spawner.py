@@ -3,9 +3,10 @@
 sandboxd is an asyncio daemon with executor threads; forking (let alone raw ``clone3``) from a threaded
 process copies locks held by other threads. So sandboxd execs this small process at start (before anything
 else), and asks it over a socketpair — newline-delimited JSON — to start sandboxes. For each request the
-spawner forks the supervisor in its own session (the spawner reaps supervisors that exit); supervisors survive
-the spawner's and sandboxd's exit (orphans are re-parented to init). The supervisor reports its start result
-over a pipe that the spawner forwards, tagged with the request number.
+spawner hands the spec to a pre-forked idle child (a "zygote", in its own session) that becomes the sandbox's
+supervisor, and forks the next zygote while that one works. Supervisors survive the spawner's and sandboxd's
+exit (orphans are re-parented to init; the spawner reaps those that exit before it). A supervisor reports its
+start result over a pipe that the spawner forwards, tagged with the request number.
 
 Protocol: request ``{"req": n, "spec": {...}}``; reply ``{"req": n, "ok": bool, ...}``. EOF on the control
 socket ends the spawner (it never outlives its daemon).
@@ -19,6 +20,7 @@ import os
 import selectors
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
@@ -27,21 +29,50 @@ from adx.sandboxd._supervisor import run_supervisor
 __all__ = ["main"]
 
 
-def _fork_supervisor(spec: dict[str, Any], layout: CgroupLayout, ctrl_fd: int) -> int:
-    """Fork the detached supervisor; return the read end of its result pipe."""
-    r, w = os.pipe2(os.O_CLOEXEC)
+@dataclass
+class _Zygote:
+    """A pre-forked, idle supervisor-to-be: forking it off the critical path saves a fork per create."""
+
+    pid: int
+    spec_w: int  # the spec goes here (then closed)
+    result_r: int  # its start report comes back here
+
+
+def _fork_zygote(layout: CgroupLayout, ctrl_fd: int) -> _Zygote:
+    spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
+    result_r, result_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
-    if pid == 0:  # the supervisor
+    if pid == 0:  # the zygote: waits for one spec, then becomes its supervisor
         code = 1
         try:
-            os.close(r)
+            os.close(spec_w)
+            os.close(result_r)
             os.close(ctrl_fd)
             os.setsid()  # own session: no terminal signals, not in sandboxd's process group
-            code = _supervisor_main(spec, layout, w)
+            chunks = []
+            while chunk := os.read(spec_r, 1 << 16):
+                chunks.append(chunk)
+            # EOF without a spec: the spawner is gone or replaced us; just exit.
+            code = _supervisor_main(json.loads(b"".join(chunks)), layout, result_w) if chunks else 0
         finally:
             os._exit(code)
-    os.close(w)
-    return r
+    os.close(spec_r)
+    os.close(result_w)
+    return _Zygote(pid, spec_w, result_r)
+
+
+def _hand_off(zygote: _Zygote, spec: dict[str, Any]) -> int:
+    """Give the spec to the zygote; return the read end of its result pipe. OSError if it is gone."""
+    data = json.dumps(spec).encode()
+    try:
+        while data:
+            data = data[os.write(zygote.spec_w, data) :]
+    except OSError:
+        os.close(zygote.result_r)
+        raise
+    finally:
+        os.close(zygote.spec_w)
+    return zygote.result_r
 
 
 def _reap() -> None:
@@ -91,6 +122,7 @@ def main() -> int:
     sel.register(ctrl_fd, selectors.EVENT_READ, None)
     pending: dict[int, tuple[int, list[bytes]]] = {}  # pipe fd -> (req, chunks)
     buf = b""
+    zygote = _fork_zygote(layout, ctrl_fd)
 
     def send(payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode() + b"\n"
@@ -110,7 +142,12 @@ def main() -> int:
                     line, buf = buf.split(b"\n", 1)
                     msg = json.loads(line)
                     try:
-                        pipe = _fork_supervisor(msg["spec"], layout, ctrl_fd)
+                        try:
+                            pipe = _hand_off(zygote, msg["spec"])
+                        except OSError:  # the idle zygote died (killed?): use a fresh one once
+                            pipe = _hand_off(_fork_zygote(layout, ctrl_fd), msg["spec"])
+                        # The replacement forks while the supervisor works (on the other CPU, if any).
+                        zygote = _fork_zygote(layout, ctrl_fd)
                     except OSError as exc:
                         send({"req": msg["req"], "ok": False, "error": f"fork failed: {exc}"})
                         continue
