@@ -190,3 +190,23 @@ def test_image_init_builds_the_default_image_without_host_secrets(tmp_path: Path
     for secret in ("etc/shadow", "etc/gshadow", "etc/ssh", "etc/sudoers", "etc/ssl/private"):
         assert not (root / secret).exists(), secret
     assert list((root / "root").iterdir()) == [] and list((root / "usr").iterdir()) == []
+
+
+@pytest.mark.req("SBX-6", "SBX-13")
+async def test_losing_the_spawner_mid_create_is_uncertain_not_missing(sandboxd: DaemonFactory) -> None:
+    d = sandboxd(start=False)
+    d.start(env={"ADX_SANDBOXD_FAULTS": "spawner.after_handoff"})  # the spawner dies right after handing off
+    async with d.client() as c:
+        with pytest.raises(UncertainOutcomeError, match="uncertain") as info:
+            await c.create(CreateRequest(request_id="u", argv=["sleep", "1000"]))
+        sid = info.value.details["sandbox_id"]
+        # The supervisor did start the workload; sandboxd does not pretend either way: Failed and reserved.
+        wait_until(lambda: len(d.cgroup_procs(sid)) == 1)
+        again = await c.create(CreateRequest(request_id="u", argv=["sleep", "1000"]))
+        assert again.sandbox.sandbox_id == sid and again.sandbox.state == State.FAILED
+        assert "outcome unknown" in (again.sandbox.reason or "")
+        assert (await c.resource()).reserved.memory_bytes == again.sandbox.resources.memory_bytes
+        # Cleanup goes by the identity the supervisor persisted before starting anything.
+        await c.delete(ref_of(again))
+        assert not d.v2_cgroup(sid).exists()
+        assert (await c.resource()).reserved.memory_bytes == 0

@@ -146,6 +146,8 @@ def main() -> int:
                             pipe = _hand_off(zygote, msg["spec"])
                         except OSError:  # the idle zygote died (killed?): use a fresh one once
                             pipe = _hand_off(_fork_zygote(layout, ctrl_fd), msg["spec"])
+                        if "spawner.after_handoff" in os.environ.get("ADX_SANDBOXD_FAULTS", "").split(","):
+                            os.kill(os.getpid(), signal.SIGKILL)  # test-only fault point: IPC lost mid-create
                         # The replacement forks while the supervisor works (on the other CPU, if any).
                         zygote = _fork_zygote(layout, ctrl_fd)
                     except OSError as exc:
