@@ -57,6 +57,13 @@ async def test_checkpoint_delete_restore_here_and_on_a_second_sandboxd(sandboxd:
             assert seen.read_text() == "one\ntwo\n"
             await client.delete(ref_of(restored))
 
+        # Artifacts are removed only by their exact digest; removal is idempotent.
+        with pytest.raises(ConflictError):
+            await c2.delete_checkpoint(ck.location, "0" * 64)
+        await c2.delete_checkpoint(ck.location, ck.digest)
+        assert not Path(ck.location).exists() and list(shared.iterdir()) == []
+        await c1.delete_checkpoint(ck.location, ck.digest)
+
 
 @pytest.mark.req("ENV-2")
 async def test_tampered_artifact_or_wrong_digest_is_refused(sandboxd: DaemonFactory) -> None:

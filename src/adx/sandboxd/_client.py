@@ -24,6 +24,7 @@ from adx.errors import (
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._models import (
     CheckpointInfo,
+    CheckpointRef,
     CheckpointRequest,
     CreateRequest,
     CreateResponse,
@@ -147,6 +148,10 @@ class SandboxdClient:
     ) -> CheckpointInfo:
         req = CheckpointRequest(ref=ref, storage=storage, leave_running=leave_running)
         return await self._call("Checkpoint", req, CheckpointInfo, call_timeout=call_timeout)
+
+    async def delete_checkpoint(self, location: str, digest: str) -> None:
+        """Remove an artifact (idempotent); the digest must match its manifest."""
+        await self._call("DeleteCheckpoint", CheckpointRef(location=location, digest=digest), CheckpointRef)
 
     async def restore(self, request: RestoreRequest, call_timeout: float = 600.0) -> CreateResponse:
         return await self._call("Restore", request, CreateResponse, call_timeout=call_timeout)

@@ -14,7 +14,14 @@ from adx.errors import ConflictError
 from adx.sandboxd._cgroups import detect_layout
 from adx.sandboxd._config import SandboxdConfig
 from adx.sandboxd._http import ApiServer, Route
-from adx.sandboxd._models import CheckpointRequest, CreateRequest, RestoreRequest, SandboxRef, WaitRequest
+from adx.sandboxd._models import (
+    CheckpointRef,
+    CheckpointRequest,
+    CreateRequest,
+    RestoreRequest,
+    SandboxRef,
+    WaitRequest,
+)
 from adx.sandboxd._service import SandboxService
 
 __all__ = ["run"]
@@ -58,6 +65,9 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
         "Pause": Route(SandboxRef, service.pause, t, shield=True),
         "Resume": Route(SandboxRef, service.resume, t, shield=True),
         "Checkpoint": Route(CheckpointRequest, service.checkpoint, config.checkpoint_timeout_seconds + t, shield=True),
+        "DeleteCheckpoint": Route(
+            CheckpointRef, service.delete_checkpoint, config.checkpoint_timeout_seconds, shield=True
+        ),
         "Restore": Route(RestoreRequest, service.restore, config.checkpoint_timeout_seconds + t, shield=True),
     }
 

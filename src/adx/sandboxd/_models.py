@@ -15,6 +15,7 @@ from adx.sandboxd._states import State
 
 __all__ = [
     "CheckpointInfo",
+    "CheckpointRef",
     "CheckpointRequest",
     "CreateRequest",
     "CreateResponse",
@@ -259,6 +260,11 @@ class CheckpointInfo(_Model):
     size_bytes: int
     created_at: float
     source_sandbox_id: str
+
+
+class CheckpointRef(_Model):
+    location: str
+    digest: str = Field(description="the checkpoint's digest: only an artifact you can name exactly is deleted")
 
 
 class RestoreRequest(_Model):

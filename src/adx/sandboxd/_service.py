@@ -40,6 +40,7 @@ from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image
 from adx.sandboxd._models import (
     CheckpointInfo,
+    CheckpointRef,
     CheckpointRequest,
     CreateRequest,
     CreateResponse,
@@ -887,6 +888,22 @@ class SandboxService:
                 created_at=created_at,
                 source_sandbox_id=rec.sandbox_id,
             )
+
+    async def delete_checkpoint(self, ref: CheckpointRef) -> CheckpointRef:
+        """Remove an artifact dir (idempotent) after checking the caller names it by its exact digest."""
+        artifact = ckpt.resolve_location(ref.location, self.config.artifact_roots())
+
+        def remove() -> None:
+            if not artifact.exists():
+                return
+            ckpt.read_manifest(artifact, ref.digest)
+            # Rename first so a crash midway never leaves a half-deleted artifact that still looks whole.
+            doomed = artifact.with_name(f".deleting-{artifact.name}")
+            os.rename(artifact, doomed)
+            shutil.rmtree(doomed)
+
+        await asyncio.to_thread(remove)
+        return ref
 
     async def restore(self, req: RestoreRequest) -> CreateResponse:
         self.registry.check_usable()
