@@ -306,7 +306,9 @@ class SandboxService:
             del self.by_request[rec.request_id]
 
     def _reserved(self) -> Resources:
-        items = [r.resources for r in self.records.values()] + [t.resources for t in self.pending_reclaim.values()]
+        items = [r.resources for r in self.records.values()]
+        # A tombstoned sandbox whose reclaim is pending stays reserved (once, even while its record lingers).
+        items += [t.resources for sid, t in self.pending_reclaim.items() if sid not in self.records]
         return Resources(
             cpu_millis=sum(r.cpu_millis for r in items),
             memory_bytes=sum(r.memory_bytes for r in items),
@@ -493,8 +495,13 @@ class SandboxService:
                 rec = self._reserve(req, digest, restore)
         if existing is not None:
             async with self._lock(existing):  # a concurrent duplicate waits for the first to finish
-                rec = self.records.get(existing, rec)
-                return CreateResponse(sandbox=self._info(rec), token=rec.token)
+                current = self.records.get(existing)
+                if current is None:
+                    raise UnavailableError(
+                        f"the create with request_id {req.request_id} failed and was cleaned up; it may be retried",
+                        details={"sandbox_id": existing},
+                    )
+                return CreateResponse(sandbox=self._info(current), token=current.token)
         async with self._lock(rec.sandbox_id):
             return await self._create_locked(rec, restore)
 
