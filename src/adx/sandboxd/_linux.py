@@ -288,6 +288,10 @@ def seccomp_program(machine: str | None = None) -> bytes:
     return b"".join(prog)
 
 
+# Built once at import (in the spawner), not in every sandbox child.
+_SECCOMP_PROGRAM = seccomp_program() if platform.machine() in _SECCOMP_ARCH else b""
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -296,7 +300,7 @@ def install_seccomp() -> None:
     """Install the filter on this process (needs no_new_privs, set by drop_capabilities)."""
     if platform.machine() not in _SECCOMP_ARCH:
         return  # unknown syscall table: capabilities alone must do
-    raw = seccomp_program()
+    raw = _SECCOMP_PROGRAM
     buf = ctypes.create_string_buffer(raw, len(raw))
     prog = _SockFprog(len(raw) // 8, ctypes.cast(buf, ctypes.c_void_p))
     # PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog (an address fits the unsigned long prototype; buf stays alive)

@@ -62,12 +62,14 @@ def _in_namespace_setup(spec: dict[str, Any], log_fd: int, err_fd: int, go_fd: i
         root = f"{sdir}/rootfs"
         # Nothing we mount may propagate back to the host's mount namespace.
         lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
+        # xino=off, index=off: no inode-number composition or index bookkeeping (measurably faster mounts);
+        # the layers share one filesystem here, so (st_dev, st_ino) stay unique anyway.
         lx.mount(
             "overlay",
             root,
             "overlay",
             lx.MS_NODEV,
-            f"lowerdir={spec['image_root']},upperdir={sdir}/upper,workdir={sdir}/ovlwork",
+            f"lowerdir={spec['image_root']},upperdir={sdir}/upper,workdir={sdir}/ovlwork,xino=off,index=off",
         )
         for host_dir in spec["image_binds"]:
             target = f"{root}{host_dir}"
@@ -136,16 +138,18 @@ _PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 _PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "kmsg")
 
 
+# A fresh proc has the same top-level entries as the host's: look them up once (in the spawner), not per child.
+_PROC_READ_ONLY_HERE = tuple(n for n in _PROC_READ_ONLY if os.path.exists(f"/proc/{n}"))
+_PROC_MASKED_HERE = tuple(n for n in _PROC_MASKED if os.path.exists(f"/proc/{n}"))
+
+
 def _harden_proc(proc: str) -> None:
-    for name in _PROC_READ_ONLY:
+    for name in _PROC_READ_ONLY_HERE:
         path = f"{proc}/{name}"
-        if os.path.exists(path):
-            lx.mount(path, path, None, lx.MS_BIND | lx.MS_REC)
-            lx.mount(None, path, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV)
-    for name in _PROC_MASKED:
-        path = f"{proc}/{name}"
-        if os.path.exists(path):
-            lx.mount("/dev/null", path, None, lx.MS_BIND)
+        lx.mount(path, path, None, lx.MS_BIND | lx.MS_REC)
+        lx.mount(None, path, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV)
+    for name in _PROC_MASKED_HERE:
+        lx.mount("/dev/null", f"{proc}/{name}", None, lx.MS_BIND)
 
 
 def _record_state(sdir: Path) -> str | None:
