@@ -74,3 +74,32 @@ def exclusive_lock(path: Path, *, timeout: float | None = None, what: str = "loc
         yield fd
     finally:
         os.close(fd)
+
+
+class ShortUnixPath:
+    """A connectable path for a Unix socket whose real path may exceed ``sun_path``'s 108 bytes.
+
+    Holds an ``O_PATH`` descriptor of the socket's directory and names the socket through
+    ``/proc/self/fd/<fd>/<name>``; close it when done. Short paths are passed through unchanged.
+    """
+
+    LIMIT = 107
+
+    def __init__(self, path: Path) -> None:
+        self._fd: int | None = None
+        if len(os.fsencode(path)) <= self.LIMIT:
+            self.path = str(path)
+            return
+        self._fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.path = f"/proc/self/fd/{self._fd}/{path.name}"
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> str:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,302 @@
+"""One Controller per Environment: an asyncio task with its own queue and an explicit state machine.
+
+A Controller never blocks another (NOD-4): each owns its queue and runs its operations serially. Every
+state change is committed to the Coordinator (compare-and-set on revision and generation) through a
+``ResultSink``; every transition is logged with the Environment ID, execution ID and generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.model import EnvironmentRecord, EnvironmentState, check_transition, new_id
+from adx.runtime import Execution, ExecutionSpec, ExitInfo, RuntimeDriver
+
+log = logging.getLogger("adx.node.controller")
+S = EnvironmentState
+
+#: MET-6: abnormal-cleanup and commit retries back off 1-32 s.
+RETRY_MIN_SECONDS = 1.0
+RETRY_MAX_SECONDS = 32.0
+
+
+class ResultSink(Protocol):
+    """Commits a Controller's results to the Coordinator (CAS on revision and generation)."""
+
+    async def commit(
+        self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
+    ) -> EnvironmentRecord: ...
+
+    async def fetch(self, env_id: str) -> EnvironmentRecord | None:
+        """The authoritative record (None when the Coordinator no longer gives it to this node)."""
+
+
+class ExecutionStore(Protocol):
+    """Where the node keeps what it needs to address its executions after a restart."""
+
+    def save(self, execution: Execution) -> None: ...
+
+    def forget(self, execution_id: str) -> None: ...
+
+
+class ReadinessProbe(Protocol):
+    async def wait_ready(self, execution: Execution, within_seconds: float) -> None: ...
+
+
+@dataclass
+class _Op:
+    kind: str
+    done: asyncio.Future[EnvironmentRecord]
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ControllerTimings:
+    ready_timeout_seconds: float = 60.0
+    retry_min_seconds: float = RETRY_MIN_SECONDS
+    retry_max_seconds: float = RETRY_MAX_SECONDS
+
+
+class Controller:
+    def __init__(
+        self,
+        record: EnvironmentRecord,
+        *,
+        driver: RuntimeDriver,
+        sink: ResultSink,
+        executions: ExecutionStore,
+        readiness: ReadinessProbe,
+        on_route_change: Callable[[EnvironmentRecord, Execution | None], Awaitable[None]] | None = None,
+        timings: ControllerTimings = ControllerTimings(),
+        execution: Execution | None = None,
+    ) -> None:
+        self.record = record
+        self.driver = driver
+        self.sink = sink
+        self.executions = executions
+        self.readiness = readiness
+        self.on_route_change = on_route_change
+        self.timings = timings
+        self.execution = execution
+        self._queue: asyncio.Queue[_Op] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._exit_watch: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    # -- public ------------------------------------------------------------------------------------
+    @property
+    def env_id(self) -> str:
+        return self.record.id
+
+    @property
+    def state(self) -> EnvironmentState:
+        return self.record.state
+
+    def start_task(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"controller-{self.env_id}")
+
+    async def close(self) -> None:
+        """Stop the task (not the execution: a node shutdown leaves workloads running)."""
+        self.closed = True
+        for task in (self._exit_watch, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def submit(self, kind: str, **payload: Any) -> asyncio.Future[EnvironmentRecord]:
+        op = _Op(kind, asyncio.get_running_loop().create_future(), payload)
+        self._queue.put_nowait(op)
+        return op.done
+
+    # -- the serial loop ---------------------------------------------------------------------------
+    async def _run(self) -> None:
+        handlers: dict[str, Callable[[_Op], Awaitable[EnvironmentRecord]]] = {
+            "start": self._start,
+            "delete": self._delete,
+            "exited": self._exited,
+        }
+        while True:
+            op = await self._queue.get()
+            try:
+                result = await handlers[op.kind](op)
+            except asyncio.CancelledError:
+                if not op.done.done():
+                    op.done.set_exception(UnavailableError(f"environment {self.env_id}: controller stopped"))
+                raise
+            except AdxError as exc:
+                log.warning("operation %s failed: %s", op.kind, exc, extra=self._context())
+                if not op.done.done():
+                    op.done.set_exception(exc)
+                continue
+            except Exception as exc:
+                log.exception("operation %s crashed", op.kind, extra=self._context())
+                if not op.done.done():
+                    op.done.set_exception(exc)
+                continue
+            if not op.done.done():
+                op.done.set_result(result)
+
+    def _context(self) -> dict[str, Any]:
+        return {
+            "env_id": self.env_id,
+            "execution_id": self.execution.execution_id if self.execution else self.record.execution_id,
+            "generation": self.record.generation,
+            "state": self.record.state.value,
+        }
+
+    async def _transition(
+        self, target: EnvironmentState, changes: dict[str, Any] | None = None, *, release: bool = False
+    ) -> EnvironmentRecord:
+        """Check, commit (with retries while the Coordinator is unavailable) and log one transition."""
+        current = self.record.state
+        if current != target:
+            check_transition(current, target, env_id=self.env_id)
+        update = {"state": target, **(changes or {})}
+        delay = self.timings.retry_min_seconds
+        while True:
+            try:
+                committed = await self.sink.commit(self.record, update, release_reservation=release)
+                break
+            except (UnavailableError, UncertainOutcomeError) as exc:
+                # NOD-7: the result stays pending here and is retried on this Controller's own deadline.
+                log.warning("commit of %s pending: %s", target.value, exc, extra=self._context())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.timings.retry_max_seconds)
+                latest = await self._latest_or_none()
+                if latest is not None and latest.revision > self.record.revision:
+                    # An uncertain commit may have landed: continue from what the authority holds.
+                    self.record = latest
+                    if latest.state == target:
+                        committed = latest
+                        break
+        previous = self.record
+        self.record = committed
+        log.info(
+            "environment %s: %s -> %s",
+            self.env_id,
+            previous.state.value,
+            committed.state.value,
+            extra={**self._context(), "revision": committed.revision},
+        )
+        return committed
+
+    async def _latest_or_none(self) -> EnvironmentRecord | None:
+        try:
+            return await self.sink.fetch(self.env_id)
+        except AdxError:
+            return None
+
+    async def _retry_until_done(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
+        """Cleanup must be confirmed: retry with 1-32 s backoff (MET-6) until the runtime confirms."""
+        delay = self.timings.retry_min_seconds
+        while True:
+            try:
+                await action()
+                return
+            except NotFoundError:
+                return
+            except AdxError as exc:
+                log.warning("%s not confirmed yet: %s", what, exc, extra=self._context())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.timings.retry_max_seconds)
+
+    # -- operations --------------------------------------------------------------------------------
+    async def _start(self, op: _Op) -> EnvironmentRecord:
+        if self.record.state is not S.PENDING:
+            raise ConflictError(f"environment {self.env_id} is {self.record.state.value}, not pending")
+        execution_id = new_id("exe")
+        await self._transition(S.STARTING, {"execution_id": execution_id})
+        spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
+        try:
+            execution = await self.driver.start(spec)
+            self.executions.save(execution)
+            self.execution = execution
+            await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)
+        except AdxError as exc:
+            # RST-7: a failed first start is Failed at once, its reservation released; cleanup goes on after.
+            failed = await self._transition(S.FAILED, {"last_error": f"start failed: {exc}"}, release=True)
+            leftover = self.execution or await self._find_execution(execution_id)
+            if leftover is not None:
+                self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
+            return failed
+        running = await self._transition(S.RUNNING)
+        await self._publish_route()
+        self._watch_exit(execution)
+        return running
+
+    async def _find_execution(self, execution_id: str) -> Execution | None:
+        with contextlib.suppress(AdxError):
+            for item in await self.driver.inventory():
+                if item.execution_id == execution_id:
+                    return Execution(item.env_id, item.generation, item.execution_id, item.native)
+        return None
+
+    async def _cleanup(self, execution: Execution) -> None:
+        await self._retry_until_done(f"cleanup of {execution.execution_id}", lambda: self.driver.stop(execution))
+        self.executions.forget(execution.execution_id)
+
+    def _watch_exit(self, execution: Execution) -> None:
+        async def watch() -> None:
+            while True:
+                try:
+                    info = await self.driver.wait_exit(execution)
+                    break
+                except UnavailableError as exc:
+                    log.warning("waiting for exit: %s", exc, extra=self._context())
+                    await asyncio.sleep(self.timings.retry_min_seconds)
+                except AdxError:
+                    info = ExitInfo(reason="the runtime lost the execution")
+                    break
+            self.submit("exited", execution_id=execution.execution_id, info=info)
+
+        self._exit_watch = asyncio.create_task(watch(), name=f"exit-watch-{execution.execution_id}")
+
+    async def _publish_route(self) -> None:
+        if self.on_route_change is not None:
+            await self.on_route_change(self.record, self.execution if self.record.state is S.RUNNING else None)
+
+    async def _delete(self, op: _Op) -> EnvironmentRecord:
+        if self.record.state is S.DELETED:
+            return self.record
+        if self.record.state is not S.DELETING:
+            await self._transition(S.DELETING)
+        await self._publish_route()
+        if self._exit_watch is not None:
+            self._exit_watch.cancel()
+        if self.execution is not None:
+            await self._cleanup(self.execution)
+            self.execution = None
+        # CTL-6: the delete result is committed only after the runtime confirmed the cleanup.
+        deleted = await self._transition(S.DELETED, release=True)
+        self.closed = True
+        return deleted
+
+    async def _exited(self, op: _Op) -> EnvironmentRecord:
+        execution = self.execution
+        if execution is None or execution.execution_id != op.payload["execution_id"]:
+            return self.record  # a late notice of an execution this Controller no longer runs
+        if self.record.state not in (S.RUNNING, S.STARTING):
+            return self.record
+        info: ExitInfo = op.payload["info"]
+        log.info("execution exited: %s", info.describe(), extra=self._context())
+        # RST-1: retire routes, confirm the old execution's cleanup, then mark Failed, in that order.
+        if self.on_route_change is not None:
+            await self.on_route_change(self.record, None)
+        await self._cleanup(execution)
+        self.execution = None
+        return await self._transition(S.FAILED, {"last_error": info.describe()}, release=True)

@@ -1,0 +1,63 @@
+"""The node's side of the Coordinator API: the ResultSink its Controllers commit through."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from adx._grpc_errors import from_rpc_error
+from adx.model import EnvironmentRecord
+from adx.proto import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from adx.proto.coordinator_pb2_grpc import CoordinatorAsyncStub
+
+
+class CoordinatorSink:
+    """Commits results with the node's identity and current session (CRD-1, CRD-4)."""
+
+    def __init__(self, stub: CoordinatorAsyncStub, node: str, session: Any, rpc_timeout: float) -> None:
+        self.stub = stub
+        self.node = node
+        # ``session`` is a zero-argument callable: the session changes when the node registers again.
+        self._session = session
+        self.rpc_timeout = rpc_timeout
+
+    async def commit(
+        self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
+    ) -> EnvironmentRecord:
+        wire = EnvironmentRecord.model_validate({**record.model_dump(), **changes}).to_wire()
+        changed = {key: wire[key] for key in (_camel(name) for name in changes)}
+        request = pb.CommitResultRequest(
+            node=self.node,
+            session=self._session(),
+            environment_id=record.id,
+            expected_revision=record.revision,
+            expected_generation=record.generation,
+            changes_json=json.dumps(changed),
+            release_reservation=release_reservation,
+        )
+        try:
+            reply = await self.stub.CommitResult(request, timeout=self.rpc_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"commit {record.id}") from None
+        return EnvironmentRecord.model_validate_json(reply.environment_json)
+
+    async def catalog(self) -> list[EnvironmentRecord]:
+        try:
+            reply = await self.stub.InspectNode(
+                pb.InspectNodeRequest(node=self.node, session=self._session()), timeout=self.rpc_timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "inspect node") from None
+        return [EnvironmentRecord.model_validate_json(doc) for doc in reply.environment_json]
+
+    async def fetch(self, env_id: str) -> EnvironmentRecord | None:
+        return next((record for record in await self.catalog() if record.id == env_id), None)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)

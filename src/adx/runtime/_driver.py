@@ -1,0 +1,104 @@
+"""The RuntimeDriver protocol: what the adxlet needs from any runtime that runs Environment executions.
+
+A driver never imports the node; the node talks to every driver through this protocol only (NOD-2: no
+per-backend branches). Execution identity (``execution_id``) is chosen by the node and makes ``start``
+idempotent; everything a driver needs to address an execution again after a node restart lives in
+``Execution.native`` (which the node persists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from adx.model import EnvironmentSpec, Resources
+
+
+@dataclass(frozen=True)
+class ExecutionSpec:
+    env_id: str
+    generation: int
+    execution_id: str
+    spec: EnvironmentSpec
+
+
+@dataclass(frozen=True)
+class Execution:
+    env_id: str
+    generation: int
+    execution_id: str
+    native: dict[str, Any]
+    execd_socket: Path | None = None  # the host path of execd's client socket
+    started_at: float = 0.0
+
+
+class ExecutionState(StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    EXITED = "exited"
+    MISSING = "missing"  # the runtime knows no such execution (only after a confirmed cleanup or never created)
+    UNKNOWN = "unknown"  # the runtime could not be asked: never evidence of anything (SBX-6)
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    exit_code: int | None = None
+    signal: int | None = None
+    oom_killed: bool = False
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.oom_killed:
+            return "killed: out of memory"
+        if self.signal is not None:
+            return f"killed by signal {self.signal}"
+        if self.exit_code is not None:
+            return f"exited with status {self.exit_code}"
+        return self.reason or "exited"
+
+
+@dataclass(frozen=True)
+class InventoryItem:
+    execution_id: str
+    env_id: str
+    generation: int
+    state: ExecutionState
+    native: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DriverCapabilities:
+    checkpoint_kinds: frozenset[str] = frozenset()
+    network_isolation: bool = False
+
+    @property
+    def can_checkpoint(self) -> bool:
+        return bool(self.checkpoint_kinds)
+
+
+class RuntimeDriver(Protocol):
+    name: str
+
+    async def health(self) -> None:
+        """Raise UnavailableError unless the runtime answers (the node waits for this at first start)."""
+
+    def capabilities(self) -> DriverCapabilities: ...
+
+    async def start(self, spec: ExecutionSpec) -> Execution:
+        """Start (or, for a repeated ``execution_id``, return) an execution. Uncertain outcomes raise
+        UncertainOutcomeError; the caller must then ``stop`` it to be sure nothing runs."""
+
+    async def observe(self, execution: Execution) -> ExecutionState: ...
+
+    async def wait_exit(self, execution: Execution) -> ExitInfo:
+        """Long wait until the execution exits (CTL-4: no ordinary RPC deadline)."""
+
+    async def stop(self, execution: Execution) -> None:
+        """Stop and clean up; returns only when cleanup is confirmed (idempotent; gone counts as done)."""
+
+    async def inventory(self) -> list[InventoryItem]:
+        """Every execution this runtime holds for this node (startup recovery only)."""
+
+    async def resources(self) -> Resources: ...

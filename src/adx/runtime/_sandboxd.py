@@ -1,0 +1,204 @@
+"""The sandboxd RuntimeDriver: each execution is one sandbox whose PID 1 is execd.
+
+execd's modules are installed once per node into ``execd_runtime_dir`` (``install_execd_runtime``), which
+sandboxd bind-mounts read-only at ``/opt/adx`` in every sandbox (its ``ro_binds``); execd listens on
+``/run/adx/execd.sock``, i.e. ``<run_dir>/execd.sock`` on the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from adx._fs import ShortUnixPath
+from adx.errors import AdxError, NotFoundError, UnavailableError
+from adx.execd._launch import init_argv, install_runtime
+from adx.model import Resources
+from adx.runtime._driver import (
+    DriverCapabilities,
+    Execution,
+    ExecutionSpec,
+    ExecutionState,
+    ExitInfo,
+    InventoryItem,
+)
+from adx.sandboxd import CreateRequest, ResourcesSpec, SandboxdClient, SandboxRef, ref_of
+from adx.sandboxd._models import SandboxInfo
+from adx.sandboxd._states import State
+
+EXECD_MOUNT = "/opt/adx"
+EXECD_SOCKET_INSIDE = "/run/adx/execd.sock"
+EXECD_ADMIN_SOCKET_INSIDE = "/run/adx/execd-admin.sock"
+META_ENV = "adx.env"
+META_EXECUTION = "adx.execution"
+
+_NATIVE_STATE = {
+    State.CREATING: ExecutionState.RUNNING,
+    State.RUNNING: ExecutionState.RUNNING,
+    State.PAUSED: ExecutionState.PAUSED,
+    State.TERMINATED: ExecutionState.EXITED,
+    State.FAILED: ExecutionState.EXITED,
+    State.STOPPING: ExecutionState.EXITED,
+    State.DELETED: ExecutionState.MISSING,
+}
+
+
+def install_execd_runtime(directory: Path) -> Path:
+    """Install execd's modules (byte-compiled) where sandboxd's ``ro_binds`` mounts them at /opt/adx."""
+    return install_runtime(directory)
+
+
+def _ref(execution: Execution) -> SandboxRef:
+    return SandboxRef.model_validate(execution.native)
+
+
+def _exit_info(info: SandboxInfo) -> ExitInfo:
+    status = info.exit
+    if status is None:
+        return ExitInfo(reason=info.reason or f"sandbox {info.state.value}")
+    return ExitInfo(
+        exit_code=status.exit_code,
+        signal=status.signal,
+        oom_killed=status.oom_killed,
+        reason=info.reason or ("" if status.known else "ended without a recorded status"),
+    )
+
+
+class SandboxdDriver:
+    name = "sandboxd"
+
+    def __init__(self, socket: Path, *, python: str = "python3", call_timeout: float = 30.0) -> None:
+        self.client = SandboxdClient(socket, timeout=call_timeout)
+        self.python = python
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def health(self) -> None:
+        health = await self.client.health()
+        if not health.ok:
+            raise UnavailableError(f"sandboxd is not healthy (storage_failed={health.storage_failed})")
+
+    def capabilities(self) -> DriverCapabilities:
+        return DriverCapabilities(checkpoint_kinds=frozenset({"filesystem"}), network_isolation=True)
+
+    async def start(self, spec: ExecutionSpec) -> Execution:
+        env_spec = spec.spec
+        workload = list(env_spec.entrypoint or [])
+        init = init_argv(
+            python=self.python,
+            socket=EXECD_SOCKET_INSIDE,
+            control_socket=None,
+            sandbox_id=spec.execution_id,
+            execution_id=spec.execution_id,
+            workload=workload,
+            extra=["--admin-socket", EXECD_ADMIN_SOCKET_INSIDE, "--keep-running-after-workload-exit"]
+            if not workload
+            else ["--admin-socket", EXECD_ADMIN_SOCKET_INSIDE],
+        )
+        request = CreateRequest(
+            request_id=spec.execution_id,
+            sandbox_id=spec.execution_id,
+            generation=spec.generation,
+            argv=workload or init,
+            init_argv=init,
+            env={**env_spec.env, "PYTHONPATH": EXECD_MOUNT},
+            resources=ResourcesSpec(
+                cpu_millis=max(env_spec.resources.cpu_millis, 10),
+                memory_bytes=max(env_spec.resources.memory_bytes, 8 << 20),
+                disk_bytes=env_spec.resources.disk_bytes or None,
+            ),
+            metadata={META_ENV: spec.env_id, META_EXECUTION: spec.execution_id},
+        )
+        created = await self.client.create(request)
+        ref = ref_of(created)
+        return Execution(
+            env_id=spec.env_id,
+            generation=spec.generation,
+            execution_id=spec.execution_id,
+            native=ref.model_dump(),
+            execd_socket=Path(created.sandbox.run_dir) / "execd.sock",
+            started_at=time.time(),
+        )
+
+    async def observe(self, execution: Execution) -> ExecutionState:
+        try:
+            info = await self.client.get(_ref(execution))
+        except NotFoundError:
+            return ExecutionState.MISSING
+        except AdxError:
+            return ExecutionState.UNKNOWN
+        return _NATIVE_STATE.get(info.state, ExecutionState.UNKNOWN)
+
+    async def wait_exit(self, execution: Execution) -> ExitInfo:
+        while True:
+            done = await self.client.wait(_ref(execution), timeout_seconds=3600)
+            if done.done:
+                return _exit_info(done.sandbox)
+
+    async def stop(self, execution: Execution) -> None:
+        await self.client.delete(_ref(execution))
+
+    async def inventory(self) -> list[InventoryItem]:
+        items = []
+        for info in await self.client.list():
+            execution_id = info.metadata.get(META_EXECUTION)
+            env_id = info.metadata.get(META_ENV)
+            if execution_id is None or env_id is None:
+                continue
+            native: dict[str, Any] = {"sandbox_id": info.sandbox_id, "generation": info.generation}
+            items.append(
+                InventoryItem(
+                    execution_id, env_id, info.generation, _NATIVE_STATE.get(info.state, ExecutionState.UNKNOWN), native
+                )
+            )
+        return items
+
+    async def resources(self) -> Resources:
+        info = await self.client.resource()
+        return Resources(
+            cpu_millis=info.cpu_cores * 1000, memory_bytes=info.memory_bytes, disk_bytes=info.storage_free_bytes
+        )
+
+
+class ExecdReadiness:
+    """Ready = execd answers its health route on its socket (until the runtime-control stream feeds this).
+
+    An execution that exits meanwhile (e.g. a workload that cannot start) fails readiness at once.
+    """
+
+    def __init__(self, driver: SandboxdDriver, check_exit_every: float = 0.25) -> None:
+        self.driver = driver
+        self.check_exit_every = check_exit_every
+
+    async def wait_ready(self, execution: Execution, within_seconds: float) -> None:
+        if execution.execd_socket is None:
+            return
+        deadline = time.monotonic() + within_seconds
+        with ShortUnixPath(execution.execd_socket) as socket_path:
+            await self._poll(execution, socket_path, deadline, within_seconds)
+
+    async def _poll(self, execution: Execution, socket_path: str, deadline: float, within_seconds: float) -> None:
+        next_exit_check = time.monotonic() + self.check_exit_every
+        transport = httpx.AsyncHTTPTransport(uds=socket_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://execd", timeout=2.0) as client:
+            last = "no answer yet"
+            while time.monotonic() < deadline:
+                try:
+                    response = await client.get("/v1/health")
+                    if response.status_code == 200:
+                        return
+                    last = f"health answered {response.status_code}"
+                except httpx.HTTPError as exc:
+                    last = str(exc) or type(exc).__name__
+                if time.monotonic() >= next_exit_check:
+                    next_exit_check = time.monotonic() + self.check_exit_every
+                    if await self.driver.observe(execution) in (ExecutionState.EXITED, ExecutionState.MISSING):
+                        ended = _exit_info(await self.driver.client.get(_ref(execution))).describe()
+                        raise UnavailableError(f"execution {execution.execution_id} ended before it was ready: {ended}")
+                await asyncio.sleep(0.01)
+        raise UnavailableError(f"execd of {execution.execution_id} not ready within {within_seconds}s: {last}")

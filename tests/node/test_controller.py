@@ -1,0 +1,176 @@
+"""The per-Environment Controller on real parts: a real sandboxd (execd as PID 1 of every sandbox) and a
+real Coordinator on Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sandboxd"))
+from sbx_helpers import Daemon, DaemonFactory
+
+from adx._fs import ShortUnixPath
+from adx.coordinator import CoordinatorStore
+from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, Resources, new_id
+from adx.node._controller import Controller, ControllerTimings
+from adx.node._coordinator_client import CoordinatorSink
+from adx.node._executions import ExecutionFiles
+from adx.node._reporter import Reporter
+from adx.node._resources import CapacityTracker
+from adx.runtime import ExecutionState
+from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, install_execd_runtime
+
+GiB = 2**30
+
+
+@pytest.fixture(scope="module")
+def execd_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install_execd_runtime(tmp_path_factory.mktemp("execd-runtime"))
+
+
+@pytest.fixture
+def sandboxd(tmp_path: Path, execd_runtime: Path) -> Iterator[Daemon]:
+    factory = DaemonFactory(tmp_path)
+    try:
+        yield factory("d1", ro_binds={"/opt/adx": str(execd_runtime)})
+    finally:
+        factory.cleanup()
+
+
+@dataclass
+class Node:
+    driver: SandboxdDriver
+    sink: CoordinatorSink
+    store: CoordinatorStore
+    cluster: Any
+    executions: ExecutionFiles
+
+    def controller(self, record: EnvironmentRecord) -> Controller:
+        controller = Controller(
+            record,
+            driver=self.driver,
+            sink=self.sink,
+            executions=self.executions,
+            readiness=ExecdReadiness(self.driver),
+            timings=ControllerTimings(ready_timeout_seconds=30, retry_min_seconds=0.05, retry_max_seconds=0.5),
+        )
+        controller.start_task()
+        return controller
+
+    async def new_environment(self, **spec: Any) -> EnvironmentRecord:
+        now = time.time()
+        record = EnvironmentRecord(
+            id=new_id("env"),
+            tenant="acme",
+            spec=EnvironmentSpec(resources=Resources(cpu_millis=250, memory_bytes=256 * 2**20), **spec),
+            state=EnvironmentState.PENDING,
+            node="n1",
+            generation=1,
+            revision=1,
+            created_at=now,
+            updated_at=now,
+        )
+        created = (await self.store.create_environment(record)).record
+        self.cluster.coordinator.service.cache.apply(created)
+        return created
+
+
+@pytest.fixture
+async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIterator[Node]:  # type: ignore[no-untyped-def]
+    cluster, _ = await coordinator_cluster()
+    channel, stub = cluster.stub("n1")
+
+    async def capacity() -> Resources:
+        return Resources(cpu_millis=8000, memory_bytes=16 * GiB)
+
+    reporter = Reporter(
+        stub,
+        node="n1",
+        address="127.0.0.1:1",
+        relay_address="127.0.0.1:2",
+        tracker=CapacityTracker(capacity, 60),
+        interval=1,
+        rpc_timeout=5,
+    )
+    await reporter.report_once()
+    driver = SandboxdDriver(sandboxd.socket)
+    store = CoordinatorStore.from_url(cluster.config.redis_url)
+    sink = CoordinatorSink(stub, "n1", lambda: reporter.state.session, rpc_timeout=5)
+    yield Node(driver, sink, store, cluster, ExecutionFiles(tmp_path / "executions"))
+    await driver.aclose()
+    await store.close()
+    await channel.close()
+
+
+async def run_in_execd(socket: Path, argv: list[str]) -> tuple[str, int]:
+    with ShortUnixPath(socket) as path:
+        transport = httpx.AsyncHTTPTransport(uds=path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://execd", timeout=10) as client:
+            response = await client.post("/v1/commands", json={"argv": argv})
+            response.raise_for_status()
+            frames = [json.loads(line) for line in response.text.splitlines() if line]
+    stdout = "".join(f.get("data", "") for f in frames if f.get("stream") == "stdout")
+    return stdout, frames[-1]["exitCode"]
+
+
+async def test_start_run_a_command_then_delete_releases_everything(node: Node) -> None:
+    record = await node.new_environment()
+    controller = node.controller(record)
+    running = await asyncio.wait_for(controller.submit("start"), 60)
+    assert running.state is EnvironmentState.RUNNING and running.execution_id
+    execution = controller.execution
+    assert execution is not None and execution.execd_socket is not None
+    assert await run_in_execd(execution.execd_socket, ["sh", "-c", "echo hello from $(hostname)"]) == (
+        f"hello from {execution.execution_id}\n",
+        0,
+    )
+    stored = await node.store.get_environment(record.id)
+    assert (stored.state, stored.execution_id) == (EnvironmentState.RUNNING, execution.execution_id)
+    assert (await node.store.get_node("n1")).reserved == record.spec.resources
+
+    deleted = await asyncio.wait_for(controller.submit("delete"), 60)
+    assert deleted.state is EnvironmentState.DELETED
+    assert await node.driver.observe(execution) in (ExecutionState.MISSING, ExecutionState.UNKNOWN)
+    assert (await node.store.get_node("n1")).reserved == Resources()
+    assert node.executions.load_all() == []
+
+
+@pytest.mark.req("RST-1")
+async def test_workload_exit_retires_cleans_up_then_fails(node: Node) -> None:
+    record = await node.new_environment(entrypoint=["sh", "-c", "sleep 1; exit 3"])
+    controller = node.controller(record)
+    await asyncio.wait_for(controller.submit("start"), 60)
+    execution = controller.execution
+    assert execution is not None
+    deadline = time.monotonic() + 30
+    while controller.record.state is not EnvironmentState.FAILED:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert controller.record.last_error == "exited with status 3"
+    # Cleanup was confirmed before Failed was committed: the sandbox is gone, the reservation released.
+    assert await node.driver.observe(execution) in (ExecutionState.MISSING, ExecutionState.UNKNOWN)
+    stored = await node.store.get_environment(record.id)
+    assert stored.state is EnvironmentState.FAILED
+    assert (await node.store.get_node("n1")).reserved == Resources()
+
+
+@pytest.mark.req("RST-7")
+async def test_a_failed_first_start_is_failed_at_once_and_releases(node: Node) -> None:
+    record = await node.new_environment(entrypoint=["/does/not/exist"])
+    controller = node.controller(record)
+    failed = await asyncio.wait_for(controller.submit("start"), 60)
+    assert failed.state is EnvironmentState.FAILED
+    assert "start failed" in (failed.last_error or "")
+    assert (await node.store.get_node("n1")).reserved == Resources()
+    # It never becomes Running, and a second start is refused.
+    with pytest.raises(Exception, match="not pending"):
+        await controller.submit("start")
