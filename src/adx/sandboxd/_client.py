@@ -7,10 +7,13 @@ failing to connect at all is :class:`UnavailableError` (nothing happened).
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 from pydantic import BaseModel
 
 from adx.errors import (
@@ -55,7 +58,7 @@ _SIMPLE: dict[str, type[AdxError]] = {
 
 def _to_error(status: int, body: bytes) -> AdxError:
     try:
-        err = httpx.Response(status, content=body).json()["error"]
+        err = json.loads(body)["error"]
         code, message, details = err.get("code", ""), err.get("message", ""), err.get("details") or {}
     except Exception:
         return UncertainOutcomeError(f"sandboxd answered {status} with an unreadable body")
@@ -71,17 +74,42 @@ def ref_of(created: CreateResponse) -> SandboxRef:
     return SandboxRef(sandbox_id=s.sandbox_id, generation=s.generation, token=created.token, owner=s.owner)
 
 
-class SandboxdClient:
-    """``async with SandboxdClient(socket_path) as c: created = await c.create(CreateRequest(...))``."""
+@dataclass(frozen=True)
+class RawResponse:
+    status_code: int
+    content: bytes
 
-    def __init__(self, socket_path: Path | str, timeout: float = 60.0) -> None:
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_since = time.monotonic()
+
+    def usable(self) -> bool:
+        # The server closes idle connections (and all of them when it exits): never reuse one it closed.
+        return not self.reader.at_eof() and not self.writer.is_closing() and time.monotonic() - self.idle_since < 60
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class SandboxdClient:
+    """``async with SandboxdClient(socket_path) as c: created = await c.create(CreateRequest(...))``.
+
+    Speaks the daemon's tiny HTTP/1.1 dialect directly on asyncio Unix streams with a small keep-alive pool:
+    a general-purpose HTTP client cost ~0.85 ms per call here, the whole server round trip ~0.15 ms.
+    Safe for concurrent calls (each uses its own connection).
+    """
+
+    def __init__(self, socket_path: Path | str, timeout: float = 60.0, pool_size: int = 8) -> None:
         self.socket_path = str(socket_path)
         self._timeout = timeout
-        self._http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=self.socket_path),
-            base_url="http://sandboxd",
-            timeout=timeout,
-        )
+        self._pool: list[_Conn] = []
+        self._pool_size = pool_size
 
     async def __aenter__(self) -> SandboxdClient:
         return self
@@ -90,21 +118,59 @@ class SandboxdClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        pool, self._pool = self._pool, []
+        for conn in pool:
+            conn.close()
+
+    async def _connect(self) -> _Conn:
+        while self._pool:
+            conn = self._pool.pop()
+            if conn.usable():
+                return conn
+            conn.close()
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=1 << 20)
+        except OSError as exc:  # nothing was sent: the call did not happen
+            raise UnavailableError(f"sandboxd at {self.socket_path} is not reachable: {exc}") from exc
+        return _Conn(reader, writer)
+
+    async def _post(self, name: str, content: bytes, call_timeout: float) -> RawResponse:
+        conn = await self._connect()
+        head = f"POST /v1/{name} HTTP/1.1\r\nHost: sandboxd\r\nContent-Type: application/json\r\n"
+        data = head.encode() + f"Content-Length: {len(content)}\r\n\r\n".encode() + content
+        try:
+            async with asyncio.timeout(call_timeout):
+                conn.writer.write(data)
+                await conn.writer.drain()
+                status_line = await conn.reader.readline()
+                parts = status_line.split(None, 2)
+                if len(parts) < 2:
+                    raise ConnectionError("connection closed before a response")
+                length, keep = 0, True
+                while (line := await conn.reader.readline()) not in (b"\r\n", b"\n", b""):
+                    key, _, value = line.decode("latin-1").partition(":")
+                    if key.strip().lower() == "content-length":
+                        length = int(value)
+                    elif key.strip().lower() == "connection" and value.strip().lower() == "close":
+                        keep = False
+                body = await conn.reader.readexactly(length)
+        except (OSError, EOFError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
+            conn.close()
+            # SBX-6: once the request may have reached sandboxd, a lost reply means "uncertain", never "no".
+            raise UncertainOutcomeError(f"sandboxd {name}: connection lost after sending ({exc!r})") from exc
+        except BaseException:
+            conn.close()  # cancelled mid-call: the connection's state is unknown
+            raise
+        if keep and len(self._pool) < self._pool_size:
+            conn.idle_since = time.monotonic()
+            self._pool.append(conn)
+        else:
+            conn.close()
+        return RawResponse(int(parts[1]), body)
 
     async def _call(self, name: str, body: BaseModel | None, out: type[M], call_timeout: float | None = None) -> M:
         content = body.model_dump_json().encode() if body is not None else b"{}"
-        try:
-            resp = await self._http.post(
-                f"/v1/{name}",
-                content=content,
-                headers={"content-type": "application/json"},
-                timeout=call_timeout if call_timeout is not None else self._timeout,
-            )
-        except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError) as exc:
-            raise UnavailableError(f"sandboxd at {self.socket_path} is not reachable: {exc}") from exc
-        except httpx.TransportError as exc:
-            raise UncertainOutcomeError(f"sandboxd {name}: connection lost after sending ({exc!r})") from exc
+        resp = await self._post(name, content, call_timeout if call_timeout is not None else self._timeout)
         if resp.status_code != 200:
             raise _to_error(resp.status_code, resp.content)
         return out.model_validate_json(resp.content)
@@ -156,6 +222,6 @@ class SandboxdClient:
     async def restore(self, request: RestoreRequest, call_timeout: float = 600.0) -> CreateResponse:
         return await self._call("Restore", request, CreateResponse, call_timeout=call_timeout)
 
-    async def raw(self, name: str, payload: dict[str, Any]) -> httpx.Response:
-        """Low-level call (tests use it to send malformed requests)."""
-        return await self._http.post(f"/v1/{name}", json=payload)
+    async def raw(self, name: str, payload: dict[str, Any]) -> RawResponse:
+        """Low-level call (tests use it to send requests the typed models would refuse)."""
+        return await self._post(name, json.dumps(payload).encode(), self._timeout)

@@ -4,7 +4,7 @@ Why HTTP and not gRPC here: grpcio for Python exposes no peer credentials on Uni
 just ``unix:``), and SBX-4/SEC-5 require checking the connecting process's UID. An asyncio stream server
 hands us the connected socket, so every connection's ``SO_PEERCRED`` is read before any byte of a request
 is parsed. The protocol is deliberately tiny — ``POST /v1/<Call>``, ``Content-Length`` bodies, keep-alive —
-and the typed models in ``_models`` are the contract; ``httpx`` speaks it on the client side.
+and the typed models in ``_models`` are the contract; ``_client`` speaks it on asyncio streams.
 """
 
 from __future__ import annotations
