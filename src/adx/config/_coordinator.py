@@ -16,4 +16,5 @@ class CoordinatorConfig(StrictModel):
     certs_dir: Path = Field(default=Path(".adx/certs"), description="holds ca.pem and coordinator-<name>.pem/.key")
     session_ttl_seconds: float = Field(default=15.0, gt=0, le=3600)
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    node_rpc_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
     logging: LoggingConfig = LoggingConfig()

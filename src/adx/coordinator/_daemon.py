@@ -10,10 +10,11 @@ from dataclasses import dataclass
 import grpc
 
 from adx._certs import Identity, component_paths
-from adx._grpc_tls import server_credentials
+from adx._grpc_tls import channel_credentials, server_credentials
 from adx._health import HealthServicer
 from adx.config import CoordinatorConfig
 from adx.coordinator._cache import CoordinatorCache
+from adx.coordinator._nodes import NodeClients
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._store import CoordinatorStore
 from adx.errors import UnavailableError
@@ -33,6 +34,8 @@ class RunningCoordinator:
     async def stop(self, grace: float | None = 5.0) -> None:
         self.health.set_not_serving("stopping")
         await self.server.stop(grace)
+        if self.service.nodes is not None:
+            await self.service.nodes.close()
         await self.store.close()
 
 
@@ -46,7 +49,8 @@ async def start_coordinator(config: CoordinatorConfig) -> RunningCoordinator:
     except BaseException:
         await store.close()
         raise
-    service = CoordinatorService(store, cache, session_ttl=config.session_ttl_seconds)
+    nodes = NodeClients(channel_credentials(paths), rpc_timeout=config.node_rpc_timeout_seconds)
+    service = CoordinatorService(store, cache, nodes=nodes, session_ttl=config.session_ttl_seconds)
     health = HealthServicer("coordinator")
     server = grpc.aio.server()
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(service, server)

@@ -13,7 +13,9 @@ import grpc
 from adx._grpc_errors import abort_with
 from adx._grpc_tls import require_peer
 from adx.coordinator._cache import CoordinatorCache
-from adx.coordinator._store import CoordinatorStore
+from adx.coordinator._nodes import NodeClients
+from adx.coordinator._placement import Refusal, rank_nodes
+from adx.coordinator._store import CoordinatorStore, NoCapacity
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -22,7 +24,16 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.model import EnvironmentRecord, Resources, parse_wire
+from adx.model import (
+    ENVIRONMENT,
+    EnvironmentRecord,
+    EnvironmentSpec,
+    EnvironmentState,
+    IdleAction,
+    Resources,
+    new_id,
+    parse_wire,
+)
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
 
@@ -39,9 +50,17 @@ class SessionExpired(ConflictError):
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, store: CoordinatorStore, cache: CoordinatorCache, *, session_ttl: float = 15.0) -> None:
+    def __init__(
+        self,
+        store: CoordinatorStore,
+        cache: CoordinatorCache,
+        *,
+        nodes: NodeClients | None = None,
+        session_ttl: float = 15.0,
+    ) -> None:
         self.store = store
         self.cache = cache
+        self.nodes = nodes
         self.session_ttl = session_ttl
 
     async def _node_caller(self, context: Context, node: str) -> None:
@@ -174,6 +193,157 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             },
         )
         return committed
+
+    # -- API-facing calls ----------------------------------------------------------------------------
+    async def CreateTenant(
+        self, request: pb.CreateTenantRequest, context: Context
+    ) -> pb.CreateTenantResponse:
+        await require_peer(context, "api")
+        try:
+            api_key = await self.store.create_tenant(request.name)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.CreateTenantResponse(api_key=api_key)
+
+    async def Authenticate(
+        self, request: pb.AuthenticateRequest, context: Context
+    ) -> pb.AuthenticateResponse:
+        await require_peer(context, "api")
+        try:
+            tenant = await self.store.authenticate(request.api_key)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.AuthenticateResponse(tenant=tenant)
+
+    async def CreateEnvironment(
+        self, request: pb.CreateEnvironmentRequest, context: Context
+    ) -> pb.EnvironmentReply:
+        await require_peer(context, "api")
+        try:
+            spec = parse_wire(EnvironmentSpec, _json(request.spec_json, "specJson"))
+            record, created = await self._create(request.tenant, spec, request.idempotency_key or None)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True), created=created)
+
+    async def _create(
+        self, tenant: str, spec: EnvironmentSpec, idempotency: str | None
+    ) -> tuple[EnvironmentRecord, bool]:
+        now = time.time()
+        ranked, refused = rank_nodes(
+            list(self.cache.nodes.values()),
+            spec.resources,
+            now,
+            needs_checkpoint=spec.lifecycle.idle_action is IdleAction.PAUSE,
+        )
+        for node in ranked:
+            record = EnvironmentRecord(
+                id=new_id(ENVIRONMENT),
+                tenant=tenant,
+                spec=spec,
+                state=EnvironmentState.PENDING,
+                node=node.name,
+                generation=1,
+                revision=1,
+                created_at=now,
+                updated_at=now,
+            )
+            try:
+                outcome = await self.store.create_environment(record, idempotency=idempotency)
+            except NoCapacity as exc:
+                refused.append(Refusal(node.name, exc.message))
+                continue
+            self.cache.apply(outcome.record)
+            if outcome.created:
+                log.info("environment placed", extra={"env_id": record.id, "node": node.name, "tenant": tenant})
+                return await self._admit(outcome.record, node.address), True
+            return outcome.record, False
+        reasons = "; ".join(f"{r.node}: {r.reason}" for r in refused) or "no nodes are registered"
+        raise NoCapacity(f"no node can take this Environment now ({reasons})", details={"refusals": reasons})
+
+    async def _admit(self, record: EnvironmentRecord, address: str) -> EnvironmentRecord:
+        """Hand a placed Environment to its node. If the node cannot be reached it stays Pending there: the
+        node finds it in its catalog on its next routine check (NOD-3). An explicit refusal fails it."""
+        if self.nodes is None:
+            return record
+        try:
+            return await self.nodes.admit(address, record)
+        except (UnavailableError, UncertainOutcomeError) as exc:
+            log.warning("node did not take %s yet: %s", record.id, exc, extra={"env_id": record.id})
+            return record
+        except AdxError as exc:
+            latest = self.cache.environments.get(record.id, record)
+            if latest.state is not EnvironmentState.PENDING:
+                return latest
+            failed = await self.store.commit_environment(
+                latest,
+                {"state": EnvironmentState.FAILED, "last_error": f"node refused: {exc}"},
+                release_reservation=True,
+            )
+            self.cache.apply(failed)
+            return failed
+
+    async def GetEnvironment(self, request: pb.EnvironmentRequest, context: Context) -> pb.EnvironmentReply:
+        await require_peer(context, "api")
+        try:
+            record = await self.store.get_tenant_environment(request.tenant, request.environment_id)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
+
+    async def ListEnvironments(
+        self, request: pb.ListEnvironmentsRequest, context: Context
+    ) -> pb.ListEnvironmentsResponse:
+        await require_peer(context, "api")
+        try:
+            records = await self.store.list_environments(request.tenant)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.ListEnvironmentsResponse(environment_json=[r.model_dump_json(by_alias=True) for r in records])
+
+    async def DeleteEnvironment(
+        self, request: pb.EnvironmentRequest, context: Context
+    ) -> pb.EnvironmentReply:
+        await require_peer(context, "api")
+        try:
+            record = await self._delete(request.tenant, request.environment_id)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
+
+    async def _delete(self, tenant: str, env_id: str) -> EnvironmentRecord:
+        for _ in range(5):
+            record = await self.store.get_tenant_environment(tenant, env_id)
+            if record.state in (EnvironmentState.DELETING, EnvironmentState.DELETED):
+                break
+            try:
+                record = await self.store.commit_environment(record, {"state": EnvironmentState.DELETING})
+                break
+            except ConflictError:
+                continue  # committed meanwhile: read again and retry
+        else:
+            raise ConflictError(f"environment {env_id} keeps changing; try the delete again")
+        self.cache.apply(record)
+        if record.state is EnvironmentState.DELETING and record.node and self.nodes is not None:
+            node = self.cache.nodes.get(record.node)
+            if node is not None:
+                try:
+                    record = await self.nodes.delete(node.address, record)
+                except AdxError as exc:
+                    # The node converges from its catalog (NOD-3); the delete intent is committed.
+                    log.warning("node did not take the delete of %s yet: %s", env_id, exc, extra={"env_id": env_id})
+        return record
+
+    async def ResolveRoute(self, request: pb.EnvironmentRequest, context: Context) -> pb.RouteReply:
+        await require_peer(context, "api")
+        try:
+            record = await self.store.get_tenant_environment(request.tenant, request.environment_id)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        node = self.cache.nodes.get(record.node or "")
+        return pb.RouteReply(
+            environment_json=record.model_dump_json(by_alias=True), relay_address=node.relay_address if node else ""
+        )
 
 
 def _json(text: str, field: str) -> object:

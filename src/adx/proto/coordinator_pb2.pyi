@@ -274,3 +274,217 @@ class CommitResultResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CommitResultResponse: _TypeAlias = CommitResultResponse  # noqa: Y015
+
+@_typing.final
+class CreateTenantRequest(_message.Message):
+    """---- API-facing calls (callers present an `api:<name>` certificate) ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateTenantRequest: _TypeAlias = CreateTenantRequest  # noqa: Y015
+
+@_typing.final
+class CreateTenantResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    API_KEY_FIELD_NUMBER: _builtins.int
+    api_key: _builtins.str
+    """shown once; only its hash is stored"""
+    def __init__(
+        self,
+        *,
+        api_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateTenantResponse: _TypeAlias = CreateTenantResponse  # noqa: Y015
+
+@_typing.final
+class AuthenticateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    API_KEY_FIELD_NUMBER: _builtins.int
+    api_key: _builtins.str
+    def __init__(
+        self,
+        *,
+        api_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthenticateRequest: _TypeAlias = AuthenticateRequest  # noqa: Y015
+
+@_typing.final
+class AuthenticateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthenticateResponse: _TypeAlias = AuthenticateResponse  # noqa: Y015
+
+@_typing.final
+class CreateEnvironmentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    SPEC_JSON_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    spec_json: _builtins.str
+    """adx.model.EnvironmentSpec"""
+    idempotency_key: _builtins.str
+    """optional: a retry with the same key returns the same Environment"""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        spec_json: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "spec_json", b"spec_json", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateEnvironmentRequest: _TypeAlias = CreateEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class EnvironmentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    environment_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        environment_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvironmentRequest: _TypeAlias = EnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class ListEnvironmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEnvironmentsRequest: _TypeAlias = ListEnvironmentsRequest  # noqa: Y015
+
+@_typing.final
+class EnvironmentReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    environment_json: _builtins.str
+    """adx.model.EnvironmentRecord"""
+    created: _builtins.bool
+    """CreateEnvironment: false when the idempotency key matched"""
+    def __init__(
+        self,
+        *,
+        environment_json: _builtins.str = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "environment_json", b"environment_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvironmentReply: _TypeAlias = EnvironmentReply  # noqa: Y015
+
+@_typing.final
+class ListEnvironmentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def environment_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        environment_json: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEnvironmentsResponse: _TypeAlias = ListEnvironmentsResponse  # noqa: Y015
+
+@_typing.final
+class RouteReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    RELAY_ADDRESS_FIELD_NUMBER: _builtins.int
+    environment_json: _builtins.str
+    relay_address: _builtins.str
+    """host:port of the owning node's Relay (empty: no node)"""
+    def __init__(
+        self,
+        *,
+        environment_json: _builtins.str = ...,
+        relay_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "relay_address", b"relay_address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteReply: _TypeAlias = RouteReply  # noqa: Y015

@@ -34,6 +34,41 @@ class CoordinatorStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.CreateTenant = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/CreateTenant',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.CreateTenantRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.CreateTenantResponse.FromString,
+                _registered_method=True)
+        self.Authenticate = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/Authenticate',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.AuthenticateRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AuthenticateResponse.FromString,
+                _registered_method=True)
+        self.CreateEnvironment = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/CreateEnvironment',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.CreateEnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+                _registered_method=True)
+        self.GetEnvironment = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/GetEnvironment',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+                _registered_method=True)
+        self.ListEnvironments = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/ListEnvironments',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.ListEnvironmentsRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.ListEnvironmentsResponse.FromString,
+                _registered_method=True)
+        self.DeleteEnvironment = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/DeleteEnvironment',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+                _registered_method=True)
+        self.ResolveRoute = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/ResolveRoute',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.RouteReply.FromString,
+                _registered_method=True)
         self.RegisterNode = channel.unary_unary(
                 '/adx.coordinator.v1.Coordinator/RegisterNode',
                 request_serializer=adx_dot_proto_dot_coordinator__pb2.RegisterNodeRequest.SerializeToString,
@@ -63,6 +98,48 @@ class CoordinatorStub:
 
 class CoordinatorServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def CreateTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Authenticate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateEnvironment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetEnvironment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEnvironments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteEnvironment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveRoute(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def RegisterNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -97,6 +174,41 @@ class CoordinatorServicer:
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'CreateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTenant,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.CreateTenantRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.CreateTenantResponse.SerializeToString,
+            ),
+            'Authenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authenticate,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.AuthenticateRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AuthenticateResponse.SerializeToString,
+            ),
+            'CreateEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateEnvironment,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.CreateEnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.SerializeToString,
+            ),
+            'GetEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEnvironment,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.SerializeToString,
+            ),
+            'ListEnvironments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEnvironments,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.ListEnvironmentsRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.ListEnvironmentsResponse.SerializeToString,
+            ),
+            'DeleteEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteEnvironment,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.SerializeToString,
+            ),
+            'ResolveRoute': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveRoute,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.RouteReply.SerializeToString,
+            ),
             'RegisterNode': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterNode,
                     request_deserializer=adx_dot_proto_dot_coordinator__pb2.RegisterNodeRequest.FromString,
@@ -132,6 +244,195 @@ def add_CoordinatorServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Coordinator:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def CreateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/CreateTenant',
+            adx_dot_proto_dot_coordinator__pb2.CreateTenantRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.CreateTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/Authenticate',
+            adx_dot_proto_dot_coordinator__pb2.AuthenticateRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AuthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/CreateEnvironment',
+            adx_dot_proto_dot_coordinator__pb2.CreateEnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/GetEnvironment',
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEnvironments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/ListEnvironments',
+            adx_dot_proto_dot_coordinator__pb2.ListEnvironmentsRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.ListEnvironmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/DeleteEnvironment',
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveRoute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/ResolveRoute',
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.RouteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def RegisterNode(request,

@@ -36,6 +36,13 @@ class CoordinatorStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> CoordinatorAsyncStub: ...
+    CreateTenant: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.CreateTenantRequest, _coordinator_pb2.CreateTenantResponse]
+    Authenticate: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AuthenticateRequest, _coordinator_pb2.AuthenticateResponse]
+    CreateEnvironment: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.CreateEnvironmentRequest, _coordinator_pb2.EnvironmentReply]
+    GetEnvironment: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]
+    ListEnvironments: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListEnvironmentsRequest, _coordinator_pb2.ListEnvironmentsResponse]
+    DeleteEnvironment: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]
+    ResolveRoute: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.RouteReply]
     RegisterNode: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterNodeRequest, _coordinator_pb2.RegisterNodeResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]
     ReportCapacity: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportCapacityRequest, _coordinator_pb2.ReportCapacityResponse]
@@ -45,6 +52,13 @@ class CoordinatorStub:
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
+    CreateTenant: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CreateTenantRequest, _coordinator_pb2.CreateTenantResponse]  # type: ignore[assignment]
+    Authenticate: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AuthenticateRequest, _coordinator_pb2.AuthenticateResponse]  # type: ignore[assignment]
+    CreateEnvironment: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CreateEnvironmentRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
+    GetEnvironment: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
+    ListEnvironments: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListEnvironmentsRequest, _coordinator_pb2.ListEnvironmentsResponse]  # type: ignore[assignment]
+    DeleteEnvironment: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
+    ResolveRoute: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.RouteReply]  # type: ignore[assignment]
     RegisterNode: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterNodeRequest, _coordinator_pb2.RegisterNodeResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]  # type: ignore[assignment]
     ReportCapacity: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportCapacityRequest, _coordinator_pb2.ReportCapacityResponse]  # type: ignore[assignment]
@@ -52,6 +66,55 @@ class CoordinatorAsyncStub(CoordinatorStub):
     CommitResult: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CommitResultRequest, _coordinator_pb2.CommitResultResponse]  # type: ignore[assignment]
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def CreateTenant(
+        self,
+        request: _coordinator_pb2.CreateTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.CreateTenantResponse, _abc.Awaitable[_coordinator_pb2.CreateTenantResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Authenticate(
+        self,
+        request: _coordinator_pb2.AuthenticateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AuthenticateResponse, _abc.Awaitable[_coordinator_pb2.AuthenticateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateEnvironment(
+        self,
+        request: _coordinator_pb2.CreateEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.EnvironmentReply, _abc.Awaitable[_coordinator_pb2.EnvironmentReply]]: ...
+
+    @_abc_1.abstractmethod
+    def GetEnvironment(
+        self,
+        request: _coordinator_pb2.EnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.EnvironmentReply, _abc.Awaitable[_coordinator_pb2.EnvironmentReply]]: ...
+
+    @_abc_1.abstractmethod
+    def ListEnvironments(
+        self,
+        request: _coordinator_pb2.ListEnvironmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ListEnvironmentsResponse, _abc.Awaitable[_coordinator_pb2.ListEnvironmentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteEnvironment(
+        self,
+        request: _coordinator_pb2.EnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.EnvironmentReply, _abc.Awaitable[_coordinator_pb2.EnvironmentReply]]: ...
+
+    @_abc_1.abstractmethod
+    def ResolveRoute(
+        self,
+        request: _coordinator_pb2.EnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.RouteReply, _abc.Awaitable[_coordinator_pb2.RouteReply]]: ...
+
     @_abc_1.abstractmethod
     def RegisterNode(
         self,

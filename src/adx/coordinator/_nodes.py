@@ -1,0 +1,55 @@
+"""The Coordinator's calls to nodes (mutual TLS with the Coordinator's certificate)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import grpc
+
+from adx._grpc_errors import from_rpc_error
+from adx.model import EnvironmentRecord
+from adx.proto import node_pb2 as pb
+from adx.proto import node_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from adx.proto.node_pb2_grpc import NodeAsyncStub
+
+
+class NodeClients:
+    """One channel per node address, reused across calls."""
+
+    def __init__(self, credentials: grpc.ChannelCredentials, rpc_timeout: float = 10.0) -> None:
+        self.credentials = credentials
+        self.rpc_timeout = rpc_timeout
+        self._channels: dict[str, tuple[grpc.aio.Channel, NodeAsyncStub]] = {}
+
+    def _stub(self, address: str) -> NodeAsyncStub:
+        if address not in self._channels:
+            channel = grpc.aio.secure_channel(address, self.credentials)
+            self._channels[address] = (channel, pb_grpc.NodeStub(channel))
+        return self._channels[address][1]
+
+    async def admit(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
+        try:
+            reply = await self._stub(address).AdmitEnvironment(
+                pb.AdmitEnvironmentRequest(environment_json=record.model_dump_json(by_alias=True)),
+                timeout=self.rpc_timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"admit {record.id} on {address}") from None
+        return EnvironmentRecord.model_validate_json(reply.environment_json)
+
+    async def delete(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
+        try:
+            reply = await self._stub(address).DeleteEnvironment(
+                pb.DeleteEnvironmentRequest(environment_json=record.model_dump_json(by_alias=True)),
+                timeout=self.rpc_timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"delete {record.id} on {address}") from None
+        return EnvironmentRecord.model_validate_json(reply.environment_json)
+
+    async def close(self) -> None:
+        for channel, _ in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()
