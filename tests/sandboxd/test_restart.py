@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sbx_helpers import DaemonFactory, remove_sandbox_cgroup, wait_until
 
-from adx.errors import ConflictError, NotFoundError, UncertainOutcomeError
+from adx.errors import ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.sandboxd import CreateRequest, State, ref_of
 
 SLEEPER = ["/bin/sh", "-c", "(setsid sleep 1000 &) ; sleep 1000"]
@@ -74,15 +74,16 @@ async def test_sigkill_restart_keeps_running_sandboxes_and_reports_dead_and_miss
 @pytest.mark.req("SBX-11")
 async def test_normal_stop_leaves_sandboxes_running_and_restart_reconnects(sandboxd: DaemonFactory) -> None:
     d = sandboxd()
-    async with d.client() as c:
+    async with d.client() as c:  # one client across the restart: its pooled connection must not be reused
         created = await c.create(CreateRequest(request_id="r", argv=SLEEPER))
-    sid = created.sandbox.sandbox_id
-    procs = d.settled_procs(sid)
-    d.stop()  # SIGTERM: a normal shutdown
-    assert d.proc is not None and d.proc.returncode == 0
-    assert d.cgroup_procs(sid) == procs  # nothing was killed or restarted
-    d.start()
-    async with d.client() as c:
+        sid = created.sandbox.sandbox_id
+        procs = d.settled_procs(sid)
+        d.stop()  # SIGTERM: a normal shutdown
+        assert d.proc is not None and d.proc.returncode == 0
+        assert d.cgroup_procs(sid) == procs  # nothing was killed or restarted
+        with pytest.raises(UnavailableError):
+            await c.health()
+        d.start()
         info = await c.get(ref_of(created))
         assert info.state == State.RUNNING and info.native == created.sandbox.native
         assert d.cgroup_procs(sid) == procs

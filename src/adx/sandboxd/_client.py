@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +91,18 @@ class _Conn:
         self.idle_since = time.monotonic()
 
     def usable(self) -> bool:
-        # The server closes idle connections (and all of them when it exits): never reuse one it closed.
-        return not self.reader.at_eof() and not self.writer.is_closing() and time.monotonic() - self.idle_since < 60
+        """Never reuse a connection the server closed (idle timeout, restart).
+
+        The loop may not have processed the EOF yet, so ask the kernel: an idle keep-alive connection that is
+        readable has been closed (or holds garbage) — either way it must not carry a request.
+        """
+        if self.reader.at_eof() or self.writer.is_closing() or time.monotonic() - self.idle_since > 60:
+            return False
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+        return not readable
 
     def close(self) -> None:
         self.writer.close()
