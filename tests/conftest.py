@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +27,9 @@ from adx.config import CoordinatorConfig, PostgresServerConfig, RedisServerConfi
 from adx.coordinator._daemon import RunningCoordinator, start_coordinator
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ServerInfo
 from adx.proto import coordinator_pb2_grpc
+
+# The sandboxd test helpers (real daemons, cgroup cleanup) serve every test that needs a real node.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "sandboxd"))
 
 
 @pytest.fixture(scope="session")
@@ -144,3 +149,90 @@ async def coordinator_cluster(
     yield make
     for coordinator in running:
         await coordinator.stop(grace=None)
+
+
+@pytest.fixture(scope="session")
+def execd_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """execd's modules installed once for the session (mounted read-only at /opt/adx in sandboxes)."""
+    from adx.runtime._sandboxd import install_execd_runtime
+
+    return install_execd_runtime(tmp_path_factory.mktemp("execd-runtime"))
+
+
+@dataclass
+class NodeCluster:
+    """A real Coordinator (on Redis) and real adxlets, each with its own real sandboxd."""
+
+    cluster: CoordinatorCluster
+    nodes: dict[str, Any]
+
+    def api_credentials(self) -> grpc.ChannelCredentials:
+        return channel_credentials(issue(self.cluster.certs, Identity("api", "main")))
+
+    def api_cert_paths(self) -> Any:
+        return issue(self.cluster.certs, Identity("api", "main"))
+
+    def api_ssl_context(self) -> Any:
+        """For HTTPS to a node's Relay: ``httpx.AsyncClient(verify=nc.api_ssl_context())``."""
+        from adx._certs import client_ssl_context
+
+        return client_ssl_context(self.api_cert_paths())
+
+
+@pytest.fixture
+async def node_cluster(
+    coordinator_cluster: Callable[..., Awaitable[tuple[CoordinatorCluster, Any]]],
+    tmp_path: Path,
+    execd_runtime: Path,
+) -> AsyncIterator[Callable[..., Awaitable[NodeCluster]]]:
+    """``await make(nodes=["n1"], capacity={...})``: a Coordinator plus one real adxlet + sandboxd per node.
+
+    Each node reads its capacity from a capacity file (``capacity_file(name)`` to change it).
+    """
+    import json
+
+    from sbx_helpers import DaemonFactory
+
+    from adx.config import NodeConfig
+    from adx.node._agent import NodeAgent
+
+    factory = DaemonFactory(tmp_path / "sandboxd")
+    (tmp_path / "sandboxd").mkdir()
+    agents: list[Any] = []
+
+    async def make(
+        nodes: tuple[str, ...] = ("n1",),
+        capacity: dict[str, int] | None = None,
+        report_interval: float = 0.5,
+        **coordinator: Any,
+    ) -> NodeCluster:
+        cluster, _ = await coordinator_cluster(**coordinator)
+        started: dict[str, Any] = {}
+        for name in nodes:
+            daemon = factory(name, ro_binds={"/opt/adx": str(execd_runtime)})
+            issue(cluster.certs, Identity("node", name))
+            cap_file = tmp_path / f"{name}-capacity.json"
+            cap_file.write_text(json.dumps(capacity or {"cpuMillis": 8000, "memoryBytes": 16 * 2**30}))
+            config = NodeConfig(
+                name=name,
+                listen="127.0.0.1:0",
+                relay_listen="127.0.0.1:0",
+                coordinator=cluster.target,
+                certs_dir=cluster.certs,
+                state_dir=tmp_path / f"{name}-state",
+                report_interval_seconds=report_interval,
+                capacity_file=cap_file,
+                runtime={"socket": daemon.socket, "ready_timeout_seconds": 30},
+            )
+            agent = NodeAgent(config)
+            await agent.start()
+            agents.append(agent)
+            started[name] = agent
+        # The Coordinator learns capacities through the node reports; placement needs them.
+        return NodeCluster(cluster, started)
+
+    yield make
+    for agent in agents:
+        with contextlib.suppress(Exception):
+            await agent.stop()
+    factory.cleanup()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import re
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,3 +165,14 @@ def peer_identity(auth_context: Mapping[str, Iterable[bytes]]) -> Identity | Non
         return Identity.parse(names[0].decode())
     except InvalidInputError:
         return None
+
+
+def client_ssl_context(paths: CertPaths) -> ssl.SSLContext:
+    """An SSL context for HTTPS calls between components (e.g. Ingress -> Relay) with our certificate.
+
+    Pass it as ``httpx.AsyncClient(verify=context)``: httpx's ``cert=`` argument is deprecated and does not
+    present the client certificate reliably.
+    """
+    context = ssl.create_default_context(cafile=str(paths.ca))
+    context.load_cert_chain(str(paths.cert), str(paths.key))
+    return context

@@ -29,6 +29,15 @@ class SandboxdResourceSource(StrictModel):
 ResourceSource = Annotated[AutoResourceSource | SandboxdResourceSource, Field(discriminator="kind")]
 
 
+class SandboxdRuntimeConfig(StrictModel):
+    """The node's runtime: a local sandboxd (execd is each sandbox's PID 1, mounted from sandboxd's ro_binds)."""
+
+    kind: Literal["sandboxd"] = "sandboxd"
+    socket: Path = Path("/var/lib/adx/sandboxd/api/sandboxd.sock")
+    python: str = Field(default="python3", description="the interpreter inside sandboxes that runs execd")
+    ready_timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="create -> execd answers")
+
+
 class NodeConfig(StrictModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="node name; must match its certificate")
     listen: str = Field(default="127.0.0.1:7402", description="gRPC for the Coordinator and API server")
@@ -42,6 +51,7 @@ class NodeConfig(StrictModel):
     runtime_ready_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     resource_source: ResourceSource | None = None
     capacity_file: Path | None = Field(default=None, description="legacy: a JSON capacity file instead of a source")
+    runtime: SandboxdRuntimeConfig = SandboxdRuntimeConfig()
     degradation_journal: Path | None = None
     logging: LoggingConfig = LoggingConfig()
 

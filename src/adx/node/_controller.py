@@ -112,6 +112,14 @@ class Controller:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+    def adopt_running(self) -> None:
+        """After a node restart: take over a running execution (routes, exit watch) without touching it."""
+        if self.execution is None or self.record.state is not S.RUNNING:
+            raise ConflictError(f"environment {self.env_id}: nothing running to adopt")
+        self._spawn(self._publish_route(), f"route-{self.env_id}")
+        self._watch_exit(self.execution)
+        log.info("adopted running execution", extra=self._context())
+
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         task.set_name(name)
@@ -292,7 +300,7 @@ class Controller:
             return self.record  # a late notice of an execution this Controller no longer runs
         if self.record.state not in (S.RUNNING, S.STARTING):
             return self.record
-        info: ExitInfo = op.payload["info"]
+        info: ExitInfo = op.payload["info"] or ExitInfo(reason="the execution ended while the node was away")
         log.info("execution exited: %s", info.describe(), extra=self._context())
         # RST-1: retire routes, confirm the old execution's cleanup, then mark Failed, in that order.
         if self.on_route_change is not None:

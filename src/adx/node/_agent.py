@@ -1,0 +1,299 @@
+"""The adxlet: registers with the Coordinator, runs one Controller per Environment it owns, serves the
+node gRPC API and the Relay, and converges with the Coordinator's catalog every report period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import grpc
+
+from adx._certs import Identity, component_paths
+from adx._grpc_errors import abort_with
+from adx._grpc_tls import channel_credentials, require_peer, server_credentials
+from adx._health import HealthServicer
+from adx.config._node import AutoResourceSource, NodeConfig, SandboxdResourceSource
+from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.model import EnvironmentRecord, EnvironmentState, Resources
+from adx.node._controller import Controller, ControllerTimings
+from adx.node._coordinator_client import CoordinatorSink
+from adx.node._executions import ExecutionFiles
+from adx.node._relay import Relay, RelayServer, RelayTarget, serve_relay
+from adx.node._reporter import Reporter
+from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
+from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2, node_pb2_grpc
+from adx.runtime import Execution, ExecutionState
+from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver
+
+log = logging.getLogger("adx.node")
+S = EnvironmentState
+
+Context = grpc.aio.ServicerContext[object, object]
+
+
+class NodeAgent:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.paths = component_paths(config.certs_dir, Identity("node", config.name))
+        self.driver = SandboxdDriver(config.runtime.socket, python=config.runtime.python)
+        self.readiness = ExecdReadiness(self.driver)
+        self.executions = ExecutionFiles(config.state_dir / "executions")
+        self.controllers: dict[str, Controller] = {}
+        self.relay = Relay(self._relay_target)
+        self.health = HealthServicer("node")
+        self.stop_event = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self._server: grpc.aio.Server | None = None
+        self._relay_server: RelayServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.reporter: Reporter
+        self.sink: CoordinatorSink
+        self.port = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._wait_runtime()
+        credentials = channel_credentials(self.paths)
+        self._channel = grpc.aio.secure_channel(self.config.coordinator, credentials)
+        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        # Listen first: the advertised addresses are part of the registration.
+        self._server = grpc.aio.server()
+        node_pb2_grpc.add_NodeServicer_to_server(NodeService(self), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        try:
+            self.port = self._server.add_secure_port(self.config.listen, server_credentials(self.paths))
+        except RuntimeError as exc:
+            raise UnavailableError(f"node: cannot listen on {self.config.listen}: {exc}") from None
+        self._relay_server = await serve_relay(self.relay, self.config.relay_listen, self.paths)
+        host = self.config.listen.rpartition(":")[0] or "127.0.0.1"
+        relay_host = self.config.relay_listen.rpartition(":")[0] or "127.0.0.1"
+        self.reporter = Reporter(
+            stub,
+            node=self.name,
+            address=self.config.advertise_address or f"{host}:{self.port}",
+            relay_address=f"{relay_host}:{self._relay_server.port}",
+            tracker=self._capacity_tracker(),
+            interval=self.config.report_interval_seconds,
+            rpc_timeout=self.config.rpc_timeout_seconds,
+            checkpoint_capable=self.driver.capabilities().can_checkpoint,
+        )
+        self.sink = CoordinatorSink(
+            stub,
+            self.name,
+            lambda: self.reporter.state.session,
+            self.config.rpc_timeout_seconds,
+        )
+        # NOD-1: inside the startup barrier (nothing is served yet) recover from catalog + inventory.
+        await self._register_and_recover()
+        await self._server.start()
+        self.health.set_serving()
+        self._tasks.append(asyncio.create_task(self._report_loop(), name="report-loop"))
+        log.info("node serving", extra={"node": self.name, "port": self.port, "relay": self.reporter.relay_address})
+
+    async def stop(self) -> None:
+        """Stop serving; executions keep running (a node restart adopts them)."""
+        self.stop_event.set()
+        self.health.set_not_serving("stopping")
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            await self._server.stop(grace=2)
+        if self._relay_server is not None:
+            await self._relay_server.stop()
+        for controller in self.controllers.values():
+            await controller.close()
+        if self._channel is not None:
+            await self._channel.close(None)
+        await self.driver.aclose()
+
+    async def _wait_runtime(self) -> None:
+        """NOD-19: wait for the runtime, round after round, before registering or serving anything."""
+        while True:
+            deadline = time.monotonic() + self.config.runtime_ready_timeout_seconds
+            last = ""
+            while time.monotonic() < deadline:
+                try:
+                    await self.driver.health()
+                    return
+                except AdxError as exc:
+                    last = str(exc)
+                await asyncio.sleep(0.2)
+            log.warning("runtime not ready: %s; waiting another round", last, extra={"node": self.name})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), self.config.report_interval_seconds)
+            if self.stop_event.is_set():
+                raise UnavailableError("node stopped before its runtime became ready")
+
+    def _capacity_tracker(self) -> CapacityTracker:
+        source = self.config.effective_resource_source
+        valid_for = source.valid_for_seconds if source is not None else 30.0
+
+        async def read() -> Resources:
+            if isinstance(source, SandboxdResourceSource):
+                try:
+                    await self.driver.health()
+                    return await self.driver.resources()
+                except AdxError as exc:
+                    raise UnavailableError(f"sandboxd resources: {exc}") from None
+            if isinstance(source, AutoResourceSource):
+                return await asyncio.to_thread(read_auto, source.disk_path)
+            assert self.config.capacity_file is not None
+            return await asyncio.to_thread(read_capacity_file, self.config.capacity_file)
+
+        return CapacityTracker(read, valid_for)
+
+    # -- recovery and routine checks -----------------------------------------------------------------
+    async def _register_and_recover(self) -> None:
+        while True:
+            await self.reporter.report_once()
+            if self.reporter.state.registered:
+                try:
+                    catalog = await self.sink.catalog()
+                    break
+                except AdxError as exc:
+                    log.warning("catalog not available yet: %s", exc, extra={"node": self.name})
+            await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
+        known = {execution.execution_id: execution for execution in self.executions.load_all()}
+        referenced: set[str] = set()
+        for record in catalog:
+            if record.execution_id:
+                referenced.add(record.execution_id)
+            await self._recover(record, known.get(record.execution_id or ""))
+        # Executions of ours that no committed record references: clean them (the catalog was read fully).
+        for execution_id, execution in known.items():
+            if execution_id not in referenced:
+                log.info("cleaning an unreferenced execution", extra={"execution_id": execution_id})
+                with contextlib.suppress(AdxError):
+                    await self.driver.stop(execution)
+                self.executions.forget(execution_id)
+
+    async def _recover(self, record: EnvironmentRecord, execution: Execution | None) -> None:
+        controller = self._controller(record, execution)
+        if record.state is S.PENDING:
+            controller.submit("start")
+        elif record.state is S.DELETING:
+            controller.submit("delete")
+        elif record.state in (S.RUNNING, S.STARTING) and execution is not None:
+            state = await self.driver.observe(execution)
+            if state is ExecutionState.RUNNING:
+                controller.adopt_running()
+            else:
+                controller.submit("exited", execution_id=execution.execution_id, info=None)
+
+    def _controller(self, record: EnvironmentRecord, execution: Execution | None = None) -> Controller:
+        controller = self.controllers.get(record.id)
+        if controller is None:
+            controller = Controller(
+                record,
+                driver=self.driver,
+                sink=self.sink,
+                executions=self.executions,
+                readiness=self.readiness,
+                timings=ControllerTimings(ready_timeout_seconds=self.config.runtime.ready_timeout_seconds),
+                execution=execution,
+            )
+            controller.start_task()
+            self.controllers[record.id] = controller
+        return controller
+
+    async def _report_loop(self) -> None:
+        while not self.stop_event.is_set():
+            started = time.monotonic()
+            await self.reporter.report_once()
+            await self._routine_check()
+            delay = max(self.config.report_interval_seconds - (time.monotonic() - started), 0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=delay)
+
+    async def _routine_check(self) -> None:
+        """NOD-3: compare ownership, state and revision with the catalog; converge through each queue."""
+        try:
+            catalog = await self.sink.catalog()
+        except AdxError as exc:
+            # NOD-6: a failed fetch is never an empty catalog; keep everything and retry next round.
+            log.warning("routine check skipped: %s", exc, extra={"node": self.name})
+            return
+        for record in catalog:
+            controller = self.controllers.get(record.id)
+            if controller is None:
+                if record.state is S.PENDING:
+                    self._controller(record).submit("start")
+                elif record.state is S.DELETING:
+                    self._controller(record).submit("delete")
+            elif record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
+                controller.record = record
+                controller.submit("delete")
+        for env_id, controller in list(self.controllers.items()):
+            if controller.state is S.DELETED:
+                await controller.close()
+                del self.controllers[env_id]
+
+    # -- requests ----------------------------------------------------------------------------------
+    def admit(self, record: EnvironmentRecord) -> EnvironmentRecord:
+        if record.node != self.name:
+            raise InvalidInputError("environment.node", f"placed on {record.node}, not on this node ({self.name})")
+        existing = self.controllers.get(record.id)
+        if existing is not None:
+            return existing.record
+        if record.state is not S.PENDING:
+            raise ConflictError(f"environment {record.id} is {record.state.value}, not pending")
+        if not self.reporter.admission_open:
+            raise ConflictError(f"node {self.name} is not admitting new Environments now")
+        controller = self._controller(record)
+        controller.submit("start")
+        return controller.record
+
+    def delete(self, record: EnvironmentRecord) -> EnvironmentRecord:
+        if record.node != self.name:
+            raise NotFoundError(f"environment {record.id} is not on node {self.name}")
+        controller = self.controllers.get(record.id) or self._controller(record)
+        if controller.record.revision < record.revision:
+            controller.record = record
+        controller.submit("delete")
+        return controller.record
+
+    def _relay_target(self, env_id: str) -> RelayTarget:
+        controller = self.controllers.get(env_id)
+        if controller is None:
+            raise NotFoundError(f"environment {env_id} is not on node {self.name}")
+        execution = controller.execution
+        if controller.state is not S.RUNNING or execution is None or execution.execd_socket is None:
+            raise ConflictError(f"environment {env_id} is {controller.state.value}, not running")
+        return RelayTarget(env_id, execution.execd_socket)
+
+
+class NodeService(node_pb2_grpc.NodeServicer):
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    async def AdmitEnvironment(
+        self, request: node_pb2.AdmitEnvironmentRequest, context: Context
+    ) -> node_pb2.AdmitEnvironmentResponse:
+        await require_peer(context, "coordinator")
+        try:
+            record = EnvironmentRecord.model_validate_json(request.environment_json)
+            admitted = self.agent.admit(record)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        except ValueError as exc:
+            await abort_with(context, InvalidInputError("environmentJson", str(exc)))
+        return node_pb2.AdmitEnvironmentResponse(environment_json=admitted.model_dump_json(by_alias=True))
+
+    async def DeleteEnvironment(
+        self, request: node_pb2.DeleteEnvironmentRequest, context: Context
+    ) -> node_pb2.DeleteEnvironmentResponse:
+        await require_peer(context, "coordinator", "api")
+        try:
+            record = EnvironmentRecord.model_validate_json(request.environment_json)
+            queued = self.agent.delete(record)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        except ValueError as exc:
+            await abort_with(context, InvalidInputError("environmentJson", str(exc)))
+        return node_pb2.DeleteEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))

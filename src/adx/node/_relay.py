@@ -1,0 +1,186 @@
+"""The Relay: the node's data-plane proxy from Ingress to each sandbox's execd.
+
+``/{environment_id}/{path}`` (any method) is forwarded to that Environment's execd at ``/{path}``, bodies
+streamed both ways. The Relay counts open streams per Environment (the Relay side of idle detection,
+IDLE-2) and holds the per-Environment admission gate that automatic pause closes (IDLE-6).
+
+Served over HTTPS with mutual TLS: only holders of a cluster certificate can reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from adx._certs import CertPaths
+from adx._fs import ShortUnixPath
+from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError
+
+log = logging.getLogger("adx.node.relay")
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and those the proxy recomputes.
+_DROP_HEADERS = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"}
+)
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@dataclass(frozen=True)
+class RelayTarget:
+    env_id: str
+    execd_socket: Path
+
+
+@dataclass
+class StreamCounts:
+    """Open streams per Environment and a version bumped whenever a stream opens or closes."""
+
+    open: dict[str, int] = field(default_factory=dict)
+    version: dict[str, int] = field(default_factory=dict)
+    closed_admission: set[str] = field(default_factory=set)
+    listeners: list[Callable[[str], None]] = field(default_factory=list)
+
+    def _bump(self, env_id: str) -> None:
+        self.version[env_id] = self.version.get(env_id, 0) + 1
+        for listener in self.listeners:
+            listener(env_id)
+
+    def opened(self, env_id: str) -> None:
+        self.open[env_id] = self.open.get(env_id, 0) + 1
+        self._bump(env_id)
+
+    def closed(self, env_id: str) -> None:
+        self.open[env_id] = max(self.open.get(env_id, 0) - 1, 0)
+        self._bump(env_id)
+
+    def close_admission(self, env_id: str, expected_version: int) -> bool:
+        """IDLE-6: close new-stream admission only if nothing changed since ``expected_version``."""
+        if self.version.get(env_id, 0) != expected_version or self.open.get(env_id, 0):
+            return False
+        self.closed_admission.add(env_id)
+        return True
+
+    def open_admission(self, env_id: str) -> None:
+        self.closed_admission.discard(env_id)
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "details": {}}}, status_code=status)
+
+
+class Relay:
+    def __init__(self, resolve: Callable[[str], RelayTarget], *, upstream_timeout: float = 30.0) -> None:
+        """``resolve(env_id)`` returns the target or raises NotFoundError / ConflictError (not running)."""
+        self.resolve = resolve
+        self.upstream_timeout = upstream_timeout
+        self.streams = StreamCounts()
+        self.app = Starlette(routes=[Route("/{env_id}/{path:path}", self.forward, methods=_METHODS)])
+
+    async def forward(self, request: Request) -> Response:
+        env_id = request.path_params["env_id"]
+        try:
+            target = self.resolve(env_id)
+        except NotFoundError as exc:
+            return _error(404, "not_found", exc.message)
+        except ConflictError as exc:
+            return _error(409, "not_running", exc.message)
+        except AdxError as exc:
+            return _error(503, exc.code, exc.message)
+        if env_id in self.streams.closed_admission:
+            return _error(503, "admission_closed", f"environment {env_id} is pausing; retry after it resumes")
+        self.streams.opened(env_id)
+        socket_path = ShortUnixPath(target.execd_socket)
+        client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=socket_path.path),
+            base_url="http://execd",
+            timeout=httpx.Timeout(self.upstream_timeout, read=None),
+        )
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
+        upstream_request = client.build_request(
+            request.method,
+            "/" + request.path_params["path"],
+            params=request.url.query,
+            headers=headers,
+            content=request.stream(),
+        )
+        try:
+            upstream = await client.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            await client.aclose()
+            socket_path.close()
+            self.streams.closed(env_id)
+            return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {exc or type(exc).__name__}")
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+                socket_path.close()
+                self.streams.closed(env_id)
+
+        response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_HEADERS}
+        return StreamingResponse(body(), status_code=upstream.status_code, headers=response_headers)
+
+
+class EmbeddedUvicorn(uvicorn.Server):
+    """A uvicorn server inside a daemon that owns its signals: uvicorn must not replace our handlers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RelayServer:
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    @property
+    def port(self) -> int:
+        sockets = self.server.servers[0].sockets
+        return int(sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self.task, timeout=10)
+
+
+async def serve_relay(relay: Relay, listen: str, certs: CertPaths) -> RelayServer:
+    host, _, port = listen.rpartition(":")
+    config = uvicorn.Config(
+        relay.app,
+        host=host or "127.0.0.1",
+        port=int(port),
+        ssl_certfile=str(certs.cert),
+        ssl_keyfile=str(certs.key),
+        ssl_ca_certs=str(certs.ca),
+        ssl_cert_reqs=ssl.CERT_REQUIRED,
+        log_level="warning",
+        lifespan="off",
+    )
+    server = EmbeddedUvicorn(config)
+    task = asyncio.create_task(server.serve(), name="relay")
+    for _ in range(500):
+        if server.started:
+            return RelayServer(server, task)
+        if task.done():
+            break
+        await asyncio.sleep(0.01)
+    server.should_exit = True
+    raise UnavailableError(f"relay could not listen on {listen}")

@@ -1,0 +1,155 @@
+"""The adxlet end to end on real parts: Coordinator + Redis, adxlet, sandboxd, execd, Relay (mTLS)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from adx._certs import client_ssl_context
+from adx._grpc_errors import from_rpc_error
+from adx.model import EnvironmentRecord, EnvironmentState, Resources
+from adx.proto import coordinator_pb2 as pb
+from adx.proto import coordinator_pb2_grpc as pb_grpc
+
+GiB = 2**30
+
+
+class Api:
+    """The Coordinator's API-facing calls, as the API server makes them (api certificate)."""
+
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
+        self.channel = grpc.aio.secure_channel(nc.cluster.target, nc.api_credentials())
+        self.stub = pb_grpc.CoordinatorStub(self.channel)
+
+    async def call(self, what: str, coro: Any) -> Any:
+        try:
+            return await coro
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, what) from None
+
+    async def create(self, tenant: str = "acme", **spec: Any) -> EnvironmentRecord:
+        body = {"resources": {"cpuMillis": 250, "memoryBytes": 256 * 2**20}, **spec}
+        reply = await self.call(
+            "create",
+            self.stub.CreateEnvironment(pb.CreateEnvironmentRequest(tenant=tenant, spec_json=json.dumps(body))),
+        )
+        return EnvironmentRecord.model_validate_json(reply.environment_json)
+
+    async def get(self, env_id: str, tenant: str = "acme") -> EnvironmentRecord:
+        reply = await self.call(
+            "get", self.stub.GetEnvironment(pb.EnvironmentRequest(tenant=tenant, environment_id=env_id))
+        )
+        return EnvironmentRecord.model_validate_json(reply.environment_json)
+
+    async def delete(self, env_id: str, tenant: str = "acme") -> EnvironmentRecord:
+        reply = await self.call(
+            "delete", self.stub.DeleteEnvironment(pb.EnvironmentRequest(tenant=tenant, environment_id=env_id))
+        )
+        return EnvironmentRecord.model_validate_json(reply.environment_json)
+
+    async def route(self, env_id: str, tenant: str = "acme") -> str:
+        reply = await self.call(
+            "route", self.stub.ResolveRoute(pb.EnvironmentRequest(tenant=tenant, environment_id=env_id))
+        )
+        return str(reply.relay_address)
+
+    async def wait_state(self, env_id: str, state: EnvironmentState, within: float = 30) -> EnvironmentRecord:
+        deadline = time.monotonic() + within
+        while True:
+            record = await self.get(env_id)
+            if record.state is state:
+                return record
+            assert time.monotonic() < deadline, f"{env_id} is {record.state.value}, expected {state.value}"
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+
+def relay_client(nc: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(verify=client_ssl_context(nc.api_cert_paths()), timeout=30)
+
+
+async def run_via_relay(nc: Any, relay: str, env_id: str, argv: list[str]) -> tuple[str, int]:
+    async with relay_client(nc) as client:
+        response = await client.post(
+            f"https://{relay.replace('127.0.0.1', 'localhost')}/{env_id}/v1/commands", json={"argv": argv}
+        )
+        assert response.status_code == 200, response.text
+        frames = [json.loads(line) for line in response.text.splitlines() if line]
+    return "".join(f.get("data", "") for f in frames if f.get("stream") == "stdout"), frames[-1]["exitCode"]
+
+
+async def test_create_run_delete_through_coordinator_node_and_relay(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    api = Api(nc)
+    try:
+        created = await api.create()
+        assert (created.node, created.generation) == ("n1", 1)
+        running = await api.wait_state(created.id, EnvironmentState.RUNNING)
+        relay = await api.route(created.id)
+        assert await run_via_relay(nc, relay, created.id, ["sh", "-c", "echo $((6*7))"]) == ("42\n", 0)
+
+        await api.delete(created.id)
+        await api.wait_state(created.id, EnvironmentState.DELETED)
+        agent = nc.nodes["n1"]
+        assert created.id not in agent.controllers or agent.controllers[created.id].state is EnvironmentState.DELETED
+        sandboxes = await agent.driver.client.list()
+        assert running.execution_id not in {s.sandbox_id for s in sandboxes}
+        async with relay_client(nc) as client:
+            gone = await client.post(
+                f"https://{relay.replace('127.0.0.1', 'localhost')}/{created.id}/v1/commands", json={"argv": ["true"]}
+            )
+        assert gone.status_code in (404, 409)
+    finally:
+        await api.close()
+
+
+@pytest.mark.req("NOD-1")
+async def test_a_restarted_node_adopts_its_running_environment(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    api = Api(nc)
+    try:
+        created = await api.create()
+        running = await api.wait_state(created.id, EnvironmentState.RUNNING)
+        agent = nc.nodes["n1"]
+        await agent.stop()
+        from adx.node._agent import NodeAgent
+
+        successor = NodeAgent(agent.config)
+        await successor.start()
+        nc.nodes["n1"] = successor
+        try:
+            assert successor.controllers[created.id].state is EnvironmentState.RUNNING
+            same = await api.get(created.id)
+            assert (same.execution_id, same.revision) == (running.execution_id, running.revision)
+            relay = await api.route(created.id)
+            assert await run_via_relay(nc, relay, created.id, ["echo", "still here"]) == ("still here\n", 0)
+        finally:
+            await successor.stop()
+    finally:
+        await api.close()
+
+
+@pytest.mark.req("RES-4", "RES-6")
+async def test_placement_follows_capacity_across_two_nodes(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster(nodes=("n1", "n2"), capacity={"cpuMillis": 1000, "memoryBytes": 4 * GiB})
+    api = Api(nc)
+    try:
+        placed = [await api.create(resources={"cpuMillis": 400, "memoryBytes": GiB}) for _ in range(4)]
+        assert sorted(r.node or "" for r in placed) == ["n1", "n1", "n2", "n2"]
+        with pytest.raises(Exception, match="no node can take"):
+            await api.create(resources={"cpuMillis": 400, "memoryBytes": GiB})
+        for record in placed:
+            await api.wait_state(record.id, EnvironmentState.RUNNING)
+        stores = nc.cluster.coordinator.store
+        assert (await stores.get_node("n1")).reserved == Resources(cpu_millis=800, memory_bytes=2 * GiB)
+    finally:
+        await api.close()
