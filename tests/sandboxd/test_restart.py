@@ -1,11 +1,12 @@
 """Restart recovery of sandboxd: SIGKILL while sandboxes run, SIGKILL in the middle of Delete, normal stop."""
-# ruff: noqa: ASYNC240 - the tests inspect host files between awaits; a blocking stat in a test is harmless
+# ruff: noqa: ASYNC240, ASYNC220 - tests inspect host files and start a helper process between awaits
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,54 @@ async def test_pause_freezes_in_place_and_a_restart_maps_it_to_paused(sandboxd: 
         await c.pause(ref_of(created))
         await c.delete(ref_of(created))  # a frozen sandbox is deleted like any other
         assert not d.v2_cgroup(created.sandbox.sandbox_id).exists()
+
+
+@pytest.mark.req("SBX-12")
+async def test_reclaim_interrupted_after_the_tombstone_continues_on_restart(sandboxd: DaemonFactory) -> None:
+    d = sandboxd(start=False)
+    d.start(env={"ADX_SANDBOXD_FAULTS": "delete.after_tombstone"})
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="t", argv=SLEEPER))
+        sid = created.sandbox.sandbox_id
+        d.settled_procs(sid)
+        with pytest.raises(UncertainOutcomeError):
+            await c.delete(ref_of(created))
+    assert d.proc is not None and d.proc.wait(10) == -9
+    sdir = d.sandbox_dir(sid)
+    assert (sdir / "tombstone.json").exists() and (sdir / "upper").exists()  # tombstoned, not yet reclaimed
+    assert not d.cgroup_procs(sid)  # emptiness was proven before the tombstone
+    d.start()
+    async with d.client() as c:
+        assert sorted(os.listdir(sdir)) == ["lifecycle.lock", "tombstone.json"]
+        assert not d.v2_cgroup(sid).exists()
+        assert (await c.resource()).reserved.memory_bytes == 0
+        with pytest.raises(NotFoundError):
+            await c.get(ref_of(created))
+
+
+@pytest.mark.req("SBX-5", "SBX-8")
+async def test_a_replaced_cgroup_is_not_the_sandbox_and_is_never_killed(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="r", argv=SLEEPER))
+    sid = created.sandbox.sandbox_id
+    d.settled_procs(sid)
+    d.kill()
+    (d.v2_cgroup(sid) / "cgroup.kill").write_text("1")
+    wait_until(lambda: (d.sandbox_dir(sid) / "exit.json").exists() and not d.cgroup_procs(sid))
+    remove_sandbox_cgroup(d.cgroup_parent, sid)
+    # Someone else creates a cgroup of the same name (new inode) and runs a process in it.
+    d.v2_cgroup(sid).mkdir()
+    stranger = subprocess.Popen(["sleep", "1000"])
+    try:
+        (d.v2_cgroup(sid) / "cgroup.procs").write_text(str(stranger.pid))
+        d.start()
+        async with d.client() as c:
+            info = await c.get(ref_of(created))
+            assert info.state == State.FAILED and "replaced" in (info.reason or "")
+            await c.delete(ref_of(created))  # explicit delete completes without touching the stranger
+        assert stranger.poll() is None and d.cgroup_procs(sid) == {stranger.pid}
+        assert (d.sandbox_dir(sid) / "tombstone.json").exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
