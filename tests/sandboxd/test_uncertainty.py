@@ -210,3 +210,23 @@ async def test_losing_the_spawner_mid_create_is_uncertain_not_missing(sandboxd: 
         await c.delete(ref_of(again))
         assert not d.v2_cgroup(sid).exists()
         assert (await c.resource()).reserved.memory_bytes == 0
+
+
+@pytest.mark.req("SBX-10", "SBX-11", "SBX-13")
+async def test_sigkill_after_the_create_commit_leaves_a_failed_reserved_record_never_started(
+    sandboxd: DaemonFactory,
+) -> None:
+    d = sandboxd(start=False)
+    d.start(env={"ADX_SANDBOXD_FAULTS": "create.after_commit"})
+    async with d.client() as c:
+        with pytest.raises(UncertainOutcomeError):
+            await c.create(CreateRequest(request_id="c", sandbox_id="half-made", argv=["sleep", "1000"]))
+    assert d.proc is not None and d.proc.wait(10) == -9
+    d.start()
+    async with d.client() as c:
+        again = await c.create(CreateRequest(request_id="c", sandbox_id="half-made", argv=["sleep", "1000"]))
+        assert again.sandbox.state == State.FAILED and "interrupted" in (again.sandbox.reason or "")
+        assert not d.v2_cgroup("half-made").exists()  # startup never starts (or restarts) a workload
+        assert (await c.resource()).reserved.memory_bytes == again.sandbox.resources.memory_bytes
+        await c.delete(ref_of(again))
+        assert (await c.resource()).reserved.memory_bytes == 0
