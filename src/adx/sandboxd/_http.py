@@ -116,8 +116,8 @@ class ApiServer:
                 keep = await self._one_request(reader, writer)
                 if not keep:
                     return
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            return  # a broken or malformed peer: drop the connection (only same-UID peers get this far)
         finally:
             writer.close()
             with contextlib.suppress(Exception):
