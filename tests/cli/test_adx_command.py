@@ -53,7 +53,7 @@ def test_bad_global_option_names_it() -> None:
 
 def test_up_starts_real_servers_prints_urls_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    env = {**os.environ, "COLUMNS": "200"}
+    env = {**os.environ, "COLUMNS": "200", "ADX_UP__SERVERS_ONLY": "true"}
     proc = subprocess.Popen(
         [*ADX, "up", "--state-dir", str(state)],
         stdout=subprocess.PIPE,
@@ -95,7 +95,7 @@ def test_up_detects_reports_and_restarts_a_crashed_server(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "ADX_UP__HEALTH_INTERVAL_SECONDS": "0.2"},
+        env={**os.environ, "ADX_UP__HEALTH_INTERVAL_SECONDS": "0.2", "ADX_UP__SERVERS_ONLY": "true"},
     )
     try:
         assert proc.stdout is not None
@@ -130,7 +130,12 @@ def test_up_detects_reports_and_restarts_a_crashed_server(tmp_path: Path) -> Non
 
 def test_up_uses_external_servers_when_given(tmp_path: Path, redis_server, postgres_server) -> None:  # type: ignore[no-untyped-def]
     state = tmp_path / "state"
-    env = {**os.environ, "ADX_UP__REDIS_URL": redis_server.url, "ADX_UP__POSTGRES_URL": postgres_server.url}
+    env = {
+        **os.environ,
+        "ADX_UP__REDIS_URL": redis_server.url,
+        "ADX_UP__POSTGRES_URL": postgres_server.url,
+        "ADX_UP__SERVERS_ONLY": "true",
+    }
     proc = subprocess.Popen(
         [*ADX, "up", "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )

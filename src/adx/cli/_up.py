@@ -16,6 +16,7 @@ import redis
 import typer
 
 from adx.cli._app import app, console, fail, setup_logging
+from adx.cli._up_cluster import credentials_file, ensure_tenant_key, plan_cluster
 from adx.config import UpConfig, load_model
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedServer, ServerState
 from adx.errors import AdxError, UnavailableError
@@ -44,6 +45,30 @@ def up(
         fail(exc)
 
 
+async def _start(server: ManagedServer, started: list[ManagedServer]) -> None:
+    with console.status(f"starting {server.kind} ..."):
+        await asyncio.to_thread(server.start)
+    started.append(server)
+
+
+def _info_url(server: ManagedServer) -> str:
+    info = server.read_info()
+    assert info is not None, f"{server.kind} is not running"
+    return info.url
+
+
+def _print_access(api_url: str, tenant: str, api_key: str, created: bool) -> None:
+    console.print(f"\n[bold]API[/bold]      {api_url}", soft_wrap=True, highlight=False)
+    how = f"tenant {tenant}{', new' if created else ''}; saved to {credentials_file()}"
+    console.print(f"[bold]API key[/bold]  {api_key}  ({how})", soft_wrap=True, highlight=False)
+    console.print(
+        '\n  python3 -c \'import adx; env = adx.Client().environments.create(cpu=1, memory="512Mi"); '
+        'print(env.commands.run("echo hello").stdout); env.delete()\'',
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
 def _check_external(kind: str, url: str) -> None:
     """An external server must answer before anything else starts."""
     try:
@@ -64,13 +89,12 @@ def _print_endpoints(servers: list[ManagedServer], external: dict[str, str], sta
     # Plain lines, not a table: URLs must never be wrapped or cut when the output is piped or copied.
     console.print(f"[bold]ADX is up[/bold] (state in {state_dir})", soft_wrap=True)
     for kind, url in external.items():
-        console.print(f"  {kind:<9} {url}  (external)", soft_wrap=True, highlight=False)
+        console.print(f"  {kind:<11} {url}  (external)", soft_wrap=True, highlight=False)
     for server in servers:
         info = server.read_info()
         assert info is not None
         how = "reused" if server.reused else "started"
-        console.print(f"  {server.kind:<9} {info.url}  (pid {info.pid}, {how})", soft_wrap=True, highlight=False)
-    console.print("Press Ctrl-C to stop.")
+        console.print(f"  {server.kind:<11} {info.url}  (pid {info.pid}, {how})", soft_wrap=True, highlight=False)
 
 
 async def _run(cfg: UpConfig) -> None:
@@ -91,10 +115,19 @@ async def _run(cfg: UpConfig) -> None:
     started: list[ManagedServer] = []
     try:
         for server in servers:
-            with console.status(f"starting {server.kind} ..."):
-                await asyncio.to_thread(server.start)
-            started.append(server)
+            await _start(server, started)
+        if not cfg.servers_only:
+            redis_url = cfg.redis_url or _info_url(servers[0])
+            cluster = await asyncio.to_thread(plan_cluster, cfg, state_dir, redis_url)
+            for server in cluster.servers:
+                await _start(server, started)
+            servers += cluster.servers
+            api_url = _info_url(cluster.api).replace("0.0.0.0", "127.0.0.1")
+            api_key, created = await asyncio.to_thread(ensure_tenant_key, cluster, state_dir, cfg.tenant, api_url)
         _print_endpoints(servers, external, state_dir)
+        if not cfg.servers_only:
+            _print_access(api_url, cfg.tenant, api_key, created)
+        console.print("Press Ctrl-C to stop.")
         await _supervise(servers, cfg, stop)
     finally:
         for server in reversed(started):

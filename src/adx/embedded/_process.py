@@ -110,6 +110,8 @@ class ManagedServer:
 
     kind: str = "server"
     log_name: str = "server.log"
+    #: False for daemons that listen only on Unix sockets: no port is chosen or checked.
+    listens_on_tcp: bool = True
 
     def __init__(self, state_dir: Path, host: str, port: int, start_timeout: float, stop_timeout: float) -> None:
         self.dir = Path(state_dir).absolute() / self.kind
@@ -238,6 +240,8 @@ class ManagedServer:
         return f"pid {info.pid} exited; last log lines:\n{tail(self.log_path)}"
 
     def _start_locked(self, previous_port: int | None) -> ServerInfo:
+        if not self.listens_on_tcp:
+            return self._spawn(0)
         attempts = 1 if self.requested_port else 3
         for attempt in range(1, attempts + 1):
             if not self.requested_port and previous_port and attempt == 1 and port_is_free(self.host, previous_port):
