@@ -195,9 +195,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return committed
 
     # -- API-facing calls ----------------------------------------------------------------------------
-    async def CreateTenant(
-        self, request: pb.CreateTenantRequest, context: Context
-    ) -> pb.CreateTenantResponse:
+    async def CreateTenant(self, request: pb.CreateTenantRequest, context: Context) -> pb.CreateTenantResponse:
         await require_peer(context, "api")
         try:
             api_key = await self.store.create_tenant(request.name)
@@ -205,9 +203,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await abort_with(context, exc)
         return pb.CreateTenantResponse(api_key=api_key)
 
-    async def Authenticate(
-        self, request: pb.AuthenticateRequest, context: Context
-    ) -> pb.AuthenticateResponse:
+    async def Authenticate(self, request: pb.AuthenticateRequest, context: Context) -> pb.AuthenticateResponse:
         await require_peer(context, "api")
         try:
             tenant = await self.store.authenticate(request.api_key)
@@ -215,9 +211,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await abort_with(context, exc)
         return pb.AuthenticateResponse(tenant=tenant)
 
-    async def CreateEnvironment(
-        self, request: pb.CreateEnvironmentRequest, context: Context
-    ) -> pb.EnvironmentReply:
+    async def CreateEnvironment(self, request: pb.CreateEnvironmentRequest, context: Context) -> pb.EnvironmentReply:
         await require_peer(context, "api")
         try:
             spec = parse_wire(EnvironmentSpec, _json(request.spec_json, "specJson"))
@@ -301,9 +295,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await abort_with(context, exc)
         return pb.ListEnvironmentsResponse(environment_json=[r.model_dump_json(by_alias=True) for r in records])
 
-    async def DeleteEnvironment(
-        self, request: pb.EnvironmentRequest, context: Context
-    ) -> pb.EnvironmentReply:
+    async def DeleteEnvironment(self, request: pb.EnvironmentRequest, context: Context) -> pb.EnvironmentReply:
         await require_peer(context, "api")
         try:
             record = await self._delete(request.tenant, request.environment_id)
