@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from adx.agents._config import AgentWorkerConfig
+from adx.api._config import ApiConfig
 from adx.config._base import ConfigError, LoggingConfig, StrictModel, load_model
 from adx.config._coordinator import CoordinatorConfig
 from adx.config._embedded import PostgresServerConfig, RedisServerConfig, UpConfig
@@ -21,6 +22,7 @@ from adx.sandboxd._config import SandboxdConfig
 
 __all__ = [
     "COMPONENTS",
+    "ApiConfig",
     "ConfigError",
     "CoordinatorConfig",
     "LoggingConfig",
@@ -39,6 +41,7 @@ COMPONENTS: dict[str, type[BaseModel]] = {
     "up": UpConfig,
     "agent-worker": AgentWorkerConfig,
     "coordinator": CoordinatorConfig,
+    "api": ApiConfig,
     "node": NodeConfig,
     "execd": ExecdConfig,
     "sandboxd": SandboxdConfig,

@@ -1,0 +1,242 @@
+"""The public REST API (``adx api``): Environments create/get/list/delete, tenant-scoped, OpenAPI at /openapi.json.
+
+Every route authenticates first (``Authorization: Bearer <API key>``), then asks the Coordinator on behalf of
+that tenant only; the Coordinator is the single authority, the API server keeps no state beyond short caches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, FastAPI, Header, Request, Security
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from adx.api._auth import TenantAuth
+from adx.api._config import ApiConfig
+from adx.api._coordinator import CoordinatorClient
+from adx.api._errors import NotImplementedYet, install_error_handlers, not_found
+from adx.api._schemas import EnvironmentList, EnvironmentView, ErrorBody
+from adx.errors import InvalidInputError
+from adx.model import ENVIRONMENT, EnvironmentSpec, check_id, parse_wire
+
+log = logging.getLogger("adx.api")
+
+MAX_IDEMPOTENCY_KEY = 255
+
+bearer = HTTPBearer(auto_error=False, description="a tenant API key (`adx tenant create NAME` prints one)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or unknown API key"},
+    404: {"model": ErrorBody, "description": "no such Environment for this tenant"},
+    422: {"model": ErrorBody, "description": "invalid input; details.field names the camelCase path"},
+    503: {"model": ErrorBody, "description": "no capacity (code no_capacity) or the Coordinator is unavailable"},
+    504: {"model": ErrorBody, "description": "outcome uncertain: retry with the same Idempotency-Key"},
+}
+
+
+@dataclass
+class Plane:
+    """What the request handlers share: the Coordinator client and the tenant cache (Ingress adds its own)."""
+
+    config: ApiConfig
+    coordinator: CoordinatorClient
+    auth: TenantAuth
+    extras: dict[str, Any]
+
+    async def tenant(self, credentials: HTTPAuthorizationCredentials | None) -> str:
+        header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None
+        return await self.auth.tenant(header)
+
+    async def close(self) -> None:
+        for extra in self.extras.values():
+            closer = getattr(extra, "close", None)
+            if closer is not None:
+                await closer()
+        await self.coordinator.close()
+
+
+def plane(request: Request) -> Plane:
+    return cast(Plane, request.app.state.plane)
+
+
+def environment_id_or_404(environment_id: str) -> str:
+    """A malformed ID cannot name any Environment: the same 404 as a missing or foreign one (SEC-2)."""
+    try:
+        return check_id("id", environment_id, ENVIRONMENT)
+    except InvalidInputError:
+        raise not_found(environment_id[:80]) from None
+
+
+async def read_json(request: Request, limit: int) -> object:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise InvalidInputError("body", f"is larger than {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise InvalidInputError("body", f"is larger than {limit} bytes")
+    if not body:
+        raise InvalidInputError("body", "is empty; expected a JSON object")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise InvalidInputError("body", f"is not valid JSON: {exc}") from None
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not 0 < len(value) <= MAX_IDEMPOTENCY_KEY or not all(33 <= ord(c) <= 126 for c in value):
+        raise InvalidInputError("Idempotency-Key", f"must be 1-{MAX_IDEMPOTENCY_KEY} visible ASCII characters")
+    return value
+
+
+router = APIRouter(tags=["environments"])
+
+
+@router.post(
+    "/v1/environments",
+    status_code=201,
+    response_model=EnvironmentView,
+    responses={200: {"model": EnvironmentView, "description": "replay: the Idempotency-Key matched"}, **ERRORS},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EnvironmentSpec"}}},
+        }
+    },
+    summary="Create an Environment",
+)
+async def create_environment(
+    request: Request,
+    credentials: Credentials,
+    idempotency_key: Annotated[
+        str | None,
+        Header(alias="Idempotency-Key", description="a retry with the same key returns the same Environment"),
+    ] = None,
+) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    key = _idempotency_key(idempotency_key)
+    # ENV-5: the whole spec is validated here, before anything is sent anywhere; 422 names the field.
+    spec = parse_wire(EnvironmentSpec, await read_json(request, p.config.max_body_bytes))
+    record, created = await p.coordinator.create_environment(tenant, spec, key)
+    log.info("environment created" if created else "create replayed", extra={"env_id": record.id, "tenant": tenant})
+    return JSONResponse(
+        EnvironmentView.of(record).wire(),
+        status_code=201 if created else 200,
+        headers={"Location": f"/v1/environments/{record.id}", "Idempotent-Replayed": str(not created).lower()},
+    )
+
+
+@router.get("/v1/environments", response_model=EnvironmentList, responses=ERRORS, summary="List Environments")
+async def list_environments(request: Request, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    records = await p.coordinator.list_environments(tenant)
+    records.sort(key=lambda r: (r.created_at, r.id))
+    return JSONResponse({"environments": [EnvironmentView.of(r).wire() for r in records]})
+
+
+@router.get("/v1/environments/{environment_id}", response_model=EnvironmentView, responses=ERRORS, summary="Get one")
+async def get_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    record = await p.coordinator.get_environment(tenant, environment_id_or_404(environment_id))
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.delete(
+    "/v1/environments/{environment_id}",
+    response_model=EnvironmentView,
+    responses=ERRORS,
+    summary="Delete (state becomes deleting, then deleted; repeating it is harmless)",
+)
+async def delete_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    record = await p.coordinator.delete_environment(tenant, environment_id_or_404(environment_id))
+    log.info("environment delete requested", extra={"env_id": record.id, "tenant": tenant})
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.post(
+    "/v1/environments/{environment_id}/pause",
+    status_code=501,
+    responses={501: {"model": ErrorBody}},
+    summary="Pause (not implemented yet)",
+)
+@router.post(
+    "/v1/environments/{environment_id}/resume",
+    status_code=501,
+    responses={501: {"model": ErrorBody}},
+    summary="Resume (not implemented yet)",
+)
+async def pause_or_resume(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    # Same visibility rule first: another tenant learns nothing, not even that the route exists for it.
+    await p.coordinator.get_environment(tenant, environment_id_or_404(environment_id))
+    raise NotImplementedYet("pause and resume are not available in this version")
+
+
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    spec = EnvironmentSpec.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name, definition in spec.pop("$defs", {}).items():
+        components.setdefault(name, definition)
+    components["EnvironmentSpec"] = spec
+    app.openapi_schema = schema
+    return schema
+
+
+def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = None) -> FastAPI:
+    """The HTTP application. ``api``: the lifecycle routes; ``ingress``: the data-plane routes (default: config)."""
+    with_ingress = config.ingress if ingress is None else ingress
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        coordinator = CoordinatorClient.from_config(config)
+        p = Plane(config, coordinator, TenantAuth(coordinator, config.auth_cache_seconds), {})
+        if with_ingress:
+            from adx.ingress import Ingress
+
+            p.extras["ingress"] = Ingress.from_config(config, coordinator)
+        app.state.plane = p
+        try:
+            yield
+        finally:
+            await p.close()
+
+    app = FastAPI(
+        title="ADX API",
+        version="1",
+        description="Environments (sandboxes with lifecycle policies) and their data plane.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    if api:
+        app.include_router(router)
+    if with_ingress:
+        from adx.ingress import router as ingress_router
+
+        app.include_router(ingress_router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,53 @@
+"""Tenant authentication: ``Authorization: Bearer <API key>`` checked by the Coordinator, answers cached briefly."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from adx.api._coordinator import CoordinatorClient
+from adx.api._errors import Unauthenticated
+from adx.errors import NotFoundError
+
+MAX_KEY_LENGTH = 512
+MAX_CACHED = 10_000
+
+
+class TenantAuth:
+    """key -> tenant, reused for ``ttl`` seconds so a data-plane request costs no Coordinator round trip.
+
+    The cache is keyed by a digest, so raw keys are not kept in memory longer than a request; a revoked key
+    stays usable for at most ``ttl`` seconds on this process.
+    """
+
+    def __init__(self, coordinator: CoordinatorClient, ttl: float) -> None:
+        self._coordinator = coordinator
+        self._ttl = ttl
+        self._cache: dict[bytes, tuple[str, float]] = {}
+
+    async def tenant(self, authorization: str | None) -> str:
+        if not authorization:
+            raise Unauthenticated("missing 'Authorization: Bearer <API key>'")
+        scheme, _, key = authorization.strip().partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise Unauthenticated("expected 'Authorization: Bearer <API key>'")
+        if len(key) > MAX_KEY_LENGTH:
+            raise Unauthenticated("unknown API key")
+        digest = hashlib.sha256(key.encode()).digest()
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        try:
+            tenant = await self._coordinator.authenticate(key)
+        except NotFoundError:
+            raise Unauthenticated("unknown API key") from None
+        if self._ttl > 0:
+            if len(self._cache) >= MAX_CACHED:
+                # Bounded memory: drop everything expired, and if that is not enough, start over.
+                self._cache = {k: v for k, v in self._cache.items() if v[1] > now}
+                if len(self._cache) >= MAX_CACHED:
+                    self._cache.clear()
+            self._cache[digest] = (tenant, now + self._ttl)
+        return tenant

@@ -1,0 +1,50 @@
+"""Configuration of ``adx api`` (and of ``adx ingress``, which reads the same model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+
+from adx.config._base import LoggingConfig, StrictModel
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); ``[::1]:80`` style IPv6 literals are accepted."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be host:port, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+class ApiConfig(StrictModel):
+    name: str = Field(
+        default="main", pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="certificate name: presents api:<name>"
+    )
+    listen: str = Field(default="127.0.0.1:8080", description="host:port of the HTTP server (port 0: any free port)")
+    coordinator: str = Field(default="localhost:7401", description="host:port of the Coordinator's gRPC service")
+    certs_dir: Path = Field(default=Path(".adx/certs"), description="holds ca.pem and api-<name>.pem/.key")
+    coordinator_timeout_seconds: float = Field(default=10.0, gt=0, le=600, description="deadline of a read call")
+    create_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="deadline of CreateEnvironment (placement and admission on the node)"
+    )
+    auth_cache_seconds: float = Field(
+        default=30.0, ge=0, le=3600, description="how long a key->tenant answer is reused"
+    )
+    route_cache_seconds: float = Field(default=2.0, ge=0, le=300, description="how long an Ingress route is reused")
+    ingress: bool = Field(default=True, description="serve the data-plane (Ingress) routes on the same port")
+    start_wait_seconds: float = Field(
+        default=30.0, ge=0, le=600, description="Ingress: how long a request waits for a pending/starting Environment"
+    )
+    relay_connect_timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    relay_timeout_seconds: float = Field(
+        default=300.0, gt=0, le=86_400, description="Ingress: idle read/write timeout towards the Relay"
+    )
+    max_body_bytes: int = Field(default=1 << 20, gt=0, le=1 << 30, description="largest JSON request body")
+    logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("listen", "coordinator")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        split_host_port(value)
+        return value

@@ -1,0 +1,128 @@
+"""The API server's client of the Coordinator: mutual TLS as ``api:<name>``, errors translated to adx.errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from adx._certs import Identity, component_paths
+from adx._grpc_errors import from_rpc_error
+from adx._grpc_tls import channel_credentials
+from adx.api._config import ApiConfig
+from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
+from adx.model import EnvironmentRecord, EnvironmentSpec, parse_wire
+from adx.proto import coordinator_pb2 as pb
+from adx.proto import coordinator_pb2_grpc as pb_grpc
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Route:
+    record: EnvironmentRecord
+    relay_address: str  # empty: no node owns it now
+
+
+def _record(text: str) -> EnvironmentRecord:
+    return parse_wire(EnvironmentRecord, json.loads(text), "environment")
+
+
+class CoordinatorClient:
+    """One gRPC channel to the Coordinator. Create it inside the event loop that uses it (grpc.aio binds to it)."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials, *, timeout: float, create_timeout: float):
+        self._channel = grpc.aio.secure_channel(target, credentials)
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._timeout = timeout
+        self._create_timeout = create_timeout
+
+    @classmethod
+    def from_config(cls, config: ApiConfig) -> CoordinatorClient:
+        paths = component_paths(config.certs_dir, Identity("api", config.name))
+        return cls(
+            config.coordinator,
+            channel_credentials(paths),
+            timeout=config.coordinator_timeout_seconds,
+            create_timeout=config.create_timeout_seconds,
+        )
+
+    async def close(self) -> None:
+        await self._channel.close(grace=None)
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[R]], *, reads: bool) -> R:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                # The Coordinator refused *our* certificate: a deployment fault, never the caller's input.
+                raise UnavailableError(
+                    f"{what}: the Coordinator refused the API server's certificate: {exc.details()}"
+                ) from None
+            error: AdxError = from_rpc_error(exc, f"coordinator {what}")
+            if reads and isinstance(error, UncertainOutcomeError):
+                # A read that timed out changed nothing: it is simply unavailable now.
+                error = UnavailableError(error.message)
+            raise error from None
+
+    async def create_tenant(self, name: str) -> str:
+        reply = await self._call(
+            "create tenant",
+            lambda: self._stub.CreateTenant(pb.CreateTenantRequest(name=name), timeout=self._timeout),
+            reads=False,
+        )
+        return str(reply.api_key)
+
+    async def authenticate(self, api_key: str) -> str:
+        reply = await self._call(
+            "authenticate",
+            lambda: self._stub.Authenticate(pb.AuthenticateRequest(api_key=api_key), timeout=self._timeout),
+            reads=True,
+        )
+        return str(reply.tenant)
+
+    async def create_environment(
+        self, tenant: str, spec: EnvironmentSpec, idempotency_key: str | None
+    ) -> tuple[EnvironmentRecord, bool]:
+        request = pb.CreateEnvironmentRequest(
+            tenant=tenant, spec_json=spec.model_dump_json(by_alias=True), idempotency_key=idempotency_key or ""
+        )
+        reply = await self._call(
+            "create environment",
+            lambda: self._stub.CreateEnvironment(request, timeout=self._create_timeout),
+            reads=False,
+        )
+        return _record(reply.environment_json), bool(reply.created)
+
+    async def get_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
+        request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
+        reply = await self._call(
+            "get environment", lambda: self._stub.GetEnvironment(request, timeout=self._timeout), reads=True
+        )
+        return _record(reply.environment_json)
+
+    async def list_environments(self, tenant: str) -> list[EnvironmentRecord]:
+        request = pb.ListEnvironmentsRequest(tenant=tenant)
+        reply = await self._call(
+            "list environments", lambda: self._stub.ListEnvironments(request, timeout=self._timeout), reads=True
+        )
+        return [_record(text) for text in reply.environment_json]
+
+    async def delete_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
+        request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
+        reply = await self._call(
+            "delete environment",
+            lambda: self._stub.DeleteEnvironment(request, timeout=self._create_timeout),
+            reads=False,
+        )
+        return _record(reply.environment_json)
+
+    async def resolve_route(self, tenant: str, environment_id: str) -> Route:
+        request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
+        reply = await self._call(
+            "resolve route", lambda: self._stub.ResolveRoute(request, timeout=self._timeout), reads=True
+        )
+        return Route(_record(reply.environment_json), str(reply.relay_address))

@@ -1,0 +1,107 @@
+"""HTTP error bodies: ``{"error": {"code", "message", "details"}}`` with the status of the error's family."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+from adx.model import field_path
+
+log = logging.getLogger("adx.api")
+
+NO_CAPACITY = "no_capacity"
+
+
+class Unauthenticated(InvalidInputError):
+    """No API key, a malformed Authorization header, or a key no tenant owns (HTTP 401)."""
+
+    code = "unauthenticated"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("Authorization", reason)
+
+
+class NotImplementedYet(AdxError):
+    code = "not_implemented"
+
+
+def status_for(exc: AdxError) -> int:
+    if isinstance(exc, Unauthenticated):
+        return 401
+    if isinstance(exc, InvalidInputError):
+        return 422
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, ConflictError):
+        # No capacity is a conflict inside the cluster, but to an API caller it is "try again later".
+        return 503 if exc.code == NO_CAPACITY else 409
+    if isinstance(exc, UnavailableError):
+        return 503
+    if isinstance(exc, UncertainOutcomeError):
+        return 504
+    if isinstance(exc, NotImplementedYet):
+        return 501
+    return 500
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": jsonable_encoder(details or {})}}
+
+
+def error_response(exc: AdxError) -> JSONResponse:
+    status = status_for(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status in (503, 504):
+        headers = {"Retry-After": "1"}
+    return JSONResponse(error_body(exc.code, exc.message, exc.details), status_code=status, headers=headers)
+
+
+def not_found(environment_id: str) -> NotFoundError:
+    """SEC-2: one message for "does not exist" and "belongs to another tenant", built from the request only."""
+    return NotFoundError(f"environment {environment_id} not found")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def adx_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, AdxError)
+        if status_for(exc) >= 500:
+            log.warning("request failed: %s", exc, extra={"path": request.url.path, "code": exc.code})
+        return error_response(exc)
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return JSONResponse(
+            error_body(codes.get(exc.status_code, "http_error"), str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = tuple(part for part in first.get("loc", ()) if part not in ("body", "query", "path", "header"))
+        return error_response(InvalidInputError(field_path(loc), str(first.get("msg", "invalid"))))
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", extra={"path": request.url.path})
+        return JSONResponse(error_body("internal", "internal error"), status_code=500)
+
+    app.add_exception_handler(AdxError, adx_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected)

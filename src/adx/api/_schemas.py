@@ -1,0 +1,70 @@
+"""The public HTTP shapes of the API (camelCase on the wire)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState, Lifecycle, Resources
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class EnvironmentView(_Wire):
+    """An Environment as a tenant sees it. Internal fields (tenant, revision, generation) and ``env`` values
+    (they may hold secrets) are not echoed back."""
+
+    id: str
+    state: EnvironmentState
+    node: str | None = None
+    execution_id: str | None = None
+    created_at: float = Field(description="Unix time, seconds")
+    updated_at: float = Field(description="Unix time, seconds")
+    image: str
+    resources: Resources
+    entrypoint: list[str] | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    lifecycle: Lifecycle
+    restart_attempts: int = 0
+    restart_pending: bool = False
+    checkpoint: CheckpointRef | None = None
+    last_error: str | None = None
+
+    @classmethod
+    def of(cls, record: EnvironmentRecord) -> EnvironmentView:
+        return cls(
+            id=record.id,
+            state=record.state,
+            node=record.node,
+            execution_id=record.execution_id,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            image=record.spec.image,
+            resources=record.spec.resources,
+            entrypoint=record.spec.entrypoint,
+            metadata=record.spec.metadata,
+            lifecycle=record.spec.lifecycle,
+            restart_attempts=record.restart_attempts,
+            restart_pending=record.restart_pending,
+            checkpoint=record.checkpoint,
+            last_error=record.last_error,
+        )
+
+    def wire(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class EnvironmentList(_Wire):
+    environments: list[EnvironmentView]
+
+
+class ErrorDetail(_Wire):
+    code: str = Field(description="stable machine-readable code, e.g. invalid_input, not_found, no_capacity")
+    message: str
+    details: dict[str, object] = Field(default_factory=dict, description="e.g. {'field': 'resources.cpuMillis'}")
+
+
+class ErrorBody(_Wire):
+    error: ErrorDetail

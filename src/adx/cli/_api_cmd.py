@@ -1,0 +1,51 @@
+"""``adx api`` (public REST API, with the Ingress on the same port by default) and ``adx ingress`` (alone)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from adx.cli._app import app, fail, setup_logging
+from adx.config import ApiConfig, load_model
+from adx.errors import AdxError
+
+
+@app.command()
+def api(
+    config: Annotated[Path | None, typer.Option("--config", help="TOML file (component 'api')")] = None,
+) -> None:
+    """Run the API server (REST + OpenAPI at /openapi.json; the Ingress too unless ingress = false)."""
+    from adx.api import serve
+
+    try:
+        cfg = load_model(ApiConfig, "api", config)
+    except AdxError as exc:
+        fail(exc)
+    setup_logging("api", cfg.logging.level, cfg.logging.format)
+    try:
+        asyncio.run(serve(cfg))
+    except AdxError as exc:
+        fail(exc)
+
+
+@app.command()
+def ingress(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML file (the 'api' model; overrides: ADX_INGRESS__<KEY>)")
+    ] = None,
+) -> None:
+    """Run the Ingress alone: the data-plane routes (commands, files, ports) without the lifecycle API."""
+    from adx.api import serve
+
+    try:
+        cfg = load_model(ApiConfig, "ingress", config)
+    except AdxError as exc:
+        fail(exc)
+    setup_logging("ingress", cfg.logging.level, cfg.logging.format)
+    try:
+        asyncio.run(serve(cfg, api=False, ingress=True, component="ingress"))
+    except AdxError as exc:
+        fail(exc)

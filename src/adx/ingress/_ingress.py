@@ -1,0 +1,181 @@
+"""The Ingress: the data plane's edge. Tenant check first (SEC-4), then the owning node's Relay over mutual TLS.
+
+Flow of a request: authenticate the tenant key -> resolve the Environment's route *as that tenant* (another
+tenant's Environment is a 404, SEC-2; nothing is woken or forwarded) -> forward to
+``https://<relay>/<environment_id>/<execd path>`` presenting the API's ``api:<name>`` certificate, streaming
+the request and the response bodies both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import Request
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
+from adx._certs import Identity, component_paths
+from adx.api._config import ApiConfig
+from adx.api._coordinator import CoordinatorClient
+from adx.api._errors import not_found
+from adx.errors import ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.model import EnvironmentState
+
+log = logging.getLogger("adx.ingress")
+
+# Hop-by-hop headers (RFC 9110 7.6.1) are never forwarded; Authorization never leaves the Ingress: the tenant
+# key must not reach a node or a sandbox.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "authorization",
+        "cookie",
+    }
+)
+_WAITABLE = frozenset({EnvironmentState.PENDING, EnvironmentState.STARTING})
+
+
+class NotRunning(ConflictError):
+    code = "not_running"
+
+
+class StillStarting(UnavailableError):
+    code = "environment_starting"
+
+
+class RelayUnavailable(UnavailableError):
+    code = "relay_unavailable"
+
+
+class RelayTimeout(UncertainOutcomeError):
+    code = "relay_timeout"
+
+
+def relay_ssl_context(config: ApiConfig) -> ssl.SSLContext:
+    """Verify the Relay against the cluster CA and present the API server's own certificate."""
+    paths = component_paths(config.certs_dir, Identity("api", config.name))
+    paths.read()  # a missing file fails here, with its name, not on the first forwarded request
+    context = ssl.create_default_context(cafile=str(paths.ca))
+    context.load_cert_chain(str(paths.cert), str(paths.key))
+    return context
+
+
+class Ingress:
+    def __init__(self, coordinator: CoordinatorClient, http: httpx.AsyncClient, config: ApiConfig) -> None:
+        self._coordinator = coordinator
+        self._http = http
+        self._config = config
+        # (tenant, environment) -> (relay address, expiry): keyed by tenant, so a cached route can never
+        # answer for another tenant.
+        self._routes: dict[tuple[str, str], tuple[str, float]] = {}
+
+    @classmethod
+    def from_config(cls, config: ApiConfig, coordinator: CoordinatorClient) -> Ingress:
+        http = httpx.AsyncClient(
+            verify=relay_ssl_context(config),
+            timeout=httpx.Timeout(config.relay_timeout_seconds, connect=config.relay_connect_timeout_seconds),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=30),
+            follow_redirects=False,
+        )
+        return cls(coordinator, http, config)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    def forget(self, tenant: str, environment_id: str) -> None:
+        self._routes.pop((tenant, environment_id), None)
+
+    async def relay_address(self, tenant: str, environment_id: str, *, fresh: bool = False) -> str:
+        key = (tenant, environment_id)
+        now = time.monotonic()
+        hit = self._routes.get(key)
+        if hit is not None and hit[1] > now and not fresh:
+            return hit[0]
+        deadline = now + self._config.start_wait_seconds
+        delay = 0.05
+        while True:
+            try:
+                route = await self._coordinator.resolve_route(tenant, environment_id)
+            except NotFoundError:
+                raise not_found(environment_id) from None
+            state = route.record.state
+            if state is EnvironmentState.RUNNING:
+                if not route.relay_address:
+                    raise RelayUnavailable(f"environment {environment_id} has no reachable node right now")
+                if self._config.route_cache_seconds > 0:
+                    self._routes[key] = (route.relay_address, time.monotonic() + self._config.route_cache_seconds)
+                return route.relay_address
+            if state in _WAITABLE:
+                # Wait out a start in progress instead of failing a request that would succeed in a moment.
+                if time.monotonic() + delay > deadline:
+                    raise StillStarting(
+                        f"environment {environment_id} is still {state.value}; retry shortly",
+                        details={"state": state.value},
+                    )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            raise NotRunning(
+                f"environment {environment_id} is {state.value}, not running", details={"state": state.value}
+            )
+
+    async def forward(
+        self,
+        request: Request,
+        tenant: str,
+        environment_id: str,
+        execd_path: str,
+        *,
+        body: bytes | None = None,
+        read_timeout: float | None,
+    ) -> StreamingResponse:
+        """Forward to the Relay; ``body`` given: sent as is, else the request body is streamed through."""
+        address = await self.relay_address(tenant, environment_id)
+        content: bytes | AsyncIterator[bytes] = body if body is not None else request.stream()
+        # A buffered body gets its own Content-Length from httpx; a streamed one keeps the caller's (if any), so
+        # it is not re-encoded as chunked on the way.
+        drop = _HOP | {"content-length"} if body is not None else _HOP
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        timeout = httpx.Timeout(
+            self._config.relay_timeout_seconds, connect=self._config.relay_connect_timeout_seconds, read=read_timeout
+        )
+        query = request.url.query
+        for attempt in (1, 2):
+            url = f"https://{address}/{environment_id}{execd_path}" + (f"?{query}" if query else "")
+            upstream_request = self._http.build_request(
+                request.method, url, headers=headers, content=content, timeout=timeout
+            )
+            try:
+                upstream = await self._http.send(upstream_request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Nothing was sent (not even the body): safe to re-resolve once, the owner may have moved.
+                self.forget(tenant, environment_id)
+                if attempt == 1:
+                    address = await self.relay_address(tenant, environment_id, fresh=True)
+                    continue
+                raise RelayUnavailable(f"the node's Relay at {address} cannot be reached: {exc}") from None
+            except httpx.TimeoutException as exc:
+                raise RelayTimeout(f"the node's Relay at {address} did not answer in time: {exc!r}") from None
+            except httpx.TransportError as exc:
+                raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc!r}") from None
+            response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+            return StreamingResponse(
+                upstream.aiter_raw(),
+                status_code=upstream.status_code,
+                headers=response_headers,
+                background=BackgroundTask(upstream.aclose),
+            )
+        raise AssertionError("unreachable")

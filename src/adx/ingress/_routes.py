@@ -1,0 +1,146 @@
+"""Data-plane routes: ``/v1/environments/{id}/commands``, ``/files``, ``/ports`` (mapped to execd's routes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar, cast
+
+from fastapi import APIRouter, Path, Request
+from starlette.responses import StreamingResponse
+
+from adx.api._app import ERRORS, Credentials, environment_id_or_404, plane
+from adx.api._errors import NotImplementedYet
+from adx.errors import InvalidInputError
+from adx.ingress._ingress import Ingress
+
+router = APIRouter(tags=["data plane"])
+
+
+def route(path: str, methods: list[str], **options: Any) -> Callable[[F], F]:
+    """One route per method, so every operation gets its own OpenAPI operation ID."""
+
+    def register(fn: F) -> F:
+        for method in methods:
+            router.add_api_route(path, fn, methods=[method], name=f"{fn.__name__}_{method.lower()}", **options)
+        return fn
+
+    return register
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+EnvId = Annotated[str, Path(description="the Environment's ID")]
+DATA_ERRORS = {
+    **ERRORS,
+    409: {"description": "the Environment is not running (code not_running)"},
+    502: {"description": "the node's Relay failed"},
+}
+
+
+async def _setup(request: Request, credentials: object, environment_id: str) -> tuple[Ingress, str, str]:
+    """SEC-4: the tenant is authenticated and the ID checked before any route lookup or forwarding."""
+    p = plane(request)
+    tenant = await p.tenant(cast(Credentials, credentials))
+    env_id = environment_id_or_404(environment_id)
+    return cast(Ingress, p.extras["ingress"]), tenant, env_id
+
+
+async def _small_body(request: Request) -> bytes:
+    limit = plane(request).config.max_body_bytes
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise InvalidInputError("body", f"is larger than {limit} bytes")
+    return bytes(body)
+
+
+@router.post(
+    "/v1/environments/{environment_id}/commands",
+    responses={200: {"content": {"application/x-ndjson": {}}}, **DATA_ERRORS},
+    summary="Run a command; streams NDJSON frames as output is produced",
+    description=(
+        'Body: `{"command": "echo hi"}` (shell) or `{"argv": [...]}`, optional `env`, `cwd`, `timeoutSeconds`, '
+        '`stdin`, `background`. Frames: `{"id","pid"}`, then `{"stream","data"}` as produced, then '
+        '`{"exitCode","signal","timedOut"}`.'
+    ),
+)
+async def run_command(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
+    ingress, tenant, env_id = await _setup(request, credentials, environment_id)
+    body = await _small_body(request)  # a small JSON document: buffered, so a retry after a connect failure is safe
+    # No read timeout: a command may be silent for long; its own timeoutSeconds bounds it, and a caller that
+    # hangs up cancels it (execd kills a foreground command whose client has gone).
+    return await ingress.forward(request, tenant, env_id, "/v1/commands", body=body, read_timeout=None)
+
+
+@router.get("/v1/environments/{environment_id}/commands", responses=DATA_ERRORS, summary="List commands")
+async def list_commands(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
+    ingress, tenant, env_id = await _setup(request, credentials, environment_id)
+    return await ingress.forward(request, tenant, env_id, "/v1/commands", body=b"", read_timeout=None)
+
+
+@route(
+    "/v1/environments/{environment_id}/commands/{command_id}",
+    methods=["GET", "DELETE"],
+    responses=DATA_ERRORS,
+    summary="A background command's status (GET) or forget a finished one (DELETE)",
+)
+async def command(
+    request: Request, environment_id: EnvId, command_id: str, credentials: Credentials
+) -> StreamingResponse:
+    ingress, tenant, env_id = await _setup(request, credentials, environment_id)
+    return await ingress.forward(request, tenant, env_id, f"/v1/commands/{command_id}", body=b"", read_timeout=None)
+
+
+@route(
+    "/v1/environments/{environment_id}/commands/{command_id}/{action}",
+    methods=["GET", "POST"],
+    responses=DATA_ERRORS,
+    summary="output (GET), kill (POST), stdin (POST, raw body streamed)",
+)
+async def command_action(
+    request: Request, environment_id: EnvId, command_id: str, action: str, credentials: Credentials
+) -> StreamingResponse:
+    ingress, tenant, env_id = await _setup(request, credentials, environment_id)
+    path = f"/v1/commands/{command_id}/{action}"
+    body = None if action == "stdin" else await _small_body(request)
+    return await ingress.forward(request, tenant, env_id, path, body=body, read_timeout=None)
+
+
+@route(
+    "/v1/environments/{environment_id}/files",
+    methods=["GET", "PUT", "DELETE"],
+    responses={200: {"content": {"application/octet-stream": {}}}, **DATA_ERRORS},
+    summary="Read (GET), write (PUT, raw body) or delete (DELETE) the file at ?path=",
+)
+async def files(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
+    ingress, tenant, env_id = await _setup(request, credentials, environment_id)
+    body = None if request.method == "PUT" else b""  # file contents stream through, never buffered here
+    timeout = plane(request).config.relay_timeout_seconds
+    return await ingress.forward(request, tenant, env_id, "/v1/files", body=body, read_timeout=timeout)
+
+
+@route(
+    "/v1/environments/{environment_id}/files/{action}",
+    methods=["GET", "POST"],
+    responses=DATA_ERRORS,
+    summary="stat (GET), list (GET), mkdir (POST) at ?path=",
+)
+async def files_action(
+    request: Request, environment_id: EnvId, action: str, credentials: Credentials
+) -> StreamingResponse:
+    ingress, tenant, env_id = await _setup(request, credentials, environment_id)
+    timeout = plane(request).config.relay_timeout_seconds
+    body = await _small_body(request)
+    return await ingress.forward(request, tenant, env_id, f"/v1/files/{action}", body=body, read_timeout=timeout)
+
+
+@route(
+    "/v1/environments/{environment_id}/ports/{port}/{path:path}",
+    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+    responses={501: {"description": "not implemented yet"}, **DATA_ERRORS},
+    summary="Proxy to a service the Environment listens on (not implemented yet)",
+)
+async def ports(request: Request, environment_id: EnvId, port: int, path: str, credentials: Credentials) -> None:
+    ingress, tenant, env_id = await _setup(request, credentials, environment_id)
+    await ingress.relay_address(tenant, env_id)  # the same visibility answer as every other route first
+    raise NotImplementedYet("proxying to user ports is not available in this version")

@@ -1,0 +1,1 @@
+from apistack import api_stack  # noqa: F401  (fixture)
