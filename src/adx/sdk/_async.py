@@ -1,0 +1,361 @@
+"""The asynchronous client: ``adx.AsyncClient``, the twin of ``adx.Client`` (same names, awaited)."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from adx.errors import AdxError
+from adx.model import EnvironmentState, IdleAction, PauseOptions
+from adx.model import RestartPolicy as _RestartPolicy
+from adx.sdk._client import DEFAULT_TIMEOUT, RETRY_STATUSES, USER_AGENT, backoff, check_waitable
+from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
+from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
+from adx.sdk._settings import resolve
+from adx.sdk._spec import build_spec
+
+
+class AsyncClient:
+    """``async with adx.AsyncClient() as client: env = await client.environments.create(...)``."""
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = 3,
+    ) -> None:
+        settings = resolve(api_url, api_key)
+        self.api_url = settings.api_url
+        self.retries = retries
+        self._http = httpx.AsyncClient(
+            base_url=settings.api_url,
+            headers={"Authorization": f"Bearer {settings.api_key}", "User-Agent": USER_AGENT},
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+        )
+        self.environments = AsyncEnvironments(self)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        idempotent: bool,
+        params: Mapping[str, str] | None = None,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """See ``Client.request``: the same retry rules."""
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = await self._http.request(
+                    method, path, params=params, json=json, content=content, headers=headers
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last:
+                    raise transport_error(exc, what, sent=False) from None
+            except httpx.HTTPError as exc:
+                if last or not idempotent:
+                    raise transport_error(exc, what, sent=True) from None
+            else:
+                if response.status_code < 400:
+                    return response
+                retry = idempotent and response.status_code in RETRY_STATUSES and not last
+                if not retry or error_code(response.content) == "no_capacity":
+                    raise error_from_response(method, response.status_code, response.content, what)
+            await asyncio.sleep(backoff(attempt))
+        raise AssertionError("unreachable")
+
+
+class AsyncEnvironments:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        *,
+        cpu: float | str = 1,
+        memory: int | str = "512Mi",
+        disk: int | str | None = None,
+        image: str | None = None,
+        entrypoint: Sequence[str] | None = None,
+        idle_timeout: float | None = None,
+        idle_action: IdleAction | str | None = None,
+        pause: PauseOptions | None = None,
+        restart: _RestartPolicy | None = None,
+        execd_health_failure_threshold: int | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+        idempotency_key: str | None = None,
+    ) -> AsyncEnvironment:
+        """See ``Client.environments.create``."""
+        spec = build_spec(
+            cpu=cpu,
+            memory=memory,
+            disk=disk,
+            image=image,
+            entrypoint=entrypoint,
+            idle_timeout=idle_timeout,
+            idle_action=idle_action,
+            pause=pause,
+            restart=restart,
+            execd_health_failure_threshold=execd_health_failure_threshold,
+            env=env,
+            metadata=metadata,
+        )
+        key = idempotency_key or str(uuid.uuid4())
+        response = await self._client.request(
+            "POST",
+            "/v1/environments",
+            what="create environment",
+            idempotent=True,
+            json=spec,
+            headers={"Idempotency-Key": key},
+        )
+        environment = AsyncEnvironment(self._client, response.json())
+        if wait:
+            await environment.wait_until_running(wait_timeout)
+        return environment
+
+    async def get(self, environment_id: str) -> AsyncEnvironment:
+        response = await self._client.request(
+            "GET", f"/v1/environments/{environment_id}", what=f"get {environment_id}", idempotent=True
+        )
+        return AsyncEnvironment(self._client, response.json())
+
+    async def list(self) -> builtins.list[AsyncEnvironment]:
+        response = await self._client.request("GET", "/v1/environments", what="list environments", idempotent=True)
+        return [AsyncEnvironment(self._client, item) for item in response.json()["environments"]]
+
+    async def delete(self, environment_id: str) -> AsyncEnvironment:
+        response = await self._client.request(
+            "DELETE", f"/v1/environments/{environment_id}", what=f"delete {environment_id}", idempotent=True
+        )
+        return AsyncEnvironment(self._client, response.json())
+
+
+class AsyncEnvironment(EnvironmentFields):
+    def __init__(self, client: AsyncClient, data: Any) -> None:
+        self._client = client
+        self._apply(data)
+        self.commands = AsyncCommands(client, self)
+        self.files = AsyncFiles(client, self)
+
+    async def refresh(self) -> AsyncEnvironment:
+        response = await self._client.request(
+            "GET", f"/v1/environments/{self.id}", what=f"get {self.id}", idempotent=True
+        )
+        self._apply(response.json())
+        return self
+
+    async def delete(self) -> AsyncEnvironment:
+        response = await self._client.request(
+            "DELETE", f"/v1/environments/{self.id}", what=f"delete {self.id}", idempotent=True
+        )
+        self._apply(response.json())
+        return self
+
+    async def pause(self) -> AsyncEnvironment:
+        response = await self._client.request(
+            "POST", f"/v1/environments/{self.id}/pause", what="pause", idempotent=True
+        )
+        self._apply(response.json())
+        return self
+
+    async def resume(self) -> AsyncEnvironment:
+        response = await self._client.request(
+            "POST", f"/v1/environments/{self.id}/resume", what="resume", idempotent=True
+        )
+        self._apply(response.json())
+        return self
+
+    # The same parameter names as the sync twin: the SDK's two clients read the same.
+    async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while self.state is not EnvironmentState.RUNNING:
+            check_waitable(self)
+            if time.monotonic() + delay > deadline:
+                raise WaitTimeoutError(
+                    f"environment {self.id} is still {self.state.value} after {timeout:g}s (node {self.node}); "
+                    "it exists: wait again with wait_until_running() or delete it",
+                    self,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+            await self.refresh()
+        return self
+
+
+class AsyncCommandStream(AbstractAsyncContextManager["AsyncCommandStream"]):
+    """``async with env.commands.stream("make") as run: async for chunk in run: ...``; then ``await run.result()``."""
+
+    def __init__(self, client: AsyncClient, environment_id: str, body: dict[str, Any], reader: FrameReader) -> None:
+        self._client = client
+        self._path = f"/v1/environments/{environment_id}/commands"
+        self._body = body
+        self._reader = reader
+        self._response: httpx.Response | None = None
+        self._done = False
+
+    async def __aenter__(self) -> AsyncCommandStream:
+        what = "run command"
+        timeout = httpx.Timeout(DEFAULT_TIMEOUT, read=None)  # a command may be quiet for long
+        for attempt in range(self._client.retries + 1):
+            request = self._client._http.build_request("POST", self._path, json=self._body, timeout=timeout)
+            try:
+                response = await self._client._http.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt == self._client.retries:
+                    raise transport_error(exc, what, sent=False) from None
+                await asyncio.sleep(backoff(attempt))
+                continue
+            except httpx.HTTPError as exc:
+                raise transport_error(exc, what, sent=True) from None
+            if response.status_code != 200:
+                body = await response.aread()
+                await response.aclose()
+                raise error_from_response("POST", response.status_code, body, what)
+            self._response = response
+            return self
+        raise AssertionError("unreachable")
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._response is not None:
+            await self._response.aclose()
+
+    async def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        if self._response is None:
+            raise AdxError("use the stream inside an async with block")
+        if self._done:
+            return
+        try:
+            async for line in self._response.aiter_lines():
+                chunk = self._reader.feed(line)
+                if chunk is not None:
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, "run command", sent=True) from None
+        finally:
+            self._done = True
+
+    async def result(self) -> CommandResult:
+        async for _ in self:
+            pass
+        return self._reader.result()
+
+
+class AsyncCommands:
+    def __init__(self, client: AsyncClient, environment: AsyncEnvironment) -> None:
+        self._client = client
+        self._environment = environment
+
+    def stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> AsyncCommandStream:
+        body = command_body(
+            command if isinstance(command, str) else list(command),
+            env=dict(env) if env else None,
+            cwd=cwd,
+            timeout=timeout,
+            stdin=stdin,
+        )
+        return AsyncCommandStream(self._client, self._environment.id, body, FrameReader(on_stdout, on_stderr))
+
+    async def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's own timeout inside the Environment
+        stdin: str | bytes | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> CommandResult:
+        async with self.stream(
+            command, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
+        ) as running:
+            return await running.result()
+
+
+class AsyncFiles:
+    def __init__(self, client: AsyncClient, environment: AsyncEnvironment) -> None:
+        self._client = client
+        self._environment = environment
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/environments/{self._environment.id}/files{suffix}"
+
+    async def write(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        params = {"path": check_path(path)}
+        if mode is not None:
+            params["mode"] = f"{mode:o}"
+        content = data.encode() if isinstance(data, str) else bytes(data)
+        await self._client.request(
+            "PUT", self._path(), what=f"write {path}", idempotent=True, params=params, content=content
+        )
+
+    async def read(self, path: str) -> bytes:
+        response = await self._client.request(
+            "GET", self._path(), what=f"read {path}", idempotent=True, params={"path": check_path(path)}
+        )
+        return response.content
+
+    async def delete(self, path: str) -> None:
+        await self._client.request(
+            "DELETE", self._path(), what=f"delete {path}", idempotent=True, params={"path": check_path(path)}
+        )
+
+    async def stat(self, path: str) -> dict[str, Any]:
+        response = await self._client.request(
+            "GET", self._path("/stat"), what=f"stat {path}", idempotent=True, params={"path": check_path(path)}
+        )
+        result: dict[str, Any] = response.json()
+        return result
+
+    async def list(self, path: str) -> builtins.list[dict[str, Any]]:
+        response = await self._client.request(
+            "GET", self._path("/list"), what=f"list {path}", idempotent=True, params={"path": check_path(path)}
+        )
+        entries: builtins.list[dict[str, Any]] = response.json()["entries"]
+        return entries
+
+    async def mkdir(self, path: str) -> None:
+        await self._client.request(
+            "POST", self._path("/mkdir"), what=f"mkdir {path}", idempotent=True, params={"path": check_path(path)}
+        )

@@ -1,0 +1,381 @@
+"""The synchronous client: ``adx.Client``."""
+
+from __future__ import annotations
+
+import builtins
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from adx.errors import AdxError, ConflictError
+from adx.model import EnvironmentState, IdleAction, PauseOptions
+from adx.model import RestartPolicy as _RestartPolicy
+from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
+from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
+from adx.sdk._settings import resolve
+from adx.sdk._spec import build_spec
+
+USER_AGENT = "adx-python/0.1"
+DEFAULT_TIMEOUT = 30.0
+RETRY_STATUSES = frozenset({502, 503})
+FAILED_STATES = frozenset({EnvironmentState.FAILED, EnvironmentState.DELETING, EnvironmentState.DELETED})
+
+
+def backoff(attempt: int) -> float:
+    return float(min(0.2 * 2**attempt, 2.0))
+
+
+def check_waitable(env: EnvironmentFields) -> None:
+    if env.state in FAILED_STATES:
+        error = ConflictError(
+            f"environment {env.id} is {env.state.value}, it will not become running"
+            + (f": {env.last_error}" if env.last_error else ""),
+            details={"id": env.id, "state": env.state.value},
+        )
+        error.code = "environment_failed"
+        raise error
+
+
+class Client:
+    """A connection to the ADX API. ``Client()`` finds the API in ADX_API_URL / ADX_API_KEY or in the
+    credentials file ``adx up`` writes; ``Client(api_url=..., api_key=...)`` names it."""
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = 3,
+    ) -> None:
+        settings = resolve(api_url, api_key)
+        self.api_url = settings.api_url
+        self.retries = retries
+        self._http = httpx.Client(
+            base_url=settings.api_url,
+            headers={"Authorization": f"Bearer {settings.api_key}", "User-Agent": USER_AGENT},
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        )
+        self.environments = Environments(self)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        idempotent: bool,
+        params: Mapping[str, str] | None = None,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """One API call with bounded retries: a request that never left is always retried; one that may have
+        reached the server only when repeating it is harmless (``idempotent``)."""
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._http.request(method, path, params=params, json=json, content=content, headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last:
+                    raise transport_error(exc, what, sent=False) from None
+            except httpx.HTTPError as exc:
+                if last or not idempotent:
+                    raise transport_error(exc, what, sent=True) from None
+            else:
+                if response.status_code < 400:
+                    return response
+                retry = idempotent and response.status_code in RETRY_STATUSES and not last
+                if not retry or error_code(response.content) == "no_capacity":
+                    raise error_from_response(method, response.status_code, response.content, what)
+            time.sleep(backoff(attempt))
+        raise AssertionError("unreachable")
+
+
+class Environments:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self,
+        *,
+        cpu: float | str = 1,
+        memory: int | str = "512Mi",
+        disk: int | str | None = None,
+        image: str | None = None,
+        entrypoint: Sequence[str] | None = None,
+        idle_timeout: float | None = None,
+        idle_action: IdleAction | str | None = None,
+        pause: PauseOptions | None = None,
+        restart: _RestartPolicy | None = None,
+        execd_health_failure_threshold: int | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+        idempotency_key: str | None = None,
+    ) -> Environment:
+        """Create an Environment; with ``wait`` (default) return once it is running.
+
+        The request carries an Idempotency-Key (a fresh one unless given), so the SDK's own retries after a
+        lost reply can never create two Environments.
+        """
+        spec = build_spec(
+            cpu=cpu,
+            memory=memory,
+            disk=disk,
+            image=image,
+            entrypoint=entrypoint,
+            idle_timeout=idle_timeout,
+            idle_action=idle_action,
+            pause=pause,
+            restart=restart,
+            execd_health_failure_threshold=execd_health_failure_threshold,
+            env=env,
+            metadata=metadata,
+        )
+        key = idempotency_key or str(uuid.uuid4())
+        response = self._client.request(
+            "POST",
+            "/v1/environments",
+            what="create environment",
+            idempotent=True,
+            json=spec,
+            headers={"Idempotency-Key": key},
+        )
+        environment = Environment(self._client, response.json())
+        if wait:
+            environment.wait_until_running(wait_timeout)
+        return environment
+
+    def get(self, environment_id: str) -> Environment:
+        response = self._client.request(
+            "GET", f"/v1/environments/{environment_id}", what=f"get {environment_id}", idempotent=True
+        )
+        return Environment(self._client, response.json())
+
+    def list(self) -> builtins.list[Environment]:
+        response = self._client.request("GET", "/v1/environments", what="list environments", idempotent=True)
+        return [Environment(self._client, item) for item in response.json()["environments"]]
+
+    def delete(self, environment_id: str) -> Environment:
+        response = self._client.request(
+            "DELETE", f"/v1/environments/{environment_id}", what=f"delete {environment_id}", idempotent=True
+        )
+        return Environment(self._client, response.json())
+
+
+class Environment(EnvironmentFields):
+    """One Environment. Fields mirror the HTTP object in snake_case; ``refresh()`` reads them again."""
+
+    def __init__(self, client: Client, data: Any) -> None:
+        self._client = client
+        self._apply(data)
+        self.commands = Commands(client, self)
+        self.files = Files(client, self)
+
+    def refresh(self) -> Environment:
+        response = self._client.request("GET", f"/v1/environments/{self.id}", what=f"get {self.id}", idempotent=True)
+        self._apply(response.json())
+        return self
+
+    def delete(self) -> Environment:
+        response = self._client.request(
+            "DELETE", f"/v1/environments/{self.id}", what=f"delete {self.id}", idempotent=True
+        )
+        self._apply(response.json())
+        return self
+
+    def pause(self) -> Environment:
+        response = self._client.request("POST", f"/v1/environments/{self.id}/pause", what="pause", idempotent=True)
+        self._apply(response.json())
+        return self
+
+    def resume(self) -> Environment:
+        response = self._client.request("POST", f"/v1/environments/{self.id}/resume", what="resume", idempotent=True)
+        self._apply(response.json())
+        return self
+
+    def wait_until_running(self, timeout: float = 120.0) -> Environment:
+        """Poll until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted."""
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while self.state is not EnvironmentState.RUNNING:
+            check_waitable(self)
+            if time.monotonic() + delay > deadline:
+                raise WaitTimeoutError(
+                    f"environment {self.id} is still {self.state.value} after {timeout:g}s (node {self.node}); "
+                    "it exists: wait again with wait_until_running() or delete it",
+                    self,
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+            self.refresh()
+        return self
+
+
+class CommandStream(AbstractContextManager["CommandStream"]):
+    """``with env.commands.stream("make") as run: for chunk in run: ...``; then ``run.result``."""
+
+    def __init__(self, client: Client, environment_id: str, body: dict[str, Any], reader: FrameReader) -> None:
+        self._client = client
+        self._path = f"/v1/environments/{environment_id}/commands"
+        self._body = body
+        self._reader = reader
+        self._response: httpx.Response | None = None
+        self._done = False
+
+    def __enter__(self) -> CommandStream:
+        what = "run command"
+        # No read timeout: a command may be quiet for a long time (its own timeout bounds it).
+        timeout = httpx.Timeout(DEFAULT_TIMEOUT, read=None)
+        for attempt in range(self._client.retries + 1):
+            request = self._client._http.build_request("POST", self._path, json=self._body, timeout=timeout)
+            try:
+                response = self._client._http.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Never sent: safe to try again. Anything later is not retried (a command is not idempotent).
+                if attempt == self._client.retries:
+                    raise transport_error(exc, what, sent=False) from None
+                time.sleep(backoff(attempt))
+                continue
+            except httpx.HTTPError as exc:
+                raise transport_error(exc, what, sent=True) from None
+            if response.status_code != 200:
+                body = response.read()
+                response.close()
+                raise error_from_response("POST", response.status_code, body, what)
+            self._response = response
+            return self
+        raise AssertionError("unreachable")
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._response is not None:
+            self._response.close()  # hanging up kills a still-running foreground command
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        if self._response is None:
+            raise AdxError("use the stream inside a with block")
+        if self._done:
+            return
+        try:
+            for line in self._response.iter_lines():
+                chunk = self._reader.feed(line)
+                if chunk is not None:
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, "run command", sent=True) from None
+        finally:
+            self._done = True
+
+    @property
+    def result(self) -> CommandResult:
+        for _ in self:
+            pass
+        return self._reader.result()
+
+
+class Commands:
+    def __init__(self, client: Client, environment: Environment) -> None:
+        self._client = client
+        self._environment = environment
+
+    def stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> CommandStream:
+        body = command_body(
+            command if isinstance(command, str) else list(command),
+            env=dict(env) if env else None,
+            cwd=cwd,
+            timeout=timeout,
+            stdin=stdin,
+        )
+        return CommandStream(self._client, self._environment.id, body, FrameReader(on_stdout, on_stderr))
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> CommandResult:
+        """Run ``command`` (a shell string, or an argv list) and wait for it. ``on_stdout``/``on_stderr`` get
+        output as it is produced. A non-zero exit is a result, not an error."""
+        with self.stream(
+            command, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
+        ) as running:
+            return running.result
+
+
+class Files:
+    def __init__(self, client: Client, environment: Environment) -> None:
+        self._client = client
+        self._environment = environment
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/environments/{self._environment.id}/files{suffix}"
+
+    def write(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        params = {"path": check_path(path)}
+        if mode is not None:
+            params["mode"] = f"{mode:o}"
+        content = data.encode() if isinstance(data, str) else bytes(data)
+        self._client.request("PUT", self._path(), what=f"write {path}", idempotent=True, params=params, content=content)
+
+    def read(self, path: str) -> bytes:
+        response = self._client.request(
+            "GET", self._path(), what=f"read {path}", idempotent=True, params={"path": check_path(path)}
+        )
+        return response.content
+
+    def delete(self, path: str) -> None:
+        self._client.request(
+            "DELETE", self._path(), what=f"delete {path}", idempotent=True, params={"path": check_path(path)}
+        )
+
+    def stat(self, path: str) -> dict[str, Any]:
+        response = self._client.request(
+            "GET", self._path("/stat"), what=f"stat {path}", idempotent=True, params={"path": check_path(path)}
+        )
+        result: dict[str, Any] = response.json()
+        return result
+
+    def list(self, path: str) -> builtins.list[dict[str, Any]]:
+        response = self._client.request(
+            "GET", self._path("/list"), what=f"list {path}", idempotent=True, params={"path": check_path(path)}
+        )
+        entries: builtins.list[dict[str, Any]] = response.json()["entries"]
+        return entries
+
+    def mkdir(self, path: str) -> None:
+        self._client.request(
+            "POST", self._path("/mkdir"), what=f"mkdir {path}", idempotent=True, params={"path": check_path(path)}
+        )

@@ -1,0 +1,174 @@
+"""What the SDK returns: Environment fields (snake_case of the HTTP object), command results and output."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from adx.errors import InvalidInputError, UncertainOutcomeError
+from adx.model import CheckpointRef, EnvironmentState, Lifecycle, Resources, parse_wire
+from adx.sdk._errors import BadResponseError
+
+
+class EnvironmentFields:
+    """The fields of an Environment as last read from the API. ``state`` compares equal to its string."""
+
+    id: str
+    state: EnvironmentState
+    node: str | None
+    execution_id: str | None
+    created_at: float
+    updated_at: float
+    image: str
+    resources: Resources
+    entrypoint: list[str] | None
+    metadata: dict[str, str]
+    lifecycle: Lifecycle
+    restart_attempts: int
+    restart_pending: bool
+    checkpoint: CheckpointRef | None
+    last_error: str | None
+
+    def _apply(self, data: Any) -> None:
+        try:
+            self.id = str(data["id"])
+            self.state = EnvironmentState(data["state"])
+            self.node = data.get("node")
+            self.execution_id = data.get("executionId")
+            self.created_at = float(data["createdAt"])
+            self.updated_at = float(data.get("updatedAt", self.created_at))
+            self.image = str(data.get("image", "base"))
+            self.resources = parse_wire(Resources, data.get("resources") or {}, "resources")
+            self.entrypoint = data.get("entrypoint")
+            self.metadata = dict(data.get("metadata") or {})
+            self.lifecycle = parse_wire(Lifecycle, data.get("lifecycle") or {}, "lifecycle")
+            self.restart_attempts = int(data.get("restartAttempts", 0))
+            self.restart_pending = bool(data.get("restartPending", False))
+            checkpoint = data.get("checkpoint")
+            self.checkpoint = parse_wire(CheckpointRef, checkpoint, "checkpoint") if checkpoint else None
+            self.last_error = data.get("lastError")
+        except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
+            raise BadResponseError(f"unexpected Environment object from the API: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, state={self.state.value!r}, node={self.node!r})"
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """A piece of a command's output, as produced: ``stream`` is ``"stdout"`` or ``"stderr"``."""
+
+    stream: str
+    data: str
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int | None  # None when the command was killed by a signal
+    stdout: str
+    stderr: str
+    signal: int | str | None = None
+    timed_out: bool = False
+    id: str = ""
+    pid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass
+class FrameReader:
+    """Folds execd's NDJSON frames into output chunks and a final result."""
+
+    on_stdout: Callable[[str], object] | None = None
+    on_stderr: Callable[[str], object] | None = None
+    id: str = ""
+    pid: int | None = None
+    final: dict[str, Any] | None = None
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+
+    def feed(self, line: str) -> OutputChunk | None:
+        if not line.strip():
+            return None
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            raise BadResponseError(f"command output is not NDJSON: {line[:200]!r}") from None
+        if not isinstance(frame, dict):
+            raise BadResponseError(f"unexpected command frame: {line[:200]!r}")
+        if "exitCode" in frame:
+            self.final = frame
+            return None
+        if "stream" in frame:
+            chunk = OutputChunk(str(frame["stream"]), str(frame.get("data", "")))
+            if chunk.stream == "stderr":
+                self.err.append(chunk.data)
+                if self.on_stderr is not None:
+                    self.on_stderr(chunk.data)
+            else:
+                self.out.append(chunk.data)
+                if self.on_stdout is not None:
+                    self.on_stdout(chunk.data)
+            return chunk
+        if "id" in frame:
+            self.id = str(frame["id"])
+            self.pid = frame.get("pid")
+        return None
+
+    def result(self) -> CommandResult:
+        if self.final is None:
+            raise UncertainOutcomeError(
+                f"command {self.id or '?'}: the output stream ended before the exit status "
+                "(the connection was lost; the command was killed or may have run in part)"
+            )
+        return CommandResult(
+            exit_code=self.final.get("exitCode"),
+            stdout="".join(self.out),
+            stderr="".join(self.err),
+            signal=self.final.get("signal"),
+            timed_out=bool(self.final.get("timedOut", False)),
+            id=self.id,
+            pid=self.pid,
+        )
+
+
+def command_body(
+    command: str | list[str] | tuple[str, ...],
+    *,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+    stdin: str | bytes | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if isinstance(command, str):
+        if not command.strip():
+            raise InvalidInputError("command", "must not be empty")
+        body["command"] = command
+    else:
+        argv = list(command)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise InvalidInputError("command", "must be a shell string or a non-empty list of strings (argv)")
+        body["argv"] = argv
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if timeout is not None:
+        body["timeoutSeconds"] = timeout
+    if isinstance(stdin, bytes):
+        body["stdinBase64"] = base64.b64encode(stdin).decode()
+    elif stdin is not None:
+        body["stdin"] = stdin
+    return body
+
+
+def check_path(path: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidInputError("path", f"must be an absolute path inside the Environment, got {path!r}")
+    return path

@@ -1,0 +1,160 @@
+"""Building an Environment spec from the SDK's keyword arguments, validated before any request.
+
+The wire form and its checks are ``adx.model.EnvironmentSpec`` (the same model the server validates with);
+errors are reported under the SDK's own argument names (``cpu``, ``memory``, ``idle_action``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from adx.errors import InvalidInputError
+from adx.model import (
+    CheckpointStorage,
+    EnvironmentSpec,
+    IdleAction,
+    PauseOptions,
+    RetentionPolicy,
+    parse_bytes,
+    parse_cpu_millis,
+    parse_wire,
+)
+from adx.model import RestartPolicy as _RestartPolicy
+
+# Wire path prefix -> SDK argument name (longest first).
+_ARGUMENTS = [
+    ("resources.cpuMillis", "cpu"),
+    ("resources.memoryBytes", "memory"),
+    ("resources.diskBytes", "disk"),
+    ("lifecycle.idleTimeoutSeconds", "idle_timeout"),
+    ("lifecycle.idleAction", "idle_action"),
+    ("lifecycle.pauseOptions", "pause"),
+    ("lifecycle.restartPolicy", "restart"),
+    ("lifecycle.execdHealthFailureThreshold", "execd_health_failure_threshold"),
+    ("lifecycle", "idle_action"),  # model-level lifecycle checks are about the idle action and its window
+]
+
+
+def sdk_field(wire_path: str) -> str:
+    for prefix, name in _ARGUMENTS:
+        if wire_path == prefix or wire_path.startswith(prefix + "."):
+            return name + wire_path[len(prefix) :]
+    return wire_path
+
+
+def _checked(model: type[Any], root: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Validate with the model's own rules first, so a bad value is an InvalidInputError naming the field
+    (the SDK depends on adx.model and adx.errors only, never on the validation library underneath)."""
+    parse_wire(model, data, root)
+    return data
+
+
+class PausePolicy(PauseOptions):
+    """How an Environment is paused (ENV-3): ``adx.PausePolicy(retention=adx.Retention.ttl(3600),
+    storage=adx.CheckpointStorage.LOCAL, timeout_seconds=300)``. Invalid values raise InvalidInputError."""
+
+    def __init__(
+        self,
+        *,
+        retention: RetentionPolicy | None = None,
+        timeout_seconds: int = 300,
+        storage: CheckpointStorage | str = CheckpointStorage.CONFIGURED,
+    ) -> None:
+        data: dict[str, Any] = {"timeout_seconds": timeout_seconds, "storage": storage}
+        if retention is not None:
+            data["retention"] = retention
+        super().__init__(**_checked(PauseOptions, "pause", data))
+
+
+class RestartPolicy(_RestartPolicy):
+    """Restart on exit or failure with exponential backoff (RST-2): ``adx.RestartPolicy(max_retries=3)``."""
+
+    def __init__(
+        self, *, max_retries: int = 3, initial_backoff_seconds: float = 1.0, max_backoff_seconds: float = 60.0
+    ) -> None:
+        data = {
+            "max_retries": max_retries,
+            "initial_backoff_seconds": initial_backoff_seconds,
+            "max_backoff_seconds": max_backoff_seconds,
+        }
+        super().__init__(**_checked(_RestartPolicy, "restart", data))
+
+
+class Retention:
+    """A checkpoint's retention: ``Retention.ttl(3600)`` (seconds from publication) or ``Retention.forever()``."""
+
+    @staticmethod
+    def ttl(seconds: int = 90_000) -> RetentionPolicy:
+        return parse_wire(RetentionPolicy, {"kind": "ttl", "ttl_seconds": seconds}, "retention")
+
+    @staticmethod
+    def forever() -> RetentionPolicy:
+        return RetentionPolicy(kind="forever")
+
+
+def _whole_seconds(field: str, value: object) -> object:
+    # 300.0 means 300; anything else goes to the model's strict check and is refused there.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool):
+        raise InvalidInputError(field, "must be a whole number of seconds, not a boolean")
+    return value
+
+
+def build_spec(
+    *,
+    cpu: float | str,
+    memory: int | str,
+    disk: int | str | None = None,
+    image: str | None = None,
+    entrypoint: Sequence[str] | None = None,
+    idle_timeout: float | None = None,
+    idle_action: IdleAction | str | None = None,
+    pause: PauseOptions | None = None,
+    restart: _RestartPolicy | None = None,
+    execd_health_failure_threshold: int | None = None,
+    env: Mapping[str, str] | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The camelCase spec for ``POST /v1/environments``; InvalidInputError names the SDK argument."""
+    resources = {
+        "cpuMillis": parse_cpu_millis("cpu", cpu),
+        "memoryBytes": parse_bytes("memory", memory),
+        "diskBytes": parse_bytes("disk", disk) if disk is not None else 0,
+    }
+    lifecycle: dict[str, Any] = {}
+    if idle_timeout is not None:
+        lifecycle["idleTimeoutSeconds"] = _whole_seconds("idle_timeout", idle_timeout)
+    if idle_action is not None:
+        try:
+            lifecycle["idleAction"] = IdleAction(idle_action).value
+        except ValueError:
+            choices = ", ".join(a.value for a in IdleAction)
+            raise InvalidInputError("idle_action", f"must be one of {choices}, got {idle_action!r}") from None
+    if pause is not None:
+        if not isinstance(pause, PauseOptions):
+            raise InvalidInputError("pause", f"must be an adx.PausePolicy, got {type(pause).__name__}")
+        lifecycle["pauseOptions"] = pause.to_wire()
+    if restart is not None:
+        if not isinstance(restart, _RestartPolicy):
+            raise InvalidInputError("restart", f"must be an adx.RestartPolicy, got {type(restart).__name__}")
+        lifecycle["restartPolicy"] = restart.to_wire()
+    if execd_health_failure_threshold is not None:
+        lifecycle["execdHealthFailureThreshold"] = execd_health_failure_threshold
+    spec: dict[str, Any] = {"resources": resources, "lifecycle": lifecycle}
+    if image is not None:
+        spec["image"] = image
+    if entrypoint is not None:
+        if isinstance(entrypoint, str):
+            raise InvalidInputError("entrypoint", "must be a list of arguments (argv), not a string")
+        spec["entrypoint"] = list(entrypoint)
+    if env is not None:
+        spec["env"] = dict(env)
+    if metadata is not None:
+        spec["metadata"] = dict(metadata)
+    try:
+        parse_wire(EnvironmentSpec, spec)
+    except InvalidInputError as exc:
+        raise InvalidInputError(sdk_field(exc.field), exc.reason) from None
+    return spec
