@@ -164,6 +164,21 @@ async def api_stack(
         await stack.stop()
 
 
+@pytest.fixture
+async def api_for() -> AsyncIterator[Callable[..., Awaitable[ApiStack]]]:
+    """``await make(cluster, **overrides)`` -> the API server on an existing Coordinator (e.g. node_cluster's)."""
+    made: list[ApiStack] = []
+
+    async def make(cluster: Any, **overrides: Any) -> ApiStack:
+        stack = await start_api(cluster, **overrides)
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:
+        await stack.stop()
+
+
 class ApiProcess:
     """``adx api`` as a real process (for the SIGKILL test and the CLI)."""
 

@@ -1,1 +1,1 @@
-from apistack import api_stack  # noqa: F401  (fixture)
+from apistack import api_for, api_stack  # noqa: F401  (fixtures)

@@ -19,7 +19,7 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
-from adx._certs import Identity, component_paths
+from adx._certs import Identity, client_ssl_context, component_paths
 from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient
 from adx.api._errors import not_found
@@ -68,9 +68,7 @@ def relay_ssl_context(config: ApiConfig) -> ssl.SSLContext:
     """Verify the Relay against the cluster CA and present the API server's own certificate."""
     paths = component_paths(config.certs_dir, Identity("api", config.name))
     paths.read()  # a missing file fails here, with its name, not on the first forwarded request
-    context = ssl.create_default_context(cafile=str(paths.ca))
-    context.load_cert_chain(str(paths.cert), str(paths.key))
-    return context
+    return client_ssl_context(paths)
 
 
 class Ingress:
