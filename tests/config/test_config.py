@@ -85,3 +85,19 @@ def test_port_is_accepted_exactly_in_range(port: int) -> None:
     else:
         with pytest.raises(ConfigError):
             load_model(UpConfig, "up", None, environ=env)
+
+
+def test_every_component_resolves_to_a_strict_model() -> None:
+    from adx.config import COMPONENTS, StrictModel, component_model
+
+    for component in COMPONENTS:
+        assert issubclass(component_model(component), StrictModel), component
+
+
+def test_reading_configuration_does_not_import_the_components() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, adx.config; print(sorted(m for m in sys.modules if m.split('.')[:2] in (['adx','agents'], ['adx','sandboxd'], ['adx','api'])))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
