@@ -17,6 +17,12 @@ import redis
 ADX = [sys.executable, "-m", "adx"]
 
 
+def cgroup_parent_for(state_dir: Path) -> str:
+    from adx.cli._up_cluster import cgroup_parent_name
+
+    return cgroup_parent_name(state_dir)
+
+
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*ADX, *args], capture_output=True, text=True, timeout=60, env=env)
 
@@ -165,3 +171,59 @@ def test_up_with_an_unreachable_external_server_fails_clearly(tmp_path: Path) ->
     )
     assert result.returncode == 5
     assert "adx: error: external redis at redis://127.0.0.1:1/0 does not answer" in result.stderr
+
+
+def test_up_runs_the_whole_cluster_and_the_readme_sdk_snippet_works(tmp_path: Path) -> None:
+    """The README's run command, then its three-line SDK snippet, on real daemons (ENV-1 path end to end)."""
+    state = tmp_path / "state"
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "ADX_UP__API_LISTEN": "127.0.0.1:0",
+        "COLUMNS": "200",
+    }
+    proc = subprocess.Popen(
+        [*ADX, "up", "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "Press Ctrl-C" not in seen:
+            assert time.monotonic() < deadline, seen
+            line = proc.stdout.readline()
+            assert line, f"adx up exited early: {seen}\n{proc.stderr.read() if proc.stderr else ''}"
+            seen += line
+        for kind in ("redis", "postgres", "sandboxd", "coordinator", "node", "api"):
+            assert re.search(rf"^  {kind}\s", seen, re.M), seen
+        assert re.search(r"API key\s+adxk_", seen), seen
+        credentials = json.loads((tmp_path / "config" / "adx" / "credentials.json").read_text())
+        assert credentials["api_url"].startswith("http://127.0.0.1:")
+
+        snippet = (
+            "import adx\n"
+            'env = adx.Client().environments.create(cpu=1, memory="512Mi")\n'
+            'print(env.commands.run("echo hello").stdout, end="")\n'
+            "env.delete()\n"
+        )
+        result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "hello\n"
+
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        for kind in ("api", "node", "coordinator", "sandboxd", "postgres", "redis"):
+            assert f"stopped {kind}" in out
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # The cluster's cgroup parent (sandboxd leaves sandboxes and their parent by design): remove it.
+        from sbx_helpers import cleanup_cgroup_parent
+
+        cleanup_cgroup_parent(cgroup_parent_for(state.absolute()))

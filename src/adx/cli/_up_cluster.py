@@ -45,6 +45,11 @@ class Cluster:
         return [self.sandboxd, self.coordinator, self.node, self.api]
 
 
+def cgroup_parent_name(state_dir: Path) -> str:
+    """One cgroup parent per state directory: two clusters on one machine never touch each other's sandboxes."""
+    return "adx-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+
+
 def _ensure_certs(directory: Path, node_name: str) -> None:
     init_ca(directory)
     for identity in (Identity("coordinator", "main"), Identity("node", node_name), Identity("api", "main")):
@@ -59,8 +64,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
     install_execd_runtime(runtime_dir)
     api_credentials = channel_credentials(component_paths(certs, Identity("api", "main")))
     sandboxd_socket = state_dir / "sandboxd" / "api" / "sandboxd.sock"
-    # One cgroup parent per state directory: two clusters on one machine never touch each other's sandboxes.
-    cgroup_parent = "adx-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+    cgroup_parent = cgroup_parent_name(state_dir)
 
     sandboxd = SandboxdDaemon(
         state_dir,
