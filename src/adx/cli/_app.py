@@ -76,7 +76,19 @@ def _global(
 
 def main() -> None:
     # Importing the command modules registers them on ``app``.
-    from adx.cli import _agent, _api_cmd, _certs_cmd, _config_cmd, _coordinator_cmd, _execd, _node_cmd, _sandboxd, _up  # noqa: F401
+    from adx.cli import (  # noqa: F401
+        _agent,
+        _api_cmd,
+        _certs_cmd,
+        _config_cmd,
+        _coordinator_cmd,
+        _env_cmd,
+        _execd,
+        _node_cmd,
+        _sandboxd,
+        _tenant_cmd,
+        _up,
+    )
 
     try:
         app()
