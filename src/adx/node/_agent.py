@@ -30,6 +30,7 @@ from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver
 
 log = logging.getLogger("adx.node")
 S = EnvironmentState
+DELETED_MEMORY_SECONDS = 600.0
 
 Context = grpc.aio.ServicerContext[object, object]
 
@@ -43,6 +44,8 @@ class NodeAgent:
         self.readiness = ExecdReadiness(self.driver)
         self.executions = ExecutionFiles(config.state_dir / "executions")
         self.controllers: dict[str, Controller] = {}
+        # Recently deleted Environments (monotonic time of removal), so late data-plane calls get "not running".
+        self._deleted: dict[str, float] = {}
         self.relay = Relay(self._relay_target)
         self.health = HealthServicer("node")
         self.stop_event = asyncio.Event()
@@ -229,10 +232,15 @@ class NodeAgent:
             elif record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
                 controller.record = record
                 controller.submit("delete")
+        now = time.monotonic()
         for env_id, controller in list(self.controllers.items()):
             if controller.state is S.DELETED:
                 await controller.close()
                 del self.controllers[env_id]
+                self._deleted[env_id] = now
+        for env_id, when in list(self._deleted.items()):
+            if now - when > DELETED_MEMORY_SECONDS:
+                del self._deleted[env_id]
 
     # -- requests ----------------------------------------------------------------------------------
     def admit(self, record: EnvironmentRecord) -> EnvironmentRecord:
@@ -261,6 +269,9 @@ class NodeAgent:
     def _relay_target(self, env_id: str) -> RelayTarget:
         controller = self.controllers.get(env_id)
         if controller is None:
+            if env_id in self._deleted:
+                # Data-plane callers holding a cached route learn "deleted", not "never existed here".
+                raise ConflictError(f"environment {env_id} is deleted, not running")
             raise NotFoundError(f"environment {env_id} is not on node {self.name}")
         execution = controller.execution
         if controller.state is not S.RUNNING or execution is None or execution.execd_socket is None:
