@@ -204,6 +204,7 @@ async def node_cluster(
         nodes: tuple[str, ...] = ("n1",),
         capacity: dict[str, int] | None = None,
         report_interval: float = 0.5,
+        capacity_valid_for: float = 30.0,
         **coordinator: Any,
     ) -> NodeCluster:
         cluster, _ = await coordinator_cluster(**coordinator)
@@ -222,6 +223,7 @@ async def node_cluster(
                 state_dir=tmp_path / f"{name}-state",
                 report_interval_seconds=report_interval,
                 capacity_file=cap_file,
+                capacity_file_valid_for_seconds=capacity_valid_for,
                 runtime={"socket": daemon.socket, "ready_timeout_seconds": 30},
             )
             agent = NodeAgent(config)

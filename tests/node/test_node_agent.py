@@ -153,3 +153,55 @@ async def test_placement_follows_capacity_across_two_nodes(node_cluster) -> None
         assert (await stores.get_node("n1")).reserved == Resources(cpu_millis=800, memory_bytes=2 * GiB)
     finally:
         await api.close()
+
+
+@pytest.mark.req("RES-4", "RES-6")
+async def test_zero_capacity_and_expired_samples_get_nothing(node_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster(
+        nodes=("n1", "n2"), capacity={"cpuMillis": 4000, "memoryBytes": 8 * GiB}, capacity_valid_for=3.0
+    )
+    api = Api(nc)
+    try:
+        # n2 reports a zero sample: still registered and fresh, but no positive request fits it.
+        (tmp_path / "n2-capacity.json").write_text(json.dumps({"cpuMillis": 0, "memoryBytes": 0}))
+        await asyncio.sleep(1.2)
+        placed = [await api.create() for _ in range(3)]
+        assert {r.node for r in placed} == {"n1"}
+        # n1's source fails: its sample is kept until its own validity ends, then n1 gets nothing either.
+        (tmp_path / "n1-capacity.json").unlink()
+        n1 = nc.nodes["n1"]
+        deadline = time.monotonic() + n1.reporter.tracker.valid_for + 5
+        while n1.reporter.tracker.fresh():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.2)
+        with pytest.raises(Exception, match="no node can take") as refused:
+            await api.create()
+        assert "n1: node capacity sample expired" in str(refused.value) or "n1: node admission closed" in str(
+            refused.value
+        )
+        # The running Environments are untouched (RES-5).
+        for record in placed:
+            assert (await api.get(record.id)).state in (EnvironmentState.RUNNING, EnvironmentState.STARTING)
+    finally:
+        await api.close()
+
+
+@pytest.mark.req("NOD-3")
+async def test_routine_check_starts_a_pending_environment_the_node_never_heard_of(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The Coordinator placed it but its admit call never reached the node: the catalog converges it."""
+    nc = await node_cluster()
+    api = Api(nc)
+    try:
+        service = nc.cluster.coordinator.service
+        nodes, service.nodes = service.nodes, None  # the admit call is lost on the way
+        try:
+            created = await api.create()
+        finally:
+            service.nodes = nodes
+        assert created.state is EnvironmentState.PENDING
+        assert created.id not in nc.nodes["n1"].controllers
+        running = await api.wait_state(created.id, EnvironmentState.RUNNING)
+        assert running.execution_id
+    finally:
+        await api.close()

@@ -51,6 +51,9 @@ class NodeConfig(StrictModel):
     runtime_ready_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     resource_source: ResourceSource | None = None
     capacity_file: Path | None = Field(default=None, description="legacy: a JSON capacity file instead of a source")
+    capacity_file_valid_for_seconds: float = Field(
+        default=30.0, gt=0, le=86_400, description="validity of a file sample"
+    )
     runtime: SandboxdRuntimeConfig = SandboxdRuntimeConfig()
     degradation_journal: Path | None = None
     logging: LoggingConfig = LoggingConfig()

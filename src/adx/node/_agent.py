@@ -135,7 +135,7 @@ class NodeAgent:
 
     def _capacity_tracker(self) -> CapacityTracker:
         source = self.config.effective_resource_source
-        valid_for = source.valid_for_seconds if source is not None else 30.0
+        valid_for = source.valid_for_seconds if source is not None else self.config.capacity_file_valid_for_seconds
 
         async def read() -> Resources:
             if isinstance(source, SandboxdResourceSource):
