@@ -103,7 +103,7 @@ class Ingress:
         if hit is not None and hit[1] > now and not fresh:
             return hit[0]
         deadline = now + self._config.start_wait_seconds
-        delay = 0.05
+        delay = 0.02  # starts take ~0.1-0.3 s: look often at first, then back off
         while True:
             try:
                 route = await self._coordinator.resolve_route(tenant, environment_id)
@@ -124,7 +124,7 @@ class Ingress:
                         details={"state": state.value},
                     )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+                delay = min(delay * 1.3, 0.25)
                 continue
             raise NotRunning(
                 f"environment {environment_id} is {state.value}, not running", details={"state": state.value}

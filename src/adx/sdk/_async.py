@@ -16,7 +16,16 @@ import httpx
 from adx.errors import AdxError
 from adx.model import EnvironmentState, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
-from adx.sdk._client import DEFAULT_TIMEOUT, RETRY_STATUSES, USER_AGENT, backoff, check_waitable
+from adx.sdk._client import (
+    DEFAULT_TIMEOUT,
+    POLL_FIRST,
+    POLL_GROWTH,
+    POLL_MAX,
+    RETRY_STATUSES,
+    USER_AGENT,
+    backoff,
+    check_waitable,
+)
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
 from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
 from adx.sdk._settings import resolve
@@ -196,7 +205,7 @@ class AsyncEnvironment(EnvironmentFields):
     # The same parameter names as the sync twin: the SDK's two clients read the same.
     async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109
         deadline = time.monotonic() + timeout
-        delay = 0.05
+        delay = POLL_FIRST
         while self.state is not EnvironmentState.RUNNING:
             check_waitable(self)
             if time.monotonic() + delay > deadline:
@@ -206,7 +215,7 @@ class AsyncEnvironment(EnvironmentFields):
                     self,
                 )
             await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            delay = min(delay * POLL_GROWTH, POLL_MAX)
             await self.refresh()
         return self
 

@@ -23,6 +23,11 @@ from adx.sdk._spec import build_spec
 USER_AGENT = "adx-python/0.1"
 DEFAULT_TIMEOUT = 30.0
 RETRY_STATUSES = frozenset({502, 503})
+# Waiting for "running": a start takes ~0.1-0.3 s, so poll finely at first (each poll is one cheap GET), then
+# back off so a long wait costs little.
+POLL_FIRST = 0.02
+POLL_GROWTH = 1.2
+POLL_MAX = 0.5
 FAILED_STATES = frozenset({EnvironmentState.FAILED, EnvironmentState.DELETING, EnvironmentState.DELETED})
 
 
@@ -213,7 +218,7 @@ class Environment(EnvironmentFields):
     def wait_until_running(self, timeout: float = 120.0) -> Environment:
         """Poll until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted."""
         deadline = time.monotonic() + timeout
-        delay = 0.05
+        delay = POLL_FIRST
         while self.state is not EnvironmentState.RUNNING:
             check_waitable(self)
             if time.monotonic() + delay > deadline:
@@ -223,7 +228,7 @@ class Environment(EnvironmentFields):
                     self,
                 )
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            delay = min(delay * POLL_GROWTH, POLL_MAX)
             self.refresh()
         return self
 

@@ -1,0 +1,208 @@
+"""The public path's latency on a real ``adx up`` cluster, each figure beside a baseline of the same run.
+
+    uv run python bench/bench_api.py [--creates 15] [--runs 200]
+
+Figures (issue 5 targets in brackets):
+- ``create_to_first_command``: SDK ``create(wait=True)`` then ``commands.run("true")`` [p50 <= 150 ms, goal 60].
+  Baseline ``sandboxd_create_until_execd_ready``: the same sandbox (execd as PID 1, same resources) created
+  straight on sandboxd's socket, until execd answers its health route.
+- ``run_true_through_ingress``: ``env.commands.run("true")`` SDK -> API/Ingress -> Relay (mTLS) -> execd
+  [p50 <= 10 ms]. Baselines: ``run_true_direct_execd`` (the same request on execd's Unix socket) and
+  ``api_healthz`` (a bare GET on the API server: HTTP + uvicorn floor of this machine).
+- For attribution: ``of_which_create_request`` (the POST alone) and ``of_which_create_until_running_seen``.
+
+Prints one JSON object; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _harness import emit, progress, summarize, time_calls
+
+import adx
+from adx.model import new_id
+from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, SandboxdClient, ref_of
+from adx.sdk import read_credentials
+
+CPU_MILLIS = 250
+MEMORY = 128 * 2**20
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_cluster(base: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    state, xdg = base / "state", base / "xdg"
+    config = base / "up.toml"
+    config.write_text(f'api_listen = "127.0.0.1:{free_port()}"\n')
+    log = open(base / "up.log", "wb")  # noqa: SIM115 - lives as long as the cluster
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adx", "up", "--state-dir", str(state), "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "XDG_CONFIG_HOME": str(xdg)},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    credentials = xdg / "adx" / "credentials.json"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"adx up exited: {(base / 'up.log').read_text()[-3000:]}")
+        stored = read_credentials(credentials)
+        if stored.get("api_url") and stored.get("api_key"):
+            try:
+                if httpx.get(stored["api_url"] + "/healthz", timeout=2).status_code == 200:
+                    return proc, stored["api_url"], stored["api_key"]
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.2)
+    raise SystemExit(f"adx up did not come up: {(base / 'up.log').read_text()[-3000:]}")
+
+
+def wait_deleted(env: adx.Environment, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    while env.refresh().state != "deleted" and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+async def sandboxd_baseline(socket_path: Path, rounds: int) -> list[float]:
+    """sandboxd create (execd as PID 1) until execd's health answers: what a node's start costs at least."""
+    client = SandboxdClient(socket_path, timeout=30)
+    samples: list[float] = []
+    try:
+        for _ in range(rounds):
+            sandbox_id = new_id("exe")
+            start = time.perf_counter()
+            created = await client.create(
+                CreateRequest(
+                    request_id=sandbox_id,
+                    sandbox_id=sandbox_id,
+                    execd=ExecdOptions(execution_id=sandbox_id),
+                    resources=ResourcesSpec(cpu_millis=CPU_MILLIS, memory_bytes=MEMORY),
+                )
+            )
+            assert created.sandbox.execd_socket is not None
+            transport = httpx.AsyncHTTPTransport(uds=str(created.sandbox.execd_socket))
+            async with httpx.AsyncClient(transport=transport, base_url="http://execd", timeout=5) as execd:
+                while True:
+                    try:
+                        if (await execd.get("/v1/health")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.001)
+            samples.append(time.perf_counter() - start)
+            await client.delete(ref_of(created))
+    finally:
+        await client.aclose()
+    return samples
+
+
+async def execd_socket_of(socket_path: Path, env_id: str) -> str:
+    client = SandboxdClient(socket_path, timeout=30)
+    try:
+        for sandbox in await client.list():
+            if sandbox.metadata.get("adx.env") == env_id and sandbox.execd_socket:
+                return str(sandbox.execd_socket)
+    finally:
+        await client.aclose()
+    raise SystemExit(f"no sandbox found for {env_id}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--creates", type=int, default=15)
+    parser.add_argument("--runs", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="adx-bench-api-", dir="/tmp") as tmp:
+        base = Path(tmp)
+        progress("starting adx up")
+        proc, url, key = start_cluster(base)
+        sandboxd_socket = base / "state" / "sandboxd" / "api" / "sandboxd.sock"
+        figures: dict[str, Any] = {}
+        try:
+            with adx.Client(api_url=url, api_key=key) as client:
+                warm = client.environments.create(cpu=CPU_MILLIS / 1000, memory=MEMORY)
+                warm.commands.run("true")
+                warm.delete()
+                wait_deleted(warm)
+
+                progress(f"create -> first command x{args.creates}")
+                create_samples: list[float] = []
+                request_samples: list[float] = []
+                running_samples: list[float] = []
+                for _ in range(args.creates):
+                    start = time.perf_counter()
+                    env = client.environments.create(cpu=CPU_MILLIS / 1000, memory=MEMORY, wait=False)
+                    request_samples.append(time.perf_counter() - start)
+                    env.wait_until_running(60)
+                    running_samples.append(time.perf_counter() - start)
+                    assert env.commands.run("true").exit_code == 0
+                    create_samples.append(time.perf_counter() - start)
+                    env.delete()
+                    wait_deleted(env)
+                progress(f"sandboxd create baseline x{args.creates}")
+                baseline = asyncio.run(sandboxd_baseline(sandboxd_socket, args.creates))
+                figures["create_to_first_command"] = summarize(create_samples)
+                figures["of_which_create_request"] = summarize(request_samples)
+                figures["of_which_create_until_running_seen"] = summarize(running_samples)
+                figures["sandboxd_create_until_execd_ready"] = summarize(baseline)
+
+                progress(f"commands.run('true') x{args.runs}")
+                env = client.environments.create(cpu=CPU_MILLIS / 1000, memory=MEMORY)
+                through = time_calls(lambda: env.commands.run("true"), args.runs, warmup=10)
+                execd_socket = asyncio.run(execd_socket_of(sandboxd_socket, env.id))
+                transport = httpx.HTTPTransport(uds=execd_socket)
+                with httpx.Client(transport=transport, base_url="http://execd", timeout=10) as execd:
+
+                    def direct() -> None:
+                        response = execd.post("/v1/commands", json={"command": "true"})
+                        assert response.status_code == 200 and b'"exitCode": 0' in response.content.replace(
+                            b'"exitCode":0', b'"exitCode": 0'
+                        )
+
+                    direct_samples = time_calls(direct, args.runs, warmup=10)
+                with httpx.Client(base_url=url, timeout=10) as bare:
+                    healthz = time_calls(lambda: bare.get("/healthz"), args.runs, warmup=10)
+                figures["run_true_through_ingress"] = summarize(through)
+                figures["run_true_direct_execd"] = summarize(direct_samples)
+                figures["api_healthz"] = summarize(healthz)
+                env.delete()
+                wait_deleted(env)
+            p50 = figures["create_to_first_command"]["p50_ms"]
+            figures["targets"] = {
+                "create_to_first_command_p50_le_150ms": p50 <= 150,
+                "run_true_through_ingress_p50_le_10ms": figures["run_true_through_ingress"]["p50_ms"] <= 10,
+                "create_vs_sandboxd_ratio": round(p50 / figures["sandboxd_create_until_execd_ready"]["p50_ms"], 2),
+                "ingress_vs_direct_execd_ratio": round(
+                    figures["run_true_through_ingress"]["p50_ms"] / figures["run_true_direct_execd"]["p50_ms"], 2
+                ),
+            }
+        finally:
+            progress("stopping adx up")
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    emit("api", figures)
+
+
+if __name__ == "__main__":
+    main()
