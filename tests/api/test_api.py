@@ -231,3 +231,20 @@ async def test_twenty_concurrent_creates_all_succeed(api_stack) -> None:  # type
         extra = await http.post("/v1/environments", json=SPEC)
         assert extra.status_code == 503 and extra.json()["error"]["code"] == "no_capacity"
         assert {e["id"] for e in (await http.get("/v1/environments")).json()["environments"]} == ids
+
+
+def test_ingress_alone_serves_only_the_data_plane(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from adx.api import ApiConfig, create_app
+
+    def routes(app: Any) -> set[tuple[str, str]]:
+        return {(method.upper(), path) for path, item in app.openapi()["paths"].items() for method in item}
+
+    config = ApiConfig(certs_dir=tmp_path)
+    alone = routes(create_app(config, api=False, ingress=True))
+    assert ("POST", "/v1/environments/{environment_id}/commands") in alone
+    assert ("PUT", "/v1/environments/{environment_id}/files") in alone
+    assert ("POST", "/v1/environments") not in alone
+    both = routes(create_app(config))
+    assert {("POST", "/v1/environments"), ("POST", "/v1/environments/{environment_id}/commands")} <= both
+    api_only = routes(create_app(config.model_copy(update={"ingress": False})))
+    assert ("POST", "/v1/environments/{environment_id}/commands") not in api_only

@@ -22,7 +22,7 @@ from adx.sdk._spec import build_spec
 
 USER_AGENT = "adx-python/0.1"
 DEFAULT_TIMEOUT = 30.0
-RETRY_STATUSES = frozenset({502, 503})
+RETRY_STATUSES = frozenset({502, 503, 504})  # only for requests that are safe to repeat (idempotent=True)
 # Waiting for "running": a start takes ~0.1-0.3 s, so poll finely at first (each poll is one cheap GET), then
 # back off so a long wait costs little.
 POLL_FIRST = 0.02
