@@ -228,3 +228,16 @@ def test_client_finds_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with adx.Client(api_url="http://h:1", api_key="explicit") as client:
         assert client.api_url == "http://h:1"
         assert client._http.headers["authorization"] == "Bearer explicit"
+
+
+async def test_twenty_concurrent_sdk_creates_all_succeed(api_stack) -> None:  # type: ignore[no-untyped-def]
+    stack: ApiStack = await api_stack()
+    key = await stack.tenant("acme")
+    await stack.register_node("n1", cpu_millis=20 * 250, memory_bytes=20 * 2**28)
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        created = await asyncio.gather(
+            *(client.environments.create(cpu="250m", memory=2**28, wait=False) for _ in range(20))
+        )
+        assert len({env.id for env in created}) == 20 and all(env.state == "pending" for env in created)
+        assert {env.id for env in await client.environments.list()} == {env.id for env in created}
+    assert len(await stack.cluster.coordinator.store.load_all_environments()) == 20
