@@ -21,6 +21,7 @@ async def env_count(stack: ApiStack) -> int:
     return len(await stack.cluster.coordinator.store.load_all_environments())
 
 
+@pytest.mark.req("ENV-1")
 async def test_create_get_list_delete_over_http(api_stack) -> None:  # type: ignore[no-untyped-def]
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
@@ -56,7 +57,7 @@ async def test_create_get_list_delete_over_http(api_stack) -> None:  # type: ign
         assert again.status_code == 200  # repeating a delete is harmless
 
 
-@pytest.mark.req("ENV-5")
+@pytest.mark.req("ENV-5", "ENV-2")
 @pytest.mark.parametrize(
     ("change", "field"),
     [

@@ -58,6 +58,7 @@ def test_public_exports_are_honest() -> None:
     assert out.stdout.strip() == "True []", out.stdout
 
 
+@pytest.mark.req("ENV-1", "ENV-3")
 def test_architecture_snippet_objects_and_input_errors() -> None:
     pause = adx.PausePolicy(retention=adx.Retention.ttl(3600), storage=adx.CheckpointStorage.LOCAL)
     assert pause.retention.ttl_seconds == 3600 and pause.storage == "local"
@@ -75,7 +76,7 @@ def test_architecture_snippet_objects_and_input_errors() -> None:
     assert adx.EnvironmentState.RUNNING == "running"
 
 
-@pytest.mark.req("ENV-5", "ENV-1")
+@pytest.mark.req("ENV-5", "ENV-1", "ENV-2")
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
