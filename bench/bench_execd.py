@@ -10,10 +10,10 @@ Figures and their baselines (all in this run, same machine):
 - execd start-up to first answered request beside a bare ``python -c pass`` interpreter start, and the same
   for execd forked from a warm parent that already imported it (a zygote-style spawner);
 - execd idle RSS beside a bare interpreter's RSS;
-- with ``--sandboxes N`` (root): sandbox create -> execd Ready on a real sandboxd, split into the create call
-  and execd's own start (modules in place -> Ready reported through a ControlHub), beside the same sandbox
-  created with ``true`` as PID 1 (create call only). sandboxd does not ship execd into sandboxes yet, so the
-  execd modules are copied into the run dir after create; that copy is excluded from the split figures.
+- with ``--sandboxes N`` (root): on a real sandboxd, sandbox create (``CreateRequest.execd``) -> execd Ready as
+  seen on sandboxd's runtime-control subscription, the create call alone, and a first ``true`` through the
+  host-side execd socket (new connection), beside the same sandbox created with ``sleep`` as PID 1 (create
+  call only).
 One client connection per figure, kept alive, raw socket client (no HTTP library overhead in the numbers).
 """
 
@@ -163,71 +163,89 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def sandbox_figures(rounds: int, tmp: str) -> dict[str, object]:
+    """execd as PID 1 the supported way (``CreateRequest.execd``: sandboxd builds the init, mounts its execd
+    runtime, binds the sockets host-side); Ready is read from sandboxd's runtime-control subscription."""
     import asyncio
 
     from sbx_helpers import DaemonFactory  # the sandboxd test harness: unique cgroup parent, full cleanup
 
-    from adx.execd._control_hub import ControlHub
-    from adx.execd._launch import init_argv, install_runtime
-    from adx.sandboxd import CreateRequest, ResourcesSpec, ref_of
+    from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RuntimeControlSubscription, ref_of
 
-    wait_then_exec = 'while [ ! -e /run/adx/py/ready ]; do sleep 0.001; done; exec "$@"'
     base = Path(tmp) / "sbx"
     base.mkdir()
     factory = DaemonFactory(base)
-    hub = ControlHub(Path(tmp) / "node.sock", coalesce=0.0)
-    await hub.start()
-    creates, execd_starts, totals, bare_creates = [], [], [], []
+    creates, totals, bare_creates, first_calls = [], [], [], []
     try:
         daemon = factory()
         async with daemon.client() as client:
-            for i in range(rounds):
-                sid = f"b{i}"
-                start = time.perf_counter()
-                created = await client.create(
-                    CreateRequest(
-                        request_id=sid,
-                        sandbox_id=sid,
-                        argv=["sleep", "1000"],
-                        init_argv=["/bin/sh", "-c", wait_then_exec, "sh", *init_argv(python="/usr/bin/python3")],
-                        env={"PYTHONPATH": "/run/adx/py", "PATH": "/usr/bin:/bin"},
-                        resources=ResourcesSpec(cpu_millis=1000, memory_bytes=128 << 20),
+            path = (await client.health()).runtime_control_socket
+            assert path is not None
+            async with RuntimeControlSubscription(path, max_backoff=0.05) as sub:
+                await sub.wait_connected(10)
+                for i in range(rounds):
+                    sid = f"b{i}"
+                    start = time.perf_counter()
+                    created = await client.create(
+                        CreateRequest(
+                            request_id=sid,
+                            sandbox_id=sid,
+                            argv=["sleep", "1000"],
+                            execd=ExecdOptions(python="/usr/bin/python3"),
+                            resources=ResourcesSpec(cpu_millis=1000, memory_bytes=128 << 20),
+                        )
                     )
-                )
-                created_at = time.perf_counter()
-                run_dir = Path(created.sandbox.run_dir)
-                await hub.add_sandbox(sid, run_dir / "control.sock")
-                install_runtime(run_dir / "py")
-                (run_dir / "py" / "ready").touch()
-                in_place = time.perf_counter()
-                async with asyncio.timeout(30):
-                    while not ((state := hub.state(sid)) and state["ready"]):  # noqa: ASYNC110
-                        await asyncio.sleep(0.001)
-                ready = time.perf_counter()
-                creates.append(created_at - start)
-                execd_starts.append(ready - in_place)
-                totals.append(ready - start)
-                await client.delete(ref_of(created))
-                await hub.remove_sandbox(sid)
+                    created_at = time.perf_counter()
+                    async with asyncio.timeout(30):
+                        while not ((state := sub.states.get(sid)) and state.ready):
+                            await sub.next_event()
+                    ready = time.perf_counter()
+                    creates.append(created_at - start)
+                    totals.append(ready - start)
+                    socket = created.sandbox.execd_socket
+                    assert socket is not None
+                    first_calls.append(await asyncio.to_thread(time_true_once, socket))
+                    await client.delete(ref_of(created))
 
-                start = time.perf_counter()
-                bare = await client.create(
-                    CreateRequest(request_id=f"t{i}", argv=["sleep", "1000"], resources=ResourcesSpec(cpu_millis=1000))
-                )
-                bare_creates.append(time.perf_counter() - start)
-                await client.delete(ref_of(bare))
+                    start = time.perf_counter()
+                    bare = await client.create(
+                        CreateRequest(
+                            request_id=f"t{i}", argv=["sleep", "1000"], resources=ResourcesSpec(cpu_millis=1000)
+                        )
+                    )
+                    bare_creates.append(time.perf_counter() - start)
+                    await client.delete(ref_of(bare))
     finally:
-        await hub.stop()
         factory.cleanup()
     return {
-        "sandbox_create_call": summarize(creates),
-        "execd_start_in_sandbox_to_ready": summarize(execd_starts),
-        "sandbox_create_to_execd_ready_sum_of_parts_p50_ms": round(
-            (percentile_ms(creates) + percentile_ms(execd_starts)), 3
-        ),
-        "sandbox_create_to_execd_ready_incl_module_copy": summarize(totals),
+        "sandbox_create_call_with_execd": summarize(creates),
+        "sandbox_create_to_execd_ready_via_subscription": summarize(totals),
+        "true_through_host_side_execd_socket_in_sandbox": summarize(first_calls),
         "baseline_sandbox_create_call_sleep_pid1": summarize(bare_creates),
     }
+
+
+def time_true_once(socket: str) -> float:
+    """One ``true`` through execd's host-side socket of a real sandbox (raw HTTP/1.1, one connection)."""
+    import socket as sk
+
+    from adx._fs import ShortUnixPath
+
+    body = b'{"argv":["true"]}'
+    request = (
+        b"POST /v1/commands HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    with ShortUnixPath(Path(socket)) as path, sk.socket(sk.AF_UNIX) as conn:
+        start = time.perf_counter()
+        conn.connect(path)
+        conn.sendall(request)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+        took = time.perf_counter() - start
+    assert b'"exitCode":0' in data, data
+    return took
 
 
 def percentile_ms(samples: list[float]) -> float:

@@ -6,6 +6,8 @@ Figures (targets from issue 3):
   single-threaded process (same namespaces, no cgroup/overlay/registry): p50 <= 25 ms and <= 5x baseline;
 - delete p50 (persisted intent, cgroup.kill, empty check, tombstone, reclaim) <= 15 ms;
 - checkpoint of a 64 MiB upper layer <= 1 s; restore of it (verify + extract + start) <= 0.5 s;
+- create and delete with execd as PID 1 (``CreateRequest.execd``: socket activation, control socket), beside
+  the plain create above;
 - peer: ``runc run`` of an equivalent bundle (same image via read-only /usr bind, same namespaces).
 
 Needs root, cgroups, overlayfs; runc from ``scripts/install_sandbox_deps.sh`` for the peer figure.
@@ -30,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from adx.sandboxd import CreateRequest, ResourcesSpec, RestoreRequest, SandboxdClient, ref_of
+from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RestoreRequest, SandboxdClient, ref_of
 from adx.sandboxd._cgroups import detect_layout
 
 BARE = r"""
@@ -153,6 +155,22 @@ async def bench_daemon(sock: Path, n: int, work: Path) -> dict[str, Any]:
             deletes.append(time.perf_counter() - t)
         out["create_to_running_ms"] = summary_ms(creates)
         out["delete_ms"] = summary_ms(deletes)
+
+        # The same with execd as PID 1 (CreateRequest.execd): + execd runtime mount, the read-only control dir
+        # mount, execd's two sockets bound by the supervisor and the hub's control socket. Create then delete
+        # one at a time, so no execd start-up competes with the next create for CPU.
+        execd_creates, execd_deletes = [], []
+        for i in range(n):
+            t = time.perf_counter()
+            created = await c.create(
+                CreateRequest(request_id=f"x{i}", argv=["sleep", "1000"], execd=ExecdOptions(python="/usr/bin/python3"))
+            )
+            execd_creates.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await c.delete(ref_of(created))
+            execd_deletes.append(time.perf_counter() - t)
+        out["create_to_running_with_execd_pid1_ms"] = summary_ms(execd_creates)
+        out["delete_with_execd_pid1_ms"] = summary_ms(execd_deletes)
 
         blob = "head -c 67108864 /dev/urandom > /work/blob && touch /work/ready && sleep 1000"
         src = await c.create(

@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -293,5 +294,47 @@ async def test_an_execd_that_never_answers_a_request_times_out(short_dir: Path) 
             await hub.close_admission("mute", 0)
         assert time.monotonic() - started < 2
         writer.close()
+    finally:
+        await hub.stop()
+
+
+@pytest.mark.req("SEC-5")
+async def test_the_hub_binds_only_in_a_real_directory_and_never_follows_a_planted_symlink(
+    hub: ControlHub, short_dir: Path
+) -> None:
+    """A socket dir that is a symlink is refused; a symlink planted at the socket path is replaced (unlinked,
+    never followed) and the socket gets its mode without any chmod by path."""
+    real = short_dir / "real"
+    real.mkdir()
+    (short_dir / "link").symlink_to(real)
+    with pytest.raises(OSError, match="not a directory"):
+        await hub.add_sandbox("l", short_dir / "link" / "c.sock")
+    victim = short_dir / "victim"
+    victim.write_text("host file")
+    os.chmod(victim, 0o644)
+    planted = real / "c.sock"
+    planted.symlink_to(victim)
+    await hub.add_sandbox("l", planted)
+    st = os.lstat(planted)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert victim.read_text() == "host file" and stat.S_IMODE(os.stat(victim).st_mode) == 0o644
+
+
+@pytest.mark.req("CTL-3")
+async def test_sockets_beyond_sun_path_length_work(short_dir: Path) -> None:
+    deep = short_dir / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    hub = ControlHub(deep / "node.sock")
+    await hub.start()
+    try:
+        await hub.add_sandbox("x", deep / "x.ctl")
+        client = ControlClient(
+            f"/proc/self/fd/{os.open(deep, os.O_PATH)}/x.ctl", sandbox_id="x", execution_id=None, activity=Activity()
+        )
+        client.start()
+        async with asyncio.timeout(STEP):
+            while not hub.connected("x"):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await client.stop()
     finally:
         await hub.stop()

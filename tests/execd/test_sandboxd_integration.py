@@ -1,9 +1,8 @@
-"""execd as PID 1 of a real sandboxd sandbox: socket reached from the host through the bind-mounted run dir,
-runtime control through a ControlHub on the host.
+"""execd as PID 1 of real sandboxd sandboxes, started the supported way: ``CreateRequest.execd``.
 
-sandboxd does not start execd by itself yet; this test passes execd as the sandbox's ``init_argv``. The
-execd modules are copied into the sandbox's run dir (bind-mounted at /run/adx inside) right after create, so
-PID 1 is a tiny shell that waits for them and then ``exec``s execd (same PID 1).
+sandboxd builds execd's command line, mounts its execd runtime at /opt/adx, binds execd's sockets at host-only
+paths (socket activation) and aggregates every execd's reports into its node-level runtime-control
+subscription, read here with ``adx.sandboxd.RuntimeControlSubscription``.
 """
 # ruff: noqa: ASYNC240 - the test inspects host files between awaits; a blocking stat in a test is harmless
 
@@ -19,10 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from execd_helpers import Subscriber
 
-from adx.execd._control_hub import ControlHub
-from adx.execd._launch import init_argv, install_runtime
+from adx._fs import ShortUnixPath
 
 if os.geteuid() != 0:
     pytest.skip("sandboxes need root", allow_module_level=True)
@@ -31,9 +28,9 @@ if os.geteuid() != 0:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandboxd"))
 from sbx_helpers import DaemonFactory
 
-from adx.sandboxd import CreateRequest, ResourcesSpec, ref_of
+from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RuntimeControlSubscription, ref_of
 
-WAIT_THEN_EXEC = 'while [ ! -e /run/adx/py/ready ]; do sleep 0.005; done; exec "$@"'
+STEP = 30.0
 
 
 @pytest.fixture
@@ -45,42 +42,42 @@ def sandboxd(tmp_path: Path) -> Iterator[DaemonFactory]:
         factory.cleanup()
 
 
+def client_for(socket: str) -> httpx.AsyncClient:
+    path = ShortUnixPath(Path(socket)).path  # short test paths pass through unchanged
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://execd", timeout=10)
+
+
 @pytest.mark.req("CTL-1", "CTL-3")
-async def test_execd_is_pid1_of_a_real_sandbox(sandboxd: DaemonFactory, short_dir: Path) -> None:
+async def test_execd_is_pid1_of_a_real_sandbox(sandboxd: DaemonFactory) -> None:
     d = sandboxd()
-    hub = ControlHub(short_dir / "node.sock")
-    await hub.start()
-    try:
-        sub, _ = await Subscriber.connect(hub.subscribe_path)
-        execd = init_argv(python="/usr/bin/python3", sandbox_id="ex1", workload=["sleep", "1000"])
-        async with d.client() as c:
+    async with d.client() as c:
+        health = await c.health()
+        assert health.runtime_control_socket is not None
+        async with RuntimeControlSubscription(health.runtime_control_socket) as sub:
+            await sub.wait_connected(STEP)
             started = time.monotonic()
             created = await c.create(
                 CreateRequest(
                     request_id="ex1",
                     sandbox_id="ex1",
                     argv=["sleep", "1000"],
-                    init_argv=["/bin/sh", "-c", WAIT_THEN_EXEC, "sh", *execd],
-                    env={"PYTHONPATH": "/run/adx/py", "PATH": "/usr/local/bin:/usr/bin:/bin"},
+                    execd=ExecdOptions(python="/usr/bin/python3"),
                     # The test default is 0.25 CPU, which makes interpreter start-up 4x slower than a real one.
                     resources=ResourcesSpec(cpu_millis=2000, memory_bytes=256 << 20),
                 )
             )
             create_took = time.monotonic() - started
-            run_dir = Path(created.sandbox.run_dir)
-            await hub.add_sandbox("ex1", run_dir / "control.sock")
-            install_runtime(run_dir / "py")
-            (run_dir / "py" / "ready").touch()
-            installed_at = time.monotonic()
-            await sub.until(lambda s: s.get("ex1", {}).get("ready") is True, seconds=15)
+            async with asyncio.timeout(STEP):
+                while not (sub.states.get("ex1") and sub.states["ex1"].ready):
+                    await sub.next_event()
             ready_after = time.monotonic() - started
-            exec_to_ready = time.monotonic() - installed_at
+            socket = created.sandbox.execd_socket
+            assert socket is not None
 
-            transport = httpx.AsyncHTTPTransport(uds=str(run_dir / "execd.sock"))
-            async with httpx.AsyncClient(transport=transport, base_url="http://execd", timeout=10) as client:
-                health = (await client.get("/v1/health")).json()
-                assert health["pid"] == 1, "execd is the sandbox's PID 1"
-                assert health["workload"]["state"] == "running"
+            async with client_for(socket) as client:
+                health_doc = (await client.get("/v1/health")).json()
+                assert health_doc["pid"] == 1, "execd is the sandbox's PID 1"
+                assert health_doc["workload"]["state"] == "running"
                 resp = await client.post(
                     "/v1/commands", json={"command": "echo ${PYTHONPATH-unset}; cat /proc/1/cmdline"}
                 )
@@ -95,79 +92,75 @@ async def test_execd_is_pid1_of_a_real_sandbox(sandboxd: DaemonFactory, short_di
                 "the write landed in the sandbox's own upper layer"
             )
             assert not Path("/work/from-host.txt").exists()
-            await sub.until(lambda s: s["ex1"]["activity"]["version"] >= 4)
+            async with asyncio.timeout(STEP):
+                while sub.states["ex1"].activity.version < 4:
+                    await sub.next_event()
 
             await c.delete(ref_of(created))
-            await sub.until(lambda s: "ex1" not in s, seconds=15)
-        sub.close()
-        print(
-            f"sandbox create -> execd Ready {ready_after * 1000:.0f} ms (create call {create_took * 1000:.0f} ms, "
-            f"execd modules in place -> Ready {exec_to_ready * 1000:.0f} ms)"
-        )
-    finally:
-        await hub.stop()
+            async with asyncio.timeout(STEP):
+                while "ex1" in sub.states:
+                    await sub.next_event()
+    print(f"sandbox create -> execd Ready {ready_after * 1000:.0f} ms (create call {create_took * 1000:.0f} ms)")
 
 
 @pytest.mark.slow
 @pytest.mark.req("CTL-2", "CTL-3")
-async def test_fifty_real_sandboxes_one_subscription(sandboxd: DaemonFactory, short_dir: Path) -> None:
+async def test_fifty_real_sandboxes_one_subscription(sandboxd: DaemonFactory) -> None:
     """50 sandboxes, each with execd as PID 1: one snapshot with all 50, then only the touched one's deltas;
     a deleted sandbox's observation is cleared; a new subscription starts with a fresh full snapshot."""
     count = 50
     d = sandboxd()
-    hub = ControlHub(short_dir / "node.sock")
-    await hub.start()
-    try:
-        async with d.client() as c:
-            refs = {}
+    async with d.client() as c:
+        path = (await c.health()).runtime_control_socket
+        assert path is not None
+        refs = {}
+        sockets = {}
 
-            async def create(i: int) -> Path:
-                sid = f"ex{i:02d}"
-                execd = init_argv(python="/usr/bin/python3", sandbox_id=sid)
-                created = await c.create(
-                    CreateRequest(
-                        request_id=sid,
-                        sandbox_id=sid,
-                        argv=["sleep", "1000"],
-                        init_argv=["/bin/sh", "-c", WAIT_THEN_EXEC, "sh", *execd],
-                        env={"PYTHONPATH": "/run/adx/py", "PATH": "/usr/local/bin:/usr/bin:/bin"},
-                        resources=ResourcesSpec(memory_bytes=64 << 20),
-                    )
+        async def create(i: int) -> None:
+            sid = f"ex{i:02d}"
+            created = await c.create(
+                CreateRequest(
+                    request_id=sid,
+                    sandbox_id=sid,
+                    execd=ExecdOptions(python="/usr/bin/python3"),
+                    resources=ResourcesSpec(memory_bytes=64 << 20),
                 )
-                refs[sid] = ref_of(created)
-                run_dir = Path(created.sandbox.run_dir)
-                await hub.add_sandbox(sid, run_dir / "control.sock")
-                install_runtime(run_dir / "py")
-                (run_dir / "py" / "ready").touch()
-                return run_dir
+            )
+            refs[sid] = ref_of(created)
+            sockets[sid] = created.sandbox.execd_socket
 
-            run_dirs = await asyncio.gather(*(create(i) for i in range(count)))
-            async with asyncio.timeout(60):
-                while sum(1 for s in hub.snapshot().values() if s["ready"]) < count:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
+        await asyncio.gather(*(create(i) for i in range(count)))
+        async with RuntimeControlSubscription(path) as sub:
+            async with asyncio.timeout(90):
+                while sum(1 for s in sub.states.values() if s.ready) < count:
+                    await sub.next_event()
 
-            sub, snapshot = await Subscriber.connect(hub.subscribe_path)
-            assert len(snapshot["sandboxes"]) == count, "one snapshot with all 50"
-            assert all(state["ready"] for state in snapshot["sandboxes"].values())
+        async with RuntimeControlSubscription(path) as sub:
+            snapshot = await sub.next_event(STEP)
+            assert snapshot.kind == "snapshot" and len(snapshot.sandboxes) == count, "one snapshot with all 50"
+            assert all(state.ready for state in snapshot.sandboxes.values())
 
-            transport = httpx.AsyncHTTPTransport(uds=str(run_dirs[7] / "execd.sock"))
-            async with httpx.AsyncClient(transport=transport, base_url="http://execd", timeout=10) as client:
+            socket = sockets["ex07"]
+            assert socket is not None
+            async with client_for(socket) as client:
                 for _ in range(3):
                     assert (await client.post("/v1/commands", json={"argv": ["true"]})).status_code == 200
-            await sub.until(lambda s: s["ex07"]["activity"]["version"] == 6)
+            deltas = []
+            async with asyncio.timeout(STEP):
+                while not deltas or deltas[-1].state is None or deltas[-1].state.activity.version != 6:
+                    deltas.append(await sub.next_event())
             with pytest.raises(TimeoutError):
-                await sub.next(seconds=0.3)
-            assert {m["sandboxId"] for m in sub.deltas} == {"ex07"}, "only the touched sandbox's deltas"
-            assert len(sub.deltas) < 6, "six version bumps are coalesced"
+                await sub.next_event(0.3)
+            assert {e.sandbox_id for e in deltas} == {"ex07"}, "only the touched sandbox's deltas"
+            assert len(deltas) < 6, "six version bumps are coalesced"
 
             await c.delete(refs["ex09"])
-            await sub.until(lambda s: "ex09" not in s, seconds=15)
-            assert sub.deltas[-1]["sandboxId"] == "ex09" and sub.deltas[-1]["state"] is None
-            sub.close()
+            async with asyncio.timeout(STEP):
+                while "ex09" in sub.states:
+                    event = await sub.next_event()
+            assert event.sandbox_id == "ex09" and event.state is None
 
-            sub2, snapshot2 = await Subscriber.connect(hub.subscribe_path)
-            assert sorted(snapshot2["sandboxes"]) == sorted(f"ex{i:02d}" for i in range(count) if i != 9)
-            assert snapshot2["sandboxes"]["ex07"]["activity"]["version"] == 6
-            sub2.close()
-    finally:
-        await hub.stop()
+        async with RuntimeControlSubscription(path) as sub2:
+            snapshot2 = await sub2.next_event(STEP)
+            assert sorted(snapshot2.sandboxes) == sorted(f"ex{i:02d}" for i in range(count) if i != 9)
+            assert snapshot2.sandboxes["ex07"].activity.version == 6

@@ -10,6 +10,10 @@
 - Subscribers (and sandboxd itself, through the methods) can send ``close_admission`` / ``open_admission`` /
   ``checkpoint_ack`` for a sandbox; the hub forwards them to its execd and relays the reply.
 
+Sockets are bound with their final mode (``fchmod`` before ``bind``: no window with a wider mode and no
+``chmod`` by path that a symlink could redirect) and through an ``O_PATH`` descriptor of their directory, so
+paths longer than ``sun_path`` work. Subscribers may be restricted to one peer UID (``SO_PEERCRED``).
+
 Standard library only; asyncio; every wait has a timeout.
 """
 
@@ -21,6 +25,9 @@ import copy
 import itertools
 import logging
 import os
+import socket
+import stat
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +44,39 @@ WRITE_TIMEOUT = 10.0
 
 def _unlink(path: Path) -> None:
     # A stale socket file from an earlier run; a local unlink takes microseconds, no thread needed.
+    # unlink never follows a symlink: at worst it removes a link someone planted, never its target.
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+def bind_unix(path: Path, mode: int = 0o600) -> socket.socket:
+    """A bound (not yet listening) Unix stream socket at ``path`` with ``mode``, replacing a stale file.
+
+    The directory must be a real directory (not a symlink) that only the host can write to. The mode is set
+    on the socket before ``bind`` (Linux applies it to the new file), so nothing is ever changed by path.
+    """
+    st = os.lstat(path.parent)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path.parent} is not a directory (a symlink?): refusing to bind there")
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.name, dir_fd=dir_fd)
+        os.fchmod(sock.fileno(), mode)
+        sock.bind(f"/proc/self/fd/{dir_fd}/{path.name}")  # also works beyond sun_path's 108 bytes
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.close(dir_fd)
+    return sock
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The connected peer's UID (``SO_PEERCRED``)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[1])
 
 
 class _Sandbox:
@@ -62,8 +100,16 @@ class _Subscriber:
 
 
 class ControlHub:
-    def __init__(self, subscribe_path: Path, *, coalesce: float = 0.02, request_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        subscribe_path: Path,
+        *,
+        coalesce: float = 0.02,
+        request_timeout: float = 5.0,
+        allowed_uid: int | None = None,
+    ) -> None:
         self.subscribe_path = subscribe_path
+        self.allowed_uid = allowed_uid  # None: any peer that can reach the socket (its dir is the gate)
         self.coalesce = coalesce
         self.request_timeout = request_timeout
         self._sandboxes: dict[str, _Sandbox] = {}
@@ -74,11 +120,8 @@ class ControlHub:
 
     # -- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
-        _unlink(self.subscribe_path)
-        self._server = await asyncio.start_unix_server(
-            self._serve_subscriber, str(self.subscribe_path), limit=P.MAX_LINE
-        )
-        os.chmod(self.subscribe_path, 0o600)
+        sock = bind_unix(self.subscribe_path)
+        self._server = await asyncio.start_unix_server(self._serve_subscriber, sock=sock, limit=P.MAX_LINE)
 
     async def stop(self) -> None:
         for sandbox_id in list(self._sandboxes):
@@ -101,14 +144,20 @@ class ControlHub:
         if sandbox_id in self._sandboxes:
             raise ValueError(f"sandbox {sandbox_id!r} is already registered")
         sandbox = _Sandbox(sandbox_id, control_path)
-        _unlink(control_path)
+        sock = bind_unix(control_path)
         sandbox.server = await asyncio.start_unix_server(
-            lambda r, w: self._serve_execd(sandbox, r, w), str(control_path), limit=P.MAX_LINE
+            lambda r, w: self._serve_execd(sandbox, r, w), sock=sock, limit=P.MAX_LINE
         )
-        os.chmod(control_path, 0o600)
         self._sandboxes[sandbox_id] = sandbox
 
+    def registered(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._sandboxes
+
     async def remove_sandbox(self, sandbox_id: str) -> None:
+        self.drop_sandbox(sandbox_id)
+
+    def drop_sandbox(self, sandbox_id: str) -> None:
+        """Stop listening for ``sandbox_id``; a subscriber sees its observation cleared (synchronous)."""
         sandbox = self._sandboxes.pop(sandbox_id, None)
         if sandbox is None:
             return
@@ -220,6 +269,18 @@ class ControlHub:
 
     # -- subscriber side --------------------------------------------------------------------------------
     async def _serve_subscriber(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.allowed_uid is not None:
+            try:
+                uid = peer_uid(writer.get_extra_info("socket"))
+            except OSError:
+                uid = -1
+            if uid != self.allowed_uid:
+                log.warning("refused subscriber", extra={"peer_uid": uid})
+                writer.write(P.encode({"type": P.REPLY, "requestId": None, "ok": False, "error": "permission_denied"}))
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(writer.drain(), 1.0)
+                writer.close()
+                return
         sub = _Subscriber(writer)
         # Snapshot and registration in one synchronous step: every later change lands in sub.dirty.
         writer.write(P.encode({"type": P.SNAPSHOT, "seq": sub.seq, "sandboxes": self.snapshot()}))

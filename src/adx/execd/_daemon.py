@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from typing import Any
 
@@ -66,9 +67,11 @@ class ExecdOptions:
 
     def __init__(
         self,
-        socket: str,
+        socket: str | None,
         *,
+        socket_fd: int | None = None,
         admin_socket: str | None = None,
+        admin_socket_fd: int | None = None,
         control_socket: str | None = None,
         sandbox_id: str = "",
         execution_id: str | None = None,
@@ -86,7 +89,9 @@ class ExecdOptions:
         unset_env: list[str] | None = None,
     ) -> None:
         self.socket = socket
+        self.socket_fd = socket_fd  # socket activation: a listening socket inherited from the supervisor
         self.admin_socket = admin_socket
+        self.admin_socket_fd = admin_socket_fd
         self.control_socket = control_socket
         self.sandbox_id = sandbox_id
         self.execution_id = execution_id
@@ -159,10 +164,20 @@ class Execd:
         if self.control is not None:
             self.control.emit(message)
 
-    async def _listen(self, path: str, handler: Any) -> None:
-        _unlink(path)  # a stale socket from a previous execd of this sandbox
-        server = await asyncio.start_unix_server(lambda r, w: serve_connection(r, w, handler), path, limit=64 * 1024)
-        os.chmod(path, self.options.socket_mode)
+    async def _listen(self, path: str | None, fd: int | None, handler: Any) -> None:
+        def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> Any:
+            return serve_connection(r, w, handler)
+
+        if fd is not None:
+            # Socket activation: the host bound and listens on a path the sandbox cannot see; we only accept.
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
+            sock.set_inheritable(False)  # commands and the workload must not inherit the listener
+            server = await asyncio.start_unix_server(serve, sock=sock, limit=64 * 1024)
+        else:
+            assert path is not None
+            _unlink(path)  # a stale socket from a previous execd of this sandbox
+            server = await asyncio.start_unix_server(serve, path, limit=64 * 1024)
+            os.chmod(path, self.options.socket_mode)
         self._servers.append(server)
 
     async def run(self) -> int:
@@ -171,9 +186,9 @@ class Execd:
         self.procs.install_reaper()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        await self._listen(self.options.socket, self._client_handler)
-        if self.options.admin_socket is not None:
-            await self._listen(self.options.admin_socket, self._admin_handler)
+        await self._listen(self.options.socket, self.options.socket_fd, self._client_handler)
+        if self.options.admin_socket is not None or self.options.admin_socket_fd is not None:
+            await self._listen(self.options.admin_socket, self.options.admin_socket_fd, self._admin_handler)
         if self.control is not None:
             self.control.start()
         if self.options.workload:
@@ -194,7 +209,8 @@ class Execd:
             self._spawn_task(self._probe_loop())
         else:
             self._set_ready()
-        log.info("execd serving", extra={"socket": str(self.options.socket), "pid": os.getpid()})
+        where = self.options.socket or f"fd {self.options.socket_fd}"
+        log.info("execd serving", extra={"socket": where, "pid": os.getpid()})
         await self._stop.wait()
         await self._shutdown()
         return self.exit_code

@@ -13,8 +13,9 @@ import it with ``sys.modules.setdefault("ssl", None)`` first, as ``python -m adx
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import py_compile
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,20 +45,33 @@ def install_runtime(dest: Path, *, compile_bytecode: bool = True) -> Path:
 
     With ``compile_bytecode`` the ``.pyc`` files are written too (valid for interpreters of this one's minor
     version, e.g. the image's python3.11): otherwise every sandbox start compiles them again (~100 ms).
+
+    Safe while sandboxes use ``dest`` (sandboxd re-installs at every start): unchanged files are left alone and
+    a changed one is replaced by rename, so an execd importing at that moment reads a whole old or new file.
     """
     for rel in RUNTIME_MODULES:
+        source = (_SOURCE_ROOT / rel).read_bytes()
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_SOURCE_ROOT / rel, target)
-        if compile_bytecode:
-            py_compile.compile(str(target), doraise=True)
+        try:
+            unchanged = target.read_bytes() == source
+        except FileNotFoundError:
+            unchanged = False
+        if not unchanged:
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_bytes(source)
+            os.replace(tmp, target)
+        if compile_bytecode and not (unchanged and Path(importlib.util.cache_from_source(str(target))).exists()):
+            py_compile.compile(str(target), doraise=True)  # writes the .pyc atomically itself
     return dest
 
 
 def init_argv(
     *,
     python: str = "python3",
-    socket: str = "/run/adx/execd.sock",
+    socket: str | None = "/run/adx/execd.sock",
+    socket_fd: int | None = None,
+    admin_socket_fd: int | None = None,
     control_socket: str | None = "/run/adx/control.sock",
     sandbox_id: str = "",
     execution_id: str | None = None,
@@ -67,10 +81,22 @@ def init_argv(
 ) -> list[str]:
     """The argv of execd as PID 1 (paths as seen inside the sandbox).
 
+    ``socket_fd`` / ``admin_socket_fd``: socket activation — the runtime bound and listens on the sockets at
+    host-only paths and hands PID 1 the listening descriptors (``socket`` is then ignored). This is how
+    sandboxd starts execd: a path inside the sandbox would be replaceable from inside.
+
     ``pythonpath_only_for_execd``: the sandbox's PYTHONPATH points at execd's modules; keep it out of the
     workload's and commands' environment.
     """
-    argv = [python, "-m", "adx.execd", "--socket", socket]
+    argv = [python, "-m", "adx.execd"]
+    if socket_fd is not None:
+        argv += ["--socket-fd", str(socket_fd)]
+    elif socket is not None:
+        argv += ["--socket", socket]
+    else:
+        raise ValueError("give socket or socket_fd")
+    if admin_socket_fd is not None:
+        argv += ["--admin-socket-fd", str(admin_socket_fd)]
     if control_socket:
         argv += ["--control-socket", control_socket]
     if sandbox_id:

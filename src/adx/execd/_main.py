@@ -33,8 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="execd",
         description="ADX execd: PID 1 of a sandbox; serves commands and files over HTTP on a Unix socket.",
     )
-    p.add_argument("--socket", required=True, help="client HTTP Unix socket to listen on")
+    p.add_argument("--socket", help="client HTTP Unix socket to listen on (standalone use)")
+    p.add_argument(
+        "--socket-fd",
+        type=int,
+        default=None,
+        help="inherited, already listening client socket (socket activation by sandboxd; replaces --socket)",
+    )
     p.add_argument("--admin-socket", help="privileged HTTP socket: activity and admission control")
+    p.add_argument("--admin-socket-fd", type=int, default=None, help="inherited, already listening admin socket")
     p.add_argument("--control-socket", help="sandboxd's per-sandbox control socket to report to")
     p.add_argument("--sandbox-id", default="", help="identity sent in the control hello")
     p.add_argument("--execution-id", default=None, help="execution identity sent in the control hello")
@@ -83,13 +90,19 @@ def options_from_args(argv: list[str]) -> tuple[ExecdOptions, argparse.Namespace
     workload = list(args.workload)
     if workload and workload[0] == "--":
         workload = workload[1:]
+    if (args.socket is None) == (args.socket_fd is None):
+        parser.error("give exactly one of --socket and --socket-fd")
+    if args.admin_socket is not None and args.admin_socket_fd is not None:
+        parser.error("--admin-socket and --admin-socket-fd are mutually exclusive")
     if args.probe_command and args.probe_tcp_port is not None:
         parser.error("--probe-command and --probe-tcp-port are mutually exclusive")
     if args.probe_tcp_port is not None and not 0 < args.probe_tcp_port < 65536:
         parser.error("--probe-tcp-port must be in 1..65535")
     options = ExecdOptions(
         args.socket,
+        socket_fd=args.socket_fd,
         admin_socket=args.admin_socket,
+        admin_socket_fd=args.admin_socket_fd,
         control_socket=args.control_socket,
         sandbox_id=args.sandbox_id,
         execution_id=args.execution_id,

@@ -1,8 +1,13 @@
 """The sandboxd RuntimeDriver: each execution is one sandbox whose PID 1 is execd.
 
-execd's modules are installed once per node into ``execd_runtime_dir`` (``install_execd_runtime``), which
-sandboxd bind-mounts read-only at ``/opt/adx`` in every sandbox (its ``ro_binds``); execd listens on
-``/run/adx/execd.sock``, i.e. ``<run_dir>/execd.sock`` on the host.
+The driver asks for execd with ``CreateRequest.execd``; sandboxd builds execd's command line, mounts its own
+execd runtime read-only at ``/opt/adx`` and binds execd's client and admin sockets at host-only paths
+(``SandboxInfo.execd_socket`` / ``execd_admin_socket``, never reachable from inside the sandbox) whose
+listening descriptors it hands to PID 1. The Relay and the readiness check connect to ``execd_socket``.
+
+Runtime control (Ready, probe failures, activity, checkpoint requests) is served by sandboxd on ONE node-level
+subscription, ``Health.runtime_control_socket``; :class:`adx.sandboxd.RuntimeControlSubscription` is its
+client. ``ExecdReadiness`` still polls execd's health route; the node may take Ready from the subscription.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import httpx
 
 from adx._fs import ShortUnixPath
 from adx.errors import AdxError, NotFoundError, UnavailableError
-from adx.execd._launch import init_argv, install_runtime
+from adx.execd._launch import install_runtime
 from adx.model import Resources
 from adx.runtime._driver import (
     DriverCapabilities,
@@ -26,13 +31,10 @@ from adx.runtime._driver import (
     ExitInfo,
     InventoryItem,
 )
-from adx.sandboxd import CreateRequest, ResourcesSpec, SandboxdClient, SandboxRef, ref_of
+from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, SandboxdClient, SandboxRef, ref_of
 from adx.sandboxd._models import SandboxInfo
 from adx.sandboxd._states import State
 
-EXECD_MOUNT = "/opt/adx"
-EXECD_SOCKET_INSIDE = "/run/adx/execd.sock"
-EXECD_ADMIN_SOCKET_INSIDE = "/run/adx/execd-admin.sock"
 META_ENV = "adx.env"
 META_EXECUTION = "adx.execution"
 
@@ -48,7 +50,11 @@ _NATIVE_STATE = {
 
 
 def install_execd_runtime(directory: Path) -> Path:
-    """Install execd's modules (byte-compiled) where sandboxd's ``ro_binds`` mounts them at /opt/adx."""
+    """Install execd's modules (byte-compiled) into ``directory``.
+
+    sandboxd installs and mounts its own runtime for execd sandboxes (``SandboxdConfig.execd_runtime_dir``);
+    this stays for callers that still pass the directory to sandboxd explicitly.
+    """
     return install_runtime(directory)
 
 
@@ -89,24 +95,13 @@ class SandboxdDriver:
     async def start(self, spec: ExecutionSpec) -> Execution:
         env_spec = spec.spec
         workload = list(env_spec.entrypoint or [])
-        init = init_argv(
-            python=self.python,
-            socket=EXECD_SOCKET_INSIDE,
-            control_socket=None,
-            sandbox_id=spec.execution_id,
-            execution_id=spec.execution_id,
-            workload=workload,
-            extra=["--admin-socket", EXECD_ADMIN_SOCKET_INSIDE, "--keep-running-after-workload-exit"]
-            if not workload
-            else ["--admin-socket", EXECD_ADMIN_SOCKET_INSIDE],
-        )
         request = CreateRequest(
             request_id=spec.execution_id,
             sandbox_id=spec.execution_id,
             generation=spec.generation,
-            argv=workload or init,
-            init_argv=init,
-            env={**env_spec.env, "PYTHONPATH": EXECD_MOUNT},
+            argv=workload,  # execd's workload (none: execd alone keeps the sandbox running)
+            execd=ExecdOptions(python=self.python, execution_id=spec.execution_id),
+            env=dict(env_spec.env),
             resources=ResourcesSpec(
                 cpu_millis=max(env_spec.resources.cpu_millis, 10),
                 memory_bytes=max(env_spec.resources.memory_bytes, 8 << 20),
@@ -116,12 +111,14 @@ class SandboxdDriver:
         )
         created = await self.client.create(request)
         ref = ref_of(created)
+        if created.sandbox.execd_socket is None:
+            raise UnavailableError(f"sandboxd created {ref.sandbox_id} without execd's socket (an older sandboxd?)")
         return Execution(
             env_id=spec.env_id,
             generation=spec.generation,
             execution_id=spec.execution_id,
             native=ref.model_dump(),
-            execd_socket=Path(created.sandbox.run_dir) / "execd.sock",
+            execd_socket=Path(created.sandbox.execd_socket),
             started_at=time.time(),
         )
 
@@ -166,7 +163,10 @@ class SandboxdDriver:
 
 
 class ExecdReadiness:
-    """Ready = execd answers its health route on its socket (until the runtime-control stream feeds this).
+    """Ready = execd answers its health route on its host-only socket.
+
+    TODO(lead): Ready (and probe failures) can come from sandboxd's runtime-control subscription instead
+    (``adx.sandboxd.RuntimeControlSubscription``, ``RuntimeObservation.ready``), without polling.
 
     An execution that exits meanwhile (e.g. a workload that cannot start) fails readiness at once.
     """

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from adx.sandboxd._client import SandboxdClient, ref_of
     from adx.sandboxd._config import CapacityConfig, DefaultsConfig, SandboxdConfig
+    from adx.sandboxd._control_client import AdmissionResult, RuntimeControlEvent, RuntimeControlSubscription
     from adx.sandboxd._daemon import run
     from adx.sandboxd._errors import PermissionDeniedError
     from adx.sandboxd._models import (
@@ -19,12 +20,15 @@ if TYPE_CHECKING:
         CreateRequest,
         CreateResponse,
         DeleteResponse,
+        ExecdOptions,
         ExitStatus,
         Health,
+        ProbeOptions,
         ResourceInfo,
         Resources,
         ResourcesSpec,
         RestoreRequest,
+        RuntimeObservation,
         SandboxInfo,
         SandboxRef,
         Stats,
@@ -33,19 +37,25 @@ if TYPE_CHECKING:
     from adx.sandboxd._states import State
 
 __all__ = [
+    "AdmissionResult",
     "CapacityConfig",
     "CheckpointInfo",
     "CreateRequest",
     "CreateResponse",
     "DefaultsConfig",
     "DeleteResponse",
+    "ExecdOptions",
     "ExitStatus",
     "Health",
     "PermissionDeniedError",
+    "ProbeOptions",
     "ResourceInfo",
     "Resources",
     "ResourcesSpec",
     "RestoreRequest",
+    "RuntimeControlEvent",
+    "RuntimeControlSubscription",
+    "RuntimeObservation",
     "SandboxInfo",
     "SandboxRef",
     "SandboxdClient",
@@ -62,6 +72,9 @@ __all__ = [
 _WHERE = {
     "SandboxdClient": "_client",
     "ref_of": "_client",
+    "AdmissionResult": "_control_client",
+    "RuntimeControlEvent": "_control_client",
+    "RuntimeControlSubscription": "_control_client",
     "CapacityConfig": "_config",
     "DefaultsConfig": "_config",
     "SandboxdConfig": "_config",

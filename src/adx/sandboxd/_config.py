@@ -58,6 +58,15 @@ class SandboxdConfig(StrictModel):
         default_factory=dict,
         description="read-only host dirs in every sandbox, {'/opt/adx' = '/var/lib/adx/execd-runtime'}: e.g. execd",
     )
+    execd_runtime_dir: Path | None = Field(
+        default=None,
+        description="execd's modules, mounted read-only at /opt/adx in sandboxes created with `execd`; "
+        "default <state_dir>/execd-runtime, (re)installed by sandboxd at every start",
+    )
+    runtime_control_socket_path: Path | None = Field(
+        default=None,
+        description="node-level runtime-control subscription socket (CTL-2); default next to the API socket",
+    )
     capacity: CapacityConfig = CapacityConfig()
     defaults: DefaultsConfig = DefaultsConfig()
     max_record_bytes: int = Field(default=1 << 20, ge=4096, description="larger registry files are refused")
@@ -108,11 +117,23 @@ class SandboxdConfig(StrictModel):
     def _socket_len(self) -> SandboxdConfig:
         if len(str(self.api_socket.absolute())) > MAX_UNIX_SOCKET_PATH:
             raise ValueError(f"socket_path {self.api_socket} is longer than {MAX_UNIX_SOCKET_PATH} bytes")
+        if self.runtime_control_socket_path is not None and not self.runtime_control_socket_path.is_absolute():
+            raise ValueError("runtime_control_socket_path must be an absolute path")
+        if self.execd_runtime_dir is not None and not self.execd_runtime_dir.is_absolute():
+            raise ValueError("execd_runtime_dir must be an absolute path")
         return self
 
     @property
     def api_socket(self) -> Path:
         return self.socket_path or self.state_dir / "api" / "sandboxd.sock"
+
+    @property
+    def runtime_control_socket(self) -> Path:
+        return self.runtime_control_socket_path or self.api_socket.parent / "runtime-control.sock"
+
+    @property
+    def execd_runtime(self) -> Path:
+        return self.execd_runtime_dir or self.state_dir / "execd-runtime"
 
     @property
     def images_root(self) -> Path:

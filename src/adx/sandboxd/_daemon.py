@@ -74,6 +74,7 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
 
 async def _serve(service: SandboxService, config: SandboxdConfig) -> None:
     await service.attach()
+    await service.start_control()  # before the API: creates register their execd's control socket
     server = ApiServer(config.api_socket, _routes(service, config), allowed_uid=os.getuid())
     await server.start()
     stop = asyncio.Event()
@@ -83,7 +84,12 @@ async def _serve(service: SandboxService, config: SandboxdConfig) -> None:
     maintenance = asyncio.create_task(service.maintenance(), name="maintenance")
     log.info(
         "sandboxd ready",
-        extra={"socket": str(config.api_socket), "owner": service.owner, "sandboxes": len(service.records)},
+        extra={
+            "socket": str(config.api_socket),
+            "runtime_control_socket": str(config.runtime_control_socket),
+            "owner": service.owner,
+            "sandboxes": len(service.records),
+        },
     )
     try:
         await stop.wait()

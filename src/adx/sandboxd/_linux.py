@@ -5,6 +5,7 @@ Only the spawner and supervisor (single-threaded processes) call ``clone3``; the
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 
@@ -36,6 +37,7 @@ __all__ = [
     "configure_interface",
     "drop_capabilities",
     "install_seccomp",
+    "listen_unix",
     "mount",
     "peer_credentials",
     "pivot_root",
@@ -327,3 +329,27 @@ def peer_credentials(sock: Any) -> tuple[int, int, int]:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return pid, uid, gid
+
+
+def listen_unix(path: str, mode: int = 0o600, backlog: int = 512) -> int:
+    """A listening Unix stream socket at ``path`` (replacing a stale file); returns its descriptor (CLOEXEC).
+
+    The parent must be a real directory that only the host can write to. The mode is set on the socket before
+    ``bind`` (Linux applies it to the new file): nothing is changed by path afterwards. Binding through an
+    ``O_PATH`` descriptor of the directory lifts ``sun_path``'s 108-byte limit.
+    """
+    parent, name = os.path.split(path)
+    dir_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
+        os.fchmod(sock.fileno(), mode)
+        sock.bind(f"/proc/self/fd/{dir_fd}/{name}")
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.close(dir_fd)
+    return sock.detach()

@@ -9,24 +9,31 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from adx.sandboxd._states import State
 
 __all__ = [
+    "ActivityObservation",
     "CheckpointInfo",
     "CheckpointRef",
     "CheckpointRequest",
+    "CheckpointRequestObservation",
     "CreateRequest",
     "CreateResponse",
     "DeleteResponse",
+    "ExecdOptions",
     "ExitStatus",
     "Health",
     "ListResponse",
     "NativeIdentity",
+    "ProbeObservation",
+    "ProbeOptions",
     "ResourceInfo",
     "ResourcesSpec",
     "RestoreRequest",
+    "RuntimeObservation",
     "SandboxInfo",
     "SandboxRecord",
     "SandboxRef",
@@ -56,6 +63,38 @@ class Resources(_Model):
     memory_bytes: int
     pids_max: int
     disk_bytes: int  # accounted against capacity; not enforced by overlayfs on ext4
+
+
+class ProbeOptions(_Model):
+    """execd's health probe of the workload: exactly one of ``command`` (exit 0 = healthy) or ``tcp_port``."""
+
+    command: str | None = Field(default=None, min_length=1, max_length=4096)
+    tcp_port: int | None = Field(default=None, ge=1, le=65535)
+    interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    timeout_seconds: float = Field(default=2.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ProbeOptions:
+        if (self.command is None) == (self.tcp_port is None):
+            raise ValueError("give exactly one of command or tcp_port")
+        return self
+
+
+class ExecdOptions(_Model):
+    """Run execd as the sandbox's PID 1; it starts ``CreateRequest.argv`` (if any) as the workload.
+
+    sandboxd builds the init command line, mounts its execd runtime read-only at ``/opt/adx``, binds execd's
+    client and admin sockets at host-only paths (``SandboxInfo.execd_socket`` / ``execd_admin_socket``) and
+    hands PID 1 the listening descriptors; execd reports to sandboxd's runtime-control hub.
+    """
+
+    python: str = Field(default="python3", min_length=1, description="interpreter inside the sandbox")
+    execution_id: str | None = Field(default=None, max_length=200, description="sent in execd's control hello")
+    exit_with_workload: bool = Field(
+        default=True, description="with a workload: execd (the sandbox) exits with it; else execd keeps serving"
+    )
+    probe: ProbeOptions | None = None
+    grace_seconds: float = Field(default=5.0, ge=0, le=3600, description="SIGTERM -> SIGKILL at execd's exit")
 
 
 class NativeIdentity(_Model):
@@ -103,14 +142,18 @@ class SandboxRecord(_Model):
     reason: str | None = None
     restored_from: str | None = None
     net_index: int | None = Field(default=None, description="veth mode: the /30 of the node's pool in use")
+    execd: ExecdOptions | None = None
 
 
 class CreateRequest(_Model):
     request_id: str = Field(min_length=1, max_length=200, description="idempotency key")
     sandbox_id: str | None = Field(default=None, description="optional caller-chosen ID (never reused)")
     generation: int = Field(default=1, ge=1)
-    argv: list[str] = Field(min_length=1, max_length=4096)
+    argv: list[str] = Field(
+        default_factory=list, max_length=4096, description="the workload; may be empty only with execd"
+    )
     init_argv: list[str] | None = Field(default=None, description="PID 1 of the sandbox; default argv")
+    execd: ExecdOptions | None = Field(default=None, description="execd as PID 1 (then init_argv must be unset)")
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str = "/work"
     resources: ResourcesSpec = ResourcesSpec()
@@ -138,9 +181,19 @@ class CreateRequest(_Model):
     @field_validator("argv", "init_argv")
     @classmethod
     def _argv(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and (not value or not value[0] or any("\0" in a for a in value)):
+        if value and (not value[0] or any("\0" in a for a in value)):
             raise ValueError("must be a non-empty list of strings without NUL bytes")
         return value
+
+    @model_validator(mode="after")
+    def _init(self) -> CreateRequest:
+        if self.execd is not None and self.init_argv is not None:
+            raise ValueError("init_argv: give either execd or init_argv, not both")
+        if self.execd is None and not self.argv:
+            raise ValueError("argv: must be a non-empty list of strings (only an execd sandbox may omit it)")
+        if self.init_argv is not None and not self.init_argv:
+            raise ValueError("init_argv: must be a non-empty list of strings")
+        return self
 
 
 class SandboxRef(_Model):
@@ -171,7 +224,14 @@ class SandboxInfo(_Model):
     exit: ExitStatus | None
     reason: str | None
     restored_from: str | None
-    run_dir: str = Field(description="host dir bind-mounted at /run/adx inside (for the execd socket)")
+    run_dir: str = Field(description="host dir bind-mounted (writable) at /run/adx inside; never trust its contents")
+    execd: ExecdOptions | None = None
+    execd_socket: str | None = Field(
+        default=None, description="execd sandboxes: host-only path of execd's client socket (never inside)"
+    )
+    execd_admin_socket: str | None = Field(
+        default=None, description="execd sandboxes: host-only path of execd's admin socket (activity, admission)"
+    )
     address: str | None = Field(default=None, description="veth mode: the sandbox's private IPv4 address")
     host_address: str | None = Field(default=None, description="veth mode: the host end's address")
     observation_error: str | None = Field(default=None, description="native query failed; state is the last stored")
@@ -242,6 +302,9 @@ class Health(_Model):
     resource_age_seconds: float
     resource_fresh: bool
     deferred_errors: list[str]
+    runtime_control_socket: str | None = Field(
+        default=None, description="the node-level runtime-control subscription socket (CTL-2)"
+    )
 
 
 class CheckpointRequest(_Model):
@@ -275,7 +338,42 @@ class RestoreRequest(_Model):
     generation: int = Field(default=1, ge=1)
     argv: list[str] | None = None
     init_argv: list[str] | None = None
+    execd: ExecdOptions | None = Field(default=None, description="default: the checkpointed sandbox's")
     env: dict[str, str] | None = None
     resources: ResourcesSpec | None = None
     metadata: dict[str, str] | None = None
     ttl_seconds: float | None = Field(default=None, gt=0)
+
+
+# == runtime control (the subscription's observations; camelCase on the wire) ==========================
+class _Observation(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True, extra="ignore")
+
+
+class ActivityObservation(_Observation):
+    version: int
+    active: int
+    background_running: int
+    admission_open: bool
+
+
+class ProbeObservation(_Observation):
+    ok: bool
+    consecutive_failures: int
+    reason: str | None = None
+
+
+class CheckpointRequestObservation(_Observation):
+    operation_id: str
+    reason: str | None = None
+    requested_at: float = 0.0
+
+
+class RuntimeObservation(_Observation):
+    """What execd last reported for one sandbox (CTL-1); absent = no live execd connection (CTL-3)."""
+
+    ready: bool
+    probe: ProbeObservation | None = None
+    activity: ActivityObservation
+    checkpoint_requests: list[CheckpointRequestObservation] = Field(default_factory=list)
+    workload_exit_code: int | None = None

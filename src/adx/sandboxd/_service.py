@@ -33,6 +33,8 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
+from adx.execd._control_hub import ControlHub
+from adx.execd._launch import init_argv, install_runtime
 from adx.sandboxd import _checkpoint as ckpt
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._config import SandboxdConfig
@@ -46,6 +48,7 @@ from adx.sandboxd._models import (
     CreateResponse,
     DeleteResponse,
     DeviceInfo,
+    ExecdOptions,
     ExitStatus,
     Health,
     ListResponse,
@@ -63,13 +66,28 @@ from adx.sandboxd._models import (
 from adx.sandboxd._registry import LoadedRegistry, Registry, Tombstone
 from adx.sandboxd._spawn_client import SpawnerProcess
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
-from adx.sandboxd._supervisor import EXIT_FILE, LOCK_FILE, boot_id
+from adx.sandboxd._supervisor import (
+    CONTROL_DIR_INSIDE,
+    EXECD_ADMIN_SOCKET_FD,
+    EXECD_SOCKET_FD,
+    EXECD_SOCKET_NAMES,
+    EXIT_FILE,
+    LOCK_FILE,
+    boot_id,
+)
 
 __all__ = ["SandboxService"]
 
 log = logging.getLogger("adx.sandboxd")
 
 _FAULTS_ENV = "ADX_SANDBOXD_FAULTS"  # test-only fault points, comma separated
+
+#: Where an execd sandbox finds execd's modules (sandboxd's execd runtime, read-only).
+EXECD_MOUNT = "/opt/adx"
+#: Host-only per-sandbox dirs (never mounted into the sandbox): execd's listening sockets; the hub's socket.
+SOCKETS_DIR = "sockets"
+CONTROL_DIR = "control"
+CONTROL_SOCKET = "control.sock"
 
 
 def _fault(point: str) -> None:
@@ -155,6 +173,7 @@ class SandboxService:
         self._image_root = Path()
         self._next_net = 0
         self._resource: ResourceInfo | None = None
+        self.hub: ControlHub | None = None
         self.capacity = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
 
     @property
@@ -217,6 +236,12 @@ class SandboxService:
         for inside, host in self.config.ro_binds.items():
             if not host.is_dir():
                 raise UnavailableError(f"ro_binds: host dir {host} for {inside} does not exist")
+        runtime = self.config.execd_runtime
+        if self.config.execd_runtime_dir is None:
+            # Our own execd, from the same source as this daemon: byte-compiled once here, not per sandbox.
+            install_runtime(runtime)
+        elif not (runtime / "adx" / "execd" / "__main__.py").is_file():
+            raise UnavailableError(f"execd_runtime_dir {runtime} holds no execd runtime (install_runtime)")
         self._measure_capacity()
 
     def _cgroup_parents(self) -> list[Path]:
@@ -242,7 +267,33 @@ class SandboxService:
         self._alloc_lock = asyncio.Lock()
         await self.spawner.attach()
 
+    async def start_control(self) -> None:
+        """Runtime control (CTL-2/3): the node-level subscription socket, then one control socket per execd
+        sandbox that may still run, so execds that outlived a sandboxd restart reconnect."""
+        path = self.config.runtime_control_socket
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path.parent, 0o700)
+        self.hub = ControlHub(path, allowed_uid=os.getuid())
+        await self.hub.start()
+        for rec in list(self.records.values()):
+            if rec.execd is not None and rec.state in (State.RUNNING, State.PAUSED, State.CREATING):
+                try:
+                    await self._register_control(rec.sandbox_id)
+                except OSError as exc:
+                    self._defer(f"runtime control socket of {rec.sandbox_id}: {exc}")
+
+    async def _register_control(self, sandbox_id: str) -> None:
+        if self.hub is not None and not self.hub.registered(sandbox_id):
+            sdir = self.registry.sandbox_dir(sandbox_id)
+            await self.hub.add_sandbox(sandbox_id, sdir / CONTROL_DIR / CONTROL_SOCKET)
+
+    def _unregister_control(self, sandbox_id: str) -> None:
+        if self.hub is not None:
+            self.hub.drop_sandbox(sandbox_id)
+
     async def close(self) -> None:
+        if self.hub is not None:
+            await self.hub.stop()
         await self.spawner.close()
 
     # == helpers ====================================================================================
@@ -257,6 +308,7 @@ class SandboxService:
 
     def _info(self, rec: SandboxRecord, observation_error: str | None = None) -> SandboxInfo:
         veth = self._veth(rec)
+        sdir = self.registry.sandbox_dir(rec.sandbox_id)
         return SandboxInfo(
             sandbox_id=rec.sandbox_id,
             generation=rec.generation,
@@ -276,7 +328,10 @@ class SandboxService:
             exit=rec.exit,
             reason=rec.reason,
             restored_from=rec.restored_from,
-            run_dir=str(self.registry.sandbox_dir(rec.sandbox_id) / "run"),
+            run_dir=str(sdir / "run"),
+            execd=rec.execd,
+            execd_socket=str(sdir / SOCKETS_DIR / EXECD_SOCKET_NAMES[0]) if rec.execd else None,
+            execd_admin_socket=str(sdir / SOCKETS_DIR / EXECD_SOCKET_NAMES[1]) if rec.execd else None,
             address=veth["sandbox_ip"] if veth else None,
             host_address=veth["host_ip"] if veth else None,
             observation_error=observation_error,
@@ -302,6 +357,7 @@ class SandboxService:
         check_transition(rec.sandbox_id, rec.generation, rec.state, State.DELETED, reason)
         self.records.pop(rec.sandbox_id, None)
         self.tombstoned.add(rec.sandbox_id)
+        self._unregister_control(rec.sandbox_id)
         if self.by_request.get(rec.request_id) == rec.sandbox_id:
             del self.by_request[rec.request_id]
 
@@ -540,7 +596,8 @@ class SandboxService:
             request_id=req.request_id,
             request_digest=digest,
             argv=req.argv,
-            init_argv=req.init_argv or req.argv,
+            init_argv=self._execd_argv(sandbox_id, req.argv, req.execd) if req.execd else (req.init_argv or req.argv),
+            execd=req.execd,
             env=req.env,
             cwd=req.cwd,
             network=req.network or d.network,
@@ -555,6 +612,30 @@ class SandboxService:
         self.records[sandbox_id] = rec  # reserved from here on
         self.by_request[req.request_id] = sandbox_id
         return rec
+
+    @staticmethod
+    def _execd_argv(sandbox_id: str, workload: list[str], opts: ExecdOptions) -> list[str]:
+        extra = ["--grace-seconds", str(opts.grace_seconds)]
+        if not workload or not opts.exit_with_workload:
+            extra.append("--keep-running-after-workload-exit")
+        if opts.probe is not None:
+            if opts.probe.command is not None:
+                extra += ["--probe-command", opts.probe.command]
+            else:
+                extra += ["--probe-tcp-port", str(opts.probe.tcp_port)]
+            extra += ["--probe-interval", str(opts.probe.interval_seconds)]
+            extra += ["--probe-timeout", str(opts.probe.timeout_seconds)]
+        return init_argv(
+            python=opts.python,
+            socket=None,
+            socket_fd=EXECD_SOCKET_FD,
+            admin_socket_fd=EXECD_ADMIN_SOCKET_FD,
+            control_socket=f"{CONTROL_DIR_INSIDE}/{CONTROL_SOCKET}",
+            sandbox_id=sandbox_id,
+            execution_id=opts.execution_id,
+            workload=workload,
+            extra=extra,
+        )
 
     def _allocate_net(self) -> int:
         """Next free /30 of the pool, round robin: a just-freed subnet is reused last, after its veth is gone."""
@@ -587,7 +668,10 @@ class SandboxService:
     def _prepare_dir(self, rec: SandboxRecord) -> None:
         sdir = self.registry.create_dir(rec.sandbox_id)
         self.registry.put(rec)  # commit point: from here the ID is known to survive a crash
-        for name in ("upper", "ovlwork", "rootfs", "run"):
+        names = ["upper", "ovlwork", "rootfs", "run"]
+        if rec.execd is not None:
+            names += [SOCKETS_DIR, CONTROL_DIR]  # host-only: never mounted writable into the sandbox
+        for name in names:
             (sdir / name).mkdir(mode=0o755 if name == "run" else 0o700)
 
     def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
@@ -595,6 +679,10 @@ class SandboxService:
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
         env.update(rec.env)
         env.setdefault("ADX_SANDBOX_ID", rec.sandbox_id)
+        ro_binds = {inside: str(host) for inside, host in self.config.ro_binds.items()}
+        if rec.execd is not None:
+            env["PYTHONPATH"] = EXECD_MOUNT  # execd removes it from the workload's and commands' environment
+            ro_binds[EXECD_MOUNT] = str(self.config.execd_runtime)
         return {
             "sandbox_id": rec.sandbox_id,
             "sandbox_dir": str(sdir),
@@ -609,8 +697,10 @@ class SandboxService:
             "resources": rec.resources.model_dump(),
             "tmp_bytes": self.config.defaults.tmp_bytes,
             "run_dir": str(sdir / "run"),
-            "ro_binds": {inside: str(host) for inside, host in self.config.ro_binds.items()},
+            "ro_binds": ro_binds,
             "veth": self._veth(rec),
+            "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
+            "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
         }
 
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
@@ -632,6 +722,12 @@ class SandboxService:
             raise UnavailableError(f"cannot create sandbox dir: {exc}") from exc
         _fault("create.after_commit")
         error: AdxError | None = None
+        if rec.execd is not None:
+            try:
+                # Listen before execd exists: its first connect attempt succeeds, no reconnect backoff.
+                await self._register_control(rec.sandbox_id)
+            except OSError as exc:
+                error = UnavailableError(f"runtime control socket of {rec.sandbox_id}: {exc}")
         if restore is not None:
             sdir = self.registry.sandbox_dir(rec.sandbox_id)
             try:
@@ -804,6 +900,7 @@ class SandboxService:
             resource_age_seconds=age,
             resource_fresh=fresh,
             deferred_errors=list(self.deferred_errors),
+            runtime_control_socket=str(self.config.runtime_control_socket),
         )
 
     async def pause(self, ref: SandboxRef) -> SandboxInfo:
@@ -854,6 +951,7 @@ class SandboxService:
                 "spec": {
                     "argv": rec.argv,
                     "init_argv": rec.init_argv,
+                    "execd": rec.execd.model_dump(mode="json") if rec.execd else None,
                     "env": rec.env,
                     "cwd": rec.cwd,
                     "network": rec.network,
@@ -917,12 +1015,16 @@ class SandboxService:
         artifact = ckpt.resolve_location(req.location, self.config.artifact_roots())
         manifest = await asyncio.to_thread(ckpt.read_manifest, artifact, req.digest)  # digest first
         spec = manifest["spec"]
+        execd = req.execd or (ExecdOptions.model_validate(spec["execd"]) if spec.get("execd") else None)
+        plain_init = req.init_argv or (spec["init_argv"] if not req.argv else None)
         create = CreateRequest(
             request_id=req.request_id,
             sandbox_id=req.sandbox_id,
             generation=req.generation,
             argv=req.argv or spec["argv"],
-            init_argv=req.init_argv or (spec["init_argv"] if not req.argv else None),
+            # An execd sandbox's init is rebuilt for the new ID (the stored one names the old sandbox).
+            init_argv=None if execd is not None else plain_init,
+            execd=execd,
             env=req.env if req.env is not None else spec["env"],
             cwd=spec["cwd"],
             resources=req.resources or spec["resources"],

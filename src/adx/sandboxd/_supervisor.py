@@ -25,7 +25,16 @@ from adx._fs import fsync_dir
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 
-__all__ = ["EXIT_FILE", "LOCK_FILE", "NATIVE_FILE", "run_supervisor"]
+__all__ = [
+    "CONTROL_DIR_INSIDE",
+    "EXECD_ADMIN_SOCKET_FD",
+    "EXECD_SOCKET_FD",
+    "EXECD_SOCKET_NAMES",
+    "EXIT_FILE",
+    "LOCK_FILE",
+    "NATIVE_FILE",
+    "run_supervisor",
+]
 
 LOCK_FILE = "lifecycle.lock"
 NATIVE_FILE = "native.json"
@@ -40,8 +49,21 @@ def boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-def _in_namespace_setup(spec: dict[str, Any], log_fd: int, err_fd: int, go_fd: int | None) -> None:
+#: execd sandboxes: the listening client and admin sockets are PID 1's descriptors 3 and 4 (socket activation).
+EXECD_SOCKET_FD = 3
+EXECD_ADMIN_SOCKET_FD = 4
+EXECD_SOCKET_NAMES = ("execd.sock", "execd-admin.sock")
+#: execd sandboxes: sandboxd's per-sandbox control socket dir, mounted read-only here inside.
+CONTROL_DIR_INSIDE = "/run/adx-control"
+
+
+def _in_namespace_setup(
+    spec: dict[str, Any], log_fd: int, err_fd: int, go_fd: int | None, listen_fds: tuple[int, ...] = ()
+) -> None:
     """Runs in the cloned child (PID 1 of the new PID namespace); ends in execve or _exit.
+
+    ``listen_fds`` (execd sandboxes): listening sockets bound by the supervisor at host-only paths; they become
+    descriptors 3, 4, ... of the exec'd init, which only accepts on them.
 
     ``go_fd``: the supervisor writes one byte once it has moved us into the v1 limit hierarchies and (veth
     mode) created our network device. We do our mounts meanwhile and wait for it at the first point that
@@ -94,6 +116,14 @@ def _in_namespace_setup(spec: dict[str, Any], log_fd: int, err_fd: int, go_fd: i
         lx.mount("tmpfs", f"{root}/tmp", "tmpfs", lx.MS_NOSUID | lx.MS_NODEV, f"mode=1777,size={spec['tmp_bytes']}")
         if spec.get("run_dir"):
             lx.mount(spec["run_dir"], f"{root}/run/adx", None, lx.MS_BIND)
+        if spec.get("control_dir"):
+            # Read-only: the sandbox can connect to the hub's socket but never replace it (sockets are exempt
+            # from EROFS on connect); only sandboxd, on the host, (re)binds it.
+            target = f"{root}{CONTROL_DIR_INSIDE}"
+            os.makedirs(target, exist_ok=True)
+            lx.mount(spec["control_dir"], target, None, lx.MS_BIND)
+            flags = lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV | lx.MS_NOEXEC
+            lx.mount(None, target, None, flags)
         for inside, host_dir in spec.get("ro_binds", {}).items():
             target = f"{root}{inside}"
             os.makedirs(target, exist_ok=True)  # the mount point lands in the upper layer (an empty dir)
@@ -123,6 +153,12 @@ def _in_namespace_setup(spec: dict[str, Any], log_fd: int, err_fd: int, go_fd: i
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        if listen_fds:
+            # Out of the way of 3, 4, ... first (err_fd must stay open, close-on-exec, until execve).
+            err_fd = fcntl.fcntl(err_fd, fcntl.F_DUPFD_CLOEXEC, 64)
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in listen_fds]
+            for index, fd in enumerate(high):
+                os.dup2(fd, EXECD_SOCKET_FD + index, inheritable=True)
         argv = spec["init_argv"]
         os.execvpe(argv[0], argv, spec["env"])
     except BaseException as exc:  # report any failure to the supervisor, never return into its code
@@ -209,6 +245,13 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         flags |= lx.CLONE_NEWNET
     v1_procs = cgroup.v1_procs_files()
     need_go = bool(v1_procs) or spec["network"] == "veth"
+    listen_fds: tuple[int, ...] = ()
+    if spec.get("execd_sockets"):
+        try:
+            listen_fds = tuple(lx.listen_unix(f"{spec['execd_sockets']}/{name}") for name in EXECD_SOCKET_NAMES)
+        except OSError as exc:
+            report({"ok": False, "error": f"binding execd's sockets failed: {exc}"})
+            return 1
     go_r, go_w = os.pipe2(os.O_CLOEXEC) if need_go else (None, None)
     log_fd = os.open(sdir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -222,7 +265,9 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         os.close(err_r)
         if go_w is not None:
             os.close(go_w)
-        _in_namespace_setup(spec, log_fd, err_w, go_r)  # never returns
+        _in_namespace_setup(spec, log_fd, err_w, go_r, listen_fds)  # never returns
+    for fd in listen_fds:
+        os.close(fd)  # PID 1 owns the listeners now: they live exactly as long as the sandbox's init
     os.close(err_w)
     if go_r is not None and go_w is not None:
         os.close(go_r)
