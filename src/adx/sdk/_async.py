@@ -18,6 +18,7 @@ from adx.model import EnvironmentState, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._client import (
     DEFAULT_TIMEOUT,
+    POLL_FAST_FOR,
     POLL_FIRST,
     POLL_GROWTH,
     POLL_MAX,
@@ -205,6 +206,7 @@ class AsyncEnvironment(EnvironmentFields):
     # The same parameter names as the sync twin: the SDK's two clients read the same.
     async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109
         deadline = time.monotonic() + timeout
+        started = time.monotonic()
         delay = POLL_FIRST
         while self.state is not EnvironmentState.RUNNING:
             check_waitable(self)
@@ -215,7 +217,8 @@ class AsyncEnvironment(EnvironmentFields):
                     self,
                 )
             await asyncio.sleep(delay)
-            delay = min(delay * POLL_GROWTH, POLL_MAX)
+            if time.monotonic() - started > POLL_FAST_FOR:
+                delay = min(delay * POLL_GROWTH, POLL_MAX)
             await self.refresh()
         return self
 
