@@ -7,9 +7,11 @@ the supervisor at host-only paths (socket activation), and the node-level runtim
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import time
@@ -22,6 +24,7 @@ import pytest
 from sbx_helpers import Daemon, DaemonFactory
 
 from adx._fs import ShortUnixPath
+from adx.errors import NotFoundError, UnavailableError
 from adx.sandboxd import (
     CreateRequest,
     CreateResponse,
@@ -83,6 +86,32 @@ def init_host_pid(daemon: Daemon, sandbox_id: str) -> int:
             if line.startswith("NSpid:") and line.split()[-1] == "1":
                 return pid
     raise AssertionError(f"no PID 1 in {sandbox_id}")
+
+
+def break_control_connection(pid: int) -> None:
+    """Shut down execd's control connection from outside while execd lives: duplicate its socket with
+    ``pidfd_getfd`` (the one whose peer is the hub's control.sock) and ``shutdown`` it (shared by both fds)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    found = 0
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                continue
+            fd = libc.syscall(438, pidfd, int(name), 0)  # pidfd_getfd
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "pidfd_getfd")
+            with socket.socket(fileno=fd) as sock:
+                try:
+                    peer = str(sock.getpeername() or "")
+                except OSError:  # a listener
+                    continue
+                if "control.sock" in peer:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    found += 1
+    finally:
+        os.close(pidfd)
+    assert found == 1, f"expected one control connection in execd {pid}, found {found}"
 
 
 async def subscription(daemon: Daemon, c: SandboxdClient) -> RuntimeControlSubscription:
@@ -231,6 +260,25 @@ async def test_a_lost_execd_connection_clears_its_observation_and_a_resubscribe_
         sub = await subscription(d, c)
         try:
             await until(sub, ready("k0", "k1", "k2"))
+            # execd lives, its control connection breaks: the observation is cleared, then execd reconnects
+            # by itself and its hello restores the full state (a pending checkpoint request included, CTL-7).
+            k0 = (await c.list())[0]
+            assert k0.sandbox_id == "k0" and k0.execd_socket is not None
+            resp = await execd_call(k0.execd_socket, "POST", "/v1/checkpoint-requests", json={"operationId": "op-9"})
+            assert resp.status_code == 202
+            await until(sub, lambda s: [r.operation_id for r in s["k0"].checkpoint_requests] == ["op-9"])
+            while not sub._events.empty():
+                sub._events.get_nowait()
+            pid0 = init_host_pid(d, "k0")
+            break_control_connection(pid0)
+            event = await sub.next_event(STEP)
+            assert (event.kind, event.sandbox_id, event.state) == ("delta", "k0", None), event
+            assert "k0" not in sub.states
+            event = await sub.next_event(STEP)
+            assert event.kind == "delta" and event.sandbox_id == "k0" and event.state is not None
+            assert event.state.ready and [r.operation_id for r in event.state.checkpoint_requests] == ["op-9"]
+            assert init_host_pid(d, "k0") == pid0, "the same execd reconnected"
+
             os.kill(init_host_pid(d, "k1"), signal.SIGKILL)  # execd (PID 1) and with it its control connection
             event = await sub.next_event(STEP)
             while event.kind != "delta" or event.sandbox_id != "k1":
@@ -244,6 +292,7 @@ async def test_a_lost_execd_connection_clears_its_observation_and_a_resubscribe_
         try:
             first = await sub2.next_event(STEP)
             assert first.kind == "snapshot" and set(first.sandboxes) == {"k0", "k2"}
+            assert first.sandboxes["k0"].checkpoint_requests[0].operation_id == "op-9"
         finally:
             await sub2.close()
 
@@ -324,7 +373,7 @@ async def test_close_admission_through_the_subscription_checks_the_activity_vers
             reopened = await sub.open_admission("adm")
             assert reopened.ok is True and reopened.admission_open is True
             assert (await run(socket, "true"))[1] == 0
-            with pytest.raises(Exception, match="no sandbox"):
+            with pytest.raises(NotFoundError, match="no sandbox"):
                 await sub.close_admission("nope", 0)
         finally:
             await sub.close()
@@ -380,3 +429,26 @@ async def test_restore_of_an_execd_sandbox_rebuilds_its_init_for_the_new_id(sand
         finally:
             await sub.close()
         assert await run(info.execd_socket, "cat /work/file; hostname") == ("kept\ncopy\n", 0)
+
+
+@pytest.mark.req("CTL-3")
+async def test_the_subscription_client_waits_for_sandboxd_and_refuses_requests_while_disconnected(
+    sandboxd: DaemonFactory,
+) -> None:
+    d = sandboxd(start=False)
+    path = d.socket.parent / "runtime-control.sock"  # the default: next to the API socket
+    async with RuntimeControlSubscription(path, min_backoff=0.02, max_backoff=0.1) as sub:
+        with pytest.raises(UnavailableError, match="not connected"):
+            await sub.wait_connected(0.3)
+        with pytest.raises(UnavailableError, match="not connected"):
+            await sub.close_admission("x", 0)
+        assert sub.last_error is not None and "connect failed" in sub.last_error
+        d.start()
+        await sub.wait_connected(STEP)
+        first = await sub.next_event(STEP)
+        assert first.kind == "snapshot" and first.sandboxes == {} and sub.connects == 1
+        async with d.client() as c:
+            await c.create(execd_request("late"))
+        await until(sub, ready("late"))
+        with pytest.raises(NotFoundError):
+            await sub.open_admission("nope")
