@@ -69,10 +69,12 @@ async def test_sigkill_mid_create_then_restart_keeps_the_environment_and_the_ret
         attempt = asyncio.create_task(asyncio.to_thread(first_attempt))
         environments = cluster.coordinator.service.cache.environments
         deadline = time.monotonic() + STEP
-        while not environments:  # stored, now waiting on the silent node
-            assert time.monotonic() < deadline, "the create never reached the Coordinator"
+        # Stored, and the Coordinator's admission call has reached the silent node: the request is in flight.
+        while not (environments and held):
+            assert time.monotonic() < deadline, f"create not in flight (stored: {bool(environments)})"
             await asyncio.sleep(0.01)
-        assert held, "the Coordinator is not talking to the node yet"
+        await asyncio.sleep(0.1)
+        assert not attempt.done(), "the create answered before the kill"
         api.kill()  # SIGKILL while the request is in flight
         lost = await attempt
         assert isinstance(lost, httpx.HTTPError), lost  # the client never got an answer
