@@ -97,6 +97,7 @@ class _Subscriber:
         self.dirty: dict[str, None] = {}  # insertion-ordered set of sandbox IDs with unsent changes
         self.wake = asyncio.Event()
         self.seq = 0
+        self.last_flush = 0.0  # loop time of the last delta flush
 
 
 class ControlHub:
@@ -294,8 +295,12 @@ class ControlHub:
                 wake.cancel()
                 sub.wake.clear()
                 if sub.dirty:
-                    # Coalescing window: let a burst of changes settle into one delta per sandbox.
-                    await asyncio.sleep(self.coalesce)
+                    # Coalescing window, leading edge: a change after a quiet window goes out at once (Ready
+                    # is not delayed); changes within ``coalesce`` of the last flush settle into one delta per
+                    # sandbox. sleep(0) lets changes of the same loop iteration join.
+                    loop = asyncio.get_running_loop()
+                    await asyncio.sleep(max(0.0, sub.last_flush + self.coalesce - loop.time()))
+                    sub.last_flush = loop.time()
                     dirty, sub.dirty = sub.dirty, {}
                     for sandbox_id in dirty:
                         sub.seq += 1
