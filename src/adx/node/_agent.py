@@ -109,6 +109,7 @@ class NodeAgent:
             await self._server.stop(grace=2)
         if self._relay_server is not None:
             await self._relay_server.stop()
+        await self.relay.aclose()
         for controller in self.controllers.values():
             await controller.close()
         if self._channel is not None:

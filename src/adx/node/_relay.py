@@ -80,33 +80,71 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message, "details": {}}}, status_code=status)
 
 
+@dataclass
+class _Upstream:
+    """A pooled HTTP client to one execd socket (keep-alive connections are reused across requests)."""
+
+    socket: Path
+    short_path: ShortUnixPath
+    client: httpx.AsyncClient
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.short_path.close()
+
+
 class Relay:
     def __init__(self, resolve: Callable[[str], RelayTarget], *, upstream_timeout: float = 30.0) -> None:
         """``resolve(env_id)`` returns the target or raises NotFoundError / ConflictError (not running)."""
         self.resolve = resolve
         self.upstream_timeout = upstream_timeout
         self.streams = StreamCounts()
+        self._upstreams: dict[str, _Upstream] = {}
         self.app = Starlette(routes=[Route("/{env_id}/{path:path}", self.forward, methods=_METHODS)])
+
+    async def _upstream(self, target: RelayTarget) -> _Upstream:
+        current = self._upstreams.get(target.env_id)
+        if current is not None and current.socket == target.execd_socket:
+            return current
+        if current is not None:  # a new execution: its execd listens elsewhere
+            await current.aclose()
+        short_path = ShortUnixPath(target.execd_socket)
+        client = httpx.AsyncClient(
+            # Plain HTTP over a Unix socket: no TLS context to build (httpx's default costs ~25 ms per client).
+            transport=httpx.AsyncHTTPTransport(uds=short_path.path, verify=False),
+            base_url="http://execd",
+            timeout=httpx.Timeout(self.upstream_timeout, read=None),
+        )
+        upstream = _Upstream(target.execd_socket, short_path, client)
+        self._upstreams[target.env_id] = upstream
+        return upstream
+
+    async def forget(self, env_id: str) -> None:
+        """Drop the pooled connections of an Environment that stopped running here."""
+        upstream = self._upstreams.pop(env_id, None)
+        if upstream is not None:
+            await upstream.aclose()
+
+    async def aclose(self) -> None:
+        for env_id in list(self._upstreams):
+            await self.forget(env_id)
 
     async def forward(self, request: Request) -> Response:
         env_id = request.path_params["env_id"]
         try:
             target = self.resolve(env_id)
         except NotFoundError as exc:
+            await self.forget(env_id)
             return _error(404, "not_found", exc.message)
         except ConflictError as exc:
+            await self.forget(env_id)
             return _error(409, "not_running", exc.message)
         except AdxError as exc:
             return _error(503, exc.code, exc.message)
         if env_id in self.streams.closed_admission:
             return _error(503, "admission_closed", f"environment {env_id} is pausing; retry after it resumes")
         self.streams.opened(env_id)
-        socket_path = ShortUnixPath(target.execd_socket)
-        client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=socket_path.path),
-            base_url="http://execd",
-            timeout=httpx.Timeout(self.upstream_timeout, read=None),
-        )
+        client = (await self._upstream(target)).client
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
         upstream_request = client.build_request(
             request.method,
@@ -118,8 +156,6 @@ class Relay:
         try:
             upstream = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
-            await client.aclose()
-            socket_path.close()
             self.streams.closed(env_id)
             return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {exc or type(exc).__name__}")
 
@@ -129,8 +165,6 @@ class Relay:
                     yield chunk
             finally:
                 await upstream.aclose()
-                await client.aclose()
-                socket_path.close()
                 self.streams.closed(env_id)
 
         response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_HEADERS}
