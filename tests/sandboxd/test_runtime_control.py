@@ -452,3 +452,44 @@ async def test_the_subscription_client_waits_for_sandboxd_and_refuses_requests_w
         await until(sub, ready("late"))
         with pytest.raises(NotFoundError):
             await sub.open_admission("nope")
+
+
+IMPOSTOR = r"""
+import json, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect("/run/adx-control/control.sock")
+state = {"ready": True, "probe": None, "checkpointRequests": [], "workloadExitCode": 99,
+         "activity": {"version": 0, "active": 0, "backgroundRunning": 0, "admissionOpen": True}}
+try:
+    s.sendall(json.dumps({"type": "hello", "protocol": 1, "sandboxId": "imp", "state": state}).encode() + b"\n")
+    print("EOF" if s.recv(100) == b"" else "OPEN")
+except OSError as exc:
+    print("CLOSED", exc.errno)
+"""
+
+
+@pytest.mark.req("CTL-1", "SEC-5")
+async def test_a_workload_process_cannot_impersonate_execd_on_the_control_socket(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        created = await c.create(execd_request("imp", ["sleep", "1000"]))
+        socket_path = created.sandbox.execd_socket
+        assert socket_path is not None
+        sub = await subscription(d, c)
+        try:
+            await until(sub, ready("imp"))
+            while not sub._events.empty():
+                sub._events.get_nowait()
+            before = sub.states["imp"]
+            out, code = await run(socket_path, f"{PY} -c '{IMPOSTOR}'")
+            assert code == 0 and out.strip() in ("EOF", "CLOSED 104", "CLOSED 32"), out
+            # Only the sandbox's PID 1 may report: the impostor changed nothing and kicked nothing off.
+            event = await sub.next_event(STEP)  # the command's own activity (version bumps), nothing else
+            assert event.sandbox_id == "imp" and event.state is not None
+            assert event.state.workload_exit_code is None and event.state.ready
+            await asyncio.sleep(0.3)
+            assert sub.states["imp"].workload_exit_code is None
+            assert sub.states["imp"].activity.version > before.activity.version, "execd still reports"
+            assert "refused a control connection" in d.log()
+        finally:
+            await sub.close()

@@ -28,6 +28,7 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +74,16 @@ def bind_unix(path: Path, mode: int = 0o600) -> socket.socket:
     return sock
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The connected peer's UID (``SO_PEERCRED``)."""
+def peer_uid(sock: Any) -> int:
+    """The connected peer's UID (``SO_PEERCRED``); ``sock``: a socket or asyncio's TransportSocket."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", raw)[1])
+
+
+def peer_pid(sock: Any) -> int:
+    """The connected peer's PID in our PID namespace (``SO_PEERCRED``, recorded at connect)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[0])
 
 
 class _Sandbox:
@@ -108,8 +115,12 @@ class ControlHub:
         coalesce: float = 0.02,
         request_timeout: float = 5.0,
         allowed_uid: int | None = None,
+        verify_execd: Callable[[str, int], bool] | None = None,
     ) -> None:
         self.subscribe_path = subscribe_path
+        #: ``verify_execd(sandbox_id, peer_pid)``: may this process report for the sandbox? (e.g. only its
+        #: PID 1, so a workload inside cannot impersonate execd nor kick its connection off). None: anyone.
+        self.verify_execd = verify_execd
         self.allowed_uid = allowed_uid  # None: any peer that can reach the socket (its dir is the gate)
         self.coalesce = coalesce
         self.request_timeout = request_timeout
@@ -223,6 +234,17 @@ class ControlHub:
 
     # -- execd side ---------------------------------------------------------------------------------------
     async def _serve_execd(self, sandbox: _Sandbox, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.verify_execd is not None:
+            try:
+                pid = peer_pid(writer.get_extra_info("socket"))
+                allowed = self.verify_execd(sandbox.id, pid)
+            except OSError:
+                pid, allowed = -1, False
+            if not allowed:
+                # Refused before it can touch the current connection or the observation.
+                log.warning("refused a control connection", extra={"sandbox": sandbox.id, "peer_pid": pid})
+                writer.close()
+                return
         if sandbox.writer is not None:
             sandbox.writer.close()  # the newest connection wins: an old one may be half-dead
             self._clear(sandbox)
