@@ -217,7 +217,9 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
         if with_ingress:
             from adx.ingress import Ingress
 
-            p.extras["ingress"] = Ingress.from_config(config, coordinator)
+            ingress_plane = Ingress.from_config(config, coordinator)
+            ingress_plane.start_following()
+            p.extras["ingress"] = ingress_plane
         app.state.plane = p
         try:
             yield

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -119,6 +119,17 @@ class CoordinatorClient:
             reads=False,
         )
         return _record(reply.environment_json)
+
+    async def watch_routes(self) -> AsyncIterator[pb.RouteEvent]:
+        """The Coordinator's route publications; ends (raises) when the stream breaks."""
+        stream = self._stub.WatchRoutes(pb.WatchRoutesRequest())
+        try:
+            async for event in stream:
+                yield event
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "watch routes") from None
+        finally:
+            stream.cancel()
 
     async def resolve_route(self, tenant: str, environment_id: str) -> Route:
         request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -336,6 +337,31 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return pb.RouteReply(
             environment_json=record.model_dump_json(by_alias=True), relay_address=node.relay_address if node else ""
         )
+
+    async def WatchRoutes(
+        self, request: pb.WatchRoutesRequest, context: Context
+    ) -> AsyncIterator[pb.RouteEvent]:
+        """Relay the route publications (Redis pub/sub) to an API/Ingress replica, resync first."""
+        await require_peer(context, "api")
+        try:
+            subscription = await self.store.subscribe_routes()
+        except AdxError as exc:
+            await abort_with(context, exc)
+        try:
+            # Anything cached before this stream existed may be stale: the subscriber starts clean.
+            yield pb.RouteEvent(resync=True)
+            async for route in subscription:
+                node = self.cache.nodes.get(route.get("node") or "")
+                yield pb.RouteEvent(
+                    environment_id=str(route["id"]),
+                    tenant=str(route["tenant"]),
+                    node=str(route.get("node") or ""),
+                    state=str(route["state"]),
+                    revision=int(route["revision"]),
+                    relay_address=node.relay_address if node else "",
+                )
+        finally:
+            await subscription.aclose()
 
 
 def _json(text: str, field: str) -> object:

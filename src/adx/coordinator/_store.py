@@ -12,7 +12,7 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -307,6 +307,12 @@ class CoordinatorStore:
             details={"stored_" + what: int(detail)},
         )
 
+    async def subscribe_routes(self) -> AsyncGenerator[dict[str, Any], None]:
+        """Route publications, in publication order, until the connection breaks (then UnavailableError)."""
+        pubsub = self._redis.pubsub()
+        await self._call("subscribe routes", lambda: pubsub.subscribe(ROUTES_CHANNEL), writes=False)
+        return _route_messages(pubsub)
+
     # -- nodes ------------------------------------------------------------------------------------
     async def register_node(
         self,
@@ -394,6 +400,19 @@ class CoordinatorStore:
             cpu, mem, disk = (int(x) for x in _text(held).split())
             out[_text(env_id)] = Resources(cpu_millis=cpu, memory_bytes=mem, disk_bytes=disk)
         return out
+
+
+async def _route_messages(pubsub: Any) -> AsyncGenerator[dict[str, Any], None]:
+    try:
+        while True:
+            try:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+                raise UnavailableError(f"route publications: Redis connection lost: {exc}") from exc
+            if message is not None:
+                yield json.loads(message["data"])
+    finally:
+        await pubsub.aclose()
 
 
 def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:

@@ -9,6 +9,7 @@ the request and the response bodies both ways.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import time
@@ -23,10 +24,14 @@ from adx._certs import Identity, client_ssl_context, component_paths
 from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient
 from adx.api._errors import not_found
-from adx.errors import ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentState
+from adx.proto import coordinator_pb2 as pb
 
 log = logging.getLogger("adx.ingress")
+
+#: How long a route stays cached while the Coordinator's route stream is followed (changes arrive by it).
+FOLLOWED_ROUTE_SECONDS = 300.0
 
 # Hop-by-hop headers (RFC 9110 7.6.1) are never forwarded; Authorization never leaves the Ingress: the tenant
 # key must not reach a node or a sandbox.
@@ -79,6 +84,10 @@ class Ingress:
         # (tenant, environment) -> (relay address, expiry): keyed by tenant, so a cached route can never
         # answer for another tenant.
         self._routes: dict[tuple[str, str], tuple[str, float]] = {}
+        # While the Coordinator's route stream is followed, cached routes are kept current by it and can
+        # live long; without it they expire after route_cache_seconds.
+        self.following = False
+        self._follower: asyncio.Task[None] | None = None
 
     @classmethod
     def from_config(cls, config: ApiConfig, coordinator: CoordinatorClient) -> Ingress:
@@ -91,7 +100,43 @@ class Ingress:
         return cls(coordinator, http, config)
 
     async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
         await self._http.aclose()
+
+    def start_following(self) -> None:
+        """Follow the Coordinator's route publications (CRD-1: route caches follow published routes)."""
+        if self._follower is None:
+            self._follower = asyncio.create_task(self._follow(), name="ingress-routes")
+
+    async def _follow(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                async for event in self._coordinator.watch_routes():
+                    delay = 0.2
+                    self._apply(event)
+            except AdxError as exc:
+                log.warning("route stream lost: %s", exc)
+            # Events may have been missed: nothing cached is trusted past its short TTL any more.
+            self.following = False
+            self._routes.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _apply(self, event: pb.RouteEvent) -> None:
+        if event.resync:
+            self._routes.clear()
+            self.following = True
+            return
+        key = (event.tenant, event.environment_id)
+        if event.state == EnvironmentState.RUNNING.value and event.relay_address:
+            if key in self._routes:
+                self._routes[key] = (event.relay_address, time.monotonic() + FOLLOWED_ROUTE_SECONDS)
+        else:
+            self._routes.pop(key, None)
 
     def forget(self, tenant: str, environment_id: str) -> None:
         self._routes.pop((tenant, environment_id), None)
@@ -113,8 +158,9 @@ class Ingress:
             if state is EnvironmentState.RUNNING:
                 if not route.relay_address:
                     raise RelayUnavailable(f"environment {environment_id} has no reachable node right now")
-                if self._config.route_cache_seconds > 0:
-                    self._routes[key] = (route.relay_address, time.monotonic() + self._config.route_cache_seconds)
+                ttl = FOLLOWED_ROUTE_SECONDS if self.following else self._config.route_cache_seconds
+                if ttl > 0:
+                    self._routes[key] = (route.relay_address, time.monotonic() + ttl)
                 return route.relay_address
             if state in _WAITABLE:
                 # Wait out a start in progress instead of failing a request that would succeed in a moment.

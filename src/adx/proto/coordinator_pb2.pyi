@@ -488,3 +488,61 @@ class RouteReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteReply: _TypeAlias = RouteReply  # noqa: Y015
+
+@_typing.final
+class WatchRoutesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRoutesRequest: _TypeAlias = WatchRoutesRequest  # noqa: Y015
+
+@_typing.final
+class RouteEvent(_message.Message):
+    """One committed change of an Environment's route (published by every commit, in commit order per
+    Environment). API/Ingress caches follow these instead of polling.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    RELAY_ADDRESS_FIELD_NUMBER: _builtins.int
+    RESYNC_FIELD_NUMBER: _builtins.int
+    environment_id: _builtins.str
+    tenant: _builtins.str
+    node: _builtins.str
+    state: _builtins.str
+    revision: _builtins.int
+    relay_address: _builtins.str
+    """the node's Relay (empty: no node)"""
+    resync: _builtins.bool
+    """the stream (re)started or lost events: drop every cached route"""
+    def __init__(
+        self,
+        *,
+        environment_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        node: _builtins.str = ...,
+        state: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        relay_address: _builtins.str = ...,
+        resync: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "node", b"node", "relay_address", b"relay_address", "resync", b"resync", "revision", b"revision", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteEvent: _TypeAlias = RouteEvent  # noqa: Y015

@@ -69,6 +69,11 @@ class CoordinatorStub:
                 request_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_coordinator__pb2.RouteReply.FromString,
                 _registered_method=True)
+        self.WatchRoutes = channel.unary_stream(
+                '/adx.coordinator.v1.Coordinator/WatchRoutes',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.WatchRoutesRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.RouteEvent.FromString,
+                _registered_method=True)
         self.RegisterNode = channel.unary_unary(
                 '/adx.coordinator.v1.Coordinator/RegisterNode',
                 request_serializer=adx_dot_proto_dot_coordinator__pb2.RegisterNodeRequest.SerializeToString,
@@ -141,6 +146,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchRoutes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -208,6 +219,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ResolveRoute,
                     request_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.FromString,
                     response_serializer=adx_dot_proto_dot_coordinator__pb2.RouteReply.SerializeToString,
+            ),
+            'WatchRoutes': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRoutes,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.WatchRoutesRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.RouteEvent.SerializeToString,
             ),
             'RegisterNode': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterNode,
@@ -424,6 +440,33 @@ class Coordinator:
             '/adx.coordinator.v1.Coordinator/ResolveRoute',
             adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
             adx_dot_proto_dot_coordinator__pb2.RouteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRoutes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/WatchRoutes',
+            adx_dot_proto_dot_coordinator__pb2.WatchRoutesRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.RouteEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,7 @@ class CoordinatorStub:
     ListEnvironments: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListEnvironmentsRequest, _coordinator_pb2.ListEnvironmentsResponse]
     DeleteEnvironment: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]
     ResolveRoute: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.RouteReply]
+    WatchRoutes: _grpc.UnaryStreamMultiCallable[_coordinator_pb2.WatchRoutesRequest, _coordinator_pb2.RouteEvent]
     RegisterNode: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterNodeRequest, _coordinator_pb2.RegisterNodeResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]
     ReportCapacity: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportCapacityRequest, _coordinator_pb2.ReportCapacityResponse]
@@ -59,6 +60,7 @@ class CoordinatorAsyncStub(CoordinatorStub):
     ListEnvironments: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListEnvironmentsRequest, _coordinator_pb2.ListEnvironmentsResponse]  # type: ignore[assignment]
     DeleteEnvironment: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
     ResolveRoute: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.RouteReply]  # type: ignore[assignment]
+    WatchRoutes: _aio.UnaryStreamMultiCallable[_coordinator_pb2.WatchRoutesRequest, _coordinator_pb2.RouteEvent]  # type: ignore[assignment]
     RegisterNode: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterNodeRequest, _coordinator_pb2.RegisterNodeResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]  # type: ignore[assignment]
     ReportCapacity: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportCapacityRequest, _coordinator_pb2.ReportCapacityResponse]  # type: ignore[assignment]
@@ -114,6 +116,13 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.EnvironmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.RouteReply, _abc.Awaitable[_coordinator_pb2.RouteReply]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchRoutes(
+        self,
+        request: _coordinator_pb2.WatchRoutesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_coordinator_pb2.RouteEvent], _abc.AsyncIterator[_coordinator_pb2.RouteEvent]]: ...
 
     @_abc_1.abstractmethod
     def RegisterNode(
