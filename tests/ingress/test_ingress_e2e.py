@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 
 import pytest
@@ -87,15 +88,41 @@ async def test_create_run_files_delete_through_ingress_and_relay(node_cluster, a
         assert gone.value.code == "not_running"
 
 
-async def test_ports_are_501_for_now_after_the_tenant_check(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.req("SEC-4")
+async def test_user_ports_are_proxied_into_the_sandbox_after_the_tenant_check(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """A service listening on 127.0.0.1 inside the sandbox's own network namespace, reached through
+    Ingress -> Relay (which connects from within that namespace)."""
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key_a, key_b = await stack.tenant("alpha"), await stack.tenant("beta")
     async with adx.AsyncClient(api_url=stack.url, api_key=key_a) as client:
-        env = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)
+        env = await client.environments.create(
+            cpu=0.25,
+            memory="256Mi",
+            entrypoint=["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/tmp"],
+            wait_timeout=30,
+        )
+        await env.files.write("/tmp/hello.txt", b"hello from inside\n")
         async with stack.http(key_a) as a, stack.http(key_b) as b:
-            assert (await a.get(f"/v1/environments/{env.id}/ports/8000/")).status_code == 501
-            assert (await b.get(f"/v1/environments/{env.id}/ports/8000/")).status_code == 404
+            deadline = time.monotonic() + 20
+            while True:
+                served = await a.get(f"/v1/environments/{env.id}/ports/8000/hello.txt")
+                if served.status_code != 502 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)  # the workload is still binding its port
+            assert served.status_code == 200, served.text
+            assert served.content == b"hello from inside\n"
+            listing = await a.get(f"/v1/environments/{env.id}/ports/8000/", params={"x": "1"})
+            assert listing.status_code == 200 and "hello.txt" in listing.text
+            # Nothing listens on 8001: a clear error, not a hang.
+            missing = await a.get(f"/v1/environments/{env.id}/ports/8001/")
+            assert missing.status_code == 502 and missing.json()["error"]["code"] == "port_unavailable"
+            # Another tenant learns nothing, and nothing reaches the service.
+            assert (await b.get(f"/v1/environments/{env.id}/ports/8000/hello.txt")).status_code == 404
+            assert (await a.get(f"/v1/environments/{env.id}/ports/70000/")).status_code == 422
+        # The host's own loopback is not the sandbox's: nothing listens on the host's 127.0.0.1:8000.
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", 8000), timeout=1).close()
         await env.delete()
         await wait_deleted(client, env.id)
 

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Path, Request
 from starlette.responses import StreamingResponse
 
 from adx.api._app import ERRORS, Credentials, environment_id_or_404, plane
-from adx.api._errors import NotImplementedYet
 from adx.errors import InvalidInputError
 from adx.ingress._ingress import Ingress
 
@@ -137,10 +136,14 @@ async def files_action(
 @route(
     "/v1/environments/{environment_id}/ports/{port}/{path:path}",
     methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-    responses={501: {"description": "not implemented yet"}, **DATA_ERRORS},
-    summary="Proxy to a service the Environment listens on (not implemented yet)",
+    responses=DATA_ERRORS,
+    summary="Proxy to a service the Environment listens on (inside its own network namespace)",
 )
-async def ports(request: Request, environment_id: EnvId, port: int, path: str, credentials: Credentials) -> None:
+async def ports(
+    request: Request, environment_id: EnvId, port: int, path: str, credentials: Credentials
+) -> StreamingResponse:
     ingress, tenant, env_id = await _setup(request, credentials, environment_id)
-    await ingress.relay_address(tenant, env_id)  # the same visibility answer as every other route first
-    raise NotImplementedYet("proxying to user ports is not available in this version")
+    if not 1 <= port <= 65535:
+        raise InvalidInputError("port", "must be 1-65535")
+    timeout = plane(request).config.relay_timeout_seconds
+    return await ingress.forward(request, tenant, env_id, f"/port/{port}/{path}", read_timeout=timeout)

@@ -277,7 +277,7 @@ class NodeAgent:
         execution = controller.execution
         if controller.state is not S.RUNNING or execution is None or execution.execd_socket is None:
             raise ConflictError(f"environment {env_id} is {controller.state.value}, not running")
-        return RelayTarget(env_id, execution.execd_socket)
+        return RelayTarget(env_id, execution.execd_socket, lambda: self.driver.network_namespace(execution))
 
 
 class NodeService(node_pb2_grpc.NodeServicer):

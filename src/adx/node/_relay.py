@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import h11
 import httpx
 import uvicorn
 from starlette.applications import Starlette
@@ -27,6 +28,7 @@ from starlette.routing import Route
 from adx._certs import CertPaths
 from adx._fs import ShortUnixPath
 from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError
+from adx.node._ports import NamespaceConnector, http_over_socket
 
 log = logging.getLogger("adx.node.relay")
 
@@ -41,6 +43,8 @@ _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 class RelayTarget:
     env_id: str
     execd_socket: Path
+    # The execution's network namespace, for user ports (resolved lazily: most requests never need it).
+    network_namespace: Callable[[], Awaitable[Path]] | None = None
 
 
 @dataclass
@@ -100,7 +104,13 @@ class Relay:
         self.upstream_timeout = upstream_timeout
         self.streams = StreamCounts()
         self._upstreams: dict[str, _Upstream] = {}
-        self.app = Starlette(routes=[Route("/{env_id}/{path:path}", self.forward, methods=_METHODS)])
+        self.ports = NamespaceConnector()
+        self.app = Starlette(
+            routes=[
+                Route("/{env_id}/port/{port:int}/{path:path}", self.forward_port, methods=_METHODS),
+                Route("/{env_id}/{path:path}", self.forward, methods=_METHODS),
+            ]
+        )
 
     async def _upstream(self, target: RelayTarget) -> _Upstream:
         current = self._upstreams.get(target.env_id)
@@ -128,19 +138,67 @@ class Relay:
     async def aclose(self) -> None:
         for env_id in list(self._upstreams):
             await self.forget(env_id)
+        self.ports.close()
 
-    async def forward(self, request: Request) -> Response:
-        env_id = request.path_params["env_id"]
+    def _target(self, env_id: str) -> RelayTarget | JSONResponse:
         try:
-            target = self.resolve(env_id)
+            return self.resolve(env_id)
         except NotFoundError as exc:
-            await self.forget(env_id)
             return _error(404, "not_found", exc.message)
         except ConflictError as exc:
-            await self.forget(env_id)
             return _error(409, "not_running", exc.message)
         except AdxError as exc:
             return _error(503, exc.code, exc.message)
+
+    async def forward_port(self, request: Request) -> Response:
+        """HTTP to a user's service listening on ``port`` inside the sandbox (its own network namespace)."""
+        env_id, port = request.path_params["env_id"], int(request.path_params["port"])
+        if not 1 <= port <= 65535:
+            return _error(422, "invalid_input", "port must be 1-65535")
+        target = self._target(env_id)
+        if isinstance(target, JSONResponse):
+            return target
+        if target.network_namespace is None:
+            return _error(501, "not_supported", "this runtime cannot reach user ports")
+        if env_id in self.streams.closed_admission:
+            return _error(503, "admission_closed", f"environment {env_id} is pausing; retry after it resumes")
+        self.streams.opened(env_id)
+        try:
+            netns = await target.network_namespace()
+            sock = await self.ports.connect(netns, port)
+            query = f"?{request.url.query}" if request.url.query else ""
+            headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
+            upstream = await http_over_socket(
+                sock,
+                request.method,
+                "/" + request.path_params["path"] + query,
+                headers,
+                request.stream(),
+                host=f"127.0.0.1:{port}",
+            )
+        except AdxError as exc:
+            self.streams.closed(env_id)
+            return _error(502, "port_unavailable", exc.message)
+        except (OSError, h11.ProtocolError) as exc:
+            self.streams.closed(env_id)
+            return _error(502, "port_unavailable", f"port {port}: {exc}")
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.body:
+                    yield chunk
+            finally:
+                self.streams.closed(env_id)
+
+        response_headers = {k: v for k, v in upstream.headers if k.lower() not in _DROP_HEADERS}
+        return StreamingResponse(body(), status_code=upstream.status, headers=response_headers)
+
+    async def forward(self, request: Request) -> Response:
+        env_id = request.path_params["env_id"]
+        target = self._target(env_id)
+        if isinstance(target, JSONResponse):
+            await self.forget(env_id)
+            return target
         if env_id in self.streams.closed_admission:
             return _error(503, "admission_closed", f"environment {env_id} is pausing; retry after it resumes")
         self.streams.opened(env_id)

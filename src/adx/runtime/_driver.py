@@ -102,3 +102,7 @@ class RuntimeDriver(Protocol):
         """Every execution this runtime holds for this node (startup recovery only)."""
 
     async def resources(self) -> Resources: ...
+
+    async def network_namespace(self, execution: Execution) -> Path:
+        """A path to the execution's network namespace (``/proc/<pid>/ns/net``): user ports are reached
+        by connecting from inside it."""

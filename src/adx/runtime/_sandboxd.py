@@ -31,7 +31,15 @@ from adx.runtime._driver import (
     ExitInfo,
     InventoryItem,
 )
-from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, SandboxdClient, SandboxRef, ref_of
+from adx.sandboxd import (
+    CreateRequest,
+    ExecdOptions,
+    ResourcesSpec,
+    RuntimeControlSubscription,
+    SandboxdClient,
+    SandboxRef,
+    ref_of,
+)
 from adx.sandboxd._models import SandboxInfo
 from adx.sandboxd._states import State
 
@@ -155,6 +163,24 @@ class SandboxdDriver:
             )
         return items
 
+    async def network_namespace(self, execution: Execution) -> Path:
+        info = await self.client.get(_ref(execution))
+        if info.native is None:
+            raise UnavailableError(f"sandbox {info.sandbox_id} has no native identity yet")
+        pid = await asyncio.to_thread(_namespace_init_pid, Path(info.native.cgroup_dir))
+        if pid is None:
+            raise NotFoundError(f"sandbox {info.sandbox_id} has no running init process")
+        return Path(f"/proc/{pid}/ns/net")
+
+    async def subscribe(self) -> RuntimeControlSubscription:
+        """sandboxd's node-level runtime-control subscription (started; it reconnects by itself)."""
+        path = (await self.client.health()).runtime_control_socket
+        if path is None:
+            raise UnavailableError("sandboxd serves no runtime-control subscription (an older sandboxd?)")
+        subscription = RuntimeControlSubscription(path)
+        subscription.start()
+        return subscription
+
     async def resources(self) -> Resources:
         info = await self.client.resource()
         return Resources(
@@ -162,11 +188,28 @@ class SandboxdDriver:
         )
 
 
+def _namespace_init_pid(cgroup_dir: Path) -> int | None:
+    """The host PID of the sandbox's PID 1 (its ``NSpid`` ends in 1), among the cgroup's processes."""
+    try:
+        pids = (cgroup_dir / "cgroup.procs").read_text().split()
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if nspid and nspid[-1] == "1":
+            return int(pid)
+    return None
+
+
 class ExecdReadiness:
     """Ready = execd answers its health route on its host-only socket.
 
-    TODO(lead): Ready (and probe failures) can come from sandboxd's runtime-control subscription instead
-    (``adx.sandboxd.RuntimeControlSubscription``, ``RuntimeObservation.ready``), without polling.
+    :class:`SubscriptionReadiness` takes Ready from sandboxd's runtime-control subscription instead (pushed);
+    the node can switch to it with ``SubscriptionReadiness(driver, await driver.subscribe())``.
 
     An execution that exits meanwhile (e.g. a workload that cannot start) fails readiness at once.
     """
@@ -202,3 +245,43 @@ class ExecdReadiness:
                         raise UnavailableError(f"execution {execution.execution_id} ended before it was ready: {ended}")
                 await asyncio.sleep(0.01)
         raise UnavailableError(f"execd of {execution.execution_id} not ready within {within_seconds}s: {last}")
+
+
+class SubscriptionReadiness:
+    """Ready = execd reported Ready on sandboxd's runtime-control subscription (pushed, no polling).
+
+    Same contract as :class:`ExecdReadiness`; an execution that exits meanwhile fails at once. With a probe,
+    Ready means the workload answered once; probe failures before that are in the message.
+    """
+
+    def __init__(
+        self, driver: SandboxdDriver, subscription: RuntimeControlSubscription, check_exit_every: float = 0.25
+    ) -> None:
+        self.driver = driver
+        self.subscription = subscription
+        self.check_exit_every = check_exit_every
+
+    async def wait_ready(self, execution: Execution, within_seconds: float) -> None:
+        sandbox_id = str(execution.native["sandbox_id"])
+        deadline = time.monotonic() + within_seconds
+
+        def is_ready(states: dict[str, Any]) -> bool:
+            state = states.get(sandbox_id)
+            return state is not None and bool(state.ready)
+
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                state = self.subscription.states.get(sandbox_id)
+                probe = state.probe if state is not None else None
+                why = (
+                    f"probe failing ({probe.consecutive_failures}x: {probe.reason})"
+                    if probe is not None and not probe.ok
+                    else ("execd connected, not ready" if state is not None else "no report from execd")
+                )
+                raise UnavailableError(f"execd of {execution.execution_id} not ready within {within_seconds}s: {why}")
+            if await self.subscription.wait_until(is_ready, min(remaining, self.check_exit_every)):
+                return
+            if await self.driver.observe(execution) in (ExecutionState.EXITED, ExecutionState.MISSING):
+                ended = _exit_info(await self.driver.client.get(_ref(execution))).describe()
+                raise UnavailableError(f"execution {execution.execution_id} ended before it was ready: {ended}")
