@@ -493,3 +493,36 @@ async def test_a_workload_process_cannot_impersonate_execd_on_the_control_socket
             assert "refused a control connection" in d.log()
         finally:
             await sub.close()
+
+
+@pytest.mark.req("CTL-1", "RST-7")
+async def test_the_node_driver_starts_execd_sandboxes_and_takes_ready_from_the_subscription(
+    sandboxd: DaemonFactory,
+) -> None:
+    from adx.model import EnvironmentSpec, Resources
+    from adx.runtime import ExecutionSpec
+    from adx.runtime._sandboxd import SandboxdDriver, SubscriptionReadiness
+
+    d = sandboxd()
+    driver = SandboxdDriver(d.socket, python=PY)
+    subscription = await driver.subscribe()
+    try:
+        readiness = SubscriptionReadiness(driver, subscription)
+        resources = Resources(cpu_millis=1000, memory_bytes=128 << 20)
+        spec = EnvironmentSpec(resources=resources, entrypoint=["sleep", "1000"])
+        execution = await driver.start(ExecutionSpec("env-1", 1, "exec-1", spec))
+        assert execution.execd_socket is not None and "sockets" in execution.execd_socket.parts
+        await readiness.wait_ready(execution, STEP)
+        assert await run(str(execution.execd_socket), "echo $ADX_SANDBOX_ID") == ("exec-1\n", 0)
+        assert subscription.states["exec-1"].ready
+
+        broken = EnvironmentSpec(resources=resources, entrypoint=["/nope"])
+        failed = await driver.start(ExecutionSpec("env-2", 1, "exec-2", broken))
+        with pytest.raises(UnavailableError, match="ended before it was ready"):
+            await readiness.wait_ready(failed, STEP)
+        await driver.stop(failed)
+        await driver.stop(execution)
+        assert await subscription.wait_until(lambda s: "exec-1" not in s, STEP)
+    finally:
+        await subscription.close()
+        await driver.aclose()

@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -89,6 +89,7 @@ class RuntimeControlSubscription:
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._snapshot_seen = asyncio.Event()
+        self._tick = asyncio.Event()  # set (and replaced) on every change of ``states``
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> RuntimeControlSubscription:
@@ -135,7 +136,25 @@ class RuntimeControlSubscription:
         self.start()
         return await asyncio.wait_for(self._events.get(), within)
 
+    async def wait_until(self, predicate: Callable[[dict[str, RuntimeObservation]], bool], within: float) -> bool:
+        """Wait until ``predicate(states)`` holds (True) or ``within`` seconds passed (False).
+
+        Independent of the event iterator: any number of tasks may wait (e.g. one per Controller).
+        """
+        self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not predicate(self.states):
+            tick, remaining = self._tick, deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tick.wait(), remaining)
+        return True
+
     def _emit(self, event: RuntimeControlEvent) -> None:
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
         if self._events.full():
             # A consumer that stopped reading: drop the oldest; ``states`` stays exact either way.
             with contextlib.suppress(asyncio.QueueEmpty):
