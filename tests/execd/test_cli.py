@@ -63,3 +63,45 @@ def test_adx_execd_execs_into_the_lean_process(short_dir: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def test_socket_activation_execd_accepts_on_inherited_listeners_and_creates_no_socket_file(short_dir: Path) -> None:
+    """``--socket-fd`` / ``--admin-socket-fd``: what sandboxd's supervisor does (bind host-side, pass the fds)."""
+    import socket as sk
+
+    client_path, admin_path = short_dir / "bound-c", short_dir / "bound-a"
+    listeners = []
+    for path in (client_path, admin_path):
+        sock = sk.socket(sk.AF_UNIX)
+        sock.bind(str(path))
+        sock.listen(16)
+        listeners.append(sock)
+    before = sorted(p.name for p in short_dir.iterdir())
+    fds = [s.fileno() for s in listeners]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adx.execd", "--socket-fd", str(fds[0]), "--admin-socket-fd", str(fds[1])],
+        pass_fds=fds,
+        start_new_session=True,
+    )
+    for sock in listeners:
+        sock.close()  # execd owns the listeners now
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(client_path)), base_url="http://x", timeout=15) as c:
+            assert c.get("/v1/health").json()["pid"] == proc.pid
+            resp = c.post("/v1/commands", json={"command": "ls -l /proc/$$/fd"})
+            assert resp.status_code == 200
+            assert "socket:" not in resp.text, f"commands must not inherit execd's listeners: {resp.text}"
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(admin_path)), base_url="http://x", timeout=15) as a:
+            assert a.get("/v1/activity").json()["version"] == 2
+        assert sorted(p.name for p in short_dir.iterdir()) == before, "no socket file of its own"
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    assert adx("execd", "--help").returncode == 0
+    both = subprocess.run(
+        [sys.executable, "-m", "adx.execd", "--socket", "x", "--socket-fd", "3"], capture_output=True, text=True
+    )
+    assert both.returncode == 2 and "exactly one of --socket and --socket-fd" in both.stderr

@@ -33,7 +33,11 @@ class ProbeConfig(StrictModel):
 
 class ExecdConfig(StrictModel):
     socket: Path = Field(default=Path("/run/adx/execd.sock"), description="client HTTP Unix socket")
+    socket_fd: int | None = Field(
+        default=None, ge=0, description="inherited listening client socket (socket activation; replaces socket)"
+    )
     admin_socket: Path | None = Field(default=None, description="privileged socket: activity and admission")
+    admin_socket_fd: int | None = Field(default=None, ge=0, description="inherited listening admin socket")
     control_socket: Path | None = Field(default=None, description="sandboxd's per-sandbox control socket")
     sandbox_id: str = ""
     execution_id: str | None = None
@@ -56,8 +60,14 @@ class ExecdConfig(StrictModel):
 
 def to_argv(cfg: ExecdConfig) -> list[str]:
     """Arguments of ``python -m adx.execd`` equivalent to ``cfg``."""
-    argv = ["--socket", str(cfg.socket), "--socket-mode", cfg.socket_mode]
-    if cfg.admin_socket is not None:
+    argv = ["--socket-mode", cfg.socket_mode]
+    if cfg.socket_fd is not None:
+        argv += ["--socket-fd", str(cfg.socket_fd)]
+    else:
+        argv += ["--socket", str(cfg.socket)]
+    if cfg.admin_socket_fd is not None:
+        argv += ["--admin-socket-fd", str(cfg.admin_socket_fd)]
+    elif cfg.admin_socket is not None:
         argv += ["--admin-socket", str(cfg.admin_socket)]
     if cfg.control_socket is not None:
         argv += ["--control-socket", str(cfg.control_socket)]
