@@ -18,7 +18,7 @@ from adx._health import HealthServicer
 from adx.config._node import AutoResourceSource, NodeConfig, SandboxdResourceSource
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.model import EnvironmentRecord, EnvironmentState, Resources
-from adx.node._controller import Controller, ControllerTimings
+from adx.node._controller import Controller, ControllerTimings, ReadinessProbe
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_relay
@@ -26,7 +26,8 @@ from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
 from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2, node_pb2_grpc
 from adx.runtime import Execution, ExecutionState
-from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver
+from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionReadiness
+from adx.sandboxd import RuntimeControlSubscription
 
 log = logging.getLogger("adx.node")
 S = EnvironmentState
@@ -41,7 +42,8 @@ class NodeAgent:
         self.name = config.name
         self.paths = component_paths(config.certs_dir, Identity("node", config.name))
         self.driver = SandboxdDriver(config.runtime.socket, python=config.runtime.python)
-        self.readiness = ExecdReadiness(self.driver)
+        self.readiness: ReadinessProbe = ExecdReadiness(self.driver)
+        self.control: RuntimeControlSubscription | None = None
         self.executions = ExecutionFiles(config.state_dir / "executions")
         self.controllers: dict[str, Controller] = {}
         # Recently deleted Environments (monotonic time of removal), so late data-plane calls get "not running".
@@ -60,6 +62,9 @@ class NodeAgent:
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         await self._wait_runtime()
+        # CTL-2: ONE runtime-control subscription per node; Controllers take Ready from it (pushed).
+        self.control = await self.driver.subscribe()
+        self.readiness = SubscriptionReadiness(self.driver, self.control)
         credentials = channel_credentials(self.paths)
         self._channel = grpc.aio.secure_channel(self.config.coordinator, credentials)
         stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
@@ -110,6 +115,8 @@ class NodeAgent:
         if self._relay_server is not None:
             await self._relay_server.stop()
         await self.relay.aclose()
+        if self.control is not None:
+            await self.control.close()
         for controller in self.controllers.values():
             await controller.close()
         if self._channel is not None:
