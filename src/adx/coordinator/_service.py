@@ -338,9 +338,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             environment_json=record.model_dump_json(by_alias=True), relay_address=node.relay_address if node else ""
         )
 
-    async def WatchRoutes(
-        self, request: pb.WatchRoutesRequest, context: Context
-    ) -> AsyncIterator[pb.RouteEvent]:
+    async def WatchRoutes(self, request: pb.WatchRoutesRequest, context: Context) -> AsyncIterator[pb.RouteEvent]:
         """Relay the route publications (Redis pub/sub) to an API/Ingress replica, resync first."""
         await require_peer(context, "api")
         try:
