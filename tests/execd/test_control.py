@@ -338,3 +338,29 @@ async def test_sockets_beyond_sun_path_length_work(short_dir: Path) -> None:
         await client.stop()
     finally:
         await hub.stop()
+
+
+@pytest.mark.req("CTL-3")
+async def test_a_connection_lost_and_replaced_within_one_coalescing_window_still_shows_the_break(
+    short_dir: Path,
+) -> None:
+    hub = ControlHub(short_dir / "w.sock", coalesce=0.5)
+    await hub.start()
+    try:
+        await hub.add_sandbox("w", short_dir / "w.ctl")
+        sub, _ = await Subscriber.connect(hub.subscribe_path)
+        hello = P.encode({"type": "hello", "protocol": 1, "sandboxId": "w", "state": P.initial_state()})
+        _, first = await asyncio.open_unix_connection(str(short_dir / "w.ctl"))
+        first.write(hello)
+        await first.drain()
+        await sub.until(lambda s: "w" in s)  # leading edge: sent at once
+        _, second = await asyncio.open_unix_connection(str(short_dir / "w.ctl"))  # the newest wins
+        second.write(hello)
+        await second.drain()
+        assert (await sub.next())["state"] is None, "the replaced connection's break is visible"
+        assert (await sub.next())["state"] is not None
+        first.close()
+        second.close()
+        sub.close()
+    finally:
+        await hub.stop()

@@ -105,6 +105,7 @@ class _Subscriber:
         self.wake = asyncio.Event()
         self.seq = 0
         self.last_flush = 0.0  # loop time of the last delta flush
+        self.cleared: set[str] = set()  # sandboxes whose observation was cleared since the last flush
 
 
 class ControlHub:
@@ -283,6 +284,8 @@ class ControlHub:
                 future.set_exception(ConnectionResetError("execd disconnected"))
         if sandbox.state is not None:
             sandbox.state = None
+            for sub in self._subscribers:
+                sub.cleared.add(sandbox.id)  # a reconnect within the same window must not hide the break
             self._changed(sandbox)
 
     def _changed(self, sandbox: _Sandbox) -> None:
@@ -324,10 +327,17 @@ class ControlHub:
                     await asyncio.sleep(max(0.0, sub.last_flush + self.coalesce - loop.time()))
                     sub.last_flush = loop.time()
                     dirty, sub.dirty = sub.dirty, {}
+                    cleared, sub.cleared = sub.cleared, set()
                     for sandbox_id in dirty:
-                        sub.seq += 1
                         sandbox = self._sandboxes.get(sandbox_id)
                         state = None if sandbox is None else sandbox.state
+                        if sandbox_id in cleared and state is not None:
+                            # Lost and back within one window: still show the break (CTL-3), then the state.
+                            sub.seq += 1
+                            writer.write(
+                                P.encode({"type": P.DELTA, "seq": sub.seq, "sandboxId": sandbox_id, "state": None})
+                            )
+                        sub.seq += 1
                         writer.write(
                             P.encode({"type": P.DELTA, "seq": sub.seq, "sandboxId": sandbox_id, "state": state})
                         )
