@@ -147,8 +147,11 @@ class ControlClient:
             read_task.result()  # re-raise why the reader stopped
         finally:
             read_task.cancel()
-            with contextlib.suppress(BaseException):
-                await read_task
+            # asyncio.wait never raises the reader's outcome, and a cancel of *this* task still propagates
+            # (suppressing BaseException around ``await read_task`` swallowed it: stop() could hang forever).
+            await asyncio.wait({read_task})
+            if not read_task.cancelled():
+                read_task.exception()  # retrieved: no "exception was never retrieved" noise
 
     async def _flush(self, writer: asyncio.StreamWriter) -> None:
         now = time.monotonic()
