@@ -190,6 +190,8 @@ class NodeAgent:
             controller.submit("start")
         elif record.state is S.DELETING:
             controller.submit("delete")
+        elif record.state is S.FAILED and record.restart_pending:
+            controller.schedule_pending_restart()  # RST-3: the counters came back with the record
         elif record.state in (S.RUNNING, S.STARTING) and execution is not None:
             state = await self.driver.observe(execution)
             if state is ExecutionState.RUNNING:

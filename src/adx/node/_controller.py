@@ -88,6 +88,7 @@ class Controller:
         self._task: asyncio.Task[None] | None = None
         self._exit_watch: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._restart_timer: asyncio.Task[None] | None = None
         self.closed = False
 
     # -- public ------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class Controller:
     async def close(self) -> None:
         """Stop the task (not the execution: a node shutdown leaves workloads running)."""
         self.closed = True
-        for task in (self._exit_watch, self._task):
+        for task in (self._exit_watch, self._restart_timer, self._task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -137,6 +138,7 @@ class Controller:
             "start": self._start,
             "delete": self._delete,
             "exited": self._exited,
+            "restart": self._restart,
         }
         while True:
             op = await self._queue.get()
@@ -229,23 +231,85 @@ class Controller:
             raise ConflictError(f"environment {self.env_id} is {self.record.state.value}, not pending")
         execution_id = new_id("exe")
         await self._transition(S.STARTING, {"execution_id": execution_id})
-        spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
         try:
-            execution = await self.driver.start(spec)
-            self.executions.save(execution)
-            self.execution = execution
-            await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)
+            execution = await self._launch(execution_id)
         except AdxError as exc:
-            # RST-7: a failed first start is Failed at once, its reservation released; cleanup goes on after.
-            failed = await self._transition(S.FAILED, {"last_error": f"start failed: {exc}"}, release=True)
+            # RST-7: a failed first start is Failed at once, its reservation released, never restarted;
+            # cleanup of whatever it left goes on afterwards.
+            failed = await self._transition(
+                S.FAILED, {"last_error": f"start failed: {exc}", "restart_pending": False}, release=True
+            )
             leftover = self.execution or await self._find_execution(execution_id)
+            self.execution = None
             if leftover is not None:
                 self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
             return failed
+        return await self._running(execution)
+
+    async def _launch(self, execution_id: str) -> Execution:
+        spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
+        execution = await self.driver.start(spec)
+        self.executions.save(execution)
+        self.execution = execution
+        await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)
+        return execution
+
+    async def _running(self, execution: Execution) -> EnvironmentRecord:
         running = await self._transition(S.RUNNING)
         await self._publish_route()
         self._watch_exit(execution)
         return running
+
+    async def _fail_or_restart_later(self, reason: str) -> EnvironmentRecord:
+        """Failed; with a restart policy that allows another attempt, a restart is pending after its backoff
+        (RST-2). The reservation stays while a restart is pending and is released only at the final failure."""
+        policy = self.record.spec.lifecycle.restart_policy
+        attempts = self.record.restart_attempts
+        if policy is not None and policy.allows(attempts):
+            failed = await self._transition(S.FAILED, {"last_error": reason, "restart_pending": True})
+            self.schedule_pending_restart()
+            return failed
+        return await self._transition(S.FAILED, {"last_error": reason, "restart_pending": False}, release=True)
+
+    def schedule_pending_restart(self) -> None:
+        """Arm the backoff timer of a committed pending restart (also after a node restart: RST-3)."""
+        policy = self.record.spec.lifecycle.restart_policy
+        if policy is None or not self.record.restart_pending or self.record.state is not S.FAILED:
+            return
+        delay = policy.backoff_seconds(self.record.restart_attempts + 1)
+        log.info("restart %d pending in %.1fs", self.record.restart_attempts + 1, delay, extra=self._context())
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self.submit("restart")
+
+        if self._restart_timer is not None:
+            self._restart_timer.cancel()
+        self._restart_timer = asyncio.create_task(later(), name=f"restart-timer-{self.env_id}")
+
+    async def _restart(self, op: _Op) -> EnvironmentRecord:
+        if self.record.state is not S.FAILED or not self.record.restart_pending:
+            return self.record  # deleted or replaced meanwhile (RST-4)
+        execution_id = new_id("exe")
+        # RST-2: a new execution ID; the same Environment ID and ownership generation.
+        await self._transition(
+            S.STARTING,
+            {
+                "execution_id": execution_id,
+                "restart_attempts": self.record.restart_attempts + 1,
+                "restart_pending": False,
+            },
+        )
+        try:
+            execution = await self._launch(execution_id)
+        except AdxError as exc:
+            leftover = self.execution or await self._find_execution(execution_id)
+            self.execution = None
+            if leftover is not None:
+                # RST-5: no replacement starts while the old one's cleanup is unconfirmed.
+                await self._cleanup(leftover)
+            return await self._fail_or_restart_later(f"restart failed: {exc}")
+        return await self._running(execution)
 
     async def _find_execution(self, execution_id: str) -> Execution | None:
         with contextlib.suppress(AdxError):
@@ -281,6 +345,8 @@ class Controller:
     async def _delete(self, op: _Op) -> EnvironmentRecord:
         if self.record.state is S.DELETED:
             return self.record
+        if self._restart_timer is not None:
+            self._restart_timer.cancel()  # RST-4: an explicit delete cancels a pending restart
         if self.record.state is not S.DELETING:
             await self._transition(S.DELETING)
         await self._publish_route()
@@ -307,4 +373,4 @@ class Controller:
             await self.on_route_change(self.record, None)
         await self._cleanup(execution)
         self.execution = None
-        return await self._transition(S.FAILED, {"last_error": info.describe()}, release=True)
+        return await self._fail_or_restart_later(info.describe())
