@@ -64,13 +64,14 @@ async def test_two_restarts_with_new_execution_ids_then_failed(node_cluster) -> 
         await api.close()
 
 
-@pytest.mark.req("RST-4")
+@pytest.mark.req("RST-4", "RST-7")
 async def test_delete_cancels_a_pending_restart(node_cluster) -> None:  # type: ignore[no-untyped-def]
     nc = await node_cluster()
     api = Api(nc)
     try:
-        created = await api.create(**restarting(max_retries=3, backoff=5.0, script="exit 3"))
-        # A workload that exits at once fails its first start: RST-7, no restart even with a policy.
+        never_starts = {**restarting(max_retries=3, backoff=5.0), "entrypoint": ["/does/not/exist"]}
+        created = await api.create(**never_starts)
+        # A workload that cannot start fails its first start: RST-7, no restart even with a policy.
         first = await api.wait_state(created.id, S.FAILED)
         assert (first.restart_pending, first.restart_attempts) == (False, 0)
 
