@@ -55,6 +55,9 @@ class NodeConfig(StrictModel):
         default=30.0, gt=0, le=86_400, description="validity of a file sample"
     )
     runtime: SandboxdRuntimeConfig = SandboxdRuntimeConfig()
+    idle_check_interval_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="how often idle windows are checked"
+    )
     degradation_journal: Path | None = None
     logging: LoggingConfig = LoggingConfig()
 

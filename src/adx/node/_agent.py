@@ -17,10 +17,11 @@ from adx._grpc_tls import channel_credentials, require_peer, server_credentials
 from adx._health import HealthServicer
 from adx.config._node import AutoResourceSource, NodeConfig, SandboxdResourceSource
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
-from adx.model import EnvironmentRecord, EnvironmentState, Resources
+from adx.model import EnvironmentRecord, EnvironmentState, IdleAction, Resources
 from adx.node._controller import Controller, ControllerTimings, ReadinessProbe
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
+from adx.node._idle import IdleDetector
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_relay
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
@@ -49,6 +50,7 @@ class NodeAgent:
         # Recently deleted Environments (monotonic time of removal), so late data-plane calls get "not running".
         self._deleted: dict[str, float] = {}
         self.relay = Relay(self._relay_target)
+        self.idle = IdleDetector(lambda: self.control.states if self.control is not None else {}, self.relay.streams)
         self.health = HealthServicer("node")
         self.stop_event = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
@@ -100,6 +102,7 @@ class NodeAgent:
         await self._server.start()
         self.health.set_serving()
         self._tasks.append(asyncio.create_task(self._report_loop(), name="report-loop"))
+        self._tasks.append(asyncio.create_task(self._idle_loop(), name="idle-loop"))
         log.info("node serving", extra={"node": self.name, "port": self.port, "relay": self.reporter.relay_address})
 
     async def stop(self) -> None:
@@ -251,6 +254,49 @@ class NodeAgent:
         for env_id, when in list(self._deleted.items()):
             if now - when > DELETED_MEMORY_SECONDS:
                 del self._deleted[env_id]
+
+    async def _idle_loop(self) -> None:
+        while not self.stop_event.is_set():
+            for controller in list(self.controllers.values()):
+                try:
+                    await self._check_idle(controller)
+                except AdxError as exc:
+                    log.warning("idle check failed: %s", exc, extra={"env_id": controller.env_id})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.idle_check_interval_seconds)
+
+    async def _check_idle(self, controller: Controller) -> None:
+        lifecycle = controller.record.spec.lifecycle
+        execution = controller.execution
+        if lifecycle.idle_timeout_seconds <= 0 or controller.state is not S.RUNNING or execution is None:
+            self.idle.forget(controller.env_id)  # IDLE-1: 0 never reclaims
+            return
+        sandbox_id = str(execution.native["sandbox_id"])
+        if self.idle.idle_for(controller.env_id, sandbox_id) < lifecycle.idle_timeout_seconds:
+            return
+        if lifecycle.idle_action is not IdleAction.DELETE:
+            return  # automatic pause: not in this version (the Environment stays running)
+        if not await self._close_admission(controller.env_id, sandbox_id):
+            return  # demand arrived at the last moment: the window starts again
+        log.info("idle for %ss: deleting", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
+        self.idle.forget(controller.env_id)
+        controller.submit("delete")
+
+    async def _close_admission(self, env_id: str, sandbox_id: str) -> bool:
+        """Close the Relay's, then execd's admission, each only if its activity version did not move
+        (IDLE-6 order); reopen the Relay's if execd's moved."""
+        key = self.idle.quiet_key(env_id)
+        if key is None or self.control is None:
+            return False
+        if not self.relay.streams.close_admission(env_id, key.relay_version):
+            self.idle.forget(env_id)
+            return False
+        result = await self.control.close_admission(sandbox_id, key.execd_version)
+        if not result.ok:
+            self.relay.streams.open_admission(env_id)
+            self.idle.forget(env_id)
+            return False
+        return True
 
     # -- requests ----------------------------------------------------------------------------------
     def admit(self, record: EnvironmentRecord) -> EnvironmentRecord:
