@@ -77,3 +77,16 @@ async def test_an_open_stream_keeps_it_alive_a_left_background_command_does_not(
         await api.wait_state(created.id, S.DELETED, within=10)
     finally:
         await api.close()
+
+
+@pytest.mark.req("ENV-2")
+async def test_pause_needs_a_node_that_can_pause(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """No node of this version pauses Environments yet: an idleAction=pause request is refused, not
+    accepted and silently never paused."""
+    nc = await node_cluster()
+    api = Api(nc)
+    try:
+        with pytest.raises(Exception, match=r"n1: node cannot checkpoint \(idleAction pause needs it\)"):
+            await api.create(**idle(60, "pause"))
+    finally:
+        await api.close()

@@ -89,7 +89,9 @@ class NodeAgent:
             tracker=self._capacity_tracker(),
             interval=self.config.report_interval_seconds,
             rpc_timeout=self.config.rpc_timeout_seconds,
-            checkpoint_capable=self.driver.capabilities().can_checkpoint,
+            # The runtime can checkpoint, but this node cannot pause Environments yet: advertising it would
+            # place idleAction=pause Environments that then never pause (ENV-2 refuses them instead).
+            checkpoint_capable=False,
         )
         self.sink = CoordinatorSink(
             stub,
