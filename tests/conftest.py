@@ -151,14 +151,6 @@ async def coordinator_cluster(
         await coordinator.stop(grace=None)
 
 
-@pytest.fixture(scope="session")
-def execd_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """execd's modules installed once for the session (mounted read-only at /opt/adx in sandboxes)."""
-    from adx.runtime._sandboxd import install_execd_runtime
-
-    return install_execd_runtime(tmp_path_factory.mktemp("execd-runtime"))
-
-
 @dataclass
 class NodeCluster:
     """A real Coordinator (on Redis) and real adxlets, each with its own real sandboxd."""
@@ -183,7 +175,6 @@ class NodeCluster:
 async def node_cluster(
     coordinator_cluster: Callable[..., Awaitable[tuple[CoordinatorCluster, Any]]],
     tmp_path: Path,
-    execd_runtime: Path,
 ) -> AsyncIterator[Callable[..., Awaitable[NodeCluster]]]:
     """``await make(nodes=["n1"], capacity={...})``: a Coordinator plus one real adxlet + sandboxd per node.
 
@@ -210,7 +201,7 @@ async def node_cluster(
         cluster, _ = await coordinator_cluster(**coordinator)
         started: dict[str, Any] = {}
         for name in nodes:
-            daemon = factory(name, ro_binds={"/opt/adx": str(execd_runtime)})
+            daemon = factory(name)
             issue(cluster.certs, Identity("node", name))
             cap_file = tmp_path / f"{name}-capacity.json"
             cap_file.write_text(json.dumps(capacity or {"cpuMillis": 8000, "memoryBytes": 16 * 2**30}))

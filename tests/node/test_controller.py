@@ -27,21 +27,16 @@ from adx.node._executions import ExecutionFiles
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker
 from adx.runtime import ExecutionState
-from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, install_execd_runtime
+from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver
 
 GiB = 2**30
 
 
-@pytest.fixture(scope="module")
-def execd_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_execd_runtime(tmp_path_factory.mktemp("execd-runtime"))
-
-
 @pytest.fixture
-def sandboxd(tmp_path: Path, execd_runtime: Path) -> Iterator[Daemon]:
+def sandboxd(tmp_path: Path) -> Iterator[Daemon]:
     factory = DaemonFactory(tmp_path)
     try:
-        yield factory("d1", ro_binds={"/opt/adx": str(execd_runtime)})
+        yield factory("d1")
     finally:
         factory.cleanup()
 

@@ -1,7 +1,7 @@
 """What ``adx up`` starts beyond Redis and PostgreSQL: the single-node cluster.
 
-certificates -> execd runtime -> sandboxd -> Coordinator -> node -> API server/Ingress -> a tenant key,
-each a managed process with its state under the state directory.
+certificates -> sandboxd (it installs execd's runtime itself) -> Coordinator -> node -> API server/Ingress
+-> a tenant key; each a managed process with its state under the state directory.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from adx.embedded import ManagedServer
 from adx.embedded._adx_daemons import ApiDaemon, CoordinatorDaemon, NodeDaemon, SandboxdDaemon
 from adx.embedded._process import pick_free_port
 from adx.proto import coordinator_pb2, coordinator_pb2_grpc
-from adx.runtime._sandboxd import install_execd_runtime
 
 
 def credentials_file() -> Path:
@@ -60,8 +59,6 @@ def _ensure_certs(directory: Path, node_name: str) -> None:
 def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
     certs = state_dir / "certs"
     _ensure_certs(certs, cfg.node_name)
-    runtime_dir = state_dir / "execd-runtime"
-    install_execd_runtime(runtime_dir)
     api_credentials = channel_credentials(component_paths(certs, Identity("api", "main")))
     sandboxd_socket = state_dir / "sandboxd" / "api" / "sandboxd.sock"
     cgroup_parent = cgroup_parent_name(state_dir)
@@ -73,7 +70,6 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "state_dir": str(state_dir / "sandboxd" / "data"),
             "socket_path": str(sandboxd_socket),
             "cgroup_parent": cgroup_parent,
-            "ro_binds": {"/opt/adx": str(runtime_dir)},
         },
     )
     coordinator = CoordinatorDaemon(

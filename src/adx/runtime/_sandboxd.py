@@ -21,7 +21,6 @@ import httpx
 
 from adx._fs import ShortUnixPath
 from adx.errors import AdxError, NotFoundError, UnavailableError
-from adx.execd._launch import install_runtime
 from adx.model import Resources
 from adx.runtime._driver import (
     DriverCapabilities,
@@ -55,15 +54,6 @@ _NATIVE_STATE = {
     State.STOPPING: ExecutionState.EXITED,
     State.DELETED: ExecutionState.MISSING,
 }
-
-
-def install_execd_runtime(directory: Path) -> Path:
-    """Install execd's modules (byte-compiled) into ``directory``.
-
-    sandboxd installs and mounts its own runtime for execd sandboxes (``SandboxdConfig.execd_runtime_dir``);
-    this stays for callers that still pass the directory to sandboxd explicitly.
-    """
-    return install_runtime(directory)
 
 
 def _ref(execution: Execution) -> SandboxRef:
