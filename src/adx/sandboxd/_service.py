@@ -24,7 +24,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-import adx.config  # noqa: F401 - initialise the config registry first (it imports our _config)
 from adx.errors import (
     AdxError,
     ConflictError,
