@@ -332,7 +332,7 @@ class NodeAgent:
                 raise ConflictError(f"environment {env_id} is deleted, not running")
             raise NotFoundError(f"environment {env_id} is not on node {self.name}")
         execution = controller.execution
-        if controller.state is not S.RUNNING or execution is None or execution.execd_socket is None:
+        if not controller.serving or execution is None or execution.execd_socket is None:
             raise ConflictError(f"environment {env_id} is {controller.state.value}, not running")
         return RelayTarget(env_id, execution.execd_socket, lambda: self.driver.network_namespace(execution))
 

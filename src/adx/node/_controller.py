@@ -89,6 +89,8 @@ class Controller:
         self._exit_watch: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._restart_timer: asyncio.Task[None] | None = None
+        # True while the current execution may take data-plane traffic (ready, not being retired).
+        self.serving = False
         self.closed = False
 
     # -- public ------------------------------------------------------------------------------------
@@ -117,6 +119,7 @@ class Controller:
         """After a node restart: take over a running execution (routes, exit watch) without touching it."""
         if self.execution is None or self.record.state is not S.RUNNING:
             raise ConflictError(f"environment {self.env_id}: nothing running to adopt")
+        self.serving = True
         self._spawn(self._publish_route(), f"route-{self.env_id}")
         self._watch_exit(self.execution)
         log.info("adopted running execution", extra=self._context())
@@ -255,7 +258,13 @@ class Controller:
         return execution
 
     async def _running(self, execution: Execution) -> EnvironmentRecord:
-        running = await self._transition(S.RUNNING)
+        # Serve before the Coordinator announces Running: a client that sees the commit may call at once.
+        self.serving = True
+        try:
+            running = await self._transition(S.RUNNING)
+        except BaseException:
+            self.serving = False
+            raise
         await self._publish_route()
         self._watch_exit(execution)
         return running
@@ -345,6 +354,7 @@ class Controller:
     async def _delete(self, op: _Op) -> EnvironmentRecord:
         if self.record.state is S.DELETED:
             return self.record
+        self.serving = False
         if self._restart_timer is not None:
             self._restart_timer.cancel()  # RST-4: an explicit delete cancels a pending restart
         if self.record.state is not S.DELETING:
@@ -369,6 +379,7 @@ class Controller:
         info: ExitInfo = op.payload["info"] or ExitInfo(reason="the execution ended while the node was away")
         log.info("execution exited: %s", info.describe(), extra=self._context())
         # RST-1: retire routes, confirm the old execution's cleanup, then mark Failed, in that order.
+        self.serving = False
         if self.on_route_change is not None:
             await self.on_route_change(self.record, None)
         await self._cleanup(execution)
