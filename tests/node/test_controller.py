@@ -169,3 +169,32 @@ async def test_a_failed_first_start_is_failed_at_once_and_releases(node: Node) -
     # It never becomes Running, and a second start is refused.
     with pytest.raises(Exception, match="not pending"):
         await controller.submit("start")
+
+
+@pytest.mark.req("RES-2")
+async def test_sandboxd_resource_source_reads_the_resource_call_after_a_health_call(sandboxd: Daemon) -> None:
+    """The node's ``sandboxd`` capacity source: CPU cores become millicores; a failing source keeps the sample."""
+    from adx.config._node import NodeConfig
+    from adx.node._agent import NodeAgent
+
+    agent = NodeAgent(
+        NodeConfig(
+            name="n1",
+            resource_source={"kind": "sandboxd", "socket": sandboxd.socket, "valid_for_seconds": 30},
+            runtime={"socket": sandboxd.socket},
+        )
+    )
+    try:
+        tracker = agent._capacity_tracker()
+        sample = await tracker.refresh()
+        assert sample is not None
+        async with sandboxd.client() as client:
+            info = await client.resource()
+        assert sample.capacity.cpu_millis == info.cpu_cores * 1000
+        assert sample.capacity.memory_bytes == info.memory_bytes
+        assert sample.capacity.disk_bytes == info.storage_free_bytes
+        sandboxd.kill()  # the source fails: the previous sample stays (RES-6), nothing is invented
+        again = await tracker.refresh()
+        assert again == sample and tracker.last_error
+    finally:
+        await agent.driver.aclose()
