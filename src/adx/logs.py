@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Literal, TextIO
 
-__all__ = ["LogFormat", "configure_logging", "get_logger"]
+__all__ = ["LogFormat", "configure_logging"]
 
 LogFormat = Literal["json", "kv"]
 
@@ -78,7 +78,3 @@ def configure_logging(
     handler._adx_handler = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
-
-
-def get_logger(name: str) -> logging.Logger:
-    return logging.getLogger(name)

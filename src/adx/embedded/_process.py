@@ -13,7 +13,6 @@ import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from adx._fs import atomic_write_json, exclusive_lock
 from adx.errors import UnavailableError
@@ -345,7 +344,3 @@ class ManagedServer:
         if self._child is not None and self._child.pid == pid:
             self._child.wait()
             self._child = None
-
-    def to_json(self) -> dict[str, Any]:
-        info = self.read_info()
-        return asdict(info) if info else {}

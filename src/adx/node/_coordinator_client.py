@@ -29,7 +29,8 @@ class CoordinatorSink:
         self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
     ) -> EnvironmentRecord:
         wire = EnvironmentRecord.model_validate({**record.model_dump(), **changes}).to_wire()
-        changed = {key: wire[key] for key in (_camel(name) for name in changes)}
+        fields = EnvironmentRecord.model_fields
+        changed = {alias: wire[alias] for alias in (fields[name].alias or name for name in changes)}
         request = pb.CommitResultRequest(
             node=self.node,
             session=self._session(),
@@ -56,8 +57,3 @@ class CoordinatorSink:
 
     async def fetch(self, env_id: str) -> EnvironmentRecord | None:
         return next((record for record in await self.catalog() if record.id == env_id), None)
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(word.title() for word in rest)

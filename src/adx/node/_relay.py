@@ -54,12 +54,9 @@ class StreamCounts:
     open: dict[str, int] = field(default_factory=dict)
     version: dict[str, int] = field(default_factory=dict)
     closed_admission: set[str] = field(default_factory=set)
-    listeners: list[Callable[[str], None]] = field(default_factory=list)
 
     def _bump(self, env_id: str) -> None:
         self.version[env_id] = self.version.get(env_id, 0) + 1
-        for listener in self.listeners:
-            listener(env_id)
 
     def opened(self, env_id: str) -> None:
         self.open[env_id] = self.open.get(env_id, 0) + 1

@@ -7,12 +7,10 @@ explicit session rejection requires a fresh registration under a new session.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from dataclasses import dataclass
 
 import grpc
 
@@ -35,7 +33,6 @@ class ReportState:
     reports: int = 0
     failures: int = 0
     last_error: str = ""
-    listeners: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
 class Reporter:
@@ -142,11 +139,3 @@ class Reporter:
         self.state.failures += 1
         self.state.last_error = str(exc)
         log.warning("report failed: %s", exc, extra={"node": self.node})
-
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            started = time.monotonic()
-            await self.report_once()
-            delay = max(self.interval - (time.monotonic() - started), 0.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
