@@ -72,6 +72,40 @@ async def test_sigkill_restart_keeps_running_sandboxes_and_reports_dead_and_miss
         assert await c.list() == []
 
 
+@pytest.mark.req("SBX-10", "SBX-2", "SBX-5", "SBX-11")
+async def test_sigkill_right_after_create_returns_adopts_the_sandbox_running_with_its_id_and_token(
+    sandboxd: DaemonFactory,
+) -> None:
+    # A create persists only its intent (creating) and replies once the supervisor recorded the native identity
+    # and the workload started: the Running it replies with is an observation. A SIGKILL right after the reply
+    # must not lose the sandbox: startup adopts it by observing that identity (SBX-10, SBX-2).
+    d = sandboxd()
+    async with d.client() as c:
+        kept = await c.create(CreateRequest(request_id="k", argv=SLEEPER))
+        dies = await c.create(CreateRequest(request_id="d", argv=SLEEPER))
+        d.kill()
+    assert kept.sandbox.state == State.RUNNING
+    on_disk = json.loads((d.sandbox_dir(kept.sandbox.sandbox_id) / "record.json").read_text())
+    assert on_disk["record"]["state"] == "creating"  # what this test is about: nothing but the intent persisted
+    procs = d.settled_procs(kept.sandbox.sandbox_id)
+    _kill_cgroup(d, dies.sandbox.sandbox_id)  # and one whose workload ends while sandboxd is down
+    wait_until(lambda: (d.sandbox_dir(dies.sandbox.sandbox_id) / "exit.json").exists())
+
+    d.start()
+    async with d.client() as c:
+        listed = {s.sandbox_id: s for s in await c.list()}
+        assert listed[kept.sandbox.sandbox_id].state == State.RUNNING
+        info = await c.get(ref_of(kept))  # the same ID and token (and generation) still work
+        assert info.state == State.RUNNING and info.native == kept.sandbox.native
+        assert d.cgroup_procs(kept.sandbox.sandbox_id) == procs  # adopted, neither killed nor restarted
+        dead = await c.get(ref_of(dies))
+        assert dead.state == State.TERMINATED and dead.exit is not None and dead.exit.signal == 9
+        assert not d.cgroup_procs(dies.sandbox.sandbox_id)  # never restarted (SBX-5, SBX-11)
+        for created in (kept, dies):
+            await c.delete(ref_of(created))
+        assert await c.list() == []
+
+
 @pytest.mark.req("SBX-11")
 async def test_normal_stop_leaves_sandboxes_running_and_restart_reconnects(sandboxd: DaemonFactory) -> None:
     d = sandboxd()

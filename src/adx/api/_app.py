@@ -240,5 +240,9 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
         from adx.ingress import router as ingress_router
 
         app.include_router(ingress_router)
+    if config.e2b:
+        from adx.e2b import install
+
+        install(app, control_plane=api, data_plane=with_ingress)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -33,6 +33,9 @@ class ApiConfig(StrictModel):
     )
     route_cache_seconds: float = Field(default=2.0, ge=0, le=300, description="how long an Ingress route is reused")
     ingress: bool = Field(default=True, description="serve the data-plane (Ingress) routes on the same port")
+    e2b: bool = Field(
+        default=True, description="serve the E2B-compatible API (control plane and envd data plane, docs/e2b.md)"
+    )
     start_wait_seconds: float = Field(
         default=30.0, ge=0, le=600, description="Ingress: how long a request waits for a pending/starting Environment"
     )

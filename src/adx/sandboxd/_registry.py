@@ -275,13 +275,41 @@ class Registry:
         envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
         atomic_write_json(sdir / RECORD_FILE, envelope)
 
-    def create_dir(self, sandbox_id: str) -> Path:
-        """mkdir the sandbox dir; FileExistsError proves the ID was used before (tombstones keep dirs)."""
+    def create(self, record: SandboxRecord) -> Path:
+        """A new sandbox's dir and its record, whole; :meth:`sync_created` must follow before anyone is told.
+
+        mkdir's FileExistsError proves the ID was used before (tombstones keep dirs). The record is written
+        like every other (temp, fsync, rename), but the two directory fsyncs that make the new entries
+        durable are left to ``sync_created``, so they can overlap the sandbox's start: they matter only for a
+        host crash, which ends the sandbox too, and until they are done a crash leaves either no entry or a
+        whole record, never a torn one.
+        """
         self.check_usable()
-        sdir = self.sandbox_dir(sandbox_id)
+        sdir = self.sandbox_dir(record.sandbox_id)
         sdir.mkdir(mode=0o700)
-        fsync_dir(self.sandboxes_dir)  # the entry that blocks the ID's reuse must survive a host crash too
+        envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
+        tmp = sdir / f".{RECORD_FILE}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                data = memoryview(json.dumps(envelope, indent=2, sort_keys=True).encode() + b"\n")
+                while data:
+                    data = data[os.write(fd, data) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, sdir / RECORD_FILE)
+        except OSError as exc:
+            raise self._fail("record", exc, record.sandbox_id) from exc
         return sdir
+
+    def sync_created(self, sandbox_id: str) -> None:
+        """Make :meth:`create`'s entries durable: the record's, then the dir's that blocks the ID's reuse."""
+        try:
+            fsync_dir(self.sandbox_dir(sandbox_id))
+            fsync_dir(self.sandboxes_dir)
+        except OSError as exc:
+            raise self._fail("record", exc, sandbox_id) from exc
 
     def put(self, record: SandboxRecord) -> None:
         self.check_usable()

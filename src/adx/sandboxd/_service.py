@@ -213,15 +213,50 @@ class SandboxService:
                 except AdxError as exc:
                     self._defer(f"retrying delete of {rec.sandbox_id} failed: {exc}")
             elif rec.state == State.CREATING:
-                # The create's reply was never sent and its outcome is unknown: keep it reserved and
-                # visible as failed; the supervisor (if still starting) sees this and does not start.
-                self._set_sync(rec, State.FAILED, reason="create interrupted by a sandboxd restart")
+                try:
+                    self._settle_creating(rec)
+                except (AdxError, OSError) as exc:
+                    self._defer(f"settling the interrupted create of {rec.sandbox_id} failed: {exc}")
             else:
                 try:
                     self._reconcile_sync(rec.sandbox_id)
                 except AdxError as exc:
                     self._defer(f"reconciling {rec.sandbox_id} failed: {exc}")
         self._refresh_resource()
+
+    def _settle_creating(self, rec: SandboxRecord) -> None:
+        """A record still ``creating`` on disk at startup (SBX-10, SBX-13).
+
+        A create persists only its intent: the Running it replies with is a native observation (SBX-2) whose
+        evidence is the identity the supervisor records (``native.json``) before it starts anything. So the
+        reply may have been sent already: a native identity means the supervisor started, and the sandbox
+        is observed like any other (Running, Paused, Terminated or Missing). Without one, the supervisor
+        either never got the spec or is still creating the cgroup: wait for it while it holds its lifecycle
+        lock; once the lock is ours and still no identity exists, nothing was started and the record is
+        failed (kept reserved) under the lock, so a supervisor that gets the spec later sees it and does
+        not start.
+        """
+        lock_path = self.registry.sandbox_dir(rec.sandbox_id) / LOCK_FILE
+        deadline = time.monotonic() + self.config.create_timeout_seconds
+        while self._native_of(rec) is None:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        self._set_sync(rec, State.FAILED, reason="create interrupted by a sandboxd restart")
+                        return
+                else:
+                    if self._native_of(rec) is None:
+                        self._set_sync(rec, State.FAILED, reason="create interrupted by a sandboxd restart")
+                        return
+            finally:
+                os.close(fd)  # drops our lock at once if we got it
+            time.sleep(0.005)
+        state, changes = self._observe(rec)
+        changes.setdefault("reason", "create interrupted by a sandboxd restart; adopted by native observation")
+        self._set_sync(rec, state, **changes)
 
     def _preflight(self) -> None:
         """Native checks after storage init and before the API is bound."""
@@ -350,14 +385,19 @@ class SandboxService:
             observation_error=observation_error,
         )
 
-    def _set_sync(self, rec: SandboxRecord, state: State, **changes: Any) -> SandboxRecord:
-        """Validate the transition, persist, then publish in memory (the disk is the commit point)."""
+    @staticmethod
+    def _transition(rec: SandboxRecord, state: State, **changes: Any) -> SandboxRecord:
+        """The record after a validated ``rec.state -> state`` transition (neither persisted nor published)."""
         check_transition(rec.sandbox_id, rec.generation, rec.state, state, changes.get("reason") or "observed")
         # A reason describes the latest transition only; an observation without one clears the old one.
         update = {"state": state, "updated_at": time.time(), "reason": None, **changes}
         if state == rec.state and "reason" not in changes:
             update["reason"] = rec.reason
-        new = rec.model_copy(update=update)
+        return rec.model_copy(update=update)
+
+    def _set_sync(self, rec: SandboxRecord, state: State, **changes: Any) -> SandboxRecord:
+        """Validate the transition, persist, then publish in memory (the disk is the commit point)."""
+        new = self._transition(rec, state, **changes)
         self.registry.put(new)
         self.records[rec.sandbox_id] = new
         return new
@@ -453,8 +493,10 @@ class SandboxService:
 
     def _reconcile_sync(self, sandbox_id: str) -> tuple[SandboxRecord, str | None]:
         rec = self.records[sandbox_id]
-        if rec.state in (State.STOPPING, State.CREATING):
+        if rec.state == State.STOPPING:
             return rec, None  # the persisted intent rules; queries never override it (SBX-2)
+        # (A record is creating here only after a startup that could not settle it: an in-flight create holds
+        # the sandbox's lock, which every reconciling call takes. Its supervisor's identity settles it.)
         try:
             state, changes = self._observe(rec)
         except OSError as exc:
@@ -679,8 +721,8 @@ class SandboxService:
             del self.by_request[rec.request_id]
 
     def _prepare_dir(self, rec: SandboxRecord) -> None:
-        sdir = self.registry.create_dir(rec.sandbox_id)
-        self.registry.put(rec)  # commit point: from here the ID is known to survive a crash
+        # Commit point (with registry.sync_created, awaited before any reply): the ID survives a crash.
+        sdir = self.registry.create(rec)
         names = ["upper", "ovlwork", "rootfs", "run"]
         if rec.execd is not None:
             names += [SOCKETS_DIR, CONTROL_DIR]  # host-only: never mounted writable into the sandbox
@@ -733,6 +775,20 @@ class SandboxService:
             with contextlib.suppress(OSError):
                 self.registry.sandbox_dir(rec.sandbox_id).rmdir()
             raise UnavailableError(f"cannot create sandbox dir: {exc}") from exc
+        # The directory fsyncs overlap the start; every outcome waits for them (the finally), a reply too.
+        synced = asyncio.ensure_future(asyncio.to_thread(self.registry.sync_created, rec.sandbox_id))
+        try:
+            return await self._start_created(rec, restore, synced, t0)
+        finally:
+            await asyncio.gather(synced, return_exceptions=True)  # a failure has set the storage-failed flag
+
+    async def _start_created(
+        self,
+        rec: SandboxRecord,
+        restore: tuple[Path, dict[str, Any]] | None,
+        synced: asyncio.Future[None],
+        t0: float,
+    ) -> CreateResponse:
         _fault("create.after_commit")
         error: AdxError | None = None
         if rec.execd is not None:
@@ -767,15 +823,21 @@ class SandboxService:
                 error = exc
             else:
                 if report.get("ok"):
+                    await synced  # UncertainOutcomeError (storage failed): the record stays, reserved
                     native = NativeIdentity.model_validate(report["native"])
-                    rec = await self._set(rec, State.RUNNING, native=native, reason="started")
+                    # Published, not persisted: Running is a native observation (SBX-2), and its evidence, the
+                    # identity the supervisor recorded before starting, is what a restart adopts
+                    # (_settle_creating). A second fsync'd write (~1.4 ms of every create) would add nothing;
+                    # the next persisted change of this sandbox writes the whole record.
+                    rec = self.records[rec.sandbox_id] = self._transition(
+                        rec, State.RUNNING, native=native, reason="started"
+                    )
                     log.debug(
                         "create timings",
                         extra={
                             "sandbox_id": rec.sandbox_id,
                             "prepare_ms": round((t1 - t0) * 1000, 2),
                             "spawn_ms": round((t2 - t1) * 1000, 2),
-                            "commit_ms": round((time.perf_counter() - t2) * 1000, 2),
                         },
                     )
                     return CreateResponse(sandbox=self._info(rec), token=rec.token)

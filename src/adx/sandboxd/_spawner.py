@@ -48,10 +48,11 @@ def _fork_zygote(layout: CgroupLayout, ctrl_fd: int) -> _Zygote:
             os.close(spec_w)
             os.close(result_r)
             os.close(ctrl_fd)
-            os.setsid()  # own session: no terminal signals, not in sandboxd's process group
+            _detach(keep=(spec_r, result_w))  # while idle: none of this waits for a spec
             chunks = []
             while chunk := os.read(spec_r, 1 << 16):
                 chunks.append(chunk)
+            os.close(spec_r)
             # EOF without a spec: the spawner is gone or replaced us; just exit.
             code = _supervisor_main(json.loads(b"".join(chunks)), layout, result_w) if chunks else 0
         finally:
@@ -59,6 +60,22 @@ def _fork_zygote(layout: CgroupLayout, ctrl_fd: int) -> _Zygote:
     os.close(spec_r)
     os.close(result_w)
     return _Zygote(pid, spec_w, result_r)
+
+
+def _detach(keep: tuple[int, ...]) -> None:
+    """Make a zygote a supervisor-to-be: own session, stdin on /dev/null, ignored terminal signals, and no
+    descriptor inherited from the spawner but ``keep`` (other requests' pipes, the control socket): a supervisor
+    must hold nothing of sandboxd's, or sandboxd's restart would find its resources busy."""
+    os.setsid()  # own session: no terminal signals, not in sandboxd's process group
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    prev = 2
+    for fd in sorted({*keep, 65536}):
+        if fd > prev:
+            os.closerange(prev + 1, fd)
+            prev = fd
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _hand_off(zygote: _Zygote, spec: dict[str, Any]) -> int:
@@ -87,22 +104,10 @@ def _reap() -> None:
 
 
 def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -> int:
-    sdir = spec["sandbox_dir"]
-    log = os.open(f"{sdir}/supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null = os.open("/dev/null", os.O_RDWR)
-    os.dup2(null, 0)
+    log = os.open(f"{spec['sandbox_dir']}/supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    # Drop every descriptor inherited from the spawner (other requests' pipes, the control socket): a
-    # supervisor must hold nothing of sandboxd's, or sandboxd's restart would find its resources busy.
-    keep = sorted({0, 1, 2, result_fd})
-    prev = 2
-    for fd in keep[3:] if len(keep) > 3 else []:
-        os.closerange(prev + 1, fd)
-        prev = fd
-    os.closerange(prev + 1, 65536)
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    os.close(log)
     try:
         return run_supervisor(spec, layout, result_fd)
     except BaseException as exc:

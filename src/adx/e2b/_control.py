@@ -1,0 +1,301 @@
+"""The E2B control plane (``X-API-KEY``): sandboxes are ADX Environments of the key's tenant, with the same IDs.
+
+| E2B | ADX |
+|---|---|
+| ``POST /v2/sandboxes`` ``{templateID, timeout, autoPause, metadata, envVars}`` | create, wait until running |
+| ``GET /v2/sandboxes`` (``metadata``, ``state``, ``limit``, ``nextToken`` -> ``x-next-token``) | list |
+| ``GET /sandboxes/{id}``, ``DELETE /sandboxes/{id}`` | get, delete |
+| ``POST /sandboxes/{id}/timeout`` ``{timeout}`` | set the lifetime deadline (``set_lifetime``) |
+| ``POST /sandboxes/{id}/pause`` | pause (409 when already paused) |
+| ``POST /v2/sandboxes/{id}/connect`` | ``ensure_running`` (201 when it resumed) |
+| ``GET /sandboxes/{id}/metrics`` | no samples (``[]``) |
+
+Errors are E2B's ``{"code": <HTTP status>, "message": "..."}``; another tenant's sandbox is a 404 like a missing
+one (SEC-2). ``templateID`` is the image (``base``: the default one); ``timeout`` and ``autoPause`` become
+``lifecycle.lifetimeSeconds`` and ``lifetimeAction``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, ParamSpec
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from adx.api._app import Plane, environment_id_or_404, plane, read_json
+from adx.api._errors import NotImplementedYet, status_for
+from adx.e2b._envd import tokens_for
+from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, parse_wire
+
+#: The envd version the SDK is told: the features it gates on that version are the ones served here.
+ENVD_VERSION = "0.6.4"
+DEFAULT_TIMEOUT_SECONDS = 300
+DEFAULT_CPU_MILLIS = 500
+DEFAULT_MEMORY_BYTES = 512 << 20
+MAX_PAGE = 100
+MiB = 1 << 20
+_RUNNING = frozenset(
+    {EnvironmentState.PENDING, EnvironmentState.STARTING, EnvironmentState.RUNNING, EnvironmentState.RESUMING}
+)
+_PAUSED = frozenset({EnvironmentState.PAUSING, EnvironmentState.PAUSED})
+_CREATE_FIELDS = frozenset(
+    {"templateID", "timeout", "autoPause", "autoResume", "autoPauseMemory", "metadata", "envVars", "secure",
+     "allow_internet_access", "network", "mcp", "iam", "volumeMounts"}
+)  # fmt: skip
+
+router = APIRouter(include_in_schema=False)
+P = ParamSpec("P")
+
+
+def e2b_errors(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
+    """ADX errors in E2B's shape: ``{"code": status, "message"}``."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
+        try:
+            return await fn(*args, **kwargs)
+        except AdxError as exc:
+            status = 400 if status_for(exc) == 422 else status_for(exc)
+            return JSONResponse({"code": status, "message": exc.message}, status_code=status)
+
+    return wrapper
+
+
+async def _tenant(request: Request) -> str:
+    key = request.headers.get("x-api-key")
+    return await plane(request).auth.tenant(f"Bearer {key}" if key else None)
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+
+
+def e2b_state(record: EnvironmentRecord) -> str | None:
+    if record.state in _RUNNING:
+        return "running"
+    if record.state in _PAUSED:
+        return "paused"
+    return None  # deleting, deleted, failed: E2B knows no such sandbox
+
+
+def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detail: bool) -> dict[str, Any]:
+    resources = record.spec.resources
+    expires = record.expires_at
+    view: dict[str, Any] = {
+        "templateID": record.spec.image,
+        "sandboxID": record.id,
+        "clientID": record.node or "adx",
+        "startedAt": _iso(record.created_at),
+        # No deadline (an Environment made without one): E2B has no such state; a far end says so.
+        "endAt": _iso(expires if expires is not None else record.created_at + 100 * 365 * 86400),
+        "cpuCount": max(1, math.ceil(resources.cpu_millis / 1000)),
+        "memoryMB": resources.memory_bytes // MiB,
+        "diskSizeMB": resources.disk_bytes // MiB,
+        "state": e2b_state(record),
+        "envdVersion": ENVD_VERSION,
+        "metadata": dict(record.spec.metadata),
+    }
+    if detail:
+        view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
+    return view
+
+
+def created_view(request: Request, record: EnvironmentRecord) -> dict[str, Any]:
+    return {
+        "templateID": record.spec.image,
+        "sandboxID": record.id,
+        "clientID": record.node or "adx",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": tokens_for(request.app).mint(record.tenant, record.id),
+    }
+
+
+async def _visible(p: Plane, tenant: str, sandbox_id: str) -> EnvironmentRecord:
+    """The sandbox as E2B sees it: gone (deleting, deleted, failed) is the same 404 as missing or foreign."""
+    record = await p.coordinator.get_environment(tenant, environment_id_or_404(sandbox_id))
+    if e2b_state(record) is None:
+        raise NotFoundError(f"sandbox {sandbox_id} not found")
+    return record
+
+
+async def _wait_running(p: Plane, record: EnvironmentRecord) -> EnvironmentRecord:
+    deadline = time.monotonic() + p.config.start_wait_seconds
+    delay = 0.02
+    while record.state in (EnvironmentState.PENDING, EnvironmentState.STARTING):
+        if time.monotonic() + delay > deadline:
+            raise UnavailableError(f"sandbox {record.id} is still {record.state.value}; it may start shortly")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+        record = await p.coordinator.get_environment(record.tenant, record.id)
+    if record.state is not EnvironmentState.RUNNING:
+        raise ConflictError(f"sandbox {record.id} did not start: it is {record.state.value} ({record.last_error})")
+    return record
+
+
+def _object(value: object, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidInputError(field, "must be a JSON object")
+    return value
+
+
+def _timeout(value: object, field: str = "timeout") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(field, "must be a positive integer (seconds)")
+    return value
+
+
+@router.post("/v2/sandboxes")
+@e2b_errors
+async def create_sandbox(request: Request) -> Response:
+    p = plane(request)
+    tenant = await _tenant(request)
+    body = _object(await read_json(request, p.config.max_body_bytes), "body")
+    unknown = sorted(set(body) - _CREATE_FIELDS)
+    if unknown:
+        raise InvalidInputError(unknown[0], "unknown field")
+    for unsupported in ("mcp", "volumeMounts", "iam"):
+        if body.get(unsupported):
+            raise InvalidInputError(unsupported, "is not supported by this server")
+    template = body.get("templateID")
+    if not isinstance(template, str) or not template:
+        raise InvalidInputError("templateID", "required")
+    auto_pause = body.get("autoPause", False)
+    if not isinstance(auto_pause, bool):
+        raise InvalidInputError("autoPause", "must be a boolean")
+    wire = {
+        "image": template,
+        "resources": {"cpuMillis": DEFAULT_CPU_MILLIS, "memoryBytes": DEFAULT_MEMORY_BYTES},
+        "env": body.get("envVars") or {},
+        "metadata": body.get("metadata") or {},
+        "lifecycle": {
+            "lifetimeSeconds": _timeout(body.get("timeout", DEFAULT_TIMEOUT_SECONDS)),
+            "lifetimeAction": "pause" if auto_pause else "delete",
+        },
+    }
+    spec = parse_wire(EnvironmentSpec, wire)
+    key = request.headers.get("idempotency-key") or None
+    record, _ = await p.coordinator.create_environment(tenant, spec, key)
+    record = await _wait_running(p, record)
+    return JSONResponse(created_view(request, record), status_code=201)
+
+
+@router.get("/v2/sandboxes")
+@e2b_errors
+async def list_sandboxes(request: Request) -> Response:
+    p = plane(request)
+    tenant = await _tenant(request)
+    query = request.query_params
+    wanted_metadata = dict(parse_qsl(query.get("metadata", ""), keep_blank_values=True))
+    states = {s for part in query.getlist("state") for s in part.split(",") if s} or {"running", "paused"}
+    try:
+        limit = min(int(query.get("limit", MAX_PAGE)), MAX_PAGE)
+        if limit < 1:
+            raise ValueError
+    except ValueError:
+        raise InvalidInputError("limit", f"must be an integer from 1 to {MAX_PAGE}") from None
+    records = [
+        r
+        for r in await p.coordinator.list_environments(tenant)
+        if e2b_state(r) in states and all(r.spec.metadata.get(k) == v for k, v in wanted_metadata.items())
+    ]
+    records.sort(key=lambda r: (r.created_at, r.id), reverse=query.get("order") == "desc")
+    start = 0
+    if token := query.get("nextToken"):
+        ids = [r.id for r in records]
+        start = ids.index(token) if token in ids else len(ids)
+    page = records[start : start + limit]
+    headers = {"x-next-token": records[start + limit].id} if start + limit < len(records) else {}
+    return JSONResponse([sandbox_view(p, request, r, detail=False) for r in page], headers=headers)
+
+
+@router.get("/sandboxes/{sandbox_id}")
+@e2b_errors
+async def get_sandbox(request: Request, sandbox_id: str) -> Response:
+    p = plane(request)
+    record = await _visible(p, await _tenant(request), sandbox_id)
+    return JSONResponse(sandbox_view(p, request, record, detail=True))
+
+
+@router.delete("/sandboxes/{sandbox_id}")
+@e2b_errors
+async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
+    p = plane(request)
+    tenant = await _tenant(request)
+    record = await p.coordinator.get_environment(tenant, environment_id_or_404(sandbox_id))
+    if record.state in (EnvironmentState.DELETING, EnvironmentState.DELETED):
+        raise NotFoundError(f"sandbox {sandbox_id} not found")
+    await p.coordinator.delete_environment(tenant, record.id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout")
+@e2b_errors
+async def set_timeout(request: Request, sandbox_id: str) -> Response:
+    p = plane(request)
+    tenant = await _tenant(request)
+    body = _object(await read_json(request, p.config.max_body_bytes), "body")
+    seconds = _timeout(body.get("timeout"))
+    record = await _visible(p, tenant, sandbox_id)
+    await _set_lifetime(p, tenant, record, seconds)
+    return Response(status_code=204)
+
+
+async def _set_lifetime(p: Plane, tenant: str, record: EnvironmentRecord, seconds: int) -> EnvironmentRecord:
+    setter = getattr(p.coordinator, "set_lifetime", None)
+    if setter is None:
+        raise NotImplementedYet("set_timeout needs Environment lifetimes (not in this version)")
+    action = record.spec.lifecycle.lifetime_action.value
+    result: EnvironmentRecord = await setter(tenant, record.id, float(seconds), action)
+    return result
+
+
+@router.post("/sandboxes/{sandbox_id}/pause")
+@e2b_errors
+async def pause_sandbox(request: Request, sandbox_id: str) -> Response:
+    p = plane(request)
+    tenant = await _tenant(request)
+    record = await _visible(p, tenant, sandbox_id)
+    pause = getattr(p.coordinator, "pause_environment", None)
+    if pause is None:
+        raise NotImplementedYet("pause is not available in this version")
+    await pause(tenant, record.id)  # ConflictError (already paused) -> 409, as E2B answers
+    return Response(status_code=204)
+
+
+@router.post("/v2/sandboxes/{sandbox_id}/connect")
+@router.post("/sandboxes/{sandbox_id}/connect")
+@router.post("/sandboxes/{sandbox_id}/resume")
+@e2b_errors
+async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
+    """EnsureRunning: 200 when it was running, 201 when it had to be resumed."""
+    p = plane(request)
+    tenant = await _tenant(request)
+    raw = await request.body()
+    body = _object(await read_json(request, p.config.max_body_bytes), "body") if raw.strip() else {}
+    record = await _visible(p, tenant, sandbox_id)
+    resumed = record.state in _PAUSED
+    if resumed:
+        ensure = getattr(p.coordinator, "ensure_running", None)
+        if ensure is None:
+            raise NotImplementedYet("resume is not available in this version")
+        record = await ensure(tenant, record.id, p.config.start_wait_seconds)
+    record = await _wait_running(p, record)
+    if body.get("timeout") is not None:
+        record = await _set_lifetime(p, tenant, record, _timeout(body["timeout"]))
+    return JSONResponse(created_view(request, record), status_code=201 if resumed else 200)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+@e2b_errors
+async def sandbox_metrics(request: Request, sandbox_id: str) -> Response:
+    p = plane(request)
+    await _visible(p, await _tenant(request), sandbox_id)
+    return JSONResponse([])

@@ -1,0 +1,114 @@
+"""The envd data plane, served on the API's own base URL for requests that carry ``E2b-Sandbox-Id``.
+
+The E2B SDK sends every sandbox call to ``E2B_SANDBOX_URL`` with the headers ``E2b-Sandbox-Id``,
+``E2b-Sandbox-Port`` (envd's 49983) and ``X-Access-Token``; no API key. So the access token is what names and
+authenticates the tenant (:mod:`adx.e2b._tokens`); a wrong or missing token is refused before anything is
+resolved or forwarded, and everything after goes through the Ingress as that tenant (SEC-2, SEC-4).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from adx.api._app import Plane, environment_id_or_404
+from adx.e2b._connect import HTTP_STATUS, RpcError, error_response, rpc_error
+from adx.e2b._files import HttpFailure, download, upload
+from adx.e2b._filesystem import FilesystemService
+from adx.e2b._process import ProcessService
+from adx.e2b._tokens import EnvdTokens
+from adx.e2b._upstream import Execd
+from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError
+from adx.ingress import Ingress
+
+SANDBOX_HEADER = b"e2b-sandbox-id"
+ENVD_PORT = "49983"
+#: Where relative paths resolve (envd: the user's home). Sandboxes run as root with HOME=/root.
+HOME = "/root"
+
+
+def tokens_for(app: Any) -> EnvdTokens:
+    """The app's token minter/checker, made on first use from the API's configuration."""
+    tokens = getattr(app.state, "e2b_tokens", None)
+    if tokens is None:
+        tokens = EnvdTokens.from_config(cast(Plane, app.state.plane).config)
+        app.state.e2b_tokens = tokens
+    return cast(EnvdTokens, tokens)
+
+
+def _unreachable(exc: AdxError, sandbox_id: str) -> RpcError:
+    """How the E2B edge answers for a sandbox it cannot reach: 'not found' makes the SDK say it is not running."""
+    if isinstance(exc, NotFoundError | ConflictError):
+        state = exc.details.get("state")
+        suffix = f" (it is {state})" if state else ""
+        return RpcError("unavailable", f"The sandbox {sandbox_id} was not found{suffix}")
+    return rpc_error(exc)
+
+
+class EnvdDataPlane:
+    """ASGI middleware: requests with ``E2b-Sandbox-Id`` are envd calls; everything else passes through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not any(name == SANDBOX_HEADER for name, _ in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        response = await self.handle(request)
+        await response(scope, receive, send)
+
+    async def handle(self, request: Request) -> Response:
+        path = request.url.path
+        rpc = path.count("/") == 2 and "." in path.split("/")[1]
+        sandbox_id = request.headers.get("e2b-sandbox-id", "")
+        try:
+            return await self._route(request, path, sandbox_id)
+        except RpcError as exc:
+            return error_response(request, exc) if rpc else _http_error(HTTP_STATUS[exc.code], exc.message)
+        except HttpFailure as exc:
+            return exc.response()
+        except AdxError as exc:
+            error = _unreachable(exc, sandbox_id)
+            if rpc:
+                return error_response(request, error)
+            if isinstance(exc, InvalidInputError):
+                return _http_error(400, exc.message)
+            return _http_error(502 if error.code == "unavailable" else HTTP_STATUS[error.code], error.message)
+
+    async def _route(self, request: Request, path: str, sandbox_id: str) -> Response:
+        app = request.scope["app"]
+        plane = cast(Plane, app.state.plane)
+        tenant = tokens_for(app).tenant(request.headers.get("x-access-token"), sandbox_id)
+        port = request.headers.get("e2b-sandbox-port", ENVD_PORT)
+        if port != ENVD_PORT:
+            raise RpcError("unimplemented", f"port {port}: only envd's port {ENVD_PORT} is served")
+        ingress = plane.extras.get("ingress")
+        if ingress is None:
+            raise RpcError("unavailable", "this server does not serve the data plane (ingress = false)")
+        execd = Execd(cast(Ingress, ingress), tenant, environment_id_or_404(sandbox_id))
+        if path == "/health" and request.method == "GET":
+            status, body = await execd.call("GET", "/v1/health")
+            if status != 200:
+                raise RpcError("unavailable", f"envd of sandbox {sandbox_id} is not healthy: {body[:200]!r}")
+            return Response(status_code=204)
+        if path == "/files" and request.method == "GET":
+            return await download(execd, request, HOME)
+        if path == "/files" and request.method == "POST":
+            return await upload(execd, request, HOME)
+        service, _, method = path.lstrip("/").partition("/")
+        if request.method == "POST" and service == "process.Process" and "/" not in method:
+            return await ProcessService(execd, HOME).dispatch(method, request)
+        if request.method == "POST" and service == "filesystem.Filesystem" and "/" not in method:
+            return await FilesystemService(execd, HOME).dispatch(method, request)
+        if path.count("/") == 2 and "." in service:
+            raise RpcError("unimplemented", f"{service}/{method} is not implemented")
+        raise HttpFailure(404, f"no route {request.method} {path}")
+
+
+def _http_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)

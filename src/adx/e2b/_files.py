@@ -1,0 +1,98 @@
+"""envd's plain HTTP routes: ``GET /files`` (download), ``POST /files`` (upload), ``GET /health``.
+
+Uploads are ``application/octet-stream`` (``?path=``, optionally gzip-encoded) or ``multipart/form-data`` with
+one ``file`` part per file whose filename is the target path; every file streams into execd's atomic write
+(``PUT /v1/files?mkdirs=true``). Errors are ``{"code": <status>, "message": "..."}`` like envd's.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import zlib
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from adx.e2b._multipart import MultipartReader, boundary_of, disposition
+from adx.e2b._process import resolve
+from adx.e2b._upstream import Execd, execd_error, read_all
+from adx.errors import InvalidInputError
+
+
+class HttpFailure(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"code": self.status, "message": self.message}, status_code=self.status)
+
+
+def _failure(status: int, body: bytes) -> HttpFailure:
+    _, message = execd_error(body)
+    return HttpFailure(status if status in (400, 403, 404, 409) else 502, message or f"execd answered {status}")
+
+
+async def _gunzip(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        async for chunk in stream:
+            if data := inflater.decompress(chunk):
+                yield data
+        if tail := inflater.flush():
+            yield tail
+    except zlib.error as exc:
+        raise InvalidInputError("body", f"is not valid gzip: {exc}") from None
+
+
+async def download(execd: Execd, request: Request, home: str) -> Response:
+    path = request.query_params.get("path")
+    if not path:
+        raise HttpFailure(400, "path: required")
+    upstream = await execd.open("GET", "/v1/files", query={"path": resolve(path, home)}, read_timeout=300.0)
+    if upstream.status_code != 200:
+        raise _failure(upstream.status_code, await read_all(upstream))
+    return upstream
+
+
+async def _write(execd: Execd, path: str, content: AsyncIterator[bytes]) -> dict[str, str]:
+    path = posixpath.normpath(path)
+    status, body = await execd.call(
+        "PUT",
+        "/v1/files",
+        query={"path": path, "mkdirs": "true"},
+        content=content,
+        content_type="application/octet-stream",
+    )
+    if status != 201:
+        raise _failure(status, body)
+    return {"name": posixpath.basename(path), "type": "file", "path": json.loads(body).get("path", path)}
+
+
+async def upload(execd: Execd, request: Request, home: str) -> Response:
+    content_type = request.headers.get("content-type", "")
+    query_path = request.query_params.get("path")
+    written: list[dict[str, str]] = []
+    if content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
+        reader = MultipartReader(request.stream(), boundary_of(content_type))
+        async for headers in reader.parts():
+            params = disposition(headers)
+            target = params.get("filename") or query_path
+            if params.get("name") != "file" or not target:
+                async for _ in reader.body():  # not a file: skipped
+                    pass
+                continue
+            written.append(await _write(execd, resolve(target, home), reader.body()))
+    else:
+        if not query_path:
+            raise HttpFailure(400, "path: required for an application/octet-stream upload")
+        stream: AsyncIterator[bytes] = request.stream()
+        if request.headers.get("content-encoding", "").lower() == "gzip":
+            stream = _gunzip(stream)
+        written.append(await _write(execd, resolve(query_path, home), stream))
+    if not written:
+        raise HttpFailure(400, "no file in the upload")
+    return JSONResponse(written)

@@ -1,0 +1,337 @@
+"""envd's ``process.Process`` service on execd's commands API.
+
+| RPC | execd |
+|---|---|
+| ``Start`` (server stream) | ``POST /v1/commands`` streamed (NDJSON, base64), re-encoded as ProcessEvents |
+| ``Connect`` (server stream) | the command found by PID, its status followed until it exits (no output replay) |
+| ``List`` | ``GET /v1/commands`` (running ones) |
+| ``SendSignal`` | ``POST /v1/commands/{id}/kill`` |
+| ``SendInput`` / ``StreamInput`` / ``CloseStdin`` | ``POST /v1/commands/{id}/stdin[?close=true]`` |
+| ``Update`` (PTY resize) | unimplemented: no PTYs |
+
+A started process outlives its stream as in envd: when the client goes away before the end, the execd stream
+is drained in the background instead of being dropped (which would kill the command); the call's deadline
+(``Connect-Timeout-Ms``) bounds the command itself, as envd's does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import signal
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from adx.e2b._connect import STREAM_TYPE, RpcError, end_stream, envelope, envelopes, single_message, timeout_seconds
+from adx.e2b._upstream import Execd, close, read_all, rpc_error_of
+
+#: Output frames queued towards one client before execd is slowed down (backpressure, not loss).
+QUEUE_FRAMES = 64
+CONNECT_POLL_SECONDS = 0.5
+_SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKILL", 15: "SIGTERM"}
+# Streams whose client left: kept referenced until their command ends.
+_DETACHED: set[asyncio.Task[None]] = set()
+#: The final frames of commands this process streamed, by (tenant, Environment, pid): execd forgets a finished
+#: foreground command, so a Connect that finds it gone reports its end from here (newest FINISHED_KEPT only).
+_FINISHED: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
+FINISHED_KEPT = 1024
+
+
+def _keepalive_interval(request: Request) -> float | None:
+    raw = request.headers.get("keepalive-ping-interval", "")
+    try:
+        return max(1.0, float(raw)) if raw else None
+    except ValueError:
+        return None
+
+
+def _event(name: str, value: dict[str, Any]) -> bytes:
+    return envelope({"event": {name: value}})
+
+
+def end_event(frame: dict[str, Any]) -> dict[str, Any]:
+    """execd's final frame as envd's EndEvent (a signal: exit code -1, ``exited`` false, like Go's os/exec)."""
+    number = frame.get("signal")
+    if number:
+        try:
+            name = (signal.strsignal(number) or str(number)).lower()
+        except ValueError:
+            name = str(number)
+        code, exited, status = -1, False, f"signal: {name}"
+    else:
+        code = int(frame.get("exitCode") or 0)
+        exited, status = True, f"exit status {code}"
+    end: dict[str, Any] = {"exitCode": code, "exited": exited, "status": status}
+    if frame.get("unknown"):
+        end.update(exited=False, status="unknown", error="the command ended; its exit status is not known here")
+    elif frame.get("timedOut"):
+        end["error"] = "context deadline exceeded"
+    elif code != 0:
+        end["error"] = status
+    return end
+
+
+class _Pump:
+    """Reads execd's NDJSON frames into a bounded queue; once detached, drains them to the end unseen."""
+
+    def __init__(self, upstream: StreamingResponse, execd: Execd) -> None:
+        self.upstream = upstream
+        self.key = (execd.tenant, execd.environment_id)
+        self.pid = 0
+        self.queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
+        self.detached = False
+        self.task = asyncio.create_task(self._run(), name="e2b-process-stream")
+
+    async def _put(self, item: dict[str, Any] | BaseException | None) -> None:
+        if not self.detached:
+            await self.queue.put(item)
+
+    async def _run(self) -> None:
+        pending = b""
+        try:
+            async for chunk in self.upstream.body_iterator:
+                pending += chunk if isinstance(chunk, bytes) else str(chunk).encode()
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        frame = json.loads(line)
+                        self._remember(frame)
+                        await self._put(frame)
+            await self._put(None)
+        except Exception as exc:
+            await self._put(exc)
+        finally:
+            await close(self.upstream)
+
+    def _remember(self, frame: dict[str, Any]) -> None:
+        if "pid" in frame:
+            self.pid = int(frame["pid"])
+        elif "exitCode" in frame and self.pid:
+            _FINISHED[(*self.key, self.pid)] = frame
+            while len(_FINISHED) > FINISHED_KEPT:
+                _FINISHED.popitem(last=False)
+
+    def detach(self) -> None:
+        self.detached = True
+        while not self.queue.empty():  # a producer blocked on a full queue must see the flag
+            self.queue.get_nowait()
+        if not self.task.done():
+            _DETACHED.add(self.task)
+            self.task.add_done_callback(_DETACHED.discard)
+
+
+async def _start_events(pump: _Pump, keepalive: float | None) -> AsyncIterator[bytes]:
+    finished = False
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(pump.queue.get(), keepalive)
+            except TimeoutError:
+                yield _event("keepalive", {})
+                continue
+            if item is None or isinstance(item, BaseException):
+                reason = f": {item!r}" if item is not None else ""
+                yield end_stream(RpcError("unavailable", f"the command's output stream was lost{reason}"))
+                finished = True
+                return
+            if "pid" in item:
+                yield _event("start", {"pid": item["pid"]})
+            elif "stream" in item:
+                if item.get("data"):
+                    yield _event("data", {item["stream"]: item["data"]})
+            elif "exitCode" in item:
+                yield _event("end", end_event(item))
+                yield end_stream()
+                finished = True
+                return
+    finally:
+        if not finished:
+            pump.detach()  # the client left first: the command keeps running, as envd's do
+
+
+@dataclass
+class ProcessService:
+    execd: Execd
+    home: str
+
+    async def dispatch(self, method: str, request: Request) -> Response:
+        handler = {
+            "Start": self.start,
+            "Connect": self.connect,
+            "List": self.list,
+            "SendSignal": self.send_signal,
+            "SendInput": self.send_input,
+            "StreamInput": self.stream_input,
+            "CloseStdin": self.close_stdin,
+        }.get(method)
+        if handler is None:
+            raise RpcError("unimplemented", f"process.Process/{method} is not implemented")
+        return await handler(request)
+
+    async def start(self, request: Request) -> Response:
+        message = await single_message(request)
+        if message.get("pty") is not None:
+            raise RpcError("unimplemented", "PTY sessions are not supported")
+        process = message.get("process") or {}
+        cmd, args, envs, cwd = (
+            process.get("cmd"),
+            process.get("args") or [],
+            process.get("envs") or {},
+            process.get("cwd"),
+        )
+        if not isinstance(cmd, str) or not cmd:
+            raise RpcError("invalid_argument", "process.cmd: required")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise RpcError("invalid_argument", "process.args: must be a list of strings")
+        if not isinstance(envs, dict):
+            raise RpcError("invalid_argument", "process.envs: must be an object")
+        body: dict[str, Any] = {"argv": [cmd, *args], "encoding": "base64"}
+        if envs:
+            body["env"] = envs
+        if cwd:
+            body["cwd"] = resolve(str(cwd), self.home)
+        if message.get("stdin"):
+            body["keepStdinOpen"] = True
+        deadline = timeout_seconds(request)
+        if deadline is not None:
+            body["timeoutSeconds"] = deadline
+        upstream = await self.execd.open("POST", "/v1/commands", json_body=body, read_timeout=None)
+        if upstream.status_code != 200:
+            raise rpc_error_of(upstream.status_code, await read_all(upstream))
+        pump = _Pump(upstream, self.execd)
+        return StreamingResponse(_start_events(pump, _keepalive_interval(request)), media_type=STREAM_TYPE)
+
+    async def _commands(self) -> list[dict[str, Any]]:
+        status, body = await self.execd.call("GET", "/v1/commands")
+        if status != 200:
+            raise rpc_error_of(status, body)
+        commands: list[dict[str, Any]] = json.loads(body)["commands"]
+        return commands
+
+    async def _find(self, selector: Any) -> dict[str, Any]:
+        if not isinstance(selector, dict) or "pid" not in selector:
+            tag = selector.get("tag") if isinstance(selector, dict) else None
+            raise RpcError("not_found", f"process with tag {tag!r} not found (tags are not supported)")
+        pid = selector["pid"]
+        for command in await self._commands():
+            if command.get("pid") == pid and command.get("state") == "running":
+                return command
+        raise RpcError("not_found", f"process with pid {pid} not found")
+
+    async def list(self, request: Request) -> Response:
+        await single_message(request)
+        processes = []
+        for command in await self._commands():
+            if command.get("state") != "running":
+                continue
+            argv = command.get("argv") or [""]
+            processes.append({"config": {"cmd": argv[0], "args": argv[1:], "envs": {}}, "pid": command["pid"]})
+        return JSONResponse({"processes": processes})
+
+    async def send_signal(self, request: Request) -> Response:
+        message = await single_message(request)
+        name = _SIGNALS.get(message.get("signal", "SIGNAL_UNSPECIFIED"))
+        if name is None:
+            raise RpcError(
+                "invalid_argument", f"signal: must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {message.get('signal')!r}"
+            )
+        command = await self._find(message.get("process"))
+        status, body = await self.execd.call("POST", f"/v1/commands/{command['id']}/kill", json_body={"signal": name})
+        if status != 200:
+            raise rpc_error_of(status, body)
+        if not json.loads(body).get("delivered"):
+            raise RpcError("not_found", f"process with pid {command['pid']} not found")
+        return JSONResponse({})
+
+    async def _write_stdin(self, command_id: str, data: bytes, *, close_stdin: bool = False) -> None:
+        query = {"close": "true"} if close_stdin else None
+        status, body = await self.execd.call(
+            "POST",
+            f"/v1/commands/{command_id}/stdin",
+            query=query,
+            content=data,
+            content_type="application/octet-stream",
+        )
+        if status != 200:
+            raise rpc_error_of(status, body)
+
+    async def send_input(self, request: Request) -> Response:
+        message = await single_message(request)
+        command = await self._find(message.get("process"))
+        await self._write_stdin(command["id"], _stdin_bytes(message.get("input")))
+        return JSONResponse({})
+
+    async def stream_input(self, request: Request) -> Response:
+        command: dict[str, Any] | None = None
+        try:
+            async for message in envelopes(request):
+                if "start" in message:
+                    command = await self._find((message["start"] or {}).get("process"))
+                elif "data" in message:
+                    if command is None:
+                        raise RpcError("failed_precondition", "the input stream must start with a start event")
+                    await self._write_stdin(command["id"], _stdin_bytes((message["data"] or {}).get("input")))
+        except RpcError as exc:
+            return Response(end_stream(exc), media_type=STREAM_TYPE)
+        return Response(envelope({}) + end_stream(), media_type=STREAM_TYPE)
+
+    async def close_stdin(self, request: Request) -> Response:
+        message = await single_message(request)
+        command = await self._find(message.get("process"))
+        await self._write_stdin(command["id"], b"", close_stdin=True)
+        return JSONResponse({})
+
+    async def connect(self, request: Request) -> Response:
+        message = await single_message(request)
+        command = await self._find(message.get("process"))
+        return StreamingResponse(
+            self._follow(command, _keepalive_interval(request) or CONNECT_POLL_SECONDS * 20), media_type=STREAM_TYPE
+        )
+
+    async def _follow(self, command: dict[str, Any], keepalive: float) -> AsyncIterator[bytes]:
+        yield _event("start", {"pid": command["pid"]})
+        quiet = 0.0
+        while True:
+            await asyncio.sleep(CONNECT_POLL_SECONDS)
+            status, body = await self.execd.call("GET", f"/v1/commands/{command['id']}")
+            if status == 404:  # a finished foreground command is forgotten by execd
+                key = (self.execd.tenant, self.execd.environment_id, int(command["pid"]))
+                current = _FINISHED.get(key, {"exitCode": -1, "signal": None, "timedOut": False, "unknown": True})
+            elif status != 200:
+                yield end_stream(rpc_error_of(status, body))
+                return
+            else:
+                current = json.loads(body)
+            if current.get("state") != "running":
+                yield _event("end", end_event(current))
+                yield end_stream()
+                return
+            quiet += CONNECT_POLL_SECONDS
+            if quiet >= keepalive:
+                quiet = 0.0
+                yield _event("keepalive", {})
+
+
+def _stdin_bytes(value: Any) -> bytes:
+    if not isinstance(value, dict) or "stdin" not in value:
+        raise RpcError("unimplemented", "only stdin input is supported (no PTYs)")
+    try:
+        return base64.b64decode(value["stdin"] or "", validate=True)
+    except (binascii.Error, TypeError):
+        raise RpcError("invalid_argument", "input.stdin: must be base64") from None
+
+
+def resolve(path: str, home: str) -> str:
+    """envd resolves relative paths against the user's home directory."""
+    if path.startswith("/"):
+        return path
+    if path == "~" or path.startswith("~/"):
+        path = path[2:]
+    return f"{home.rstrip('/')}/{path}" if path else home

@@ -1,0 +1,61 @@
+"""envd access tokens: one per (tenant, sandbox), checked on every data-plane call (``X-Access-Token``).
+
+A token is ``e2b1.<tenant, base64url>.<HMAC-SHA256(key, tenant, sandbox ID), base64url>``: it names the tenant
+the call acts for and proves the API minted it for that sandbox, so the data plane needs no lookup and no
+stored secret per sandbox, and the same token is handed out again by ``connect`` and ``get_info``. The key is
+derived from the API server's own private key (``api-<name>.key``): API replicas that share that certificate
+accept each other's tokens; a new key invalidates every token (clients reconnect to get new ones).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+
+from adx._certs import Identity, component_paths
+from adx.api._config import ApiConfig
+from adx.e2b._connect import RpcError
+
+PREFIX = "e2b1"
+MAX_TOKEN = 1024
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class EnvdTokens:
+    def __init__(self, key: bytes) -> None:
+        self._key = hashlib.sha256(b"adx-e2b-envd-access-token\x00" + key).digest()
+
+    @classmethod
+    def from_config(cls, config: ApiConfig) -> EnvdTokens:
+        return cls(component_paths(config.certs_dir, Identity("api", config.name)).key.read_bytes())
+
+    def _mac(self, tenant: str, sandbox_id: str) -> bytes:
+        return hmac.new(self._key, f"{tenant}\x00{sandbox_id}".encode(), hashlib.sha256).digest()
+
+    def mint(self, tenant: str, sandbox_id: str) -> str:
+        return f"{PREFIX}.{_b64(tenant.encode())}.{_b64(self._mac(tenant, sandbox_id))}"
+
+    def tenant(self, token: str | None, sandbox_id: str) -> str:
+        """The tenant a valid token acts for; anything else is ``unauthenticated`` (nothing is forwarded)."""
+        if not token:
+            raise RpcError("unauthenticated", "missing X-Access-Token")
+        parts = token.split(".")
+        if len(token) > MAX_TOKEN or len(parts) != 3 or parts[0] != PREFIX:
+            raise RpcError("unauthenticated", "invalid X-Access-Token")
+        try:
+            tenant = _unb64(parts[1]).decode()
+            mac = _unb64(parts[2])
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise RpcError("unauthenticated", "invalid X-Access-Token") from None
+        if not hmac.compare_digest(mac, self._mac(tenant, sandbox_id)):
+            raise RpcError("unauthenticated", "invalid X-Access-Token")
+        return tenant

@@ -1,0 +1,136 @@
+"""Calls to an Environment's execd through the Ingress (``Ingress.forward``: tenant-scoped route, Relay, execd).
+
+Every E2B data-plane call becomes one or more of these, so the Relay counts them (idle detection) and the
+route is resolved as the tenant the access token names (SEC-2/SEC-4) exactly like ``/v1`` data-plane calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Message
+
+from adx.e2b._connect import RpcError
+from adx.ingress import Ingress
+
+
+def _request(
+    method: str, query: dict[str, str], content_type: str | None, body: AsyncIterator[bytes] | None
+) -> Request:
+    """A request as ``Ingress.forward`` reads it: method, query, headers and (optionally streamed) body."""
+    headers = [(b"content-type", content_type.encode())] if content_type else []
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": "/",
+        "raw_path": b"/",
+        "root_path": "",
+        "query_string": urlencode(query).encode(),
+        "headers": headers,
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": None,
+        "client": None,
+    }
+
+    async def receive() -> Message:
+        if body is None:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        try:
+            chunk = await anext(body)
+        except StopAsyncIteration:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+    return Request(scope, receive)
+
+
+@dataclass
+class Execd:
+    """One Environment's execd, as one tenant sees it."""
+
+    ingress: Ingress
+    tenant: str
+    environment_id: str
+
+    async def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        json_body: Any = None,
+        content: bytes | AsyncIterator[bytes] = b"",
+        content_type: str | None = None,
+        read_timeout: float | None = None,
+    ) -> StreamingResponse:
+        """The execd response, unread: the caller streams ``body_iterator`` and must call :func:`close`.
+
+        ``content`` given as bytes is sent whole (a retry after a failed connect stays safe); as an iterator
+        it is streamed through.
+        """
+        if json_body is not None:
+            content, content_type = json.dumps(json_body).encode(), "application/json"
+        stream = None if isinstance(content, bytes) else content
+        body = content if isinstance(content, bytes) else None
+        request = _request(method, query or {}, content_type, stream)
+        return await self.ingress.forward(
+            request, self.tenant, self.environment_id, path, body=body, read_timeout=read_timeout
+        )
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        json_body: Any = None,
+        content: bytes | AsyncIterator[bytes] = b"",
+        content_type: str | None = None,
+    ) -> tuple[int, bytes]:
+        """The whole execd answer: (status, body)."""
+        response = await self.open(
+            method, path, query=query, json_body=json_body, content=content, content_type=content_type
+        )
+        return response.status_code, await read_all(response)
+
+
+async def read_all(response: StreamingResponse) -> bytes:
+    try:
+        parts = [chunk if isinstance(chunk, bytes) else str(chunk).encode() async for chunk in response.body_iterator]
+    finally:
+        await close(response)
+    return b"".join(parts)
+
+
+async def close(response: StreamingResponse) -> None:
+    if response.background is not None:
+        await response.background()
+
+
+def execd_error(body: bytes) -> tuple[str, str]:
+    """(code, message) of an execd error body ``{"error": {"code", "message"}}``."""
+    try:
+        error = json.loads(body).get("error") or {}
+        return str(error.get("code", "unknown")), str(error.get("message", ""))
+    except (ValueError, AttributeError):
+        return "unknown", body[:200].decode("utf-8", "replace")
+
+
+_STATUS_CODES = {400: "invalid_argument", 403: "permission_denied", 404: "not_found", 409: "failed_precondition"}
+
+
+def rpc_error_of(status: int, body: bytes, *, conflict: str = "failed_precondition") -> RpcError:
+    """An execd error answer as a Connect error."""
+    code, message = execd_error(body)
+    if status == 409:
+        return RpcError(conflict, message)
+    if status == 503:
+        return RpcError("unavailable", message)
+    return RpcError(_STATUS_CODES.get(status, "internal"), message or f"execd answered {status} ({code})")
