@@ -6,10 +6,11 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from conftest import Up
-from e2b import CommandExitException, Sandbox, SandboxQuery, TimeoutException
+from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState, TimeoutException
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 from e2b.sandbox.filesystem.filesystem import FileType
 
@@ -120,6 +121,8 @@ def test_files(sandbox: Sandbox) -> None:
     assert bytes(sandbox.files.read("/work/deep/er/blob.bin", format="bytes")) == payload
     sandbox.files.write("/work/streamed.bin", io.BytesIO(payload))  # octet-stream upload
     assert bytes(sandbox.files.read("/work/streamed.bin", format="bytes")) == payload
+    sandbox.files.write("/work/zipped.bin", payload, gzip=True)  # gzip-encoded octet-stream upload
+    assert bytes(sandbox.files.read("/work/zipped.bin", format="bytes", gzip=True)) == payload
     sandbox.files.write_files([{"path": "/work/m1", "data": "one"}, {"path": "/work/m2", "data": b"two"}])
     assert (sandbox.files.read("/work/m1"), sandbox.files.read("/work/m2")) == ("one", "two")
     sandbox.files.write("relative.txt", "home")  # relative paths: the home directory
@@ -213,8 +216,21 @@ PAUSE = pytest.mark.skip(reason="needs pause from issue 6")
 @PAUSE
 def test_set_timeout_moves_the_deadline(adx_up: Up, sandbox: Sandbox) -> None:
     sandbox.set_timeout(1200)
-    info = sandbox.get_info()
-    assert 1190 <= (info.end_at - info.started_at).total_seconds() - (time.time() - info.started_at.timestamp()) <= 1210
+    left = (sandbox.get_info().end_at - datetime.now(UTC)).total_seconds()
+    assert 1190 <= left <= 1201
+    sandbox.set_timeout(60)  # shorter works too: the deadline is absolute, reset by each call
+    assert 50 <= (sandbox.get_info().end_at - datetime.now(UTC)).total_seconds() <= 61
+
+
+@PAUSE
+def test_the_timeout_ends_the_sandbox(adx_up: Up) -> None:
+    sandbox = Sandbox.create(timeout=2, **adx_up.opts())
+    deadline = time.monotonic() + 30
+    while sandbox.is_running():
+        assert time.monotonic() < deadline, "still running well past its timeout"
+        time.sleep(0.5)
+    with pytest.raises(NotFoundException):
+        sandbox.get_info()
 
 
 @PAUSE
@@ -224,8 +240,14 @@ def test_pause_and_connect_three_times_lose_nothing(adx_up: Up, sandbox: Sandbox
         assert sandbox.pause() is True
         assert sandbox.get_info().state.value == "paused"
         assert sandbox.pause() is False  # already paused: E2B's 409
+        assert sandbox.sandbox_id in [
+            s.sandbox_id
+            for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED]), **adx_up.opts()).next_items()
+        ]
         resumed = Sandbox.connect(sandbox.sandbox_id, **adx_up.opts())
+        assert resumed.get_info().state.value == "running"
         for earlier in range(cycle + 1):
             assert resumed.files.read(f"/work/cycle-{earlier}.txt") == f"cycle {earlier}"
         assert resumed.commands.run("echo back").stdout == "back\n"
         sandbox = resumed
+    assert Sandbox.connect(sandbox.sandbox_id, **adx_up.opts()).sandbox_id == sandbox.sandbox_id  # running: as is
