@@ -210,10 +210,6 @@ def _config(up: Up, key: str, sandbox_id: str, token: str | None) -> object:
     return ConnectionConfig(api_key=key, api_url=up.url, sandbox_url=up.url, extra_sandbox_headers=headers)
 
 
-PAUSE = pytest.mark.skip(reason="needs pause from issue 6")
-
-
-@PAUSE
 def test_set_timeout_moves_the_deadline(adx_up: Up, sandbox: Sandbox) -> None:
     sandbox.set_timeout(1200)
     left = (sandbox.get_info().end_at - datetime.now(UTC)).total_seconds()
@@ -222,7 +218,6 @@ def test_set_timeout_moves_the_deadline(adx_up: Up, sandbox: Sandbox) -> None:
     assert 50 <= (sandbox.get_info().end_at - datetime.now(UTC)).total_seconds() <= 61
 
 
-@PAUSE
 def test_the_timeout_ends_the_sandbox(adx_up: Up) -> None:
     sandbox = Sandbox.create(timeout=2, **adx_up.opts())
     deadline = time.monotonic() + 30
@@ -233,7 +228,28 @@ def test_the_timeout_ends_the_sandbox(adx_up: Up) -> None:
         sandbox.get_info()
 
 
-@PAUSE
+def test_pause_then_traffic_or_connect_resumes_with_files(adx_up: Up, sandbox: Sandbox) -> None:
+    sandbox.files.write("/work/kept.txt", "kept")
+    assert sandbox.pause() is True
+    assert sandbox.get_info().state.value == "paused"
+    assert sandbox.pause() is False  # already paused: E2B's 409
+    # Data-plane traffic wakes it (the Ingress's EnsureRunning), like any /v1 data-plane call.
+    assert sandbox.files.read("/work/kept.txt") == "kept"
+    assert sandbox.get_info().state.value == "running"
+    sandbox.files.write("/work/second.txt", "second")
+    assert sandbox.pause() is True
+    resumed = Sandbox.connect(sandbox.sandbox_id, **adx_up.opts())
+    assert resumed.get_info().state.value == "running"
+    assert (resumed.files.read("/work/kept.txt"), resumed.files.read("/work/second.txt")) == ("kept", "second")
+    assert resumed.commands.run("cat /work/second.txt").stdout == "second"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 6 bug: a pause after set_lifetime (connect resets the deadline) is refused 409 'stale result "
+    "(expected revision N, committed N+1)': the node commits its pause against the revision it saw before "
+    "SetLifetime; reproduced with /v1 alone (POST .../lifetime then POST .../pause). Remove this marker once fixed.",
+)
 def test_pause_and_connect_three_times_lose_nothing(adx_up: Up, sandbox: Sandbox) -> None:
     for cycle in range(3):
         sandbox.files.write(f"/work/cycle-{cycle}.txt", f"cycle {cycle}")

@@ -30,7 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from adx.api._app import Plane, environment_id_or_404, plane, read_json
-from adx.api._errors import NotImplementedYet, status_for
+from adx.api._errors import status_for
 from adx.e2b._envd import tokens_for
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, parse_wire
@@ -249,12 +249,8 @@ async def set_timeout(request: Request, sandbox_id: str) -> Response:
 
 
 async def _set_lifetime(p: Plane, tenant: str, record: EnvironmentRecord, seconds: int) -> EnvironmentRecord:
-    setter = getattr(p.coordinator, "set_lifetime", None)
-    if setter is None:
-        raise NotImplementedYet("set_timeout needs Environment lifetimes (not in this version)")
-    action = record.spec.lifecycle.lifetime_action.value
-    result: EnvironmentRecord = await setter(tenant, record.id, float(seconds), action)
-    return result
+    """The deadline becomes now + ``seconds``; its action (delete, or pause for autoPause) stays."""
+    return await p.coordinator.set_lifetime(tenant, record.id, float(seconds))
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")
@@ -263,10 +259,7 @@ async def pause_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
     record = await _visible(p, tenant, sandbox_id)
-    pause = getattr(p.coordinator, "pause_environment", None)
-    if pause is None:
-        raise NotImplementedYet("pause is not available in this version")
-    await pause(tenant, record.id)  # ConflictError (already paused) -> 409, as E2B answers
+    await p.coordinator.pause_environment(tenant, record.id)  # ConflictError (already paused): E2B's 409
     return Response(status_code=204)
 
 
@@ -283,13 +276,15 @@ async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
     record = await _visible(p, tenant, sandbox_id)
     resumed = record.state in _PAUSED
     if resumed:
-        ensure = getattr(p.coordinator, "ensure_running", None)
-        if ensure is None:
-            raise NotImplementedYet("resume is not available in this version")
-        record = await ensure(tenant, record.id, p.config.start_wait_seconds)
+        record = (await p.coordinator.ensure_running(tenant, record.id, p.config.wake_timeout_seconds)).record
     record = await _wait_running(p, record)
-    if body.get("timeout") is not None:
-        record = await _set_lifetime(p, tenant, record, _timeout(body["timeout"]))
+    timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else None
+    if resumed and record.spec.lifecycle.lifetime_seconds is not None:
+        # A resumed sandbox gets a fresh deadline (its old one may have been what paused it).
+        record = await _set_lifetime(p, tenant, record, timeout or DEFAULT_TIMEOUT_SECONDS)
+    elif timeout is not None and (record.expires_at is None or time.time() + timeout > record.expires_at):
+        # Running: E2B only ever extends the deadline on connect.
+        record = await _set_lifetime(p, tenant, record, timeout)
     return JSONResponse(created_view(request, record), status_code=201 if resumed else 200)
 
 

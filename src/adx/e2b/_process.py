@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._connect import STREAM_TYPE, RpcError, end_stream, envelope, envelopes, single_message, timeout_seconds
-from adx.e2b._upstream import Execd, close, read_all, rpc_error_of
+from adx.e2b._upstream import Execd, chunks, close, read_all, rpc_error_of
 
 #: Output frames queued towards one client before execd is slowed down (backpressure, not loss).
 QUEUE_FRAMES = 64
@@ -81,7 +81,7 @@ def end_event(frame: dict[str, Any]) -> dict[str, Any]:
 class _Pump:
     """Reads execd's NDJSON frames into a bounded queue; once detached, drains them to the end unseen."""
 
-    def __init__(self, upstream: StreamingResponse, execd: Execd) -> None:
+    def __init__(self, upstream: Response, execd: Execd) -> None:
         self.upstream = upstream
         self.key = (execd.tenant, execd.environment_id)
         self.pid = 0
@@ -96,8 +96,8 @@ class _Pump:
     async def _run(self) -> None:
         pending = b""
         try:
-            async for chunk in self.upstream.body_iterator:
-                pending += chunk if isinstance(chunk, bytes) else str(chunk).encode()
+            async for chunk in chunks(self.upstream):
+                pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
                     if line.strip():

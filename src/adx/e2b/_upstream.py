@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
 from adx.e2b._connect import RpcError
@@ -69,7 +69,7 @@ class Execd:
         content: bytes | AsyncIterator[bytes] = b"",
         content_type: str | None = None,
         read_timeout: float | None = None,
-    ) -> StreamingResponse:
+    ) -> Response:
         """The execd response, unread: the caller streams ``body_iterator`` and must call :func:`close`.
 
         ``content`` given as bytes is sent whole (a retry after a failed connect stays safe); as an iterator
@@ -101,15 +101,24 @@ class Execd:
         return response.status_code, await read_all(response)
 
 
-async def read_all(response: StreamingResponse) -> bytes:
+async def chunks(response: Response) -> AsyncIterator[bytes]:
+    """The body of an execd answer as it arrives (the Ingress returns small answers already read)."""
+    if isinstance(response, StreamingResponse):
+        async for chunk in response.body_iterator:
+            yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
+    elif response.body:
+        yield bytes(response.body)
+
+
+async def read_all(response: Response) -> bytes:
     try:
-        parts = [chunk if isinstance(chunk, bytes) else str(chunk).encode() async for chunk in response.body_iterator]
+        parts = [chunk async for chunk in chunks(response)]
     finally:
         await close(response)
     return b"".join(parts)
 
 
-async def close(response: StreamingResponse) -> None:
+async def close(response: Response) -> None:
     if response.background is not None:
         await response.background()
 
