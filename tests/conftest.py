@@ -196,12 +196,17 @@ async def node_cluster(
         capacity: dict[str, int] | None = None,
         report_interval: float = 0.5,
         capacity_valid_for: float = 30.0,
+        shared_checkpoints: bool = False,
         **coordinator: Any,
     ) -> NodeCluster:
+        """``shared_checkpoints``: every node's sandboxd gets the artifact root ``shared`` on one directory
+        (the cluster's shared storage) and its adxlet uses it for pauseOptions.storage 'shared'."""
         cluster, _ = await coordinator_cluster(**coordinator)
         started: dict[str, Any] = {}
+        shared = tmp_path / "shared-checkpoints"
+        shared.mkdir(exist_ok=True)
         for name in nodes:
-            daemon = factory(name)
+            daemon = factory(name, checkpoint_dirs={"shared": str(shared)}) if shared_checkpoints else factory(name)
             issue(cluster.certs, Identity("node", name))
             cap_file = tmp_path / f"{name}-capacity.json"
             cap_file.write_text(json.dumps(capacity or {"cpuMillis": 8000, "memoryBytes": 16 * 2**30}))
@@ -216,6 +221,7 @@ async def node_cluster(
                 capacity_file=cap_file,
                 capacity_file_valid_for_seconds=capacity_valid_for,
                 runtime={"socket": daemon.socket, "ready_timeout_seconds": 30},
+                checkpoints={"shared_root": "shared"} if shared_checkpoints else {},
             )
             agent = NodeAgent(config)
             await agent.start()

@@ -14,6 +14,8 @@ from typing import Any
 __all__ = [
     "AdxError",
     "ConflictError",
+    "EnvironmentPausedError",
+    "EnvironmentPausingError",
     "InvalidInputError",
     "NotFoundError",
     "UnavailableError",
@@ -79,3 +81,16 @@ class UncertainOutcomeError(AdxError):
     """
 
     code = "uncertain_outcome"
+
+
+class EnvironmentPausedError(ConflictError):
+    """The Environment is pausing, paused or resuming: business traffic wakes it (ENV-4) through the
+    Coordinator's resume entry; the Relay answers with this code and the Ingress wakes it and asks again."""
+
+    code = "environment_paused"
+
+
+class EnvironmentPausingError(UnavailableError):
+    """A pause's capture has started: the request is served after the resume (IDLE-6)."""
+
+    code = "environment_pausing"

@@ -186,15 +186,21 @@ async def test_no_capacity_and_coordinator_down_are_503(api_stack) -> None:  # t
         assert response.headers["retry-after"] == "1"
 
 
-async def test_pause_and_resume_are_501_for_now(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_pause_and_resume_of_an_environment_that_is_not_running_are_409(api_stack) -> None:  # type: ignore[no-untyped-def]
+    """Pause needs a running Environment, resume a paused (or running) one; a pending one is neither."""
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     await stack.register_node("n1")
     async with stack.http(key) as http:
         env = (await http.post("/v1/environments", json=SPEC)).json()
-        for action in ("pause", "resume"):
-            response = await http.post(f"/v1/environments/{env['id']}/{action}")
-            assert response.status_code == 501 and response.json()["error"]["code"] == "not_implemented"
+        response = await http.post(f"/v1/environments/{env['id']}/pause")
+        assert response.status_code == 409 and "only a running Environment can be paused" in response.text
+        response = await http.post(f"/v1/environments/{env['id']}/lifetime", json={"seconds": 0})
+        assert response.status_code == 422 and response.json()["error"]["details"]["field"] == "seconds"
+        response = await http.post(f"/v1/environments/{env['id']}/lifetime", json={"seconds": 60, "action": "x"})
+        assert response.status_code == 422 and response.json()["error"]["details"]["field"] == "action"
+        response = await http.post(f"/v1/environments/{env['id']}/lifetime", json={"seconds": 60})
+        assert response.status_code == 200 and response.json()["expiresAt"] > time.time() + 50
 
 
 async def test_openapi_is_served_with_the_camelcase_contract(api_stack) -> None:  # type: ignore[no-untyped-def]

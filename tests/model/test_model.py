@@ -66,6 +66,8 @@ def test_lifecycle_wire_names_are_camel_case_and_round_trip() -> None:
         "pauseOptions",
         "restartPolicy",
         "execdHealthFailureThreshold",
+        "lifetimeSeconds",
+        "lifetimeAction",
     }
 
 

@@ -80,13 +80,14 @@ async def test_an_open_stream_keeps_it_alive_a_left_background_command_does_not(
 
 
 @pytest.mark.req("ENV-2")
-async def test_pause_needs_a_node_that_can_pause(node_cluster) -> None:  # type: ignore[no-untyped-def]
-    """No node of this version pauses Environments yet: an idleAction=pause request is refused, not
-    accepted and silently never paused."""
+async def test_pause_is_placed_only_on_a_node_that_can_checkpoint(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A node advertises checkpoint capability from its runtime; idleAction=pause is placed only there."""
     nc = await node_cluster()
     api = Api(nc)
     try:
-        with pytest.raises(Exception, match=r"n1: node cannot checkpoint \(idleAction pause needs it\)"):
-            await api.create(**idle(60, "pause"))
+        assert (await nc.cluster.coordinator.store.get_node("n1")).checkpoint_capable
+        created = await api.create(**idle(60, "pause"))
+        assert created.node == "n1"
+        await api.wait_state(created.id, S.RUNNING)
     finally:
         await api.close()

@@ -11,17 +11,19 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, FastAPI, Header, Request, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from adx.api._auth import TenantAuth
 from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient
-from adx.api._errors import NotImplementedYet, install_error_handlers, not_found
+from adx.api._errors import install_error_handlers, not_found
 from adx.api._schemas import EnvironmentList, EnvironmentView, ErrorBody
 from adx.errors import InvalidInputError
 from adx.model import ENVIRONMENT, EnvironmentSpec, check_id, parse_wire
@@ -171,22 +173,54 @@ async def delete_environment(request: Request, environment_id: str, credentials:
 
 @router.post(
     "/v1/environments/{environment_id}/pause",
-    status_code=501,
-    responses={501: {"model": ErrorBody}},
-    summary="Pause (not implemented yet)",
+    response_model=EnvironmentView,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running (e.g. already paused)"}},
+    summary="Pause: checkpoint, publish, release resources; returns once paused (ENV-3)",
 )
-@router.post(
-    "/v1/environments/{environment_id}/resume",
-    status_code=501,
-    responses={501: {"model": ErrorBody}},
-    summary="Resume (not implemented yet)",
-)
-async def pause_or_resume(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+async def pause_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
-    # Same visibility rule first: another tenant learns nothing, not even that the route exists for it.
-    await p.coordinator.get_environment(tenant, environment_id_or_404(environment_id))
-    raise NotImplementedYet("pause and resume are not available in this version")
+    record = await p.coordinator.pause_environment(tenant, environment_id_or_404(environment_id))
+    log.info("environment paused", extra={"env_id": record.id, "tenant": tenant})
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.post(
+    "/v1/environments/{environment_id}/resume",
+    response_model=EnvironmentView,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "neither paused nor running"}},
+    summary="Resume a paused Environment (a running one is returned as it is); returns once running (CRD-5)",
+)
+async def resume_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    route = await p.coordinator.ensure_running(
+        tenant, environment_id_or_404(environment_id), p.config.wake_timeout_seconds
+    )
+    return JSONResponse(EnvironmentView.of(route.record).wire())
+
+
+class LifetimeRequest(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    seconds: int = Field(ge=1, le=30 * 86_400, strict=True, description="the new deadline is now + seconds")
+    action: Literal["delete", "pause"] | None = Field(default=None, description="default: keep the current one")
+
+
+@router.post(
+    "/v1/environments/{environment_id}/lifetime",
+    response_model=EnvironmentView,
+    responses=ERRORS,
+    summary="Move the lifetime deadline (and optionally its action: delete or pause)",
+)
+async def set_lifetime(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    body = parse_wire(LifetimeRequest, await read_json(request, p.config.max_body_bytes))
+    record = await p.coordinator.set_lifetime(
+        tenant, environment_id_or_404(environment_id), float(body.seconds), body.action or ""
+    )
+    return JSONResponse(EnvironmentView.of(record).wire())
 
 
 async def healthz() -> dict[str, str]:

@@ -34,11 +34,20 @@ def _record(text: str) -> EnvironmentRecord:
 class CoordinatorClient:
     """One gRPC channel to the Coordinator. Create it inside the event loop that uses it (grpc.aio binds to it)."""
 
-    def __init__(self, target: str, credentials: grpc.ChannelCredentials, *, timeout: float, create_timeout: float):
+    def __init__(
+        self,
+        target: str,
+        credentials: grpc.ChannelCredentials,
+        *,
+        timeout: float,
+        create_timeout: float,
+        pause_timeout: float = 3700.0,
+    ):
         self._channel = grpc.aio.secure_channel(target, credentials)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self._timeout = timeout
         self._create_timeout = create_timeout
+        self._pause_timeout = pause_timeout
 
     @classmethod
     def from_config(cls, config: ApiConfig) -> CoordinatorClient:
@@ -117,6 +126,36 @@ class CoordinatorClient:
             "delete environment",
             lambda: self._stub.DeleteEnvironment(request, timeout=self._create_timeout),
             reads=False,
+        )
+        return _record(reply.environment_json)
+
+    async def pause_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
+        """Returns once the checkpoint is published and the pause committed; ConflictError if not running."""
+        request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
+        reply = await self._call(
+            "pause environment",
+            lambda: self._stub.PauseEnvironment(request, timeout=self._pause_timeout),
+            reads=False,
+        )
+        return _record(reply.environment_json)
+
+    async def ensure_running(self, tenant: str, environment_id: str, timeout: float) -> Route:  # noqa: ASYNC109
+        """CRD-5: the Running record (resumed first if it was paused) and its Relay."""
+        request = pb.EnsureRunningRequest(tenant=tenant, environment_id=environment_id, timeout_seconds=timeout)
+        reply = await self._call(
+            "ensure running",
+            lambda: self._stub.EnsureRunning(request, timeout=timeout + self._timeout),
+            reads=False,
+        )
+        return Route(_record(reply.environment_json), str(reply.relay_address))
+
+    async def set_lifetime(
+        self, tenant: str, environment_id: str, seconds: float, action: str = ""
+    ) -> EnvironmentRecord:
+        """Move the lifetime deadline to now + ``seconds``; ``action`` "delete" | "pause" | "" (unchanged)."""
+        request = pb.SetLifetimeRequest(tenant=tenant, environment_id=environment_id, seconds=seconds, action=action)
+        reply = await self._call(
+            "set lifetime", lambda: self._stub.SetLifetime(request, timeout=self._timeout), reads=False
         )
         return _record(reply.environment_json)
 

@@ -30,6 +30,8 @@ class EnvironmentView(_Wire):
     restart_attempts: int = 0
     restart_pending: bool = False
     checkpoint: CheckpointRef | None = None
+    expires_at: float | None = Field(default=None, description="the lifetime deadline (Unix time), if any")
+    ownership_lost: bool = Field(default=False, description="paused, and its node is gone (resumes elsewhere)")
     last_error: str | None = None
 
     @classmethod
@@ -49,6 +51,8 @@ class EnvironmentView(_Wire):
             restart_attempts=record.restart_attempts,
             restart_pending=record.restart_pending,
             checkpoint=record.checkpoint,
+            expires_at=record.expires_at,
+            ownership_lost=record.ownership_lost,
             last_error=record.last_error,
         )
 

@@ -17,4 +17,10 @@ class CoordinatorConfig(StrictModel):
     session_ttl_seconds: float = Field(default=15.0, gt=0, le=3600)
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     node_rpc_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    scan_interval_seconds: float = Field(
+        default=1.0, gt=0, le=3600, description="CRD-3: retention expiry, lifetime deadlines, stalled resumes"
+    )
+    resume_retry_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="CRD-5: when every node refused a resume, ask again after this"
+    )
     logging: LoggingConfig = LoggingConfig()

@@ -38,6 +38,27 @@ class SandboxdRuntimeConfig(StrictModel):
     ready_timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="create -> execd answers")
 
 
+class CheckpointConfig(StrictModel):
+    """Where this node publishes pause checkpoints (ENV-3). Names are sandboxd artifact roots
+    (``checkpoint_dirs`` in sandboxd's config; ``local`` always exists)."""
+
+    default_storage: Literal["local", "shared"] = Field(
+        default="local", description="what pauseOptions.storage 'configured' means on this node"
+    )
+    shared_root: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the sandboxd artifact root on the cluster's shared storage (e.g. an NFS mount); "
+        "unset: this node has no shared storage and refuses storage 'shared'",
+    )
+
+    @model_validator(mode="after")
+    def _shared_default_needs_a_root(self) -> CheckpointConfig:
+        if self.default_storage == "shared" and self.shared_root is None:
+            raise ValueError("default_storage 'shared' needs shared_root")
+        return self
+
+
 class NodeConfig(StrictModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="node name; must match its certificate")
     listen: str = Field(default="127.0.0.1:7402", description="gRPC for the Coordinator and API server")
@@ -50,6 +71,7 @@ class NodeConfig(StrictModel):
     rpc_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
     runtime_ready_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     resource_source: ResourceSource | None = None
+    checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     capacity_file: Path | None = Field(default=None, description="legacy: a JSON capacity file instead of a source")
     capacity_file_valid_for_seconds: float = Field(
         default=30.0, gt=0, le=86_400, description="validity of a file sample"

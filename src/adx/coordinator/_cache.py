@@ -6,11 +6,13 @@ catalog invalid; it is served again only after the affected records were reloade
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from adx.coordinator._store import CoordinatorStore
 from adx.errors import NotFoundError
-from adx.model import EnvironmentRecord, EnvironmentState, NodeRecord
+from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState, NodeRecord
 
 log = logging.getLogger("adx.coordinator.cache")
 
@@ -22,6 +24,10 @@ class CoordinatorCache:
         self.nodes: dict[str, NodeRecord] = {}
         # node -> environment IDs whose stored state is unknown after an uncertain write
         self._suspect: dict[str, set[str]] = {}
+        # CRD-9: retired (unreferenced) artifacts, refreshed by the background scan.
+        self.retired_checkpoints: list[CheckpointRef] = []
+        # Waiters for the next committed change of an Environment (EnsureRunning, pause callers).
+        self._changed: dict[str, asyncio.Event] = {}
 
     @classmethod
     async def load(cls, store: CoordinatorStore) -> CoordinatorCache:
@@ -38,6 +44,9 @@ class CoordinatorCache:
         current = self.environments.get(record.id)
         if current is not None and current.revision > record.revision:
             return
+        waiters = self._changed.pop(record.id, None)
+        if waiters is not None:
+            waiters.set()
         if current is not None and current.node and current.node != record.node:
             self.by_node.get(current.node, set()).discard(record.id)
         if record.state is EnvironmentState.DELETED:
@@ -48,6 +57,12 @@ class CoordinatorCache:
         self.environments[record.id] = record
         if record.node:
             self.by_node.setdefault(record.node, set()).add(record.id)
+
+    async def wait_change(self, env_id: str, within: float) -> None:
+        """Until the next committed change of ``env_id`` is applied, or ``within`` seconds."""
+        event = self._changed.setdefault(env_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), within)
 
     def invalidate(self, env_id: str, node: str | None) -> None:
         self._suspect.setdefault(node or "", set()).add(env_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -30,9 +31,15 @@ class RunningCoordinator:
     service: CoordinatorService
     health: HealthServicer
     port: int
+    scans: asyncio.Task[None]
+    stop_scans: asyncio.Event
 
     async def stop(self, grace: float | None = 5.0) -> None:
         self.health.set_not_serving("stopping")
+        self.stop_scans.set()
+        self.scans.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.scans
         await self.server.stop(grace)
         if self.service.nodes is not None:
             await self.service.nodes.close()
@@ -50,7 +57,13 @@ async def start_coordinator(config: CoordinatorConfig) -> RunningCoordinator:
         await store.close()
         raise
     nodes = NodeClients(channel_credentials(paths), rpc_timeout=config.node_rpc_timeout_seconds)
-    service = CoordinatorService(store, cache, nodes=nodes, session_ttl=config.session_ttl_seconds)
+    service = CoordinatorService(
+        store,
+        cache,
+        nodes=nodes,
+        session_ttl=config.session_ttl_seconds,
+        resume_retry_seconds=config.resume_retry_seconds,
+    )
     health = HealthServicer("coordinator")
     server = grpc.aio.server()
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(service, server)
@@ -62,8 +75,10 @@ async def start_coordinator(config: CoordinatorConfig) -> RunningCoordinator:
         raise UnavailableError(f"coordinator: cannot listen on {config.listen}: {exc}") from None
     await server.start()
     health.set_serving()
+    stop_scans = asyncio.Event()
+    scans = asyncio.create_task(service.lifecycle.run_scans(config.scan_interval_seconds, stop_scans), name="scans")
     log.info("coordinator serving", extra={"listen": config.listen, "port": port})
-    return RunningCoordinator(server, store, service, health, port)
+    return RunningCoordinator(server, store, service, health, port, scans, stop_scans)
 
 
 async def run_coordinator(config: CoordinatorConfig) -> None:

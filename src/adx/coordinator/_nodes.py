@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -29,25 +29,44 @@ class NodeClients:
             self._channels[address] = (channel, pb_grpc.NodeStub(channel))
         return self._channels[address][1]
 
-    async def admit(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
+    async def _call(self, what: str, address: str, record: EnvironmentRecord, call: Any) -> EnvironmentRecord:
         try:
-            reply = await self._stub(address).AdmitEnvironment(
-                pb.AdmitEnvironmentRequest(environment_json=record.model_dump_json(by_alias=True)),
-                timeout=self.rpc_timeout,
-            )
+            reply = await call()
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"admit {record.id} on {address}") from None
+            raise from_rpc_error(exc, f"{what} {record.id} on {address}") from None
         return EnvironmentRecord.model_validate_json(reply.environment_json)
 
+    async def admit(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
+        request = pb.AdmitEnvironmentRequest(environment_json=record.model_dump_json(by_alias=True))
+        stub = self._stub(address)
+        return await self._call(
+            "admit", address, record, lambda: stub.AdmitEnvironment(request, timeout=self.rpc_timeout)
+        )
+
     async def delete(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
-        try:
-            reply = await self._stub(address).DeleteEnvironment(
-                pb.DeleteEnvironmentRequest(environment_json=record.model_dump_json(by_alias=True)),
-                timeout=self.rpc_timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"delete {record.id} on {address}") from None
-        return EnvironmentRecord.model_validate_json(reply.environment_json)
+        request = pb.DeleteEnvironmentRequest(environment_json=record.model_dump_json(by_alias=True))
+        stub = self._stub(address)
+        return await self._call(
+            "delete", address, record, lambda: stub.DeleteEnvironment(request, timeout=self.rpc_timeout)
+        )
+
+    async def pause(self, address: str, record: EnvironmentRecord, *, wait_seconds: float) -> EnvironmentRecord:
+        """Returns once the node committed the pause (its capture bounded by the pause options' timeout)."""
+        request = pb.PauseEnvironmentRequest(
+            environment_json=record.model_dump_json(by_alias=True), timeout_seconds=wait_seconds
+        )
+        stub = self._stub(address)
+        return await self._call(
+            "pause", address, record, lambda: stub.PauseEnvironment(request, timeout=wait_seconds + self.rpc_timeout)
+        )
+
+    async def resume(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
+        """Returns once the node queued the resume; Running is committed by the node later."""
+        request = pb.ResumeEnvironmentRequest(environment_json=record.model_dump_json(by_alias=True))
+        stub = self._stub(address)
+        return await self._call(
+            "resume", address, record, lambda: stub.ResumeEnvironment(request, timeout=self.rpc_timeout)
+        )
 
     async def close(self) -> None:
         for channel, _ in self._channels.values():

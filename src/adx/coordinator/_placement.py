@@ -13,8 +13,10 @@ class Refusal:
     reason: str
 
 
-def eligibility(node: NodeRecord, need: Resources, now: float, *, needs_checkpoint: bool = False) -> str | None:
-    """None if ``node`` may take ``need`` now, else why not (RES-4, RES-6, ENV-2)."""
+def eligibility(
+    node: NodeRecord, need: Resources, now: float, *, needs_checkpoint: bool = False, needs_shared_storage: bool = False
+) -> str | None:
+    """None if ``node`` may take ``need`` now, else why not (RES-4, RES-6, ENV-2, ENV-3)."""
     if node.session_expires_at < now:
         return "node session expired"
     if not node.admission_open:
@@ -23,6 +25,8 @@ def eligibility(node: NodeRecord, need: Resources, now: float, *, needs_checkpoi
         return "node capacity sample expired"
     if needs_checkpoint and not node.checkpoint_capable:
         return "node cannot checkpoint (idleAction pause needs it)"
+    if needs_shared_storage and not node.shared_storage:
+        return "node has no shared checkpoint storage (pauseOptions.storage 'shared' needs it)"
     short = need.shortfall(allocatable(node.capacity, node.reserved))
     if short:
         return "no capacity: " + ",".join(short)
@@ -30,13 +34,20 @@ def eligibility(node: NodeRecord, need: Resources, now: float, *, needs_checkpoi
 
 
 def rank_nodes(
-    nodes: list[NodeRecord], need: Resources, now: float, *, needs_checkpoint: bool = False
+    nodes: list[NodeRecord],
+    need: Resources,
+    now: float,
+    *,
+    needs_checkpoint: bool = False,
+    needs_shared_storage: bool = False,
 ) -> tuple[list[NodeRecord], list[Refusal]]:
     """Eligible nodes, the one with the most room left after placement first (spreads load); and refusals."""
     eligible: list[NodeRecord] = []
     refused: list[Refusal] = []
     for node in nodes:
-        reason = eligibility(node, need, now, needs_checkpoint=needs_checkpoint)
+        reason = eligibility(
+            node, need, now, needs_checkpoint=needs_checkpoint, needs_shared_storage=needs_shared_storage
+        )
         if reason is None:
             eligible.append(node)
         else:

@@ -50,10 +50,30 @@ return {1, '1'}
 """
 )
 
-# KEYS: env, node reservations (of the record's node, or a dummy), node, tenant index
+# Shared fragment: the checkpoint catalog (CRD-9). A record references at most one checkpoint; when its
+# reference changes, the new artifact is catalogued live and the old one retired (unreferenced: deletable).
+_CATALOG = """
+local function catalog(old_key, new_key, retired_key, old_id, new_id, new_doc, env_id, now)
+  if old_id == new_id then return end
+  if new_id ~= '' then
+    redis.call('HSET', new_key, 'doc', new_doc, 'env', env_id, 'state', 'live')
+    redis.call('SREM', retired_key, new_id)
+  end
+  if old_id ~= '' and redis.call('HGET', old_key, 'state') == 'live' then
+    redis.call('HSET', old_key, 'state', 'retired', 'retired_at', now)
+    redis.call('SADD', retired_key, old_id)
+  end
+end
+"""
+
+# KEYS: env, node reservations (of the record's node, or a dummy), node, tenant index,
+#       old checkpoint, new checkpoint, retired checkpoints set
 # ARGV: expected_rev, expected_gen ('' = any), doc, state, release ('1' releases the node reservation),
-#       deleted_ttl (seconds to keep a deleted record; '0' = not deleting), env_id, route
-COMMIT_ENV = """
+#       deleted_ttl (seconds to keep a deleted record; '0' = not deleting), env_id, route,
+#       old checkpoint id ('' = none), new checkpoint id, new checkpoint doc, now
+COMMIT_ENV = (
+    _CATALOG
+    + """
 local cur = redis.call('HMGET', KEYS[1], 'rev', 'gen')
 if not cur[1] then return {-1, 'not found'} end
 if cur[1] ~= ARGV[1] then return {0, cur[1]} end
@@ -75,8 +95,46 @@ if ARGV[6] ~= '0' then
   redis.call('ZREM', KEYS[4], ARGV[7])
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
 end
+catalog(KEYS[5], KEYS[6], KEYS[7], ARGV[9], ARGV[10], ARGV[11], ARGV[7], ARGV[12])
 redis.call('PUBLISH', 'adx:routes', ARGV[8])
 return {1, new_rev}
+"""
+)
+
+# CRD-5: record a resume intent by compare-and-set and reserve the target node's resources in one step.
+# KEYS: env, node, node reservations   ARGV: expected_rev, doc, node, generation, cpu, mem, disk, now, env_id,
+#                                             route
+RESUME_ENV = (
+    _ADMIT
+    + """
+local cur = redis.call('HGET', KEYS[1], 'rev')
+if not cur then return {-1, 'not found'} end
+if cur ~= ARGV[1] then return {0, cur} end
+local cpu, mem, disk = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local refused = admit(KEYS[2], tonumber(ARGV[8]), cpu, mem, disk)
+if refused then return {-2, refused} end
+if not redis.call('HGET', KEYS[3], ARGV[9]) then
+  redis.call('HINCRBY', KEYS[2], 'res_cpu', ARGV[5])
+  redis.call('HINCRBY', KEYS[2], 'res_mem', ARGV[6])
+  redis.call('HINCRBY', KEYS[2], 'res_disk', ARGV[7])
+  redis.call('HSET', KEYS[3], ARGV[9], ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7])
+end
+local new_rev = tostring(tonumber(cur) + 1)
+redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'rev', new_rev, 'state', 'resuming', 'node', ARGV[3], 'gen', ARGV[4])
+redis.call('PUBLISH', 'adx:routes', ARGV[10])
+return {1, new_rev}
+"""
+)
+
+# CRD-9: forget a deleted artifact, only if it is still retired (nothing references it again).
+# KEYS: checkpoint, retired set   ARGV: checkpoint id
+FORGET_CHECKPOINT = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == false then redis.call('SREM', KEYS[2], ARGV[1]) return {1, 'unknown'} end
+if state ~= 'retired' then return {0, state} end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return {1, 'forgotten'}
 """
 
 # KEYS: node, node set   ARGV: session, session_ttl, now, address, relay_address, checkpoint_capable,

@@ -14,6 +14,7 @@ import grpc
 from adx._grpc_errors import abort_with
 from adx._grpc_tls import require_peer
 from adx.coordinator._cache import CoordinatorCache
+from adx.coordinator._lifecycle import LifecycleOps
 from adx.coordinator._nodes import NodeClients
 from adx.coordinator._placement import Refusal, rank_nodes
 from adx.coordinator._store import CoordinatorStore, NoCapacity
@@ -27,10 +28,10 @@ from adx.errors import (
 )
 from adx.model import (
     ENVIRONMENT,
+    CheckpointStorage,
     EnvironmentRecord,
     EnvironmentSpec,
     EnvironmentState,
-    IdleAction,
     Resources,
     new_id,
     parse_wire,
@@ -43,7 +44,9 @@ log = logging.getLogger("adx.coordinator")
 Context = grpc.aio.ServicerContext[object, object]
 
 # Fields of an Environment record a node may change with CommitResult; ownership fields are not among them.
-NODE_COMMITTABLE = frozenset({"state", "executionId", "restartAttempts", "restartPending", "checkpoint", "lastError"})
+NODE_COMMITTABLE = frozenset(
+    {"state", "executionId", "restartAttempts", "restartPending", "checkpoint", "lastError", "resumeIntent"}
+)
 
 
 class SessionExpired(ConflictError):
@@ -58,11 +61,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         *,
         nodes: NodeClients | None = None,
         session_ttl: float = 15.0,
+        resume_retry_seconds: float = 30.0,
     ) -> None:
         self.store = store
         self.cache = cache
         self.nodes = nodes
         self.session_ttl = session_ttl
+        self.lifecycle = LifecycleOps(
+            store, cache, nodes, delete=self._delete, resume_retry_seconds=resume_retry_seconds
+        )
 
     async def _node_caller(self, context: Context, node: str) -> None:
         identity = await require_peer(context, "node")
@@ -136,9 +143,30 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         except AdxError as exc:
             await abort_with(context, exc)
         catalog = self.cache.node_catalog(request.node)
+        node = self.cache.nodes[request.node]
+        retired = [
+            ref.model_dump_json(by_alias=True)
+            for ref in self.cache.retired_checkpoints
+            if ref.node == request.node or (ref.storage == "shared" and node.shared_storage)
+        ]
         return pb.InspectNodeResponse(
-            environment_json=[record.model_dump_json(by_alias=True) for record in catalog], served_at=time.time()
+            environment_json=[record.model_dump_json(by_alias=True) for record in catalog],
+            served_at=time.time(),
+            retired_checkpoint_json=retired,
         )
+
+    async def ConfirmCheckpointDeleted(
+        self, request: pb.ConfirmCheckpointDeletedRequest, context: Context
+    ) -> pb.ConfirmCheckpointDeletedResponse:
+        await self._node_caller(context, request.node)
+        try:
+            self._check_session(request.node, request.session)
+            forgotten = await self.store.forget_checkpoint(request.checkpoint_id)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        self.cache.retired_checkpoints = [r for r in self.cache.retired_checkpoints if r.id != request.checkpoint_id]
+        log.info("checkpoint deleted", extra={"node": request.node, "checkpoint_id": request.checkpoint_id})
+        return pb.ConfirmCheckpointDeletedResponse(forgotten=forgotten)
 
     async def CommitResult(self, request: pb.CommitResultRequest, context: Context) -> pb.CommitResultResponse:
         await self._node_caller(context, request.node)
@@ -225,11 +253,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self, tenant: str, spec: EnvironmentSpec, idempotency: str | None
     ) -> tuple[EnvironmentRecord, bool]:
         now = time.time()
+        lifecycle = spec.lifecycle
         ranked, refused = rank_nodes(
             list(self.cache.nodes.values()),
             spec.resources,
             now,
-            needs_checkpoint=spec.lifecycle.idle_action is IdleAction.PAUSE,
+            needs_checkpoint=lifecycle.may_pause,
+            needs_shared_storage=lifecycle.pause_options is not None
+            and lifecycle.pause_options.storage is CheckpointStorage.SHARED,
         )
         for node in ranked:
             record = EnvironmentRecord(
@@ -242,6 +273,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 revision=1,
                 created_at=now,
                 updated_at=now,
+                expires_at=now + lifecycle.lifetime_seconds if lifecycle.lifetime_seconds else None,
             )
             try:
                 outcome = await self.store.create_environment(record, idempotency=idempotency)
@@ -309,8 +341,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             record = await self.store.get_tenant_environment(tenant, env_id)
             if record.state in (EnvironmentState.DELETING, EnvironmentState.DELETED):
                 break
+            # Nothing of a paused Environment runs anywhere: retire it here (its checkpoint is retired with it,
+            # CRD-9), whether or not its node is reachable.
+            target = EnvironmentState.DELETED if record.state is EnvironmentState.PAUSED else EnvironmentState.DELETING
             try:
-                record = await self.store.commit_environment(record, {"state": EnvironmentState.DELETING})
+                record = await self.store.commit_environment(record, {"state": target}, check_generation=False)
                 break
             except ConflictError:
                 continue  # committed meanwhile: read again and retry
@@ -337,6 +372,40 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return pb.RouteReply(
             environment_json=record.model_dump_json(by_alias=True), relay_address=node.relay_address if node else ""
         )
+
+    async def PauseEnvironment(self, request: pb.EnvironmentRequest, context: Context) -> pb.EnvironmentReply:
+        await require_peer(context, "api")
+        try:
+            record = await self.lifecycle.pause(request.tenant, request.environment_id)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
+
+    async def EnsureRunning(self, request: pb.EnsureRunningRequest, context: Context) -> pb.RouteReply:
+        await require_peer(context, "api")
+        timeout = request.timeout_seconds if request.timeout_seconds > 0 else 60.0
+        try:
+            record = await self.lifecycle.ensure_running(request.tenant, request.environment_id, min(timeout, 3600.0))
+        except AdxError as exc:
+            await abort_with(context, exc)
+        node = self.cache.nodes.get(record.node or "")
+        return pb.RouteReply(
+            environment_json=record.model_dump_json(by_alias=True), relay_address=node.relay_address if node else ""
+        )
+
+    async def SetLifetime(self, request: pb.SetLifetimeRequest, context: Context) -> pb.EnvironmentReply:
+        await require_peer(context, "api")
+        try:
+            if not 1 <= request.seconds <= 30 * 86_400:
+                raise InvalidInputError("seconds", "must be between 1 and 2592000 (30 days)")
+            if request.action not in ("", "delete", "pause"):
+                raise InvalidInputError("action", "must be 'delete' or 'pause'")
+            record = await self.lifecycle.set_lifetime(
+                request.tenant, request.environment_id, request.seconds, request.action
+            )
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
 
     async def WatchRoutes(self, request: pb.WatchRoutesRequest, context: Context) -> AsyncIterator[pb.RouteEvent]:
         """Relay the route publications (Redis pub/sub) to an API/Ingress replica, resync first."""

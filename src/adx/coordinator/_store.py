@@ -30,7 +30,7 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.model import EnvironmentRecord, EnvironmentState, NodeRecord, Resources
+from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState, NodeRecord, Resources
 
 T = TypeVar("T")
 
@@ -55,6 +55,13 @@ def node_key(name: str) -> str:
 
 def node_reservations_key(name: str) -> str:
     return f"adx:node-res:{name}"
+
+
+def checkpoint_key(checkpoint_id: str) -> str:
+    return f"adx:ckpt:{checkpoint_id}"
+
+
+RETIRED_CHECKPOINTS = "adx:ckpts-retired"
 
 
 def idempotency_key(tenant: str, key: str) -> str:
@@ -117,6 +124,8 @@ class CoordinatorStore:
         self._register_node = client.register_script(_scripts.REGISTER_NODE)
         self._heartbeat = client.register_script(_scripts.HEARTBEAT)
         self._report_capacity = client.register_script(_scripts.REPORT_CAPACITY)
+        self._resume_env = client.register_script(_scripts.RESUME_ENV)
+        self._forget_checkpoint = client.register_script(_scripts.FORGET_CHECKPOINT)
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 5.0) -> CoordinatorStore:
@@ -278,10 +287,23 @@ class CoordinatorStore:
 
         Raises ConflictError (with the stored revision) when someone committed in between.
         """
-        updated = current.model_copy(update={**changes, "revision": current.revision + 1, "updated_at": time.time()})
+        now = time.time()
+        updated = current.model_copy(update={**changes, "revision": current.revision + 1, "updated_at": now})
         deleting = updated.state is EnvironmentState.DELETED
+        if deleting and updated.checkpoint is not None:
+            updated = updated.model_copy(update={"checkpoint": None})  # a deleted record references nothing
         node = current.node or "-"
-        keys = [env_key(current.id), node_reservations_key(node), node_key(node), tenant_index_key(current.tenant)]
+        old_ckpt = current.checkpoint.id if current.checkpoint else ""
+        new_ckpt = updated.checkpoint.id if updated.checkpoint else ""
+        keys = [
+            env_key(current.id),
+            node_reservations_key(node),
+            node_key(node),
+            tenant_index_key(current.tenant),
+            checkpoint_key(old_ckpt or "-"),
+            checkpoint_key(new_ckpt or "-"),
+            RETIRED_CHECKPOINTS,
+        ]
         args: list[ScriptArg] = [
             current.revision,
             current.generation if check_generation else "",
@@ -291,6 +313,10 @@ class CoordinatorStore:
             DELETED_RECORD_TTL_SECONDS if deleting else 0,
             current.id,
             _route(updated),
+            old_ckpt,
+            new_ckpt,
+            updated.checkpoint.model_dump_json(by_alias=True) if updated.checkpoint else "",
+            now,
         ]
         status, detail = await self._call(
             "commit environment", lambda: self._commit_env(keys=keys, args=args), writes=True
@@ -306,6 +332,76 @@ class CoordinatorStore:
             f"environment {current.id}: stale {what} (expected {expected}, stored {detail})",
             details={"stored_" + what: int(detail)},
         )
+
+    async def record_resume_intent(
+        self, current: EnvironmentRecord, changes: dict[str, Any], *, node: str, generation: int
+    ) -> EnvironmentRecord:
+        """CRD-5: compare-and-set ``current`` (paused) to resuming on ``node``, reserving its resources there.
+
+        Raises NoCapacity when the node refuses, ConflictError when someone committed in between.
+        """
+        updated = current.model_copy(
+            update={
+                **changes,
+                "state": EnvironmentState.RESUMING,
+                "node": node,
+                "generation": generation,
+                "revision": current.revision + 1,
+                "updated_at": time.time(),
+            }
+        )
+        need = current.spec.resources
+        keys = [env_key(current.id), node_key(node), node_reservations_key(node)]
+        args: list[ScriptArg] = [
+            current.revision,
+            updated.model_dump_json(by_alias=True),
+            node,
+            generation,
+            need.cpu_millis,
+            need.memory_bytes,
+            need.disk_bytes,
+            time.time(),
+            current.id,
+            _route(updated),
+        ]
+        status, detail = await self._call(
+            "record resume intent", lambda: self._resume_env(keys=keys, args=args), writes=True
+        )
+        detail = _text(detail)
+        if status == 1:
+            return updated
+        if status == -1:
+            raise NotFoundError(f"environment {current.id} not found")
+        if status == -2:
+            raise NoCapacity(f"node {node} refused: {detail}", details={"node": node})
+        raise ConflictError(
+            f"environment {current.id}: stale revision (expected {current.revision}, stored {detail})",
+            details={"stored_revision": int(detail)},
+        )
+
+    async def retired_checkpoints(self) -> list[CheckpointRef]:
+        """Artifacts no Environment references any more (CRD-9): the nodes delete them, then forget them."""
+
+        async def fetch() -> list[CheckpointRef]:
+            refs = []
+            for raw in await self._redis.smembers(RETIRED_CHECKPOINTS):
+                doc = await self._redis.hget(checkpoint_key(_text(raw)), "doc")
+                if doc is not None:
+                    refs.append(CheckpointRef.model_validate_json(doc))
+            return refs
+
+        return await self._call("retired checkpoints", fetch, writes=False)
+
+    async def forget_checkpoint(self, checkpoint_id: str) -> bool:
+        """Drop a deleted artifact from the catalog, unless something references it again."""
+        status, _ = await self._call(
+            "forget checkpoint",
+            lambda: self._forget_checkpoint(
+                keys=[checkpoint_key(checkpoint_id), RETIRED_CHECKPOINTS], args=[checkpoint_id]
+            ),
+            writes=True,
+        )
+        return bool(status == 1)
 
     async def subscribe_routes(self) -> AsyncGenerator[dict[str, Any], None]:
         """Route publications, in publication order, until the connection breaks (then UnavailableError)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import ssl
 import time
@@ -24,7 +25,15 @@ from adx._certs import Identity, client_ssl_context, component_paths
 from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient
 from adx.api._errors import not_found
-from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    EnvironmentPausedError,
+    EnvironmentPausingError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
 from adx.model import EnvironmentState
 from adx.proto import coordinator_pb2 as pb
 
@@ -51,6 +60,12 @@ _HOP = frozenset(
     }
 )
 _WAITABLE = frozenset({EnvironmentState.PENDING, EnvironmentState.STARTING})
+#: ENV-4: business traffic to these wakes the Environment through the Coordinator's EnsureRunning (CRD-5).
+_WAKEABLE = frozenset({EnvironmentState.PAUSING, EnvironmentState.PAUSED, EnvironmentState.RESUMING})
+#: Relay answers meaning "paused or pausing here": wake it, then ask again.
+_WAKE_CODES = frozenset({EnvironmentPausedError.code, EnvironmentPausingError.code})
+#: A request body up to this size is kept so the request can be sent again after a wake-up.
+REPLAYABLE_BODY_BYTES = 1 << 20
 
 
 class NotRunning(ConflictError):
@@ -162,6 +177,8 @@ class Ingress:
                 if ttl > 0:
                     self._routes[key] = (route.relay_address, time.monotonic() + ttl)
                 return route.relay_address
+            if state in _WAKEABLE:
+                return await self.wake(tenant, environment_id)
             if state in _WAITABLE:
                 # Wait out a start in progress instead of failing a request that would succeed in a moment.
                 if time.monotonic() + delay > deadline:
@@ -176,6 +193,23 @@ class Ingress:
                 f"environment {environment_id} is {state.value}, not running", details={"state": state.value}
             )
 
+    async def wake(self, tenant: str, environment_id: str) -> str:
+        """Resume a paused Environment (CRD-5: the shared resume entry) and return its Relay."""
+        started = time.monotonic()
+        route = await self._coordinator.ensure_running(tenant, environment_id, self._config.wake_timeout_seconds)
+        if not route.relay_address:
+            raise RelayUnavailable(f"environment {environment_id} has no reachable node right now")
+        log.info(
+            "woke %s in %.3fs",
+            environment_id,
+            time.monotonic() - started,
+            extra={"env_id": environment_id, "node": route.record.node},
+        )
+        ttl = FOLLOWED_ROUTE_SECONDS if self.following else self._config.route_cache_seconds
+        if ttl > 0:
+            self._routes[(tenant, environment_id)] = (route.relay_address, time.monotonic() + ttl)
+        return route.relay_address
+
     async def forward(
         self,
         request: Request,
@@ -186,8 +220,43 @@ class Ingress:
         body: bytes | None = None,
         read_timeout: float | None,
     ) -> StreamingResponse:
-        """Forward to the Relay; ``body`` given: sent as is, else the request body is streamed through."""
-        address = await self.relay_address(tenant, environment_id)
+        """Forward to the Relay; ``body`` given: sent as is, else the request body is streamed through.
+
+        A request that meets a paused or pausing Environment wakes it and is sent again (ENV-4, IDLE-6), when
+        its body can be sent again (up to REPLAYABLE_BODY_BYTES; larger streamed bodies get the Relay's answer).
+        """
+        if body is None:
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) <= REPLAYABLE_BODY_BYTES:
+                body = await request.body()
+        for _ in range(3):
+            address = await self.relay_address(tenant, environment_id)
+            upstream = await self._send(request, address, environment_id, execd_path, body, read_timeout, tenant)
+            if body is None or upstream.status_code not in (409, 503):
+                break
+            content = await upstream.aread()
+            await upstream.aclose()
+            if _answer_code(content) not in _WAKE_CODES:
+                return StreamingResponse(iter([content]), upstream.status_code, _response_headers(upstream))
+            self.forget(tenant, environment_id)
+            await self.wake(tenant, environment_id)
+        return StreamingResponse(
+            upstream.aiter_raw(),
+            status_code=upstream.status_code,
+            headers=_response_headers(upstream),
+            background=BackgroundTask(upstream.aclose),
+        )
+
+    async def _send(
+        self,
+        request: Request,
+        address: str,
+        environment_id: str,
+        execd_path: str,
+        body: bytes | None,
+        read_timeout: float | None,
+        tenant: str,
+    ) -> httpx.Response:
         content: bytes | AsyncIterator[bytes] = body if body is not None else request.stream()
         # A buffered body gets its own Content-Length from httpx; a streamed one keeps the caller's (if any), so
         # it is not re-encoded as chunked on the way.
@@ -215,11 +284,19 @@ class Ingress:
                 raise RelayTimeout(f"the node's Relay at {address} did not answer in time: {exc!r}") from None
             except httpx.TransportError as exc:
                 raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc!r}") from None
-            response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
-            return StreamingResponse(
-                upstream.aiter_raw(),
-                status_code=upstream.status_code,
-                headers=response_headers,
-                background=BackgroundTask(upstream.aclose),
-            )
+            return upstream
         raise AssertionError("unreachable")
+
+
+def _response_headers(upstream: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+
+
+def _answer_code(content: bytes) -> str:
+    """The ``error.code`` of a Relay's JSON error answer ('' for anything else)."""
+    try:
+        answer = json.loads(content)
+    except ValueError:
+        return ""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    return str(error.get("code", "")) if isinstance(error, dict) else ""

@@ -11,7 +11,7 @@ from adx.model._lifecycle import (
     RetentionPolicy,
 )
 from adx.model._quantity import MAX_QUANTITY, parse_bytes, parse_cpu_millis
-from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord
+from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
 from adx.model._resources import Resources, allocatable
 from adx.model._spec import EnvironmentSpec, field_path, parse_wire
 from adx.model._states import (
@@ -41,6 +41,7 @@ __all__ = [
     "PauseOptions",
     "Resources",
     "RestartPolicy",
+    "ResumeIntent",
     "Retention",
     "RetentionPolicy",
     "allocatable",

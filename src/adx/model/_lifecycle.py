@@ -103,6 +103,10 @@ class Lifecycle(ApiModel):
     restart_policy: RestartPolicy | None = None
     # RST-6: omitted means health failures never trigger a restart.
     execd_health_failure_threshold: int | None = Field(default=None, ge=1, le=1000, strict=True)
+    # An absolute lifetime from creation (E2B's ``timeout``); a running Environment can move it later. At
+    # the deadline it is deleted or paused (``lifetime_action``). None: no deadline.
+    lifetime_seconds: int | None = Field(default=None, ge=1, le=30 * 86_400, strict=True)
+    lifetime_action: IdleAction = IdleAction.DELETE
 
     @model_validator(mode="after")
     def _pause_needs_a_window(self) -> Lifecycle:
@@ -110,6 +114,13 @@ class Lifecycle(ApiModel):
         if self.idle_action is IdleAction.PAUSE and self.idle_timeout_seconds <= 0:
             raise ValueError("idleAction 'pause' requires a positive idleTimeoutSeconds")
         return self
+
+    @property
+    def may_pause(self) -> bool:
+        """Whether this Environment can ever be paused automatically (ENV-2: needs a checkpoint-capable node)."""
+        return self.idle_action is IdleAction.PAUSE or (
+            self.lifetime_seconds is not None and self.lifetime_action is IdleAction.PAUSE
+        )
 
     @property
     def effective_pause_options(self) -> PauseOptions:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from adx.model._base import ApiModel
@@ -11,15 +13,26 @@ from adx.model._states import EnvironmentState
 
 
 class CheckpointRef(ApiModel):
-    """The checkpoint an Environment would resume from."""
+    """The checkpoint an Environment resumes from: its artifact's identity, place and retention."""
 
     id: str
     kind: str = "filesystem"
-    storage: str  # "local" or "shared"
-    node: str  # the node that published it (where a local checkpoint lives)
+    storage: Literal["local", "shared"]
+    node: str  # the node that published it (a local checkpoint can only be restored there)
+    location: str  # the artifact directory as the runtime names it
+    digest: str  # sha256 of the artifact's manifest: restore and delete must name it exactly
+    size_bytes: int = Field(default=0, ge=0)
     published_at: float
-    expires_at: float | None  # None: retained forever
-    digest: str
+    expires_at: float | None  # ENV-3: publication + TTL; None: retained forever
+
+
+class ResumeIntent(ApiModel):
+    """CRD-5: one resume in progress, shared by every caller (Ingress replicas, manual resume, retries)."""
+
+    operation_id: str
+    started_at: float
+    # Nodes that refused this resume (capacity round): never asked again by the same intent.
+    refused: list[str] = Field(default_factory=list)
 
 
 class EnvironmentRecord(ApiModel):
@@ -42,6 +55,11 @@ class EnvironmentRecord(ApiModel):
     restart_attempts: int = Field(default=0, ge=0)
     restart_pending: bool = False
     checkpoint: CheckpointRef | None = None
+    resume_intent: ResumeIntent | None = None
+    # The lifetime deadline (``lifecycle.lifetime_seconds`` from creation, moved by set-lifetime).
+    expires_at: float | None = None
+    # CRD-6: the node that held this paused Environment is gone; the first demand resumes it elsewhere.
+    ownership_lost: bool = False
     last_error: str | None = None
 
 

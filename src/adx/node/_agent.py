@@ -16,9 +16,16 @@ from adx._grpc_errors import abort_with
 from adx._grpc_tls import channel_credentials, require_peer, server_credentials
 from adx._health import HealthServicer
 from adx.config._node import AutoResourceSource, NodeConfig, SandboxdResourceSource
-from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    EnvironmentPausedError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+)
 from adx.model import EnvironmentRecord, EnvironmentState, IdleAction, Resources
-from adx.node._controller import Controller, ControllerTimings, ReadinessProbe
+from adx.node._controller import CheckpointPlaces, Controller, ControllerTimings, ReadinessProbe
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._idle import IdleDetector
@@ -35,6 +42,8 @@ S = EnvironmentState
 DELETED_MEMORY_SECONDS = 600.0
 
 Context = grpc.aio.ServicerContext[object, object]
+#: How long a request that met a pause's closed admission waits for the pause's decision (IDLE-6).
+PAUSE_DECISION_WAIT_SECONDS = 10.0
 
 
 class NodeAgent:
@@ -49,7 +58,12 @@ class NodeAgent:
         self.controllers: dict[str, Controller] = {}
         # Recently deleted Environments (monotonic time of removal), so late data-plane calls get "not running".
         self._deleted: dict[str, float] = {}
-        self.relay = Relay(self._relay_target)
+        self.relay = Relay(self._relay_target, admission_wait=self._pause_decision)
+        self.places = CheckpointPlaces(
+            node=config.name,
+            default_storage=config.checkpoints.default_storage,
+            shared_root=config.checkpoints.shared_root,
+        )
         self.idle = IdleDetector(lambda: self.control.states if self.control is not None else {}, self.relay.streams)
         self.health = HealthServicer("node")
         self.stop_event = asyncio.Event()
@@ -57,6 +71,7 @@ class NodeAgent:
         self._server: grpc.aio.Server | None = None
         self._relay_server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()
         self.reporter: Reporter
         self.sink: CoordinatorSink
         self.port = 0
@@ -89,9 +104,8 @@ class NodeAgent:
             tracker=self._capacity_tracker(),
             interval=self.config.report_interval_seconds,
             rpc_timeout=self.config.rpc_timeout_seconds,
-            # The runtime can checkpoint, but this node cannot pause Environments yet: advertising it would
-            # place idleAction=pause Environments that then never pause (ENV-2 refuses them instead).
-            checkpoint_capable=False,
+            checkpoint_capable=self.driver.capabilities().can_checkpoint,
+            shared_storage=self.places.shared_root is not None,
         )
         self.sink = CoordinatorSink(
             stub,
@@ -197,9 +211,13 @@ class NodeAgent:
             controller.submit("delete")
         elif record.state is S.FAILED and record.restart_pending:
             controller.schedule_pending_restart()  # RST-3: the counters came back with the record
-        elif record.state in (S.RUNNING, S.STARTING) and execution is not None:
+        elif record.state is S.RESUMING:
+            controller.submit("resume")  # a half-done restore left nothing referenced: it was cleaned above
+        elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
             state = await self.driver.observe(execution)
-            if state is ExecutionState.RUNNING:
+            if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
+                controller.submit("cancel_pause")  # the pause was not published: the execution runs on
+            elif state is ExecutionState.RUNNING:
                 controller.adopt_running()
             else:
                 controller.submit("exited", execution_id=execution.execution_id, info=None)
@@ -215,6 +233,8 @@ class NodeAgent:
                 readiness=self.readiness,
                 timings=ControllerTimings(ready_timeout_seconds=self.config.runtime.ready_timeout_seconds),
                 execution=execution,
+                admission=self,
+                places=self.places,
             )
             controller.start_task()
             self.controllers[record.id] = controller
@@ -237,6 +257,7 @@ class NodeAgent:
             # NOD-6: a failed fetch is never an empty catalog; keep everything and retry next round.
             log.warning("routine check skipped: %s", exc, extra={"node": self.name})
             return
+        owned = {record.id for record in catalog}
         for record in catalog:
             controller = self.controllers.get(record.id)
             if controller is None:
@@ -244,18 +265,42 @@ class NodeAgent:
                     self._controller(record).submit("start")
                 elif record.state is S.DELETING:
                     self._controller(record).submit("delete")
+                elif record.state is S.RESUMING:
+                    self._controller(record).submit("resume", record=record)
             elif record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
                 controller.record = record
                 controller.submit("delete")
+            elif (
+                record.state is S.RESUMING
+                and controller.state in (S.PAUSED, S.RESUMING)
+                and record.revision > controller.record.revision
+            ):
+                controller.submit("resume", record=record)  # a lost resume hand-over (CRD-5)
         now = time.monotonic()
         for env_id, controller in list(self.controllers.items()):
-            if controller.state is S.DELETED:
+            gone = env_id not in owned and controller.state is S.PAUSED and controller.execution is None
+            if controller.state is S.DELETED or gone:
+                # ``gone``: a paused Environment deleted, expired or resumed elsewhere; nothing of it runs here.
                 await controller.close()
                 del self.controllers[env_id]
                 self._deleted[env_id] = now
         for env_id, when in list(self._deleted.items()):
             if now - when > DELETED_MEMORY_SECONDS:
                 del self._deleted[env_id]
+        await self._delete_retired_checkpoints()
+
+    async def _delete_retired_checkpoints(self) -> None:
+        """CRD-9: delete artifacts the global catalog lists as unreferenced; a failure retries next round."""
+        for ref in self.sink.retired_checkpoints:
+            if ref.storage == "local" and ref.node != self.name:
+                continue
+            try:
+                await self.driver.delete_checkpoint(ref.location, ref.digest)
+                await self.sink.confirm_checkpoint_deleted(ref.id)
+            except AdxError as exc:
+                log.warning("retired checkpoint %s not deleted yet: %s", ref.id, exc, extra={"node": self.name})
+                continue
+            log.info("retired checkpoint deleted", extra={"node": self.name, "checkpoint_id": ref.id})
 
     async def _idle_loop(self) -> None:
         while not self.stop_event.is_set():
@@ -276,12 +321,19 @@ class NodeAgent:
         sandbox_id = str(execution.native["sandbox_id"])
         if self.idle.idle_for(controller.env_id, sandbox_id) < lifecycle.idle_timeout_seconds:
             return
-        if lifecycle.idle_action is not IdleAction.DELETE:
-            return  # automatic pause: not in this version (the Environment stays running)
+        pausing = lifecycle.idle_action is IdleAction.PAUSE
+        gate = controller.open_pause_gate() if pausing else None
         if not await self._close_admission(controller.env_id, sandbox_id):
+            controller.drop_pause_gate()
             return  # demand arrived at the last moment: the window starts again
-        log.info("idle for %ss: deleting", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
         self.idle.forget(controller.env_id)
+        if gate is not None:
+            # IDLE-6: both gates are closed; demand that meets them from now on is recorded by the gate, and
+            # the pause re-checks it before capture.
+            log.info("idle for %ss: pausing", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
+            controller.submit("pause", auto=True)
+            return
+        log.info("idle for %ss: deleting", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
         controller.submit("delete")
 
     async def _close_admission(self, env_id: str, sandbox_id: str) -> bool:
@@ -299,6 +351,34 @@ class NodeAgent:
             self.idle.forget(env_id)
             return False
         return True
+
+    # -- the admission gates (Controller's Admission protocol) -----------------------------------------
+    async def close(self, env_id: str, execution: Execution) -> None:
+        """Close both gates whatever the activity (a manual pause): the Relay's, then execd's."""
+        self.relay.streams.closed_admission.add(env_id)
+        if self.control is None:
+            return
+        sandbox_id = str(execution.native["sandbox_id"])
+        for _ in range(5):
+            observed = self.control.states.get(sandbox_id)
+            if observed is None:
+                return  # no execd connection: nothing reaches it anyway
+            if (await self.control.close_admission(sandbox_id, observed.activity.version)).ok:
+                return
+            await asyncio.sleep(0.01)
+
+    async def reopen(self, env_id: str, execution: Execution) -> None:
+        self.relay.streams.open_admission(env_id)
+        if self.control is not None:
+            with contextlib.suppress(AdxError):
+                await self.control.open_admission(str(execution.native["sandbox_id"]))
+
+    async def _pause_decision(self, env_id: str) -> bool:
+        controller = self.controllers.get(env_id)
+        gate = controller.pause_gate if controller is not None else None
+        if gate is None:
+            return False
+        return await gate.wait(PAUSE_DECISION_WAIT_SECONDS)
 
     # -- requests ----------------------------------------------------------------------------------
     def admit(self, record: EnvironmentRecord) -> EnvironmentRecord:
@@ -324,6 +404,38 @@ class NodeAgent:
         controller.submit("delete")
         return controller.record
 
+    async def pause(self, record: EnvironmentRecord, within: float) -> EnvironmentRecord:
+        controller = self._owned_controller(record)
+        try:
+            return await asyncio.wait_for(asyncio.shield(controller.submit("pause")), within)
+        except TimeoutError:
+            raise UnavailableError(
+                f"pause of {record.id} not finished within {within:g}s (it goes on; cluster publication pending)"
+            ) from None
+
+    def resume(self, record: EnvironmentRecord) -> EnvironmentRecord:
+        if record.state is not S.RESUMING:
+            raise ConflictError(f"environment {record.id} is {record.state.value}, not resuming")
+        controller = self._owned_controller(record)
+        controller.submit("resume", record=record)
+        return record
+
+    def _owned_controller(self, record: EnvironmentRecord) -> Controller:
+        if record.node != self.name:
+            raise NotFoundError(f"environment {record.id} is not on node {self.name}")
+        controller = self.controllers.get(record.id)
+        if controller is None or controller.record.generation < record.generation:
+            if controller is not None:
+                self.controllers.pop(record.id, None)
+                self._spawn_close(controller)
+            controller = self._controller(record)
+        return controller
+
+    def _spawn_close(self, controller: Controller) -> None:
+        task = asyncio.create_task(controller.close(), name=f"close-{controller.env_id}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     def _relay_target(self, env_id: str) -> RelayTarget:
         controller = self.controllers.get(env_id)
         if controller is None:
@@ -332,6 +444,8 @@ class NodeAgent:
                 raise ConflictError(f"environment {env_id} is deleted, not running")
             raise NotFoundError(f"environment {env_id} is not on node {self.name}")
         execution = controller.execution
+        if controller.state in (S.PAUSING, S.PAUSED, S.RESUMING) and not controller.serving:
+            raise EnvironmentPausedError(f"environment {env_id} is {controller.state.value}; it resumes on demand")
         if not controller.serving or execution is None or execution.execd_socket is None:
             raise ConflictError(f"environment {env_id} is {controller.state.value}, not running")
         return RelayTarget(env_id, execution.execd_socket, lambda: self.driver.network_namespace(execution))
@@ -366,3 +480,31 @@ class NodeService(node_pb2_grpc.NodeServicer):
         except ValueError as exc:
             await abort_with(context, InvalidInputError("environmentJson", str(exc)))
         return node_pb2.DeleteEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))
+
+    async def PauseEnvironment(
+        self, request: node_pb2.PauseEnvironmentRequest, context: Context
+    ) -> node_pb2.PauseEnvironmentResponse:
+        await require_peer(context, "coordinator", "api")
+        try:
+            record = _record_arg(request.environment_json)
+            paused = await self.agent.pause(record, request.timeout_seconds or 330.0)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return node_pb2.PauseEnvironmentResponse(environment_json=paused.model_dump_json(by_alias=True))
+
+    async def ResumeEnvironment(
+        self, request: node_pb2.ResumeEnvironmentRequest, context: Context
+    ) -> node_pb2.ResumeEnvironmentResponse:
+        await require_peer(context, "coordinator")
+        try:
+            queued = self.agent.resume(_record_arg(request.environment_json))
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return node_pb2.ResumeEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))
+
+
+def _record_arg(text: str) -> EnvironmentRecord:
+    try:
+        return EnvironmentRecord.model_validate_json(text)
+    except ValueError as exc:
+        raise InvalidInputError("environmentJson", str(exc)) from None

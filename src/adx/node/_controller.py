@@ -10,12 +10,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
-from adx.model import EnvironmentRecord, EnvironmentState, check_transition, new_id
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+from adx.model import (
+    CheckpointRef,
+    CheckpointStorage,
+    EnvironmentRecord,
+    EnvironmentState,
+    check_transition,
+    new_id,
+)
 from adx.runtime import Execution, ExecutionSpec, ExitInfo, RuntimeDriver
 
 log = logging.getLogger("adx.node.controller")
@@ -49,6 +64,57 @@ class ReadinessProbe(Protocol):
     async def wait_ready(self, execution: Execution, within_seconds: float) -> None: ...
 
 
+class Admission(Protocol):
+    """The two admission gates in front of an execution (IDLE-6): the Relay's and execd's."""
+
+    async def close(self, env_id: str, execution: Execution) -> None:
+        """Close both, whatever the activity (a manual pause)."""
+
+    async def reopen(self, env_id: str, execution: Execution) -> None: ...
+
+
+@dataclass(frozen=True)
+class CheckpointPlaces:
+    """This node's checkpoint storage: sandboxd artifact roots for ``local`` and (if any) ``shared``."""
+
+    node: str
+    default_storage: str = "local"
+    shared_root: str | None = None
+
+    def resolve(self, requested: CheckpointStorage) -> tuple[str, str]:
+        """(kind, runtime storage name) for a pause's ``storage`` option (ENV-3)."""
+        kind = self.default_storage if requested is CheckpointStorage.CONFIGURED else requested.value
+        if kind == "shared":
+            if self.shared_root is None:
+                raise InvalidInputError(
+                    "lifecycle.pauseOptions.storage", f"'shared' needs shared storage, and node {self.node} has none"
+                )
+            return "shared", self.shared_root
+        return "local", "local"
+
+
+class PauseGate:
+    """One pause in progress (IDLE-6): demand seen before capture cancels it; after capture starts, demand is
+    told to go through the resume entry (EnsureRunning) instead."""
+
+    def __init__(self) -> None:
+        self.demand = False
+        self.decided: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def settle(self, serve: bool) -> None:
+        """``serve``: the pause was cancelled and waiting requests proceed; else they go to the resume entry."""
+        if not self.decided.done():
+            self.decided.set_result(serve)
+
+    async def wait(self, within: float) -> bool:
+        """Register demand and wait for the decision (False: the Environment is pausing)."""
+        self.demand = True
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.decided), within)
+        except TimeoutError:
+            return False
+
+
 @dataclass
 class _Op:
     kind: str
@@ -75,6 +141,8 @@ class Controller:
         on_route_change: Callable[[EnvironmentRecord, Execution | None], Awaitable[None]] | None = None,
         timings: ControllerTimings = ControllerTimings(),
         execution: Execution | None = None,
+        admission: Admission | None = None,
+        places: CheckpointPlaces | None = None,
     ) -> None:
         self.record = record
         self.driver = driver
@@ -84,6 +152,9 @@ class Controller:
         self.on_route_change = on_route_change
         self.timings = timings
         self.execution = execution
+        self.admission = admission
+        self.places = places or CheckpointPlaces(node=record.node or "")
+        self.pause_gate: PauseGate | None = None
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._exit_watch: asyncio.Task[None] | None = None
@@ -142,6 +213,9 @@ class Controller:
             "delete": self._delete,
             "exited": self._exited,
             "restart": self._restart,
+            "pause": self._pause,
+            "resume": self._resume,
+            "cancel_pause": self._recover_pausing,
         }
         while True:
             op = await self._queue.get()
@@ -181,10 +255,19 @@ class Controller:
             check_transition(current, target, env_id=self.env_id)
         update = {"state": target, **(changes or {})}
         delay = self.timings.retry_min_seconds
+        adopted = False
         while True:
             try:
                 committed = await self.sink.commit(self.record, update, release_reservation=release)
                 break
+            except ConflictError:
+                # The Coordinator may have changed fields this node does not own (a lifetime deadline, a
+                # resume-retry mark): if ownership, state and execution are unchanged, go on from its version
+                # (NOD-10: compare published state and revision, never flag such an update as a conflict).
+                latest = None if adopted else await self._latest_or_none()
+                if latest is None or not self._same_ownership(latest):
+                    raise
+                self.record, adopted = latest, True
             except (UnavailableError, UncertainOutcomeError) as exc:
                 # NOD-7: the result stays pending here and is retried on this Controller's own deadline.
                 log.warning("commit of %s pending: %s", target.value, exc, extra=self._context())
@@ -207,6 +290,15 @@ class Controller:
             extra={**self._context(), "revision": committed.revision},
         )
         return committed
+
+    def _same_ownership(self, other: EnvironmentRecord) -> bool:
+        mine = self.record
+        return (other.node, other.generation, other.state, other.execution_id) == (
+            mine.node,
+            mine.generation,
+            mine.state,
+            mine.execution_id,
+        ) and other.revision > mine.revision
 
     async def _latest_or_none(self) -> EnvironmentRecord | None:
         try:
@@ -249,19 +341,22 @@ class Controller:
             return failed
         return await self._running(execution)
 
-    async def _launch(self, execution_id: str) -> Execution:
+    async def _launch(self, execution_id: str, *, restore: CheckpointRef | None = None) -> Execution:
         spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
-        execution = await self.driver.start(spec)
+        if restore is None:
+            execution = await self.driver.start(spec)
+        else:
+            execution = await self.driver.restore(spec, restore.location, restore.digest)
         self.executions.save(execution)
         self.execution = execution
         await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)
         return execution
 
-    async def _running(self, execution: Execution) -> EnvironmentRecord:
+    async def _running(self, execution: Execution, changes: dict[str, Any] | None = None) -> EnvironmentRecord:
         # Serve before the Coordinator announces Running: a client that sees the commit may call at once.
         self.serving = True
         try:
-            running = await self._transition(S.RUNNING)
+            running = await self._transition(S.RUNNING, changes)
         except BaseException:
             self.serving = False
             raise
@@ -374,7 +469,7 @@ class Controller:
         execution = self.execution
         if execution is None or execution.execution_id != op.payload["execution_id"]:
             return self.record  # a late notice of an execution this Controller no longer runs
-        if self.record.state not in (S.RUNNING, S.STARTING):
+        if self.record.state not in (S.RUNNING, S.STARTING, S.PAUSING):
             return self.record
         info: ExitInfo = op.payload["info"] or ExitInfo(reason="the execution ended while the node was away")
         log.info("execution exited: %s", info.describe(), extra=self._context())
@@ -385,3 +480,148 @@ class Controller:
         await self._cleanup(execution)
         self.execution = None
         return await self._fail_or_restart_later(info.describe())
+
+    # -- pause and resume --------------------------------------------------------------------------
+    def open_pause_gate(self) -> PauseGate:
+        """Start a pause's demand gate before any admission closes, so no request falls between the two."""
+        if self.pause_gate is None:
+            self.pause_gate = PauseGate()
+        return self.pause_gate
+
+    def drop_pause_gate(self, serve: bool = True) -> None:
+        if self.pause_gate is not None:
+            self.pause_gate.settle(serve)
+            self.pause_gate = None
+
+    async def _pause(self, op: _Op) -> EnvironmentRecord:
+        try:
+            return await self._pause_steps(op)
+        except BaseException:
+            # Whatever stopped the pause, an Environment that still serves must admit again.
+            if self.serving and self.execution is not None and self.admission is not None:
+                with contextlib.suppress(AdxError):
+                    await self.admission.reopen(self.env_id, self.execution)
+            raise
+        finally:
+            self.drop_pause_gate(serve=self.serving)
+
+    async def _pause_steps(self, op: _Op) -> EnvironmentRecord:
+        if self.record.state is S.PAUSED:
+            return self.record
+        execution = self.execution
+        if self.record.state is not S.RUNNING or execution is None:
+            raise ConflictError(
+                f"environment {self.env_id} is {self.record.state.value}; only a running Environment can be paused",
+                details={"state": self.record.state.value},
+            )
+        options = self.record.spec.lifecycle.effective_pause_options
+        kind, storage = self.places.resolve(options.storage)
+        gate = self.open_pause_gate()
+        if not op.payload.get("auto") and self.admission is not None:
+            await self.admission.close(self.env_id, execution)
+        await self._transition(S.PAUSING)
+        if gate.demand:
+            # IDLE-6: demand that arrived before capture cancels the pause.
+            return await self._cancel_pause(execution, None)
+        # From here on, new demand queues behind the resume entry (EnsureRunning), served after the resume.
+        self.serving = False
+        gate.settle(serve=False)
+        started = time.monotonic()
+        try:
+            artifact = await self.driver.checkpoint(execution, storage, float(options.timeout_seconds))
+        except AdxError as exc:
+            # A failed capture or publication never reports a paused Environment (ENV-3).
+            await self._cancel_pause(execution, f"pause failed: {exc}")
+            raise UnavailableError(f"pause of {self.env_id} failed: {exc}; it keeps running") from None
+        published = time.time()
+        retention = options.retention
+        checkpoint = CheckpointRef(
+            id=artifact.checkpoint_id,
+            storage="shared" if kind == "shared" else "local",
+            node=self.places.node,
+            location=artifact.location,
+            digest=artifact.digest,
+            size_bytes=artifact.size_bytes,
+            published_at=published,
+            # ENV-3: the TTL counts from publication; forever has no expiry.
+            expires_at=published + retention.ttl_seconds if retention.ttl_seconds is not None else None,
+        )
+        if self._exit_watch is not None:
+            self._exit_watch.cancel()
+        try:
+            # CTL-6: committed only after the runtime published the artifact; resources released with it.
+            paused = await self._transition(S.PAUSED, {"checkpoint": checkpoint, "execution_id": None}, release=True)
+        except ConflictError:
+            # Deleted or taken over meanwhile: this artifact is referenced by nothing; the execution runs on
+            # until the operation that won (a delete) cleans it.
+            with contextlib.suppress(AdxError):
+                await self.driver.delete_checkpoint(artifact.location, artifact.digest)
+            with contextlib.suppress(AdxError):
+                await self.driver.thaw(execution)
+            self.serving = True
+            self._watch_exit(execution)
+            raise
+        log.info(
+            "paused: checkpoint %s (%d bytes) in %.3fs",
+            artifact.checkpoint_id,
+            artifact.size_bytes,
+            time.monotonic() - started,
+            extra=self._context(),
+        )
+        self.execution = None
+        await self._publish_route()
+        await self._cleanup(execution)
+        if self.admission is not None:
+            await self.admission.reopen(self.env_id, execution)
+        return paused
+
+    async def _cancel_pause(self, execution: Execution, error: str | None) -> EnvironmentRecord:
+        """Back to running: thaw, reopen both gates, commit; waiting requests are served (IDLE-6)."""
+        with contextlib.suppress(AdxError):
+            await self.driver.thaw(execution)
+        if self.admission is not None:
+            await self.admission.reopen(self.env_id, execution)
+        self.serving = True
+        if self.pause_gate is not None:
+            self.pause_gate.settle(serve=True)
+        log.info("pause cancelled: %s", error or "demand arrived before capture", extra=self._context())
+        return await self._transition(S.RUNNING, {"last_error": error} if error else None)
+
+    async def _recover_pausing(self, op: _Op) -> EnvironmentRecord:
+        """After a node restart mid-pause (no published result): the execution runs on (NOD-1)."""
+        execution = self.execution
+        if self.record.state is not S.PAUSING or execution is None:
+            return self.record
+        running = await self._cancel_pause(execution, "the node restarted during the pause")
+        self._watch_exit(execution)
+        await self._publish_route()
+        return running
+
+    async def _resume(self, op: _Op) -> EnvironmentRecord:
+        incoming: EnvironmentRecord | None = op.payload.get("record")
+        if incoming is not None and incoming.revision > self.record.revision:
+            self.record = incoming
+        if self.record.state is S.RUNNING:
+            return self.record
+        checkpoint = self.record.checkpoint
+        if self.record.state is not S.RESUMING or checkpoint is None:
+            raise ConflictError(
+                f"environment {self.env_id} is {self.record.state.value}; nothing to resume",
+                details={"state": self.record.state.value},
+            )
+        execution_id = new_id("exe")
+        try:
+            execution = await self._launch(execution_id, restore=checkpoint)
+        except AdxError as exc:
+            leftover = self.execution or await self._find_execution(execution_id)
+            self.execution = None
+            if leftover is not None:
+                await self._cleanup(leftover)
+            # No new execution exists: back to paused on the same checkpoint, reservation released.
+            return await self._transition(
+                S.PAUSED, {"resume_intent": None, "last_error": f"resume failed: {exc}"}, release=True
+            )
+        # The checkpoint is no longer referenced once Running is committed: the catalog retires it (CRD-9).
+        return await self._running(
+            execution, {"execution_id": execution_id, "checkpoint": None, "resume_intent": None, "last_error": None}
+        )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from adx._grpc_errors import from_rpc_error
-from adx.model import EnvironmentRecord
+from adx.model import CheckpointRef, EnvironmentRecord
 from adx.proto import coordinator_pb2 as pb
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ class CoordinatorSink:
         # ``session`` is a zero-argument callable: the session changes when the node registers again.
         self._session = session
         self.rpc_timeout = rpc_timeout
+        # CRD-9: retired artifacts this node can reach, as of the last catalog read.
+        self.retired_checkpoints: list[CheckpointRef] = []
 
     async def commit(
         self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
@@ -53,7 +55,17 @@ class CoordinatorSink:
             )
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "inspect node") from None
+        self.retired_checkpoints = [CheckpointRef.model_validate_json(doc) for doc in reply.retired_checkpoint_json]
         return [EnvironmentRecord.model_validate_json(doc) for doc in reply.environment_json]
+
+    async def confirm_checkpoint_deleted(self, checkpoint_id: str) -> None:
+        request = pb.ConfirmCheckpointDeletedRequest(
+            node=self.node, session=self._session(), checkpoint_id=checkpoint_id
+        )
+        try:
+            await self.stub.ConfirmCheckpointDeleted(request, timeout=self.rpc_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"confirm deletion of checkpoint {checkpoint_id}") from None
 
     async def fetch(self, env_id: str) -> EnvironmentRecord | None:
         return next((record for record in await self.catalog() if record.id == env_id), None)

@@ -27,7 +27,14 @@ from starlette.routing import Route
 
 from adx._certs import CertPaths
 from adx._fs import ShortUnixPath
-from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    EnvironmentPausedError,
+    EnvironmentPausingError,
+    NotFoundError,
+    UnavailableError,
+)
 from adx.node._ports import NamespaceConnector, http_over_socket
 
 log = logging.getLogger("adx.node.relay")
@@ -95,9 +102,20 @@ class _Upstream:
 
 
 class Relay:
-    def __init__(self, resolve: Callable[[str], RelayTarget], *, upstream_timeout: float = 30.0) -> None:
-        """``resolve(env_id)`` returns the target or raises NotFoundError / ConflictError (not running)."""
+    def __init__(
+        self,
+        resolve: Callable[[str], RelayTarget],
+        *,
+        upstream_timeout: float = 30.0,
+        admission_wait: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> None:
+        """``resolve(env_id)`` returns the target or raises NotFoundError / ConflictError (not running).
+
+        ``admission_wait(env_id)``: called for a request that meets closed admission (a pause in progress);
+        True when the pause was cancelled and the request may go on (IDLE-6).
+        """
         self.resolve = resolve
+        self.admission_wait = admission_wait
         self.upstream_timeout = upstream_timeout
         self.streams = StreamCounts()
         self._upstreams: dict[str, _Upstream] = {}
@@ -137,13 +155,18 @@ class Relay:
             await self.forget(env_id)
         self.ports.close()
 
+    async def _admitted_after_wait(self, env_id: str) -> bool:
+        if self.admission_wait is None or not await self.admission_wait(env_id):
+            return False
+        return env_id not in self.streams.closed_admission
+
     def _target(self, env_id: str) -> RelayTarget | JSONResponse:
         try:
             return self.resolve(env_id)
         except NotFoundError as exc:
             return _error(404, "not_found", exc.message)
         except ConflictError as exc:
-            return _error(409, "not_running", exc.message)
+            return _error(409, exc.code if isinstance(exc, EnvironmentPausedError) else "not_running", exc.message)
         except AdxError as exc:
             return _error(503, exc.code, exc.message)
 
@@ -157,8 +180,8 @@ class Relay:
             return target
         if target.network_namespace is None:
             return _error(501, "not_supported", "this runtime cannot reach user ports")
-        if env_id in self.streams.closed_admission:
-            return _error(503, "admission_closed", f"environment {env_id} is pausing; retry after it resumes")
+        if env_id in self.streams.closed_admission and not await self._admitted_after_wait(env_id):
+            return _error(503, EnvironmentPausingError.code, f"environment {env_id} is pausing; it resumes on demand")
         self.streams.opened(env_id)
         try:
             netns = await target.network_namespace()
@@ -196,8 +219,8 @@ class Relay:
         if isinstance(target, JSONResponse):
             await self.forget(env_id)
             return target
-        if env_id in self.streams.closed_admission:
-            return _error(503, "admission_closed", f"environment {env_id} is pausing; retry after it resumes")
+        if env_id in self.streams.closed_admission and not await self._admitted_after_wait(env_id):
+            return _error(503, EnvironmentPausingError.code, f"environment {env_id} is pausing; it resumes on demand")
         self.streams.opened(env_id)
         client = (await self._upstream(target)).client
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
@@ -262,6 +285,8 @@ async def serve_relay(relay: Relay, listen: str, certs: CertPaths) -> RelayServe
         ssl_cert_reqs=ssl.CERT_REQUIRED,
         log_level="warning",
         lifespan="off",
+        # Keep-alive connections from Ingress replicas must not hold a node's shutdown.
+        timeout_graceful_shutdown=3,
     )
     server = EmbeddedUvicorn(config)
     task = asyncio.create_task(server.serve(), name="relay")

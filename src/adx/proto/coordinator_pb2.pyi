@@ -199,24 +199,77 @@ class InspectNodeResponse(_message.Message):
 
     ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
     SERVED_AT_FIELD_NUMBER: _builtins.int
+    RETIRED_CHECKPOINT_JSON_FIELD_NUMBER: _builtins.int
     served_at: _builtins.float
     @_builtins.property
     def environment_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """adx.model.EnvironmentRecord, every Environment the node owns"""
+
+    @_builtins.property
+    def retired_checkpoint_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """adx.model.CheckpointRef of retired artifacts (no Environment references them any more, CRD-9) that
+        this node can reach: its own local ones, and shared ones when it has the shared storage.
+        """
 
     def __init__(
         self,
         *,
         environment_json: _abc.Iterable[_builtins.str] | None = ...,
         served_at: _builtins.float = ...,
+        retired_checkpoint_json: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "served_at", b"served_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "retired_checkpoint_json", b"retired_checkpoint_json", "served_at", b"served_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InspectNodeResponse: _TypeAlias = InspectNodeResponse  # noqa: Y015
+
+@_typing.final
+class ConfirmCheckpointDeletedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    session: _builtins.str
+    checkpoint_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        session: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "node", b"node", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmCheckpointDeletedRequest: _TypeAlias = ConfirmCheckpointDeletedRequest  # noqa: Y015
+
+@_typing.final
+class ConfirmCheckpointDeletedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
+    forgotten: _builtins.bool
+    """false: it is referenced again (or unknown); nothing was forgotten"""
+    def __init__(
+        self,
+        *,
+        forgotten: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forgotten", b"forgotten"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmCheckpointDeletedResponse: _TypeAlias = ConfirmCheckpointDeletedResponse  # noqa: Y015
 
 @_typing.final
 class CommitResultRequest(_message.Message):
@@ -465,6 +518,62 @@ class ListEnvironmentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEnvironmentsResponse: _TypeAlias = ListEnvironmentsResponse  # noqa: Y015
+
+@_typing.final
+class EnsureRunningRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    environment_id: _builtins.str
+    timeout_seconds: _builtins.float
+    """how long the caller waits for Running (the resume itself goes on)"""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        environment_id: _builtins.str = ...,
+        timeout_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "tenant", b"tenant", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnsureRunningRequest: _TypeAlias = EnsureRunningRequest  # noqa: Y015
+
+@_typing.final
+class SetLifetimeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    environment_id: _builtins.str
+    seconds: _builtins.float
+    """the new deadline is now + seconds"""
+    action: _builtins.str
+    """"delete" | "pause" | "" (keep the current one)"""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        environment_id: _builtins.str = ...,
+        seconds: _builtins.float = ...,
+        action: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "environment_id", b"environment_id", "seconds", b"seconds", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetLifetimeRequest: _TypeAlias = SetLifetimeRequest  # noqa: Y015
 
 @_typing.final
 class RouteReply(_message.Message):

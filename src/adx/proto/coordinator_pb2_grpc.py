@@ -74,6 +74,21 @@ class CoordinatorStub:
                 request_serializer=adx_dot_proto_dot_coordinator__pb2.WatchRoutesRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_coordinator__pb2.RouteEvent.FromString,
                 _registered_method=True)
+        self.PauseEnvironment = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/PauseEnvironment',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+                _registered_method=True)
+        self.EnsureRunning = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/EnsureRunning',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.EnsureRunningRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.RouteReply.FromString,
+                _registered_method=True)
+        self.SetLifetime = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/SetLifetime',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.SetLifetimeRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+                _registered_method=True)
         self.RegisterNode = channel.unary_unary(
                 '/adx.coordinator.v1.Coordinator/RegisterNode',
                 request_serializer=adx_dot_proto_dot_coordinator__pb2.RegisterNodeRequest.SerializeToString,
@@ -98,6 +113,11 @@ class CoordinatorStub:
                 '/adx.coordinator.v1.Coordinator/CommitResult',
                 request_serializer=adx_dot_proto_dot_coordinator__pb2.CommitResultRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_coordinator__pb2.CommitResultResponse.FromString,
+                _registered_method=True)
+        self.ConfirmCheckpointDeleted = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/ConfirmCheckpointDeleted',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedResponse.FromString,
                 _registered_method=True)
 
 
@@ -152,6 +172,26 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseEnvironment(self, request, context):
+        """Pause a running Environment: returns once the checkpoint is published and the pause committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnsureRunning(self, request, context):
+        """CRD-5: the one resume entry (manual resume, Ingress wake-up, background retries); returns when Running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLifetime(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -177,6 +217,12 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CommitResult(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConfirmCheckpointDeleted(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -225,6 +271,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     request_deserializer=adx_dot_proto_dot_coordinator__pb2.WatchRoutesRequest.FromString,
                     response_serializer=adx_dot_proto_dot_coordinator__pb2.RouteEvent.SerializeToString,
             ),
+            'PauseEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseEnvironment,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.SerializeToString,
+            ),
+            'EnsureRunning': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnsureRunning,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.EnsureRunningRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.RouteReply.SerializeToString,
+            ),
+            'SetLifetime': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLifetime,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.SetLifetimeRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.SerializeToString,
+            ),
             'RegisterNode': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterNode,
                     request_deserializer=adx_dot_proto_dot_coordinator__pb2.RegisterNodeRequest.FromString,
@@ -249,6 +310,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.CommitResult,
                     request_deserializer=adx_dot_proto_dot_coordinator__pb2.CommitResultRequest.FromString,
                     response_serializer=adx_dot_proto_dot_coordinator__pb2.CommitResultResponse.SerializeToString,
+            ),
+            'ConfirmCheckpointDeleted': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmCheckpointDeleted,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -478,6 +544,87 @@ class Coordinator:
             _registered_method=True)
 
     @staticmethod
+    def PauseEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/PauseEnvironment',
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnsureRunning(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/EnsureRunning',
+            adx_dot_proto_dot_coordinator__pb2.EnsureRunningRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.RouteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLifetime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/SetLifetime',
+            adx_dot_proto_dot_coordinator__pb2.SetLifetimeRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def RegisterNode(request,
             target,
             options=(),
@@ -602,6 +749,33 @@ class Coordinator:
             '/adx.coordinator.v1.Coordinator/CommitResult',
             adx_dot_proto_dot_coordinator__pb2.CommitResultRequest.SerializeToString,
             adx_dot_proto_dot_coordinator__pb2.CommitResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConfirmCheckpointDeleted(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/ConfirmCheckpointDeleted',
+            adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedResponse.FromString,
             options,
             channel_credentials,
             insecure,

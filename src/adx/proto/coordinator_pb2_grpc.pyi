@@ -44,11 +44,17 @@ class CoordinatorStub:
     DeleteEnvironment: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]
     ResolveRoute: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.RouteReply]
     WatchRoutes: _grpc.UnaryStreamMultiCallable[_coordinator_pb2.WatchRoutesRequest, _coordinator_pb2.RouteEvent]
+    PauseEnvironment: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]
+    """Pause a running Environment: returns once the checkpoint is published and the pause committed."""
+    EnsureRunning: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.EnsureRunningRequest, _coordinator_pb2.RouteReply]
+    """CRD-5: the one resume entry (manual resume, Ingress wake-up, background retries); returns when Running."""
+    SetLifetime: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.SetLifetimeRequest, _coordinator_pb2.EnvironmentReply]
     RegisterNode: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterNodeRequest, _coordinator_pb2.RegisterNodeResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]
     ReportCapacity: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportCapacityRequest, _coordinator_pb2.ReportCapacityResponse]
     InspectNode: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.InspectNodeRequest, _coordinator_pb2.InspectNodeResponse]
     CommitResult: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.CommitResultRequest, _coordinator_pb2.CommitResultResponse]
+    ConfirmCheckpointDeleted: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ConfirmCheckpointDeletedRequest, _coordinator_pb2.ConfirmCheckpointDeletedResponse]
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -61,11 +67,17 @@ class CoordinatorAsyncStub(CoordinatorStub):
     DeleteEnvironment: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
     ResolveRoute: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.RouteReply]  # type: ignore[assignment]
     WatchRoutes: _aio.UnaryStreamMultiCallable[_coordinator_pb2.WatchRoutesRequest, _coordinator_pb2.RouteEvent]  # type: ignore[assignment]
+    PauseEnvironment: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnvironmentRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
+    """Pause a running Environment: returns once the checkpoint is published and the pause committed."""
+    EnsureRunning: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.EnsureRunningRequest, _coordinator_pb2.RouteReply]  # type: ignore[assignment]
+    """CRD-5: the one resume entry (manual resume, Ingress wake-up, background retries); returns when Running."""
+    SetLifetime: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.SetLifetimeRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
     RegisterNode: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RegisterNodeRequest, _coordinator_pb2.RegisterNodeResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]  # type: ignore[assignment]
     ReportCapacity: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportCapacityRequest, _coordinator_pb2.ReportCapacityResponse]  # type: ignore[assignment]
     InspectNode: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.InspectNodeRequest, _coordinator_pb2.InspectNodeResponse]  # type: ignore[assignment]
     CommitResult: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CommitResultRequest, _coordinator_pb2.CommitResultResponse]  # type: ignore[assignment]
+    ConfirmCheckpointDeleted: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ConfirmCheckpointDeletedRequest, _coordinator_pb2.ConfirmCheckpointDeletedResponse]  # type: ignore[assignment]
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -125,6 +137,29 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_coordinator_pb2.RouteEvent], _abc.AsyncIterator[_coordinator_pb2.RouteEvent]]: ...
 
     @_abc_1.abstractmethod
+    def PauseEnvironment(
+        self,
+        request: _coordinator_pb2.EnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.EnvironmentReply, _abc.Awaitable[_coordinator_pb2.EnvironmentReply]]:
+        """Pause a running Environment: returns once the checkpoint is published and the pause committed."""
+
+    @_abc_1.abstractmethod
+    def EnsureRunning(
+        self,
+        request: _coordinator_pb2.EnsureRunningRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.RouteReply, _abc.Awaitable[_coordinator_pb2.RouteReply]]:
+        """CRD-5: the one resume entry (manual resume, Ingress wake-up, background retries); returns when Running."""
+
+    @_abc_1.abstractmethod
+    def SetLifetime(
+        self,
+        request: _coordinator_pb2.SetLifetimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.EnvironmentReply, _abc.Awaitable[_coordinator_pb2.EnvironmentReply]]: ...
+
+    @_abc_1.abstractmethod
     def RegisterNode(
         self,
         request: _coordinator_pb2.RegisterNodeRequest,
@@ -158,5 +193,12 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.CommitResultRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.CommitResultResponse, _abc.Awaitable[_coordinator_pb2.CommitResultResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ConfirmCheckpointDeleted(
+        self,
+        request: _coordinator_pb2.ConfirmCheckpointDeletedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ConfirmCheckpointDeletedResponse, _abc.Awaitable[_coordinator_pb2.ConfirmCheckpointDeletedResponse]]: ...
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -96,3 +96,86 @@ class DeleteEnvironmentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteEnvironmentResponse: _TypeAlias = DeleteEnvironmentResponse  # noqa: Y015
+
+@_typing.final
+class PauseEnvironmentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    environment_json: _builtins.str
+    """the committed record (running)"""
+    timeout_seconds: _builtins.float
+    """how long to wait for the pause to complete"""
+    def __init__(
+        self,
+        *,
+        environment_json: _builtins.str = ...,
+        timeout_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseEnvironmentRequest: _TypeAlias = PauseEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class PauseEnvironmentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    environment_json: _builtins.str
+    """the paused record"""
+    def __init__(
+        self,
+        *,
+        environment_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseEnvironmentResponse: _TypeAlias = PauseEnvironmentResponse  # noqa: Y015
+
+@_typing.final
+class ResumeEnvironmentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    environment_json: _builtins.str
+    """the committed record in state resuming, owned by this node"""
+    def __init__(
+        self,
+        *,
+        environment_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeEnvironmentRequest: _TypeAlias = ResumeEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class ResumeEnvironmentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    environment_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        environment_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeEnvironmentResponse: _TypeAlias = ResumeEnvironmentResponse  # noqa: Y015

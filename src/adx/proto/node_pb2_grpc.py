@@ -44,6 +44,16 @@ class NodeStub:
                 request_serializer=adx_dot_proto_dot_node__pb2.DeleteEnvironmentRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_node__pb2.DeleteEnvironmentResponse.FromString,
                 _registered_method=True)
+        self.PauseEnvironment = channel.unary_unary(
+                '/adx.node.v1.Node/PauseEnvironment',
+                request_serializer=adx_dot_proto_dot_node__pb2.PauseEnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_node__pb2.PauseEnvironmentResponse.FromString,
+                _registered_method=True)
+        self.ResumeEnvironment = channel.unary_unary(
+                '/adx.node.v1.Node/ResumeEnvironment',
+                request_serializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -63,6 +73,20 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseEnvironment(self, request, context):
+        """Pause a running Environment (checkpoint, publish, release); returns when the pause is committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeEnvironment(self, request, context):
+        """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +99,16 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.DeleteEnvironment,
                     request_deserializer=adx_dot_proto_dot_node__pb2.DeleteEnvironmentRequest.FromString,
                     response_serializer=adx_dot_proto_dot_node__pb2.DeleteEnvironmentResponse.SerializeToString,
+            ),
+            'PauseEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseEnvironment,
+                    request_deserializer=adx_dot_proto_dot_node__pb2.PauseEnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_node__pb2.PauseEnvironmentResponse.SerializeToString,
+            ),
+            'ResumeEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeEnvironment,
+                    request_deserializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +165,60 @@ class Node:
             '/adx.node.v1.Node/DeleteEnvironment',
             adx_dot_proto_dot_node__pb2.DeleteEnvironmentRequest.SerializeToString,
             adx_dot_proto_dot_node__pb2.DeleteEnvironmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.node.v1.Node/PauseEnvironment',
+            adx_dot_proto_dot_node__pb2.PauseEnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_node__pb2.PauseEnvironmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.node.v1.Node/ResumeEnvironment',
+            adx_dot_proto_dot_node__pb2.ResumeEnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_node__pb2.ResumeEnvironmentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,10 @@ class NodeStub:
     """Admit a placed Environment and start it (asynchronously); idempotent per Environment ID."""
     DeleteEnvironment: _grpc.UnaryUnaryMultiCallable[_node_pb2.DeleteEnvironmentRequest, _node_pb2.DeleteEnvironmentResponse]
     """Delete an Environment this node owns; returns once the delete is queued (its result is committed)."""
+    PauseEnvironment: _grpc.UnaryUnaryMultiCallable[_node_pb2.PauseEnvironmentRequest, _node_pb2.PauseEnvironmentResponse]
+    """Pause a running Environment (checkpoint, publish, release); returns when the pause is committed."""
+    ResumeEnvironment: _grpc.UnaryUnaryMultiCallable[_node_pb2.ResumeEnvironmentRequest, _node_pb2.ResumeEnvironmentResponse]
+    """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
 
 @_typing.type_check_only
 class NodeAsyncStub(NodeStub):
@@ -45,6 +49,10 @@ class NodeAsyncStub(NodeStub):
     """Admit a placed Environment and start it (asynchronously); idempotent per Environment ID."""
     DeleteEnvironment: _aio.UnaryUnaryMultiCallable[_node_pb2.DeleteEnvironmentRequest, _node_pb2.DeleteEnvironmentResponse]  # type: ignore[assignment]
     """Delete an Environment this node owns; returns once the delete is queued (its result is committed)."""
+    PauseEnvironment: _aio.UnaryUnaryMultiCallable[_node_pb2.PauseEnvironmentRequest, _node_pb2.PauseEnvironmentResponse]  # type: ignore[assignment]
+    """Pause a running Environment (checkpoint, publish, release); returns when the pause is committed."""
+    ResumeEnvironment: _aio.UnaryUnaryMultiCallable[_node_pb2.ResumeEnvironmentRequest, _node_pb2.ResumeEnvironmentResponse]  # type: ignore[assignment]
+    """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
 
 class NodeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -62,5 +70,21 @@ class NodeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_node_pb2.DeleteEnvironmentResponse, _abc.Awaitable[_node_pb2.DeleteEnvironmentResponse]]:
         """Delete an Environment this node owns; returns once the delete is queued (its result is committed)."""
+
+    @_abc_1.abstractmethod
+    def PauseEnvironment(
+        self,
+        request: _node_pb2.PauseEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_pb2.PauseEnvironmentResponse, _abc.Awaitable[_node_pb2.PauseEnvironmentResponse]]:
+        """Pause a running Environment (checkpoint, publish, release); returns when the pause is committed."""
+
+    @_abc_1.abstractmethod
+    def ResumeEnvironment(
+        self,
+        request: _node_pb2.ResumeEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_pb2.ResumeEnvironmentResponse, _abc.Awaitable[_node_pb2.ResumeEnvironmentResponse]]:
+        """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
 
 def add_NodeServicer_to_server(servicer: NodeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

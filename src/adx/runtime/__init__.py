@@ -1,6 +1,7 @@
 """Runtimes that run Environment executions, behind one protocol (RuntimeDriver)."""
 
 from adx.runtime._driver import (
+    Artifact,
     DriverCapabilities,
     Execution,
     ExecutionSpec,
@@ -11,6 +12,7 @@ from adx.runtime._driver import (
 )
 
 __all__ = [
+    "Artifact",
     "DriverCapabilities",
     "Execution",
     "ExecutionSpec",

@@ -69,6 +69,17 @@ class InventoryItem:
 
 
 @dataclass(frozen=True)
+class Artifact:
+    """A published checkpoint artifact, as the runtime names it."""
+
+    checkpoint_id: str
+    location: str
+    digest: str
+    size_bytes: int
+    created_at: float
+
+
+@dataclass(frozen=True)
 class DriverCapabilities:
     checkpoint_kinds: frozenset[str] = frozenset()
     network_isolation: bool = False
@@ -102,6 +113,20 @@ class RuntimeDriver(Protocol):
         """Every execution this runtime holds for this node (startup recovery only)."""
 
     async def resources(self) -> Resources: ...
+
+    async def checkpoint(self, execution: Execution, storage: str, within_seconds: float) -> Artifact:
+        """Freeze the execution and publish a checkpoint of it to ``storage`` (a storage name the runtime
+        knows, e.g. ``local`` or ``shared``). On success the execution stays frozen (the caller stops it); on
+        failure it runs again and the error says why."""
+
+    async def thaw(self, execution: Execution) -> None:
+        """Let a frozen execution run again (a cancelled pause)."""
+
+    async def restore(self, spec: ExecutionSpec, location: str, digest: str) -> Execution:
+        """Start a new execution from a checkpoint (verified against ``digest`` first)."""
+
+    async def delete_checkpoint(self, location: str, digest: str) -> None:
+        """Delete an artifact (idempotent: a missing one counts as deleted)."""
 
     async def network_namespace(self, execution: Execution) -> Path:
         """A path to the execution's network namespace (``/proc/<pid>/ns/net``): user ports are reached

@@ -13,6 +13,7 @@ client. ``ExecdReadiness`` still polls execd's health route; the node may take R
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from adx._fs import ShortUnixPath
 from adx.errors import AdxError, NotFoundError, UnavailableError
 from adx.model import Resources
 from adx.runtime._driver import (
+    Artifact,
     DriverCapabilities,
     Execution,
     ExecutionSpec,
@@ -32,8 +34,10 @@ from adx.runtime._driver import (
 )
 from adx.sandboxd import (
     CreateRequest,
+    CreateResponse,
     ExecdOptions,
     ResourcesSpec,
+    RestoreRequest,
     RuntimeControlSubscription,
     SandboxdClient,
     SandboxRef,
@@ -90,24 +94,24 @@ class SandboxdDriver:
     def capabilities(self) -> DriverCapabilities:
         return DriverCapabilities(checkpoint_kinds=frozenset({"filesystem"}), network_isolation=True)
 
-    async def start(self, spec: ExecutionSpec) -> Execution:
+    def _placement(self, spec: ExecutionSpec) -> dict[str, Any]:
+        """What every sandbox of an execution carries: its identity, environment, limits and metadata."""
         env_spec = spec.spec
-        workload = list(env_spec.entrypoint or [])
-        request = CreateRequest(
-            request_id=spec.execution_id,
-            sandbox_id=spec.execution_id,
-            generation=spec.generation,
-            argv=workload,  # execd's workload (none: execd alone keeps the sandbox running)
-            execd=ExecdOptions(python=self.python, execution_id=spec.execution_id),
-            env=dict(env_spec.env),
-            resources=ResourcesSpec(
+        return {
+            "request_id": spec.execution_id,
+            "sandbox_id": spec.execution_id,
+            "generation": spec.generation,
+            "env": dict(env_spec.env),
+            "resources": ResourcesSpec(
                 cpu_millis=max(env_spec.resources.cpu_millis, 10),
                 memory_bytes=max(env_spec.resources.memory_bytes, 8 << 20),
                 disk_bytes=env_spec.resources.disk_bytes or None,
             ),
-            metadata={META_ENV: spec.env_id, META_EXECUTION: spec.execution_id},
-        )
-        created = await self.client.create(request)
+            "metadata": {META_ENV: spec.env_id, META_EXECUTION: spec.execution_id},
+        }
+
+    @staticmethod
+    def _execution(spec: ExecutionSpec, created: CreateResponse) -> Execution:
         ref = ref_of(created)
         if created.sandbox.execd_socket is None:
             raise UnavailableError(f"sandboxd created {ref.sandbox_id} without execd's socket (an older sandboxd?)")
@@ -119,6 +123,42 @@ class SandboxdDriver:
             execd_socket=Path(created.sandbox.execd_socket),
             started_at=time.time(),
         )
+
+    async def start(self, spec: ExecutionSpec) -> Execution:
+        request = CreateRequest(
+            argv=list(spec.spec.entrypoint or []),  # execd's workload (none: execd alone keeps it running)
+            execd=ExecdOptions(python=self.python, execution_id=spec.execution_id),
+            **self._placement(spec),
+        )
+        return self._execution(spec, await self.client.create(request))
+
+    async def restore(self, spec: ExecutionSpec, location: str, digest: str) -> Execution:
+        request = RestoreRequest(
+            location=location,
+            digest=digest,
+            argv=list(spec.spec.entrypoint or []),
+            execd=ExecdOptions(python=self.python, execution_id=spec.execution_id),
+            **self._placement(spec),
+        )
+        return self._execution(spec, await self.client.restore(request))
+
+    async def checkpoint(self, execution: Execution, storage: str, within_seconds: float) -> Artifact:
+        ref = _ref(execution)
+        # Freeze first, then capture the frozen sandbox: on a failed capture it is thawed and runs on unharmed.
+        await self.client.pause(ref)
+        try:
+            info = await self.client.checkpoint(ref, storage=storage, leave_running=True, call_timeout=within_seconds)
+        except BaseException:
+            with contextlib.suppress(AdxError):
+                await self.client.resume(ref)
+            raise
+        return Artifact(info.checkpoint_id, info.location, info.digest, info.size_bytes, info.created_at)
+
+    async def thaw(self, execution: Execution) -> None:
+        await self.client.resume(_ref(execution))
+
+    async def delete_checkpoint(self, location: str, digest: str) -> None:
+        await self.client.delete_checkpoint(location, digest)
 
     async def observe(self, execution: Execution) -> ExecutionState:
         try:

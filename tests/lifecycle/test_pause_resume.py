@@ -1,0 +1,178 @@
+"""Pause, resume and wake on traffic on the real stack: SDK -> API server + Ingress -> Coordinator (Redis) ->
+adxlet + Relay -> sandboxd (filesystem checkpoints) -> execd. ENV-3/4, IDLE-5/6, CRD-5/6/8/9, CTL-6."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apistack import ApiStack
+
+import adx
+from adx.model import EnvironmentState, Resources
+
+S = EnvironmentState
+
+
+async def wait_state(env: adx.AsyncEnvironment, state: str, within: float = 30) -> adx.AsyncEnvironment:
+    deadline = time.monotonic() + within
+    while (await env.refresh()).state != state:
+        assert time.monotonic() < deadline, f"{env.id} is {env.state}, expected {state}"
+        await asyncio.sleep(0.05)
+    return env
+
+
+def artifacts(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir() if (p / "manifest.json").exists()} if root.exists() else set()
+
+
+def root_of(checkpoint: dict[str, Any]) -> Path:
+    return Path(checkpoint.location).parent
+
+
+async def eventually(predicate: Any, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.req("IDLE-5", "IDLE-6", "ENV-4", "CTL-6", "CRD-9")
+async def test_idle_pause_then_wake_three_cycles_lose_nothing(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(cpu=0.25, memory="256Mi", idle_timeout=2, idle_action="pause")
+        generation_one_execution = env.execution_id
+        executions = {generation_one_execution}
+        for cycle in range(1, 4):
+            await env.files.write(f"/work/cycle-{cycle}.txt", f"written in cycle {cycle}".encode())
+            await env.commands.run(f"echo {cycle} >> /work/log")
+            paused = await wait_state(env, "paused", within=20)
+            assert paused.checkpoint is not None and paused.checkpoint.storage == "local"
+            root = root_of(paused.checkpoint)
+            # Resources are released once the checkpoint is published (ENV-3).
+            assert (await nc.cluster.coordinator.store.get_node("n1")).reserved == Resources()
+            # Business traffic wakes it (ENV-4): the caller only sees latency.
+            log = await env.commands.run("cat /work/log")
+            assert log.stdout == "".join(f"{i}\n" for i in range(1, cycle + 1)), log
+            for earlier in range(1, cycle + 1):
+                assert await env.files.read(f"/work/cycle-{earlier}.txt") == f"written in cycle {earlier}".encode()
+            await env.refresh()
+            assert env.state == "running" and env.execution_id not in executions
+            executions.add(env.execution_id)
+        # CRD-9: every resumed-from checkpoint was retired and deleted; none is left behind.
+        await eventually(lambda: not artifacts(root))
+        await env.delete()
+
+
+@pytest.mark.req("CRD-1", "CRD-5", "ENV-3")
+async def test_manual_pause_and_resume(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(
+            cpu=0.25, memory="256Mi", pause=adx.PausePolicy(retention=adx.Retention.forever())
+        )
+        first_execution = env.execution_id
+        await env.files.write("/work/kept.txt", b"kept")
+        await env.pause()
+        assert env.state == "paused" and env.execution_id is None
+        assert env.checkpoint is not None and env.checkpoint.expires_at is None  # retained forever
+        assert env.checkpoint.id in artifacts(root_of(env.checkpoint))
+        sandboxes = {s.sandbox_id for s in await nc.nodes["n1"].driver.client.list()}
+        assert first_execution not in sandboxes  # the execution was stopped after publication
+        with pytest.raises(adx.ConflictError, match="already paused"):
+            await env.pause()
+        await env.resume()
+        assert env.state == "running" and env.execution_id not in (None, first_execution)
+        assert await env.files.read("/work/kept.txt") == b"kept"
+        await env.resume()  # resuming a running Environment is a no-op
+        await env.delete()
+
+
+@pytest.mark.req("IDLE-6")
+async def test_requests_racing_the_automatic_pause_are_never_lost(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(cpu=0.25, memory="256Mi", idle_timeout=1, idle_action="pause")
+        states: set[str] = set()
+        # Requests arrive around the end of each idle window: some before capture (the pause is cancelled),
+        # some after (served after the resume). Each must be served exactly once.
+        for i in range(12):
+            await asyncio.sleep(0.8 + (i % 5) * 0.1)
+            result = await env.commands.run(f"echo {i} >> /work/seen; echo {i}")
+            assert (result.exit_code, result.stdout) == (0, f"{i}\n")
+            states.add((await env.refresh()).state)
+        seen = await env.commands.run("cat /work/seen")
+        assert seen.stdout.split() == [str(i) for i in range(12)]
+        await env.delete()
+
+
+@pytest.mark.req("CRD-5", "CRD-6", "ENV-3")
+async def test_shared_checkpoint_resumes_on_another_node_when_its_node_is_gone(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster(nodes=("n1", "n2"), shared_checkpoints=True, session_ttl=2.0)
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(
+            cpu=0.25, memory="256Mi", pause=adx.PausePolicy(storage=adx.CheckpointStorage.SHARED)
+        )
+        first_node = env.node
+        other = "n2" if first_node == "n1" else "n1"
+        await env.files.write("/work/travel.txt", b"from " + first_node.encode())
+        await env.pause()
+        assert env.checkpoint.storage == "shared"
+        await nc.nodes[first_node].stop()  # node A goes away (its session expires)
+        await wait_state(env, "paused")
+        await eventually(lambda: nc.cluster.coordinator.service.cache.environments[env.id].ownership_lost, 10)
+        # The first request resumes it on node B (CRD-6: a lost paused object resumes elsewhere).
+        assert await env.files.read("/work/travel.txt") == b"from " + first_node.encode()
+        await env.refresh()
+        assert env.state == "running" and env.node == other
+
+
+@pytest.mark.req("ENV-3")
+async def test_shared_storage_is_refused_without_a_node_that_has_it(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        with pytest.raises(adx.AdxError, match="no shared checkpoint storage"):
+            await client.environments.create(
+                cpu=0.25, memory="256Mi", pause=adx.PausePolicy(storage=adx.CheckpointStorage.SHARED)
+            )
+
+
+@pytest.mark.req("ENV-3", "CRD-8", "CRD-9")
+async def test_ttl_expiry_deletes_checkpoint_and_environment_forever_keeps_them(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        short = await client.environments.create(
+            cpu=0.25, memory="256Mi", pause=adx.PausePolicy(retention=adx.Retention.ttl(2))
+        )
+        kept = await client.environments.create(
+            cpu=0.25, memory="256Mi", pause=adx.PausePolicy(retention=adx.Retention.forever())
+        )
+        await short.pause()
+        await kept.pause()
+        short_ckpt, kept_ckpt = short.checkpoint.id, kept.checkpoint.id
+        root = root_of(short.checkpoint)
+        assert {short_ckpt, kept_ckpt} <= artifacts(root)
+        await wait_state(short, "deleted", within=15)
+        await eventually(lambda: short_ckpt not in artifacts(root))
+        assert (await kept.refresh()).state == "paused"
+        assert kept_ckpt in artifacts(root)
+        # An explicit delete of a paused Environment retires its checkpoint too.
+        await kept.delete()
+        assert kept.state == "deleted"
+        await eventually(lambda: kept_ckpt not in artifacts(root))
