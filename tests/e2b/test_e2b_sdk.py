@@ -244,12 +244,6 @@ def test_pause_then_traffic_or_connect_resumes_with_files(adx_up: Up, sandbox: S
     assert resumed.commands.run("cat /work/second.txt").stdout == "second"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 6 bug: a pause after set_lifetime (connect resets the deadline) is refused 409 'stale result "
-    "(expected revision N, committed N+1)': the node commits its pause against the revision it saw before "
-    "SetLifetime; reproduced with /v1 alone (POST .../lifetime then POST .../pause). Remove this marker once fixed.",
-)
 def test_pause_and_connect_three_times_lose_nothing(adx_up: Up, sandbox: Sandbox) -> None:
     for cycle in range(3):
         sandbox.files.write(f"/work/cycle-{cycle}.txt", f"cycle {cycle}")
