@@ -134,12 +134,12 @@ async def execd_socket_of(socket_path: Path, env_id: str) -> str:
 
 
 def main() -> None:
+    global CPU_MILLIS
     parser = argparse.ArgumentParser()
     parser.add_argument("--creates", type=int, default=15)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--cpu-millis", type=int, default=CPU_MILLIS, help="CPU of every Environment created")
     args = parser.parse_args()
-    global CPU_MILLIS
     CPU_MILLIS = args.cpu_millis
     with tempfile.TemporaryDirectory(prefix="adx-bench-api-", dir="/tmp") as tmp:
         base = Path(tmp)
