@@ -25,12 +25,13 @@ from adx.sdk._client import (
     RETRY_STATUSES,
     USER_AGENT,
     backoff,
+    call_timeout,
     check_waitable,
 )
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
 from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
 from adx.sdk._settings import resolve
-from adx.sdk._spec import build_spec
+from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, pause_call_timeout
 
 
 class AsyncClient:
@@ -47,6 +48,7 @@ class AsyncClient:
         settings = resolve(api_url, api_key)
         self.api_url = settings.api_url
         self.retries = retries
+        self.timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=settings.api_url,
             headers={"Authorization": f"Bearer {settings.api_key}", "User-Agent": USER_AGENT},
@@ -75,13 +77,15 @@ class AsyncClient:
         json: Any = None,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpx's own per-call timeout, as in Client.request
     ) -> httpx.Response:
         """See ``Client.request``: the same retry rules."""
+        per_call = call_timeout(timeout)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
                 response = await self._http.request(
-                    method, path, params=params, json=json, content=content, headers=headers
+                    method, path, params=params, json=json, content=content, headers=headers, timeout=per_call
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if last:
@@ -116,6 +120,8 @@ class AsyncEnvironments:
         pause: PauseOptions | None = None,
         restart: _RestartPolicy | None = None,
         execd_health_failure_threshold: int | None = None,
+        lifetime: float | None = None,
+        lifetime_action: IdleAction | str | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         wait: bool = True,
@@ -134,6 +140,8 @@ class AsyncEnvironments:
             pause=pause,
             restart=restart,
             execd_health_failure_threshold=execd_health_failure_threshold,
+            lifetime=lifetime,
+            lifetime_action=lifetime_action,
             env=env,
             metadata=metadata,
         )
@@ -190,15 +198,37 @@ class AsyncEnvironment(EnvironmentFields):
         return self
 
     async def pause(self) -> AsyncEnvironment:
+        """See ``Environment.pause``."""
         response = await self._client.request(
-            "POST", f"/v1/environments/{self.id}/pause", what="pause", idempotent=True
+            "POST",
+            f"/v1/environments/{self.id}/pause",
+            what=f"pause {self.id}",
+            idempotent=True,
+            timeout=pause_call_timeout(self.lifecycle, self._client.timeout),
         )
         self._apply(response.json())
         return self
 
     async def resume(self) -> AsyncEnvironment:
+        """See ``Environment.resume``."""
         response = await self._client.request(
-            "POST", f"/v1/environments/{self.id}/resume", what="resume", idempotent=True
+            "POST",
+            f"/v1/environments/{self.id}/resume",
+            what=f"resume {self.id}",
+            idempotent=True,
+            timeout=max(self._client.timeout, RESUME_TIMEOUT_SECONDS),
+        )
+        self._apply(response.json())
+        return self
+
+    async def set_lifetime(self, seconds: float, action: IdleAction | str | None = None) -> AsyncEnvironment:
+        """See ``Environment.set_lifetime``."""
+        response = await self._client.request(
+            "POST",
+            f"/v1/environments/{self.id}/lifetime",
+            what=f"set lifetime of {self.id}",
+            idempotent=True,
+            json=lifetime_body(seconds, action),
         )
         self._apply(response.json())
         return self

@@ -18,7 +18,7 @@ from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
 from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
 from adx.sdk._settings import resolve
-from adx.sdk._spec import build_spec
+from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, pause_call_timeout
 
 USER_AGENT = "adx-python/0.1"
 DEFAULT_TIMEOUT = 30.0
@@ -34,6 +34,13 @@ FAILED_STATES = frozenset({EnvironmentState.FAILED, EnvironmentState.DELETING, E
 
 def backoff(attempt: int) -> float:
     return float(min(0.2 * 2**attempt, 2.0))
+
+
+def call_timeout(seconds: float | None) -> Any:
+    """A per-call httpx timeout (None: the client's own). Connecting never waits longer than 10 s."""
+    if seconds is None:
+        return httpx.USE_CLIENT_DEFAULT
+    return httpx.Timeout(seconds, connect=min(seconds, 10.0))
 
 
 def check_waitable(env: EnvironmentFields) -> None:
@@ -62,6 +69,7 @@ class Client:
         settings = resolve(api_url, api_key)
         self.api_url = settings.api_url
         self.retries = retries
+        self.timeout = timeout
         self._http = httpx.Client(
             base_url=settings.api_url,
             headers={"Authorization": f"Bearer {settings.api_key}", "User-Agent": USER_AGENT},
@@ -89,13 +97,17 @@ class Client:
         json: Any = None,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> httpx.Response:
         """One API call with bounded retries: a request that never left is always retried; one that may have
         reached the server only when repeating it is harmless (``idempotent``)."""
+        per_call = call_timeout(timeout)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                response = self._http.request(method, path, params=params, json=json, content=content, headers=headers)
+                response = self._http.request(
+                    method, path, params=params, json=json, content=content, headers=headers, timeout=per_call
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if last:
                     raise transport_error(exc, what, sent=False) from None
@@ -129,6 +141,8 @@ class Environments:
         pause: PauseOptions | None = None,
         restart: _RestartPolicy | None = None,
         execd_health_failure_threshold: int | None = None,
+        lifetime: float | None = None,
+        lifetime_action: IdleAction | str | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         wait: bool = True,
@@ -151,6 +165,8 @@ class Environments:
             pause=pause,
             restart=restart,
             execd_health_failure_threshold=execd_health_failure_threshold,
+            lifetime=lifetime,
+            lifetime_action=lifetime_action,
             env=env,
             metadata=metadata,
         )
@@ -207,12 +223,40 @@ class Environment(EnvironmentFields):
         return self
 
     def pause(self) -> Environment:
-        response = self._client.request("POST", f"/v1/environments/{self.id}/pause", what="pause", idempotent=True)
+        """Checkpoint, publish and release its resources; returns once ``paused`` (ConflictError if it is not
+        running). The call may take as long as the capture's ``pauseOptions.timeoutSeconds`` allows."""
+        response = self._client.request(
+            "POST",
+            f"/v1/environments/{self.id}/pause",
+            what=f"pause {self.id}",
+            idempotent=True,
+            timeout=pause_call_timeout(self.lifecycle, self._client.timeout),
+        )
         self._apply(response.json())
         return self
 
     def resume(self) -> Environment:
-        response = self._client.request("POST", f"/v1/environments/{self.id}/resume", what="resume", idempotent=True)
+        """Resume a paused Environment; returns once ``running`` (a running one is returned as it is)."""
+        response = self._client.request(
+            "POST",
+            f"/v1/environments/{self.id}/resume",
+            what=f"resume {self.id}",
+            idempotent=True,
+            timeout=max(self._client.timeout, RESUME_TIMEOUT_SECONDS),
+        )
+        self._apply(response.json())
+        return self
+
+    def set_lifetime(self, seconds: float, action: IdleAction | str | None = None) -> Environment:
+        """Move the lifetime deadline to now + ``seconds`` (``expires_at``); at the deadline it is deleted or
+        paused (``action``; default: keep the current ``lifecycle.lifetime_action``)."""
+        response = self._client.request(
+            "POST",
+            f"/v1/environments/{self.id}/lifetime",
+            what=f"set lifetime of {self.id}",
+            idempotent=True,
+            json=lifetime_body(seconds, action),
+        )
         self._apply(response.json())
         return self
 

@@ -30,6 +30,8 @@ class EnvironmentFields:
     restart_attempts: int
     restart_pending: bool
     checkpoint: CheckpointRef | None
+    expires_at: float | None  # the lifetime deadline (Unix time), if any
+    ownership_lost: bool  # paused, and its node is gone: the next resume places it elsewhere
     last_error: str | None
 
     def _apply(self, data: Any) -> None:
@@ -49,6 +51,9 @@ class EnvironmentFields:
             self.restart_pending = bool(data.get("restartPending", False))
             checkpoint = data.get("checkpoint")
             self.checkpoint = parse_wire(CheckpointRef, checkpoint, "checkpoint") if checkpoint else None
+            expires_at = data.get("expiresAt")
+            self.expires_at = float(expires_at) if expires_at is not None else None
+            self.ownership_lost = bool(data.get("ownershipLost", False))
             self.last_error = data.get("lastError")
         except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
             raise BadResponseError(f"unexpected Environment object from the API: {exc}") from None

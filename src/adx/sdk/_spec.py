@@ -14,6 +14,7 @@ from adx.model import (
     CheckpointStorage,
     EnvironmentSpec,
     IdleAction,
+    Lifecycle,
     PauseOptions,
     RetentionPolicy,
     parse_bytes,
@@ -21,6 +22,11 @@ from adx.model import (
     parse_wire,
 )
 from adx.model import RestartPolicy as _RestartPolicy
+
+# A pause call's HTTP timeout beyond the capture's own bound: freeze, publish, commit and stop.
+PAUSE_OVERHEAD_SECONDS = 60.0
+# A resume call's HTTP timeout: the API server waits up to its wake_timeout_seconds (default 60) for the resume.
+RESUME_TIMEOUT_SECONDS = 180.0
 
 # Wire path prefix -> SDK argument name (longest first).
 _ARGUMENTS = [
@@ -32,6 +38,8 @@ _ARGUMENTS = [
     ("lifecycle.pauseOptions", "pause"),
     ("lifecycle.restartPolicy", "restart"),
     ("lifecycle.execdHealthFailureThreshold", "execd_health_failure_threshold"),
+    ("lifecycle.lifetimeSeconds", "lifetime"),
+    ("lifecycle.lifetimeAction", "lifetime_action"),
     ("lifecycle", "idle_action"),  # model-level lifecycle checks are about the idle action and its window
 ]
 
@@ -102,6 +110,33 @@ def _whole_seconds(field: str, value: object) -> object:
     return value
 
 
+def _action(field: str, value: IdleAction | str) -> str:
+    try:
+        return IdleAction(value).value
+    except ValueError:
+        choices = ", ".join(a.value for a in IdleAction)
+        raise InvalidInputError(field, f"must be one of {choices}, got {value!r}") from None
+
+
+def lifetime_body(seconds: float, action: IdleAction | str | None = None) -> dict[str, Any]:
+    """The body of ``POST /v1/environments/{id}/lifetime``, checked with the spec's own lifetime rules
+    (whole seconds, 1 s to 30 days); errors name ``seconds`` / ``action``."""
+    body: dict[str, Any] = {"seconds": _whole_seconds("seconds", seconds)}
+    if action is not None:
+        body["action"] = _action("action", action)
+    try:
+        parse_wire(Lifecycle, {"lifetimeSeconds": body["seconds"]})
+    except InvalidInputError as exc:
+        raise InvalidInputError("seconds", exc.reason) from None
+    return body
+
+
+def pause_call_timeout(lifecycle: Lifecycle, floor: float) -> float:
+    """How long a pause call may take: the capture's own bound (``pauseOptions.timeoutSeconds``) plus what
+    freezing, publishing and stopping add; never shorter than the client's ``floor``."""
+    return max(floor, lifecycle.effective_pause_options.timeout_seconds + PAUSE_OVERHEAD_SECONDS)
+
+
 def build_spec(
     *,
     cpu: float | str,
@@ -114,6 +149,8 @@ def build_spec(
     pause: PauseOptions | None = None,
     restart: _RestartPolicy | None = None,
     execd_health_failure_threshold: int | None = None,
+    lifetime: float | None = None,
+    lifetime_action: IdleAction | str | None = None,
     env: Mapping[str, str] | None = None,
     metadata: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -127,11 +164,7 @@ def build_spec(
     if idle_timeout is not None:
         lifecycle["idleTimeoutSeconds"] = _whole_seconds("idle_timeout", idle_timeout)
     if idle_action is not None:
-        try:
-            lifecycle["idleAction"] = IdleAction(idle_action).value
-        except ValueError:
-            choices = ", ".join(a.value for a in IdleAction)
-            raise InvalidInputError("idle_action", f"must be one of {choices}, got {idle_action!r}") from None
+        lifecycle["idleAction"] = _action("idle_action", idle_action)
     if pause is not None:
         if not isinstance(pause, PauseOptions):
             raise InvalidInputError("pause", f"must be an adx.PausePolicy, got {type(pause).__name__}")
@@ -142,6 +175,10 @@ def build_spec(
         lifecycle["restartPolicy"] = restart.to_wire()
     if execd_health_failure_threshold is not None:
         lifecycle["execdHealthFailureThreshold"] = execd_health_failure_threshold
+    if lifetime is not None:
+        lifecycle["lifetimeSeconds"] = _whole_seconds("lifetime", lifetime)
+    if lifetime_action is not None:
+        lifecycle["lifetimeAction"] = _action("lifetime_action", lifetime_action)
     spec: dict[str, Any] = {"resources": resources, "lifecycle": lifecycle}
     if image is not None:
         spec["image"] = image
