@@ -68,6 +68,7 @@ def test_lifecycle_wire_names_are_camel_case_and_round_trip() -> None:
         "execdHealthFailureThreshold",
         "lifetimeSeconds",
         "lifetimeAction",
+        "healthProbe",
     }
 
 

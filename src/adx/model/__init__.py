@@ -3,6 +3,7 @@
 from adx.model._ids import CHECKPOINT, ENVIRONMENT, EXECUTION, OPERATION, check_id, new_id
 from adx.model._lifecycle import (
     CheckpointStorage,
+    HealthProbe,
     IdleAction,
     Lifecycle,
     PauseOptions,
@@ -35,6 +36,7 @@ __all__ = [
     "EnvironmentRecord",
     "EnvironmentSpec",
     "EnvironmentState",
+    "HealthProbe",
     "IdleAction",
     "Lifecycle",
     "NodeRecord",

@@ -94,6 +94,22 @@ class RestartPolicy(ApiModel):
         return attempts_so_far < self.max_retries
 
 
+class HealthProbe(ApiModel):
+    """CTL-1/RST-6: execd probes the workload (a command that exits 0, or a TCP port that accepts) and pushes
+    explicit failures; with ``execdHealthFailureThreshold`` set, that many in a row end the execution."""
+
+    command: str | None = Field(default=None, min_length=1, max_length=4096)
+    tcp_port: int | None = Field(default=None, ge=1, le=65535, strict=True)
+    interval_seconds: float = Field(default=5.0, gt=0, le=3600, allow_inf_nan=False)
+    timeout_seconds: float = Field(default=2.0, gt=0, le=3600, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> HealthProbe:
+        if (self.command is None) == (self.tcp_port is None):
+            raise ValueError("give exactly one of command or tcpPort")
+        return self
+
+
 class Lifecycle(ApiModel):
     """ENV-1. ``idle_timeout_seconds = 0`` never reclaims (IDLE-1)."""
 
@@ -103,6 +119,7 @@ class Lifecycle(ApiModel):
     restart_policy: RestartPolicy | None = None
     # RST-6: omitted means health failures never trigger a restart.
     execd_health_failure_threshold: int | None = Field(default=None, ge=1, le=1000, strict=True)
+    health_probe: HealthProbe | None = None
     # An absolute lifetime from creation (E2B's ``timeout``); a running Environment can move it later. At
     # the deadline it is deleted or paused (``lifetime_action``). None: no deadline.
     lifetime_seconds: int | None = Field(default=None, ge=1, le=30 * 86_400, strict=True)

@@ -33,7 +33,7 @@ from adx.node._relay import Relay, RelayServer, RelayTarget, serve_relay
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
 from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2, node_pb2_grpc
-from adx.runtime import Execution, ExecutionState
+from adx.runtime import Execution, ExecutionState, ExitInfo
 from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionReadiness
 from adx.sandboxd import RuntimeControlSubscription
 
@@ -42,6 +42,8 @@ S = EnvironmentState
 DELETED_MEMORY_SECONDS = 600.0
 
 Context = grpc.aio.ServicerContext[object, object]
+#: CTL-5: the execd reconnect window without a health threshold (with one: threshold x this).
+DISCONNECT_WINDOW_SECONDS = 5.0
 #: How long a request that met a pause's closed admission waits for the pause's decision (IDLE-6).
 PAUSE_DECISION_WAIT_SECONDS = 10.0
 
@@ -72,6 +74,8 @@ class NodeAgent:
         self._relay_server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()
+        self._disconnected: dict[str, float] = {}  # env -> when its execd observation disappeared (CTL-5)
+        self._ended: dict[str, str] = {}  # env -> execution handed to the exit flow by the runtime watch
         self.reporter: Reporter
         self.sink: CoordinatorSink
         self.port = 0
@@ -235,6 +239,7 @@ class NodeAgent:
                 execution=execution,
                 admission=self,
                 places=self.places,
+                ack_checkpoint=self._ack_checkpoint,
             )
             controller.start_task()
             self.controllers[record.id] = controller
@@ -306,11 +311,59 @@ class NodeAgent:
         while not self.stop_event.is_set():
             for controller in list(self.controllers.values()):
                 try:
+                    await self._check_runtime(controller)
                     await self._check_idle(controller)
                 except AdxError as exc:
                     log.warning("idle check failed: %s", exc, extra={"env_id": controller.env_id})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.idle_check_interval_seconds)
+
+    async def _check_runtime(self, controller: Controller) -> None:
+        """CTL-5 (execd disconnects), RST-6 (probe failures) and CTL-7 (workload checkpoint requests), from
+        the runtime-control stream."""
+        execution = controller.execution
+        if controller.state is not S.RUNNING or execution is None or not controller.serving or self.control is None:
+            self._disconnected.pop(controller.env_id, None)
+            return
+        if self._ended.get(controller.env_id) == execution.execution_id:
+            return  # already handed to the exit flow
+        lifecycle = controller.record.spec.lifecycle
+        threshold = lifecycle.execd_health_failure_threshold
+        observed = self.control.states.get(str(execution.native["sandbox_id"]))
+        now = time.monotonic()
+        if observed is None:
+            since = self._disconnected.setdefault(controller.env_id, now)
+            window = threshold * DISCONNECT_WINDOW_SECONDS if threshold else DISCONNECT_WINDOW_SECONDS
+            if now - since < window:
+                return
+            state = await self.driver.observe(execution)
+            if state in (ExecutionState.EXITED, ExecutionState.MISSING):
+                self._end(controller, execution, f"execd disconnected and the execution {state.value}")
+            elif threshold is not None and state is ExecutionState.RUNNING:
+                self._end(controller, execution, f"execd unreachable for {window:g}s (threshold {threshold})")
+            else:
+                self._disconnected[controller.env_id] = now  # a live backend keeps waiting: confirm again later
+            return
+        self._disconnected.pop(controller.env_id, None)  # CTL-5: a reconnect cancels the pending confirmation
+        probe = observed.probe
+        if threshold is not None and probe is not None and not probe.ok and probe.consecutive_failures >= threshold:
+            self._end(controller, execution, f"health probe failed {probe.consecutive_failures} times: {probe.reason}")
+            return
+        for request in observed.checkpoint_requests:
+            controller.note_checkpoint_request(request.operation_id, execution.execution_id)
+
+    def _end(self, controller: Controller, execution: Execution, reason: str) -> None:
+        """Hand an execution to its Controller's exit flow: routes retired, cleanup confirmed, then Failed or a
+        restart (RST-1, RST-6)."""
+        log.warning("ending execution: %s", reason, extra={"env_id": controller.env_id})
+        self._ended[controller.env_id] = execution.execution_id
+        self._disconnected.pop(controller.env_id, None)
+        controller.submit("exited", execution_id=execution.execution_id, info=ExitInfo(reason=reason))
+
+    async def _ack_checkpoint(self, execution: Execution, operation_id: str) -> None:
+        if self.control is None:
+            raise UnavailableError("no runtime-control subscription to acknowledge the checkpoint on")
+        await self.control.ack_checkpoint(str(execution.native["sandbox_id"]), operation_id)
 
     async def _check_idle(self, controller: Controller) -> None:
         lifecycle = controller.record.spec.lifecycle

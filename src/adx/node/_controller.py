@@ -31,7 +31,7 @@ from adx.model import (
     check_transition,
     new_id,
 )
-from adx.runtime import Execution, ExecutionSpec, ExitInfo, RuntimeDriver
+from adx.runtime import Artifact, Execution, ExecutionSpec, ExitInfo, RuntimeDriver
 
 log = logging.getLogger("adx.node.controller")
 S = EnvironmentState
@@ -116,6 +116,18 @@ class PauseGate:
 
 
 @dataclass
+class PendingCheckpoint:
+    """CTL-7: one workload checkpoint request, kept until committed and acknowledged."""
+
+    operation_id: str
+    execution_id: str
+    deadline: float  # monotonic; set when first observed, never extended by duplicates
+    checkpoint: CheckpointRef | None = None  # captured: later attempts commit/ack it without re-capturing
+    committed: bool = False
+    delay: float = RETRY_MIN_SECONDS
+
+
+@dataclass
 class _Op:
     kind: str
     done: asyncio.Future[EnvironmentRecord]
@@ -143,6 +155,7 @@ class Controller:
         execution: Execution | None = None,
         admission: Admission | None = None,
         places: CheckpointPlaces | None = None,
+        ack_checkpoint: Callable[[Execution, str], Awaitable[None]] | None = None,
     ) -> None:
         self.record = record
         self.driver = driver
@@ -155,6 +168,8 @@ class Controller:
         self.admission = admission
         self.places = places or CheckpointPlaces(node=record.node or "")
         self.pause_gate: PauseGate | None = None
+        self.ack_checkpoint = ack_checkpoint
+        self.checkpoint_requests: dict[str, PendingCheckpoint] = {}
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._exit_watch: asyncio.Task[None] | None = None
@@ -216,6 +231,7 @@ class Controller:
             "pause": self._pause,
             "resume": self._resume,
             "cancel_pause": self._recover_pausing,
+            "workload_checkpoint": self._workload_checkpoint,
         }
         while True:
             op = await self._queue.get()
@@ -247,9 +263,15 @@ class Controller:
         }
 
     async def _transition(
-        self, target: EnvironmentState, changes: dict[str, Any] | None = None, *, release: bool = False
+        self,
+        target: EnvironmentState,
+        changes: dict[str, Any] | None = None,
+        *,
+        release: bool = False,
+        retry: bool = True,
     ) -> EnvironmentRecord:
-        """Check, commit (with retries while the Coordinator is unavailable) and log one transition."""
+        """Check, commit (with retries while the Coordinator is unavailable, unless ``retry`` is False: the
+        caller keeps its own deadline) and log one transition."""
         current = self.record.state
         if current != target:
             check_transition(current, target, env_id=self.env_id)
@@ -269,6 +291,8 @@ class Controller:
                     raise
                 self.record, adopted = latest, True
             except (UnavailableError, UncertainOutcomeError) as exc:
+                if not retry:
+                    raise
                 # NOD-7: the result stays pending here and is retried on this Controller's own deadline.
                 log.warning("commit of %s pending: %s", target.value, exc, extra=self._context())
                 await asyncio.sleep(delay)
@@ -533,19 +557,7 @@ class Controller:
             # A failed capture or publication never reports a paused Environment (ENV-3).
             await self._cancel_pause(execution, f"pause failed: {exc}")
             raise UnavailableError(f"pause of {self.env_id} failed: {exc}; it keeps running") from None
-        published = time.time()
-        retention = options.retention
-        checkpoint = CheckpointRef(
-            id=artifact.checkpoint_id,
-            storage="shared" if kind == "shared" else "local",
-            node=self.places.node,
-            location=artifact.location,
-            digest=artifact.digest,
-            size_bytes=artifact.size_bytes,
-            published_at=published,
-            # ENV-3: the TTL counts from publication; forever has no expiry.
-            expires_at=published + retention.ttl_seconds if retention.ttl_seconds is not None else None,
-        )
+        checkpoint = self._checkpoint_ref(artifact, kind)
         if self._exit_watch is not None:
             self._exit_watch.cancel()
         try:
@@ -586,6 +598,86 @@ class Controller:
             self.pause_gate.settle(serve=True)
         log.info("pause cancelled: %s", error or "demand arrived before capture", extra=self._context())
         return await self._transition(S.RUNNING, {"last_error": error} if error else None)
+
+    def note_checkpoint_request(self, operation_id: str, execution_id: str) -> None:
+        """CTL-7: a workload asked for a checkpoint; duplicates (every snapshot repeats it) change nothing."""
+        if operation_id in self.checkpoint_requests:
+            return
+        budget = float(self.record.spec.lifecycle.effective_pause_options.timeout_seconds)
+        self.checkpoint_requests[operation_id] = PendingCheckpoint(
+            operation_id, execution_id, time.monotonic() + budget, delay=self.timings.retry_min_seconds
+        )
+        self.submit("workload_checkpoint", operation_id=operation_id)
+
+    async def _workload_checkpoint(self, op: _Op) -> EnvironmentRecord:
+        item = self.checkpoint_requests.get(op.payload["operation_id"])
+        execution = self.execution
+        if item is None:
+            return self.record
+        if execution is None or execution.execution_id != item.execution_id or self.record.state is not S.RUNNING:
+            del self.checkpoint_requests[item.operation_id]  # its execution is gone: nothing to capture or ack
+            return self.record
+        if time.monotonic() > item.deadline:
+            log.warning("checkpoint request %s expired", item.operation_id, extra=self._context())
+            del self.checkpoint_requests[item.operation_id]
+            return self.record
+        try:
+            if item.checkpoint is None:
+                item.checkpoint = await self._capture_live(execution, item)
+            if not item.committed:
+                await self._transition(S.RUNNING, {"checkpoint": item.checkpoint}, retry=False)
+                item.committed = True
+            if self.ack_checkpoint is not None:
+                await self.ack_checkpoint(execution, item.operation_id)
+        except UncertainOutcomeError as exc:
+            if item.checkpoint is None:
+                # CTL-7: an uncertain capture goes to cleanup and failure.
+                del self.checkpoint_requests[item.operation_id]
+                info = ExitInfo(reason=f"workload checkpoint {item.operation_id} uncertain: {exc}")
+                self.submit("exited", execution_id=execution.execution_id, info=info)
+                return self.record
+            self._retry_checkpoint_request(item, exc)
+            return self.record
+        except AdxError as exc:
+            self._retry_checkpoint_request(item, exc)
+            return self.record
+        del self.checkpoint_requests[item.operation_id]
+        log.info("workload checkpoint %s published", item.operation_id, extra=self._context())
+        return self.record
+
+    async def _capture_live(self, execution: Execution, item: PendingCheckpoint) -> CheckpointRef:
+        options = self.record.spec.lifecycle.effective_pause_options
+        kind, storage = self.places.resolve(options.storage)
+        artifact = await self.driver.checkpoint(execution, storage, float(options.timeout_seconds))
+        await self._retry_until_done(f"thaw after checkpoint {item.operation_id}", lambda: self.driver.thaw(execution))
+        return self._checkpoint_ref(artifact, kind)
+
+    def _retry_checkpoint_request(self, item: PendingCheckpoint, exc: AdxError) -> None:
+        """CTL-7: retry on this Controller's own backoff, with no new notification, until the deadline."""
+        log.warning("checkpoint request %s not done: %s", item.operation_id, exc, extra=self._context())
+        delay = item.delay
+        item.delay = min(item.delay * 2, self.timings.retry_max_seconds)
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self.submit("workload_checkpoint", operation_id=item.operation_id)
+
+        self._spawn(later(), f"checkpoint-retry-{item.operation_id}")
+
+    def _checkpoint_ref(self, artifact: Artifact, kind: str) -> CheckpointRef:
+        published = time.time()
+        ttl = self.record.spec.lifecycle.effective_pause_options.retention.ttl_seconds
+        return CheckpointRef(
+            id=artifact.checkpoint_id,
+            storage="shared" if kind == "shared" else "local",
+            node=self.places.node,
+            location=artifact.location,
+            digest=artifact.digest,
+            size_bytes=artifact.size_bytes,
+            published_at=published,
+            # ENV-3: the TTL counts from publication; forever has no expiry.
+            expires_at=published + ttl if ttl is not None else None,
+        )
 
     async def _recover_pausing(self, op: _Op) -> EnvironmentRecord:
         """After a node restart mid-pause (no published result): the execution runs on (NOD-1)."""

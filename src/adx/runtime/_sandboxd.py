@@ -36,6 +36,7 @@ from adx.sandboxd import (
     CreateRequest,
     CreateResponse,
     ExecdOptions,
+    ProbeOptions,
     ResourcesSpec,
     RestoreRequest,
     RuntimeControlSubscription,
@@ -124,10 +125,18 @@ class SandboxdDriver:
             started_at=time.time(),
         )
 
+    def _execd(self, spec: ExecutionSpec) -> ExecdOptions:
+        probe = spec.spec.lifecycle.health_probe
+        return ExecdOptions(
+            python=self.python,
+            execution_id=spec.execution_id,
+            probe=ProbeOptions.model_validate(probe.model_dump()) if probe is not None else None,
+        )
+
     async def start(self, spec: ExecutionSpec) -> Execution:
         request = CreateRequest(
             argv=list(spec.spec.entrypoint or []),  # execd's workload (none: execd alone keeps it running)
-            execd=ExecdOptions(python=self.python, execution_id=spec.execution_id),
+            execd=self._execd(spec),
             **self._placement(spec),
         )
         return self._execution(spec, await self.client.create(request))
@@ -137,7 +146,7 @@ class SandboxdDriver:
             location=location,
             digest=digest,
             argv=list(spec.spec.entrypoint or []),
-            execd=ExecdOptions(python=self.python, execution_id=spec.execution_id),
+            execd=self._execd(spec),
             **self._placement(spec),
         )
         return self._execution(spec, await self.client.restore(request))
