@@ -84,8 +84,8 @@ async def test_env_errors_exit_with_their_family_code(api_stack) -> None:  # typ
         adx_cli("env", "get", "env-" + "a" * 26, env=user),
         adx_cli("env", "list", env={**user, "ADX_API_KEY": "adx_wrong"}),
     )
-    assert negative[0] == 2 and "adx: error: cpu: must not be negative" in negative[2]
-    assert action[0] == 2 and "idle_action" in action[2]
+    assert negative[0] == 2 and "adx: error: --cpu: must not be negative" in negative[2]
+    assert action[0] == 2 and "adx: error: --idle-action: must be one of delete, pause" in action[2]
     assert missing[0] == 3 and "not found" in missing[2]
     assert wrong_key[0] == 2 and "unknown API key" in wrong_key[2]
     assert await stack.cluster.coordinator.store.load_all_environments() == []
@@ -132,3 +132,76 @@ async def test_env_exec_streams_output_and_exits_with_the_commands_code(node_clu
     assert code == 0 and out.split() == [env_id, "deleted"], err
     code, _, err = await adx_cli("env", "exec", env_id, "--", "true", env=user)
     assert code == 4 and "not running" in err
+
+
+@pytest.mark.req("ENV-1", "ENV-3", "ENV-5", "RST-2")
+async def test_lifecycle_flags_refuse_bad_values_naming_the_flag(api_stack) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    stack: ApiStack = await api_stack()
+    await stack.register_node("n1")
+    user = as_user(stack, await stack.tenant("acme"))
+    code, out, err = await adx_cli("env", "create", "--no-wait", "--json", env=user)
+    assert code == 0, err
+    env_id = json.loads(out)["id"]
+    cases = [
+        (("env", "create", "--retention", "ttl:soon"), "--retention: expected ttl:SECONDS, ttl or forever"),
+        (("env", "create", "--retention", "ttl:0"), "--retention: "),
+        (("env", "create", "--retention", "forever:9"), "--retention: expected"),
+        (("env", "create", "--storage", "nfs"), "--storage: "),
+        (("env", "create", "--pause-timeout", "0"), "--pause-timeout: "),
+        (("env", "create", "--backoff", "0"), "--backoff: "),
+        (("env", "create", "--backoff", "5", "--max-backoff", "1"), "--max-backoff: "),
+        (("env", "create", "--max-retries", "-1"), "--max-retries: "),
+        (("env", "create", "--lifetime", "0"), "--lifetime: "),
+        (("env", "create", "--lifetime", "60", "--lifetime-action", "sleep"), "--lifetime-action: must be one of"),
+        (("env", "lifetime", env_id, "0"), "SECONDS: "),
+        (("env", "lifetime", env_id, "60", "--action", "sleep"), "--action: must be one of delete, pause"),
+    ]
+    results = await asyncio.gather(*(adx_cli(*args, env=user) for args, _ in cases))
+    for (args, expected), (code, _, err) in zip(cases, results, strict=True):
+        assert code == 2 and f"adx: error: {expected}" in err, (args, code, err)
+    # Nothing but the first Environment was created.
+    assert len(await stack.cluster.coordinator.store.load_all_environments()) == 1
+
+
+@pytest.mark.req("ENV-1", "ENV-3", "CRD-5")
+async def test_env_create_with_policies_then_pause_resume_lifetime(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    user = as_user(stack, await stack.tenant("acme"))
+    code, out, err = await adx_cli(
+        "env", "create", "--cpu", "0.25", "--memory", "256Mi", "--retention", "forever", "--storage", "local",
+        "--pause-timeout", "60", "--max-retries", "2", "--backoff", "0.5", "--max-backoff", "5",
+        "--lifetime", "600", "--lifetime-action", "pause", "--json", env=user,
+    )  # fmt: skip
+    assert code == 0, err
+    created = json.loads(out)
+    env_id, lifecycle = created["id"], created["lifecycle"]
+    assert created["state"] == "running" and created["expiresAt"] > time.time() + 590
+    assert lifecycle["pauseOptions"] == {"retention": {"kind": "forever"}, "timeoutSeconds": 60, "storage": "local"}
+    assert lifecycle["restartPolicy"] == {"maxRetries": 2, "initialBackoffSeconds": 0.5, "maxBackoffSeconds": 5.0}
+    assert (lifecycle["lifetimeSeconds"], lifecycle["lifetimeAction"]) == (600, "pause")
+
+    code, out, err = await adx_cli("env", "exec", env_id, "--shell", "--", "echo kept > /work/f", env=user)
+    assert code == 0, err
+    code, out, err = await adx_cli("env", "pause", env_id, env=user)
+    assert (code, out.split()) == (0, [env_id, "paused"]), err
+    (again, text) = await asyncio.gather(
+        adx_cli("env", "pause", env_id, env=user), adx_cli("env", "get", env_id, env=user)
+    )
+    assert again[0] == 4 and "adx: error:" in again[2] and "already paused" in again[2]
+    assert "state            paused" in text[1] and "checkpoint" in text[1] and "kept forever" in text[1]
+    assert "expires" in text[1] and "-> pause" in text[1]
+
+    code, out, err = await adx_cli("env", "resume", env_id, env=user)
+    assert (code, out.split()) == (0, [env_id, "running"]), err
+    code, out, err = await adx_cli("env", "exec", env_id, "--", "cat", "/work/f", env=user)
+    assert (code, out) == (0, "kept\n"), err
+
+    code, out, err = await adx_cli("env", "lifetime", env_id, "1", "--action", "delete", env=user)
+    assert code == 0 and out.startswith(f"{env_id} running expires ") and out.rstrip().endswith("-> delete"), err
+    deadline = time.monotonic() + 20
+    while json.loads((await adx_cli("env", "get", env_id, "--json", env=user))[1])["state"] != "deleted":
+        assert time.monotonic() < deadline, "not deleted at its new deadline"
+        await asyncio.sleep(0.5)
+    code, _, err = await adx_cli("env", "resume", env_id, env=user)
+    assert code == 4 and "adx: error:" in err, err

@@ -1,4 +1,4 @@
-"""``adx env create|list|get|exec|pause|resume|delete``: Environments through the Python SDK."""
+"""``adx env create|list|get|exec|pause|resume|lifetime|delete``: Environments through the Python SDK."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from rich.table import Table
 from adx.cli._app import app, console, err_console, fail
 from adx.errors import AdxError, InvalidInputError, UnavailableError
 
-env_app = typer.Typer(help="Environments: create, list, get, exec, delete.", no_args_is_help=True)
+env_app = typer.Typer(
+    help="Environments: create, list, get, exec, pause, resume, lifetime, delete.", no_args_is_help=True
+)
 app.add_typer(env_app, name="env")
 
 ApiUrl = Annotated[str | None, typer.Option("--api-url", help="default: ADX_API_URL or the `adx up` credentials")]
@@ -47,8 +49,67 @@ def _wire(env: Any) -> dict[str, Any]:
         "restartAttempts": env.restart_attempts,
         "restartPending": env.restart_pending,
         "checkpoint": env.checkpoint.to_wire() if env.checkpoint else None,
+        "expiresAt": env.expires_at,
+        "ownershipLost": env.ownership_lost,
         "lastError": env.last_error,
     }
+
+
+# An SDK argument (or spec path under it) -> the `adx env create` flag that sets it (longest first), so an
+# input error names what the user typed.
+_FLAGS = [
+    ("pause.retention", "--retention"),
+    ("pause.timeoutSeconds", "--pause-timeout"),
+    ("pause.storage", "--storage"),
+    ("retention", "--retention"),
+    ("restart.maxRetries", "--max-retries"),
+    ("restart.initialBackoffSeconds", "--backoff"),
+    ("restart.maxBackoffSeconds", "--max-backoff"),
+    ("restart", "--max-backoff"),  # the model-level check: maxBackoffSeconds must be at least the initial
+    ("idle_timeout", "--idle-timeout"),
+    ("idle_action", "--idle-action"),
+    ("lifetime_action", "--lifetime-action"),
+    ("lifetime", "--lifetime"),
+    ("cpu", "--cpu"),
+    ("memory", "--memory"),
+    ("disk", "--disk"),
+    ("image", "--image"),
+    ("entrypoint", "--entrypoint"),
+    ("env", "--env"),
+    ("metadata", "--metadata"),
+    # set_lifetime's arguments (`adx env lifetime ID SECONDS --action`)
+    ("seconds", "SECONDS"),
+    ("action", "--action"),
+]
+
+
+def _flag_error(exc: InvalidInputError) -> InvalidInputError:
+    """The same error, naming the command-line flag instead of the SDK argument."""
+    for prefix, flag in _FLAGS:
+        if exc.field == prefix or exc.field.startswith((prefix + ".", prefix + "[")):
+            return InvalidInputError(flag, exc.reason)
+    return exc
+
+
+def _retention(text: str) -> Any:
+    """``--retention``: ``ttl:SECONDS``, ``ttl`` (the default TTL) or ``forever``."""
+    import adx
+
+    kind, _, seconds = text.partition(":")
+    if kind == "forever" and not seconds:
+        return adx.Retention.forever()
+    if kind == "ttl" and not seconds:
+        return adx.Retention.ttl()
+    if kind == "ttl" and seconds.isdigit():
+        return adx.Retention.ttl(int(seconds))
+    raise InvalidInputError("--retention", f"expected ttl:SECONDS, ttl or forever, got {text!r}")
+
+
+def _expiry(env: Any) -> str:
+    if env.expires_at is None:
+        return "none"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(env.expires_at))
+    return f"{stamp} ({max(0.0, env.expires_at - time.time()):.0f}s) -> {env.lifecycle.lifetime_action.value}"
 
 
 def _print_json(value: object) -> None:
@@ -84,6 +145,21 @@ def _show(env: Any, as_json: bool) -> None:
     console.print(
         f"{'lifecycle':<16} idle {lifecycle.idle_timeout_seconds}s -> {lifecycle.idle_action.value}", highlight=False
     )
+    if env.expires_at is not None:
+        console.print(f"{'expires':<16} {_expiry(env)}", highlight=False)
+    if env.checkpoint is not None:
+        ckpt = env.checkpoint
+        kept = (
+            "forever"
+            if ckpt.expires_at is None
+            else f"until {time.strftime('%H:%M:%S', time.localtime(ckpt.expires_at))}"
+        )
+        lost = ", its node is gone" if env.ownership_lost else ""
+        console.print(
+            f"{'checkpoint':<16} {ckpt.id} ({ckpt.storage} on {ckpt.node}, {ckpt.size_bytes} B, kept {kept}{lost})",
+            highlight=False,
+            markup=False,
+        )
 
 
 @env_app.command("create")
@@ -97,8 +173,27 @@ def create(
     ] = None,
     idle_timeout: Annotated[int | None, typer.Option("--idle-timeout", help="seconds; 0 never reclaims")] = None,
     idle_action: Annotated[str | None, typer.Option("--idle-action", help="delete (default) or pause")] = None,
+    retention: Annotated[
+        str | None, typer.Option("--retention", help="how long a pause checkpoint is kept: ttl:SECONDS or forever")
+    ] = None,
+    storage: Annotated[
+        str | None, typer.Option("--storage", help="pause checkpoints on: configured (default), local or shared")
+    ] = None,
+    pause_timeout: Annotated[
+        int | None, typer.Option("--pause-timeout", help="seconds a pause's capture may take (default 300)")
+    ] = None,
     max_retries: Annotated[
         int | None, typer.Option("--max-retries", help="restart the workload on exit up to N times")
+    ] = None,
+    backoff: Annotated[
+        float | None, typer.Option("--backoff", help="seconds before the first restart (doubles each time)")
+    ] = None,
+    max_backoff: Annotated[float | None, typer.Option("--max-backoff", help="longest wait between restarts")] = None,
+    lifetime: Annotated[
+        int | None, typer.Option("--lifetime", help="seconds from creation until --lifetime-action")
+    ] = None,
+    lifetime_action: Annotated[
+        str | None, typer.Option("--lifetime-action", help="at the end of --lifetime: delete (default) or pause")
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable")] = None,
     metadata: Annotated[list[str] | None, typer.Option("--metadata", help="KEY=VALUE, repeatable")] = None,
@@ -112,7 +207,22 @@ def create(
     import adx
 
     try:
-        restart = adx.RestartPolicy(max_retries=max_retries) if max_retries is not None else None
+        pause = None
+        if retention is not None or storage is not None or pause_timeout is not None:
+            options: dict[str, Any] = {
+                "retention": _retention(retention) if retention is not None else None,
+                "timeout_seconds": pause_timeout,
+                "storage": storage,
+            }
+            pause = adx.PausePolicy(**{k: v for k, v in options.items() if v is not None})
+        restart = None
+        if max_retries is not None or backoff is not None or max_backoff is not None:
+            given: dict[str, Any] = {
+                "max_retries": max_retries,
+                "initial_backoff_seconds": backoff,
+                "max_backoff_seconds": max_backoff,
+            }
+            restart = adx.RestartPolicy(**{k: v for k, v in given.items() if v is not None})
         with _client(api_url, api_key) as client:
             with err_console.status("creating the Environment..."):
                 created = client.environments.create(
@@ -123,7 +233,10 @@ def create(
                     entrypoint=shlex.split(entrypoint) if entrypoint is not None else None,
                     idle_timeout=idle_timeout,
                     idle_action=idle_action,
+                    pause=pause,
                     restart=restart,
+                    lifetime=lifetime,
+                    lifetime_action=lifetime_action,
                     env=_pairs("--env", env),
                     metadata=_pairs("--metadata", metadata),
                     wait=False,
@@ -132,6 +245,8 @@ def create(
                 with err_console.status(f"waiting for {created.id} to run (node {created.node})..."):
                     created.wait_until_running(wait_timeout)
             _show(created, as_json)
+    except InvalidInputError as exc:
+        fail(_flag_error(exc))
     except AdxError as exc:
         fail(exc)
 
@@ -194,26 +309,58 @@ def delete(
         fail(exc)
 
 
-@env_app.command("pause")
-def pause(environment_id: EnvId, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
-    """Pause an Environment (checkpoint, then free its node resources)."""
+def _transition(
+    environment_id: str, doing: str, call: str, as_json: bool, api_url: str | None, api_key: str | None
+) -> None:
+    """Pause or resume (``call``), showing ``doing`` while it runs, then print ``ID STATE`` (or the JSON)."""
     try:
         with _client(api_url, api_key) as client:
-            env = client.environments.get(environment_id).pause()
-            console.print(f"{env.id} {env.state.value}", highlight=False)
+            env = client.environments.get(environment_id)
+            with err_console.status(f"{doing} {environment_id}..."):
+                getattr(env, call)()
     except AdxError as exc:
         fail(exc)
+    if as_json:
+        _print_json(_wire(env))
+    else:
+        console.print(f"{env.id} {env.state.value}", highlight=False)
+
+
+@env_app.command("pause")
+def pause(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Pause an Environment: checkpoint its files, then free its node resources. Prints `ID paused`."""
+    _transition(environment_id, "pausing", "pause", as_json, api_url, api_key)
 
 
 @env_app.command("resume")
-def resume(environment_id: EnvId, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
-    """Resume a paused Environment."""
+def resume(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Resume a paused Environment (a running one stays as it is). Prints `ID running`."""
+    _transition(environment_id, "resuming", "resume", as_json, api_url, api_key)
+
+
+@env_app.command("lifetime")
+def lifetime_(
+    environment_id: EnvId,
+    seconds: Annotated[int, typer.Argument(help="the new deadline is now + SECONDS")],
+    action: Annotated[
+        str | None, typer.Option("--action", help="at the deadline: delete or pause (default: unchanged)")
+    ] = None,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Move an Environment's lifetime deadline. Prints `ID STATE expires TIME (Ns) -> ACTION`."""
     try:
         with _client(api_url, api_key) as client:
-            env = client.environments.get(environment_id).resume()
-            console.print(f"{env.id} {env.state.value}", highlight=False)
+            env = client.environments.get(environment_id).set_lifetime(seconds, action)
+    except InvalidInputError as exc:
+        fail(_flag_error(exc))
     except AdxError as exc:
         fail(exc)
+    if as_json:
+        _print_json(_wire(env))
+    else:
+        console.print(f"{env.id} {env.state.value} expires {_expiry(env)}", highlight=False)
 
 
 @env_app.command("exec")
