@@ -11,9 +11,10 @@ Figures and their baselines (all in this run, same machine):
   for execd forked from a warm parent that already imported it (a zygote-style spawner);
 - execd idle RSS beside a bare interpreter's RSS;
 - with ``--sandboxes N`` (root): on a real sandboxd, sandbox create (``CreateRequest.execd``) -> execd Ready as
-  seen on sandboxd's runtime-control subscription, the create call alone, and a first ``true`` through the
-  host-side execd socket (new connection), beside the same sandbox created with ``sleep`` as PID 1 (create
-  call only).
+  seen on sandboxd's runtime-control subscription, the create call alone, a first ``true`` through the
+  host-side execd socket (new connection) and PID 1's idle memory (VmRSS, Pss, private), beside the same
+  sandbox created with ``sleep`` as PID 1 (create call only); all of it twice: PID 1 running execd in process
+  (sandboxd's default) and, as the baseline, exec'ing a fresh interpreter (``execd_in_process = false``).
 One client connection per figure, kept alive, raw socket client (no HTTP library overhead in the numbers).
 """
 
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _harness import emit, progress, summarize, time_calls
 
@@ -162,66 +164,102 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-async def sandbox_figures(rounds: int, tmp: str) -> dict[str, object]:
-    """execd as PID 1 the supported way (``CreateRequest.execd``: sandboxd builds the init, mounts its execd
-    runtime, binds the sockets host-side); Ready is read from sandboxd's runtime-control subscription."""
+def pid1_memory_kib(procs: set[int]) -> dict[str, int]:
+    """VmRSS, Pss and private (USS) KiB of the sandbox's PID 1 (the process whose NSpid ends in 1)."""
+    for pid in procs:
+        status = Path(f"/proc/{pid}/status").read_text()
+        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        if nspid[-1] != "1":
+            continue
+        rollup = {
+            line.split(":")[0]: int(line.split()[1])
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+        }
+        return {
+            "rss": rss_kib(pid),
+            "pss": rollup["Pss"],
+            "private": rollup["Private_Clean"] + rollup["Private_Dirty"],
+        }
+    raise RuntimeError("no PID 1 among the sandbox's processes")
+
+
+async def sandbox_rounds(daemon: Any, rounds: int, tag: str) -> dict[str, Any]:
+    """``rounds`` execd sandboxes, one at a time: create call, create -> Ready (runtime-control subscription),
+    a first ``true`` through the host-side socket, PID 1's memory after that, then a plain ``sleep`` PID 1."""
     import asyncio
 
-    from sbx_helpers import DaemonFactory  # the sandboxd test harness: unique cgroup parent, full cleanup
-
     from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RuntimeControlSubscription, ref_of
+
+    creates, totals, bare_creates, first_calls, memory = [], [], [], [], []
+    async with daemon.client() as client:
+        path = (await client.health()).runtime_control_socket
+        assert path is not None
+        async with RuntimeControlSubscription(path, max_backoff=0.05) as sub:
+            await sub.wait_connected(10)
+            for i in range(rounds):
+                sid = f"{tag}{i}"
+                start = time.perf_counter()
+                created = await client.create(
+                    CreateRequest(
+                        request_id=sid,
+                        sandbox_id=sid,
+                        argv=["sleep", "1000"],
+                        execd=ExecdOptions(python="/usr/bin/python3"),
+                        resources=ResourcesSpec(cpu_millis=1000, memory_bytes=128 << 20),
+                    )
+                )
+                created_at = time.perf_counter()
+                async with asyncio.timeout(30):
+                    while not ((state := sub.states.get(sid)) and state.ready):
+                        await sub.next_event()
+                ready = time.perf_counter()
+                creates.append(created_at - start)
+                totals.append(ready - start)
+                socket = created.sandbox.execd_socket
+                assert socket is not None
+                first_calls.append(await asyncio.to_thread(time_true_once, socket))
+                await asyncio.sleep(0.2)  # idle
+                memory.append(pid1_memory_kib(daemon.cgroup_procs(sid)))
+                await client.delete(ref_of(created))
+
+                start = time.perf_counter()
+                bare = await client.create(
+                    CreateRequest(
+                        request_id=f"{tag}t{i}", argv=["sleep", "1000"], resources=ResourcesSpec(cpu_millis=1000)
+                    )
+                )
+                bare_creates.append(time.perf_counter() - start)
+                await client.delete(ref_of(bare))
+    mib = {k: round(sorted(m[k] for m in memory)[len(memory) // 2] / 1024, 2) for k in ("rss", "pss", "private")}
+    return {
+        "create_call": summarize(creates),
+        "create_to_execd_ready_via_subscription": summarize(totals),
+        "true_through_host_side_execd_socket": summarize(first_calls),
+        "pid1_idle_memory_mib_median": mib,
+        "baseline_create_call_sleep_pid1": summarize(bare_creates),
+    }
+
+
+async def sandbox_figures(rounds: int, tmp: str) -> dict[str, object]:
+    """execd as PID 1 the supported way (``CreateRequest.execd``: sandboxd builds the init, mounts its execd
+    runtime, binds the sockets host-side); Ready is read from sandboxd's runtime-control subscription.
+
+    Twice, in this run: as sandboxd starts it by default (PID 1 forked from a template that imported execd, no
+    exec: ``execd_in_process``), and exec'ing a fresh ``python3 -m adx.execd`` (``execd_in_process = false``),
+    the baseline. The two daemons run one after the other, never at the same time."""
+    from sbx_helpers import DaemonFactory  # the sandboxd test harness: unique cgroup parent, full cleanup
 
     base = Path(tmp) / "sbx"
     base.mkdir()
     factory = DaemonFactory(base)
-    creates, totals, bare_creates, first_calls = [], [], [], []
     try:
-        daemon = factory()
-        async with daemon.client() as client:
-            path = (await client.health()).runtime_control_socket
-            assert path is not None
-            async with RuntimeControlSubscription(path, max_backoff=0.05) as sub:
-                await sub.wait_connected(10)
-                for i in range(rounds):
-                    sid = f"b{i}"
-                    start = time.perf_counter()
-                    created = await client.create(
-                        CreateRequest(
-                            request_id=sid,
-                            sandbox_id=sid,
-                            argv=["sleep", "1000"],
-                            execd=ExecdOptions(python="/usr/bin/python3"),
-                            resources=ResourcesSpec(cpu_millis=1000, memory_bytes=128 << 20),
-                        )
-                    )
-                    created_at = time.perf_counter()
-                    async with asyncio.timeout(30):
-                        while not ((state := sub.states.get(sid)) and state.ready):
-                            await sub.next_event()
-                    ready = time.perf_counter()
-                    creates.append(created_at - start)
-                    totals.append(ready - start)
-                    socket = created.sandbox.execd_socket
-                    assert socket is not None
-                    first_calls.append(await asyncio.to_thread(time_true_once, socket))
-                    await client.delete(ref_of(created))
-
-                    start = time.perf_counter()
-                    bare = await client.create(
-                        CreateRequest(
-                            request_id=f"t{i}", argv=["sleep", "1000"], resources=ResourcesSpec(cpu_millis=1000)
-                        )
-                    )
-                    bare_creates.append(time.perf_counter() - start)
-                    await client.delete(ref_of(bare))
+        in_process = factory("inproc")
+        figures = {"in_process": await sandbox_rounds(in_process, rounds, "i")}
+        in_process.stop()
+        figures["baseline_exec"] = await sandbox_rounds(factory("exec", execd_in_process=False), rounds, "e")
     finally:
         factory.cleanup()
-    return {
-        "sandbox_create_call_with_execd": summarize(creates),
-        "sandbox_create_to_execd_ready_via_subscription": summarize(totals),
-        "true_through_host_side_execd_socket_in_sandbox": summarize(first_calls),
-        "baseline_sandbox_create_call_sleep_pid1": summarize(bare_creates),
-    }
+    return {"sandbox_execd": figures}
 
 
 def time_true_once(socket: str) -> float:

@@ -4,11 +4,12 @@ execd needs only the standard library of any Python >= 3.11 plus a handful of AD
 image has ``python3`` (the default image binds the host's ``/usr``) can run it from a small directory:
 :func:`install_runtime` copies exactly those modules; :func:`init_argv` builds the PID 1 command line.
 
-Faster and smaller (measured by ``bench/bench_execd.py``): a single-threaded spawner that has already
-imported :mod:`adx.execd._main` can, in the cloned child, call ``os._exit(adx.execd._main.main(argv))``
-instead of exec'ing a new interpreter: first answer in ~6 ms instead of ~60 ms, and the imported code stays
-shared copy-on-write with the spawner (~6 MiB private per sandbox instead of ~11 MiB). The spawner should
-import it with ``sys.modules.setdefault("ssl", None)`` first, as ``python -m adx.execd`` does.
+sandboxd does better when it can (``execd_in_process``, see ``adx.sandboxd._spawner``): its spawner runs the
+interpreter the sandbox would exec, imports :mod:`adx.execd._main` (after ``sys.modules.setdefault("ssl",
+None)``, as ``python -m adx.execd`` does) and PID 1 calls ``main(argv[3:])`` in the cloned child instead of
+exec'ing: create -> Ready ~20 ms instead of ~70 ms (``bench/bench_execd.py --sandboxes``), and the imported
+code stays shared copy-on-write (~6 MiB private per sandbox instead of ~10 MiB). The runtime installed here
+still serves that PID 1's later imports and every sandbox that execs execd.
 """
 
 from __future__ import annotations

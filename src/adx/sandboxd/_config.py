@@ -63,6 +63,11 @@ class SandboxdConfig(StrictModel):
         description="execd's modules, mounted read-only at /opt/adx in sandboxes created with `execd`; "
         "default <state_dir>/execd-runtime, (re)installed by sandboxd at every start",
     )
+    execd_in_process: bool = Field(
+        default=True,
+        description="execd sandboxes whose python is the host's (default image, own execd runtime): PID 1 runs "
+        "execd in process, forked from a template that imported it, instead of exec'ing a fresh interpreter",
+    )
     runtime_control_socket_path: Path | None = Field(
         default=None,
         description="node-level runtime-control subscription socket (CTL-2); default next to the API socket",

@@ -42,6 +42,7 @@ __all__ = [
     "peer_credentials",
     "pivot_root",
     "set_loopback_up",
+    "set_process_args",
     "sethostname",
     "umount2",
 ]
@@ -142,6 +143,30 @@ def umount2(target: str, flags: int) -> None:
 def pivot_root(new_root: str, put_old: str) -> None:
     result = _libc.syscall(ctypes.c_long(_nr(1)), new_root.encode(), put_old.encode())
     _check(result, "pivot_root")
+
+
+def set_process_args(argv: list[str], env: dict[str, str]) -> None:
+    """Rewrite this process's argv and environ areas in place (as setproctitle does), so that
+    ``/proc/self/cmdline`` and ``environ`` show ``argv`` and ``env`` as after an execve of them.
+
+    For a process that becomes another program without exec. The areas keep their size (moving them needs
+    CAP_SYS_RESOURCE, which containers often lack): what does not fit is left out at an item boundary and the
+    rest of each area is NUL, so a reader splitting on NUL sees trailing empty items.
+    """
+    with open("/proc/self/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])  # stat fields 48..51
+    for start, end, items in (
+        (arg_start, arg_end, argv),
+        (env_start, env_end, [f"{k}={v}" for k, v in env.items()]),
+    ):
+        size, raw = end - start, b""
+        for item in items:
+            encoded = item.encode() + b"\0"
+            if len(raw) + len(encoded) > size:
+                break
+            raw += encoded
+        ctypes.memmove(start, raw.ljust(size, b"\0"), size)
 
 
 def sethostname(name: str) -> None:

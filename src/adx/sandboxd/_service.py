@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ from adx.sandboxd._models import (
     WaitResponse,
 )
 from adx.sandboxd._registry import LoadedRegistry, Registry, Tombstone
-from adx.sandboxd._spawn_client import SpawnerProcess
+from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
 from adx.sandboxd._supervisor import (
     CONTROL_DIR_INSIDE,
@@ -79,8 +80,8 @@ __all__ = ["SandboxService"]
 
 log = logging.getLogger("adx.sandboxd")
 
-_FAULTS_ENV = "ADX_SANDBOXD_FAULTS"  # test-only fault points, comma separated
-
+#: A sandbox's default PATH.
+_SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Where an execd sandbox finds execd's modules (sandboxd's execd runtime, read-only).
 EXECD_MOUNT = "/opt/adx"
 #: Host-only per-sandbox dirs (never mounted into the sandbox): execd's listening sockets; the hub's socket.
@@ -92,7 +93,7 @@ CONTROL_SOCKET = "control.sock"
 def _fault(point: str) -> None:
     """Test-only fault points named in $ADX_SANDBOXD_FAULTS: ``<point>`` SIGKILLs the daemon right there (no
     cleanup code runs); ``<point>:fail`` makes the step fail as an unavailable native runtime would."""
-    faults = os.environ.get(_FAULTS_ENV, "").split(",")
+    faults = os.environ.get(FAULTS_ENV, "").split(",")
     if point in faults:
         log.warning("fault injection: SIGKILL at %s", point)
         os.kill(os.getpid(), 9)
@@ -276,7 +277,42 @@ class SandboxService:
             install_runtime(runtime)
         elif not (runtime / "adx" / "execd" / "__main__.py").is_file():
             raise UnavailableError(f"execd_runtime_dir {runtime} holds no execd runtime (install_runtime)")
+        self.spawner.execd_python = self._execd_python()
         self._measure_capacity()
+
+    def _under_image_binds(self, path: str) -> bool:
+        """True when ``path`` inside a sandbox is the host's same path (a read-only bind of the image)."""
+        return any(path == b or path.startswith(b + "/") for b in self._image["binds"])
+
+    def _execd_python(self) -> str | None:
+        """The host interpreter execd sandboxes exec by default, when PID 1 can run execd in process instead:
+        our own execd runtime (the spawner imports the same modules from the same source), ``python3`` found
+        under the image's host binds, and a version execd supports."""
+        if not self.config.execd_in_process or self.config.execd_runtime_dir is not None:
+            return None
+        found = self._resolve_in_image(ExecdOptions().python, _SANDBOX_PATH)
+        if found is None:
+            return None
+        check = [found, "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]
+        ok = subprocess.run(check, capture_output=True, check=False, timeout=30).returncode == 0
+        return found if ok else None
+
+    def _resolve_in_image(self, name: str, path: str) -> str | None:
+        """The host path (resolved) of the executable a sandbox finds as ``name`` on ``path``, or None when that
+        is not a file of the image's host binds (or depends on what the sandbox's own layers hold)."""
+        if "/" in name:
+            candidates = [name] if self._under_image_binds(name) else []
+        else:
+            candidates = []
+            for d in path.split(":"):
+                if not self._under_image_binds(d):
+                    break  # the sandbox's own dirs come first from here: what they hold is not ours to know
+                candidates.append(f"{d}/{name}")
+        for candidate in candidates:
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                real = os.path.realpath(candidate)
+                return real if self._under_image_binds(real) else None
+        return None
 
     def _cgroup_parents(self) -> list[Path]:
         roots = [self.layout.v2_root] if self.layout.v2_root else []
@@ -731,7 +767,7 @@ class SandboxService:
 
     def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
+        env = {"PATH": _SANDBOX_PATH, "HOME": "/root"}
         env.update(rec.env)
         env.setdefault("ADX_SANDBOX_ID", rec.sandbox_id)
         ro_binds = {inside: str(host) for inside, host in self.config.ro_binds.items()}
@@ -756,6 +792,10 @@ class SandboxService:
             "veth": self._veth(rec),
             "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
             "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
+            # PID 1 runs execd in process when it would exec the very interpreter the spawner runs.
+            "execd_inproc": rec.execd is not None
+            and self.spawner.execd_python is not None
+            and self._resolve_in_image(rec.execd.python, env["PATH"]) == self.spawner.execd_python,
         }
 
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:

@@ -6,25 +6,37 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from adx.errors import UnavailableError, UncertainOutcomeError
 
-__all__ = ["SpawnerProcess"]
+__all__ = ["FAULTS_ENV", "SpawnerProcess"]
+
+FAULTS_ENV = "ADX_SANDBOXD_FAULTS"  # test-only fault points, comma separated
 
 log = logging.getLogger("adx.sandboxd.spawner")
+
+
+#: The directory that holds the ``adx`` package (the spawner imports only standard-library-only modules of it).
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class SpawnerProcess:
     """Starts the spawner (a fresh, single-threaded interpreter) and talks to it over a socketpair.
 
     ``start()`` is synchronous and may run before the event loop; ``attach()`` wires the socket to the loop.
+    ``execd_python``: run the spawner on this interpreter (the one execd sandboxes exec) with execd preloaded,
+    so their PID 1 runs execd in process (see ``_spawner``). Its environment is then only what it needs:
+    PID 1's memory starts as a copy of it.
     """
 
     def __init__(self) -> None:
+        self.execd_python: str | None = None
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: asyncio.StreamReader | None = None
@@ -36,11 +48,16 @@ class SpawnerProcess:
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = [sys.executable, "-m", "adx.sandboxd._spawner", str(theirs.fileno())]
+        env = None
+        if self.execd_python is not None:
+            # The room: PID 1 rewrites its argv and environ areas (copies of these) to execd's own.
+            argv = [self.execd_python, "-s", *argv[1:], "--execd", " " * 4096]
+            env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": _PACKAGE_ROOT, "_": " " * 4096}
+            if FAULTS_ENV in os.environ:
+                env[FAULTS_ENV] = os.environ[FAULTS_ENV]
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "adx.sandboxd._spawner", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            close_fds=True,
+            argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, close_fds=True, env=env
         )
         theirs.close()
         self._sock = ours

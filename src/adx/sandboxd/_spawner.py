@@ -8,6 +8,12 @@ supervisor, and forks the next zygote while that one works. Supervisors survive 
 exit (orphans are re-parented to init; the spawner reaps those that exit before it). A supervisor reports its
 start result over a pipe that the spawner forwards, tagged with the request number.
 
+With ``--execd`` (sandboxd starts the spawner with the interpreter execd sandboxes would exec), the spawner
+imports execd and, before it reads any request, forks a *template*: zygotes are forked from that pristine
+copy, so a supervisor — and the sandbox's PID 1 it clones, which then runs execd in process instead of exec'ing
+a fresh interpreter (``_supervisor._become_execd``) — never holds another sandbox's spec in its memory. If the
+template dies, zygotes are forked here again and their specs are marked to exec execd as usual.
+
 Protocol: request ``{"req": n, "spec": {...}}``; reply ``{"req": n, "ok": bool, ...}``. EOF on the control
 socket ends the spawner (it never outlives its daemon).
 """
@@ -17,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import signal
+import socket
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
 from adx.sandboxd._supervisor import run_supervisor
@@ -33,33 +41,88 @@ __all__ = ["main"]
 class _Zygote:
     """A pre-forked, idle supervisor-to-be: forking it off the critical path saves a fork per create."""
 
-    pid: int
     spec_w: int  # the spec goes here (then closed)
     result_r: int  # its start report comes back here
+    pristine: bool  # forked from the template: may run execd in process
+
+
+def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout) -> NoReturn:
+    """The zygote: waits for one spec, then becomes its supervisor."""
+    code = 1
+    try:
+        _detach(keep=(spec_r, result_w))  # while idle: none of this waits for a spec
+        chunks = []
+        while chunk := os.read(spec_r, 1 << 16):
+            chunks.append(chunk)
+        os.close(spec_r)
+        # EOF without a spec: the spawner is gone or replaced us; just exit.
+        code = _supervisor_main(json.loads(b"".join(chunks)), layout, result_w) if chunks else 0
+    finally:
+        os._exit(code)
 
 
 def _fork_zygote(layout: CgroupLayout, ctrl_fd: int) -> _Zygote:
     spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
     result_r, result_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # the zygote: waits for one spec, then becomes its supervisor
-        code = 1
-        try:
-            os.close(spec_w)
-            os.close(result_r)
-            os.close(ctrl_fd)
-            _detach(keep=(spec_r, result_w))  # while idle: none of this waits for a spec
-            chunks = []
-            while chunk := os.read(spec_r, 1 << 16):
-                chunks.append(chunk)
-            os.close(spec_r)
-            # EOF without a spec: the spawner is gone or replaced us; just exit.
-            code = _supervisor_main(json.loads(b"".join(chunks)), layout, result_w) if chunks else 0
-        finally:
-            os._exit(code)
+    if os.fork() == 0:
+        _zygote_main(spec_r, result_w, layout)  # closes every other descriptor (ctrl_fd, spec_w, ...)
     os.close(spec_r)
     os.close(result_w)
-    return _Zygote(pid, spec_w, result_r)
+    return _Zygote(spec_w, result_r, pristine=False)
+
+
+class _Template:
+    """A copy of the spawner forked before it read any request; it forks the pristine zygotes on demand.
+
+    The spawner passes it each zygote's two pipe ends (SCM_RIGHTS); its children are reaped by the kernel.
+    It exits when the spawner's end of its socket closes.
+    """
+
+    def __init__(self, layout: CgroupLayout, ctrl_fd: int) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                os.close(ctrl_fd)
+                self.sock.close()
+                _template_loop(theirs, layout)
+                code = 0
+            finally:
+                os._exit(code)
+        theirs.close()
+
+    def fork_zygote(self) -> _Zygote:
+        """OSError when the template is gone."""
+        spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
+        result_r, result_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            socket.send_fds(self.sock, [b"z"], [spec_r, result_w])
+        except OSError:
+            os.close(spec_w)
+            os.close(result_r)
+            raise
+        finally:
+            os.close(spec_r)
+            os.close(result_w)
+        return _Zygote(spec_w, result_r, pristine=True)
+
+
+def _template_loop(sock: socket.socket, layout: CgroupLayout) -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # zygotes (supervisors) are reaped by the kernel
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 16, 2)
+        if not msg:
+            return  # the spawner is gone
+        spec_r, result_w = fds
+        for fd in fds:
+            os.set_inheritable(fd, False)  # received without close-on-exec: the workload must not hold them
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the supervisor waits for its own child
+            sock.close()
+            _zygote_main(spec_r, result_w, layout)
+        os.close(spec_r)
+        os.close(result_w)
 
 
 def _detach(keep: tuple[int, ...]) -> None:
@@ -80,6 +143,8 @@ def _detach(keep: tuple[int, ...]) -> None:
 
 def _hand_off(zygote: _Zygote, spec: dict[str, Any]) -> int:
     """Give the spec to the zygote; return the read end of its result pipe. OSError if it is gone."""
+    if not zygote.pristine:
+        spec = {**spec, "execd_inproc": False}  # its memory may hold other sandboxes' specs: exec execd
     data = json.dumps(spec).encode()
     try:
         while data:
@@ -123,11 +188,29 @@ def main() -> int:
     ctrl_fd = int(sys.argv[1])
     os.set_blocking(ctrl_fd, True)
     layout = detect_layout()
+    template: _Template | None = None
+    if "--execd" in sys.argv[2:]:
+        sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]  # as ``python -m adx.execd`` does
+        import adx.execd._main  # noqa: F401 - what PID 1 runs in process
+
+        template = _Template(layout, ctrl_fd)  # before any request: nothing of any sandbox's in it
+
+    def new_zygote() -> _Zygote:
+        nonlocal template
+        if template is not None:
+            try:
+                return template.fork_zygote()
+            except OSError as exc:
+                print(f"spawner: the zygote template is gone ({exc}); execd sandboxes exec execd", file=sys.stderr)
+                template.sock.close()
+                template = None
+        return _fork_zygote(layout, ctrl_fd)
+
     sel = selectors.DefaultSelector()
     sel.register(ctrl_fd, selectors.EVENT_READ, None)
     pending: dict[int, tuple[int, list[bytes]]] = {}  # pipe fd -> (req, chunks)
     buf = b""
-    zygote = _fork_zygote(layout, ctrl_fd)
+    zygote = new_zygote()
 
     def send(payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode() + b"\n"
@@ -150,11 +233,14 @@ def main() -> int:
                         try:
                             pipe = _hand_off(zygote, msg["spec"])
                         except OSError:  # the idle zygote died (killed?): use a fresh one once
-                            pipe = _hand_off(_fork_zygote(layout, ctrl_fd), msg["spec"])
+                            pipe = _hand_off(new_zygote(), msg["spec"])
                         if "spawner.after_handoff" in os.environ.get("ADX_SANDBOXD_FAULTS", "").split(","):
-                            os.kill(os.getpid(), signal.SIGKILL)  # test-only fault point: IPC lost mid-create
+                            # Test-only fault point: IPC lost mid-create, once the supervisor has reported (so
+                            # the sandbox did start, whatever sandboxd records when it sees the spawner gone).
+                            select.select([pipe], [], [], 10.0)
+                            os.kill(os.getpid(), signal.SIGKILL)
                         # The replacement forks while the supervisor works (on the other CPU, if any).
-                        zygote = _fork_zygote(layout, ctrl_fd)
+                        zygote = new_zygote()
                     except OSError as exc:
                         send({"req": msg["req"], "ok": False, "error": f"fork failed: {exc}"})
                         continue

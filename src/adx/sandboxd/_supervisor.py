@@ -11,15 +11,18 @@ cgroup, then waits for it and durably records how it ended (exit code / signal /
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
 import signal
 import stat
 import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from adx._fs import fsync_dir
 from adx.sandboxd import _linux as lx
@@ -142,6 +145,10 @@ def _in_namespace_setup(
         lx.umount2(".", lx.MNT_DETACH)
         os.chdir("/")
         os.chdir(spec["cwd"])
+        argv = spec["init_argv"]
+        in_process = bool(spec.get("execd_inproc")) and argv[1:3] == ["-m", "adx.execd"]
+        if in_process:
+            lx.set_process_args(argv, spec["env"])
         lx.drop_capabilities()
         lx.install_seccomp()  # last: it forbids mount/pivot_root, which the setup above needed
         wait_go()
@@ -159,13 +166,54 @@ def _in_namespace_setup(
             high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in listen_fds]
             for index, fd in enumerate(high):
                 os.dup2(fd, EXECD_SOCKET_FD + index, inheritable=True)
-        argv = spec["init_argv"]
+        if in_process:
+            _become_execd(spec, argv, err_fd, EXECD_SOCKET_FD + len(listen_fds))
         os.execvpe(argv[0], argv, spec["env"])
     except BaseException as exc:  # report any failure to the supervisor, never return into its code
         with contextlib.suppress(BaseException):
             os.write(err_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
     finally:
         os._exit(127)
+
+
+def _become_execd(spec: dict[str, Any], argv: list[str], err_fd: int, first_free: int) -> NoReturn:
+    """PID 1 runs execd right here instead of exec'ing ``python3 -m adx.execd`` (the execd zygote).
+
+    Only for a supervisor forked from the spawner's pristine template (``_spawner``), which runs the very
+    interpreter the sandbox would exec (the host's, bound read-only at the same path) and imported execd before
+    it read any request: no other sandbox's spec was ever in this memory. What execve would have done is done
+    here: argv and environment (``set_process_args``, for /proc), Python's own after-fork bookkeeping (clone3
+    bypassed ``os.fork``), close-on-exec descriptors, signal dispositions, and the import path as seen inside
+    (execd's runtime at ``/opt/adx``, the interpreter's library under the image's host binds).
+    """
+    from adx.execd import _main as execd  # already imported by the template: nothing is read from disk
+
+    ctypes.pythonapi.PyOS_AfterFork_Child()
+    os.closerange(first_free, err_fd)
+    os.closerange(err_fd + 1, 65536)
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    binds = tuple(spec["image_binds"])
+    inside = [p for p in sys.path if any(p == b or p.startswith(b + "/") for b in binds)]
+    sys.path[:] = [spec["env"]["PYTHONPATH"], *inside]
+    sys.path_importer_cache.clear()
+    sys.argv = [f"{spec['env']['PYTHONPATH']}/adx/execd/__main__.py", *argv[3:]]
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    os.close(err_fd)  # as execve closes it: the supervisor sees the start
+    code = 1
+    try:
+        code = execd.main(argv[3:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 # Without a user namespace the sandbox's root is uid 0, and many /proc/sys files check only the uid: a write to
@@ -276,7 +324,8 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         ok = _join_v1(cgroup, res, pid, create=defer_v1)
         if ok and spec["network"] == "veth":
             ok = _create_veth(spec["veth"], pid)
-        os.write(go_w, b"1" if ok else b"0")
+        with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
+            os.write(go_w, b"1" if ok else b"0")
         os.close(go_w)
     if cg_fd is not None:
         os.close(cg_fd)
