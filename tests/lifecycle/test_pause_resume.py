@@ -4,6 +4,7 @@ adxlet + Relay -> sandboxd (filesystem checkpoints) -> execd. ENV-3/4, IDLE-5/6,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,32 @@ async def test_ttl_expiry_deletes_checkpoint_and_environment_forever_keeps_them(
         await kept.delete()
         assert kept.state == "deleted"
         await eventually(lambda: kept_ckpt not in artifacts(root))
+
+
+@pytest.mark.req("CRD-8", "CRD-9")
+async def test_delete_racing_a_resume_never_leaves_it_running(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        for delay in (0.0, 0.05, 0.15):
+            env = await client.environments.create(cpu=0.25, memory="256Mi")
+            await env.pause()
+            root, checkpoint = root_of(env.checkpoint), env.checkpoint.id
+
+            async def resume(target: adx.AsyncEnvironment = env) -> None:
+                with contextlib.suppress(adx.AdxError):  # losing the race to the delete is a fine outcome
+                    await target.resume()
+
+            async def delete(target: adx.AsyncEnvironment = env, after: float = delay) -> None:
+                await asyncio.sleep(after)
+                await client.environments.delete(target.id)
+
+            await asyncio.gather(resume(), delete())
+            await wait_state(env, "deleted", within=20)
+            # Whatever won, nothing of it runs and its checkpoint is gone once unreferenced.
+            deadline = time.monotonic() + 15
+            while env.id in {s.metadata.get("adx.env") for s in await nc.nodes["n1"].driver.client.list()}:
+                assert time.monotonic() < deadline, "a sandbox of the deleted Environment is left"
+                await asyncio.sleep(0.1)
+            await eventually(lambda ckpt=checkpoint, where=root: ckpt not in artifacts(where))
