@@ -78,6 +78,16 @@ def start_cluster(base: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     raise SystemExit(f"adx up did not come up: {(base / 'up.log').read_text()[-3000:]}")
 
 
+def stop_cluster(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C for ``adx up`` (it stops its daemons), then SIGKILL to its process group after 60 s."""
+    progress("stopping adx up")
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def wait_deleted(env: adx.Environment, within: float = 30) -> None:
     deadline = time.monotonic() + within
     while env.refresh().state != "deleted" and time.monotonic() < deadline:
@@ -209,12 +219,7 @@ def main() -> None:
                 ),
             }
         finally:
-            progress("stopping adx up")
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_cluster(proc)
     figures["environment_cpu_millis"] = CPU_MILLIS
     emit("api", figures)
 

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from _harness import emit, progress, summarize
-from bench_api import start_cluster, wait_deleted
+from bench_api import start_cluster, stop_cluster, wait_deleted
 
 import adx
 
@@ -104,12 +102,7 @@ def main() -> None:
                     progress(f"round {i + 1}/{args.rounds}")
                     one_round(client, args.mib, samples, sizes)
         finally:
-            progress("stopping adx up")
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_cluster(proc)
     figures: dict[str, Any] = {name: summarize(values) for name, values in samples.items()}
     baseline = figures["create_to_first_command"]["p50_ms"]
     figures["targets_met"] = {
