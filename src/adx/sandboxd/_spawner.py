@@ -9,10 +9,11 @@ exit (orphans are re-parented to init; the spawner reaps those that exit before 
 start result over a pipe that the spawner forwards, tagged with the request number.
 
 With ``--execd`` (sandboxd starts the spawner with the interpreter execd sandboxes would exec), the spawner
-imports execd and, before it reads any request, forks a *template*: zygotes are forked from that pristine
-copy, so a supervisor — and the sandbox's PID 1 it clones, which then runs execd in process instead of exec'ing
-a fresh interpreter (``_supervisor._become_execd``) — never holds another sandbox's spec in its memory. If the
-template dies, zygotes are forked here again and their specs are marked to exec execd as usual.
+forks, before it reads any request, a *template* that imports execd. A spec marked ``execd_inproc`` goes to a
+zygote forked from that pristine copy, so its supervisor — and the sandbox's PID 1 it clones, which then runs
+execd in process instead of exec'ing a fresh interpreter (``_supervisor._become_execd``) — never holds another
+sandbox's spec in its memory. Every other spec goes to a zygote forked here (smaller: no execd imported), with
+``execd_inproc`` cleared, as does an execd spec when the template is gone.
 
 Protocol: request ``{"req": n, "spec": {...}}``; reply ``{"req": n, "ok": bool, ...}``. EOF on the control
 socket ends the spawner (it never outlives its daemon).
@@ -43,7 +44,6 @@ class _Zygote:
 
     spec_w: int  # the spec goes here (then closed)
     result_r: int  # its start report comes back here
-    pristine: bool  # forked from the template: may run execd in process
 
 
 def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout) -> NoReturn:
@@ -68,7 +68,7 @@ def _fork_zygote(layout: CgroupLayout, ctrl_fd: int) -> _Zygote:
         _zygote_main(spec_r, result_w, layout)  # closes every other descriptor (ctrl_fd, spec_w, ...)
     os.close(spec_r)
     os.close(result_w)
-    return _Zygote(spec_w, result_r, pristine=False)
+    return _Zygote(spec_w, result_r)
 
 
 class _Template:
@@ -86,6 +86,9 @@ class _Template:
             try:
                 os.close(ctrl_fd)
                 self.sock.close()
+                sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]  # as ``python -m adx.execd`` does
+                import adx.execd._main  # noqa: F401 - what PID 1 runs in process (here only: plain zygotes stay small)
+
                 _template_loop(theirs, layout)
                 code = 0
             finally:
@@ -105,7 +108,7 @@ class _Template:
         finally:
             os.close(spec_r)
             os.close(result_w)
-        return _Zygote(spec_w, result_r, pristine=True)
+        return _Zygote(spec_w, result_r)
 
 
 def _template_loop(sock: socket.socket, layout: CgroupLayout) -> None:
@@ -143,8 +146,6 @@ def _detach(keep: tuple[int, ...]) -> None:
 
 def _hand_off(zygote: _Zygote, spec: dict[str, Any]) -> int:
     """Give the spec to the zygote; return the read end of its result pipe. OSError if it is gone."""
-    if not zygote.pristine:
-        spec = {**spec, "execd_inproc": False}  # its memory may hold other sandboxes' specs: exec execd
     data = json.dumps(spec).encode()
     try:
         while data:
@@ -184,33 +185,55 @@ def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int)
         return 1
 
 
+class _Idle:
+    """The idle zygotes: one forked here for most sandboxes, one from the template (if any) for a sandbox whose
+    PID 1 runs execd in process — forked here, a zygote's memory may hold other sandboxes' specs."""
+
+    def __init__(self, layout: CgroupLayout, ctrl_fd: int, template: _Template | None) -> None:
+        self.layout, self.ctrl_fd, self.template = layout, ctrl_fd, template
+        self.plain: _Zygote | None = None
+        self.pristine: _Zygote | None = None
+        self.refill()
+
+    def refill(self) -> None:
+        """Fork what is missing (after a hand-off: while the supervisor works, on the other CPU if any)."""
+        if self.plain is None:
+            self.plain = _fork_zygote(self.layout, self.ctrl_fd)
+        if self.pristine is None and self.template is not None:
+            try:
+                self.pristine = self.template.fork_zygote()
+            except OSError as exc:
+                print(f"spawner: the zygote template is gone ({exc}); execd sandboxes exec execd", file=sys.stderr)
+                self.template.sock.close()
+                self.template = None
+
+    def hand_off(self, spec: dict[str, Any]) -> int:
+        """The read end of the report pipe of the zygote that got ``spec``; OSError when none could take it."""
+        self.refill()
+        if spec.get("execd_inproc") and self.pristine is not None:
+            pristine, self.pristine = self.pristine, None
+            with contextlib.suppress(OSError):  # it died: a plain zygote starts the sandbox, exec'ing execd
+                return _hand_off(pristine, spec)
+        spec = {**spec, "execd_inproc": False}
+        plain, self.plain = self.plain, None
+        assert plain is not None
+        try:
+            return _hand_off(plain, spec)
+        except OSError:  # the idle zygote died (killed?): use a fresh one once
+            return _hand_off(_fork_zygote(self.layout, self.ctrl_fd), spec)
+
+
 def main() -> int:
     ctrl_fd = int(sys.argv[1])
     os.set_blocking(ctrl_fd, True)
     layout = detect_layout()
-    template: _Template | None = None
-    if "--execd" in sys.argv[2:]:
-        sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]  # as ``python -m adx.execd`` does
-        import adx.execd._main  # noqa: F401 - what PID 1 runs in process
-
-        template = _Template(layout, ctrl_fd)  # before any request: nothing of any sandbox's in it
-
-    def new_zygote() -> _Zygote:
-        nonlocal template
-        if template is not None:
-            try:
-                return template.fork_zygote()
-            except OSError as exc:
-                print(f"spawner: the zygote template is gone ({exc}); execd sandboxes exec execd", file=sys.stderr)
-                template.sock.close()
-                template = None
-        return _fork_zygote(layout, ctrl_fd)
-
+    # Before any request: nothing of any sandbox's is in the template.
+    template = _Template(layout, ctrl_fd) if "--execd" in sys.argv[2:] else None
     sel = selectors.DefaultSelector()
     sel.register(ctrl_fd, selectors.EVENT_READ, None)
     pending: dict[int, tuple[int, list[bytes]]] = {}  # pipe fd -> (req, chunks)
     buf = b""
-    zygote = new_zygote()
+    idle = _Idle(layout, ctrl_fd, template)
 
     def send(payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode() + b"\n"
@@ -230,17 +253,13 @@ def main() -> int:
                     line, buf = buf.split(b"\n", 1)
                     msg = json.loads(line)
                     try:
-                        try:
-                            pipe = _hand_off(zygote, msg["spec"])
-                        except OSError:  # the idle zygote died (killed?): use a fresh one once
-                            pipe = _hand_off(new_zygote(), msg["spec"])
+                        pipe = idle.hand_off(msg["spec"])
                         if "spawner.after_handoff" in os.environ.get("ADX_SANDBOXD_FAULTS", "").split(","):
                             # Test-only fault point: IPC lost mid-create, once the supervisor has reported (so
                             # the sandbox did start, whatever sandboxd records when it sees the spawner gone).
                             select.select([pipe], [], [], 10.0)
                             os.kill(os.getpid(), signal.SIGKILL)
-                        # The replacement forks while the supervisor works (on the other CPU, if any).
-                        zygote = new_zygote()
+                        idle.refill()
                     except OSError as exc:
                         send({"req": msg["req"], "ok": False, "error": f"fork failed: {exc}"})
                         continue
