@@ -79,13 +79,14 @@ async def test_lifetime_deletes_or_pauses_and_set_lifetime_moves_it(node_cluster
         assert deadline <= deleted_at < deadline + 5
         assert sleeper.checkpoint is not None
 
-        # Move the deadline before resuming: a resumed Environment whose deadline is still past would be
-        # paused again by the next scan.
+        # The lifetime pause consumed the deadline; a resume starts a new lifetime of the same length.
+        assert sleeper.expires_at is None
         before = time.time()
-        await sleeper.set_lifetime(600)
-        assert sleeper.expires_at is not None and before + 599 <= sleeper.expires_at <= time.time() + 601
         await sleeper.resume()
         assert sleeper.state == "running"
+        assert sleeper.expires_at is not None and before + 2 <= sleeper.expires_at <= time.time() + 2.5
+        await sleeper.set_lifetime(600)
+        assert sleeper.expires_at is not None and before + 599 <= sleeper.expires_at <= time.time() + 601
         assert await sleeper.files.read("/work/kept.txt") == b"kept"
         await sleeper.set_lifetime(1, action="delete")
         assert sleeper.lifecycle.lifetime_action == "delete"

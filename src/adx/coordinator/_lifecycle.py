@@ -119,7 +119,7 @@ class LifecycleOps:
                 try:
                     resuming = await self.store.record_resume_intent(
                         current,
-                        {"resume_intent": intent, "last_error": None},
+                        {"resume_intent": intent, "last_error": None, "expires_at": self._renewed_deadline(current)},
                         node=node.name,
                         generation=generation,
                     )
@@ -151,6 +151,15 @@ class LifecycleOps:
                 f"no node can resume {record.id} now ({reasons}); retry after {self.resume_retry_seconds:g}s",
                 details={"refusals": reasons, "retry_after_seconds": self.resume_retry_seconds},
             )
+
+    @staticmethod
+    def _renewed_deadline(record: EnvironmentRecord) -> float | None:
+        """A resumed Environment whose lifetime ended (or was consumed by its lifetime pause) gets a new one."""
+        lifetime = record.spec.lifecycle.lifetime_seconds
+        now = time.time()
+        if lifetime is not None and (record.expires_at is None or record.expires_at <= now):
+            return now + lifetime
+        return record.expires_at
 
     def _resume_candidates(self, record: EnvironmentRecord, refused: list[Refusal]) -> list[tuple[NodeRecord, int]]:
         """The original node first; another compatible node only when the checkpoint is shared and the
@@ -294,7 +303,10 @@ class LifecycleOps:
             elif action == "lifetime-delete":
                 await self._delete(record.tenant, record.id)
             elif action == "lifetime-pause":
-                await self._pause(record)
+                paused = await self._pause(record)
+                # The deadline is consumed: a resume starts a new lifetime (else it would pause again at once).
+                consumed = await self.store.commit_environment(paused, {"expires_at": None}, check_generation=False)
+                self.cache.apply(consumed)
             elif action == "ownership-lost":
                 # CRD-6: it stays paused; the first demand resumes it elsewhere (shared checkpoint).
                 lost = await self.store.commit_environment(record, {"ownership_lost": True}, check_generation=False)
