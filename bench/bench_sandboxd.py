@@ -2,8 +2,9 @@
 
 Figures (targets from issue 3):
 - create-to-running p50/p99 over 100 sandboxes (API call until the workload has exec'd in its namespaces,
-  cgroup and overlay root, record persisted) vs. a bare ``clone3`` namespace spawn of ``/bin/true`` from a
-  single-threaded process (same namespaces, no cgroup/overlay/registry): p50 <= 25 ms and <= 5x baseline;
+  cgroup and overlay root, its record and native identity persisted: Running itself is an observation) vs. a
+  bare ``clone3`` namespace spawn of ``/bin/true`` from a single-threaded process (same namespaces, no
+  cgroup/overlay/registry): p50 <= 25 ms and <= 5x baseline;
 - delete p50 (persisted intent, cgroup.kill, empty check, tombstone, reclaim) <= 15 ms;
 - checkpoint of a 64 MiB upper layer <= 1 s; restore of it (verify + extract + start) <= 0.5 s;
 - create and delete with execd as PID 1 (``CreateRequest.execd``: socket activation, control socket), beside

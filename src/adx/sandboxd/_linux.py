@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 
 # Imported here, not lazily: a module first imported in a freshly cloned sandbox child costs milliseconds.
 import fcntl
@@ -70,7 +69,9 @@ _SYSCALLS = {
     "aarch64": (435, 41),
 }
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The process's own symbols (libc is among them) rather than ctypes.util.find_library: that pulls in shutil,
+# subprocess and re (~0.4 MiB) into the spawner and every supervisor, and into PID 1 when execd runs in process.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
