@@ -188,22 +188,22 @@ def _become_execd(spec: dict[str, Any], argv: list[str], err_fd: int, first_free
     """
     from adx.execd import _main as execd  # already imported by the template: nothing is read from disk
 
-    ctypes.pythonapi.PyOS_AfterFork_Child()
     os.closerange(first_free, err_fd)
     os.closerange(err_fd + 1, 65536)
-    os.environ.clear()
-    os.environ.update(spec["env"])
-    binds = tuple(spec["image_binds"])
-    inside = [p for p in sys.path if any(p == b or p.startswith(b + "/") for b in binds)]
-    sys.path[:] = [spec["env"]["PYTHONPATH"], *inside]
-    sys.path_importer_cache.clear()
-    sys.argv = [f"{spec['env']['PYTHONPATH']}/adx/execd/__main__.py", *argv[3:]]
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    os.close(err_fd)  # as execve closes it: the supervisor sees the start
+    os.close(err_fd)  # where execve would close it: the supervisor reports the start
     code = 1
-    try:
+    try:  # from here on nothing may reach _in_namespace_setup's handler (its err_fd is gone)
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        binds = tuple(spec["image_binds"])
+        inside = [p for p in sys.path if any(p == b or p.startswith(b + "/") for b in binds)]
+        sys.path[:] = [spec["env"]["PYTHONPATH"], *inside]
+        sys.path_importer_cache.clear()
+        sys.argv = [f"{spec['env']['PYTHONPATH']}/adx/execd/__main__.py", *argv[3:]]
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         code = execd.main(argv[3:])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
