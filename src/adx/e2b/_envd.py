@@ -23,6 +23,7 @@ from adx.e2b._tokens import EnvdTokens
 from adx.e2b._upstream import Execd
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError
 from adx.ingress import Ingress
+from adx.model import EnvironmentState
 
 SANDBOX_HEADER = b"e2b-sandbox-id"
 ENVD_PORT = "49983"
@@ -92,9 +93,13 @@ class EnvdDataPlane:
             raise RpcError("unavailable", "this server does not serve the data plane (ingress = false)")
         execd = Execd(cast(Ingress, ingress), tenant, environment_id_or_404(sandbox_id))
         if path == "/health" and request.method == "GET":
+            # A health check never wakes a paused sandbox; anything not running answers 502 ("not running").
+            record = await plane.coordinator.get_environment(tenant, environment_id_or_404(sandbox_id))
+            if record.state is not EnvironmentState.RUNNING:
+                return _http_error(502, f"sandbox {sandbox_id} is {record.state.value}, not running")
             status, body = await execd.call("GET", "/v1/health")
             if status != 200:
-                raise RpcError("unavailable", f"envd of sandbox {sandbox_id} is not healthy: {body[:200]!r}")
+                return _http_error(502, f"envd of sandbox {sandbox_id} is not healthy: {body[:200]!r}")
             return Response(status_code=204)
         if path == "/files" and request.method == "GET":
             return await download(execd, request, HOME)
