@@ -12,7 +12,7 @@ import contextlib
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,7 @@ class NodeCluster:
 
     cluster: CoordinatorCluster
     nodes: dict[str, Any]
+    sandboxds: dict[str, Any] = field(default_factory=dict)  # node name -> its sandboxd (sbx_helpers.Daemon)
 
     def api_credentials(self) -> grpc.ChannelCredentials:
         return channel_credentials(issue(self.cluster.certs, Identity("api", "main")))
@@ -203,6 +204,7 @@ async def node_cluster(
         (the cluster's shared storage) and its adxlet uses it for pauseOptions.storage 'shared'."""
         cluster, _ = await coordinator_cluster(**coordinator)
         started: dict[str, Any] = {}
+        sandboxds: dict[str, Any] = {}
         shared = tmp_path / "shared-checkpoints"
         shared.mkdir(exist_ok=True)
         for name in nodes:
@@ -227,8 +229,9 @@ async def node_cluster(
             await agent.start()
             agents.append(agent)
             started[name] = agent
+            sandboxds[name] = daemon
         # The Coordinator learns capacities through the node reports; placement needs them.
-        return NodeCluster(cluster, started)
+        return NodeCluster(cluster, started, sandboxds)
 
     yield make
     for agent in agents:

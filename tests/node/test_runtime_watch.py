@@ -80,3 +80,38 @@ async def test_a_workload_checkpoint_request_is_captured_committed_and_acknowled
         assert nc.nodes["n1"].controllers[env.id].checkpoint_requests == {}
     finally:
         await api.close()
+
+
+@pytest.mark.req("CTL-5", "CTL-3")
+async def test_an_execd_reconnect_cancels_the_pending_confirmation(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """sandboxd (which holds every execd's control connection) is SIGKILLed and kept down past the reconnect
+    window: the observations are cleared, the backend cannot be confirmed (unknown is no evidence), so the
+    Environment keeps running; once sandboxd is back and execd reconnected, nothing was ended."""
+    nc = await node_cluster()
+    api = Api(nc)
+    try:
+        plain = await api.create()
+        watched = await api.create(lifecycle={"execdHealthFailureThreshold": 1})
+        for env in (plain, watched):
+            await api.wait_state(env.id, S.RUNNING)
+        agent = nc.nodes["n1"]
+        daemon = nc.sandboxds["n1"]
+        daemon.kill()
+        await asyncio.sleep(0.5)
+        assert agent.control.states == {}  # CTL-3: a broken stream clears the observations
+        await asyncio.sleep(6.0)  # past both windows (5 s; threshold 1 x 5 s)
+        daemon.start()
+        deadline = time.monotonic() + 20
+        while len(agent.control.states) < 2:
+            assert time.monotonic() < deadline, "execd did not reconnect"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # a few runtime-watch rounds after the reconnect
+        for env in (plain, watched):
+            record = await api.get(env.id)
+            assert record.state is S.RUNNING, record
+            async with relay_client(nc) as client:
+                ran = await client.post(await relay_url(api, env.id, "/v1/commands"), json={"argv": ["true"]})
+                assert ran.status_code == 200, ran.text
+        assert agent._disconnected == {}
+    finally:
+        await api.close()

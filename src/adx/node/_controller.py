@@ -456,7 +456,8 @@ class Controller:
                 try:
                     info = await self.driver.wait_exit(execution)
                     break
-                except UnavailableError as exc:
+                except (UnavailableError, UncertainOutcomeError) as exc:
+                    # CTL-4: a runtime that restarts (its long wait cut) is no evidence of an exit: wait again.
                     log.warning("waiting for exit: %s", exc, extra=self._context())
                     await asyncio.sleep(self.timings.retry_min_seconds)
                 except AdxError:
