@@ -206,3 +206,40 @@ async def test_delete_racing_a_resume_never_leaves_it_running(node_cluster, api_
                 assert time.monotonic() < deadline, "a sandbox of the deleted Environment is left"
                 await asyncio.sleep(0.1)
             await eventually(lambda ckpt=checkpoint, where=root: ckpt not in artifacts(where))
+
+
+@pytest.mark.req("NOD-1", "CTL-6", "ENV-3")
+async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """The adxlet goes away during the capture of a pause (its tasks cancelled mid-call); its successor finds
+    the Environment pausing with its execution frozen, and brings it back running (no pause was published)."""
+    from adx.node._agent import NodeAgent
+
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(cpu=0.5, memory="512Mi")
+        await env.commands.run("head -c 67108864 /dev/urandom > /work/blob && sha256sum /work/blob > /work/sum")
+        pausing = asyncio.create_task(env.pause())
+        deadline = time.monotonic() + 10
+        while nc.cluster.coordinator.service.cache.environments[env.id].state is not S.PAUSING:
+            assert time.monotonic() < deadline, "the pause did not start"
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)  # inside the capture
+        agent = nc.nodes["n1"]
+        await agent.controllers[env.id].close()  # its task is cancelled mid-capture, as in a crash
+        await agent.stop()
+        with contextlib.suppress(adx.AdxError):
+            await pausing
+        successor = NodeAgent(agent.config)
+        await successor.start()
+        nc.nodes["n1"] = successor
+        try:
+            final = await wait_state(env, "running", within=30)
+            assert final.execution_id is not None and final.checkpoint is None  # no pause was published
+            check = await env.commands.run("sha256sum -c /work/sum")
+            assert check.exit_code == 0, check
+            await env.pause()  # and a pause after the recovery works
+            assert (await env.commands.run("sha256sum -c /work/sum")).exit_code == 0
+        finally:
+            await successor.stop()
