@@ -243,3 +243,35 @@ async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node
             assert (await env.commands.run("sha256sum -c /work/sum")).exit_code == 0
         finally:
             await successor.stop()
+
+
+@pytest.mark.req("CRD-5")
+async def test_no_capacity_on_the_original_node_resumes_a_shared_checkpoint_elsewhere(
+    node_cluster, api_for, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster(nodes=("n1", "n2"), shared_checkpoints=True)
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(
+            cpu=0.25, memory="256Mi", pause=adx.PausePolicy(storage=adx.CheckpointStorage.SHARED)
+        )
+        original = env.node
+        other = "n2" if original == "n1" else "n1"
+        await env.files.write("/work/f", b"moved")
+        await env.pause()
+        # The original node shrinks below the request: it refuses the reservation (explicit NoCapacity).
+        (tmp_path / f"{original}-capacity.json").write_text('{"cpuMillis": 100, "memoryBytes": 1048576}')
+        cache = nc.cluster.coordinator.service.cache
+        await eventually(lambda: cache.nodes[original].capacity.cpu_millis == 100, 10)
+        await env.resume()
+        assert env.state == "running" and env.node == other
+        assert await env.files.read("/work/f") == b"moved"
+        # And a local checkpoint never moves: with no room on its node the resume is refused, clearly.
+        local = await client.environments.create(cpu=0.25, memory="256Mi")
+        await local.pause()
+        (tmp_path / f"{local.node}-capacity.json").write_text('{"cpuMillis": 100, "memoryBytes": 1048576}')
+        await eventually(lambda: cache.nodes[local.node].capacity.cpu_millis == 100, 10)
+        with pytest.raises(adx.AdxError, match="no node can resume"):
+            await local.resume()
+        assert (await local.refresh()).state == "paused"
