@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sbx_helpers import LAYOUT, DaemonFactory, cleanup_cgroup_parent, wait_until
+from sbx_helpers import LAYOUT, Daemon, DaemonFactory, cleanup_cgroup_parent, wait_until
 
-from adx.errors import NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.errors import ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.sandboxd import CreateRequest, State, ref_of
 from adx.sandboxd._image import ensure_default_image, load_image
 from adx.sandboxd._spawn_client import SpawnerProcess
@@ -212,21 +212,59 @@ async def test_losing_the_spawner_mid_create_is_uncertain_not_missing(sandboxd: 
         assert (await c.resource()).reserved.memory_bytes == 0
 
 
-@pytest.mark.req("SBX-10", "SBX-11", "SBX-13")
-async def test_sigkill_after_the_create_commit_leaves_a_failed_reserved_record_never_started(
-    sandboxd: DaemonFactory,
-) -> None:
-    d = sandboxd(start=False)
-    d.start(env={"ADX_SANDBOXD_FAULTS": "create.after_commit"})
+async def _create_killed_at(d: Daemon, fault: str, sandbox_id: str) -> None:
+    """A create (request ID ``c``) whose daemon is SIGKILLed at ``fault``."""
+    d.start(env={"ADX_SANDBOXD_FAULTS": fault})
     async with d.client() as c:
         with pytest.raises(UncertainOutcomeError):
-            await c.create(CreateRequest(request_id="c", sandbox_id="half-made", argv=["sleep", "1000"]))
+            await c.create(CreateRequest(request_id="c", sandbox_id=sandbox_id, argv=["sleep", "1000"]))
     assert d.proc is not None and d.proc.wait(10) == -9
+
+
+@pytest.mark.req("SBX-10", "SBX-11", "SBX-13")
+async def test_sigkill_after_the_create_commit_is_adopted_by_observation_never_restarted(
+    sandboxd: DaemonFactory,
+) -> None:
+    # The start is requested before the commit is done; the supervisor waits for the record on the lifecycle
+    # lock, which the daemon's death releases right after the commit: the sandbox starts without sandboxd.
+    d = sandboxd(start=False)
+    await _create_killed_at(d, "create.after_commit", "half-made")
     d.start()
     async with d.client() as c:
         again = await c.create(CreateRequest(request_id="c", sandbox_id="half-made", argv=["sleep", "1000"]))
-        assert again.sandbox.state == State.FAILED and "interrupted" in (again.sandbox.reason or "")
-        assert not d.v2_cgroup("half-made").exists()  # startup never starts (or restarts) a workload
+        # Startup waited for the supervisor under its lifecycle lock, then observed what it did.
+        assert "interrupted" in (again.sandbox.reason or "")
+        if again.sandbox.state == State.RUNNING:
+            assert again.sandbox.native is not None and d.cgroup_procs("half-made")
+        else:  # startup got the lock first: failed under it, and the supervisor then refused to start
+            assert again.sandbox.state == State.FAILED and not d.v2_cgroup("half-made").exists()
         assert (await c.resource()).reserved.memory_bytes == again.sandbox.resources.memory_bytes
         await c.delete(ref_of(again))
         assert (await c.resource()).reserved.memory_bytes == 0
+        assert not d.v2_cgroup("half-made").exists()
+
+
+@pytest.mark.req("SBX-10", "SBX-11", "SBX-13")
+async def test_sigkill_before_the_create_commit_never_starts_and_reclaims_the_orphaned_dir(
+    sandboxd: DaemonFactory,
+) -> None:
+    # Killed with the start requested (the supervisor waits on the lifecycle lock the daemon holds) and the
+    # record not yet renamed into place: the supervisor finds no record and never starts; the restart finds
+    # the ID's dir uncommitted, tombstones it and reclaims what the create had made (subdirs, temp record).
+    d = sandboxd(start=False)
+    await _create_killed_at(d, "create.before_commit", "never-made")
+    sdir = d.sandbox_dir("never-made")
+    assert (sdir / "upper").is_dir() and (sdir / ".record.json.tmp").exists()  # what the restart must clean
+    d.start()
+    async with d.client() as c:
+        assert await c.list() == []
+        assert (await c.resource()).reserved.memory_bytes == 0
+        assert sorted(p.name for p in sdir.iterdir()) == ["lifecycle.lock", "tombstone.json"]
+        assert "interrupted" in json.loads((sdir / "tombstone.json").read_text())["reason"]
+        assert not d.v2_cgroup("never-made").exists()
+        assert not (sdir / "native.json").exists()
+        fresh = await c.create(CreateRequest(request_id="c", argv=["sleep", "1000"]))  # the request ID is free
+        assert fresh.sandbox.sandbox_id != "never-made"
+        with pytest.raises(ConflictError):  # the ID is not
+            await c.create(CreateRequest(request_id="d", sandbox_id="never-made", argv=["sleep", "1000"]))
+        await c.delete(ref_of(fresh))

@@ -24,6 +24,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,18 +276,26 @@ class Registry:
         envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
         atomic_write_json(sdir / RECORD_FILE, envelope)
 
-    def create(self, record: SandboxRecord) -> Path:
-        """A new sandbox's dir and its record, whole; :meth:`sync_created` must follow before anyone is told.
+    def reserve_dir(self, sandbox_id: str) -> Path:
+        """A new sandbox's dir (mkdir's FileExistsError proves the ID was used before: tombstones keep dirs).
 
-        mkdir's FileExistsError proves the ID was used before (tombstones keep dirs). The record is written
-        like every other (temp, fsync, rename), but the two directory fsyncs that make the new entries
-        durable are left to ``sync_created``, so they can overlap the sandbox's start: they matter only for a
-        host crash, which ends the sandbox too, and until they are done a crash leaves either no entry or a
-        whole record, never a torn one.
+        Not durable and holds no record yet: a restart finds it *uncommitted* and blocks the ID (a tombstone).
+        """
+        self.check_usable()
+        sdir = self.sandbox_dir(sandbox_id)
+        sdir.mkdir(mode=0o700)
+        return sdir
+
+    def commit_created(self, record: SandboxRecord, before_rename: Callable[[], None] | None = None) -> None:
+        """The new sandbox's record, whole (temp, fsync, rename); :meth:`sync_created` must follow before anyone
+        is told.
+
+        The two directory fsyncs that make the new entries durable are left to ``sync_created``, so they can
+        overlap the sandbox's start: they matter only for a host crash, which ends the sandbox too, and until
+        they are done a crash leaves either no record or a whole one, never a torn one.
         """
         self.check_usable()
         sdir = self.sandbox_dir(record.sandbox_id)
-        sdir.mkdir(mode=0o700)
         envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
         tmp = sdir / f".{RECORD_FILE}.tmp"
         try:
@@ -298,10 +307,11 @@ class Registry:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if before_rename is not None:
+                before_rename()
             os.replace(tmp, sdir / RECORD_FILE)
         except OSError as exc:
             raise self._fail("record", exc, record.sandbox_id) from exc
-        return sdir
 
     def sync_created(self, sandbox_id: str) -> None:
         """Make :meth:`create`'s entries durable: the record's, then the dir's that blocks the ID's reuse."""

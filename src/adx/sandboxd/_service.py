@@ -90,11 +90,13 @@ CONTROL_DIR = "control"
 CONTROL_SOCKET = "control.sock"
 
 
-def _fault(point: str) -> None:
+def _fault(point: str, delay: float = 0.0) -> None:
     """Test-only fault points named in $ADX_SANDBOXD_FAULTS: ``<point>`` SIGKILLs the daemon right there (no
-    cleanup code runs); ``<point>:fail`` makes the step fail as an unavailable native runtime would."""
+    cleanup code runs; after ``delay`` seconds, for the other side of a race to get there first); ``<point>:fail``
+    makes the step fail as an unavailable native runtime would."""
     faults = os.environ.get(FAULTS_ENV, "").split(",")
     if point in faults:
+        time.sleep(delay)
         log.warning("fault injection: SIGKILL at %s", point)
         os.kill(os.getpid(), 9)
     if f"{point}:fail" in faults:
@@ -206,6 +208,14 @@ class SandboxService:
                 # An interrupted reclaim continues from the tombstone; until it is done it stays reserved.
                 self.pending_reclaim[sandbox_id] = tomb
                 self._try_reclaim(sandbox_id)
+        for sandbox_id in loaded.uncommitted:
+            # A create killed before its record was committed: its supervisor never started (it starts only a
+            # committed record), but the dir may hold what the create had made (subdirs, a temp record).
+            try:
+                if self.registry.needs_reclaim(sandbox_id):
+                    self.registry.reclaim(sandbox_id)
+            except OSError as exc:
+                self._defer(f"reclaim of uncommitted {sandbox_id} failed (the ID stays blocked; next start): {exc}")
         for rec in list(self.records.values()):
             if rec.state == State.STOPPING:
                 try:
@@ -756,14 +766,36 @@ class SandboxService:
         if self.by_request.get(rec.request_id) == rec.sandbox_id:
             del self.by_request[rec.request_id]
 
-    def _prepare_dir(self, rec: SandboxRecord) -> None:
-        # Commit point (with registry.sync_created, awaited before any reply): the ID survives a crash.
-        sdir = self.registry.create(rec)
-        names = ["upper", "ovlwork", "rootfs", "run"]
-        if rec.execd is not None:
-            names += [SOCKETS_DIR, CONTROL_DIR]  # host-only: never mounted writable into the sandbox
-        for name in names:
-            (sdir / name).mkdir(mode=0o755 if name == "run" else 0o700)
+    def _prepare_dir(self, rec: SandboxRecord) -> int:
+        """The sandbox's dir, its subdirs and its lifecycle lock, held: the returned descriptor.
+
+        A few metadata syscalls, no fsync (run on the loop). The lock holds the supervisor back until the record
+        is committed (``_commit_created``), so the start can be requested before the commit is done.
+        """
+        sdir = self.registry.reserve_dir(rec.sandbox_id)  # FileExistsError: the ID was used before
+        try:
+            names = ["upper", "ovlwork", "rootfs", "run"]
+            if rec.execd is not None:
+                names += [SOCKETS_DIR, CONTROL_DIR]  # host-only: never mounted writable into the sandbox
+            for name in names:
+                (sdir / name).mkdir(mode=0o755 if name == "run" else 0o700)
+            lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            shutil.rmtree(sdir, ignore_errors=True)  # ours, fresh, holding no record
+            raise
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
+        return lock_fd
+
+    def _commit_created(self, rec: SandboxRecord, lock_fd: int) -> None:
+        """Commit point: the record (temp, fsync, rename), then the lifecycle lock is released (the supervisor,
+        which checks the record under that lock, may start), then the directory fsyncs (awaited before any
+        reply): the ID survives a crash. Raises UncertainOutcomeError when storage failed (the flag is set)."""
+        try:
+            self.registry.commit_created(rec, before_rename=lambda: _fault("create.before_commit", delay=0.3))
+            _fault("create.after_commit", delay=0.3)
+        finally:
+            os.close(lock_fd)
+        self.registry.sync_created(rec.sandbox_id)
 
     def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
@@ -801,35 +833,31 @@ class SandboxService:
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
         t0 = time.perf_counter()
         try:
-            await asyncio.to_thread(self._prepare_dir, rec)
+            lock_fd = self._prepare_dir(rec)
         except FileExistsError:
             self._unreserve(rec)
             raise ConflictError(
                 f"sandbox ID {rec.sandbox_id} was used before; IDs are never reused",
                 details={"sandbox_id": rec.sandbox_id},
             ) from None
-        except UncertainOutcomeError:
-            raise  # storage-failed: the reservation stays until a restart reconciles
         except OSError as exc:
             self._unreserve(rec)
-            with contextlib.suppress(OSError):
-                self.registry.sandbox_dir(rec.sandbox_id).rmdir()
             raise UnavailableError(f"cannot create sandbox dir: {exc}") from exc
-        # The directory fsyncs overlap the start; every outcome waits for them (the finally), a reply too.
-        synced = asyncio.ensure_future(asyncio.to_thread(self.registry.sync_created, rec.sandbox_id))
+        # The commit (record fsync, then the directory fsyncs) overlaps the start; the supervisor waits for the
+        # record on the lifecycle lock. Every outcome waits for the commit (the finally), a reply too.
+        committed = asyncio.ensure_future(asyncio.to_thread(self._commit_created, rec, lock_fd))
         try:
-            return await self._start_created(rec, restore, synced, t0)
+            return await self._start_created(rec, restore, committed, t0)
         finally:
-            await asyncio.gather(synced, return_exceptions=True)  # a failure has set the storage-failed flag
+            await asyncio.gather(committed, return_exceptions=True)  # a failure has set the storage-failed flag
 
     async def _start_created(
         self,
         rec: SandboxRecord,
         restore: tuple[Path, dict[str, Any]] | None,
-        synced: asyncio.Future[None],
+        committed: asyncio.Future[None],
         t0: float,
     ) -> CreateResponse:
-        _fault("create.after_commit")
         error: AdxError | None = None
         if rec.execd is not None:
             try:
@@ -853,6 +881,7 @@ class SandboxService:
                 report = await self.spawner.spawn(self._spawn_spec(rec), self.config.create_timeout_seconds)
                 t2 = time.perf_counter()
             except UncertainOutcomeError as exc:
+                await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
                 await self._set(rec, State.FAILED, reason=f"create outcome unknown: {exc}")
                 raise UncertainOutcomeError(
                     f"create of sandbox {rec.sandbox_id} is uncertain ({exc}); it is kept as failed and reserved: "
@@ -862,8 +891,8 @@ class SandboxService:
             except AdxError as exc:
                 error = exc
             else:
+                await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
                 if report.get("ok"):
-                    await synced  # UncertainOutcomeError (storage failed): the record stays, reserved
                     native = NativeIdentity.model_validate(report["native"])
                     # Published, not persisted: Running is a native observation (SBX-2), and its evidence, the
                     # identity the supervisor recorded before starting, is what a restart adopts
@@ -883,6 +912,7 @@ class SandboxService:
                     return CreateResponse(sandbox=self._info(rec), token=rec.token)
                 error = UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
         # SBX-13: create failed. Clean up; only a confirmed cleanup removes record and reservation.
+        await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
         try:
             await asyncio.to_thread(self._delete_native, rec)
         except AdxError as cleanup_exc:
