@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,29 @@ async def test_no_capacity_on_the_original_node_resumes_a_shared_checkpoint_else
         with pytest.raises(adx.AdxError, match="no node can resume"):
             await local.resume()
         assert (await local.refresh()).state == "paused"
+
+
+@pytest.mark.req("ENV-6", "NOD-7", "CTL-6")
+async def test_a_pause_whose_commit_cannot_be_stored_is_never_reported_as_done(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """Redis dies during the capture: the node's result cannot be published; the public pause answers
+    'temporarily unavailable: cluster publication pending', and the result is committed once Redis is back."""
+    nc = await node_cluster(redis_timeout=1.0)
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(cpu=0.5, memory="512Mi")
+        await env.commands.run("head -c 67108864 /dev/urandom > /work/blob && sha256sum /work/blob > /work/sum")
+        async with stack.http(key) as http:
+            pausing = asyncio.create_task(http.post(f"/v1/environments/{env.id}/pause"))
+            deadline = time.monotonic() + 10
+            while nc.cluster.coordinator.service.cache.environments[env.id].state is not S.PAUSING:
+                assert time.monotonic() < deadline, "the pause did not start"
+                await asyncio.sleep(0.005)
+            nc.cluster.redis.send_signal(signal.SIGKILL)
+            nc.cluster.redis.wait_exited()
+            answer = await pausing
+        assert answer.status_code == 503, answer.text
+        assert "cluster publication pending" in answer.text
+        nc.cluster.redis.start()
+        await wait_state(env, "paused", within=60)
+        assert (await env.commands.run("sha256sum -c /work/sum")).exit_code == 0

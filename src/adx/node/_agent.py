@@ -459,12 +459,19 @@ class NodeAgent:
 
     async def pause(self, record: EnvironmentRecord, within: float) -> EnvironmentRecord:
         controller = self._owned_controller(record)
-        try:
-            return await asyncio.wait_for(asyncio.shield(controller.submit("pause")), within)
-        except TimeoutError:
-            raise UnavailableError(
-                f"pause of {record.id} not finished within {within:g}s (it goes on; cluster publication pending)"
-            ) from None
+        done = controller.submit("pause")
+        deadline = time.monotonic() + within
+        while not done.done():
+            if controller.publication_pending:
+                # ENV-6: done here, not yet published to the cluster: never reported as a success.
+                raise UnavailableError(
+                    f"temporarily unavailable: cluster publication pending (the pause of {record.id} is done on "
+                    f"node {self.name} and is committed as soon as the Coordinator can store it)"
+                )
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"pause of {record.id} not finished within {within:g}s; it goes on")
+            await asyncio.wait([done], timeout=0.05)
+        return done.result()
 
     def resume(self, record: EnvironmentRecord) -> EnvironmentRecord:
         if record.state is not S.RESUMING:

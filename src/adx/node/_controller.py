@@ -177,6 +177,8 @@ class Controller:
         self._restart_timer: asyncio.Task[None] | None = None
         # True while the current execution may take data-plane traffic (ready, not being retired).
         self.serving = False
+        # True while a result is done locally but its commit waits for the Coordinator (ENV-6).
+        self.publication_pending = False
         self.closed = False
 
     # -- public ------------------------------------------------------------------------------------
@@ -294,6 +296,7 @@ class Controller:
                 if not retry:
                     raise
                 # NOD-7: the result stays pending here and is retried on this Controller's own deadline.
+                self.publication_pending = True
                 log.warning("commit of %s pending: %s", target.value, exc, extra=self._context())
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.timings.retry_max_seconds)
@@ -304,6 +307,7 @@ class Controller:
                     if latest.state == target:
                         committed = latest
                         break
+        self.publication_pending = False
         previous = self.record
         self.record = committed
         log.info(
