@@ -265,3 +265,39 @@ async def test_a_replaced_cgroup_is_not_the_sandbox_and_is_never_killed(sandboxd
     finally:
         stranger.kill()
         stranger.wait()
+
+
+@pytest.mark.req("SBX-10", "SBX-11", "SBX-5")
+async def test_spare_sandbox_dirs_are_never_sandboxes_and_a_restart_removes_leftovers(
+    sandboxd: DaemonFactory,
+) -> None:
+    d = sandboxd()
+    sandboxes = d.state_dir / "sandboxes"
+
+    def spares() -> set[str]:
+        return {p.name for p in sandboxes.iterdir() if p.name.startswith(".spare-")}
+
+    made = spares()
+    assert len(made) == 2  # pre-made at startup: subdirs, empty files, the lifecycle lock held by sandboxd
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="a", argv=["sleep", "1000"]))
+        sid = created.sandbox.sandbox_id
+        assert len(made - spares()) == 1  # renamed into place as the sandbox's dir...
+        wait_until(lambda: len(spares()) == 2)  # ...and replaced after the create
+        sdir = d.sandbox_dir(sid)
+        assert {"upper", "ovlwork", "rootfs", "run", "record.json", "native.json", "output.log"} <= {
+            p.name for p in sdir.iterdir()
+        }
+        # A used ID never takes a spare's place (rename without replace): the spare stays for the next create.
+        with pytest.raises(ConflictError):
+            await c.create(CreateRequest(request_id="b", sandbox_id=sid, argv=["true"]))
+        assert len(spares()) == 2
+    d.kill()
+    leftover = spares() | {".spare-orphan"}
+    (sandboxes / ".spare-orphan" / "upper").mkdir(parents=True)  # e.g. one a crash left half-made
+    d.start()
+    assert not spares() & leftover and len(spares()) == 2
+    async with d.client() as c:
+        assert [s.sandbox_id for s in await c.list()] == [sid]
+        assert (await c.get(ref_of(created))).state == State.RUNNING
+        await c.delete(ref_of(created))

@@ -150,14 +150,18 @@ class SandboxCgroup:
         return [str(p / "cgroup.procs") for p in dict.fromkeys(self.v1.values())]
 
     # -- lifecycle ----------------------------------------------------------------------------------
-    def create(self, cpu_millis: int, memory_bytes: int, pids_max: int, *, defer_v1: bool = False) -> None:
+    def create(
+        self, cpu_millis: int, memory_bytes: int, pids_max: int, *, defer_v1: bool = False, parent: bool = True
+    ) -> None:
         """Create the directories and set the limits. Fails if the leaf already exists (IDs are unique).
 
         ``defer_v1``: create only the cgroup2 directory now; ``create_v1`` does the v1 hierarchies later (the
-        supervisor overlaps that with the child's mount setup on hybrid hosts).
+        supervisor overlaps that with the child's mount setup on hybrid hosts). ``parent=False``: the caller
+        did :meth:`ensure_parent` already.
         """
         if self.v2 is not None:
-            self._ensure_v2_parent()
+            if parent:
+                self._ensure_v2_parent()
             self.v2.mkdir()
             self._set_limits(cpu_millis, memory_bytes, pids_max, v1=False)
         if not defer_v1:
@@ -168,6 +172,11 @@ class SandboxCgroup:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir()
         self._set_limits(cpu_millis, memory_bytes, pids_max, v1=True)
+
+    def ensure_parent(self) -> None:
+        """The cgroup2 parent (with the controllers enabled down to it); nothing of this sandbox's own."""
+        if self.v2 is not None:
+            self._ensure_v2_parent()
 
     def _ensure_v2_parent(self) -> None:
         assert self.v2 is not None and self.layout.v2_root is not None

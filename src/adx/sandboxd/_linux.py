@@ -76,6 +76,7 @@ _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
@@ -84,6 +85,12 @@ def _nr(index: int) -> int:
         return _SYSCALLS[platform.machine()][index]
     except KeyError:
         raise OSError(f"unsupported architecture {platform.machine()}") from None
+
+
+def rename_noreplace(old: str, new: str) -> None:
+    """rename(2) that fails with FileExistsError when ``new`` exists, even as an empty directory."""
+    # renameat2(AT_FDCWD, old, AT_FDCWD, new, RENAME_NOREPLACE)
+    _check(_libc.renameat2(-100, os.fsencode(old), -100, os.fsencode(new), 1), f"rename {old} -> {new}")
 
 
 def _check(result: int, what: str) -> int:

@@ -18,8 +18,10 @@ activated v2 tree to v1 (SBX-14).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import secrets
 import shutil
 import threading
 import time
@@ -33,6 +35,7 @@ from pydantic import ValidationError
 
 from adx._fs import atomic_write_json, fsync_dir
 from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
+from adx.sandboxd import _linux as lx
 from adx.sandboxd._models import SANDBOX_ID_RE, Resources, SandboxRecord
 from adx.sandboxd._supervisor import EXIT_FILE, LOCK_FILE, NATIVE_FILE, RECORD_FILE, TOMBSTONE_FILE
 
@@ -42,6 +45,8 @@ OWNER_FILE = "owner.json"
 HEADER_FILE = "registry.json"
 V1_FILE = "sandboxes.json"
 SANDBOXES_DIR = "sandboxes"
+RECORD_TEMP = f".{RECORD_FILE}.tmp"
+SPARE_PREFIX = ".spare-"  # spare sandbox dirs (Registry.make_spare); never an ID (SANDBOX_ID_RE)
 REGISTRY_VERSION = 2
 _KEEP_AFTER_RECLAIM = frozenset({TOMBSTONE_FILE, LOCK_FILE})
 
@@ -276,14 +281,46 @@ class Registry:
         envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
         atomic_write_json(sdir / RECORD_FILE, envelope)
 
-    def reserve_dir(self, sandbox_id: str) -> Path:
-        """A new sandbox's dir (mkdir's FileExistsError proves the ID was used before: tombstones keep dirs).
+    def make_spare(self, names: list[str], files: list[str]) -> tuple[Path, int]:
+        """A spare sandbox dir (``.spare-*``, with the subdirs ``names``, the empty files ``files`` and its
+        lifecycle lock, held: the descriptor) that :meth:`reserve_dir` renames into place, so a create does not
+        pay for these mkdirs and file creations (a new inode costs ~0.1-0.3 ms here; an open, microseconds).
+
+        Never a record and never seen by a supervisor; a restart removes any left over (:meth:`remove_spares`).
+        """
+        path = self.sandboxes_dir / f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+        path.mkdir(mode=0o700)
+        try:
+            for name in names:
+                (path / name).mkdir(mode=0o755 if name == "run" else 0o700)
+            for name in files:
+                os.close(os.open(path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            lock_fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
+        return path, lock_fd
+
+    def remove_spares(self) -> None:
+        """Spare dirs left by an earlier run (at startup, under the daemon lock)."""
+        if self.sandboxes_dir.is_dir():
+            for entry in self.sandboxes_dir.iterdir():
+                if entry.name.startswith(SPARE_PREFIX):
+                    shutil.rmtree(entry)
+
+    def reserve_dir(self, sandbox_id: str, spare: Path | None = None) -> Path:
+        """A new sandbox's dir, made or renamed from ``spare`` (FileExistsError proves the ID was used before:
+        tombstones keep dirs).
 
         Not durable and holds no record yet: a restart finds it *uncommitted* and blocks the ID (a tombstone).
         """
         self.check_usable()
         sdir = self.sandbox_dir(sandbox_id)
-        sdir.mkdir(mode=0o700)
+        if spare is None:
+            sdir.mkdir(mode=0o700)
+        else:
+            lx.rename_noreplace(str(spare), str(sdir))
         return sdir
 
     def commit_created(self, record: SandboxRecord, before_rename: Callable[[], None] | None = None) -> None:
@@ -297,9 +334,10 @@ class Registry:
         self.check_usable()
         sdir = self.sandbox_dir(record.sandbox_id)
         envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
-        tmp = sdir / f".{RECORD_FILE}.tmp"
+        tmp = sdir / RECORD_TEMP
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            # A fresh dir: the temp file is absent or the empty one a spare dir brought (Registry.make_spare).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
                 data = memoryview(json.dumps(envelope, indent=2, sort_keys=True).encode() + b"\n")
                 while data:

@@ -63,7 +63,7 @@ from adx.sandboxd._models import (
     WaitRequest,
     WaitResponse,
 )
-from adx.sandboxd._registry import LoadedRegistry, Registry, Tombstone
+from adx.sandboxd._registry import RECORD_TEMP, LoadedRegistry, Registry, Tombstone
 from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
 from adx.sandboxd._supervisor import (
@@ -73,6 +73,9 @@ from adx.sandboxd._supervisor import (
     EXECD_SOCKET_NAMES,
     EXIT_FILE,
     LOCK_FILE,
+    NATIVE_TEMP,
+    OUTPUT_LOG,
+    SUPERVISOR_LOG,
     boot_id,
 )
 
@@ -88,6 +91,12 @@ EXECD_MOUNT = "/opt/adx"
 SOCKETS_DIR = "sockets"
 CONTROL_DIR = "control"
 CONTROL_SOCKET = "control.sock"
+#: Every sandbox dir's subdirs (execd sandboxes add SOCKETS_DIR and CONTROL_DIR), pre-made in spare dirs.
+_SPARE_NAMES = ["upper", "ovlwork", "rootfs", "run"]
+#: ... and the files a create makes (the record's temp file; the supervisor's log, workload output and identity
+#: temp file), pre-made empty in spare dirs: each is then an open, not an inode creation.
+_SPARE_FILES = [RECORD_TEMP, SUPERVISOR_LOG, OUTPUT_LOG, NATIVE_TEMP]
+_SPARES = 2
 
 
 def _fault(point: str, delay: float = 0.0) -> None:
@@ -176,6 +185,8 @@ class SandboxService:
         self._next_net = 0
         self._resource: ResourceInfo | None = None
         self.hub: ControlHub | None = None
+        self._spares: list[tuple[Path, int]] = []  # spare sandbox dirs, each with its lifecycle lock held
+        self._refilling: asyncio.Task[None] | None = None
         self.capacity = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
 
     @property
@@ -195,6 +206,8 @@ class SandboxService:
         self.registry.initialize(loaded)
         log.info("registry open", extra={"owner": self.owner, "records": len(loaded.records)})
         self._preflight()
+        self.registry.remove_spares()  # an earlier run's: never a sandbox's
+        self._fill_spares()
         self.spawner.start()
         self.records = dict(loaded.records)
         self.tombstoned = set(loaded.tombstones) | set(loaded.uncommitted)
@@ -769,22 +782,52 @@ class SandboxService:
     def _prepare_dir(self, rec: SandboxRecord) -> int:
         """The sandbox's dir, its subdirs and its lifecycle lock, held: the returned descriptor.
 
-        A few metadata syscalls, no fsync (run on the loop). The lock holds the supervisor back until the record
-        is committed (``_commit_created``), so the start can be requested before the commit is done.
+        A spare dir renamed into place (one rename on the loop; the pool is refilled after the create), or made
+        here when none is left. The lock holds the supervisor back until the record is committed
+        (``_commit_created``), so the start can be requested before the commit is done.
         """
-        sdir = self.registry.reserve_dir(rec.sandbox_id)  # FileExistsError: the ID was used before
+        spare = self._spares.pop() if self._spares else None
         try:
-            names = ["upper", "ovlwork", "rootfs", "run"]
-            if rec.execd is not None:
-                names += [SOCKETS_DIR, CONTROL_DIR]  # host-only: never mounted writable into the sandbox
+            # FileExistsError: the ID was used before
+            sdir = self.registry.reserve_dir(rec.sandbox_id, spare[0] if spare else None)
+        except BaseException:
+            if spare is not None:
+                self._spares.append(spare)
+            raise
+        names = [] if spare is not None else list(_SPARE_NAMES)
+        if rec.execd is not None:
+            names += [SOCKETS_DIR, CONTROL_DIR]  # host-only: never mounted writable into the sandbox
+        lock_fd = spare[1] if spare is not None else None
+        try:
             for name in names:
                 (sdir / name).mkdir(mode=0o755 if name == "run" else 0o700)
-            lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if lock_fd is None:
+                lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         except OSError:
+            if lock_fd is not None:
+                os.close(lock_fd)
             shutil.rmtree(sdir, ignore_errors=True)  # ours, fresh, holding no record
             raise
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         return lock_fd
+
+    def _fill_spares(self) -> None:
+        while len(self._spares) < _SPARES:
+            try:
+                self._spares.append(self.registry.make_spare(_SPARE_NAMES, _SPARE_FILES))
+            except OSError as exc:
+                log.warning("cannot make a spare sandbox dir (creates make theirs): %s", exc)
+                return
+
+    async def _refill_spares(self) -> None:
+        """After a create (off its path): one spare at a time, in a thread."""
+        while len(self._spares) < _SPARES:
+            try:
+                spare = await asyncio.to_thread(self.registry.make_spare, _SPARE_NAMES, _SPARE_FILES)
+            except OSError as exc:
+                log.warning("cannot make a spare sandbox dir (creates make theirs): %s", exc)
+                return
+            self._spares.append(spare)
 
     def _commit_created(self, rec: SandboxRecord, lock_fd: int) -> None:
         """Commit point: the record (temp, fsync, rename), then the lifecycle lock is released (the supervisor,
@@ -850,6 +893,8 @@ class SandboxService:
             return await self._start_created(rec, restore, committed, t0)
         finally:
             await asyncio.gather(committed, return_exceptions=True)  # a failure has set the storage-failed flag
+            if len(self._spares) < _SPARES and (self._refilling is None or self._refilling.done()):
+                self._refilling = asyncio.create_task(self._refill_spares(), name="spare-dirs")
 
     async def _start_created(
         self,

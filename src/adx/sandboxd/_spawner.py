@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
-from adx.sandboxd._supervisor import run_supervisor
+from adx.sandboxd._supervisor import SUPERVISOR_LOG, run_supervisor
 
 __all__ = ["main"]
 
@@ -170,7 +170,7 @@ def _reap() -> None:
 
 
 def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -> int:
-    log = os.open(f"{spec['sandbox_dir']}/supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(f"{spec['sandbox_dir']}/{SUPERVISOR_LOG}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)

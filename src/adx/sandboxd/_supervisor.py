@@ -44,12 +44,19 @@ NATIVE_FILE = "native.json"
 EXIT_FILE = "exit.json"
 RECORD_FILE = "record.json"
 TOMBSTONE_FILE = "tombstone.json"
+NATIVE_TEMP = f".{NATIVE_FILE}.tmp"
+SUPERVISOR_LOG = "supervisor.log"
+OUTPUT_LOG = "output.log"
 
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 
 
 def boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+#: Read once, in the spawner before it forks (a boot's ID never changes): not a file read per create.
+_BOOT_ID = boot_id()
 
 
 #: execd sandboxes: the listening client and admin sockets are PID 1's descriptors 3 and 4 (socket activation).
@@ -257,8 +264,25 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         with contextlib.suppress(OSError):
             os.close(result_fd)
 
+    res = spec["resources"]
+    cgroup = SandboxCgroup(layout, spec["cgroup_parent"], spec["sandbox_id"])
+    # Before the lock (sandboxd may still be committing the record): nothing here is the sandbox's yet.
+    need_go = bool(cgroup.v1) or spec["network"] == "veth"
+    go_r, go_w = os.pipe2(os.O_CLOEXEC) if need_go else (None, None)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    log_flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+    try:
+        log_fd: int | None = os.open(sdir / OUTPUT_LOG, log_flags)  # a spare dir's (made below otherwise)
+    except FileNotFoundError:
+        log_fd = None
+    try:
+        cgroup.ensure_parent()
+    except OSError as exc:
+        report({"ok": False, "error": f"cgroup setup failed: {exc}"})
+        return 1
     lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    # Blocking: a concurrent delete holds it only for moments; the intent check below decides.
+    # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
+    # intent check below decides.
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
     if (sdir / TOMBSTONE_FILE).exists() or _record_state(sdir) != "creating":
         report({"ok": False, "error": "delete intent persisted or record not creating; not starting"})
@@ -266,16 +290,16 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     if (sdir / NATIVE_FILE).exists():
         report({"ok": False, "error": "sandbox was started before; IDs are never restarted"})
         return 0
-    res = spec["resources"]
-    cgroup = SandboxCgroup(layout, spec["cgroup_parent"], spec["sandbox_id"])
+    if log_fd is None:
+        log_fd = os.open(sdir / OUTPUT_LOG, log_flags | os.O_CREAT, 0o600)
     try:
         # Hybrid host: the cgroup2 dir (identity, CLONE_INTO_CGROUP) now; v1 limit dirs while the child mounts.
         defer_v1 = cgroup.v2 is not None and bool(cgroup.v1)
-        cgroup.create(res["cpu_millis"], res["memory_bytes"], res["pids_max"], defer_v1=defer_v1)
+        cgroup.create(res["cpu_millis"], res["memory_bytes"], res["pids_max"], defer_v1=defer_v1, parent=False)
         ident = cgroup.identity()
         assert ident is not None
         native = {
-            "boot_id": boot_id(),
+            "boot_id": _BOOT_ID,
             "cgroup_dev": ident[0],
             "cgroup_ino": ident[1],
             "cgroup_dir": str(cgroup.identity_dir()),
@@ -291,8 +315,6 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
     if spec["network"] in ("none", "veth"):
         flags |= lx.CLONE_NEWNET
-    v1_procs = cgroup.v1_procs_files()
-    need_go = bool(v1_procs) or spec["network"] == "veth"
     listen_fds: tuple[int, ...] = ()
     if spec.get("execd_sockets"):
         try:
@@ -300,9 +322,6 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         except OSError as exc:
             report({"ok": False, "error": f"binding execd's sockets failed: {exc}"})
             return 1
-    go_r, go_w = os.pipe2(os.O_CLOEXEC) if need_go else (None, None)
-    log_fd = os.open(sdir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
     cg_fd = os.open(cgroup.v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2 else None
     try:
         pid = lx.clone3(flags, cg_fd)
@@ -389,7 +408,7 @@ def _create_veth(veth: dict[str, Any], pid: int) -> bool:
 
 
 def _write_json_no_sync(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp")  # NATIVE_TEMP: pre-made by a spare dir, usually
     tmp.write_text(json.dumps(value))
     os.replace(tmp, path)
 
