@@ -7,9 +7,12 @@ import io
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pytest
-from conftest import Up
+
+if TYPE_CHECKING:
+    from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
 from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState, TimeoutException
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 from e2b.sandbox.filesystem.filesystem import FileType

@@ -8,11 +8,13 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from conftest import Up
+
+if TYPE_CHECKING:
+    from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
 from e2b import Sandbox
 from google.protobuf import descriptor_pb2
 

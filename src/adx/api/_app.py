@@ -20,13 +20,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from adx._certs import Identity, component_paths
+from adx._grpc_tls import channel_credentials
+from adx._node_client import NodeClients
 from adx.api._auth import TenantAuth
 from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient
 from adx.api._errors import install_error_handlers, not_found
 from adx.api._schemas import EnvironmentList, EnvironmentView, ErrorBody
 from adx.errors import InvalidInputError
-from adx.model import ENVIRONMENT, EnvironmentSpec, check_id, parse_wire
+from adx.model import ENVIRONMENT, EnvironmentSpec, EnvironmentState, check_id, parse_wire
 
 log = logging.getLogger("adx.api")
 
@@ -52,6 +55,7 @@ class Plane:
     coordinator: CoordinatorClient
     auth: TenantAuth
     extras: dict[str, Any]
+    nodes: NodeClients | None = None  # the owning nodes' gRPC APIs (CRD-1)
 
     async def tenant(self, credentials: HTTPAuthorizationCredentials | None) -> str:
         header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None
@@ -62,6 +66,8 @@ class Plane:
             closer = getattr(extra, "close", None)
             if closer is not None:
                 await closer()
+        if self.nodes is not None:
+            await self.nodes.close()
         await self.coordinator.close()
 
 
@@ -180,7 +186,16 @@ async def delete_environment(request: Request, environment_id: str, credentials:
 async def pause_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
-    record = await p.coordinator.pause_environment(tenant, environment_id_or_404(environment_id))
+    env_id = environment_id_or_404(environment_id)
+    route = await p.coordinator.resolve_route(tenant, env_id)
+    record = route.record
+    if record.state is EnvironmentState.RUNNING and route.node_address and p.nodes is not None:
+        # CRD-1: a node operation goes straight to the owning node; the node checks ownership and generation.
+        wait = float(record.spec.lifecycle.effective_pause_options.timeout_seconds) + 30.0
+        record = await p.nodes.pause(route.node_address, record, wait_seconds=wait)
+    else:
+        # Not running here (or no node): the Coordinator answers with the authoritative state and reason.
+        record = await p.coordinator.pause_environment(tenant, env_id)
     log.info("environment paused", extra={"env_id": record.id, "tenant": tenant})
     return JSONResponse(EnvironmentView.of(record).wire())
 
@@ -247,7 +262,14 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         coordinator = CoordinatorClient.from_config(config)
-        p = Plane(config, coordinator, TenantAuth(coordinator, config.auth_cache_seconds), {})
+        node_credentials = channel_credentials(component_paths(config.certs_dir, Identity("api", config.name)))
+        p = Plane(
+            config,
+            coordinator,
+            TenantAuth(coordinator, config.auth_cache_seconds),
+            {},
+            NodeClients(node_credentials, rpc_timeout=config.coordinator_timeout_seconds),
+        )
         if with_ingress:
             from adx.ingress import Ingress
 

@@ -25,6 +25,7 @@ R = TypeVar("R")
 class Route:
     record: EnvironmentRecord
     relay_address: str  # empty: no node owns it now
+    node_address: str = ""  # the owning node's gRPC API (CRD-1)
 
 
 def _record(text: str) -> EnvironmentRecord:
@@ -147,7 +148,7 @@ class CoordinatorClient:
             lambda: self._stub.EnsureRunning(request, timeout=timeout + self._timeout),
             reads=False,
         )
-        return Route(_record(reply.environment_json), str(reply.relay_address))
+        return Route(_record(reply.environment_json), str(reply.relay_address), str(reply.node_address))
 
     async def set_lifetime(
         self, tenant: str, environment_id: str, seconds: float, action: str = ""
@@ -175,4 +176,4 @@ class CoordinatorClient:
         reply = await self._call(
             "resolve route", lambda: self._stub.ResolveRoute(request, timeout=self._timeout), reads=True
         )
-        return Route(_record(reply.environment_json), str(reply.relay_address))
+        return Route(_record(reply.environment_json), str(reply.relay_address), str(reply.node_address))

@@ -13,9 +13,9 @@ import grpc
 from adx._certs import Identity, component_paths
 from adx._grpc_tls import channel_credentials, server_credentials
 from adx._health import HealthServicer
+from adx._node_client import NodeClients
 from adx.config import CoordinatorConfig
 from adx.coordinator._cache import CoordinatorCache
-from adx.coordinator._nodes import NodeClients
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._store import CoordinatorStore
 from adx.errors import UnavailableError

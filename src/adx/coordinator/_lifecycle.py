@@ -13,8 +13,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from adx._node_client import NodeClients
 from adx.coordinator._cache import CoordinatorCache
-from adx.coordinator._nodes import NodeClients
 from adx.coordinator._placement import Refusal, rank_nodes
 from adx.coordinator._store import CoordinatorStore, NoCapacity
 from adx.errors import AdxError, ConflictError, UnavailableError, UncertainOutcomeError

@@ -13,9 +13,9 @@ import grpc
 
 from adx._grpc_errors import abort_with
 from adx._grpc_tls import require_peer
+from adx._node_client import NodeClients
 from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lifecycle import LifecycleOps
-from adx.coordinator._nodes import NodeClients
 from adx.coordinator._placement import Refusal, rank_nodes
 from adx.coordinator._store import CoordinatorStore, NoCapacity
 from adx.errors import (
@@ -368,10 +368,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             record = await self.store.get_tenant_environment(request.tenant, request.environment_id)
         except AdxError as exc:
             await abort_with(context, exc)
-        node = self.cache.nodes.get(record.node or "")
-        return pb.RouteReply(
-            environment_json=record.model_dump_json(by_alias=True), relay_address=node.relay_address if node else ""
-        )
+        return self._route_reply(record)
 
     async def PauseEnvironment(self, request: pb.EnvironmentRequest, context: Context) -> pb.EnvironmentReply:
         await require_peer(context, "api")
@@ -388,10 +385,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             record = await self.lifecycle.ensure_running(request.tenant, request.environment_id, min(timeout, 3600.0))
         except AdxError as exc:
             await abort_with(context, exc)
-        node = self.cache.nodes.get(record.node or "")
-        return pb.RouteReply(
-            environment_json=record.model_dump_json(by_alias=True), relay_address=node.relay_address if node else ""
-        )
+        return self._route_reply(record)
 
     async def SetLifetime(self, request: pb.SetLifetimeRequest, context: Context) -> pb.EnvironmentReply:
         await require_peer(context, "api")
@@ -406,6 +400,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         except AdxError as exc:
             await abort_with(context, exc)
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
+
+    def _route_reply(self, record: EnvironmentRecord) -> pb.RouteReply:
+        node = self.cache.nodes.get(record.node or "")
+        return pb.RouteReply(
+            environment_json=record.model_dump_json(by_alias=True),
+            relay_address=node.relay_address if node else "",
+            node_address=node.address if node else "",
+        )
 
     async def WatchRoutes(self, request: pb.WatchRoutesRequest, context: Context) -> AsyncIterator[pb.RouteEvent]:
         """Relay the route publications (Redis pub/sub) to an API/Ingress replica, resync first."""

@@ -581,18 +581,22 @@ class RouteReply(_message.Message):
 
     ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
     RELAY_ADDRESS_FIELD_NUMBER: _builtins.int
+    NODE_ADDRESS_FIELD_NUMBER: _builtins.int
     environment_json: _builtins.str
     relay_address: _builtins.str
     """host:port of the owning node's Relay (empty: no node)"""
+    node_address: _builtins.str
+    """host:port of the owning node's gRPC API (CRD-1: node operations go there)"""
     def __init__(
         self,
         *,
         environment_json: _builtins.str = ...,
         relay_address: _builtins.str = ...,
+        node_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "relay_address", b"relay_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "node_address", b"node_address", "relay_address", b"relay_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,4 +1,4 @@
-"""The Coordinator's calls to nodes (mutual TLS with the Coordinator's certificate)."""
+"""Calls to a node's gRPC API (mutual TLS): the Coordinator's, and the API server's for pause (CRD-1)."""
 
 from __future__ import annotations
 
