@@ -13,6 +13,7 @@ import pytest
 from sbx_helpers import DaemonFactory, wait_until
 
 from adx.sandboxd import CreateRequest, ResourcesSpec, State, ref_of
+from adx.sandboxd._linux import KEEP_CAPABILITIES
 
 PROBE = r"""
 import os, json
@@ -25,6 +26,7 @@ out = {
     "top": sorted(os.listdir("/")),
     "interfaces": sorted(name for _, name in __import__("socket").if_nameindex()),
     "cap_eff": int([l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1], 16),
+    "cap_bnd": int([l for l in open("/proc/self/status") if l.startswith("CapBnd")][0].split()[1], 16),
 }
 try:
     with open("/proc/sys/kernel/core_pattern", "w") as fh:
@@ -82,6 +84,8 @@ async def test_sandbox_sees_no_host_processes_and_writes_land_in_its_upper_layer
         assert out["usr_writable"] == "Read-only file system"
         assert out["interfaces"] == ["lo"], "a private network namespace by default"
         assert not out["cap_eff"] & (1 << 21), "CAP_SYS_ADMIN is dropped"
+        # Shrunk by the supervisor before the clone (network none): exactly the kept set.
+        assert out["cap_bnd"] == sum(1 << cap for cap in KEEP_CAPABILITIES)
         assert out["mount"] is False
         assert out["unshare_userns"] == 1 and out["keyctl"] == 1  # EPERM from the seccomp filter
         assert out["subprocess"] == "ok" and out["threads"]  # clone3 -> ENOSYS -> libc falls back to clone
@@ -210,6 +214,11 @@ async def test_veth_network_gives_a_private_address_reachable_from_the_host(sand
         assert info.network == "veth" and info.address and info.host_address
         other = await c.create(CreateRequest(request_id="net2", argv=["sleep", "1000"], network="veth"))
         assert other.sandbox.address != info.address  # one private /30 each
+        # With veth the supervisor keeps its bounding set (it runs `ip`); the init shrinks its own.
+        (init_pid,) = d.cgroup_procs(other.sandbox.sandbox_id)
+        status = Path(f"/proc/{init_pid}/status").read_text()
+        cap_bnd = int(next(line for line in status.splitlines() if line.startswith("CapBnd")).split()[1], 16)
+        assert cap_bnd == sum(1 << cap for cap in KEEP_CAPABILITIES)
 
         async def fetch() -> str:
             async with httpx.AsyncClient(timeout=2.0) as http:

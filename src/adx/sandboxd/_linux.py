@@ -34,6 +34,7 @@ __all__ = [
     "MS_REMOUNT",
     "clone3",
     "configure_interface",
+    "drop_bounding_set",
     "drop_capabilities",
     "install_seccomp",
     "listen_unix",
@@ -211,11 +212,27 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 
-def drop_capabilities() -> None:
-    """Shrink the bounding set to KEEP_CAPABILITIES, clear ambient/inheritable, set no_new_privs."""
+def drop_bounding_set() -> None:
+    """Shrink this process's bounding set to KEEP_CAPABILITIES. Its effective and permitted sets are untouched,
+    and its children inherit the shrunk set (a supervisor does this before it clones the sandbox's init)."""
     for cap in range(_LAST_CAP + 1):
         if cap not in KEEP_CAPABILITIES:
             _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+
+
+def _bounding_set_dropped() -> bool:
+    with open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"CapBnd:"):
+                return int(line.split()[1], 16) & ~sum(1 << cap for cap in KEEP_CAPABILITIES) == 0
+    return False
+
+
+def drop_capabilities() -> None:
+    """Shrink the bounding set to KEEP_CAPABILITIES (unless that is done: one read), clear ambient/inheritable,
+    set no_new_privs."""
+    if not _bounding_set_dropped():
+        drop_bounding_set()
     _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
     # capget/capset v3: zero the inheritable set (root's is normally empty; make it certain).
     header = struct.pack("Ii", 0x20080522, 0)

@@ -280,6 +280,14 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     except OSError as exc:
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
+    if spec["network"] != "veth":  # with veth the supervisor runs `ip`, which needs CAP_NET_ADMIN
+        try:
+            # The sandbox's init inherits it (what it would otherwise do first thing, ~40 prctl calls); this
+            # process keeps its effective capabilities and execs nothing.
+            lx.drop_bounding_set()
+        except OSError as exc:
+            report({"ok": False, "error": f"capability bounding set: {exc}"})
+            return 1
     lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
     # intent check below decides.
