@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -49,6 +49,22 @@ def _unreachable(exc: AdxError, sandbox_id: str) -> RpcError:
     return rpc_error(exc)
 
 
+#: A refused request's unread body is read and dropped up to this size, so a client still sending it gets the
+#: answer instead of a broken connection; beyond it the connection is closed.
+DISCARD_BODY_BYTES = 64 << 20
+
+
+async def _discard_unread_body(request: Request) -> None:
+    seen = 0
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > DISCARD_BODY_BYTES:
+                return
+    except (RuntimeError, ClientDisconnect):
+        return  # already consumed, or the client went away
+
+
 class EnvdDataPlane:
     """ASGI middleware: requests with ``E2b-Sandbox-Id`` are envd calls; everything else passes through."""
 
@@ -61,6 +77,8 @@ class EnvdDataPlane:
             return
         request = Request(scope, receive)
         response = await self.handle(request)
+        if response.status_code >= 400:
+            await _discard_unread_body(request)
         await response(scope, receive, send)
 
     async def handle(self, request: Request) -> Response:
