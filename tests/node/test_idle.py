@@ -91,3 +91,29 @@ async def test_pause_is_placed_only_on_a_node_that_can_checkpoint(node_cluster) 
         await api.wait_state(created.id, S.RUNNING)
     finally:
         await api.close()
+
+
+@pytest.mark.req("IDLE-4")
+async def test_a_broken_observation_stream_restarts_the_window(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """sandboxd (the runtime-control stream) goes away 1 s into a 2 s window for 3 s: nothing is reclaimed
+    without fresh information, and the window starts again only once execd is observed again."""
+    nc = await node_cluster()
+    api = Api(nc)
+    try:
+        created = await api.create(**idle(2))
+        await api.wait_state(created.id, S.RUNNING)
+        await asyncio.sleep(1.0)
+        daemon, agent = nc.sandboxds["n1"], nc.nodes["n1"]
+        daemon.kill()
+        await asyncio.sleep(3.0)  # longer than the window: an unobserved Environment is never idle
+        assert (await api.get(created.id)).state is S.RUNNING
+        daemon.start()
+        deadline = time.monotonic() + 20
+        while not agent.control.states:
+            assert time.monotonic() < deadline, "execd was not observed again"
+            await asyncio.sleep(0.05)
+        observed_again = time.monotonic()
+        await api.wait_state(created.id, S.DELETED, within=15)
+        assert time.monotonic() - observed_again >= 1.9  # a whole new window after the stream came back
+    finally:
+        await api.close()

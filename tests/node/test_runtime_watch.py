@@ -82,7 +82,7 @@ async def test_a_workload_checkpoint_request_is_captured_committed_and_acknowled
         await api.close()
 
 
-@pytest.mark.req("CTL-5", "CTL-3")
+@pytest.mark.req("CTL-5", "CTL-3", "CTL-4")
 async def test_an_execd_reconnect_cancels_the_pending_confirmation(node_cluster) -> None:  # type: ignore[no-untyped-def]
     """sandboxd (which holds every execd's control connection) is SIGKILLed and kept down past the reconnect
     window: the observations are cleared, the backend cannot be confirmed (unknown is no evidence), so the
