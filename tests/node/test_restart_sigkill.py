@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 from test_node_agent import Api
+from test_restart_policy import history
 
 from adx._certs import Identity, issue
 from adx.embedded._adx_daemons import render_toml
-from adx.model import EnvironmentRecord, EnvironmentState
+from adx.model import EnvironmentState
 
 S = EnvironmentState
 
@@ -51,19 +52,6 @@ class AdxletProcess:
                 self.process.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-async def history(api: Api, env_id: str, until: Any, within: float = 60) -> list[EnvironmentRecord]:
-    seen: list[EnvironmentRecord] = []
-    deadline = time.monotonic() + within
-    while True:
-        record = await api.get(env_id)
-        if not seen or record.revision != seen[-1].revision:
-            seen.append(record)
-        if until(record):
-            return seen
-        assert time.monotonic() < deadline, [(r.state.value, r.restart_attempts) for r in seen]
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.req("RST-2", "RST-3", "NOD-1")

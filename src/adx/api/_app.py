@@ -191,7 +191,7 @@ async def pause_environment(request: Request, environment_id: str, credentials: 
     record = route.record
     if record.state is EnvironmentState.RUNNING and route.node_address and p.nodes is not None:
         # CRD-1: a node operation goes straight to the owning node; the node checks ownership and generation.
-        wait = float(record.spec.lifecycle.effective_pause_options.timeout_seconds) + 30.0
+        wait = record.spec.lifecycle.effective_pause_options.wait_seconds
         record = await p.nodes.pause(route.node_address, record, wait_seconds=wait)
     else:
         # Not running here (or no node): the Coordinator answers with the authoritative state and reason.

@@ -228,7 +228,7 @@ class LifecycleOps:
             raise UnavailableError(f"environment {record.id}: its node {record.node} is not available now")
         if not node.checkpoint_capable:
             raise ConflictError(f"node {node.name} cannot checkpoint; environment {record.id} cannot be paused")
-        wait = float(record.spec.lifecycle.effective_pause_options.timeout_seconds) + 30.0
+        wait = record.spec.lifecycle.effective_pause_options.wait_seconds
         paused = await self.nodes.pause(node.address, record, wait_seconds=wait)
         self.cache.apply(paused)
         return paused

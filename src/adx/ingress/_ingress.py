@@ -173,10 +173,7 @@ class Ingress:
             if state is EnvironmentState.RUNNING:
                 if not route.relay_address:
                     raise RelayUnavailable(f"environment {environment_id} has no reachable node right now")
-                ttl = FOLLOWED_ROUTE_SECONDS if self.following else self._config.route_cache_seconds
-                if ttl > 0:
-                    self._routes[key] = (route.relay_address, time.monotonic() + ttl)
-                return route.relay_address
+                return self._remember(key, route.relay_address)
             if state in _WAKEABLE:
                 return await self.wake(tenant, environment_id)
             if state in _WAITABLE:
@@ -205,10 +202,14 @@ class Ingress:
             time.monotonic() - started,
             extra={"env_id": environment_id, "node": route.record.node},
         )
+        return self._remember((tenant, environment_id), route.relay_address)
+
+    def _remember(self, key: tuple[str, str], relay_address: str) -> str:
+        """Cache a resolved route: long while the route stream is followed, else for route_cache_seconds."""
         ttl = FOLLOWED_ROUTE_SECONDS if self.following else self._config.route_cache_seconds
         if ttl > 0:
-            self._routes[(tenant, environment_id)] = (route.relay_address, time.monotonic() + ttl)
-        return route.relay_address
+            self._routes[key] = (relay_address, time.monotonic() + ttl)
+        return relay_address
 
     async def forward(
         self,

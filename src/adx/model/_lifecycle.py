@@ -11,6 +11,7 @@ from adx.model._base import ApiModel
 
 DEFAULT_RETENTION_TTL_SECONDS = 90_000
 DEFAULT_PAUSE_TIMEOUT_SECONDS = 300
+PAUSE_PUBLICATION_MARGIN_SECONDS = 30.0
 
 
 class IdleAction(StrEnum):
@@ -68,6 +69,11 @@ class PauseOptions(ApiModel):
     retention: RetentionPolicy = Field(default_factory=RetentionPolicy)
     timeout_seconds: int = Field(default=DEFAULT_PAUSE_TIMEOUT_SECONDS, ge=1, le=3600, strict=True)
     storage: CheckpointStorage = CheckpointStorage.CONFIGURED
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long a caller waits for a whole pause: the capture's bound plus time to publish and commit."""
+        return float(self.timeout_seconds) + PAUSE_PUBLICATION_MARGIN_SECONDS
 
 
 class RestartPolicy(ApiModel):

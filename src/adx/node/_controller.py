@@ -362,8 +362,7 @@ class Controller:
             failed = await self._transition(
                 S.FAILED, {"last_error": f"start failed: {exc}", "restart_pending": False}, release=True
             )
-            leftover = self.execution or await self._find_execution(execution_id)
-            self.execution = None
+            leftover = await self._take_leftover(execution_id)
             if leftover is not None:
                 self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
             return failed
@@ -435,13 +434,18 @@ class Controller:
         try:
             execution = await self._launch(execution_id)
         except AdxError as exc:
-            leftover = self.execution or await self._find_execution(execution_id)
-            self.execution = None
+            leftover = await self._take_leftover(execution_id)
             if leftover is not None:
                 # RST-5: no replacement starts while the old one's cleanup is unconfirmed.
                 await self._cleanup(leftover)
             return await self._fail_or_restart_later(f"restart failed: {exc}")
         return await self._running(execution)
+
+    async def _take_leftover(self, execution_id: str) -> Execution | None:
+        """After a failed launch: whatever it left running (ours, or found in the runtime), now owned by cleanup."""
+        leftover = self.execution or await self._find_execution(execution_id)
+        self.execution = None
+        return leftover
 
     async def _find_execution(self, execution_id: str) -> Execution | None:
         with contextlib.suppress(AdxError):
@@ -710,8 +714,7 @@ class Controller:
         try:
             execution = await self._launch(execution_id, restore=checkpoint)
         except AdxError as exc:
-            leftover = self.execution or await self._find_execution(execution_id)
-            self.execution = None
+            leftover = await self._take_leftover(execution_id)
             if leftover is not None:
                 await self._cleanup(leftover)
             # No new execution exists: back to paused on the same checkpoint, reservation released.
