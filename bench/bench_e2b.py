@@ -16,49 +16,18 @@ Target (issue 8): the E2B path within 1.5x of the ADX SDK's. Prints one JSON obj
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from _harness import emit, progress, summarize, time_calls
+from bench_api import start_cluster, stop_cluster
 from e2b import Sandbox
 
 import adx
-from adx.sdk import read_credentials
 
 TARGET_RATIO = 1.5
-
-
-def start_cluster(base: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    """``adx up`` in its own state dir and config home: (process, API URL, tenant key)."""
-    xdg = base / "xdg"
-    log = open(base / "up.log", "wb")  # noqa: SIM115 - lives as long as the cluster
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "adx", "up", "--state-dir", str(base / "state")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "XDG_CONFIG_HOME": str(xdg), "ADX_UP__API_LISTEN": "127.0.0.1:0"},
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"adx up exited: {(base / 'up.log').read_text()[-3000:]}")
-        stored = read_credentials(xdg / "adx" / "credentials.json")
-        if stored.get("api_url") and stored.get("api_key"):
-            try:
-                if httpx.get(stored["api_url"] + "/healthz", timeout=2).status_code == 200:
-                    return proc, stored["api_url"], stored["api_key"]
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.2)
-    raise SystemExit(f"adx up did not come up: {(base / 'up.log').read_text()[-3000:]}")
 
 
 def main() -> None:
@@ -103,12 +72,7 @@ def main() -> None:
                     )
                 sandbox.kill()
         finally:
-            progress("stopping adx up")
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_cluster(proc)
     figures["e2b_sdk_run_true"] = summarize(e2b_samples)
     figures["adx_sdk_run_true"] = summarize(adx_samples)
     figures["adx_sdk_run_bash_login_true"] = summarize(bash_samples)
