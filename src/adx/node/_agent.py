@@ -376,7 +376,7 @@ class NodeAgent:
             return
         pausing = lifecycle.idle_action is IdleAction.PAUSE
         gate = controller.open_pause_gate() if pausing else None
-        if not await self._close_admission(controller.env_id, sandbox_id):
+        if not await self._close_admission_if_unchanged(controller.env_id, sandbox_id):
             controller.drop_pause_gate()
             return  # demand arrived at the last moment: the window starts again
         self.idle.forget(controller.env_id)
@@ -389,7 +389,7 @@ class NodeAgent:
         log.info("idle for %ss: deleting", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
         controller.submit("delete")
 
-    async def _close_admission(self, env_id: str, sandbox_id: str) -> bool:
+    async def _close_admission_if_unchanged(self, env_id: str, sandbox_id: str) -> bool:
         """Close the Relay's, then execd's admission, each only if its activity version did not move
         (IDLE-6 order); reopen the Relay's if execd's moved."""
         key = self.idle.quiet_key(env_id)
@@ -406,7 +406,7 @@ class NodeAgent:
         return True
 
     # -- the admission gates (Controller's Admission protocol) -----------------------------------------
-    async def close(self, env_id: str, execution: Execution) -> None:
+    async def close_admission(self, env_id: str, execution: Execution) -> None:
         """Close both gates whatever the activity (a manual pause): the Relay's, then execd's."""
         self.relay.streams.closed_admission.add(env_id)
         if self.control is None:
@@ -420,7 +420,7 @@ class NodeAgent:
                 return
             await asyncio.sleep(0.01)
 
-    async def reopen(self, env_id: str, execution: Execution) -> None:
+    async def reopen_admission(self, env_id: str, execution: Execution) -> None:
         self.relay.streams.open_admission(env_id)
         if self.control is not None:
             with contextlib.suppress(AdxError):

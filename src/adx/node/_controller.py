@@ -67,10 +67,10 @@ class ReadinessProbe(Protocol):
 class Admission(Protocol):
     """The two admission gates in front of an execution (IDLE-6): the Relay's and execd's."""
 
-    async def close(self, env_id: str, execution: Execution) -> None:
+    async def close_admission(self, env_id: str, execution: Execution) -> None:
         """Close both, whatever the activity (a manual pause)."""
 
-    async def reopen(self, env_id: str, execution: Execution) -> None: ...
+    async def reopen_admission(self, env_id: str, execution: Execution) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -533,7 +533,7 @@ class Controller:
             # Whatever stopped the pause, an Environment that still serves must admit again.
             if self.serving and self.execution is not None and self.admission is not None:
                 with contextlib.suppress(AdxError):
-                    await self.admission.reopen(self.env_id, self.execution)
+                    await self.admission.reopen_admission(self.env_id, self.execution)
             raise
         finally:
             self.drop_pause_gate(serve=self.serving)
@@ -551,7 +551,7 @@ class Controller:
         kind, storage = self.places.resolve(options.storage)
         gate = self.open_pause_gate()
         if not op.payload.get("auto") and self.admission is not None:
-            await self.admission.close(self.env_id, execution)
+            await self.admission.close_admission(self.env_id, execution)
         await self._transition(S.PAUSING)
         if gate.demand:
             # IDLE-6: demand that arrived before capture cancels the pause.
@@ -593,7 +593,7 @@ class Controller:
         await self._publish_route()
         await self._cleanup(execution)
         if self.admission is not None:
-            await self.admission.reopen(self.env_id, execution)
+            await self.admission.reopen_admission(self.env_id, execution)
         return paused
 
     async def _cancel_pause(self, execution: Execution, error: str | None) -> EnvironmentRecord:
@@ -601,7 +601,7 @@ class Controller:
         with contextlib.suppress(AdxError):
             await self.driver.thaw(execution)
         if self.admission is not None:
-            await self.admission.reopen(self.env_id, execution)
+            await self.admission.reopen_admission(self.env_id, execution)
         self.serving = True
         if self.pause_gate is not None:
             self.pause_gate.settle(serve=True)
