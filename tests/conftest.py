@@ -117,7 +117,8 @@ class CoordinatorCluster:
 async def coordinator_cluster(
     redis_factory: Callable[..., EmbeddedRedis], tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[tuple[CoordinatorCluster, Any]]]]:
-    """``await make(session_ttl=.., redis_timeout=.., before_start=async fn(redis_url))`` -> (cluster, fn's result).
+    """``await make(session_ttl=.., redis_timeout=.., before_start=async fn(redis_url), resume_retry=..)``
+    -> (cluster, fn's result).
 
     ``before_start`` runs against Redis before the Coordinator starts (so the Coordinator must load it).
     """
@@ -127,6 +128,7 @@ async def coordinator_cluster(
         session_ttl: float = 30.0,
         redis_timeout: float = 5.0,
         before_start: Callable[[str], Awaitable[Any]] | None = None,
+        resume_retry: float = 30.0,
     ) -> tuple[CoordinatorCluster, Any]:
         redis_server = redis_factory()
         info = redis_server.read_info()
@@ -141,6 +143,7 @@ async def coordinator_cluster(
             certs_dir=certs,
             session_ttl_seconds=session_ttl,
             redis_timeout_seconds=redis_timeout,
+            resume_retry_seconds=resume_retry,
         )
         coordinator = await start_coordinator(config)
         running.append(coordinator)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import NoReturn
 
 import grpc
@@ -17,6 +18,8 @@ from adx.errors import (
 
 CODE_KEY = "adx-error-code"
 FIELD_KEY = "adx-error-field"
+#: When the caller should ask again (e.g. a resume every node refused, CRD-5): ``details["retry_after_seconds"]``.
+RETRY_AFTER_KEY = "adx-error-retry-after"
 
 _STATUS: list[tuple[type[AdxError], grpc.StatusCode]] = [
     (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -35,6 +38,8 @@ async def abort_with(context: grpc.aio.ServicerContext[object, object], exc: Adx
     metadata: list[tuple[str, str]] = [(CODE_KEY, exc.code)]
     if isinstance(exc, InvalidInputError):
         metadata.append((FIELD_KEY, exc.field))
+    if "retry_after_seconds" in exc.details:
+        metadata.append((RETRY_AFTER_KEY, str(exc.details["retry_after_seconds"])))
     context.set_trailing_metadata(tuple(metadata))
     await context.abort(status_for(exc), exc.message)
     raise AssertionError("unreachable")  # abort() always raises
@@ -43,6 +48,14 @@ async def abort_with(context: grpc.aio.ServicerContext[object, object], exc: Adx
 def from_rpc_error(exc: grpc.aio.AioRpcError, what: str) -> AdxError:
     """The ADX error a failed call stands for. Transport failures are Unavailable or Uncertain."""
     trailing: dict[str, object] = {item[0]: item[1] for item in exc.trailing_metadata() or ()}  # type: ignore[index]
+    error = _translate(exc, what, trailing)
+    if isinstance(retry_after := trailing.get(RETRY_AFTER_KEY), str):
+        with contextlib.suppress(ValueError):
+            error.details["retry_after_seconds"] = float(retry_after)
+    return error
+
+
+def _translate(exc: grpc.aio.AioRpcError, what: str, trailing: dict[str, object]) -> AdxError:
     message = exc.details() or exc.code().name
     code = exc.code()
     if code == grpc.StatusCode.INVALID_ARGUMENT:

@@ -278,6 +278,40 @@ async def test_no_capacity_on_the_original_node_resumes_a_shared_checkpoint_else
         assert (await local.refresh()).state == "paused"
 
 
+@pytest.mark.req("CRD-5")
+async def test_a_resume_every_node_refused_is_asked_again_by_one_capacity_round(
+    node_cluster, api_for, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """No node has room: the caller gets no_capacity with the round's retry-after (body and Retry-After header),
+    callers meanwhile are told the round is due, ownership never moves, and once room is back the capacity round
+    resumes the Environment on its node without anyone asking again."""
+    nc = await node_cluster(resume_retry=3.0)
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    cache = nc.cluster.coordinator.service.cache
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(cpu=0.25, memory="256Mi")
+        await env.files.write("/work/f", b"kept")
+        await env.pause()
+        capacity = tmp_path / "n1-capacity.json"
+        roomy = capacity.read_text()
+        capacity.write_text('{"cpuMillis": 100, "memoryBytes": 1048576}')
+        await eventually(lambda: cache.nodes["n1"].capacity.cpu_millis == 100, 10)
+        async with stack.http(key) as http:
+            refused = await http.post(f"/v1/environments/{env.id}/resume")
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "no_capacity", refused.text
+            assert refused.json()["error"]["details"]["retry_after_seconds"] == 3.0
+            assert refused.headers["Retry-After"] == "3"
+            again = await http.post(f"/v1/environments/{env.id}/resume")
+            assert again.status_code == 503 and "capacity round is due" in again.json()["error"]["message"]
+        record = cache.environments[env.id]
+        assert record.state is S.PAUSED and record.node == "n1" and record.resume_intent is None
+        capacity.write_text(roomy)
+        await wait_state(env, "running", within=20)
+        assert env.node == "n1"
+        assert await env.files.read("/work/f") == b"kept"
+
+
 @pytest.mark.req("ENV-6", "NOD-7", "CTL-6")
 async def test_a_pause_whose_commit_cannot_be_stored_is_never_reported_as_done(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
     """Redis dies during the capture: the node's result cannot be published; the public pause answers

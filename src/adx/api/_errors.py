@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,7 +67,8 @@ def error_response(exc: AdxError) -> JSONResponse:
     status = status_for(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status in (503, 504):
-        headers = {"Retry-After": "1"}
+        # RFC 9110: whole seconds; the cluster's own hint (a refused resume's capacity round) when it gave one.
+        headers = {"Retry-After": str(max(1, math.ceil(float(exc.details.get("retry_after_seconds", 1)))))}
     return JSONResponse(error_body(exc.code, exc.message, exc.details), status_code=status, headers=headers)
 
 

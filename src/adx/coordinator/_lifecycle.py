@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -59,6 +60,8 @@ class LifecycleOps:
         self._resume_locks: dict[str, asyncio.Lock] = {}
         # env -> time before which a resume that every node refused is not driven again (capacity round)
         self._refused_until: dict[str, float] = {}
+        # env -> when the background capacity round asks every node again for a resume all of them refused
+        self._capacity_round: dict[str, float] = {}
         self._busy: set[str] = set()  # Environments with a scan action in flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._nudged: dict[str, float] = {}  # env -> when a stalled resume was last handed over again
@@ -99,8 +102,10 @@ class LifecycleOps:
                 )
             await self.cache.wait_change(env_id, min(remaining, 1.0))
 
-    async def drive_resume(self, record: EnvironmentRecord) -> None:
-        """Record a resume intent (CAS) on the best node and hand it over; serial per Environment."""
+    async def drive_resume(self, record: EnvironmentRecord, *, capacity_round: bool = False) -> None:
+        """Record a resume intent (CAS) on the best node and hand it over; serial per Environment.
+
+        ``capacity_round``: the scan's one retry of a resume every node refused; a second refusal ends it."""
         lock = self._resume_locks.setdefault(record.id, asyncio.Lock())
         async with lock:
             current = await self.store.get_environment(record.id)
@@ -146,6 +151,8 @@ class LifecycleOps:
                     return
             # CRD-5: every node refused: one capacity round excludes them; resources are asked again later.
             self._refused_until[record.id] = time.monotonic() + self.resume_retry_seconds
+            if not capacity_round:
+                self._capacity_round[record.id] = self._refused_until[record.id]
             reasons = "; ".join(f"{r.node}: {r.reason}" for r in refused) or "no node can take it"
             raise NoCapacity(
                 f"no node can resume {record.id} now ({reasons}); retry after {self.resume_retry_seconds:g}s",
@@ -266,6 +273,9 @@ class LifecycleOps:
 
     def _due(self, record: EnvironmentRecord, now: float) -> str | None:
         lifetime_over = record.expires_at is not None and record.expires_at <= now
+        if record.state is not S.PAUSED:
+            self._capacity_round.pop(record.id, None)
+            self._refused_until.pop(record.id, None)
         if record.state is S.PAUSED:
             checkpoint = record.checkpoint
             if checkpoint is not None and checkpoint.expires_at is not None and checkpoint.expires_at <= now:
@@ -274,6 +284,8 @@ class LifecycleOps:
                 return "lifetime-delete"
             if not record.ownership_lost and checkpoint is not None and self._alive(checkpoint.node, now) is None:
                 return "ownership-lost"
+            if self._capacity_round.get(record.id, math.inf) <= time.monotonic():
+                return "capacity-round"
             return None
         if record.state is S.RUNNING and lifetime_over:
             return "lifetime-" + record.spec.lifecycle.lifetime_action.value
@@ -312,6 +324,11 @@ class LifecycleOps:
                 lost = await self.store.commit_environment(record, {"ownership_lost": True}, check_generation=False)
                 self.cache.apply(lost)
                 log.info("paused environment lost its node", extra={"env_id": record.id, "node": record.node})
+            elif action == "capacity-round":
+                # CRD-5: every node refused this resume; resources are asked for once more, on every candidate.
+                self._capacity_round.pop(record.id, None)
+                self._refused_until.pop(record.id, None)
+                await self.drive_resume(record, capacity_round=True)
             elif action == "resume-stalled":
                 node = self._alive(record.node, time.time())
                 if node is not None and self.nodes is not None:
