@@ -209,10 +209,11 @@ async def test_delete_racing_a_resume_never_leaves_it_running(node_cluster, api_
             await eventually(lambda ckpt=checkpoint, where=root: ckpt not in artifacts(where))
 
 
-@pytest.mark.req("NOD-1", "CTL-6", "ENV-3")
+@pytest.mark.req("NOD-1", "NOD-15", "CTL-6", "ENV-3")
 async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
     """The adxlet goes away during the capture of a pause (its tasks cancelled mid-call); its successor finds
-    the Environment pausing with its execution frozen, and brings it back running (no pause was published)."""
+    the Environment pausing with its execution frozen, and brings it back running (no pause was published).
+    The capture sandboxd finished meanwhile is referenced by nothing: the successor's startup sweep deletes it."""
     from adx.node._agent import NodeAgent
 
     nc = await node_cluster()
@@ -226,21 +227,30 @@ async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node
         while nc.cluster.coordinator.service.cache.environments[env.id].state is not S.PAUSING:
             assert time.monotonic() < deadline, "the pause did not start"
             await asyncio.sleep(0.005)
-        await asyncio.sleep(0.05)  # inside the capture
+        local = nc.sandboxds["n1"].state_dir / "checkpoints"
+        await eventually(lambda: any(p.name.startswith(".capturing-") for p in local.iterdir()), 10)
         agent = nc.nodes["n1"]
         await agent.controllers[env.id].close()  # its task is cancelled mid-capture, as in a crash
         await agent.stop()
         with contextlib.suppress(adx.AdxError):
             await pausing
+        await eventually(lambda: len(artifacts(local)) == 1, 10)  # sandboxd finished the capture: an orphan
         successor = NodeAgent(agent.config)
         await successor.start()
         nc.nodes["n1"] = successor
         try:
             final = await wait_state(env, "running", within=30)
             assert final.execution_id is not None and final.checkpoint is None  # no pause was published
+            assert artifacts(local) == set()
             check = await env.commands.run("sha256sum -c /work/sum")
             assert check.exit_code == 0, check
             await env.pause()  # and a pause after the recovery works
+            assert artifacts(local) == {env.checkpoint.id}
+            await successor.stop()  # the next startup sweep keeps the artifact the paused Environment references
+            successor = NodeAgent(agent.config)
+            await successor.start()
+            nc.nodes["n1"] = successor
+            assert artifacts(local) == {env.checkpoint.id}
             assert (await env.commands.run("sha256sum -c /work/sum")).exit_code == 0
         finally:
             await successor.stop()

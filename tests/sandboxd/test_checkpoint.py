@@ -89,3 +89,51 @@ async def test_tampered_artifact_or_wrong_digest_is_refused(sandboxd: DaemonFact
         # A refused restore leaves nothing running and nothing reserved.
         assert {s.sandbox_id for s in await c.list()} == before
         assert (await c.resource()).reserved.memory_bytes == 0
+
+
+@pytest.mark.req("NOD-15", "SBX-10")
+async def test_each_daemon_lists_and_sweeps_only_its_own_artifacts(sandboxd: DaemonFactory, tmp_path: Path) -> None:
+    """Two daemons share one artifact root. A capture appears whole (renamed into place) and each daemon lists
+    only the whole artifacts it captured. After a SIGKILL, a restarted daemon removes what an interrupted
+    capture of its own or an interrupted delete left, and never another daemon's capture in flight."""
+    shared = tmp_path / "shared-artifacts"
+    d1 = sandboxd("d1", checkpoint_dirs={"shared": str(shared)})
+    d2 = sandboxd("d2", checkpoint_dirs={"shared": str(shared)})
+    owner1, owner2 = (json.loads((d.state_dir / "owner.json").read_text())["owner"] for d in (d1, d2))
+    argv = ["/bin/sh", "-c", "echo x > /work/x; sleep 1000"]
+    async with d1.client() as c1, d2.client() as c2:
+        one = await c1.create(CreateRequest(request_id="one", argv=argv))
+        two = await c2.create(CreateRequest(request_id="two", argv=argv))
+        for daemon, created in ((d1, one), (d2, two)):
+            wait_until(lambda d=daemon, c=created: (d.sandbox_dir(c.sandbox.sandbox_id) / "upper/work/x").exists())
+        mine = await c1.checkpoint(ref_of(one), storage="shared")
+        mine_local = await c1.checkpoint(ref_of(one))
+        theirs = await c2.checkpoint(ref_of(two), storage="shared")
+        assert sorted(p.name for p in shared.iterdir()) == sorted([mine.checkpoint_id, theirs.checkpoint_id])
+
+        listed = (await c1.list_checkpoints("shared")).checkpoints
+        assert [(c.checkpoint_id, c.digest, c.location) for c in listed] == [
+            (mine.checkpoint_id, mine.digest, mine.location)
+        ]
+        assert listed[0].size_bytes == mine.size_bytes and listed[0].source_sandbox_id == one.sandbox.sandbox_id
+        assert [c.checkpoint_id for c in (await c1.list_checkpoints()).checkpoints] == [mine_local.checkpoint_id]
+        assert [c.checkpoint_id for c in (await c2.list_checkpoints("shared")).checkpoints] == [theirs.checkpoint_id]
+        with pytest.raises(InvalidInputError, match="storage"):
+            await c1.list_checkpoints("nowhere")
+
+    local = Path(mine_local.location).parent
+    leftovers = {
+        shared / f".capturing-{owner1}-ckp-crashed": False,  # d1's interrupted capture: removed
+        shared / f".capturing-{owner2}-ckp-inflight": True,  # d2's capture in flight: kept
+        shared / ".deleting-ckp-halfway": False,
+        local / f".capturing-{owner1}-ckp-local": False,
+        local / ".deleting-ckp-local": False,
+    }
+    for path in leftovers:
+        path.mkdir()
+        (path / "layer.tar.zst").write_bytes(b"partial")
+    d1.kill()
+    d1.start()
+    assert {path: path.exists() for path in leftovers} == leftovers
+    for whole in (mine, mine_local, theirs):
+        assert (Path(whole.location) / "manifest.json").exists()

@@ -81,5 +81,18 @@ class CoordinatorCache:
                     self.by_node.get(stale.node, set()).discard(env_id)
             self._suspect[node].discard(env_id)
 
+    def suspect_nodes(self) -> list[str]:
+        return sorted(node for node, suspects in self._suspect.items() if suspects)
+
+    def referenced_checkpoints(self) -> list[str]:
+        """Every checkpoint an Environment references (CRD-9's global reference catalog)."""
+        return sorted(
+            {
+                record.checkpoint.id
+                for record in self.environments.values()
+                if record.checkpoint is not None and record.state is not EnvironmentState.DELETED
+            }
+        )
+
     def node_catalog(self, node: str) -> list[EnvironmentRecord]:
         return [self.environments[env_id] for env_id in sorted(self.by_node.get(node, set()))]

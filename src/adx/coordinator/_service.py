@@ -137,9 +137,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         await self._node_caller(context, request.node)
         try:
             self._check_session(request.node, request.session)
-            if not self.cache.catalog_valid(request.node):
-                # CRD-2: after an uncertain write the catalog is served again only after a reload.
-                await self.cache.reload_suspects(self.store, request.node)
+            # CRD-2: after an uncertain write a catalog is served again only after a reload; the global
+            # reference list covers every node's records.
+            for suspect in self.cache.suspect_nodes() if request.with_references else [request.node]:
+                if not self.cache.catalog_valid(suspect):
+                    await self.cache.reload_suspects(self.store, suspect)
         except AdxError as exc:
             await abort_with(context, exc)
         catalog = self.cache.node_catalog(request.node)
@@ -153,6 +155,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             environment_json=[record.model_dump_json(by_alias=True) for record in catalog],
             served_at=time.time(),
             retired_checkpoint_json=retired,
+            referenced_checkpoint_ids=self.cache.referenced_checkpoints() if request.with_references else [],
         )
 
     async def ConfirmCheckpointDeleted(

@@ -188,7 +188,7 @@ class NodeAgent:
             await self.reporter.report_once()
             if self.reporter.state.registered:
                 try:
-                    catalog = await self.sink.catalog()
+                    catalog = await self.sink.catalog(with_references=True)
                     break
                 except AdxError as exc:
                     log.warning("catalog not available yet: %s", exc, extra={"node": self.name})
@@ -206,6 +206,39 @@ class NodeAgent:
                 with contextlib.suppress(AdxError):
                     await self.driver.stop(execution)
                 self.executions.forget(execution_id)
+        await self._sweep_checkpoints()
+
+    async def _sweep_checkpoints(self) -> None:
+        """NOD-15, inside the startup barrier: delete the artifacts this node's runtime captured that no
+        Environment of the cluster references (a pause interrupted between capture and commit leaves one).
+
+        Only whole artifacts of our own runtime are listed, so another node's capture in flight on shared
+        storage is never touched; retired ones are left to the confirmed deletion of CRD-9."""
+        referenced = self.sink.referenced_checkpoints | {ref.id for ref in self.sink.retired_checkpoints}
+        storages = ["local"] if self.places.shared_root is None else ["local", self.places.shared_root]
+        for storage in storages:
+            try:
+                artifacts = await self.driver.list_checkpoints(storage)
+            except AdxError as exc:
+                log.warning("checkpoint sweep of %s skipped: %s", storage, exc, extra={"node": self.name})
+                continue
+            for artifact in artifacts:
+                if artifact.checkpoint_id in referenced:
+                    continue
+                try:
+                    await self.driver.delete_checkpoint(artifact.location, artifact.digest)
+                except AdxError as exc:
+                    log.warning(
+                        "unreferenced checkpoint %s not deleted: %s",
+                        artifact.checkpoint_id,
+                        exc,
+                        extra={"node": self.name},
+                    )
+                    continue
+                log.info(
+                    "unreferenced checkpoint deleted",
+                    extra={"node": self.name, "checkpoint_id": artifact.checkpoint_id, "storage": storage},
+                )
 
     async def _recover(self, record: EnvironmentRecord, execution: Execution | None) -> None:
         controller = self._controller(record, execution)

@@ -26,6 +26,8 @@ class CoordinatorSink:
         self.rpc_timeout = rpc_timeout
         # CRD-9: retired artifacts this node can reach, as of the last catalog read.
         self.retired_checkpoints: list[CheckpointRef] = []
+        # CRD-9: every checkpoint the cluster references, as of the last catalog read that asked for it.
+        self.referenced_checkpoints: set[str] = set()
 
     async def commit(
         self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
@@ -48,14 +50,16 @@ class CoordinatorSink:
             raise from_rpc_error(exc, f"commit {record.id}") from None
         return EnvironmentRecord.model_validate_json(reply.environment_json)
 
-    async def catalog(self) -> list[EnvironmentRecord]:
+    async def catalog(self, *, with_references: bool = False) -> list[EnvironmentRecord]:
+        """The Environments this node owns. ``with_references`` also refreshes ``referenced_checkpoints``."""
+        request = pb.InspectNodeRequest(node=self.node, session=self._session(), with_references=with_references)
         try:
-            reply = await self.stub.InspectNode(
-                pb.InspectNodeRequest(node=self.node, session=self._session()), timeout=self.rpc_timeout
-            )
+            reply = await self.stub.InspectNode(request, timeout=self.rpc_timeout)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "inspect node") from None
         self.retired_checkpoints = [CheckpointRef.model_validate_json(doc) for doc in reply.retired_checkpoint_json]
+        if with_references:
+            self.referenced_checkpoints = set(reply.referenced_checkpoint_ids)
         return [EnvironmentRecord.model_validate_json(doc) for doc in reply.environment_json]
 
     async def confirm_checkpoint_deleted(self, checkpoint_id: str) -> None:

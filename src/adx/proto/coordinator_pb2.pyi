@@ -177,17 +177,21 @@ class InspectNodeRequest(_message.Message):
 
     NODE_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
+    WITH_REFERENCES_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     session: _builtins.str
+    with_references: _builtins.bool
+    """Also answer referenced_checkpoint_ids (a node's startup sweep, NOD-15); costs a reload of suspect records."""
     def __init__(
         self,
         *,
         node: _builtins.str = ...,
         session: _builtins.str = ...,
+        with_references: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "session", b"session", "with_references", b"with_references"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -200,6 +204,7 @@ class InspectNodeResponse(_message.Message):
     ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
     SERVED_AT_FIELD_NUMBER: _builtins.int
     RETIRED_CHECKPOINT_JSON_FIELD_NUMBER: _builtins.int
+    REFERENCED_CHECKPOINT_IDS_FIELD_NUMBER: _builtins.int
     served_at: _builtins.float
     @_builtins.property
     def environment_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -211,16 +216,23 @@ class InspectNodeResponse(_message.Message):
         this node can reach: its own local ones, and shared ones when it has the shared storage.
         """
 
+    @_builtins.property
+    def referenced_checkpoint_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """with_references: the ID of every checkpoint any Environment of the cluster references (paused, resuming or
+        a workload checkpoint of a running one): the complete global reference catalog of CRD-9.
+        """
+
     def __init__(
         self,
         *,
         environment_json: _abc.Iterable[_builtins.str] | None = ...,
         served_at: _builtins.float = ...,
         retired_checkpoint_json: _abc.Iterable[_builtins.str] | None = ...,
+        referenced_checkpoint_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "retired_checkpoint_json", b"retired_checkpoint_json", "served_at", b"served_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "referenced_checkpoint_ids", b"referenced_checkpoint_ids", "retired_checkpoint_json", b"retired_checkpoint_json", "served_at", b"served_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -128,6 +128,9 @@ class RuntimeDriver(Protocol):
     async def delete_checkpoint(self, location: str, digest: str) -> None:
         """Delete an artifact (idempotent: a missing one counts as deleted)."""
 
+    async def list_checkpoints(self, storage: str) -> list[Artifact]:
+        """The whole artifacts this runtime captured in ``storage`` (never other nodes' in shared storage)."""
+
     async def network_namespace(self, execution: Execution) -> Path:
         """A path to the execution's network namespace (``/proc/<pid>/ns/net``): user ports are reached
         by connecting from inside it."""

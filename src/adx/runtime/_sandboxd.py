@@ -169,6 +169,12 @@ class SandboxdDriver:
     async def delete_checkpoint(self, location: str, digest: str) -> None:
         await self.client.delete_checkpoint(location, digest)
 
+    async def list_checkpoints(self, storage: str) -> list[Artifact]:
+        listing = await self.client.list_checkpoints(storage)
+        return [
+            Artifact(c.checkpoint_id, c.location, c.digest, c.size_bytes, c.created_at) for c in listing.checkpoints
+        ]
+
     async def observe(self, execution: Execution) -> ExecutionState:
         try:
             info = await self.client.get(_ref(execution))

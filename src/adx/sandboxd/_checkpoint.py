@@ -1,7 +1,10 @@
 """Filesystem checkpoints: the sandbox's overlay upper layer as a compressed tar plus a manifest.
 
 Artifact directory ``<root>/<checkpoint_id>/``: ``layer.tar.zst`` (or ``.gz`` where zstd is missing) and
-``manifest.json`` (kind, source, the sandbox spec, layer file/compression/sha256/size). The checkpoint's
+``manifest.json`` (kind, source, the sandbox spec, layer file/compression/sha256/size). A capture is written
+into ``<root>/.capturing-<owner>-<checkpoint_id>/`` and renamed into place when whole, so an artifact
+directory either is complete or does not exist; a delete renames it to ``.deleting-<checkpoint_id>`` first.
+What a crash leaves of either is swept by the daemon that owns it (``sweep_partials``). The checkpoint's
 *digest* is the sha256 of ``manifest.json``; Restore requires it, verifies the manifest against it and the
 layer against the manifest before extracting anything, and extracts from a private copy it verified (not
 from the shared path, which could change between check and use).
@@ -25,13 +28,24 @@ from typing import Any
 from adx._fs import atomic_write_bytes, fsync_dir
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
-__all__ = ["CHECKPOINT_KIND", "capture_layer", "resolve_location", "verify_and_extract"]
+__all__ = [
+    "CHECKPOINT_KIND",
+    "capture_layer",
+    "deleting_dir",
+    "list_artifacts",
+    "resolve_location",
+    "staging_dir",
+    "sweep_partials",
+    "verify_and_extract",
+]
 
 CHECKPOINT_KIND = "filesystem"
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 _TAR_FLAGS = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--sparse"]
 _CHUNK = 1 << 20
+_CAPTURING = ".capturing-"
+_DELETING = ".deleting-"
 
 
 def _compressor() -> tuple[str, list[str], list[str]]:
@@ -63,8 +77,27 @@ def resolve_location(location: str, roots: dict[str, Path]) -> Path:
     raise InvalidInputError("location", "is not inside a configured checkpoint root")
 
 
-def capture_layer(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]) -> tuple[str, str, int]:
-    """Write layer + manifest into ``artifact_dir`` (created). Returns (manifest digest, layer sha256, size)."""
+def staging_dir(artifact_dir: Path, owner: str) -> Path:
+    """Where the daemon ``owner`` writes ``artifact_dir`` before it is whole."""
+    return artifact_dir.with_name(f"{_CAPTURING}{owner}-{artifact_dir.name}")
+
+
+def capture_layer(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any], owner: str) -> tuple[str, str, int]:
+    """Write layer + manifest into ``artifact_dir`` (created whole, by a rename of its staging dir).
+
+    Returns (manifest digest, layer sha256, size). On failure nothing is left behind."""
+    staging = staging_dir(artifact_dir, owner)
+    try:
+        result = _capture_into(upper, staging, manifest_body)
+        os.rename(staging, artifact_dir)
+        fsync_dir(artifact_dir.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return result
+
+
+def _capture_into(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]) -> tuple[str, str, int]:
     name, compress, _ = _compressor()
     layer_name = f"layer.tar.{'zst' if name == 'zstd' else 'gz'}"
     artifact_dir.mkdir(mode=0o700)
@@ -102,8 +135,45 @@ def capture_layer(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]
     }
     raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
     atomic_write_bytes(artifact_dir / MANIFEST, raw, mode=0o600)
-    fsync_dir(artifact_dir.parent)
     return hashlib.sha256(raw).hexdigest(), digest.hexdigest(), size
+
+
+def list_artifacts(root: Path, owner: str) -> list[tuple[Path, str, dict[str, Any]]]:
+    """(dir, digest, manifest) of every whole artifact under ``root`` that the daemon ``owner`` captured.
+
+    A shared root holds other daemons' artifacts too; those are never listed (nor swept) here."""
+    found: list[tuple[Path, str, dict[str, Any]]] = []
+    if not root.is_dir():
+        return found
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        try:
+            raw = (entry / MANIFEST).read_bytes()
+            manifest = json.loads(raw)
+        except (OSError, ValueError):
+            continue  # not an artifact (or one being deleted by its owner right now)
+        if isinstance(manifest, dict) and manifest.get("source", {}).get("owner") == owner:
+            found.append((entry, hashlib.sha256(raw).hexdigest(), manifest))
+    return found
+
+
+def sweep_partials(root: Path, owner: str) -> list[str]:
+    """Remove what an interrupted capture of ``owner`` or an interrupted delete left under ``root``.
+
+    Only at daemon start: no capture of this daemon is in flight then. Returns the names removed."""
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith((f"{_CAPTURING}{owner}-", _DELETING)) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
+
+
+def deleting_dir(artifact_dir: Path) -> Path:
+    return artifact_dir.with_name(f"{_DELETING}{artifact_dir.name}")
 
 
 def read_manifest(artifact_dir: Path, expected_digest: str) -> dict[str, Any]:

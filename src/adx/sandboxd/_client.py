@@ -34,6 +34,8 @@ from adx.sandboxd._models import (
     CreateResponse,
     DeleteResponse,
     Health,
+    ListCheckpointsRequest,
+    ListCheckpointsResponse,
     ListResponse,
     ResourceInfo,
     RestoreRequest,
@@ -229,6 +231,10 @@ class SandboxdClient:
     async def delete_checkpoint(self, location: str, digest: str) -> None:
         """Remove an artifact (idempotent); the digest must match its manifest."""
         await self._call("DeleteCheckpoint", CheckpointRef(location=location, digest=digest), CheckpointRef)
+
+    async def list_checkpoints(self, storage: str = "local") -> ListCheckpointsResponse:
+        """The whole artifacts this daemon captured in ``storage``."""
+        return await self._call("ListCheckpoints", ListCheckpointsRequest(storage=storage), ListCheckpointsResponse)
 
     async def restore(self, request: RestoreRequest, call_timeout: float = 600.0) -> CreateResponse:
         return await self._call("Restore", request, CreateResponse, call_timeout=call_timeout)

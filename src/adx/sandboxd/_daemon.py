@@ -18,6 +18,7 @@ from adx.sandboxd._models import (
     CheckpointRef,
     CheckpointRequest,
     CreateRequest,
+    ListCheckpointsRequest,
     RestoreRequest,
     SandboxRef,
     WaitRequest,
@@ -69,6 +70,7 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
             CheckpointRef, service.delete_checkpoint, config.checkpoint_timeout_seconds, shield=True
         ),
         "Restore": Route(RestoreRequest, service.restore, config.checkpoint_timeout_seconds + t, shield=True),
+        "ListCheckpoints": Route(ListCheckpointsRequest, service.list_checkpoints, t, shield=False),
     }
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "ExecdOptions",
     "ExitStatus",
     "Health",
+    "ListCheckpointsRequest",
+    "ListCheckpointsResponse",
     "ListResponse",
     "NativeIdentity",
     "ProbeObservation",
@@ -38,6 +40,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxRef",
     "Stats",
+    "StoredCheckpoint",
     "WaitRequest",
     "WaitResponse",
 ]
@@ -328,6 +331,24 @@ class CheckpointInfo(_Model):
 class CheckpointRef(_Model):
     location: str
     digest: str = Field(description="the checkpoint's digest: only an artifact you can name exactly is deleted")
+
+
+class ListCheckpointsRequest(_Model):
+    storage: str = Field(default="local", description="name of a configured artifact root")
+
+
+class StoredCheckpoint(_Model):
+    checkpoint_id: str
+    location: str
+    digest: str = Field(description="sha256 of manifest.json")
+    size_bytes: int
+    created_at: float
+    source_sandbox_id: str
+
+
+class ListCheckpointsResponse(_Model):
+    storage: str
+    checkpoints: list[StoredCheckpoint] = Field(description="whole artifacts this daemon captured there")
 
 
 class RestoreRequest(_Model):

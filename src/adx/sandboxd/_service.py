@@ -52,6 +52,8 @@ from adx.sandboxd._models import (
     ExecdOptions,
     ExitStatus,
     Health,
+    ListCheckpointsRequest,
+    ListCheckpointsResponse,
     ListResponse,
     NativeIdentity,
     ResourceInfo,
@@ -61,6 +63,7 @@ from adx.sandboxd._models import (
     SandboxRecord,
     SandboxRef,
     Stats,
+    StoredCheckpoint,
     WaitRequest,
     WaitResponse,
 )
@@ -292,6 +295,9 @@ class SandboxService:
         self._image_root = image / "root"
         for root in self.config.artifact_roots().values():
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # No capture of this daemon is in flight before it serves: its staging dirs are a crash's leftovers.
+            for name in ckpt.sweep_partials(root, self.owner):
+                log.warning("removed an interrupted checkpoint write", extra={"path": str(root / name)})
         for inside, host in self.config.ro_binds.items():
             if not host.is_dir():
                 raise UnavailableError(f"ro_binds: host dir {host} for {inside} does not exist")
@@ -1169,10 +1175,7 @@ class SandboxService:
                 if live:
                     cg.freeze()  # a consistent upper layer: nothing writes while tar reads
                 try:
-                    return ckpt.capture_layer(sdir / "upper", artifact, body)
-                except BaseException:
-                    shutil.rmtree(artifact, ignore_errors=True)
-                    raise
+                    return ckpt.capture_layer(sdir / "upper", artifact, body, self.owner)
                 finally:
                     if live and not req.leave_running:
                         cg.kill()
@@ -1205,12 +1208,33 @@ class SandboxService:
                 return
             ckpt.read_manifest(artifact, ref.digest)
             # Rename first so a crash midway never leaves a half-deleted artifact that still looks whole.
-            doomed = artifact.with_name(f".deleting-{artifact.name}")
+            doomed = ckpt.deleting_dir(artifact)
             os.rename(artifact, doomed)
             shutil.rmtree(doomed)
 
         await asyncio.to_thread(remove)
         return ref
+
+    async def list_checkpoints(self, req: ListCheckpointsRequest) -> ListCheckpointsResponse:
+        """The whole artifacts this daemon captured in one storage (a node's startup sweep, NOD-15)."""
+        roots = self.config.artifact_roots()
+        if req.storage not in roots:
+            raise InvalidInputError("storage", f"unknown checkpoint storage {req.storage!r} (known: {sorted(roots)})")
+        found = await asyncio.to_thread(ckpt.list_artifacts, roots[req.storage], self.owner)
+        return ListCheckpointsResponse(
+            storage=req.storage,
+            checkpoints=[
+                StoredCheckpoint(
+                    checkpoint_id=path.name,
+                    location=str(path),
+                    digest=digest,
+                    size_bytes=int(manifest.get("layer", {}).get("size", 0)),
+                    created_at=float(manifest.get("created_at", 0.0)),
+                    source_sandbox_id=str(manifest.get("source", {}).get("sandbox_id", "")),
+                )
+                for path, digest, manifest in found
+            ],
+        )
 
     async def restore(self, req: RestoreRequest) -> CreateResponse:
         self.registry.check_usable()
