@@ -201,10 +201,13 @@ async def node_cluster(
         report_interval: float = 0.5,
         capacity_valid_for: float = 30.0,
         shared_checkpoints: bool = False,
+        metrics_interval: float = 15.0,
+        metrics_listen: bool = False,
         **coordinator: Any,
     ) -> NodeCluster:
         """``shared_checkpoints``: every node's sandboxd gets the artifact root ``shared`` on one directory
-        (the cluster's shared storage) and its adxlet uses it for pauseOptions.storage 'shared'."""
+        (the cluster's shared storage) and its adxlet uses it for pauseOptions.storage 'shared'.
+        ``metrics_listen``: each adxlet serves /metrics on a free port (``agent.metrics_port``)."""
         cluster, _ = await coordinator_cluster(**coordinator)
         started: dict[str, Any] = {}
         sandboxds: dict[str, Any] = {}
@@ -227,6 +230,8 @@ async def node_cluster(
                 capacity_file_valid_for_seconds=capacity_valid_for,
                 runtime={"socket": daemon.socket, "ready_timeout_seconds": 30},
                 checkpoints={"shared_root": "shared"} if shared_checkpoints else {},
+                metrics_interval_seconds=metrics_interval,
+                metrics_listen="127.0.0.1:0" if metrics_listen else "",
             )
             agent = NodeAgent(config)
             await agent.start()

@@ -1,4 +1,5 @@
-"""Calls to a node's gRPC API (mutual TLS): the Coordinator's, and the API server's for pause (CRD-1)."""
+"""Calls to a node's gRPC API (mutual TLS): the Coordinator's, and the API server's for pause (CRD-1) and
+usage (MET-1)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from adx._grpc_errors import from_rpc_error
-from adx.model import EnvironmentRecord
+from adx.model import EnvironmentRecord, EnvironmentStats
 from adx.proto import node_pb2 as pb
 from adx.proto import node_pb2_grpc as pb_grpc
 
@@ -67,6 +68,15 @@ class NodeClients:
         return await self._call(
             "resume", address, record, lambda: stub.ResumeEnvironment(request, timeout=self.rpc_timeout)
         )
+
+    async def stats(self, address: str, tenant: str, environment_id: str) -> EnvironmentStats:
+        """The node's last usage sample of a running Environment (MET-1); it never wakes a paused one."""
+        request = pb.EnvironmentStatsRequest(environment_id=environment_id, tenant=tenant)
+        try:
+            reply = await self._stub(address).EnvironmentStats(request, timeout=self.rpc_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"stats of {environment_id} on {address}") from None
+        return EnvironmentStats.model_validate_json(reply.stats_json)
 
     async def close(self) -> None:
         for channel, _ in self._channels.values():

@@ -163,7 +163,7 @@ async def test_lifecycle_flags_refuse_bad_values_naming_the_flag(api_stack) -> N
     assert len(await stack.cluster.coordinator.store.load_all_environments()) == 1
 
 
-@pytest.mark.req("ENV-1", "ENV-3", "CRD-5")
+@pytest.mark.req("ENV-1", "ENV-3", "CRD-5", "MET-1")
 async def test_env_create_with_policies_then_pause_resume_lifetime(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
@@ -183,6 +183,11 @@ async def test_env_create_with_policies_then_pause_resume_lifetime(node_cluster,
 
     code, out, err = await adx_cli("env", "exec", env_id, "--shell", "--", "echo kept > /work/f", env=user)
     assert code == 0, err
+    code, out, err = await adx_cli("env", "stats", env_id, env=user)
+    assert code == 0 and "memory" in out and "of 256.0 MiB" in out and "of 0.25 cores" in out, (out, err)
+    code, out, err = await adx_cli("env", "stats", env_id, "--json", env=user)
+    usage = json.loads(out)
+    assert usage["environmentId"] == env_id and usage["memoryBytes"] > 0 and usage["cpuPercent"] is not None
     code, out, err = await adx_cli("env", "pause", env_id, env=user)
     assert (code, out.split()) == (0, [env_id, "paused"]), err
     (again, text) = await asyncio.gather(
@@ -191,6 +196,8 @@ async def test_env_create_with_policies_then_pause_resume_lifetime(node_cluster,
     assert again[0] == 4 and "adx: error:" in again[2] and "already paused" in again[2]
     assert "state            paused" in text[1] and "checkpoint" in text[1] and "kept forever" in text[1]
     assert "expires" in text[1] and "-> pause" in text[1]
+    code, out, err = await adx_cli("env", "stats", env_id, env=user)
+    assert code == 4 and "is paused" in err, err  # usage of a paused Environment: refused, and it stays paused
 
     code, out, err = await adx_cli("env", "resume", env_id, env=user)
     assert (code, out.split()) == (0, [env_id, "running"]), err

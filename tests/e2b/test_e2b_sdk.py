@@ -46,7 +46,10 @@ def test_create_is_an_adx_environment_and_kill_deletes_it(adx_up: Up) -> None:
     only_alice = Sandbox.list(query=SandboxQuery(metadata={"owner": "alice"}), **adx_up.opts()).next_items()
     assert [s.sandbox_id for s in only_alice] == [sandbox.sandbox_id]
     assert sandbox.is_running()
-    assert sandbox.get_metrics() == []
+    (metric,) = sandbox.get_metrics()  # the node's last usage sample (MET-1)
+    assert metric.cpu_count == 1 and 0 <= metric.cpu_used_pct <= 100
+    assert 0 < metric.mem_used < metric.mem_total and metric.mem_cache >= 0
+    assert abs(metric.timestamp.timestamp() - time.time()) < 60
 
     assert sandbox.kill() is True
     assert not sandbox.is_running()
@@ -236,6 +239,8 @@ def test_pause_then_traffic_or_connect_resumes_with_files(adx_up: Up, sandbox: S
     assert sandbox.pause() is True
     assert sandbox.get_info().state.value == "paused"
     assert sandbox.pause() is False  # already paused: E2B's 409
+    assert sandbox.get_metrics() == []  # asking for usage does not wake it
+    assert sandbox.get_info().state.value == "paused"
     # Data-plane traffic wakes it (the Ingress's EnsureRunning), like any /v1 data-plane call.
     assert sandbox.files.read("/work/kept.txt") == "kept"
     assert sandbox.get_info().state.value == "running"

@@ -28,8 +28,16 @@ from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient
 from adx.api._errors import install_error_handlers, not_found
 from adx.api._schemas import EnvironmentList, EnvironmentView, ErrorBody
-from adx.errors import InvalidInputError
-from adx.model import ENVIRONMENT, EnvironmentSpec, EnvironmentState, check_id, parse_wire
+from adx.errors import ConflictError, EnvironmentPausedError, InvalidInputError
+from adx.model import (
+    DORMANT_STATES,
+    ENVIRONMENT,
+    EnvironmentSpec,
+    EnvironmentState,
+    EnvironmentStats,
+    check_id,
+    parse_wire,
+)
 
 log = logging.getLogger("adx.api")
 
@@ -60,6 +68,18 @@ class Plane:
     async def tenant(self, credentials: HTTPAuthorizationCredentials | None) -> str:
         header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None
         return await self.auth.tenant(header)
+
+    async def environment_stats(self, tenant: str, env_id: str) -> EnvironmentStats:
+        """The owning node's last usage sample (MET-1). A sleeping Environment is refused, never woken."""
+        route = await self.coordinator.resolve_route(tenant, env_id)
+        state = route.record.state
+        if state is not EnvironmentState.RUNNING or not route.node_address or self.nodes is None:
+            error = EnvironmentPausedError if state in DORMANT_STATES else ConflictError
+            raise error(
+                f"environment {env_id} is {state.value}: only a running Environment has usage to report",
+                details={"state": state.value},
+            )
+        return await self.nodes.stats(route.node_address, tenant, env_id)
 
     async def close(self) -> None:
         for extra in self.extras.values():
@@ -198,6 +218,19 @@ async def pause_environment(request: Request, environment_id: str, credentials: 
         record = await p.coordinator.pause_environment(tenant, env_id)
     log.info("environment paused", extra={"env_id": record.id, "tenant": tenant})
     return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.get(
+    "/v1/environments/{environment_id}/stats",
+    response_model=EnvironmentStats,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running (a paused one is not woken)"}},
+    summary="CPU, memory and disk usage of a running Environment, from its node's last sample (MET-1)",
+)
+async def environment_stats(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    stats = await p.environment_stats(tenant, environment_id_or_404(environment_id))
+    return JSONResponse(stats.to_wire())
 
 
 @router.post(

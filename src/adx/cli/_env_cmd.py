@@ -278,6 +278,42 @@ def get(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, ap
         fail(exc)
 
 
+def _bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+@env_app.command("stats")
+def stats(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """CPU, memory and disk usage of a running Environment (its node's last sample; a paused one is not woken)."""
+    try:
+        with _client(api_url, api_key) as client:
+            usage = client.environments.get(environment_id).stats()
+    except AdxError as exc:
+        fail(exc)
+    if as_json:
+        _print_json(usage.to_wire())
+        return
+    cpu = "n/a (one sample so far)" if usage.cpu_percent is None else f"{usage.cpu_percent:.1f}%"
+    limit = f" of {usage.cpu_limit_cores:g} cores" if usage.cpu_limit_cores else ""
+    memory_limit = f" of {_bytes(usage.memory_limit_bytes)}" if usage.memory_limit_bytes else ""
+    disk_limit = f" of {_bytes(usage.disk_limit_bytes)}" if usage.disk_limit_bytes else ""
+    for key, value in (
+        ("id", usage.environment_id),
+        ("execution", f"{usage.execution_id} (generation {usage.generation}) on {usage.node}"),
+        ("cpu", f"{cpu}{limit}, {usage.cpu_usage_seconds:.2f}s used"),
+        ("memory", f"{_bytes(usage.memory_bytes)}{memory_limit} (peak {_bytes(usage.memory_peak_bytes)})"),
+        ("disk", f"{_bytes(usage.disk_bytes)}{disk_limit}"),
+        ("processes", f"{usage.pids}" + (f", {usage.oom_kills} OOM kills" if usage.oom_kills else "")),
+        ("sampled", f"{usage.sample_age_seconds:.1f}s ago"),
+    ):
+        console.print(f"{key:<16} {value}", highlight=False, markup=False)
+
+
 @env_app.command("delete")
 def delete(
     environment_id: EnvId,

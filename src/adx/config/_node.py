@@ -81,6 +81,14 @@ class NodeConfig(StrictModel):
         default=0.5, gt=0, le=60, description="how often idle windows are checked"
     )
     degradation_journal: Path | None = None
+    metrics_interval_seconds: float = Field(
+        default=15.0, gt=0, le=3600, description="MET-1: how often running Environments' CPU and memory are sampled"
+    )
+    metrics_listen: str = Field(
+        default="",
+        pattern=r"^$|^[^\s:]*:\d{1,5}$",
+        description="host:port serving Prometheus /metrics (MET-4); empty: not served",
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")

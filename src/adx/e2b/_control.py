@@ -8,7 +8,7 @@
 | ``POST /sandboxes/{id}/timeout`` ``{timeout}`` | set the lifetime deadline (``set_lifetime``) |
 | ``POST /sandboxes/{id}/pause`` | pause (409 when already paused) |
 | ``POST /v2/sandboxes/{id}/connect`` | ``ensure_running`` (201 when it resumed) |
-| ``GET /sandboxes/{id}/metrics`` | no samples (``[]``) |
+| ``GET /sandboxes/{id}/metrics`` | the node's last usage sample (``stats``); ``[]`` when not running (never wakes) |
 
 Errors are E2B's ``{"code": <HTTP status>, "message": "..."}``; another tenant's sandbox is a 404 like a missing
 one (SEC-2). ``templateID`` is the image (``base``: the default one); ``timeout`` and ``autoPause`` become
@@ -33,7 +33,7 @@ from adx.api._app import Plane, environment_id_or_404, plane, read_json
 from adx.api._errors import status_for
 from adx.e2b._envd import tokens_for
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
-from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, parse_wire
+from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, parse_wire
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
@@ -292,5 +292,40 @@ async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
 @e2b_errors
 async def sandbox_metrics(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
-    await _visible(p, await _tenant(request), sandbox_id)
-    return JSONResponse([])
+    tenant = await _tenant(request)
+    window = [_unix_param(request, name) for name in ("start", "end")]
+    record = await _visible(p, tenant, sandbox_id)
+    try:
+        usage = await p.environment_stats(tenant, record.id)
+    except ConflictError:
+        return JSONResponse([])  # a paused sandbox has no usage, and asking never wakes it
+    start, end = window
+    if (start is not None and usage.sampled_at < start) or (end is not None and usage.sampled_at > end + 1):
+        return JSONResponse([])  # the one sample kept is outside the asked interval
+    return JSONResponse([metric_view(usage)])
+
+
+def _unix_param(request: Request, name: str) -> int | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    if not value.isdigit():
+        raise InvalidInputError(name, f"must be a Unix time in whole seconds, got {value!r}")
+    return int(value)
+
+
+def metric_view(usage: EnvironmentStats) -> dict[str, Any]:
+    """One E2B metric entry; ``cpuUsedPct`` is relative to ``cpuCount`` (the limit rounded up to whole cores)."""
+    cpu_count = max(1, math.ceil(usage.cpu_limit_cores))
+    used_cores = (usage.cpu_percent or 0.0) / 100.0 * (usage.cpu_limit_cores or cpu_count)
+    return {
+        "timestamp": _iso(usage.sampled_at),
+        "timestampUnix": int(usage.sampled_at),
+        "cpuCount": cpu_count,
+        "cpuUsedPct": round(100.0 * used_cores / cpu_count, 2),
+        "memUsed": usage.memory_bytes - usage.memory_cache_bytes,
+        "memTotal": usage.memory_limit_bytes,
+        "memCache": usage.memory_cache_bytes,
+        "diskUsed": usage.disk_bytes,
+        "diskTotal": usage.disk_limit_bytes,
+    }

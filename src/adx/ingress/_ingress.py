@@ -34,7 +34,7 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.model import EnvironmentState
+from adx.model import DORMANT_STATES, EnvironmentState
 from adx.proto import coordinator_pb2 as pb
 
 log = logging.getLogger("adx.ingress")
@@ -61,7 +61,7 @@ _HOP = frozenset(
 )
 _WAITABLE = frozenset({EnvironmentState.PENDING, EnvironmentState.STARTING})
 #: ENV-4: business traffic to these wakes the Environment through the Coordinator's EnsureRunning (CRD-5).
-_WAKEABLE = frozenset({EnvironmentState.PAUSING, EnvironmentState.PAUSED, EnvironmentState.RESUMING})
+_WAKEABLE = DORMANT_STATES
 #: Relay answers meaning "paused or pausing here": wake it, then ask again.
 _WAKE_CODES = frozenset({EnvironmentPausedError.code, EnvironmentPausingError.code})
 #: A request body up to this size is kept so the request can be sent again after a wake-up.

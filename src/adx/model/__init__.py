@@ -17,15 +17,18 @@ from adx.model._resources import Resources, allocatable
 from adx.model._spec import EnvironmentSpec, field_path, parse_wire
 from adx.model._states import (
     ALLOWED_TRANSITIONS,
+    DORMANT_STATES,
     TERMINAL_STATES,
     EnvironmentState,
     can_transition,
     check_transition,
 )
+from adx.model._stats import EnvironmentStats
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "CHECKPOINT",
+    "DORMANT_STATES",
     "ENVIRONMENT",
     "EXECUTION",
     "MAX_QUANTITY",
@@ -36,6 +39,7 @@ __all__ = [
     "EnvironmentRecord",
     "EnvironmentSpec",
     "EnvironmentState",
+    "EnvironmentStats",
     "HealthProbe",
     "IdleAction",
     "Lifecycle",

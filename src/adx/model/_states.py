@@ -38,6 +38,9 @@ ALLOWED_TRANSITIONS: dict[EnvironmentState, frozenset[EnvironmentState]] = {
 }
 
 TERMINAL_STATES = frozenset({S.DELETED})
+#: An Environment that sleeps: no execution serves it; business traffic wakes it (ENV-4), health and usage
+#: requests never do.
+DORMANT_STATES = frozenset({S.PAUSING, S.PAUSED, S.RESUMING})
 
 
 def can_transition(current: EnvironmentState, target: EnvironmentState) -> bool:

@@ -10,6 +10,11 @@ import logging
 import time
 
 import grpc
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from adx._certs import Identity, component_paths
 from adx._grpc_errors import abort_with
@@ -24,12 +29,13 @@ from adx.errors import (
     NotFoundError,
     UnavailableError,
 )
-from adx.model import EnvironmentRecord, EnvironmentState, IdleAction, Resources
+from adx.model import DORMANT_STATES, EnvironmentRecord, EnvironmentState, IdleAction, Resources
 from adx.node._controller import CheckpointPlaces, Controller, ControllerTimings, ReadinessProbe
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._idle import IdleDetector
-from adx.node._relay import Relay, RelayServer, RelayTarget, serve_relay
+from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
+from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_relay
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
 from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2, node_pb2_grpc
@@ -67,6 +73,14 @@ class NodeAgent:
             shared_root=config.checkpoints.shared_root,
         )
         self.idle = IdleDetector(lambda: self.control.states if self.control is not None else {}, self.relay.streams)
+        self.metrics = MetricsSampler(
+            self.driver,
+            lambda: self.controllers,
+            node=config.name,
+            interval=config.metrics_interval_seconds,
+            call_timeout=config.rpc_timeout_seconds,
+        )
+        self._metrics_server: RelayServer | None = None
         self.health = HealthServicer("node")
         self.stop_event = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
@@ -123,7 +137,26 @@ class NodeAgent:
         self.health.set_serving()
         self._tasks.append(asyncio.create_task(self._report_loop(), name="report-loop"))
         self._tasks.append(asyncio.create_task(self._idle_loop(), name="idle-loop"))
+        self._tasks.append(asyncio.create_task(self.metrics.run(self.stop_event), name="metrics-loop"))
+        if self.config.metrics_listen:
+            self._metrics_server = await serve_asgi(self._metrics_app(), self.config.metrics_listen, None, "metrics")
         log.info("node serving", extra={"node": self.name, "port": self.port, "relay": self.reporter.relay_address})
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._metrics_server.port if self._metrics_server is not None else None
+
+    def _metrics_app(self) -> Starlette:
+        registry = metrics_registry(
+            NodeCollector(
+                self.metrics, lambda: self.reporter.admission_open, lambda: self.relay.streams.closed_admission
+            )
+        )
+
+        async def metrics(request: Request) -> Response:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+        return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
 
     async def stop(self) -> None:
         """Stop serving; executions keep running (a node restart adopts them)."""
@@ -137,6 +170,8 @@ class NodeAgent:
             await self._server.stop(grace=2)
         if self._relay_server is not None:
             await self._relay_server.stop()
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
         await self.relay.aclose()
         if self.control is not None:
             await self.control.close()
@@ -537,7 +572,7 @@ class NodeAgent:
                 raise ConflictError(f"environment {env_id} is deleted, not running")
             raise NotFoundError(f"environment {env_id} is not on node {self.name}")
         execution = controller.execution
-        if controller.state in (S.PAUSING, S.PAUSED, S.RESUMING) and not controller.serving:
+        if controller.state in DORMANT_STATES and not controller.serving:
             raise EnvironmentPausedError(f"environment {env_id} is {controller.state.value}; it resumes on demand")
         if not controller.serving or execution is None or execution.execd_socket is None:
             raise ConflictError(f"environment {env_id} is {controller.state.value}, not running")
@@ -594,6 +629,19 @@ class NodeService(node_pb2_grpc.NodeServicer):
         except AdxError as exc:
             await abort_with(context, exc)
         return node_pb2.ResumeEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))
+
+    async def EnvironmentStats(
+        self, request: node_pb2.EnvironmentStatsRequest, context: Context
+    ) -> node_pb2.EnvironmentStatsResponse:
+        await require_peer(context, "api")
+        try:
+            controller = self.agent.controllers.get(request.environment_id)
+            if controller is None or controller.record.tenant != request.tenant:
+                raise NotFoundError(f"environment {request.environment_id} is not on node {self.agent.name}")
+            stats = await self.agent.metrics.stats_of(controller)
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return node_pb2.EnvironmentStatsResponse(stats_json=stats.model_dump_json(by_alias=True))
 
 
 def _record_arg(text: str) -> EnvironmentRecord:

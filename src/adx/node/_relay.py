@@ -16,6 +16,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import h11
 import httpx
@@ -274,22 +275,32 @@ class RelayServer:
 
 
 async def serve_relay(relay: Relay, listen: str, certs: CertPaths) -> RelayServer:
+    return await serve_asgi(relay.app, listen, certs, "relay")
+
+
+async def serve_asgi(app: Any, listen: str, certs: CertPaths | None, what: str) -> RelayServer:
+    """Serve an ASGI app on ``host:port`` inside this event loop; mutual TLS when ``certs`` are given."""
     host, _, port = listen.rpartition(":")
+    tls: dict[str, Any] = {}
+    if certs is not None:
+        tls = {
+            "ssl_certfile": str(certs.cert),
+            "ssl_keyfile": str(certs.key),
+            "ssl_ca_certs": str(certs.ca),
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        }
     config = uvicorn.Config(
-        relay.app,
+        app,
         host=host or "127.0.0.1",
         port=int(port),
-        ssl_certfile=str(certs.cert),
-        ssl_keyfile=str(certs.key),
-        ssl_ca_certs=str(certs.ca),
-        ssl_cert_reqs=ssl.CERT_REQUIRED,
         log_level="warning",
         lifespan="off",
-        # Keep-alive connections from Ingress replicas must not hold a node's shutdown.
+        # Keep-alive connections (Ingress replicas, scrapers) must not hold a node's shutdown.
         timeout_graceful_shutdown=3,
+        **tls,
     )
     server = EmbeddedUvicorn(config)
-    task = asyncio.create_task(server.serve(), name="relay")
+    task = asyncio.create_task(server.serve(), name=what)
     for _ in range(500):
         if server.started:
             return RelayServer(server, task)
@@ -297,4 +308,4 @@ async def serve_relay(relay: Relay, listen: str, certs: CertPaths) -> RelayServe
             break
         await asyncio.sleep(0.01)
     server.should_exit = True
-    raise UnavailableError(f"relay could not listen on {listen}")
+    raise UnavailableError(f"{what} could not listen on {listen}")

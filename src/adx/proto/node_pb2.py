@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61\x64x/proto/node.proto\x12\x0b\x61\x64x.node.v1\"3\n\x17\x41\x64mitEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"4\n\x18\x41\x64mitEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"4\n\x18\x44\x65leteEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"5\n\x19\x44\x65leteEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"L\n\x17PauseEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"4\n\x18PauseEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"4\n\x18ResumeEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"5\n\x19ResumeEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t2\x90\x03\n\x04Node\x12_\n\x10\x41\x64mitEnvironment\x12$.adx.node.v1.AdmitEnvironmentRequest\x1a%.adx.node.v1.AdmitEnvironmentResponse\x12\x62\n\x11\x44\x65leteEnvironment\x12%.adx.node.v1.DeleteEnvironmentRequest\x1a&.adx.node.v1.DeleteEnvironmentResponse\x12_\n\x10PauseEnvironment\x12$.adx.node.v1.PauseEnvironmentRequest\x1a%.adx.node.v1.PauseEnvironmentResponse\x12\x62\n\x11ResumeEnvironment\x12%.adx.node.v1.ResumeEnvironmentRequest\x1a&.adx.node.v1.ResumeEnvironmentResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61\x64x/proto/node.proto\x12\x0b\x61\x64x.node.v1\"3\n\x17\x41\x64mitEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"4\n\x18\x41\x64mitEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"4\n\x18\x44\x65leteEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"5\n\x19\x44\x65leteEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"L\n\x17PauseEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"4\n\x18PauseEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"4\n\x18ResumeEnvironmentRequest\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"5\n\x19ResumeEnvironmentResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"A\n\x17\x45nvironmentStatsRequest\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\".\n\x18\x45nvironmentStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t2\xf1\x03\n\x04Node\x12_\n\x10\x41\x64mitEnvironment\x12$.adx.node.v1.AdmitEnvironmentRequest\x1a%.adx.node.v1.AdmitEnvironmentResponse\x12\x62\n\x11\x44\x65leteEnvironment\x12%.adx.node.v1.DeleteEnvironmentRequest\x1a&.adx.node.v1.DeleteEnvironmentResponse\x12_\n\x10PauseEnvironment\x12$.adx.node.v1.PauseEnvironmentRequest\x1a%.adx.node.v1.PauseEnvironmentResponse\x12\x62\n\x11ResumeEnvironment\x12%.adx.node.v1.ResumeEnvironmentRequest\x1a&.adx.node.v1.ResumeEnvironmentResponse\x12_\n\x10\x45nvironmentStats\x12$.adx.node.v1.EnvironmentStatsRequest\x1a%.adx.node.v1.EnvironmentStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,6 +47,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESUMEENVIRONMENTREQUEST']._serialized_end=437
   _globals['_RESUMEENVIRONMENTRESPONSE']._serialized_start=439
   _globals['_RESUMEENVIRONMENTRESPONSE']._serialized_end=492
-  _globals['_NODE']._serialized_start=495
-  _globals['_NODE']._serialized_end=895
+  _globals['_ENVIRONMENTSTATSREQUEST']._serialized_start=494
+  _globals['_ENVIRONMENTSTATSREQUEST']._serialized_end=559
+  _globals['_ENVIRONMENTSTATSRESPONSE']._serialized_start=561
+  _globals['_ENVIRONMENTSTATSRESPONSE']._serialized_end=607
+  _globals['_NODE']._serialized_start=610
+  _globals['_NODE']._serialized_end=1107
 # @@protoc_insertion_point(module_scope)

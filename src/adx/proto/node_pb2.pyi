@@ -179,3 +179,46 @@ class ResumeEnvironmentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResumeEnvironmentResponse: _TypeAlias = ResumeEnvironmentResponse  # noqa: Y015
+
+@_typing.final
+class EnvironmentStatsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    environment_id: _builtins.str
+    tenant: _builtins.str
+    """the caller's tenant: another tenant's Environment is not found"""
+    def __init__(
+        self,
+        *,
+        environment_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvironmentStatsRequest: _TypeAlias = EnvironmentStatsRequest  # noqa: Y015
+
+@_typing.final
+class EnvironmentStatsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATS_JSON_FIELD_NUMBER: _builtins.int
+    stats_json: _builtins.str
+    """adx.model.EnvironmentStats"""
+    def __init__(
+        self,
+        *,
+        stats_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stats_json", b"stats_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvironmentStatsResponse: _TypeAlias = EnvironmentStatsResponse  # noqa: Y015

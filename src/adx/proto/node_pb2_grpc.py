@@ -54,6 +54,11 @@ class NodeStub:
                 request_serializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentResponse.FromString,
                 _registered_method=True)
+        self.EnvironmentStats = channel.unary_unary(
+                '/adx.node.v1.Node/EnvironmentStats',
+                request_serializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -87,6 +92,13 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EnvironmentStats(self, request, context):
+        """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +121,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.ResumeEnvironment,
                     request_deserializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentRequest.FromString,
                     response_serializer=adx_dot_proto_dot_node__pb2.ResumeEnvironmentResponse.SerializeToString,
+            ),
+            'EnvironmentStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnvironmentStats,
+                    request_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +236,33 @@ class Node:
             '/adx.node.v1.Node/ResumeEnvironment',
             adx_dot_proto_dot_node__pb2.ResumeEnvironmentRequest.SerializeToString,
             adx_dot_proto_dot_node__pb2.ResumeEnvironmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnvironmentStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.node.v1.Node/EnvironmentStats',
+            adx_dot_proto_dot_node__pb2.EnvironmentStatsRequest.SerializeToString,
+            adx_dot_proto_dot_node__pb2.EnvironmentStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

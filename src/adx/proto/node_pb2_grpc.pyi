@@ -41,6 +41,8 @@ class NodeStub:
     """Pause a running Environment (checkpoint, publish, release); returns when the pause is committed."""
     ResumeEnvironment: _grpc.UnaryUnaryMultiCallable[_node_pb2.ResumeEnvironmentRequest, _node_pb2.ResumeEnvironmentResponse]
     """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
+    EnvironmentStats: _grpc.UnaryUnaryMultiCallable[_node_pb2.EnvironmentStatsRequest, _node_pb2.EnvironmentStatsResponse]
+    """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
 
 @_typing.type_check_only
 class NodeAsyncStub(NodeStub):
@@ -53,6 +55,8 @@ class NodeAsyncStub(NodeStub):
     """Pause a running Environment (checkpoint, publish, release); returns when the pause is committed."""
     ResumeEnvironment: _aio.UnaryUnaryMultiCallable[_node_pb2.ResumeEnvironmentRequest, _node_pb2.ResumeEnvironmentResponse]  # type: ignore[assignment]
     """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
+    EnvironmentStats: _aio.UnaryUnaryMultiCallable[_node_pb2.EnvironmentStatsRequest, _node_pb2.EnvironmentStatsResponse]  # type: ignore[assignment]
+    """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
 
 class NodeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -86,5 +90,13 @@ class NodeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_node_pb2.ResumeEnvironmentResponse, _abc.Awaitable[_node_pb2.ResumeEnvironmentResponse]]:
         """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
+
+    @_abc_1.abstractmethod
+    def EnvironmentStats(
+        self,
+        request: _node_pb2.EnvironmentStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_pb2.EnvironmentStatsResponse, _abc.Awaitable[_node_pb2.EnvironmentStatsResponse]]:
+        """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
 
 def add_NodeServicer_to_server(servicer: NodeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -69,6 +69,20 @@ class InventoryItem:
 
 
 @dataclass(frozen=True)
+class ExecutionStats:
+    """One reading of an execution's usage (MET-1): cumulative CPU time and current memory, disk, pids."""
+
+    cpu_usage_seconds: float
+    memory_bytes: int
+    memory_peak_bytes: int
+    memory_cache_bytes: int
+    disk_bytes: int
+    pids: int
+    oom_kills: int
+    observed_at: float
+
+
+@dataclass(frozen=True)
 class Artifact:
     """A published checkpoint artifact, as the runtime names it."""
 
@@ -127,6 +141,9 @@ class RuntimeDriver(Protocol):
 
     async def delete_checkpoint(self, location: str, digest: str) -> None:
         """Delete an artifact (idempotent: a missing one counts as deleted)."""
+
+    async def stats(self, execution: Execution) -> ExecutionStats:
+        """A reading of the execution's usage; the execution must be running."""
 
     async def list_checkpoints(self, storage: str) -> list[Artifact]:
         """The whole artifacts this runtime captured in ``storage`` (never other nodes' in shared storage)."""

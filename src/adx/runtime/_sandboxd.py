@@ -29,6 +29,7 @@ from adx.runtime._driver import (
     Execution,
     ExecutionSpec,
     ExecutionState,
+    ExecutionStats,
     ExitInfo,
     InventoryItem,
 )
@@ -168,6 +169,19 @@ class SandboxdDriver:
 
     async def delete_checkpoint(self, location: str, digest: str) -> None:
         await self.client.delete_checkpoint(location, digest)
+
+    async def stats(self, execution: Execution) -> ExecutionStats:
+        reading = await self.client.stats(_ref(execution))
+        return ExecutionStats(
+            cpu_usage_seconds=reading.cpu_usage_ns / 1e9,
+            memory_bytes=reading.memory_bytes,
+            memory_peak_bytes=reading.memory_peak_bytes,
+            memory_cache_bytes=reading.memory_cache_bytes,
+            disk_bytes=reading.disk_bytes,
+            pids=reading.pids,
+            oom_kills=reading.oom_kills,
+            observed_at=reading.observed_at,
+        )
 
     async def list_checkpoints(self, storage: str) -> list[Artifact]:
         listing = await self.client.list_checkpoints(storage)

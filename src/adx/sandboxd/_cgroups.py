@@ -77,6 +77,7 @@ class CgroupStats:
     memory_peak_bytes: int
     pids: int
     oom_kills: int
+    memory_cache_bytes: int = 0  # page cache charged to the sandbox (part of memory_bytes)
 
 
 def _write(path: Path, value: str) -> None:
@@ -303,10 +304,12 @@ class SandboxCgroup:
             mem = self.v1["memory"]
             memory = _read_int(mem / "memory.usage_in_bytes")
             peak = _read_int(mem / "memory.max_usage_in_bytes")
+            cache = _keyed(mem / "memory.stat").get("total_cache", 0)
         else:
             assert self.v2 is not None
             memory = _read_int(self.v2 / "memory.current")
             peak = _read_int(self.v2 / "memory.peak", memory)
+            cache = _keyed(self.v2 / "memory.stat").get("file", 0)
         if "cpuacct" in self.v1:
             cpu_ns = _read_int(self.v1["cpuacct"] / "cpuacct.usage")
         elif self.v2 is not None:
@@ -320,7 +323,7 @@ class SandboxCgroup:
             pids = _read_int(self.v2 / "pids.current")
         else:
             pids = len(self.procs())
-        return CgroupStats(cpu_ns, memory, peak, pids, self.oom_kills())
+        return CgroupStats(cpu_ns, memory, peak, pids, self.oom_kills(), cache)
 
     def remove(self) -> None:
         """rmdir every directory (idempotent). Raises OSError(EBUSY) if a cgroup still has processes."""

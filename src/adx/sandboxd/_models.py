@@ -270,6 +270,7 @@ class Stats(_Model):
     cpu_usage_ns: int
     memory_bytes: int
     memory_peak_bytes: int
+    memory_cache_bytes: int = Field(default=0, description="page cache, part of memory_bytes")
     pids: int
     oom_kills: int
     disk_bytes: int = Field(description="bytes in the sandbox's writable layer (reported; not enforced on ext4)")

@@ -1058,6 +1058,7 @@ class SandboxService:
                 cpu_usage_ns=s.cpu_usage_ns,
                 memory_bytes=s.memory_bytes,
                 memory_peak_bytes=s.memory_peak_bytes,
+                memory_cache_bytes=s.memory_cache_bytes,
                 pids=s.pids,
                 oom_kills=s.oom_kills,
                 disk_bytes=_tree_bytes(self.registry.sandbox_dir(rec.sandbox_id) / "upper"),

@@ -1,7 +1,7 @@
 """The Python SDK: ``adx.Client`` / ``adx.AsyncClient`` over the public HTTP API (imports only adx.model,
 adx.errors and httpx)."""
 
-from adx.model import CheckpointStorage, EnvironmentState, IdleAction
+from adx.model import CheckpointStorage, EnvironmentState, EnvironmentStats, IdleAction
 from adx.sdk._async import AsyncClient, AsyncCommandStream, AsyncEnvironment
 from adx.sdk._client import Client, CommandStream, Environment
 from adx.sdk._errors import BadResponseError, WaitTimeoutError
@@ -20,6 +20,7 @@ __all__ = [
     "CommandStream",
     "Environment",
     "EnvironmentState",
+    "EnvironmentStats",
     "IdleAction",
     "OutputChunk",
     "PausePolicy",

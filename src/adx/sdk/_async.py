@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from adx.errors import AdxError
-from adx.model import EnvironmentState, IdleAction, PauseOptions
+from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._client import (
     DEFAULT_TIMEOUT,
@@ -232,6 +232,13 @@ class AsyncEnvironment(EnvironmentFields):
         )
         self._apply(response.json())
         return self
+
+    async def stats(self) -> EnvironmentStats:
+        """See ``Environment.stats``."""
+        response = await self._client.request(
+            "GET", f"/v1/environments/{self.id}/stats", what=f"stats of {self.id}", idempotent=True
+        )
+        return EnvironmentStats.model_validate(response.json())
 
     # The same parameter names as the sync twin: the SDK's two clients read the same.
     async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109

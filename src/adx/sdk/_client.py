@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from adx.errors import AdxError, ConflictError
-from adx.model import EnvironmentState, IdleAction, PauseOptions
+from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
 from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
@@ -259,6 +259,14 @@ class Environment(EnvironmentFields):
         )
         self._apply(response.json())
         return self
+
+    def stats(self) -> EnvironmentStats:
+        """CPU, memory and disk usage of the running Environment, from its node's last sample (``sample_age_seconds``
+        says how old). A paused Environment is not woken: EnvironmentPausedError."""
+        response = self._client.request(
+            "GET", f"/v1/environments/{self.id}/stats", what=f"stats of {self.id}", idempotent=True
+        )
+        return EnvironmentStats.model_validate(response.json())
 
     def wait_until_running(self, timeout: float = 120.0) -> Environment:
         """Poll until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted."""

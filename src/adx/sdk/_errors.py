@@ -10,6 +10,7 @@ import httpx
 from adx.errors import (
     AdxError,
     ConflictError,
+    EnvironmentPausedError,
     InvalidInputError,
     NotFoundError,
     UnavailableError,
@@ -62,7 +63,7 @@ def error_from_response(method: str, status: int, body: bytes, what: str) -> Adx
     elif status == 404:
         exc = NotFoundError(text)
     elif status == 409:
-        exc = ConflictError(text)
+        exc = EnvironmentPausedError(text) if code == EnvironmentPausedError.code else ConflictError(text)
     elif status == 503 and code == "no_capacity":
         exc = ConflictError(text)  # the cluster's answer "no node can take it now" (same family as the Coordinator)
     elif status == 504 or (status >= 500 and method not in ("GET", "HEAD")):
