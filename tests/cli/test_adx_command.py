@@ -11,8 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psycopg
 import redis
+
+from adx.embedded._process import pick_free_port
 
 ADX = [sys.executable, "-m", "adx"]
 
@@ -180,6 +183,7 @@ def test_up_runs_the_whole_cluster_and_the_readme_sdk_snippet_works(tmp_path: Pa
         **os.environ,
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "ADX_UP__API_LISTEN": "127.0.0.1:0",
+        "ADX_UP__NODE_METRICS_LISTEN": f"127.0.0.1:{pick_free_port('127.0.0.1')}",
         "COLUMNS": "200",
     }
     proc = subprocess.Popen(
@@ -209,6 +213,9 @@ def test_up_runs_the_whole_cluster_and_the_readme_sdk_snippet_works(tmp_path: Pa
         result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=env, timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stdout == "hello\n"
+        metrics = httpx.get(f"http://{env['ADX_UP__NODE_METRICS_LISTEN']}/metrics").text  # MET-4 through `adx up`
+        assert 'adx_node_admission_open{node="local"} 1.0' in metrics, metrics
+        assert f"node metrics  http://{env['ADX_UP__NODE_METRICS_LISTEN']}/metrics" in seen
 
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)

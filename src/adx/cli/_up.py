@@ -127,6 +127,10 @@ async def _run(cfg: UpConfig) -> None:
         _print_endpoints(servers, external, state_dir)
         if not cfg.servers_only:
             _print_access(api_url, cfg.tenant, api_key, created)
+            if cfg.node_metrics_listen:
+                console.print(
+                    f"node metrics  http://{cfg.node_metrics_listen}/metrics", soft_wrap=True, highlight=False
+                )
         console.print("Press Ctrl-C to stop.")
         await _supervise(servers, cfg, stop)
     finally:

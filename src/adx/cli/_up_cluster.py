@@ -99,6 +99,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "state_dir": str(state_dir / "node" / "data"),
             "resource_source": {"kind": "sandboxd", "socket": str(sandboxd_socket)},
             "runtime": {"socket": str(sandboxd_socket)},
+            "metrics_listen": cfg.node_metrics_listen,
         },
     )
     api_host, _, api_port = cfg.api_listen.rpartition(":")

@@ -50,6 +50,11 @@ class UpConfig(StrictModel):
     servers_only: bool = Field(default=False, description="start only Redis and PostgreSQL, not the ADX daemons")
     api_listen: str = Field(default="127.0.0.1:8080", description="host:port of the API server and Ingress")
     node_name: str = Field(default="local", pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$")
+    node_metrics_listen: str = Field(
+        default="",
+        pattern=r"^$|^[^\s:]*:\d{1,5}$",
+        description="host:port where the node serves Prometheus /metrics (MET-4); empty: not served",
+    )
     tenant: str = Field(default="default", description="the tenant whose API key `adx up` creates and prints")
     health_interval_seconds: float = Field(default=1.0, gt=0, le=60)
     max_restarts_per_minute: int = Field(default=5, ge=0, le=100)
