@@ -1,22 +1,38 @@
-"""Command-line parsing for the lean execd entry point (argparse: standard library only)."""
+"""Command-line parsing for the lean execd entry point (standard library only).
+
+argparse (with gettext) is ~0.6 MiB of resident memory in every sandbox's PID 1, and sandboxd always passes the
+same plain ``--option value`` argv. So :func:`options_from_args` reads that form itself from the one option
+table below and imports argparse only for anything else (``--help``, an unknown or abbreviated option,
+``--option=value``, a value that looks like an option, a bad value, a usage error): argparse then parses the
+whole argv and writes its usual messages. Both paths read the same table, so they agree on every argv the fast
+path accepts.
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from adx.execd import _http
 from adx.execd._daemon import Execd, ExecdOptions
 from adx.logs import configure_logging
 
+if TYPE_CHECKING:
+    import argparse
+
 __all__ = ["build_parser", "main", "options_from_args"]
+
+DESCRIPTION = "ADX execd: PID 1 of a sandbox; serves commands and files over HTTP on a Unix socket."
 
 
 def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
+        import argparse
+
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
@@ -25,79 +41,152 @@ def _octal(text: str) -> int:
     try:
         return int(text, 8)
     except ValueError:
+        import argparse
+
         raise argparse.ArgumentTypeError(f"must be an octal mode like 600, got {text!r}") from None
 
 
+_FLAG = "flag"  # store_true
+_APPEND = "append"  # repeatable, values in a list
+
+
+def _options() -> list[tuple[str, Any, Any, str, dict[str, Any]]]:
+    """(option, kind: a converter, ``str``, _FLAG or _APPEND, default, help, other add_argument keywords).
+
+    A function, not a constant: the defaults read the environment and ``_http`` when the argv is parsed."""
+    return [
+        ("--socket", str, None, "client HTTP Unix socket to listen on (standalone use)", {}),
+        (
+            "--socket-fd",
+            int,
+            None,
+            "inherited, already listening client socket (socket activation by sandboxd; replaces --socket)",
+            {},
+        ),
+        ("--admin-socket", str, None, "privileged HTTP socket: activity and admission control", {}),
+        ("--admin-socket-fd", int, None, "inherited, already listening admin socket", {}),
+        ("--control-socket", str, None, "sandboxd's per-sandbox control socket to report to", {}),
+        ("--sandbox-id", str, "", "identity sent in the control hello", {}),
+        ("--execution-id", str, None, "execution identity sent in the control hello", {}),
+        ("--socket-mode", _octal, 0o600, "mode of the sockets (default 600)", {}),
+        ("--workload-cwd", str, None, "working directory of the workload", {}),
+        (
+            "--keep-running-after-workload-exit",
+            _FLAG,
+            False,
+            "by default execd (and so the sandbox) exits with the workload's status",
+            {},
+        ),
+        ("--probe-command", str, None, "shell command; exit 0 = healthy", {}),
+        ("--probe-tcp-port", int, None, "TCP port on 127.0.0.1 that must accept", {}),
+        ("--probe-interval", _positive, 5.0, "seconds between probes", {}),
+        ("--probe-timeout", _positive, 2.0, "seconds one probe may take", {}),
+        ("--grace-seconds", float, 5.0, "SIGTERM -> SIGKILL grace at shutdown", {}),
+        ("--ring-bytes", int, 1 << 20, "kept output per background stream", {}),
+        ("--coalesce-seconds", float, 0.05, "min interval between activity reports", {}),
+        (
+            "--unset-env",
+            _APPEND,
+            [],
+            "remove NAME from the workload's and commands' environment (repeatable)",
+            {"metavar": "NAME"},
+        ),
+        (
+            "--body-idle-timeout",
+            _positive,
+            _http.BODY_IDLE_TIMEOUT,
+            "seconds a request body may stall before 408 (an abandoned upload is not activity forever)",
+            {},
+        ),
+        (
+            "--write-timeout",
+            _positive,
+            _http.WRITE_TIMEOUT,
+            "seconds a client may read nothing of a response before it is dropped",
+            {},
+        ),
+        ("--log-level", str, os.environ.get("ADX_LOG_LEVEL", "info"), "", {}),
+        ("--log-format", str, os.environ.get("ADX_LOG_FORMAT", "kv"), "", {"choices": ("kv", "json")}),
+    ]
+
+
+def _dest(option: str) -> str:
+    return option[2:].replace("-", "_")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="execd",
-        description="ADX execd: PID 1 of a sandbox; serves commands and files over HTTP on a Unix socket.",
-    )
-    p.add_argument("--socket", help="client HTTP Unix socket to listen on (standalone use)")
-    p.add_argument(
-        "--socket-fd",
-        type=int,
-        default=None,
-        help="inherited, already listening client socket (socket activation by sandboxd; replaces --socket)",
-    )
-    p.add_argument("--admin-socket", help="privileged HTTP socket: activity and admission control")
-    p.add_argument("--admin-socket-fd", type=int, default=None, help="inherited, already listening admin socket")
-    p.add_argument("--control-socket", help="sandboxd's per-sandbox control socket to report to")
-    p.add_argument("--sandbox-id", default="", help="identity sent in the control hello")
-    p.add_argument("--execution-id", default=None, help="execution identity sent in the control hello")
-    p.add_argument("--socket-mode", type=_octal, default=0o600, help="mode of the sockets (default 600)")
-    p.add_argument("--workload-cwd", default=None, help="working directory of the workload")
-    p.add_argument(
-        "--keep-running-after-workload-exit",
-        action="store_true",
-        help="by default execd (and so the sandbox) exits with the workload's status",
-    )
-    p.add_argument("--probe-command", default=None, help="shell command; exit 0 = healthy")
-    p.add_argument("--probe-tcp-port", type=int, default=None, help="TCP port on 127.0.0.1 that must accept")
-    p.add_argument("--probe-interval", type=_positive, default=5.0, help="seconds between probes")
-    p.add_argument("--probe-timeout", type=_positive, default=2.0, help="seconds one probe may take")
-    p.add_argument("--grace-seconds", type=float, default=5.0, help="SIGTERM -> SIGKILL grace at shutdown")
-    p.add_argument("--ring-bytes", type=int, default=1 << 20, help="kept output per background stream")
-    p.add_argument("--coalesce-seconds", type=float, default=0.05, help="min interval between activity reports")
-    p.add_argument(
-        "--unset-env",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="remove NAME from the workload's and commands' environment (repeatable)",
-    )
-    p.add_argument(
-        "--body-idle-timeout",
-        type=_positive,
-        default=_http.BODY_IDLE_TIMEOUT,
-        help="seconds a request body may stall before 408 (an abandoned upload is not activity forever)",
-    )
-    p.add_argument(
-        "--write-timeout",
-        type=_positive,
-        default=_http.WRITE_TIMEOUT,
-        help="seconds a client may read nothing of a response before it is dropped",
-    )
-    p.add_argument("--log-level", default=os.environ.get("ADX_LOG_LEVEL", "info"))
-    p.add_argument("--log-format", default=os.environ.get("ADX_LOG_FORMAT", "kv"), choices=("kv", "json"))
+    """The argparse parser (``--help``, errors): imported here only, see the module docstring."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="execd", description=DESCRIPTION)
+    for option, kind, default, help_text, extra in _options():
+        if kind == _FLAG:
+            p.add_argument(option, action="store_true", help=help_text)
+        elif kind == _APPEND:
+            p.add_argument(option, action="append", default=default, help=help_text, **extra)
+        else:
+            typed = {} if kind is str else {"type": kind}
+            p.add_argument(option, default=default, help=help_text or None, **typed, **extra)
     p.add_argument("workload", nargs=argparse.REMAINDER, help="-- ARGV of the workload (optional)")
     return p
 
 
-def options_from_args(argv: list[str]) -> tuple[ExecdOptions, argparse.Namespace]:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _parse_plain(argv: list[str]) -> SimpleNamespace | None:
+    """The argv as argparse would parse it, when it only has exact ``--option [value]`` pairs and then
+    optionally ``-- WORKLOAD...``; None for anything else (argparse decides)."""
+    options = _options()
+    table = {option: (kind, extra) for option, kind, _, _, extra in options}
+    args = SimpleNamespace(**{_dest(option): default for option, _, default, _, _ in options}, workload=[])
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            args.workload = argv[i:]  # argparse's REMAINDER keeps the "--"
+            return args
+        spec = table.get(arg)
+        if spec is None:
+            return None
+        kind, extra = spec
+        if kind == _FLAG:
+            setattr(args, _dest(arg), True)
+            i += 1
+            continue
+        if i + 1 == len(argv) or argv[i + 1].startswith("-"):
+            return None
+        text = argv[i + 1]
+        if kind == _APPEND:
+            getattr(args, _dest(arg)).append(text)
+        else:
+            try:
+                value = kind(text)
+            except Exception:  # argparse reports it
+                return None
+            if "choices" in extra and value not in extra["choices"]:
+                return None
+            setattr(args, _dest(arg), value)
+        i += 2
+    return args
+
+
+def options_from_args(argv: list[str]) -> tuple[ExecdOptions, SimpleNamespace]:
+    args = _parse_plain(argv)
+    if args is None:
+        args = SimpleNamespace(**vars(build_parser().parse_args(argv)))
+
+    def error(message: str) -> NoReturn:
+        build_parser().error(message)
+
     workload = list(args.workload)
     if workload and workload[0] == "--":
         workload = workload[1:]
     if (args.socket is None) == (args.socket_fd is None):
-        parser.error("give exactly one of --socket and --socket-fd")
+        error("give exactly one of --socket and --socket-fd")
     if args.admin_socket is not None and args.admin_socket_fd is not None:
-        parser.error("--admin-socket and --admin-socket-fd are mutually exclusive")
+        error("--admin-socket and --admin-socket-fd are mutually exclusive")
     if args.probe_command and args.probe_tcp_port is not None:
-        parser.error("--probe-command and --probe-tcp-port are mutually exclusive")
+        error("--probe-command and --probe-tcp-port are mutually exclusive")
     if args.probe_tcp_port is not None and not 0 < args.probe_tcp_port < 65536:
-        parser.error("--probe-tcp-port must be in 1..65535")
+        error("--probe-tcp-port must be in 1..65535")
     options = ExecdOptions(
         args.socket,
         socket_fd=args.socket_fd,
