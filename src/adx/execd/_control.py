@@ -87,7 +87,11 @@ class ControlClient:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
+            # Python 3.11's wait_for drops a cancel that lands in the step its inner await finishes (gh-86296):
+            # _run then reads e.g. a refused connect and retries forever. Cancel again until it is done.
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.1)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
