@@ -115,3 +115,55 @@ async def test_stats_of_another_tenant_or_a_stopped_environment_are_refused(node
         async with stack.http(alpha) as http:
             gone = await http.get(f"/v1/environments/{env.id}/stats")
         assert gone.status_code in (404, 409), gone.text
+
+
+@pytest.mark.req("MET-2", "MET-3")
+async def test_hanging_or_failing_stats_never_hold_or_change_the_lifecycle(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """sandboxd's Stats hangs (a fault injected into the runtime's Stats call): sampling rounds are stuck, yet
+    creates and pauses go through. Then Stats fails: the Environment stays running, nothing restarts."""
+    from adx.errors import UnavailableError
+    from adx.node._metrics import MAX_CONCURRENT_STATS
+
+    nc = await node_cluster(metrics_interval=0.1)
+    agent = nc.nodes["n1"]
+    real_stats = agent.driver.stats
+    release = asyncio.Event()
+    in_flight = 0
+    most = 0
+
+    async def hanging(execution):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await release.wait()
+            return await real_stats(execution)
+        finally:
+            in_flight -= 1
+
+    agent.driver.stats = hanging
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        first = await client.environments.create(cpu=0.25, memory="128Mi")
+        deadline = time.monotonic() + 10
+        while in_flight == 0:
+            assert time.monotonic() < deadline, "no sample started"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        second = await client.environments.create(cpu=0.25, memory="128Mi")
+        await first.pause()
+        assert time.monotonic() - started < 10 and second.state == "running" and first.state == "paused"
+        assert 1 <= most <= MAX_CONCURRENT_STATS
+
+        async def failing(execution):  # type: ignore[no-untyped-def]
+            raise UnavailableError("sandboxd: stats failed (injected)")
+
+        agent.driver.stats = failing
+        release.set()
+        execution = second.execution_id
+        await asyncio.sleep(1.0)  # about ten failed rounds
+        assert (await second.refresh()).state == "running" and second.execution_id == execution
+        assert second.restart_attempts == 0
+        agent.driver.stats = real_stats
+        assert (await second.stats()).execution_id == execution

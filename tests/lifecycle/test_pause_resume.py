@@ -256,6 +256,50 @@ async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node
             await successor.stop()
 
 
+@pytest.mark.req("CRD-7", "NOD-1")
+async def test_an_adxlet_stopped_mid_resume_cleans_the_half_restore_before_resuming(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """The adxlet goes away while sandboxd restores a checkpoint (the restore's reply is never seen). Its
+    successor finds the Environment resuming: the half-restored sandbox, recorded before the call, is deleted
+    first, then the resume runs again. One sandbox is left for the Environment, and nothing is lost."""
+    from adx.node._agent import NodeAgent
+
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    agent = nc.nodes["n1"]
+    sandboxd = agent.driver.client
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(cpu=0.5, memory="512Mi")
+        await env.commands.run("head -c 67108864 /dev/urandom > /work/blob && sha256sum /work/blob > /work/sum")
+        await env.pause()
+        paused_execution = env.execution_id
+
+        async def sandboxes() -> set[str]:
+            return {s.sandbox_id for s in await sandboxd.list() if s.metadata.get("adx.env") == env.id}
+
+        assert await sandboxes() == set()
+        resuming = asyncio.create_task(env.resume())
+        deadline = time.monotonic() + 10
+        while not await sandboxes():
+            assert time.monotonic() < deadline, "the restore did not start"
+            await asyncio.sleep(0.005)
+        (half_restored,) = await sandboxes()
+        await agent.controllers[env.id].close()  # its task is cancelled mid-restore, as in a crash
+        await agent.stop()
+        successor = NodeAgent(agent.config)
+        await successor.start()
+        nc.nodes["n1"] = successor
+        try:
+            with contextlib.suppress(adx.AdxError):
+                await resuming
+            final = await wait_state(env, "running", within=30)
+            assert final.execution_id not in (None, paused_execution, half_restored)
+            assert await sandboxes() == {final.execution_id}  # the half-restored one is gone
+            assert (await env.commands.run("sha256sum -c /work/sum")).exit_code == 0
+        finally:
+            await successor.stop()
+
+
 @pytest.mark.req("CRD-5")
 async def test_no_capacity_on_the_original_node_resumes_a_shared_checkpoint_elsewhere(
     node_cluster, api_for, tmp_path

@@ -93,3 +93,24 @@ async def test_per_sandbox_calls_check_owner_id_generation_and_token(sandboxd: D
             await c.create(CreateRequest(request_id="a", argv=["sleep", "2000"]))
         await c.delete(ref)
         await c.delete(ref_of(other))
+
+
+@pytest.mark.req("SBX-4")
+async def test_a_caller_chosen_token_addresses_the_sandbox_even_without_the_reply(sandboxd: DaemonFactory) -> None:
+    """The caller may choose the secret (so a lost Create reply leaves the sandbox addressable); it is then the
+    only one accepted, a replay returns it, and a malformed one is refused naming the field."""
+    d = sandboxd()
+    secret = "s3cret-" + "x" * 40
+    async with d.client() as c:
+        request = CreateRequest(request_id="chosen", sandbox_id="chosen-1", token=secret, argv=["sleep", "1000"])
+        created = await c.create(request)
+        assert ref_of(created).token == secret
+        # Addressed with what the caller knew before the call, not with the reply:
+        planned = SandboxRef(sandbox_id="chosen-1", generation=1, token=secret)
+        assert (await c.get(planned)).sandbox_id == "chosen-1"
+        with pytest.raises(PermissionDeniedError):
+            await c.get(SandboxRef(sandbox_id="chosen-1", generation=1, token="y" * 43))
+        assert ref_of(await c.create(request)).token == secret  # an idempotent replay
+        raw = await c.raw("Create", {"request_id": "short", "argv": ["true"], "token": "short"})
+        assert raw.status_code in (400, 422) and "token" in raw.content.decode(), raw
+        await c.delete(planned)

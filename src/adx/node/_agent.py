@@ -228,19 +228,20 @@ class NodeAgent:
                 except AdxError as exc:
                     log.warning("catalog not available yet: %s", exc, extra={"node": self.name})
             await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
+        # Recorded before every start or restore (its planned address), so this covers what an interrupted
+        # launch left in the runtime too.
         known = {execution.execution_id: execution for execution in self.executions.load_all()}
-        referenced: set[str] = set()
-        for record in catalog:
-            if record.execution_id:
-                referenced.add(record.execution_id)
-            await self._recover(record, known.get(record.execution_id or ""))
-        # Executions of ours that no committed record references: clean them (the catalog was read fully).
+        referenced = {record.execution_id for record in catalog if record.execution_id}
+        # CRD-7: executions no committed record references (a start or restore cut short before its commit)
+        # are cleaned before any Controller resumes or starts anything; the catalog was read fully.
         for execution_id, execution in known.items():
             if execution_id not in referenced:
                 log.info("cleaning an unreferenced execution", extra={"execution_id": execution_id})
                 with contextlib.suppress(AdxError):
                     await self.driver.stop(execution)
                 self.executions.forget(execution_id)
+        for record in catalog:
+            await self._recover(record, known.get(record.execution_id or ""))
         await self._sweep_checkpoints()
 
     async def _sweep_checkpoints(self) -> None:
@@ -286,6 +287,12 @@ class NodeAgent:
         elif record.state is S.RESUMING:
             controller.submit("resume")  # a half-done restore left nothing referenced: it was cleaned above
         elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
+            if execution.execd_socket is None:
+                # Only planned: the start was cut short before it returned. Whatever it made is cleaned by the
+                # exit flow, then the Environment fails (or restarts, by its policy) like any lost start.
+                info = ExitInfo(reason="the node stopped while the execution was starting")
+                controller.submit("exited", execution_id=execution.execution_id, info=info)
+                return
             state = await self.driver.observe(execution)
             if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
                 controller.submit("cancel_pause")  # the pause was not published: the execution runs on

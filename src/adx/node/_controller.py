@@ -57,6 +57,8 @@ class ExecutionStore(Protocol):
 
     def save(self, execution: Execution) -> None: ...
 
+    def get(self, execution_id: str) -> Execution | None: ...
+
     def forget(self, execution_id: str) -> None: ...
 
 
@@ -370,6 +372,7 @@ class Controller:
 
     async def _launch(self, execution_id: str, *, restore: CheckpointRef | None = None) -> Execution:
         spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
+        self.executions.save(self.driver.planned(spec))  # addressable even if this call's reply is lost
         if restore is None:
             execution = await self.driver.start(spec)
         else:
@@ -442,17 +445,11 @@ class Controller:
         return await self._running(execution)
 
     async def _take_leftover(self, execution_id: str) -> Execution | None:
-        """After a failed launch: whatever it left running (ours, or found in the runtime), now owned by cleanup."""
-        leftover = self.execution or await self._find_execution(execution_id)
+        """After a failed launch: whatever it may have left in the runtime (its recorded address, planned before
+        the call), now owned by cleanup."""
+        leftover = self.execution or self.executions.get(execution_id)
         self.execution = None
         return leftover
-
-    async def _find_execution(self, execution_id: str) -> Execution | None:
-        with contextlib.suppress(AdxError):
-            for item in await self.driver.inventory():
-                if item.execution_id == execution_id:
-                    return Execution(item.env_id, item.generation, item.execution_id, item.native)
-        return None
 
     async def _cleanup(self, execution: Execution) -> None:
         await self._retry_until_done(f"cleanup of {execution.execution_id}", lambda: self.driver.stop(execution))

@@ -1,7 +1,9 @@
 """The node's record of its executions: what it needs to address them again after a restart.
 
 One JSON file per execution (it holds the sandbox's secret token: mode 0600 in a 0700 directory), written
-atomically. It is a cache of addressing data, not a catalog: ownership always comes from the Coordinator.
+atomically. It is a cache of addressing data, not a catalog: ownership always comes from the Coordinator. An
+execution is recorded before it is started (its planned address, without execd's socket) and again once it
+runs, so a node that stops mid-start can still find and clean what the start left.
 """
 
 from __future__ import annotations
@@ -41,17 +43,20 @@ class ExecutionFiles:
             fsync_dir(self.directory)
 
     def load_all(self) -> list[Execution]:
-        executions = []
-        for path in sorted(self.directory.glob("*.json")):
-            data = json.loads(path.read_text())
-            executions.append(
-                Execution(
-                    env_id=data["env_id"],
-                    generation=data["generation"],
-                    execution_id=data["execution_id"],
-                    native=data["native"],
-                    execd_socket=Path(data["execd_socket"]) if data["execd_socket"] else None,
-                    started_at=data["started_at"],
-                )
-            )
-        return executions
+        return [self._read(path) for path in sorted(self.directory.glob("*.json"))]
+
+    def get(self, execution_id: str) -> Execution | None:
+        path = self._path(execution_id)
+        return self._read(path) if path.exists() else None
+
+    @staticmethod
+    def _read(path: Path) -> Execution:
+        data = json.loads(path.read_text())
+        return Execution(
+            env_id=data["env_id"],
+            generation=data["generation"],
+            execution_id=data["execution_id"],
+            native=data["native"],
+            execd_socket=Path(data["execd_socket"]) if data["execd_socket"] else None,
+            started_at=data["started_at"],
+        )

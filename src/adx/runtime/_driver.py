@@ -8,6 +8,7 @@ idempotent; everything a driver needs to address an execution again after a node
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -22,6 +23,9 @@ class ExecutionSpec:
     generation: int
     execution_id: str
     spec: EnvironmentSpec
+    #: The execution's secret in the runtime, fixed before the start so the node can store the execution's
+    #: address first: a start or restore whose reply is lost (a crash mid-call) leaves nothing unaddressable.
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,10 @@ class RuntimeDriver(Protocol):
 
     async def thaw(self, execution: Execution) -> None:
         """Let a frozen execution run again (a cancelled pause)."""
+
+    def planned(self, spec: ExecutionSpec) -> Execution:
+        """The address the execution a start or restore of ``spec`` creates will have, known before the call
+        (the node records it first). It carries no execd socket: that is known once the start returns."""
 
     async def restore(self, spec: ExecutionSpec, location: str, digest: str) -> Execution:
         """Start a new execution from a checkpoint (verified against ``digest`` first)."""

@@ -103,6 +103,7 @@ class SandboxdDriver:
             "request_id": spec.execution_id,
             "sandbox_id": spec.execution_id,
             "generation": spec.generation,
+            "token": spec.secret,
             "env": dict(env_spec.env),
             "resources": ResourcesSpec(
                 cpu_millis=max(env_spec.resources.cpu_millis, 10),
@@ -133,6 +134,10 @@ class SandboxdDriver:
             execution_id=spec.execution_id,
             probe=ProbeOptions.model_validate(probe.model_dump()) if probe is not None else None,
         )
+
+    def planned(self, spec: ExecutionSpec) -> Execution:
+        ref = SandboxRef(sandbox_id=spec.execution_id, generation=spec.generation, token=spec.secret)
+        return Execution(spec.env_id, spec.generation, spec.execution_id, native=ref.model_dump())
 
     async def start(self, spec: ExecutionSpec) -> Execution:
         request = CreateRequest(

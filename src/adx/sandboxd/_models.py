@@ -152,6 +152,14 @@ class CreateRequest(_Model):
     request_id: str = Field(min_length=1, max_length=200, description="idempotency key")
     sandbox_id: str | None = Field(default=None, description="optional caller-chosen ID (never reused)")
     generation: int = Field(default=1, ge=1)
+    token: str | None = Field(
+        default=None,
+        min_length=32,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the sandbox's secret, chosen by the caller so that a lost reply leaves it addressable; "
+        "default: generated",
+    )
     argv: list[str] = Field(
         default_factory=list, max_length=4096, description="the workload; may be empty only with execd"
     )
@@ -358,6 +366,14 @@ class RestoreRequest(_Model):
     digest: str
     sandbox_id: str | None = None
     generation: int = Field(default=1, ge=1)
+    token: str | None = Field(
+        default=None,
+        min_length=32,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the sandbox's secret, chosen by the caller so that a lost reply leaves it addressable; "
+        "default: generated",
+    )
     argv: list[str] | None = None
     init_argv: list[str] | None = None
     execd: ExecdOptions | None = Field(default=None, description="default: the checkpointed sandbox's")

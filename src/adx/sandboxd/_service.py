@@ -712,7 +712,7 @@ class SandboxService:
         rec = SandboxRecord(
             sandbox_id=sandbox_id,
             generation=req.generation,
-            token=secrets.token_urlsafe(32),
+            token=req.token or secrets.token_urlsafe(32),
             state=State.CREATING,
             request_id=req.request_id,
             request_digest=digest,
@@ -1248,6 +1248,7 @@ class SandboxService:
             request_id=req.request_id,
             sandbox_id=req.sandbox_id,
             generation=req.generation,
+            token=req.token,
             argv=req.argv or spec["argv"],
             # An execd sandbox's init is rebuilt for the new ID (the stored one names the old sandbox).
             init_argv=None if execd is not None else plain_init,
