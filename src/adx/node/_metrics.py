@@ -33,8 +33,9 @@ S = EnvironmentState
 MAX_CONCURRENT_STATS = 32
 #: The shortest interval a CPU rate is computed over when a request finds a single reading.
 FIRST_RATE_WINDOW_SECONDS = 0.2
-#: States in which an Environment holds its node reservation (a paused one released it).
-_HOLDING = frozenset(set(EnvironmentState) - {S.PAUSED, S.DELETED})
+#: States in which an Environment holds its node reservation (a paused one released it; a failed one holds it
+#: only while a restart is pending).
+_HOLDING = frozenset(set(EnvironmentState) - {S.PAUSED, S.DELETED, S.FAILED})
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,11 @@ class MetricsSampler:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.sample_round()
+            try:
+                await self.sample_round()
+            except Exception:
+                # A bug in one round must not end sampling for the node's lifetime.
+                log.exception("metrics round failed", extra={"node": self.node})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval)
 
@@ -255,7 +260,7 @@ class NodeCollector(Collector):
         states: dict[str, int] = dict.fromkeys((state.value for state in EnvironmentState), 0)
         for controller in controllers.values():
             states[controller.state.value] += 1
-            if controller.state in _HOLDING:
+            if controller.state in _HOLDING or (controller.state is S.FAILED and controller.record.restart_pending):
                 reserved = reserved + controller.record.spec.resources
         for name, value in (
             ("cpu_millis", reserved.cpu_millis),
