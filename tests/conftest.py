@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -194,6 +196,7 @@ async def node_cluster(
     factory = DaemonFactory(tmp_path / "sandboxd")
     (tmp_path / "sandboxd").mkdir()
     agents: list[Any] = []
+    mounts: list[Path] = []
 
     async def make(
         nodes: tuple[str, ...] = ("n1",),
@@ -205,8 +208,9 @@ async def node_cluster(
         metrics_listen: bool = False,
         **coordinator: Any,
     ) -> NodeCluster:
-        """``shared_checkpoints``: every node's sandboxd gets the artifact root ``shared`` on one directory
-        (the cluster's shared storage) and its adxlet uses it for pauseOptions.storage 'shared'.
+        """``shared_checkpoints``: every node's sandboxd gets the artifact root ``shared`` on one directory (the
+        cluster's shared storage, bind-mounted at a different path per node) and its adxlet uses it for
+        pauseOptions.storage 'shared'.
         ``metrics_listen``: each adxlet serves /metrics on a free port (``agent.metrics_port``)."""
         cluster, _ = await coordinator_cluster(**coordinator)
         started: dict[str, Any] = {}
@@ -214,7 +218,16 @@ async def node_cluster(
         shared = tmp_path / "shared-checkpoints"
         shared.mkdir(exist_ok=True)
         for name in nodes:
-            daemon = factory(name, checkpoint_dirs={"shared": str(shared)}) if shared_checkpoints else factory(name)
+            if shared_checkpoints:
+                # Each node mounts the shared storage at its own path (as NFS clients may): a checkpoint is
+                # found by name under the resuming node's mount, never by the publishing node's path.
+                mount = tmp_path / f"shared-on-{name}"
+                mount.mkdir(exist_ok=True)
+                await asyncio.to_thread(subprocess.run, ["mount", "--bind", str(shared), str(mount)], check=True)
+                mounts.append(mount)
+                daemon = factory(name, checkpoint_dirs={"shared": str(mount)})
+            else:
+                daemon = factory(name)
             issue(cluster.certs, Identity("node", name))
             cap_file = tmp_path / f"{name}-capacity.json"
             cap_file.write_text(json.dumps(capacity or {"cpuMillis": 8000, "memoryBytes": 16 * 2**30}))
@@ -246,3 +259,5 @@ async def node_cluster(
         with contextlib.suppress(Exception):
             await agent.stop()
     factory.cleanup()
+    for mount in mounts:
+        await asyncio.to_thread(subprocess.run, ["umount", "--lazy", str(mount)], check=False)

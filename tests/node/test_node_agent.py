@@ -205,3 +205,22 @@ async def test_routine_check_starts_a_pending_environment_the_node_never_heard_o
         assert running.execution_id
     finally:
         await api.close()
+
+
+@pytest.mark.req("NOD-19", "ENV-3")
+async def test_a_shared_root_the_runtime_lacks_stops_the_start_naming_the_setting(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """checkpoints.shared_root names a sandboxd storage; a name sandboxd does not have is a configuration error
+    that stops the adxlet at once, before it registers or serves anything."""
+    from adx.errors import InvalidInputError
+    from adx.node._agent import NodeAgent
+
+    nc = await node_cluster()
+    agent = nc.nodes["n1"]
+    await agent.stop()
+    config = agent.config.model_copy(
+        update={"checkpoints": agent.config.checkpoints.model_copy(update={"shared_root": "nfs"})}
+    )
+    with pytest.raises(
+        InvalidInputError, match=r"checkpoints.shared_root: the runtime has no checkpoint storage 'nfs'"
+    ):
+        await NodeAgent(config).start()

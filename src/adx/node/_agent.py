@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -97,6 +98,7 @@ class NodeAgent:
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         await self._wait_runtime()
+        await self._find_shared_storage()
         # CTL-2: ONE runtime-control subscription per node; Controllers take Ready from it (pushed).
         self.control = await self.driver.subscribe()
         self.readiness = SubscriptionReadiness(self.driver, self.control)
@@ -180,6 +182,19 @@ class NodeAgent:
         if self._channel is not None:
             await self._channel.close(None)
         await self.driver.aclose()
+
+    async def _find_shared_storage(self) -> None:
+        """Where this host mounts the shared checkpoint storage; a name the runtime lacks is a configuration
+        error (NOD-19: it stops the start at once)."""
+        name = self.places.shared_root
+        if name is None:
+            return
+        roots = await self.driver.checkpoint_roots()
+        if name not in roots:
+            raise InvalidInputError(
+                "checkpoints.shared_root", f"the runtime has no checkpoint storage {name!r} (it has {sorted(roots)})"
+            )
+        self.places = dataclasses.replace(self.places, shared_path=roots[name])
 
     async def _wait_runtime(self) -> None:
         """NOD-19: wait for the runtime, round after round, before registering or serving anything."""
@@ -375,7 +390,7 @@ class NodeAgent:
             if ref.storage == "local" and ref.node != self.name:
                 continue
             try:
-                await self.driver.delete_checkpoint(ref.location, ref.digest)
+                await self.driver.delete_checkpoint(self.places.locate(ref), ref.digest)
                 await self.sink.confirm_checkpoint_deleted(ref.id)
             except AdxError as exc:
                 log.warning("retired checkpoint %s not deleted yet: %s", ref.id, exc, extra={"node": self.name})

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from adx.errors import (
@@ -82,6 +83,15 @@ class CheckpointPlaces:
     node: str
     default_storage: str = "local"
     shared_root: str | None = None
+    #: Where the shared storage is mounted on this host (from the runtime at start): it may differ per node.
+    shared_path: str | None = None
+
+    def locate(self, checkpoint: CheckpointRef) -> str:
+        """The checkpoint's location on this node. A shared artifact is found under this node's mount of the
+        shared storage, whatever path the publishing node had; a local one exists only where it was made."""
+        if checkpoint.storage == "shared" and self.shared_path is not None:
+            return str(Path(self.shared_path) / Path(checkpoint.location).name)
+        return checkpoint.location
 
     def resolve(self, requested: CheckpointStorage) -> tuple[str, str]:
         """(kind, runtime storage name) for a pause's ``storage`` option (ENV-3)."""
@@ -376,7 +386,7 @@ class Controller:
         if restore is None:
             execution = await self.driver.start(spec)
         else:
-            execution = await self.driver.restore(spec, restore.location, restore.digest)
+            execution = await self.driver.restore(spec, self.places.locate(restore), restore.digest)
         self.executions.save(execution)
         self.execution = execution
         await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)

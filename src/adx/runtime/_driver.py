@@ -153,6 +153,10 @@ class RuntimeDriver(Protocol):
     async def stats(self, execution: Execution) -> ExecutionStats:
         """A reading of the execution's usage; the execution must be running."""
 
+    async def checkpoint_roots(self) -> dict[str, str]:
+        """Checkpoint storage name -> where that storage is on this host (shared storage may be mounted at a
+        different path on each node)."""
+
     async def list_checkpoints(self, storage: str) -> list[Artifact]:
         """The whole artifacts this runtime captured in ``storage`` (never other nodes' in shared storage)."""
 

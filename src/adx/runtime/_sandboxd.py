@@ -188,6 +188,9 @@ class SandboxdDriver:
             observed_at=reading.observed_at,
         )
 
+    async def checkpoint_roots(self) -> dict[str, str]:
+        return (await self.client.health()).artifact_roots
+
     async def list_checkpoints(self, storage: str) -> list[Artifact]:
         listing = await self.client.list_checkpoints(storage)
         return [

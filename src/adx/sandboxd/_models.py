@@ -315,6 +315,9 @@ class Health(_Model):
     runtime_control_socket: str | None = Field(
         default=None, description="the node-level runtime-control subscription socket (CTL-2)"
     )
+    artifact_roots: dict[str, str] = Field(
+        default_factory=dict, description="checkpoint storage name -> its directory on this host"
+    )
 
 
 class CheckpointRequest(_Model):

@@ -1110,6 +1110,7 @@ class SandboxService:
             resource_fresh=fresh,
             deferred_errors=list(self.deferred_errors),
             runtime_control_socket=str(self.config.runtime_control_socket),
+            artifact_roots={name: str(path) for name, path in self.config.artifact_roots().items()},
         )
 
     async def pause(self, ref: SandboxRef) -> SandboxInfo:
