@@ -256,6 +256,35 @@ async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node
             await successor.stop()
 
 
+@pytest.mark.req("NOD-15", "CRD-9")
+async def test_the_sweep_deletes_only_on_the_coordinators_complete_reference_list(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """An artifact nothing references (captured, never committed) is deleted by the sweep, a referenced one
+    is kept, and without a reference list from the Coordinator (an older one) nothing is deleted."""
+    from adx.runtime._sandboxd import _ref
+
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    agent = nc.nodes["n1"]
+    local = nc.sandboxds["n1"].state_dir / "checkpoints"
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        paused = await client.environments.create(cpu=0.25, memory="128Mi")
+        await paused.pause()
+        running = await client.environments.create(cpu=0.25, memory="128Mi")
+        orphan = await agent.driver.client.checkpoint(_ref(agent.controllers[running.id].execution))
+        assert artifacts(local) == {paused.checkpoint.id, orphan.checkpoint_id}
+
+        agent.sink.referenced_checkpoints = None  # what a Coordinator without reference lists leaves
+        await agent._sweep_checkpoints()
+        assert artifacts(local) == {paused.checkpoint.id, orphan.checkpoint_id}
+
+        await agent.sink.catalog(with_references=True)
+        await agent._sweep_checkpoints()
+        assert artifacts(local) == {paused.checkpoint.id}
+        await paused.resume()
+        assert (await paused.commands.run("true")).exit_code == 0
+
+
 @pytest.mark.req("CRD-7", "NOD-1")
 async def test_an_adxlet_stopped_mid_resume_cleans_the_half_restore_before_resuming(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
     """The adxlet goes away while sandboxd restores a checkpoint (the restore's reply is never seen). Its

@@ -156,6 +156,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             served_at=time.time(),
             retired_checkpoint_json=retired,
             referenced_checkpoint_ids=self.cache.referenced_checkpoints() if request.with_references else [],
+            references_included=request.with_references,
         )
 
     async def ConfirmCheckpointDeleted(

@@ -265,6 +265,9 @@ class NodeAgent:
 
         Only whole artifacts of our own runtime are listed, so another node's capture in flight on shared
         storage is never touched; retired ones are left to the confirmed deletion of CRD-9."""
+        if self.sink.referenced_checkpoints is None:
+            log.warning("checkpoint sweep skipped: the Coordinator sent no reference list", extra={"node": self.name})
+            return
         referenced = self.sink.referenced_checkpoints | {ref.id for ref in self.sink.retired_checkpoints}
         storages = ["local"] if self.places.shared_root is None else ["local", self.places.shared_root]
         for storage in storages:

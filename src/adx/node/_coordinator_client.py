@@ -27,7 +27,7 @@ class CoordinatorSink:
         # CRD-9: retired artifacts this node can reach, as of the last catalog read.
         self.retired_checkpoints: list[CheckpointRef] = []
         # CRD-9: every checkpoint the cluster references, as of the last catalog read that asked for it.
-        self.referenced_checkpoints: set[str] = set()
+        self.referenced_checkpoints: set[str] | None = None
 
     async def commit(
         self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
@@ -59,7 +59,9 @@ class CoordinatorSink:
             raise from_rpc_error(exc, "inspect node") from None
         self.retired_checkpoints = [CheckpointRef.model_validate_json(doc) for doc in reply.retired_checkpoint_json]
         if with_references:
-            self.referenced_checkpoints = set(reply.referenced_checkpoint_ids)
+            # None: this Coordinator did not say what is referenced, so nothing may be swept on its word.
+            included = reply.references_included
+            self.referenced_checkpoints = set(reply.referenced_checkpoint_ids) if included else None
         return [EnvironmentRecord.model_validate_json(doc) for doc in reply.environment_json]
 
     async def confirm_checkpoint_deleted(self, checkpoint_id: str) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61\x64x/proto/coordinator.proto\x12\x12\x61\x64x.coordinator.v1\"\x90\x01\n\x13RegisterNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x15\n\rrelay_address\x18\x04 \x01(\t\x12\x1a\n\x12\x63heckpoint_capable\x18\x05 \x01(\x08\x12\x16\n\x0eshared_storage\x18\x06 \x01(\x08\"M\n\x14RegisterNodeResponse\x12\x18\n\x10previous_session\x18\x01 \x01(\t\x12\x1b\n\x13session_ttl_seconds\x18\x02 \x01(\x01\"1\n\x10HeartbeatRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\"0\n\x11HeartbeatResponse\x12\x1b\n\x13session_ttl_seconds\x18\x01 \x01(\x01\"\x80\x01\n\x15ReportCapacityRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x15\n\rcapacity_json\x18\x03 \x01(\t\x12\x19\n\x11valid_for_seconds\x18\x04 \x01(\x01\x12\x16\n\x0e\x61\x64mission_open\x18\x05 \x01(\x08\"\x18\n\x16ReportCapacityResponse\"L\n\x12InspectNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x17\n\x0fwith_references\x18\x03 \x01(\x08\"\x86\x01\n\x13InspectNodeResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x03(\t\x12\x11\n\tserved_at\x18\x02 \x01(\x01\x12\x1f\n\x17retired_checkpoint_json\x18\x03 \x03(\t\x12!\n\x19referenced_checkpoint_ids\x18\x04 \x03(\t\"W\n\x1f\x43onfirmCheckpointDeletedRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x03 \x01(\t\"5\n ConfirmCheckpointDeletedResponse\x12\x11\n\tforgotten\x18\x01 \x01(\x08\"\xb7\x01\n\x13\x43ommitResultRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x03 \x01(\t\x12\x19\n\x11\x65xpected_revision\x18\x04 \x01(\x03\x12\x1b\n\x13\x65xpected_generation\x18\x05 \x01(\x03\x12\x14\n\x0c\x63hanges_json\x18\x06 \x01(\t\x12\x1b\n\x13release_reservation\x18\x07 \x01(\x08\"0\n\x14\x43ommitResultResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"#\n\x13\x43reateTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\'\n\x14\x43reateTenantResponse\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\"&\n\x13\x41uthenticateRequest\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\"&\n\x14\x41uthenticateResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"V\n\x18\x43reateEnvironmentRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tspec_json\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"<\n\x12\x45nvironmentRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\")\n\x17ListEnvironmentsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"=\n\x10\x45nvironmentReply\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"4\n\x18ListEnvironmentsResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x03(\t\"W\n\x14\x45nsureRunningRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\"]\n\x12SetLifetimeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\"S\n\nRouteReply\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\x12\x15\n\rrelay_address\x18\x02 \x01(\t\x12\x14\n\x0cnode_address\x18\x03 \x01(\t\"\x14\n\x12WatchRoutesRequest\"\x8a\x01\n\nRouteEvent\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\x03\x12\x15\n\rrelay_address\x18\x06 \x01(\t\x12\x0e\n\x06resync\x18\x07 \x01(\x08\x32\xaa\r\n\x0b\x43oordinator\x12\x61\n\x0c\x43reateTenant\x12\'.adx.coordinator.v1.CreateTenantRequest\x1a(.adx.coordinator.v1.CreateTenantResponse\x12\x61\n\x0c\x41uthenticate\x12\'.adx.coordinator.v1.AuthenticateRequest\x1a(.adx.coordinator.v1.AuthenticateResponse\x12g\n\x11\x43reateEnvironment\x12,.adx.coordinator.v1.CreateEnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12^\n\x0eGetEnvironment\x12&.adx.coordinator.v1.EnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12m\n\x10ListEnvironments\x12+.adx.coordinator.v1.ListEnvironmentsRequest\x1a,.adx.coordinator.v1.ListEnvironmentsResponse\x12\x61\n\x11\x44\x65leteEnvironment\x12&.adx.coordinator.v1.EnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12V\n\x0cResolveRoute\x12&.adx.coordinator.v1.EnvironmentRequest\x1a\x1e.adx.coordinator.v1.RouteReply\x12W\n\x0bWatchRoutes\x12&.adx.coordinator.v1.WatchRoutesRequest\x1a\x1e.adx.coordinator.v1.RouteEvent0\x01\x12`\n\x10PauseEnvironment\x12&.adx.coordinator.v1.EnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12Y\n\rEnsureRunning\x12(.adx.coordinator.v1.EnsureRunningRequest\x1a\x1e.adx.coordinator.v1.RouteReply\x12[\n\x0bSetLifetime\x12&.adx.coordinator.v1.SetLifetimeRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12\x61\n\x0cRegisterNode\x12\'.adx.coordinator.v1.RegisterNodeRequest\x1a(.adx.coordinator.v1.RegisterNodeResponse\x12X\n\tHeartbeat\x12$.adx.coordinator.v1.HeartbeatRequest\x1a%.adx.coordinator.v1.HeartbeatResponse\x12g\n\x0eReportCapacity\x12).adx.coordinator.v1.ReportCapacityRequest\x1a*.adx.coordinator.v1.ReportCapacityResponse\x12^\n\x0bInspectNode\x12&.adx.coordinator.v1.InspectNodeRequest\x1a\'.adx.coordinator.v1.InspectNodeResponse\x12\x61\n\x0c\x43ommitResult\x12\'.adx.coordinator.v1.CommitResultRequest\x1a(.adx.coordinator.v1.CommitResultResponse\x12\x85\x01\n\x18\x43onfirmCheckpointDeleted\x12\x33.adx.coordinator.v1.ConfirmCheckpointDeletedRequest\x1a\x34.adx.coordinator.v1.ConfirmCheckpointDeletedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61\x64x/proto/coordinator.proto\x12\x12\x61\x64x.coordinator.v1\"\x90\x01\n\x13RegisterNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x15\n\rrelay_address\x18\x04 \x01(\t\x12\x1a\n\x12\x63heckpoint_capable\x18\x05 \x01(\x08\x12\x16\n\x0eshared_storage\x18\x06 \x01(\x08\"M\n\x14RegisterNodeResponse\x12\x18\n\x10previous_session\x18\x01 \x01(\t\x12\x1b\n\x13session_ttl_seconds\x18\x02 \x01(\x01\"1\n\x10HeartbeatRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\"0\n\x11HeartbeatResponse\x12\x1b\n\x13session_ttl_seconds\x18\x01 \x01(\x01\"\x80\x01\n\x15ReportCapacityRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x15\n\rcapacity_json\x18\x03 \x01(\t\x12\x19\n\x11valid_for_seconds\x18\x04 \x01(\x01\x12\x16\n\x0e\x61\x64mission_open\x18\x05 \x01(\x08\"\x18\n\x16ReportCapacityResponse\"L\n\x12InspectNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x17\n\x0fwith_references\x18\x03 \x01(\x08\"\xa3\x01\n\x13InspectNodeResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x03(\t\x12\x11\n\tserved_at\x18\x02 \x01(\x01\x12\x1f\n\x17retired_checkpoint_json\x18\x03 \x03(\t\x12!\n\x19referenced_checkpoint_ids\x18\x04 \x03(\t\x12\x1b\n\x13references_included\x18\x05 \x01(\x08\"W\n\x1f\x43onfirmCheckpointDeletedRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x03 \x01(\t\"5\n ConfirmCheckpointDeletedResponse\x12\x11\n\tforgotten\x18\x01 \x01(\x08\"\xb7\x01\n\x13\x43ommitResultRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x03 \x01(\t\x12\x19\n\x11\x65xpected_revision\x18\x04 \x01(\x03\x12\x1b\n\x13\x65xpected_generation\x18\x05 \x01(\x03\x12\x14\n\x0c\x63hanges_json\x18\x06 \x01(\t\x12\x1b\n\x13release_reservation\x18\x07 \x01(\x08\"0\n\x14\x43ommitResultResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\"#\n\x13\x43reateTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\'\n\x14\x43reateTenantResponse\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\"&\n\x13\x41uthenticateRequest\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\"&\n\x14\x41uthenticateResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"V\n\x18\x43reateEnvironmentRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tspec_json\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"<\n\x12\x45nvironmentRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\")\n\x17ListEnvironmentsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"=\n\x10\x45nvironmentReply\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"4\n\x18ListEnvironmentsResponse\x12\x18\n\x10\x65nvironment_json\x18\x01 \x03(\t\"W\n\x14\x45nsureRunningRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\"]\n\x12SetLifetimeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\"S\n\nRouteReply\x12\x18\n\x10\x65nvironment_json\x18\x01 \x01(\t\x12\x15\n\rrelay_address\x18\x02 \x01(\t\x12\x14\n\x0cnode_address\x18\x03 \x01(\t\"\x14\n\x12WatchRoutesRequest\"\x8a\x01\n\nRouteEvent\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\x03\x12\x15\n\rrelay_address\x18\x06 \x01(\t\x12\x0e\n\x06resync\x18\x07 \x01(\x08\x32\xaa\r\n\x0b\x43oordinator\x12\x61\n\x0c\x43reateTenant\x12\'.adx.coordinator.v1.CreateTenantRequest\x1a(.adx.coordinator.v1.CreateTenantResponse\x12\x61\n\x0c\x41uthenticate\x12\'.adx.coordinator.v1.AuthenticateRequest\x1a(.adx.coordinator.v1.AuthenticateResponse\x12g\n\x11\x43reateEnvironment\x12,.adx.coordinator.v1.CreateEnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12^\n\x0eGetEnvironment\x12&.adx.coordinator.v1.EnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12m\n\x10ListEnvironments\x12+.adx.coordinator.v1.ListEnvironmentsRequest\x1a,.adx.coordinator.v1.ListEnvironmentsResponse\x12\x61\n\x11\x44\x65leteEnvironment\x12&.adx.coordinator.v1.EnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12V\n\x0cResolveRoute\x12&.adx.coordinator.v1.EnvironmentRequest\x1a\x1e.adx.coordinator.v1.RouteReply\x12W\n\x0bWatchRoutes\x12&.adx.coordinator.v1.WatchRoutesRequest\x1a\x1e.adx.coordinator.v1.RouteEvent0\x01\x12`\n\x10PauseEnvironment\x12&.adx.coordinator.v1.EnvironmentRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12Y\n\rEnsureRunning\x12(.adx.coordinator.v1.EnsureRunningRequest\x1a\x1e.adx.coordinator.v1.RouteReply\x12[\n\x0bSetLifetime\x12&.adx.coordinator.v1.SetLifetimeRequest\x1a$.adx.coordinator.v1.EnvironmentReply\x12\x61\n\x0cRegisterNode\x12\'.adx.coordinator.v1.RegisterNodeRequest\x1a(.adx.coordinator.v1.RegisterNodeResponse\x12X\n\tHeartbeat\x12$.adx.coordinator.v1.HeartbeatRequest\x1a%.adx.coordinator.v1.HeartbeatResponse\x12g\n\x0eReportCapacity\x12).adx.coordinator.v1.ReportCapacityRequest\x1a*.adx.coordinator.v1.ReportCapacityResponse\x12^\n\x0bInspectNode\x12&.adx.coordinator.v1.InspectNodeRequest\x1a\'.adx.coordinator.v1.InspectNodeResponse\x12\x61\n\x0c\x43ommitResult\x12\'.adx.coordinator.v1.CommitResultRequest\x1a(.adx.coordinator.v1.CommitResultResponse\x12\x85\x01\n\x18\x43onfirmCheckpointDeleted\x12\x33.adx.coordinator.v1.ConfirmCheckpointDeletedRequest\x1a\x34.adx.coordinator.v1.ConfirmCheckpointDeletedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,43 +46,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INSPECTNODEREQUEST']._serialized_start=535
   _globals['_INSPECTNODEREQUEST']._serialized_end=611
   _globals['_INSPECTNODERESPONSE']._serialized_start=614
-  _globals['_INSPECTNODERESPONSE']._serialized_end=748
-  _globals['_CONFIRMCHECKPOINTDELETEDREQUEST']._serialized_start=750
-  _globals['_CONFIRMCHECKPOINTDELETEDREQUEST']._serialized_end=837
-  _globals['_CONFIRMCHECKPOINTDELETEDRESPONSE']._serialized_start=839
-  _globals['_CONFIRMCHECKPOINTDELETEDRESPONSE']._serialized_end=892
-  _globals['_COMMITRESULTREQUEST']._serialized_start=895
-  _globals['_COMMITRESULTREQUEST']._serialized_end=1078
-  _globals['_COMMITRESULTRESPONSE']._serialized_start=1080
-  _globals['_COMMITRESULTRESPONSE']._serialized_end=1128
-  _globals['_CREATETENANTREQUEST']._serialized_start=1130
-  _globals['_CREATETENANTREQUEST']._serialized_end=1165
-  _globals['_CREATETENANTRESPONSE']._serialized_start=1167
-  _globals['_CREATETENANTRESPONSE']._serialized_end=1206
-  _globals['_AUTHENTICATEREQUEST']._serialized_start=1208
-  _globals['_AUTHENTICATEREQUEST']._serialized_end=1246
-  _globals['_AUTHENTICATERESPONSE']._serialized_start=1248
-  _globals['_AUTHENTICATERESPONSE']._serialized_end=1286
-  _globals['_CREATEENVIRONMENTREQUEST']._serialized_start=1288
-  _globals['_CREATEENVIRONMENTREQUEST']._serialized_end=1374
-  _globals['_ENVIRONMENTREQUEST']._serialized_start=1376
-  _globals['_ENVIRONMENTREQUEST']._serialized_end=1436
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=1438
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=1479
-  _globals['_ENVIRONMENTREPLY']._serialized_start=1481
-  _globals['_ENVIRONMENTREPLY']._serialized_end=1542
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=1544
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=1596
-  _globals['_ENSURERUNNINGREQUEST']._serialized_start=1598
-  _globals['_ENSURERUNNINGREQUEST']._serialized_end=1685
-  _globals['_SETLIFETIMEREQUEST']._serialized_start=1687
-  _globals['_SETLIFETIMEREQUEST']._serialized_end=1780
-  _globals['_ROUTEREPLY']._serialized_start=1782
-  _globals['_ROUTEREPLY']._serialized_end=1865
-  _globals['_WATCHROUTESREQUEST']._serialized_start=1867
-  _globals['_WATCHROUTESREQUEST']._serialized_end=1887
-  _globals['_ROUTEEVENT']._serialized_start=1890
-  _globals['_ROUTEEVENT']._serialized_end=2028
-  _globals['_COORDINATOR']._serialized_start=2031
-  _globals['_COORDINATOR']._serialized_end=3737
+  _globals['_INSPECTNODERESPONSE']._serialized_end=777
+  _globals['_CONFIRMCHECKPOINTDELETEDREQUEST']._serialized_start=779
+  _globals['_CONFIRMCHECKPOINTDELETEDREQUEST']._serialized_end=866
+  _globals['_CONFIRMCHECKPOINTDELETEDRESPONSE']._serialized_start=868
+  _globals['_CONFIRMCHECKPOINTDELETEDRESPONSE']._serialized_end=921
+  _globals['_COMMITRESULTREQUEST']._serialized_start=924
+  _globals['_COMMITRESULTREQUEST']._serialized_end=1107
+  _globals['_COMMITRESULTRESPONSE']._serialized_start=1109
+  _globals['_COMMITRESULTRESPONSE']._serialized_end=1157
+  _globals['_CREATETENANTREQUEST']._serialized_start=1159
+  _globals['_CREATETENANTREQUEST']._serialized_end=1194
+  _globals['_CREATETENANTRESPONSE']._serialized_start=1196
+  _globals['_CREATETENANTRESPONSE']._serialized_end=1235
+  _globals['_AUTHENTICATEREQUEST']._serialized_start=1237
+  _globals['_AUTHENTICATEREQUEST']._serialized_end=1275
+  _globals['_AUTHENTICATERESPONSE']._serialized_start=1277
+  _globals['_AUTHENTICATERESPONSE']._serialized_end=1315
+  _globals['_CREATEENVIRONMENTREQUEST']._serialized_start=1317
+  _globals['_CREATEENVIRONMENTREQUEST']._serialized_end=1403
+  _globals['_ENVIRONMENTREQUEST']._serialized_start=1405
+  _globals['_ENVIRONMENTREQUEST']._serialized_end=1465
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=1467
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=1508
+  _globals['_ENVIRONMENTREPLY']._serialized_start=1510
+  _globals['_ENVIRONMENTREPLY']._serialized_end=1571
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=1573
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=1625
+  _globals['_ENSURERUNNINGREQUEST']._serialized_start=1627
+  _globals['_ENSURERUNNINGREQUEST']._serialized_end=1714
+  _globals['_SETLIFETIMEREQUEST']._serialized_start=1716
+  _globals['_SETLIFETIMEREQUEST']._serialized_end=1809
+  _globals['_ROUTEREPLY']._serialized_start=1811
+  _globals['_ROUTEREPLY']._serialized_end=1894
+  _globals['_WATCHROUTESREQUEST']._serialized_start=1896
+  _globals['_WATCHROUTESREQUEST']._serialized_end=1916
+  _globals['_ROUTEEVENT']._serialized_start=1919
+  _globals['_ROUTEEVENT']._serialized_end=2057
+  _globals['_COORDINATOR']._serialized_start=2060
+  _globals['_COORDINATOR']._serialized_end=3766
 # @@protoc_insertion_point(module_scope)

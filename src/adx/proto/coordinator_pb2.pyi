@@ -205,7 +205,12 @@ class InspectNodeResponse(_message.Message):
     SERVED_AT_FIELD_NUMBER: _builtins.int
     RETIRED_CHECKPOINT_JSON_FIELD_NUMBER: _builtins.int
     REFERENCED_CHECKPOINT_IDS_FIELD_NUMBER: _builtins.int
+    REFERENCES_INCLUDED_FIELD_NUMBER: _builtins.int
     served_at: _builtins.float
+    references_included: _builtins.bool
+    """True when referenced_checkpoint_ids was computed (a Coordinator that predates it leaves this false, and an
+    empty list from it must never be read as "nothing is referenced").
+    """
     @_builtins.property
     def environment_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """adx.model.EnvironmentRecord, every Environment the node owns"""
@@ -229,10 +234,11 @@ class InspectNodeResponse(_message.Message):
         served_at: _builtins.float = ...,
         retired_checkpoint_json: _abc.Iterable[_builtins.str] | None = ...,
         referenced_checkpoint_ids: _abc.Iterable[_builtins.str] | None = ...,
+        references_included: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "referenced_checkpoint_ids", b"referenced_checkpoint_ids", "retired_checkpoint_json", b"retired_checkpoint_json", "served_at", b"served_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "referenced_checkpoint_ids", b"referenced_checkpoint_ids", "references_included", b"references_included", "retired_checkpoint_json", b"retired_checkpoint_json", "served_at", b"served_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
