@@ -329,6 +329,50 @@ async def test_an_adxlet_stopped_mid_resume_cleans_the_half_restore_before_resum
             await successor.stop()
 
 
+@pytest.mark.req("CRD-7", "RST-7", "NOD-1")
+async def test_an_adxlet_stopped_mid_start_fails_the_first_start_and_leaves_no_sandbox(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """The adxlet goes away while sandboxd creates the first execution (sandboxd is held with SIGSTOP so the
+    create is in flight). Its successor cleans whatever the create made, and the first start is Failed without
+    a restart (RST-7), even with a restart policy."""
+    import os
+
+    from adx.node._agent import NodeAgent
+
+    nc = await node_cluster()
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    agent = nc.nodes["n1"]
+    executions = agent.config.state_dir / "executions"
+    sandboxd_pid = nc.sandboxds["n1"].proc.pid
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(
+            cpu=0.25, memory="128Mi", restart=adx.RestartPolicy(max_retries=2, initial_backoff_seconds=0.1), wait=False
+        )
+        deadline = time.monotonic() + 10
+        while not any(executions.glob("*.json")):  # the planned address is recorded before the create call
+            assert time.monotonic() < deadline, "the start did not begin"
+            await asyncio.sleep(0.001)
+        os.kill(sandboxd_pid, signal.SIGSTOP)
+        try:
+            await agent.controllers[env.id].close()  # cancelled mid-create, as in a crash
+            await agent.stop()
+        finally:
+            os.kill(sandboxd_pid, signal.SIGCONT)
+        successor = NodeAgent(agent.config)
+        await successor.start()
+        nc.nodes["n1"] = successor
+        try:
+            final = await wait_state(env, "failed", within=30)
+            assert final.restart_attempts == 0 and "node stopped while the execution was starting" in final.last_error
+            await asyncio.sleep(1.0)  # a restart (which must not come) would be due after 0.1 s
+            assert (await env.refresh()).state == "failed"
+            left = [s for s in await successor.driver.client.list() if s.metadata.get("adx.env") == env.id]
+            assert left == [], left
+            assert list(executions.glob("*.json")) == []
+        finally:
+            await successor.stop()
+
+
 @pytest.mark.req("CRD-5")
 async def test_no_capacity_on_the_original_node_resumes_a_shared_checkpoint_elsewhere(
     node_cluster, api_for, tmp_path

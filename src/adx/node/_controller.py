@@ -519,6 +519,12 @@ class Controller:
             await self.on_route_change(self.record, None)
         await self._cleanup(execution)
         self.execution = None
+        if self.record.state is S.STARTING and self.record.restart_attempts == 0:
+            # RST-7: a first start that never came up (e.g. cut short by a node restart) is Failed at once, its
+            # reservation released, and never restarted.
+            return await self._transition(
+                S.FAILED, {"last_error": f"start failed: {info.describe()}", "restart_pending": False}, release=True
+            )
         return await self._fail_or_restart_later(info.describe())
 
     # -- pause and resume --------------------------------------------------------------------------
