@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -108,4 +109,40 @@ async def test_restart_counters_survive_an_adxlet_restart(node_cluster) -> None:
         finally:
             await successor.stop()
     finally:
+        await api.close()
+
+
+@pytest.mark.req("MET-6", "CTL-6")
+async def test_a_failing_cleanup_backs_off_and_routine_checks_never_push_its_retry_later(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """sandboxd refuses the delete of an execution three times (a fault injected into the runtime's stop): the
+    retries come after 1, 2 and 4 s, while the node's routine checks run every 0.5 s and neither retry sooner
+    nor push a retry later; the delete is committed only after the cleanup is confirmed."""
+    from adx.errors import UnavailableError
+
+    nc = await node_cluster(report_interval=0.5)
+    agent = nc.nodes["n1"]
+    api = Api(nc)
+    real_stop = agent.driver.stop
+    attempts: list[float] = []
+
+    async def flaky_stop(execution):  # type: ignore[no-untyped-def]
+        attempts.append(time.monotonic())
+        if len(attempts) <= 3:
+            raise UnavailableError("sandboxd: delete failed (injected)")
+        await real_stop(execution)
+
+    try:
+        created = await api.create()
+        await api.wait_state(created.id, EnvironmentState.RUNNING)
+        agent.driver.stop = flaky_stop
+        await api.delete(created.id)
+        deleting = await api.get(created.id)
+        assert deleting.state is EnvironmentState.DELETING
+        await api.wait_state(created.id, EnvironmentState.DELETED, within=30)
+        gaps = [round(b - a, 1) for a, b in itertools.pairwise(attempts)]
+        assert len(attempts) == 4, gaps
+        for gap, expected in zip(gaps, (1.0, 2.0, 4.0), strict=True):
+            assert expected - 0.05 <= gap <= expected + 0.75, gaps
+    finally:
+        agent.driver.stop = real_stop
         await api.close()
