@@ -226,13 +226,19 @@ class SandboxService:
                 self.pending_reclaim[sandbox_id] = tomb
                 self._try_reclaim(sandbox_id)
         for sandbox_id in loaded.uncommitted:
-            # A create killed before its record was committed: its supervisor never started (it starts only a
-            # committed record), but the dir may hold what the create had made (subdirs, a temp record).
+            # A create killed before its record was committed: its supervisor never started a workload (it
+            # starts only a committed record), but the dir may hold what the create had made (subdirs, a temp
+            # record), and a supervisor killed while preparing may have left a cgroup (its unstarted init
+            # exits when the supervisor is gone).
             try:
                 if self.registry.needs_reclaim(sandbox_id):
                     self.registry.reclaim(sandbox_id)
             except OSError as exc:
                 self._defer(f"reclaim of uncommitted {sandbox_id} failed (the ID stays blocked; next start): {exc}")
+            if self._cgroup(sandbox_id).exists():
+                empty = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
+                self.pending_reclaim[sandbox_id] = Tombstone(sandbox_id, 0, empty, time.time(), {})
+                self._try_reclaim(sandbox_id)
         for rec in list(self.records.values()):
             if rec.state == State.STOPPING:
                 try:
@@ -259,10 +265,10 @@ class SandboxService:
         evidence is the identity the supervisor records (``native.json``) before it starts anything. So the
         reply may have been sent already: a native identity means the supervisor started, and the sandbox
         is observed like any other (Running, Paused, Terminated or Missing). Without one, the supervisor
-        either never got the spec or is still creating the cgroup: wait for it while it holds its lifecycle
-        lock; once the lock is ours and still no identity exists, nothing was started and the record is
-        failed (kept reserved) under the lock, so a supervisor that gets the spec later sees it and does
-        not start.
+        either never got the spec or is still preparing (cgroup, an init that waits for its word): wait for it
+        while it holds its lifecycle lock; once the lock is ours and still no identity exists, nothing was
+        started and the record is failed (kept reserved) under the lock, so a supervisor that takes the lock
+        later sees it, does not start, and removes what it prepared.
         """
         lock_path = self.registry.sandbox_dir(rec.sandbox_id) / LOCK_FILE
         deadline = time.monotonic() + self.config.create_timeout_seconds

@@ -4,7 +4,8 @@ sandboxd is an asyncio daemon with executor threads; forking (let alone raw ``cl
 process copies locks held by other threads. So sandboxd execs this small process at start (before anything
 else), and asks it over a socketpair — newline-delimited JSON — to start sandboxes. For each request the
 spawner hands the spec to a pre-forked idle child (a "zygote", in its own session) that becomes the sandbox's
-supervisor, and forks the next zygote while that one works. Supervisors survive the spawner's and sandboxd's
+supervisor (a plain zygote has cloned that sandbox's init while idle: ``_supervisor.prepare_init``), and
+forks the next zygote once that one has reported. Supervisors survive the spawner's and sandboxd's
 exit (orphans are re-parented to init; the spawner reaps those that exit before it). A supervisor reports its
 start result over a pipe that the spawner forwards, tagged with the request number.
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
-from adx.sandboxd._supervisor import SUPERVISOR_LOG, run_supervisor
+from adx.sandboxd._supervisor import SUPERVISOR_LOG, PreparedInit, prepare_init, run_supervisor
 
 __all__ = ["main"]
 
@@ -46,17 +47,19 @@ class _Zygote:
     result_r: int  # its start report comes back here
 
 
-def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout) -> NoReturn:
-    """The zygote: waits for one spec, then becomes its supervisor."""
+def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout, prepare: bool) -> NoReturn:
+    """The zygote: waits for one spec, then becomes its supervisor. ``prepare``: clone the sandbox's init
+    meanwhile (not in the template's zygotes: their specs' execd sockets are bound before the init exists)."""
     code = 1
     try:
         _detach(keep=(spec_r, result_w))  # while idle: none of this waits for a spec
+        init = prepare_init(close=(spec_r, result_w)) if prepare else None
         chunks = []
         while chunk := os.read(spec_r, 1 << 16):
             chunks.append(chunk)
         os.close(spec_r)
         # EOF without a spec: the spawner is gone or replaced us; just exit.
-        code = _supervisor_main(json.loads(b"".join(chunks)), layout, result_w) if chunks else 0
+        code = _supervisor_main(json.loads(b"".join(chunks)), layout, result_w, init) if chunks else 0
     finally:
         os._exit(code)
 
@@ -65,7 +68,7 @@ def _fork_zygote(layout: CgroupLayout, ctrl_fd: int) -> _Zygote:
     spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
     result_r, result_w = os.pipe2(os.O_CLOEXEC)
     if os.fork() == 0:
-        _zygote_main(spec_r, result_w, layout)  # closes every other descriptor (ctrl_fd, spec_w, ...)
+        _zygote_main(spec_r, result_w, layout, True)  # closes every other descriptor (ctrl_fd, spec_w, ...)
     os.close(spec_r)
     os.close(result_w)
     return _Zygote(spec_w, result_r)
@@ -123,7 +126,7 @@ def _template_loop(sock: socket.socket, layout: CgroupLayout) -> None:
         if os.fork() == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the supervisor waits for its own child
             sock.close()
-            _zygote_main(spec_r, result_w, layout)
+            _zygote_main(spec_r, result_w, layout, False)
         os.close(spec_r)
         os.close(result_w)
 
@@ -169,13 +172,13 @@ def _reap() -> None:
             return
 
 
-def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -> int:
+def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, init: PreparedInit | None) -> int:
     log = os.open(f"{spec['sandbox_dir']}/{SUPERVISOR_LOG}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
     try:
-        return run_supervisor(spec, layout, result_fd)
+        return run_supervisor(spec, layout, result_fd, init)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.write(result_fd, json.dumps({"ok": False, "error": f"supervisor crashed: {exc!r}"}).encode())
@@ -196,7 +199,7 @@ class _Idle:
         self.refill()
 
     def refill(self) -> None:
-        """Fork what is missing (after a hand-off: while the supervisor works, on the other CPU if any)."""
+        """Fork what is missing (once a started supervisor has reported, or at a hand-off that finds none)."""
         if self.plain is None:
             self.plain = _fork_zygote(self.layout, self.ctrl_fd)
         if self.pristine is None and self.template is not None:
@@ -259,7 +262,6 @@ def main() -> int:
                             # the sandbox did start, whatever sandboxd records when it sees the spawner gone).
                             select.select([pipe], [], [], 10.0)
                             os.kill(os.getpid(), signal.SIGKILL)
-                        idle.refill()
                     except OSError as exc:
                         send({"req": msg["req"], "ok": False, "error": f"fork failed: {exc}"})
                         continue
@@ -280,6 +282,9 @@ def main() -> int:
                 except ValueError:
                     result = {"ok": False, "error": f"garbled supervisor reply: {raw[:200]!r}"}
                 send({"req": req, **result})
+                # Only now (not right after the hand-off): a fork here would compete for the CPU with the
+                # supervisor's start; hand_off forks one itself if a request comes first.
+                idle.refill()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """The per-sandbox supervisor and the in-namespace setup of the workload.
 
 A supervisor is forked (twice, so it is re-parented away from the spawner) by the single-threaded spawner.
-It outlives sandboxd restarts and for its whole life holds the sandbox's exclusive lifecycle lock
-(``lifecycle.lock``). Under that lock it refuses to start when a delete intent is persisted (SBX-7) or when
-the sandbox was started before (IDs are never restarted, SBX-5), creates the cgroup, persists the native
-identity (boot ID + cgroup inode) *before* any workload runs, clones the workload into its namespaces and
-cgroup, then waits for it and durably records how it ended (exit code / signal / OOM) in ``exit.json``.
+It outlives sandboxd restarts and from the record's commit on holds the sandbox's exclusive lifecycle lock
+(``lifecycle.lock``). Before that it prepares what runs no workload code: the cgroup, and the init in its
+namespaces (cloned by the idle zygote, ``prepare_init``, or now) and cgroups, mounting its root and then
+waiting. Under the lock it refuses to start when a
+delete intent is persisted (SBX-7), the record is not a committed ``creating`` one, or the sandbox was started
+before (IDs are never restarted, SBX-5) — killing that init and removing the cgroup — and otherwise persists
+the native identity (boot ID + cgroup inode) *before* letting the init exec the workload, then waits for it
+and durably records how it ended (exit code / signal / OOM) in ``exit.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -68,22 +72,31 @@ CONTROL_DIR_INSIDE = "/run/adx-control"
 
 
 def _in_namespace_setup(
-    spec: dict[str, Any], log_fd: int, err_fd: int, go_fd: int | None, listen_fds: tuple[int, ...] = ()
+    spec: dict[str, Any],
+    log_fd: int,
+    err_fd: int,
+    go_fd: int,
+    listen_fds: tuple[int, ...] = (),
+    prepared: bool = False,
 ) -> None:
     """Runs in the cloned child (PID 1 of the new PID namespace); ends in execve or _exit.
+
+    ``prepared``: this child was cloned before its spec existed (:func:`prepare_init`), which made its mounts
+    private and brought ``lo`` up already.
 
     ``listen_fds`` (execd sandboxes): listening sockets bound by the supervisor at host-only paths; they become
     descriptors 3, 4, ... of the exec'd init, which only accepts on them.
 
-    ``go_fd``: the supervisor writes one byte once it has moved us into the v1 limit hierarchies and (veth
-    mode) created our network device. We do our mounts meanwhile and wait for it at the first point that
-    needs it — before configuring eth0, or at the latest before exec — so no workload code runs unlimited.
+    ``go_fd``: the supervisor writes one byte once the record is committed, the identity persisted, we are in
+    the v1 limit hierarchies and (veth mode) our network device exists. We do our mounts meanwhile and wait
+    for it at the first point that needs it — before configuring eth0, or at the latest before exec — so no
+    workload code runs uncommitted or unlimited.
     """
     waited = False
 
     def wait_go() -> None:
         nonlocal waited
-        if go_fd is not None and not waited:
+        if not waited:
             waited = True
             if os.read(go_fd, 1) != b"1":
                 raise OSError("the supervisor could not place the sandbox in its cgroups or network")
@@ -92,8 +105,9 @@ def _in_namespace_setup(
     try:
         sdir = spec["sandbox_dir"]
         root = f"{sdir}/rootfs"
-        # Nothing we mount may propagate back to the host's mount namespace.
-        lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
+        if not prepared:
+            # Nothing we mount may propagate back to the host's mount namespace.
+            lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
         # xino=off, index=off: no inode-number composition or index bookkeeping (measurably faster mounts);
         # the layers share one filesystem here, so (st_dev, st_ino) stay unique anyway.
         lx.mount(
@@ -139,7 +153,7 @@ def _in_namespace_setup(
             os.makedirs(target, exist_ok=True)  # the mount point lands in the upper layer (an empty dir)
             lx.mount(host_dir, target, None, lx.MS_BIND | lx.MS_REC)
             lx.mount(None, target, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV)
-        if spec["network"] in ("none", "veth"):
+        if spec["network"] in ("none", "veth") and not prepared:
             lx.set_loopback_up()
         if spec["network"] == "veth":
             wait_go()  # the supervisor moves our end of the veth pair into this namespace first
@@ -181,6 +195,100 @@ def _in_namespace_setup(
             os.write(err_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
     finally:
         os._exit(127)
+
+
+@dataclass
+class PreparedInit:
+    """A sandbox's init cloned by an idle zygote before any spec (:func:`prepare_init`): it waits for one."""
+
+    pid: int
+    spec_w: int  # the spec goes here (then closed); EOF without one makes the init exit
+    go_w: int
+    err_r: int
+
+
+#: What a prepared init's namespaces suit: none of execd's pre-bound sockets, a network namespace of its own.
+_PREPARED_FLAGS = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC | lx.CLONE_NEWNET
+
+
+def prepare_init(close: tuple[int, ...]) -> PreparedInit | None:
+    """Clone the next sandbox's init while its zygote is idle (None if that fails: the start clones then).
+
+    The clone (~1 ms: namespaces, a copy of this process), private mount propagation, ``lo`` up and the
+    bounding set are the same for every sandbox, so a create no longer waits for them. The init holds no spec
+    until it gets its own; it joins its cgroups when they exist (before ``go``: nothing of the workload runs
+    outside them; the setup before that is charged to sandboxd's cgroup, as the supervisor's own work is).
+    ``close``: the zygote's descriptors the init must not hold.
+    """
+    spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = lx.clone3(_PREPARED_FLAGS)
+    except OSError as exc:
+        print(f"preparing an init failed (the start clones one): {exc}", flush=True)
+        for fd in (spec_r, spec_w, go_r, go_w, err_r, err_w):
+            os.close(fd)
+        return None
+    if pid == 0:
+        code = 127
+        try:
+            for fd in (*close, spec_w, go_w, err_r):
+                os.close(fd)
+            code = _prepared_init_main(spec_r, go_r, err_w)
+        finally:
+            os._exit(code)
+    for fd in (spec_r, go_r, err_w):
+        os.close(fd)
+    return PreparedInit(pid, spec_w, go_w, err_r)
+
+
+def _prepared_init_main(spec_r: int, go_r: int, err_w: int) -> int:
+    """A prepared init: the spec-independent setup, then its spec, then :func:`_in_namespace_setup`."""
+    try:
+        lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
+        lx.set_loopback_up()
+        lx.drop_bounding_set()
+        chunks = []
+        while chunk := os.read(spec_r, 1 << 16):
+            chunks.append(chunk)
+        os.close(spec_r)
+        if not chunks:
+            return 0  # the zygote is gone without a spec
+        spec = json.loads(b"".join(chunks))
+        log_flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        log_fd = os.open(f"{spec['sandbox_dir']}/{OUTPUT_LOG}", log_flags, 0o600)
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
+        return 127
+    _in_namespace_setup(spec, log_fd, err_w, go_r, prepared=True)  # never returns
+    return 127
+
+
+def _hand_to_prepared(init: PreparedInit | None, spec: dict[str, Any]) -> PreparedInit | None:
+    """Give ``spec`` to the prepared init when it suits it; None when the start must clone one (and then the
+    prepared one, unusable or gone, is ended)."""
+    if init is None:
+        return None
+    if spec["network"] in ("none", "veth") and not spec.get("execd_sockets"):
+        data = json.dumps(spec).encode()
+        try:
+            while data:
+                data = data[os.write(init.spec_w, data) :]
+            os.close(init.spec_w)
+            return init
+        except OSError:  # it died (killed?)
+            pass
+    with contextlib.suppress(OSError):
+        os.close(init.spec_w)  # EOF without a spec: it exits
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(init.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(init.pid, 0)
+    os.close(init.go_w)
+    os.close(init.err_r)
+    return None
 
 
 def _become_execd(spec: dict[str, Any], argv: list[str], err_fd: int, first_free: int) -> NoReturn:
@@ -252,8 +360,17 @@ def _record_state(sdir: Path) -> str | None:
     return state if isinstance(state, str) else None
 
 
-def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -> int:
-    """Supervise one sandbox. Reports ``{"ok": ...}`` once on ``result_fd``; returns the process exit code."""
+def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, init: PreparedInit | None = None) -> int:
+    """Supervise one sandbox. Reports ``{"ok": ...}`` once on ``result_fd``; returns the process exit code.
+
+    ``init``: the sandbox's init prepared by this zygote (used when the spec suits it; ended otherwise).
+
+    sandboxd asks for the start before its record commit is done (an fsync, ~1-2 ms) and holds the lifecycle
+    lock until the record is in place. Everything that runs no workload code — the cgroup, the init's
+    namespaces and mounts — is prepared meanwhile; the init execs only after the committed ``creating``
+    record was seen under the lock and the identity persisted (the ``go`` byte). A refused start kills that
+    init and removes the cgroup made here: nothing of it outlives the supervisor.
+    """
     sdir = Path(spec["sandbox_dir"])
 
     def report(payload: dict[str, Any]) -> None:
@@ -264,23 +381,16 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
         with contextlib.suppress(OSError):
             os.close(result_fd)
 
+    # First: the prepared init mounts the sandbox's root while the rest is done here.
+    prepared = _hand_to_prepared(init, spec)
     res = spec["resources"]
     cgroup = SandboxCgroup(layout, spec["cgroup_parent"], spec["sandbox_id"])
-    # Before the lock (sandboxd may still be committing the record): nothing here is the sandbox's yet.
-    need_go = bool(cgroup.v1) or spec["network"] == "veth"
-    go_r, go_w = os.pipe2(os.O_CLOEXEC) if need_go else (None, None)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    log_flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
-    try:
-        log_fd: int | None = os.open(sdir / OUTPUT_LOG, log_flags)  # a spare dir's (made below otherwise)
-    except FileNotFoundError:
-        log_fd = None
     try:
         cgroup.ensure_parent()
     except OSError as exc:
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
-    if spec["network"] != "veth":  # with veth the supervisor runs `ip`, which needs CAP_NET_ADMIN
+    if spec["network"] != "veth" and prepared is None:  # with veth the supervisor runs `ip` (CAP_NET_ADMIN)
         try:
             # The sandbox's init inherits it (what it would otherwise do first thing, ~40 prctl calls); this
             # process keeps its effective capabilities and execs nothing.
@@ -289,73 +399,64 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
             report({"ok": False, "error": f"capability bounding set: {exc}"})
             return 1
     lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
-    # intent check below decides.
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)
-    if (sdir / TOMBSTONE_FILE).exists() or _record_state(sdir) != "creating":
-        report({"ok": False, "error": "delete intent persisted or record not creating; not starting"})
-        return 0
-    if (sdir / NATIVE_FILE).exists():
-        report({"ok": False, "error": "sandbox was started before; IDs are never restarted"})
-        return 0
-    if log_fd is None:
-        log_fd = os.open(sdir / OUTPUT_LOG, log_flags | os.O_CREAT, 0o600)
+    # Hybrid host: the cgroup2 dir (identity, CLONE_INTO_CGROUP) now; v1 limit dirs while the child mounts.
+    defer_v1 = cgroup.v2 is not None and bool(cgroup.v1)
     try:
-        # Hybrid host: the cgroup2 dir (identity, CLONE_INTO_CGROUP) now; v1 limit dirs while the child mounts.
-        defer_v1 = cgroup.v2 is not None and bool(cgroup.v1)
+        # mkdir fails when the leaf exists: an ID's cgroup is only ever made here, once.
         cgroup.create(res["cpu_millis"], res["memory_bytes"], res["pids_max"], defer_v1=defer_v1, parent=False)
         ident = cgroup.identity()
         assert ident is not None
-        native = {
-            "boot_id": _BOOT_ID,
-            "cgroup_dev": ident[0],
-            "cgroup_ino": ident[1],
-            "cgroup_dir": str(cgroup.identity_dir()),
-            "created_at": time.time(),
-        }
-        # No fsync here (hot path): this file only has meaning within the boot that wrote it — a reboot kills
-        # every sandbox and is detected through boot_id — and rename keeps it whole across process crashes.
-        _write_json_no_sync(sdir / NATIVE_FILE, native)
     except Exception as exc:
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
 
-    flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
-    if spec["network"] in ("none", "veth"):
-        flags |= lx.CLONE_NEWNET
-    listen_fds: tuple[int, ...] = ()
-    if spec.get("execd_sockets"):
-        try:
-            listen_fds = tuple(lx.listen_unix(f"{spec['execd_sockets']}/{name}") for name in EXECD_SOCKET_NAMES)
-        except OSError as exc:
-            report({"ok": False, "error": f"binding execd's sockets failed: {exc}"})
+    if prepared is not None:
+        pid, go_w, err_r = prepared.pid, prepared.go_w, prepared.err_r
+        # Moving a task into a cgroup can wait for an RCU grace period (milliseconds; one for the whole
+        # burst); doing it here overlaps that wait with the init's mounts (and the record commit).
+        ok = _join(cgroup, res, pid, create_v1=defer_v1, v2=True)
+    else:
+        # The dir is the sandbox's (sandboxd made it before asking): files made in it before the commit are
+        # reclaimed with it if the commit never happens. A spare dir brings the log.
+        log_fd = os.open(sdir / OUTPUT_LOG, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT, 0o600)
+        pid, go_w, err_r = _clone_init(spec, cgroup, log_fd)
+        if pid < 0:
+            report({"ok": False, "error": f"starting the sandbox's init failed: {os.strerror(-pid)}"})
             return 1
-    cg_fd = os.open(cgroup.v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2 else None
+        ok = _join(cgroup, res, pid, create_v1=defer_v1, v2=False)
+
+    # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
+    # intent check below decides.
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    refusal = None
+    if (sdir / TOMBSTONE_FILE).exists() or _record_state(sdir) != "creating":
+        refusal = "delete intent persisted or record not creating; not starting"
+    elif (sdir / NATIVE_FILE).exists():
+        refusal = "sandbox was started before; IDs are never restarted"
+    if refusal is not None:
+        _abandon(pid, go_w, cgroup)
+        report({"ok": False, "error": refusal})
+        return 0
+    native = {
+        "boot_id": _BOOT_ID,
+        "cgroup_dev": ident[0],
+        "cgroup_ino": ident[1],
+        "cgroup_dir": str(cgroup.identity_dir()),
+        "created_at": time.time(),
+    }
     try:
-        pid = lx.clone3(flags, cg_fd)
-    except OSError as exc:
-        report({"ok": False, "error": f"clone3 failed: {exc}"})
+        # No fsync here (hot path): this file only has meaning within the boot that wrote it — a reboot kills
+        # every sandbox and is detected through boot_id — and rename keeps it whole across process crashes.
+        _write_json_no_sync(sdir / NATIVE_FILE, native)
+    except Exception as exc:
+        _abandon(pid, go_w, None)  # the committed record's cleanup (sandboxd) removes the cgroup
+        report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
-    if pid == 0:
-        os.close(err_r)
-        if go_w is not None:
-            os.close(go_w)
-        _in_namespace_setup(spec, log_fd, err_w, go_r, listen_fds)  # never returns
-    for fd in listen_fds:
-        os.close(fd)  # PID 1 owns the listeners now: they live exactly as long as the sandbox's init
-    os.close(err_w)
-    if go_r is not None and go_w is not None:
-        os.close(go_r)
-        # Moving a task between v1 cgroups can wait for an RCU grace period (milliseconds); doing it here
-        # overlaps that wait with the child's mount setup instead of adding to it.
-        ok = _join_v1(cgroup, res, pid, create=defer_v1)
-        if ok and spec["network"] == "veth":
-            ok = _create_veth(spec["veth"], pid)
-        with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
-            os.write(go_w, b"1" if ok else b"0")
-        os.close(go_w)
-    if cg_fd is not None:
-        os.close(cg_fd)
+    if ok and spec["network"] == "veth":
+        ok = _create_veth(spec["veth"], pid)
+    with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
+        os.write(go_w, b"1" if ok else b"0")
+    os.close(go_w)
     chunks = []
     while chunk := os.read(err_r, 4096):  # EOF when execve closed the CLOEXEC write end
         chunks.append(chunk)
@@ -385,9 +486,62 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int) -
     return 0
 
 
-def _join_v1(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create: bool) -> bool:
+def _abandon(pid: int, go_w: int, cgroup: SandboxCgroup | None) -> None:
+    """Undo a prepared start that must not happen: the init (which never got ``go``, so ran nothing of the
+    workload) is killed and reaped, then the cgroup made for it removed (when ``cgroup`` is given)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.close(go_w)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    if cgroup is not None:
+        try:
+            cgroup.remove()
+        except OSError as exc:
+            print(f"removing the cgroup of a refused start failed: {exc}", flush=True)
+
+
+def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fd: int) -> tuple[int, int, int]:
+    """Clone the sandbox's init now (into its cgroup2 dir): ``(pid, go_w, err_r)``; ``pid`` is ``-errno`` when
+    that failed. Closes ``log_fd`` (the init's)."""
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
+    if spec["network"] in ("none", "veth"):
+        flags |= lx.CLONE_NEWNET
+    listen_fds: tuple[int, ...] = ()
+    cg_fd = None
     try:
-        if create:
+        if spec.get("execd_sockets"):
+            listen_fds = tuple(lx.listen_unix(f"{spec['execd_sockets']}/{name}") for name in EXECD_SOCKET_NAMES)
+        cg_fd = os.open(cgroup.v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2 else None
+        pid = lx.clone3(flags, cg_fd)
+    except OSError as exc:
+        for fd in (go_r, go_w, err_r, err_w, log_fd, *listen_fds, *([cg_fd] if cg_fd is not None else [])):
+            os.close(fd)
+        return -(exc.errno or 1), -1, -1
+    if pid == 0:
+        os.close(err_r)
+        os.close(go_w)
+        _in_namespace_setup(spec, log_fd, err_w, go_r, listen_fds)  # never returns
+    for fd in listen_fds:
+        os.close(fd)  # PID 1 owns the listeners now: they live exactly as long as the sandbox's init
+    for fd in (err_w, go_r, log_fd, *([cg_fd] if cg_fd is not None else [])):
+        os.close(fd)
+    return pid, go_w, err_r
+
+
+def _join(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create_v1: bool, v2: bool) -> bool:
+    """Move ``pid`` into the cgroup2 dir (``v2``: it was not cloned into it) and the v1 limit hierarchies
+    (made here when ``create_v1``)."""
+    try:
+        if v2 and cgroup.v2 is not None:
+            fd = os.open(cgroup.v2 / "cgroup.procs", os.O_WRONLY)
+            try:
+                os.write(fd, str(pid).encode())
+            finally:
+                os.close(fd)
+        if create_v1:
             cgroup.create_v1(res["cpu_millis"], res["memory_bytes"], res["pids_max"])
         for path in cgroup.v1_procs_files():
             fd = os.open(path, os.O_WRONLY)
@@ -396,7 +550,7 @@ def _join_v1(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create: bo
             finally:
                 os.close(fd)
     except OSError as exc:
-        print(f"joining v1 cgroups failed: {exc}", flush=True)
+        print(f"joining the sandbox's cgroups failed: {exc}", flush=True)
         return False
     return True
 
