@@ -399,7 +399,8 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
             report({"ok": False, "error": f"capability bounding set: {exc}"})
             return 1
     lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    # Hybrid host: the cgroup2 dir (identity, CLONE_INTO_CGROUP) now; v1 limit dirs while the child mounts.
+    # Hybrid host: the cgroup2 dir (the identity; the init is cloned or moved into it) now; the v1 limit dirs
+    # while the init mounts.
     defer_v1 = cgroup.v2 is not None and bool(cgroup.v1)
     try:
         # mkdir fails when the leaf exists: an ID's cgroup is only ever made here, once.
