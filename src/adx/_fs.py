@@ -9,15 +9,17 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adx.errors import ConflictError
+
+if TYPE_CHECKING:  # not at run time: sandboxd's spawner template (every in-process execd) imports this module
+    from pathlib import Path
 
 __all__ = ["atomic_write_bytes", "atomic_write_json", "exclusive_lock", "fsync_dir"]
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -4,6 +4,11 @@
   is cloned into (``CLONE_INTO_CGROUP``).
 - Limits and stats (memory, cpu, pids) come from whichever version owns each controller: on a hybrid host the
   v1 hierarchies own them (a controller bound to v1 cannot be enabled in v2); on a v2-only host, v2 does.
+
+Paths are kept as ``str`` (``os.path``), not ``pathlib``: the spawner's template imports this module, and every
+page the template holds counts in each in-process execd PID 1 (pathlib pulls urllib.parse and ipaddress,
+~0.65 MiB). The ``Path`` views (``v2_root``, ``v1_mounts``, ``v2``, ``v1``, ``dirs``, ``identity_dir``) import
+it on first use, for sandboxd and tests.
 """
 
 from __future__ import annotations
@@ -14,25 +19,41 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["CgroupLayout", "CgroupStats", "SandboxCgroup", "detect_layout"]
 
 _CONTROLLERS = ("memory", "cpu", "pids")
 
 
+def _path(path: str) -> Path:
+    from pathlib import Path  # not at import: see the module's docstring
+
+    return Path(path)
+
+
 @dataclass(frozen=True)
 class CgroupLayout:
-    v2_root: Path | None
+    v2_dir: str | None  # the cgroup2 mount point
     v2_controllers: frozenset[str]
-    v1_mounts: dict[str, Path] = field(default_factory=dict)  # controller -> mount point
+    v1_dirs: dict[str, str] = field(default_factory=dict)  # controller -> mount point
+
+    @property
+    def v2_root(self) -> Path | None:
+        return _path(self.v2_dir) if self.v2_dir is not None else None
+
+    @property
+    def v1_mounts(self) -> dict[str, Path]:
+        return {controller: _path(mount) for controller, mount in self.v1_dirs.items()}
 
     def source(self, controller: str) -> str | None:
         """'v1', 'v2' or None: which hierarchy provides ``controller``."""
-        if controller in self.v1_mounts:
+        if controller in self.v1_dirs:
             return "v1"
-        if self.v2_root is not None and controller in self.v2_controllers:
+        if self.v2_dir is not None and controller in self.v2_controllers:
             return "v2"
         return None
 
@@ -41,22 +62,22 @@ class CgroupLayout:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "v2_root": str(self.v2_root) if self.v2_root else None,
+            "v2_root": self.v2_dir,
             "controllers": {c: self.source(c) for c in (*_CONTROLLERS, "cpuacct", "freezer")},
         }
 
 
 def detect_layout(mountinfo: str | None = None) -> CgroupLayout:
-    text = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
-    v2_root: Path | None = None
-    v1: dict[str, Path] = {}
+    text = mountinfo if mountinfo is not None else _read_text("/proc/self/mountinfo")
+    v2_root: str | None = None
+    v1: dict[str, str] = {}
     for line in text.splitlines():
         left, _, right = line.partition(" - ")
         fields = left.split()
         rfields = right.split()
         if len(fields) < 5 or len(rfields) < 3:
             continue
-        mount_point, fstype, super_opts = Path(fields[4]), rfields[0], rfields[2].split(",")
+        mount_point, fstype, super_opts = _normpath(fields[4]), rfields[0], rfields[2].split(",")
         if fstype == "cgroup2" and v2_root is None:
             v2_root = mount_point
         elif fstype == "cgroup":
@@ -66,8 +87,8 @@ def detect_layout(mountinfo: str | None = None) -> CgroupLayout:
     controllers: frozenset[str] = frozenset()
     if v2_root is not None:
         with contextlib.suppress(OSError):
-            controllers = frozenset((v2_root / "cgroup.controllers").read_text().split())
-    return CgroupLayout(v2_root=v2_root, v2_controllers=controllers, v1_mounts=v1)
+            controllers = frozenset(_read_text(f"{v2_root}/cgroup.controllers").split())
+    return CgroupLayout(v2_dir=v2_root, v2_controllers=controllers, v1_dirs=v1)
 
 
 @dataclass(frozen=True)
@@ -80,7 +101,20 @@ class CgroupStats:
     memory_cache_bytes: int = 0  # page cache charged to the sandbox (part of memory_bytes)
 
 
-def _write(path: Path, value: str) -> None:
+def _normpath(path: str) -> str:
+    """What ``str(Path(path))`` gives: empty and ``.`` parts dropped (``..`` kept)."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if path.startswith("/"):
+        return "/" + "/".join(parts)
+    return "/".join(parts) or "."
+
+
+def _read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         os.write(fd, value.encode())
@@ -88,18 +122,18 @@ def _write(path: Path, value: str) -> None:
         os.close(fd)
 
 
-def _read_int(path: Path, default: int = 0) -> int:
+def _read_int(path: str, default: int = 0) -> int:
     try:
-        text = path.read_text().strip()
+        text = _read_text(path).strip()
     except FileNotFoundError:
         return default
     return int(text) if text and text != "max" else default
 
 
-def _keyed(path: Path) -> dict[str, int]:
+def _keyed(path: str) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        for line in path.read_text().splitlines():
+        for line in _read_text(path).splitlines():
             key, _, value = line.partition(" ")
             with contextlib.suppress(ValueError):
                 out[key] = int(value)
@@ -115,40 +149,57 @@ class SandboxCgroup:
         self.layout = layout
         self.parent = parent.strip("/")
         self.sandbox_id = sandbox_id
-        self.v2: Path | None = layout.v2_root / self.parent / sandbox_id if layout.v2_root else None
-        self.v1: dict[str, Path] = {}
+        self._parts = [part for part in self.parent.split("/") if part not in ("", ".")]
+        leaf = "/".join([*self._parts, sandbox_id])
+        self.v2_dir: str | None = _normpath(f"{layout.v2_dir}/{leaf}") if layout.v2_dir else None
+        self.v1_dirs: dict[str, str] = {}
         wanted = [c for c in _CONTROLLERS if layout.source(c) == "v1"]
-        if "cpu" in wanted and "cpuacct" in layout.v1_mounts:
+        if "cpu" in wanted and "cpuacct" in layout.v1_dirs:
             wanted.append("cpuacct")
-        if layout.v2_root is None and "freezer" in layout.v1_mounts:
+        if layout.v2_dir is None and "freezer" in layout.v1_dirs:
             wanted.append("freezer")  # v1-only hosts: freeze and kill through the freezer
         for controller in wanted:
-            self.v1[controller] = layout.v1_mounts[controller] / self.parent / sandbox_id
+            self.v1_dirs[controller] = _normpath(f"{layout.v1_dirs[controller]}/{leaf}")
 
     # -- paths --------------------------------------------------------------------------------------
-    def dirs(self) -> list[Path]:
-        """Distinct cgroup directories of this sandbox (co-mounted controllers share one)."""
-        seen: list[Path] = []
-        for path in ([self.v2] if self.v2 else []) + list(self.v1.values()):
+    @property
+    def v2(self) -> Path | None:
+        return _path(self.v2_dir) if self.v2_dir is not None else None
+
+    @property
+    def v1(self) -> dict[str, Path]:
+        return {controller: _path(path) for controller, path in self.v1_dirs.items()}
+
+    def _dirs(self) -> list[str]:
+        seen: list[str] = []
+        for path in ([self.v2_dir] if self.v2_dir else []) + list(self.v1_dirs.values()):
             if path not in seen:
                 seen.append(path)
         return seen
 
+    def dirs(self) -> list[Path]:
+        """Distinct cgroup directories of this sandbox (co-mounted controllers share one)."""
+        return [_path(path) for path in self._dirs()]
+
+    def identity_path(self) -> str:
+        """:meth:`identity_dir` as a ``str``."""
+        if self.v2_dir is not None:
+            return self.v2_dir
+        return self.v1_dirs.get("memory") or self._dirs()[0]
+
     def identity_dir(self) -> Path:
-        if self.v2 is not None:
-            return self.v2
-        return self.v1.get("memory") or self.dirs()[0]
+        return _path(self.identity_path())
 
     def identity(self) -> tuple[int, int] | None:
         """(st_dev, st_ino) of the identity directory, or None when it does not exist."""
         try:
-            st = os.stat(self.identity_dir())
+            st = os.stat(self.identity_path())
         except FileNotFoundError:
             return None
         return st.st_dev, st.st_ino
 
     def v1_procs_files(self) -> list[str]:
-        return [str(p / "cgroup.procs") for p in dict.fromkeys(self.v1.values())]
+        return [f"{p}/cgroup.procs" for p in dict.fromkeys(self.v1_dirs.values())]
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def create(
@@ -160,37 +211,41 @@ class SandboxCgroup:
         supervisor overlaps that with the child's mount setup on hybrid hosts). ``parent=False``: the caller
         did :meth:`ensure_parent` already.
         """
-        if self.v2 is not None:
+        if self.v2_dir is not None:
             if parent:
                 self._ensure_v2_parent()
-            self.v2.mkdir()
+            os.mkdir(self.v2_dir)
             self._set_limits(cpu_millis, memory_bytes, pids_max, v1=False)
         if not defer_v1:
             self.create_v1(cpu_millis, memory_bytes, pids_max)
 
     def create_v1(self, cpu_millis: int, memory_bytes: int, pids_max: int) -> None:
-        for path in dict.fromkeys(self.v1.values()):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.mkdir()
+        for path in dict.fromkeys(self.v1_dirs.values()):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.mkdir(path)
         self._set_limits(cpu_millis, memory_bytes, pids_max, v1=True)
 
     def ensure_parent(self) -> None:
         """The cgroup2 parent (with the controllers enabled down to it); nothing of this sandbox's own."""
-        if self.v2 is not None:
+        if self.v2_dir is not None:
             self._ensure_v2_parent()
 
     def _ensure_v2_parent(self) -> None:
-        assert self.v2 is not None and self.layout.v2_root is not None
+        assert self.v2_dir is not None and self.layout.v2_dir is not None
         wanted = [c for c in _CONTROLLERS if self.layout.source(c) == "v2"]
-        node = self.layout.v2_root
-        for part in Path(self.parent).parts:
+        node = self.layout.v2_dir
+        for part in self._parts:
             if wanted:
                 # Controllers must be enabled in every ancestor's subtree_control to reach the leaf.
-                _write(node / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
-            node = node / part
-            node.mkdir(exist_ok=True)
+                _write(f"{node}/cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+            node = _normpath(f"{node}/{part}")
+            try:
+                os.mkdir(node)
+            except OSError:
+                if not os.path.isdir(node):
+                    raise
         if wanted:
-            _write(node / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+            _write(f"{node}/cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
 
     def _set_limits(self, cpu_millis: int, memory_bytes: int, pids_max: int, *, v1: bool) -> None:
         """Set the limits of the v1 hierarchies (``v1=True``) or of the cgroup2 directory."""
@@ -198,35 +253,35 @@ class SandboxCgroup:
         quota = max(1000, cpu_millis * period // 1000)
         want = "v1" if v1 else "v2"
         if self.layout.source("memory") == want == "v1":
-            mem = self.v1["memory"]
-            _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+            mem = self.v1_dirs["memory"]
+            _write(f"{mem}/memory.limit_in_bytes", str(memory_bytes))
             # Without swap accounting a sandbox could page past its limit; memsw exists only with swap on.
-            if (mem / "memory.memsw.limit_in_bytes").exists():
+            if os.path.exists(f"{mem}/memory.memsw.limit_in_bytes"):
                 with contextlib.suppress(OSError):
-                    _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
-        elif self.layout.source("memory") == want == "v2" and self.v2 is not None:
-            _write(self.v2 / "memory.max", str(memory_bytes))
-            if (self.v2 / "memory.swap.max").exists():
-                _write(self.v2 / "memory.swap.max", "0")
+                    _write(f"{mem}/memory.memsw.limit_in_bytes", str(memory_bytes))
+        elif self.layout.source("memory") == want == "v2" and self.v2_dir is not None:
+            _write(f"{self.v2_dir}/memory.max", str(memory_bytes))
+            if os.path.exists(f"{self.v2_dir}/memory.swap.max"):
+                _write(f"{self.v2_dir}/memory.swap.max", "0")
         if self.layout.source("cpu") == want == "v1":
-            cpu = self.v1["cpu"]
-            _write(cpu / "cpu.cfs_period_us", str(period))
-            _write(cpu / "cpu.cfs_quota_us", str(quota))
-        elif self.layout.source("cpu") == want == "v2" and self.v2 is not None:
-            _write(self.v2 / "cpu.max", f"{quota} {period}")
+            cpu = self.v1_dirs["cpu"]
+            _write(f"{cpu}/cpu.cfs_period_us", str(period))
+            _write(f"{cpu}/cpu.cfs_quota_us", str(quota))
+        elif self.layout.source("cpu") == want == "v2" and self.v2_dir is not None:
+            _write(f"{self.v2_dir}/cpu.max", f"{quota} {period}")
         if self.layout.source("pids") == want == "v1":
-            _write(self.v1["pids"] / "pids.max", str(pids_max))
-        elif self.layout.source("pids") == want == "v2" and self.v2 is not None:
-            _write(self.v2 / "pids.max", str(pids_max))
+            _write(f"{self.v1_dirs['pids']}/pids.max", str(pids_max))
+        elif self.layout.source("pids") == want == "v2" and self.v2_dir is not None:
+            _write(f"{self.v2_dir}/pids.max", str(pids_max))
 
     def exists(self) -> bool:
-        return self.identity_dir().is_dir()
+        return os.path.isdir(self.identity_path())
 
     def procs(self) -> set[int]:
         pids: set[int] = set()
-        for path in self.dirs():
+        for path in self._dirs():
             try:
-                pids.update(int(x) for x in (path / "cgroup.procs").read_text().split())
+                pids.update(int(x) for x in _read_text(f"{path}/cgroup.procs").split())
             except FileNotFoundError:
                 continue
         return pids
@@ -236,26 +291,26 @@ class SandboxCgroup:
 
     def kill(self) -> None:
         """Kill every process in the sandbox (identity must have been checked by the caller)."""
-        if self.v2 is not None and self.v2.is_dir():
+        if self.v2_dir is not None and os.path.isdir(self.v2_dir):
             # Kills the whole tree, double-forked daemons included, in one write; no PIDs involved.
-            _write(self.v2 / "cgroup.kill", "1")
+            _write(f"{self.v2_dir}/cgroup.kill", "1")
             # A frozen cgroup stays frozen after a kill; thaw so the cgroup is reusable/removable cleanly.
             with contextlib.suppress(OSError):
-                _write(self.v2 / "cgroup.freeze", "0")
+                _write(f"{self.v2_dir}/cgroup.freeze", "0")
             return
-        freezer = self.v1.get("freezer")
+        freezer = self.v1_dirs.get("freezer")
         # v1-only fallback: freeze so nothing forks while we signal, kill what is listed, thaw, repeat.
         for _ in range(100):
             pids = self.procs()
             if not pids:
                 return
             if freezer is not None:
-                _write(freezer / "freezer.state", "FROZEN")
+                _write(f"{freezer}/freezer.state", "FROZEN")
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             if freezer is not None:
-                _write(freezer / "freezer.state", "THAWED")
+                _write(f"{freezer}/freezer.state", "THAWED")
             time.sleep(0.005)
 
     def wait_empty(self, timeout: float) -> bool:
@@ -268,68 +323,68 @@ class SandboxCgroup:
             time.sleep(0.002)
 
     def freeze(self, timeout: float = 5.0) -> None:
-        if self.v2 is not None:
-            _write(self.v2 / "cgroup.freeze", "1")
+        if self.v2_dir is not None:
+            _write(f"{self.v2_dir}/cgroup.freeze", "1")
             deadline = time.monotonic() + timeout
-            while _keyed(self.v2 / "cgroup.events").get("frozen") != 1:
+            while _keyed(f"{self.v2_dir}/cgroup.events").get("frozen") != 1:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"cgroup {self.v2} did not freeze within {timeout}s")
+                    raise TimeoutError(f"cgroup {self.v2_dir} did not freeze within {timeout}s")
                 time.sleep(0.002)
-        elif "freezer" in self.v1:
-            _write(self.v1["freezer"] / "freezer.state", "FROZEN")
+        elif "freezer" in self.v1_dirs:
+            _write(f"{self.v1_dirs['freezer']}/freezer.state", "FROZEN")
 
     def thaw(self) -> None:
-        if self.v2 is not None:
-            _write(self.v2 / "cgroup.freeze", "0")
-        elif "freezer" in self.v1:
-            _write(self.v1["freezer"] / "freezer.state", "THAWED")
+        if self.v2_dir is not None:
+            _write(f"{self.v2_dir}/cgroup.freeze", "0")
+        elif "freezer" in self.v1_dirs:
+            _write(f"{self.v1_dirs['freezer']}/freezer.state", "THAWED")
 
     def frozen(self) -> bool:
-        if self.v2 is not None:
-            return _keyed(self.v2 / "cgroup.events").get("frozen") == 1
-        if "freezer" in self.v1:
+        if self.v2_dir is not None:
+            return _keyed(f"{self.v2_dir}/cgroup.events").get("frozen") == 1
+        if "freezer" in self.v1_dirs:
             with contextlib.suppress(FileNotFoundError):
-                return (self.v1["freezer"] / "freezer.state").read_text().strip() == "FROZEN"
+                return _read_text(f"{self.v1_dirs['freezer']}/freezer.state").strip() == "FROZEN"
         return False
 
     def oom_kills(self) -> int:
         if self.layout.source("memory") == "v1":
-            return _keyed(self.v1["memory"] / "memory.oom_control").get("oom_kill", 0)
-        if self.v2 is not None:
-            return _keyed(self.v2 / "memory.events").get("oom_kill", 0)
+            return _keyed(f"{self.v1_dirs['memory']}/memory.oom_control").get("oom_kill", 0)
+        if self.v2_dir is not None:
+            return _keyed(f"{self.v2_dir}/memory.events").get("oom_kill", 0)
         return 0
 
     def stats(self) -> CgroupStats:
         if self.layout.source("memory") == "v1":
-            mem = self.v1["memory"]
-            memory = _read_int(mem / "memory.usage_in_bytes")
-            peak = _read_int(mem / "memory.max_usage_in_bytes")
-            cache = _keyed(mem / "memory.stat").get("total_cache", 0)
+            mem = self.v1_dirs["memory"]
+            memory = _read_int(f"{mem}/memory.usage_in_bytes")
+            peak = _read_int(f"{mem}/memory.max_usage_in_bytes")
+            cache = _keyed(f"{mem}/memory.stat").get("total_cache", 0)
         else:
-            assert self.v2 is not None
-            memory = _read_int(self.v2 / "memory.current")
-            peak = _read_int(self.v2 / "memory.peak", memory)
-            cache = _keyed(self.v2 / "memory.stat").get("file", 0)
-        if "cpuacct" in self.v1:
-            cpu_ns = _read_int(self.v1["cpuacct"] / "cpuacct.usage")
-        elif self.v2 is not None:
+            assert self.v2_dir is not None
+            memory = _read_int(f"{self.v2_dir}/memory.current")
+            peak = _read_int(f"{self.v2_dir}/memory.peak", memory)
+            cache = _keyed(f"{self.v2_dir}/memory.stat").get("file", 0)
+        if "cpuacct" in self.v1_dirs:
+            cpu_ns = _read_int(f"{self.v1_dirs['cpuacct']}/cpuacct.usage")
+        elif self.v2_dir is not None:
             # cpu.stat exists in every v2 cgroup (usage_usec is core accounting, no controller needed).
-            cpu_ns = _keyed(self.v2 / "cpu.stat").get("usage_usec", 0) * 1000
+            cpu_ns = _keyed(f"{self.v2_dir}/cpu.stat").get("usage_usec", 0) * 1000
         else:
             cpu_ns = 0
         if self.layout.source("pids") == "v1":
-            pids = _read_int(self.v1["pids"] / "pids.current")
-        elif self.v2 is not None:
-            pids = _read_int(self.v2 / "pids.current")
+            pids = _read_int(f"{self.v1_dirs['pids']}/pids.current")
+        elif self.v2_dir is not None:
+            pids = _read_int(f"{self.v2_dir}/pids.current")
         else:
             pids = len(self.procs())
         return CgroupStats(cpu_ns, memory, peak, pids, self.oom_kills(), cache)
 
     def remove(self) -> None:
         """rmdir every directory (idempotent). Raises OSError(EBUSY) if a cgroup still has processes."""
-        for path in self.dirs():
+        for path in self._dirs():
             try:
-                path.rmdir()
+                os.rmdir(path)
             except FileNotFoundError:
                 continue
             except OSError as exc:

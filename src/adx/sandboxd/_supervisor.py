@@ -25,7 +25,6 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
 from adx._fs import fsync_dir
@@ -56,7 +55,8 @@ _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "u
 
 
 def boot_id() -> str:
-    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
 
 
 #: Read once, in the spawner before it forks (a boot's ID never changes): not a file read per create.
@@ -351,9 +351,10 @@ def _harden_proc(proc: str) -> None:
         lx.mount("/dev/null", f"{proc}/{name}", None, lx.MS_BIND)
 
 
-def _record_state(sdir: Path) -> str | None:
+def _record_state(sdir: str) -> str | None:
     try:
-        rec = json.loads((sdir / RECORD_FILE).read_text())
+        with open(os.path.join(sdir, RECORD_FILE)) as f:
+            rec = json.loads(f.read())
     except (FileNotFoundError, ValueError):
         return None
     state = rec.get("record", {}).get("state")
@@ -371,7 +372,7 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
     record was seen under the lock and the identity persisted (the ``go`` byte). A refused start kills that
     init and removes the cgroup made here: nothing of it outlives the supervisor.
     """
-    sdir = Path(spec["sandbox_dir"])
+    sdir: str = spec["sandbox_dir"]  # paths as str: the template (every in-process execd PID 1) has no pathlib
 
     def report(payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
@@ -398,10 +399,10 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
         except OSError as exc:
             report({"ok": False, "error": f"capability bounding set: {exc}"})
             return 1
-    lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock_fd = os.open(os.path.join(sdir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     # Hybrid host: the cgroup2 dir (the identity; the init is cloned or moved into it) now; the v1 limit dirs
     # while the init mounts.
-    defer_v1 = cgroup.v2 is not None and bool(cgroup.v1)
+    defer_v1 = cgroup.v2_dir is not None and bool(cgroup.v1_dirs)
     try:
         # mkdir fails when the leaf exists: an ID's cgroup is only ever made here, once.
         cgroup.create(res["cpu_millis"], res["memory_bytes"], res["pids_max"], defer_v1=defer_v1, parent=False)
@@ -419,7 +420,7 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
     else:
         # The dir is the sandbox's (sandboxd made it before asking): files made in it before the commit are
         # reclaimed with it if the commit never happens. A spare dir brings the log.
-        log_fd = os.open(sdir / OUTPUT_LOG, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT, 0o600)
+        log_fd = os.open(os.path.join(sdir, OUTPUT_LOG), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT, 0o600)
         pid, go_w, err_r = _clone_init(spec, cgroup, log_fd)
         if pid < 0:
             report({"ok": False, "error": f"starting the sandbox's init failed: {os.strerror(-pid)}"})
@@ -430,9 +431,9 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
     # intent check below decides.
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
     refusal = None
-    if (sdir / TOMBSTONE_FILE).exists() or _record_state(sdir) != "creating":
+    if os.path.exists(os.path.join(sdir, TOMBSTONE_FILE)) or _record_state(sdir) != "creating":
         refusal = "delete intent persisted or record not creating; not starting"
-    elif (sdir / NATIVE_FILE).exists():
+    elif os.path.exists(os.path.join(sdir, NATIVE_FILE)):
         refusal = "sandbox was started before; IDs are never restarted"
     if refusal is not None:
         _abandon(pid, go_w, cgroup)
@@ -442,13 +443,13 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
         "boot_id": _BOOT_ID,
         "cgroup_dev": ident[0],
         "cgroup_ino": ident[1],
-        "cgroup_dir": str(cgroup.identity_dir()),
+        "cgroup_dir": cgroup.identity_path(),
         "created_at": time.time(),
     }
     try:
         # No fsync here (hot path): this file only has meaning within the boot that wrote it — a reboot kills
         # every sandbox and is detected through boot_id — and rename keeps it whole across process crashes.
-        _write_json_no_sync(sdir / NATIVE_FILE, native)
+        _write_json_no_sync(os.path.join(sdir, NATIVE_FILE), native)
     except Exception as exc:
         _abandon(pid, go_w, None)  # the committed record's cleanup (sandboxd) removes the cgroup
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
@@ -515,7 +516,7 @@ def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fd: int) -> tup
     try:
         if spec.get("execd_sockets"):
             listen_fds = tuple(lx.listen_unix(f"{spec['execd_sockets']}/{name}") for name in EXECD_SOCKET_NAMES)
-        cg_fd = os.open(cgroup.v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2 else None
+        cg_fd = os.open(cgroup.v2_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2_dir else None
         pid = lx.clone3(flags, cg_fd)
     except OSError as exc:
         for fd in (go_r, go_w, err_r, err_w, log_fd, *listen_fds, *([cg_fd] if cg_fd is not None else [])):
@@ -536,8 +537,8 @@ def _join(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create_v1: bo
     """Move ``pid`` into the cgroup2 dir (``v2``: it was not cloned into it) and the v1 limit hierarchies
     (made here when ``create_v1``)."""
     try:
-        if v2 and cgroup.v2 is not None:
-            fd = os.open(cgroup.v2 / "cgroup.procs", os.O_WRONLY)
+        if v2 and cgroup.v2_dir is not None:
+            fd = os.open(f"{cgroup.v2_dir}/cgroup.procs", os.O_WRONLY)
             try:
                 os.write(fd, str(pid).encode())
             finally:
@@ -570,14 +571,16 @@ def _create_veth(veth: dict[str, Any], pid: int) -> bool:
     return True
 
 
-def _write_json_no_sync(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")  # NATIVE_TEMP: pre-made by a spare dir, usually
-    tmp.write_text(json.dumps(value))
+def _write_json_no_sync(path: str, value: dict[str, Any]) -> None:
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.tmp")  # NATIVE_TEMP: pre-made by a spare dir, usually
+    with open(tmp, "w") as f:
+        f.write(json.dumps(value))
     os.replace(tmp, path)
 
 
 def _record_exit(
-    sdir: Path,
+    sdir: str,
     code: int | None,
     sig: int | None,
     cgroup: SandboxCgroup,
@@ -605,8 +608,8 @@ def _record_exit(
         "finished_at": time.time(),
         "boot_id": boot_id(),
     }
-    path = sdir / EXIT_FILE
-    tmp = path.with_name(f".{EXIT_FILE}.tmp")
+    path = os.path.join(sdir, EXIT_FILE)
+    tmp = os.path.join(sdir, f".{EXIT_FILE}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, json.dumps(record, indent=2, sort_keys=True).encode() + b"\n")
