@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -60,8 +59,8 @@ class LifecycleOps:
         self._resume_locks: dict[str, asyncio.Lock] = {}
         # env -> time before which a resume that every node refused is not driven again (capacity round)
         self._refused_until: dict[str, float] = {}
-        # env -> when the background capacity round asks every node again for a resume all of them refused
-        self._capacity_round: dict[str, float] = {}
+        # Environments whose refused resume the background capacity round asks again for (at _refused_until)
+        self._capacity_round: set[str] = set()
         self._busy: set[str] = set()  # Environments with a scan action in flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._nudged: dict[str, float] = {}  # env -> when a stalled resume was last handed over again
@@ -152,7 +151,7 @@ class LifecycleOps:
             # CRD-5: every node refused: one capacity round excludes them; resources are asked again later.
             self._refused_until[record.id] = time.monotonic() + self.resume_retry_seconds
             if not capacity_round:
-                self._capacity_round[record.id] = self._refused_until[record.id]
+                self._capacity_round.add(record.id)
             reasons = "; ".join(f"{r.node}: {r.reason}" for r in refused) or "no node can take it"
             raise NoCapacity(
                 f"no node can resume {record.id} now ({reasons}); retry after {self.resume_retry_seconds:g}s",
@@ -274,7 +273,7 @@ class LifecycleOps:
     def _due(self, record: EnvironmentRecord, now: float) -> str | None:
         lifetime_over = record.expires_at is not None and record.expires_at <= now
         if record.state is not S.PAUSED:
-            self._capacity_round.pop(record.id, None)
+            self._capacity_round.discard(record.id)
             self._refused_until.pop(record.id, None)
         if record.state is S.PAUSED:
             checkpoint = record.checkpoint
@@ -284,7 +283,7 @@ class LifecycleOps:
                 return "lifetime-delete"
             if not record.ownership_lost and checkpoint is not None and self._alive(checkpoint.node, now) is None:
                 return "ownership-lost"
-            if self._capacity_round.get(record.id, math.inf) <= time.monotonic():
+            if record.id in self._capacity_round and self._refused_until.get(record.id, 0.0) <= time.monotonic():
                 return "capacity-round"
             return None
         if record.state is S.RUNNING and lifetime_over:
@@ -326,7 +325,7 @@ class LifecycleOps:
                 log.info("paused environment lost its node", extra={"env_id": record.id, "node": record.node})
             elif action == "capacity-round":
                 # CRD-5: every node refused this resume; resources are asked for once more, on every candidate.
-                self._capacity_round.pop(record.id, None)
+                self._capacity_round.discard(record.id)
                 self._refused_until.pop(record.id, None)
                 await self.drive_resume(record, capacity_round=True)
             elif action == "resume-stalled":

@@ -74,6 +74,11 @@ async def _tenant(request: Request) -> str:
     return await plane(request).auth.tenant(f"Bearer {key}" if key else None)
 
 
+def _cpu_count(cores: float) -> int:
+    """E2B counts whole CPUs: the Environment's CPU limit rounded up, at least one."""
+    return max(1, math.ceil(cores))
+
+
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
@@ -96,7 +101,7 @@ def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detai
         "startedAt": _iso(record.created_at),
         # No deadline (an Environment made without one): E2B has no such state; a far end says so.
         "endAt": _iso(expires if expires is not None else record.created_at + 100 * 365 * 86400),
-        "cpuCount": max(1, math.ceil(resources.cpu_millis / 1000)),
+        "cpuCount": _cpu_count(resources.cpu_millis / 1000),
         "memoryMB": resources.memory_bytes // MiB,
         "diskSizeMB": resources.disk_bytes // MiB,
         "state": e2b_state(record),
@@ -316,7 +321,7 @@ def _unix_param(request: Request, name: str) -> int | None:
 
 def metric_view(usage: EnvironmentStats) -> dict[str, Any]:
     """One E2B metric entry; ``cpuUsedPct`` is relative to ``cpuCount`` (the limit rounded up to whole cores)."""
-    cpu_count = max(1, math.ceil(usage.cpu_limit_cores))
+    cpu_count = _cpu_count(usage.cpu_limit_cores)
     used_cores = (usage.cpu_percent or 0.0) / 100.0 * (usage.cpu_limit_cores or cpu_count)
     return {
         "timestamp": _iso(usage.sampled_at),

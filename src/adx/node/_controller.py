@@ -369,11 +369,9 @@ class Controller:
         try:
             execution = await self._launch(execution_id)
         except AdxError as exc:
-            # RST-7: a failed first start is Failed at once, its reservation released, never restarted;
-            # cleanup of whatever it left goes on afterwards.
-            failed = await self._transition(
-                S.FAILED, {"last_error": f"start failed: {exc}", "restart_pending": False}, release=True
-            )
+            # RST-7: a failed first start is Failed at once (see _fail_or_restart_later); cleanup of whatever
+            # it left goes on afterwards.
+            failed = await self._fail_or_restart_later(str(exc))
             leftover = await self._take_leftover(execution_id)
             if leftover is not None:
                 self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
@@ -406,7 +404,14 @@ class Controller:
 
     async def _fail_or_restart_later(self, reason: str) -> EnvironmentRecord:
         """Failed; with a restart policy that allows another attempt, a restart is pending after its backoff
-        (RST-2). The reservation stays while a restart is pending and is released only at the final failure."""
+        (RST-2). The reservation stays while a restart is pending and is released only at the final failure.
+
+        RST-7: a first start that never came up (its launch failed, its execution ended before it ran, or a node
+        restart cut it short) is Failed at once and never restarted."""
+        if self.record.state is S.STARTING and self.record.restart_attempts == 0:
+            return await self._transition(
+                S.FAILED, {"last_error": f"start failed: {reason}", "restart_pending": False}, release=True
+            )
         policy = self.record.spec.lifecycle.restart_policy
         attempts = self.record.restart_attempts
         if policy is not None and policy.allows(attempts):
@@ -519,12 +524,6 @@ class Controller:
             await self.on_route_change(self.record, None)
         await self._cleanup(execution)
         self.execution = None
-        if self.record.state is S.STARTING and self.record.restart_attempts == 0:
-            # RST-7: a first start that never came up (e.g. cut short by a node restart) is Failed at once, its
-            # reservation released, and never restarted.
-            return await self._transition(
-                S.FAILED, {"last_error": f"start failed: {info.describe()}", "restart_pending": False}, release=True
-            )
         return await self._fail_or_restart_later(info.describe())
 
     # -- pause and resume --------------------------------------------------------------------------

@@ -1148,17 +1148,21 @@ class SandboxService:
             rec, err = await self._reconcile(rec.sandbox_id)
             return self._info(rec, err)
 
+    def _artifact_root(self, storage: str) -> Path:
+        roots = self.config.artifact_roots()
+        if storage not in roots:
+            raise InvalidInputError("storage", f"unknown checkpoint storage {storage!r} (known: {sorted(roots)})")
+        return roots[storage]
+
     async def checkpoint(self, req: CheckpointRequest) -> CheckpointInfo:
         rec = self._auth(req.ref)
-        roots = self.config.artifact_roots()
-        if req.storage not in roots:
-            raise InvalidInputError("storage", f"unknown checkpoint storage {req.storage!r} (known: {sorted(roots)})")
+        root = self._artifact_root(req.storage)
         async with self._lock(rec.sandbox_id):
             rec, _ = await self._reconcile(rec.sandbox_id)
             if rec.state not in (State.RUNNING, State.PAUSED, State.TERMINATED):
                 raise ConflictError(f"sandbox {rec.sandbox_id} is {rec.state}; cannot checkpoint")
             checkpoint_id = ckpt.new_checkpoint_id()
-            artifact = roots[req.storage] / checkpoint_id
+            artifact = root / checkpoint_id
             created_at = time.time()
             body: dict[str, Any] = {
                 "checkpoint_id": checkpoint_id,
@@ -1225,10 +1229,7 @@ class SandboxService:
 
     async def list_checkpoints(self, req: ListCheckpointsRequest) -> ListCheckpointsResponse:
         """The whole artifacts this daemon captured in one storage (a node's startup sweep, NOD-15)."""
-        roots = self.config.artifact_roots()
-        if req.storage not in roots:
-            raise InvalidInputError("storage", f"unknown checkpoint storage {req.storage!r} (known: {sorted(roots)})")
-        found = await asyncio.to_thread(ckpt.list_artifacts, roots[req.storage], self.owner)
+        found = await asyncio.to_thread(ckpt.list_artifacts, self._artifact_root(req.storage), self.owner)
         return ListCheckpointsResponse(
             storage=req.storage,
             checkpoints=[
