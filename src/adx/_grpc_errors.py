@@ -10,8 +10,11 @@ import grpc
 from adx.errors import (
     AdxError,
     ConflictError,
+    EnvironmentPausedError,
+    EnvironmentPausingError,
     InvalidInputError,
     NotFoundError,
+    PublicationPendingError,
     UnavailableError,
     UncertainOutcomeError,
 )
@@ -20,6 +23,11 @@ CODE_KEY = "adx-error-code"
 FIELD_KEY = "adx-error-field"
 #: When the caller should ask again (e.g. a resume every node refused, CRD-5): ``details["retry_after_seconds"]``.
 RETRY_AFTER_KEY = "adx-error-retry-after"
+
+#: Subclasses rebuilt from the wire code (their family comes from the status).
+_BY_CODE: dict[str, type[AdxError]] = {
+    cls.code: cls for cls in (EnvironmentPausedError, EnvironmentPausingError, PublicationPendingError)
+}
 
 _STATUS: list[tuple[type[AdxError], grpc.StatusCode]] = [
     (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -69,7 +77,13 @@ def _translate(exc: grpc.aio.AioRpcError, what: str, trailing: dict[str, object]
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return InvalidInputError("credentials", message)
     if code == grpc.StatusCode.UNAVAILABLE:
-        # The call never reached a handler (connection refused/reset before the request was accepted).
-        return UnavailableError(f"{what}: {message}")
+        # A handler's answer (it names its code), or the call never reached one (connection refused/reset).
+        sent = _BY_CODE.get(str(trailing.get(CODE_KEY, "")))
+        if sent is not None and issubclass(sent, UnavailableError):
+            return sent(message)
+        unavailable = UnavailableError(f"{what}: {message}")
+        if isinstance(sent_code := trailing.get(CODE_KEY), str):
+            unavailable.code = sent_code
+        return unavailable
     # DEADLINE_EXCEEDED, UNKNOWN, CANCELLED, INTERNAL: the server may or may not have acted.
     return UncertainOutcomeError(f"{what}: {code.name}: {message}")

@@ -18,6 +18,7 @@ __all__ = [
     "EnvironmentPausingError",
     "InvalidInputError",
     "NotFoundError",
+    "PublicationPendingError",
     "UnavailableError",
     "UncertainOutcomeError",
 ]
@@ -94,3 +95,11 @@ class EnvironmentPausingError(UnavailableError):
     """A pause's capture has started: the request is served after the resume (IDLE-6)."""
 
     code = "environment_pausing"
+
+
+class PublicationPendingError(UnavailableError):
+    """The node finished the operation, but the cluster has not stored its result yet (ENV-6, JRN-4): it is
+    kept on the node (``details["journaled"]``: in its degradation journal) and published once the Coordinator
+    can store it. Asking again later shows the published result."""
+
+    code = "publication_pending"

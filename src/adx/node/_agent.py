@@ -28,6 +28,7 @@ from adx.errors import (
     EnvironmentPausedError,
     InvalidInputError,
     NotFoundError,
+    PublicationPendingError,
     UnavailableError,
 )
 from adx.model import DORMANT_STATES, EnvironmentRecord, EnvironmentState, IdleAction, Resources
@@ -35,12 +36,14 @@ from adx.node._controller import CheckpointPlaces, Controller, ControllerTimings
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._idle import IdleDetector
+from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_relay
+from adx.node._replay import ReplayEnd, replay
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
 from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2, node_pb2_grpc
-from adx.runtime import Execution, ExecutionState, ExitInfo
+from adx.runtime import Execution, ExecutionState, ExitInfo, InventoryItem
 from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionReadiness
 from adx.sandboxd import RuntimeControlSubscription
 
@@ -53,6 +56,8 @@ Context = grpc.aio.ServicerContext[object, object]
 DISCONNECT_WINDOW_SECONDS = 5.0
 #: How long a request that met a pause's closed admission waits for the pause's decision (IDLE-6).
 PAUSE_DECISION_WAIT_SECONDS = 10.0
+#: How long a request waits for the local resume of an Environment whose pause is not published (JRN-4).
+LOCAL_RESUME_WAIT_SECONDS = 30.0
 
 
 class NodeAgent:
@@ -64,10 +69,16 @@ class NodeAgent:
         self.readiness: ReadinessProbe = ExecdReadiness(self.driver)
         self.control: RuntimeControlSubscription | None = None
         self.executions = ExecutionFiles(config.state_dir / "executions")
+        self.journal = DegradationJournal(config.degradation_journal)
+        # NOD-13: executions whose cleanup is not confirmed yet (their files are the persisted records).
+        self._orphans: dict[str, Execution] = {}
+        # NOD-1: executions the runtime holds that this node cannot address (seen at the last recovery).
+        self.unaddressable: list[InventoryItem] = []
+        self._journaled_at_start: list[PendingResult] = []
         self.controllers: dict[str, Controller] = {}
         # Recently deleted Environments (monotonic time of removal), so late data-plane calls get "not running".
         self._deleted: dict[str, float] = {}
-        self.relay = Relay(self._relay_target, admission_wait=self._pause_decision)
+        self.relay = Relay(self._relay_target, admission_wait=self._pause_decision, prepare=self._resume_unpublished)
         self.places = CheckpointPlaces(
             node=config.name,
             default_storage=config.checkpoints.default_storage,
@@ -97,6 +108,14 @@ class NodeAgent:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
+        # NOD-17/JRN-7: a journal left by the previous process is read first; a corrupt one stops the start.
+        self._journaled_at_start = self.journal.open_existing()
+        if self._journaled_at_start:
+            log.warning(
+                "degradation journal holds %d unpublished results; they replay once the Coordinator answers",
+                len(self._journaled_at_start),
+                extra={"node": self.name, "path": str(self.journal.path)},
+            )
         await self._wait_runtime()
         await self._find_shared_storage()
         # CTL-2: ONE runtime-control subscription per node; Controllers take Ready from it (pushed).
@@ -234,30 +253,141 @@ class NodeAgent:
 
     # -- recovery and routine checks -----------------------------------------------------------------
     async def _register_and_recover(self) -> None:
-        while True:
-            await self.reporter.report_once()
-            if self.reporter.state.registered:
-                try:
-                    catalog = await self.sink.catalog(with_references=True)
-                    break
-                except AdxError as exc:
-                    log.warning("catalog not available yet: %s", exc, extra={"node": self.name})
-            await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
+        catalog = await self._wait_for_catalog()
+        self._warn_if_journal_missing(catalog)
+        if self._journaled_at_start:
+            # JRN-6: replay what the journal holds (matching ownership and spec, newer versions only), then read
+            # the catalog again; only then reconcile with the runtime and open lifecycle and admission.
+            await self._replay_at_start(catalog)
+            catalog = await self._wait_for_catalog(with_references=True)
+        known = await self._clean_unreferenced(catalog)
+        await self._report_inventory(known)
+        for record in catalog:
+            if record.id in self._orphan_envs():
+                continue  # RST-5/NOD-13: nothing of it starts until the old execution's cleanup is confirmed
+            await self._recover(record, known.get(record.execution_id or ""))
+        await self._sweep_checkpoints()
+
+    async def _clean_unreferenced(self, catalog: list[EnvironmentRecord]) -> dict[str, Execution]:
+        """CRD-7/NOD-13: executions no committed record references (a start or restore cut short before its
+        commit) are cleaned before any Controller resumes or starts anything; the catalog was read fully.
+
+        The execution's file is its persisted cleanup record: it is forgotten only once the runtime confirmed
+        the cleanup, and until then that Environment admits nothing here (retried every report period)."""
         # Recorded before every start or restore (its planned address), so this covers what an interrupted
         # launch left in the runtime too.
         known = {execution.execution_id: execution for execution in self.executions.load_all()}
         referenced = {record.execution_id for record in catalog if record.execution_id}
-        # CRD-7: executions no committed record references (a start or restore cut short before its commit)
-        # are cleaned before any Controller resumes or starts anything; the catalog was read fully.
         for execution_id, execution in known.items():
-            if execution_id not in referenced:
-                log.info("cleaning an unreferenced execution", extra={"execution_id": execution_id})
-                with contextlib.suppress(AdxError):
-                    await self.driver.stop(execution)
-                self.executions.forget(execution_id)
-        for record in catalog:
-            await self._recover(record, known.get(record.execution_id or ""))
-        await self._sweep_checkpoints()
+            if execution_id not in referenced and execution.env_id not in self.controllers:
+                self._orphans[execution_id] = execution
+        await self._retry_orphans()
+        return {k: v for k, v in known.items() if k not in self._orphans and k in referenced}
+
+    async def _retry_orphans(self) -> None:
+        for execution_id, execution in list(self._orphans.items()):
+            try:
+                await self.driver.stop(execution)
+            except NotFoundError:
+                pass
+            except AdxError as exc:
+                log.warning(
+                    "cleanup of an ownerless execution not confirmed: %s; its Environment admits nothing here until "
+                    "it is",
+                    exc,
+                    extra={"node": self.name, "env_id": execution.env_id, "execution_id": execution_id},
+                )
+                continue
+            self.executions.forget(execution_id)
+            del self._orphans[execution_id]
+            log.info(
+                "ownerless execution cleaned",
+                extra={"node": self.name, "env_id": execution.env_id, "execution_id": execution_id},
+            )
+
+    def _orphan_envs(self) -> set[str]:
+        return {execution.env_id for execution in self._orphans.values()}
+
+    async def _report_inventory(self, known: dict[str, Execution]) -> None:
+        """NOD-1/NOD-18: the runtime's own inventory, checked against what this node can address. An execution
+        the runtime holds for this node without an execution file (its state was lost) can neither be adopted
+        nor cleaned without its secret: it is reported, never deleted on a guess."""
+        try:
+            inventory = await self.driver.inventory()
+        except AdxError as exc:
+            log.warning("runtime inventory unavailable: %s", exc, extra={"node": self.name})
+            return
+        addressable = set(known) | set(self._orphans)
+        self.unaddressable = [item for item in inventory if item.execution_id not in addressable]
+        for item in self.unaddressable:
+            log.error(
+                "the runtime holds an execution this node has no record of; it is left as it is",
+                extra={"node": self.name, "env_id": item.env_id, "execution_id": item.execution_id},
+            )
+
+    async def _wait_for_catalog(self, *, with_references: bool = True) -> list[EnvironmentRecord]:
+        """Register and read the full catalog, however long the Coordinator takes (JRN-7: nothing is touched
+        meanwhile, and no failure is ever read as an empty catalog)."""
+        while True:
+            await self.reporter.report_once()
+            if self.reporter.state.registered:
+                try:
+                    return await self.sink.catalog(with_references=with_references)
+                except AdxError as exc:
+                    log.warning("catalog not available yet: %s", exc, extra={"node": self.name})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), min(self.config.report_interval_seconds, 1.0))
+            if self.stop_event.is_set():
+                raise UnavailableError("node stopped before the Coordinator's catalog could be read")
+
+    async def _replay_at_start(self, catalog: list[EnvironmentRecord]) -> None:
+        by_env: dict[str, list[PendingResult]] = {}
+        for entry in self._journaled_at_start:
+            by_env.setdefault(entry.env_id, []).append(entry)
+        records = {record.id: record for record in catalog}
+        for env_id, entries in by_env.items():
+            record = records.get(env_id)
+            # Committed entries (versions the catalog already has) are dropped; the rest must match ownership
+            # and spec, which replay() checks against the authority on any conflict.
+            stale = [e for e in entries if record is not None and e.revision <= record.revision]
+            if stale:
+                await self.journal.remove([e.seq for e in stale])
+            entries = [e for e in entries if e not in stale]
+            if not entries:
+                continue
+            if record is None or record.generation != entries[0].generation:
+                log.warning(
+                    "journaled results of a retired ownership dropped",
+                    extra={"node": self.name, "env_id": env_id, "dropped": len(entries)},
+                )
+                await self.journal.remove([e.seq for e in entries])
+                continue
+            while entries:
+                outcome = await replay(self.journal, self.sink, self.name, entries, self._fetch_record)
+                if outcome.end is not ReplayEnd.PAUSED:
+                    break
+                log.warning("journal replay waits for the Coordinator: %s", outcome.reasons, extra={"env_id": env_id})
+                await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
+                entries = await self.journal.pending(env_id)
+        self._journaled_at_start = []
+
+    async def _fetch_record(self, env_id: str) -> EnvironmentRecord | None:
+        return await self.sink.fetch(env_id)
+
+    def _warn_if_journal_missing(self, catalog: list[EnvironmentRecord]) -> None:
+        """JRN-8: a configured journal that is missing while the catalog shows work this node left half-way
+        (deleting the journal loses its un-replayed results)."""
+        if not self.journal.configured or self.journal.exists:
+            return
+        unfinished = [r.id for r in catalog if r.state in (S.PAUSING, S.DELETING, S.RESUMING, S.STARTING)]
+        if unfinished:
+            log.warning(
+                "the degradation journal %s is missing while the Coordinator shows unfinished work of this node "
+                "(%s); results it held, if any, are lost",
+                self.journal.path,
+                ", ".join(sorted(unfinished)),
+                extra={"node": self.name},
+            )
 
     async def _sweep_checkpoints(self) -> None:
         """NOD-15, inside the startup barrier: delete the artifacts this node's runtime captured that no
@@ -333,22 +463,81 @@ class NodeAgent:
                 admission=self,
                 places=self.places,
                 ack_checkpoint=self._ack_checkpoint,
+                journal=self.journal,
             )
             controller.start_task()
             self.controllers[record.id] = controller
         return controller
 
     async def _report_loop(self) -> None:
+        """NOD-2/NOD-4: heartbeat and capacity every period on this task alone; the routine check runs as its
+        own task, waited for at most one period (never cancelled, at most one at a time), so a slow catalog,
+        admission close or checkpoint deletion never delays a heartbeat."""
+        routine: asyncio.Task[None] | None = None
         while not self.stop_event.is_set():
             started = time.monotonic()
+            was_registered = self.reporter.state.session
             await self.reporter.report_once()
-            await self._routine_check()
+            if self.reporter.state.registered and self.reporter.state.coordinator_reachable:
+                # NOD-17: each Controller replays its journaled results in its own queue (no global lock).
+                for controller in list(self.controllers.values()):
+                    controller.request_replay()
+            if self.reporter.state.retake_pending and self.reporter.state.registered:
+                # NOD-6: a new handshake after an explicit rejection: the barrier runs before admission opens.
+                if routine is not None and not routine.done():
+                    await asyncio.wait([routine], timeout=self.config.report_interval_seconds)
+                if routine is None or routine.done():
+                    routine = asyncio.create_task(self._retake(was_registered), name="session-retake")
+            elif routine is None or routine.done():
+                routine = asyncio.create_task(self._routine_check_logged(), name="routine-check")
+            remaining = max(self.config.report_interval_seconds - (time.monotonic() - started), 0.0)
+            await asyncio.wait([routine], timeout=remaining)
             delay = max(self.config.report_interval_seconds - (time.monotonic() - started), 0.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=delay)
+        if routine is not None and not routine.done():
+            routine.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await routine
+
+    async def _retake(self, old_session: str) -> None:
+        """NOD-6/NOD-1 after an explicit session rejection and a new handshake: with admission closed, drain
+        what each Controller admitted, read the catalog, clean unreferenced executions and recover Environments
+        no Controller holds; only then admission opens again."""
+        log.warning(
+            "the Coordinator rejected session %s: re-taking ownership under %s",
+            old_session,
+            self.reporter.state.session,
+            extra={"node": self.name},
+        )
+        try:
+            for controller in list(self.controllers.values()):
+                await asyncio.wait_for(controller.drained(), self.config.report_interval_seconds * 10)
+            catalog = await self.sink.catalog()
+            known = await self._clean_unreferenced(catalog)
+            for record in catalog:
+                if record.id not in self.controllers and record.id not in self._orphan_envs():
+                    await self._recover(record, known.get(record.execution_id or ""))
+        except (AdxError, TimeoutError) as exc:
+            log.warning("session re-take not finished, retried next round: %s", exc, extra={"node": self.name})
+            return
+        self.reporter.retaken()
+        log.info("session re-taken: admission open", extra={"node": self.name, "session": self.reporter.state.session})
+
+    async def _routine_check_logged(self) -> None:
+        try:
+            await self._routine_check()
+        except AdxError as exc:
+            log.warning("routine check failed: %s", exc, extra={"node": self.name})
+        except Exception:
+            log.exception("routine check crashed", extra={"node": self.name})
 
     async def _routine_check(self) -> None:
-        """NOD-3: compare ownership, state and revision with the catalog; converge through each queue."""
+        """NOD-3: compare ownership, generation, state and revision with the catalog; converge through each
+        Environment's own queue; never scan the runtime."""
+        # NOD-5: the Controllers that exist before the catalog is read; one admitted meanwhile is not judged by
+        # a catalog that predates it.
+        known_before = {env_id: controller for env_id, controller in self.controllers.items()}
         try:
             catalog = await self.sink.catalog()
         except AdxError as exc:
@@ -356,31 +545,48 @@ class NodeAgent:
             log.warning("routine check skipped: %s", exc, extra={"node": self.name})
             return
         owned = {record.id for record in catalog}
+        await self._retry_orphans()
+        restricted = self._orphan_envs()
         for record in catalog:
             controller = self.controllers.get(record.id)
+            if record.id in restricted:
+                continue  # NOD-13: until the old execution's cleanup is confirmed
             if controller is None:
                 if record.state is S.PENDING:
-                    self._controller(record).submit("start")
+                    # NOD-8/NOD-20: a placed Environment starts when this node admits; until then it waits.
+                    if self.reporter.admission_open:
+                        self._controller(record).submit("start")
                 elif record.state is S.DELETING:
                     self._controller(record).submit("delete")
                 elif record.state is S.RESUMING:
                     self._controller(record).submit("resume", record=record)
-            elif record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
-                controller.record = record
-                controller.submit("delete")
+                continue
+            if known_before.get(record.id) is not controller or controller.publication_pending:
+                # NOD-5/NOD-9: admitted after the read, or a local result newer than the catalog: that one
+                # publishes first (its replay re-checks only this Environment).
+                continue
+            if record.generation < controller.record.generation or record.revision < controller.record.revision:
+                continue  # NOD-5: an old catalog never overwrites a newer local state
+            if record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
+                # NOD-12: queued behind what this Controller admitted before; it adopts the record in its queue.
+                controller.submit("delete", record=record)
             elif (
                 record.state is S.RESUMING
                 and controller.state in (S.PAUSED, S.RESUMING)
                 and record.revision > controller.record.revision
             ):
                 controller.submit("resume", record=record)  # a lost resume hand-over (CRD-5)
+            elif controller.restricted and record.revision >= controller.record.revision:
+                controller.submit("adopt", record=record)  # NOD-10: the authoritative check this one waits for
         now = time.monotonic()
         for env_id, controller in list(self.controllers.items()):
+            if controller.publication_pending:
+                continue  # its journaled results still have to reach the Coordinator
             gone = env_id not in owned and controller.state is S.PAUSED and controller.execution is None
             if controller.state is S.DELETED or gone:
                 # ``gone``: a paused Environment deleted, expired or resumed elsewhere; nothing of it runs here.
-                await controller.close()
                 del self.controllers[env_id]
+                await controller.close()
                 self._deleted[env_id] = now
         for env_id, when in list(self._deleted.items()):
             if now - when > DELETED_MEMORY_SECONDS:
@@ -519,6 +725,16 @@ class NodeAgent:
             with contextlib.suppress(AdxError):
                 await self.control.open_admission(str(execution.native["sandbox_id"]))
 
+    async def _resume_unpublished(self, env_id: str) -> None:
+        """Demand for an Environment paused here whose pause the cluster has not stored yet (the Coordinator was
+        away): the cluster still routes it here, so this node resumes it and journals the resume (JRN-3/4)."""
+        controller = self.controllers.get(env_id)
+        if controller is None or controller.state is not S.PAUSED or not controller.unpublished:
+            return
+        done = controller.submit("resume_local")
+        with contextlib.suppress(AdxError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), LOCAL_RESUME_WAIT_SECONDS)
+
     async def _pause_decision(self, env_id: str) -> bool:
         controller = self.controllers.get(env_id)
         gate = controller.pause_gate if controller is not None else None
@@ -536,7 +752,11 @@ class NodeAgent:
         if record.state is not S.PENDING:
             raise ConflictError(f"environment {record.id} is {record.state.value}, not pending")
         if not self.reporter.admission_open:
-            raise ConflictError(f"node {self.name} is not admitting new Environments now")
+            # Temporary (Coordinator unreachable, capacity sample expired, a session re-take in progress): the
+            # caller retries or leaves it Pending for this node's routine check; never a failed create.
+            raise UnavailableError(f"node {self.name} is not admitting new Environments now; retry shortly")
+        if record.id in self._orphan_envs():
+            raise UnavailableError(f"environment {record.id}: an earlier execution's cleanup is not confirmed yet")
         controller = self._controller(record)
         controller.submit("start")
         return controller.record
@@ -555,16 +775,25 @@ class NodeAgent:
         done = controller.submit("pause")
         deadline = time.monotonic() + within
         while not done.done():
-            if controller.publication_pending:
-                # ENV-6: done here, not yet published to the cluster: never reported as a success.
-                raise UnavailableError(
-                    f"temporarily unavailable: cluster publication pending (the pause of {record.id} is done on "
-                    f"node {self.name} and is committed as soon as the Coordinator can store it)"
-                )
+            if controller.commit_retrying:
+                raise self._publication_pending(controller, "pause")
             if time.monotonic() > deadline:
                 raise UnavailableError(f"pause of {record.id} not finished within {within:g}s; it goes on")
             await asyncio.wait([done], timeout=0.05)
-        return done.result()
+        paused = done.result()
+        if controller.publication_pending:
+            raise self._publication_pending(controller, "pause")
+        return paused
+
+    def _publication_pending(self, controller: Controller, what: str) -> PublicationPendingError:
+        """ENV-6/JRN-4: done on this node, not yet stored by the cluster: never reported as a success."""
+        journaled = controller.unpublished > 0
+        where = "in the node's degradation journal" if journaled else "in the node's memory"
+        return PublicationPendingError(
+            f"temporarily unavailable: cluster publication pending (the {what} of {controller.env_id} is done on "
+            f"node {self.name} and kept {where} until the Coordinator can store it)",
+            details={"journaled": journaled, "state": controller.state.value},
+        )
 
     def resume(self, record: EnvironmentRecord) -> EnvironmentRecord:
         if record.state is not S.RESUMING:

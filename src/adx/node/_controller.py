@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from adx.errors import (
     AdxError,
     ConflictError,
+    EnvironmentPausedError,
     InvalidInputError,
     NotFoundError,
     UnavailableError,
@@ -32,6 +33,9 @@ from adx.model import (
     check_transition,
     new_id,
 )
+from adx.node._coordinator_client import wire_changes
+from adx.node._journal import DegradationJournal, NewResult, spec_digest
+from adx.node._replay import ReplayEnd, WireCommitter, replay
 from adx.runtime import Artifact, Execution, ExecutionSpec, ExitInfo, RuntimeDriver
 
 log = logging.getLogger("adx.node.controller")
@@ -42,7 +46,7 @@ RETRY_MIN_SECONDS = 1.0
 RETRY_MAX_SECONDS = 32.0
 
 
-class ResultSink(Protocol):
+class ResultSink(WireCommitter, Protocol):
     """Commits a Controller's results to the Coordinator (CAS on revision and generation)."""
 
     async def commit(
@@ -168,6 +172,8 @@ class Controller:
         admission: Admission | None = None,
         places: CheckpointPlaces | None = None,
         ack_checkpoint: Callable[[Execution, str], Awaitable[None]] | None = None,
+        journal: DegradationJournal | None = None,
+        unpublished: int = 0,
     ) -> None:
         self.record = record
         self.driver = driver
@@ -189,8 +195,16 @@ class Controller:
         self._restart_timer: asyncio.Task[None] | None = None
         # True while the current execution may take data-plane traffic (ready, not being retired).
         self.serving = False
-        # True while a result is done locally but its commit waits for the Coordinator (ENV-6).
-        self.publication_pending = False
+        # True while a result is done locally and its commit is retried in memory (NOD-7; no journal entry).
+        self.commit_retrying = False
+        self.journal = journal
+        # JRN-3: how many of this Environment's results wait in the degradation journal; while any does, later
+        # results are journaled behind them, never committed ahead of them.
+        self.unpublished = unpublished
+        self._replay_queued = False
+        # NOD-10/NOD-11: a journaled result the Coordinator refused; only this Controller waits for the routine
+        # check to bring the authority's record.
+        self.restricted = False
         self.closed = False
 
     # -- public ------------------------------------------------------------------------------------
@@ -201,6 +215,29 @@ class Controller:
     @property
     def state(self) -> EnvironmentState:
         return self.record.state
+
+    @property
+    def publication_pending(self) -> bool:
+        """Done here, not yet stored by the cluster (ENV-6): journaled, or retried in memory."""
+        return self.commit_retrying or self.unpublished > 0
+
+    def request_replay(self) -> None:
+        """Queue one replay of this Environment's journaled results (NOD-17: in its own queue; NOD-4: at most
+        one pending)."""
+        if self.unpublished and not self._replay_queued and not self.closed_for_good:
+            self._replay_queued = True
+            self.submit("replay")
+
+    async def drained(self) -> None:
+        """Wait until every operation admitted so far has run (a barrier's drain, NOD-1/NOD-6)."""
+        if self.closed_for_good:
+            return
+        marker = self.submit("noop")
+        await asyncio.shield(marker)
+
+    @property
+    def closed_for_good(self) -> bool:
+        return self._task is None or self._task.done()
 
     def start_task(self) -> None:
         if self._task is None:
@@ -246,6 +283,10 @@ class Controller:
             "resume": self._resume,
             "cancel_pause": self._recover_pausing,
             "workload_checkpoint": self._workload_checkpoint,
+            "replay": self._replay,
+            "noop": self._noop,
+            "adopt": self._adopt,
+            "resume_local": self._resume_local,
         }
         while True:
             op = await self._queue.get()
@@ -292,7 +333,20 @@ class Controller:
         update = {"state": target, **(changes or {})}
         delay = self.timings.retry_min_seconds
         adopted = False
+        journaled = False
         while True:
+            if self.unpublished:
+                # JRN-3: behind a journaled result, every later one is journaled too, in order.
+                committed = await self._journal_result(update, release)
+                if committed is not None:
+                    journaled = True
+                    break
+                # The journal refuses writes: publish what it holds if the Coordinator is back, then commit.
+                await self._publish_journaled()
+                if self.unpublished:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.timings.retry_max_seconds)
+                continue
             try:
                 committed = await self.sink.commit(self.record, update, release_reservation=release)
                 break
@@ -307,8 +361,14 @@ class Controller:
             except (UnavailableError, UncertainOutcomeError) as exc:
                 if not retry:
                     raise
+                # JRN-2: only an unavailable Coordinator degrades, and only a stored entry counts as journaled.
+                if self.journal is not None and self.journal.configured:
+                    committed = await self._journal_result(update, release)
+                    if committed is not None:
+                        journaled = True
+                        break
                 # NOD-7: the result stays pending here and is retried on this Controller's own deadline.
-                self.publication_pending = True
+                self.commit_retrying = True
                 log.warning("commit of %s pending: %s", target.value, exc, extra=self._context())
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.timings.retry_max_seconds)
@@ -319,17 +379,107 @@ class Controller:
                     if latest.state == target:
                         committed = latest
                         break
-        self.publication_pending = False
+        self.commit_retrying = False
         previous = self.record
         self.record = committed
         log.info(
-            "environment %s: %s -> %s",
+            "environment %s: %s -> %s%s",
             self.env_id,
             previous.state.value,
             committed.state.value,
+            " (journaled: publication pending)" if journaled else "",
             extra={**self._context(), "revision": committed.revision},
         )
         return committed
+
+    async def _journal_result(self, update: dict[str, Any], release: bool) -> EnvironmentRecord | None:
+        """Store this result in the degradation journal and go on from it as the local record (JRN-2, JRN-3).
+        None when the journal could not store it (the caller keeps it pending in memory: never "journaled")."""
+        if self.journal is None or not self.journal.configured:
+            return None
+        base = self.record
+        local = EnvironmentRecord.model_validate(
+            {**base.model_dump(), **update, "revision": base.revision + 1, "updated_at": time.time()}
+        )
+        try:
+            await self.journal.append(
+                NewResult(
+                    env_id=self.env_id,
+                    generation=base.generation,
+                    base_revision=base.revision,
+                    base_state=base.state,
+                    base_execution_id=base.execution_id,
+                    state=local.state,
+                    execution_id=local.execution_id,
+                    changes=wire_changes(base, update),
+                    release_reservation=release,
+                    spec_digest=spec_digest(base.spec),
+                )
+            )
+        except UnavailableError as exc:
+            log.error("result not journaled, kept pending in memory: %s", exc, extra=self._context())
+            return None
+        self.unpublished += 1
+        return local
+
+    async def _replay(self, op: _Op) -> EnvironmentRecord:
+        """NOD-17/JRN-5: publish this Environment's journaled results, in order, from its own queue."""
+        self._replay_queued = False
+        return await self._publish_journaled()
+
+    async def _publish_journaled(self) -> EnvironmentRecord:
+        if self.journal is None or not self.unpublished:
+            return self.record
+        entries = await self.journal.pending(self.env_id)
+        outcome = await replay(self.journal, self.sink, self.record.node or "", entries, self._fetch)
+        self.unpublished = outcome.remaining
+        if outcome.end is ReplayEnd.DROPPED:
+            # NOD-10/NOD-11: the authority disagrees; only this Controller waits for the routine check.
+            self.restricted = True
+        elif (
+            outcome.end is ReplayEnd.DONE
+            and outcome.record is not None
+            and outcome.record.revision >= self.record.revision
+        ):
+            self.record = outcome.record
+        log.info(
+            "journal replay %s: %d committed, %d dropped, %d remaining",
+            outcome.end.value,
+            outcome.committed,
+            outcome.dropped,
+            outcome.remaining,
+            extra=self._context(),
+        )
+        return self.record
+
+    async def _noop(self, op: _Op) -> EnvironmentRecord:
+        return self.record
+
+    async def _adopt(self, op: _Op) -> EnvironmentRecord:
+        """NOD-10: the authoritative check a restricted Controller waits for: its record is adopted when it
+        describes what this node really runs (same generation and execution)."""
+        incoming: EnvironmentRecord = op.payload["record"]
+        local_execution = self.execution.execution_id if self.execution is not None else None
+        if (
+            self.restricted
+            and incoming.generation == self.record.generation
+            and incoming.execution_id == local_execution
+        ):
+            self.record = incoming
+            self.restricted = False
+            log.info("authoritative record adopted", extra=self._context())
+        elif self.restricted:
+            log.warning(
+                "still restricted: the Coordinator holds %s/%s, this node runs %s",
+                incoming.state.value,
+                incoming.execution_id,
+                local_execution,
+                extra=self._context(),
+            )
+        return self.record
+
+    async def _fetch(self, env_id: str) -> EnvironmentRecord | None:
+        return await self.sink.fetch(env_id)
 
     def _same_ownership(self, other: EnvironmentRecord) -> bool:
         mine = self.record
@@ -492,6 +642,14 @@ class Controller:
             await self.on_route_change(self.record, self.execution if self.record.state is S.RUNNING else None)
 
     async def _delete(self, op: _Op) -> EnvironmentRecord:
+        incoming: EnvironmentRecord | None = op.payload.get("record")
+        if (
+            incoming is not None
+            and incoming.generation == self.record.generation
+            and incoming.revision > self.record.revision
+            and not self.publication_pending
+        ):
+            self.record = incoming  # NOD-12: the Coordinator's delete, adopted in order behind earlier operations
         if self.record.state is S.DELETED:
             return self.record
         self.serving = False
@@ -709,6 +867,19 @@ class Controller:
         self._watch_exit(execution)
         await self._publish_route()
         return running
+
+    async def _resume_local(self, op: _Op) -> EnvironmentRecord:
+        """Demand for an Environment whose pause is done here but not yet published (JRN-3, JRN-4): the cluster
+        still has it running on this node under this generation, so this node resumes it itself and journals
+        the resume behind the pause; both replay in order."""
+        if self.record.state is S.RUNNING:
+            return self.record
+        if self.record.state is not S.PAUSED or not self.unpublished:
+            raise EnvironmentPausedError(
+                f"environment {self.env_id} is {self.record.state.value}; it resumes on demand"
+            )
+        await self._transition(S.RESUMING)
+        return await self._resume(op)
 
     async def _resume(self, op: _Op) -> EnvironmentRecord:
         incoming: EnvironmentRecord | None = op.payload.get("record")

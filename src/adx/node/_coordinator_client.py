@@ -32,22 +32,37 @@ class CoordinatorSink:
     async def commit(
         self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
     ) -> EnvironmentRecord:
-        wire = EnvironmentRecord.model_validate({**record.model_dump(), **changes}).to_wire()
-        fields = EnvironmentRecord.model_fields
-        changed = {alias: wire[alias] for alias in (fields[name].alias or name for name in changes)}
+        return await self.commit_wire(
+            record.id,
+            record.revision,
+            record.generation,
+            wire_changes(record, changes),
+            release_reservation=release_reservation,
+        )
+
+    async def commit_wire(
+        self,
+        env_id: str,
+        expected_revision: int,
+        expected_generation: int,
+        changes: dict[str, Any],
+        *,
+        release_reservation: bool = False,
+    ) -> EnvironmentRecord:
+        """One compare-and-set commit of ``changes`` (wire names), e.g. a journaled result being replayed."""
         request = pb.CommitResultRequest(
             node=self.node,
             session=self._session(),
-            environment_id=record.id,
-            expected_revision=record.revision,
-            expected_generation=record.generation,
-            changes_json=json.dumps(changed),
+            environment_id=env_id,
+            expected_revision=expected_revision,
+            expected_generation=expected_generation,
+            changes_json=json.dumps(changes),
             release_reservation=release_reservation,
         )
         try:
             reply = await self.stub.CommitResult(request, timeout=self.rpc_timeout)
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"commit {record.id}") from None
+            raise from_rpc_error(exc, f"commit {env_id}") from None
         return EnvironmentRecord.model_validate_json(reply.environment_json)
 
     async def catalog(self, *, with_references: bool = False) -> list[EnvironmentRecord]:
@@ -75,3 +90,10 @@ class CoordinatorSink:
 
     async def fetch(self, env_id: str) -> EnvironmentRecord | None:
         return next((record for record in await self.catalog() if record.id == env_id), None)
+
+
+def wire_changes(record: EnvironmentRecord, changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` (field names, model values) as the wire fields a commit carries (validated on the record)."""
+    wire = EnvironmentRecord.model_validate({**record.model_dump(), **changes}).to_wire()
+    fields = EnvironmentRecord.model_fields
+    return {alias: wire[alias] for alias in (fields[name].alias or name for name in changes)}

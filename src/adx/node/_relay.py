@@ -109,13 +109,18 @@ class Relay:
         *,
         upstream_timeout: float = 30.0,
         admission_wait: Callable[[str], Awaitable[bool]] | None = None,
+        prepare: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         """``resolve(env_id)`` returns the target or raises NotFoundError / ConflictError (not running).
 
         ``admission_wait(env_id)``: called for a request that meets closed admission (a pause in progress);
         True when the pause was cancelled and the request may go on (IDLE-6).
+
+        ``prepare(env_id)``: awaited before resolving, e.g. to resume locally an Environment whose pause is not
+        published yet (JRN-4: the Relay re-checks local bindings).
         """
         self.resolve = resolve
+        self.prepare = prepare
         self.admission_wait = admission_wait
         self.upstream_timeout = upstream_timeout
         self.streams = StreamCounts()
@@ -161,7 +166,9 @@ class Relay:
             return False
         return env_id not in self.streams.closed_admission
 
-    def _target(self, env_id: str) -> RelayTarget | JSONResponse:
+    async def _target(self, env_id: str) -> RelayTarget | JSONResponse:
+        if self.prepare is not None:
+            await self.prepare(env_id)
         try:
             return self.resolve(env_id)
         except NotFoundError as exc:
@@ -176,7 +183,7 @@ class Relay:
         env_id, port = request.path_params["env_id"], int(request.path_params["port"])
         if not 1 <= port <= 65535:
             return _error(422, "invalid_input", "port must be 1-65535")
-        target = self._target(env_id)
+        target = await self._target(env_id)
         if isinstance(target, JSONResponse):
             return target
         if target.network_namespace is None:
@@ -216,7 +223,7 @@ class Relay:
 
     async def forward(self, request: Request) -> Response:
         env_id = request.path_params["env_id"]
-        target = self._target(env_id)
+        target = await self._target(env_id)
         if isinstance(target, JSONResponse):
             await self.forget(env_id)
             return target

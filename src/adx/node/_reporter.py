@@ -2,7 +2,8 @@
 capacity sample to the Coordinator, through one function whatever the runtime is.
 
 A transport failure closes admission of new Environments locally and keeps the rest going (NOD-6); an
-explicit session rejection requires a fresh registration under a new session.
+explicit session rejection requires a fresh registration under a new session and, before admission opens
+again, the node's barrier (``retake_pending``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class ReportState:
     reports: int = 0
     failures: int = 0
     last_error: str = ""
+    #: NOD-6: the Coordinator rejected our session; after the new handshake, admission stays closed until the
+    #: node's barrier (drain, catalog and runtime recovery) has run: see ``retaken``.
+    retake_pending: bool = False
 
 
 class Reporter:
@@ -63,7 +67,16 @@ class Reporter:
     @property
     def admission_open(self) -> bool:
         """Local admission of new Environments: needs the Coordinator reachable and a fresh sample."""
-        return self.state.registered and self.state.coordinator_reachable and self.tracker.admission_open()
+        return (
+            self.state.registered
+            and self.state.coordinator_reachable
+            and not self.state.retake_pending
+            and self.tracker.admission_open()
+        )
+
+    def retaken(self) -> None:
+        """The node finished its barrier after a new handshake (NOD-6): admission may open again."""
+        self.state.retake_pending = False
 
     async def _rpc(self, what: str, call: Awaitable[object]) -> object:
         try:
@@ -126,8 +139,10 @@ class Reporter:
             self.state.last_report_at = now
             self.state.last_error = ""
         except ConflictError as exc:
-            # Session rejected or expired: register again under a new session on the next round.
+            # Session rejected or expired (NOD-6): register again under a new session on the next round, and
+            # keep admission closed until the node's barrier has re-taken its Environments.
             self.state.registered = False
+            self.state.retake_pending = True
             self._failed(exc)
         except (UnavailableError, UncertainOutcomeError) as exc:
             self.state.coordinator_reachable = False
