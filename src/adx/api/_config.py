@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
-from adx.config._base import LoggingConfig, StrictModel
+from adx.config._base import LoggingConfig, StrictModel, join_targets
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -22,7 +23,11 @@ class ApiConfig(StrictModel):
         default="main", pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="certificate name: presents api:<name>"
     )
     listen: str = Field(default="127.0.0.1:8080", description="host:port of the HTTP server (port 0: any free port)")
-    coordinator: str = Field(default="localhost:7401", description="host:port of the Coordinator's gRPC service")
+    coordinator: Annotated[str, BeforeValidator(join_targets)] = Field(
+        default="localhost:7401",
+        description="host:port of the Coordinator's gRPC service; with several replicas (HA) a list, or one "
+        "string 'a:7401,b:7401': calls go to the active one (docs/high-availability.md)",
+    )
     certs_dir: Path = Field(default=Path(".adx/certs"), description="holds ca.pem and api-<name>.pem/.key")
     coordinator_timeout_seconds: float = Field(default=10.0, gt=0, le=600, description="deadline of a read call")
     create_timeout_seconds: float = Field(
@@ -49,8 +54,15 @@ class ApiConfig(StrictModel):
     max_body_bytes: int = Field(default=1 << 20, gt=0, le=1 << 30, description="largest JSON request body")
     logging: LoggingConfig = LoggingConfig()
 
-    @field_validator("listen", "coordinator")
+    @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
         split_host_port(value)
+        return value
+
+    @field_validator("coordinator")
+    @classmethod
+    def _host_ports(cls, value: str) -> str:
+        for item in value.split(","):
+            split_host_port(item.strip())
         return value

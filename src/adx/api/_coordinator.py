@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 
 from adx._certs import Identity, component_paths
+from adx._coordinator_channel import coordinator_channel
 from adx._grpc_errors import from_rpc_error
 from adx._grpc_tls import channel_credentials
 from adx.api._config import ApiConfig
@@ -33,18 +34,19 @@ def _record(text: str) -> EnvironmentRecord:
 
 
 class CoordinatorClient:
-    """One gRPC channel to the Coordinator. Create it inside the event loop that uses it (grpc.aio binds to it)."""
+    """One gRPC channel to the Coordinator (to the active one of its replicas: ``adx._coordinator_channel``).
+    Create it inside the event loop that uses it (grpc.aio binds to it)."""
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         credentials: grpc.ChannelCredentials,
         *,
         timeout: float,
         create_timeout: float,
         pause_timeout: float = 3700.0,
     ):
-        self._channel = grpc.aio.secure_channel(target, credentials)
+        self._channel = coordinator_channel(target, credentials)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self._timeout = timeout
         self._create_timeout = create_timeout

@@ -46,6 +46,14 @@ class ConfigError(InvalidInputError):
         return self.message
 
 
+def join_targets(value: object) -> object:
+    """A TOML list of addresses becomes one string ``"a:1,b:2"`` (still a plain string, so a single address
+    keeps working wherever one ``host:port`` was expected; ``adx._coordinator_channel`` splits it)."""
+    if isinstance(value, list | tuple):
+        return ",".join(str(item).strip() for item in value)
+    return value
+
+
 def _parse_env_value(raw: str) -> Any:
     # JSON covers numbers, booleans, lists and objects; anything else is a plain string.
     try:

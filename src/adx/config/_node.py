@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
-from adx.config._base import LoggingConfig, StrictModel
+from adx.config._base import LoggingConfig, StrictModel, join_targets
 
 
 class AutoResourceSource(StrictModel):
@@ -64,7 +64,11 @@ class NodeConfig(StrictModel):
     listen: str = Field(default="127.0.0.1:7402", description="gRPC for the Coordinator and API server")
     advertise_address: str = Field(default="", description="host:port others dial (default: listen)")
     relay_listen: str = Field(default="127.0.0.1:7403", description="the data-plane Relay")
-    coordinator: str = Field(default="localhost:7401", description="host:port of the Coordinator")
+    coordinator: Annotated[str, BeforeValidator(join_targets)] = Field(
+        default="localhost:7401",
+        description="host:port of the Coordinator; with several replicas (HA) a list, or one string "
+        "'a:7401,b:7401' (dial it with adx._coordinator_channel.coordinator_channel)",
+    )
     certs_dir: Path = Path(".adx/certs")
     state_dir: Path = Path(".adx/node")
     report_interval_seconds: float = Field(default=5.0, gt=0, le=3600)

@@ -2,9 +2,29 @@
 
 Conventions: a script returns ``{status, detail}``; status 1 = done, 0 = compare failed (detail = the current
 revision), negative = refused (detail = the reason). Numbers travel as strings.
+
+Fencing (HA, ``_lease``): every script here is ``fenced(...)``: its LAST key is the leader lease and its LAST
+argument the value this replica holds it under ('' = an unfenced store: tests and offline tools, never the
+daemon). A script whose lease value does not match returns ``{FENCED, holder}`` before touching anything.
 """
 
 from __future__ import annotations
+
+FENCED = -9
+
+_FENCE = """
+local fence = ARGV[#ARGV]
+if fence ~= '' then
+  local holder = redis.call('GET', KEYS[#KEYS])
+  if holder ~= fence then return {-9, holder or ''} end
+end
+"""
+
+
+def fenced(script: str) -> str:
+    """``script`` refusing to run unless the caller still holds the leader lease (checked first, atomically)."""
+    return _FENCE + script
+
 
 # Shared fragment: would `need` fit the node's allocatable = max(capacity - reserved, 0)? (RES-4, RES-6)
 _ADMIT = """
@@ -26,7 +46,7 @@ end
 
 # KEYS: env, tenant index, node, node reservations, idempotency key (or a dummy)
 # ARGV: env_id, doc, tenant, node, generation, state, cpu, mem, disk, now, created_at, idem_ttl, route
-CREATE_ENV = (
+CREATE_ENV = fenced(
     _ADMIT
     + """
 if ARGV[12] ~= '0' then
@@ -71,7 +91,7 @@ end
 # ARGV: expected_rev, expected_gen ('' = any), doc, state, release ('1' releases the node reservation),
 #       deleted_ttl (seconds to keep a deleted record; '0' = not deleting), env_id, route,
 #       old checkpoint id ('' = none), new checkpoint id, new checkpoint doc, now
-COMMIT_ENV = (
+COMMIT_ENV = fenced(
     _CATALOG
     + """
 local cur = redis.call('HMGET', KEYS[1], 'rev', 'gen')
@@ -104,7 +124,7 @@ return {1, new_rev}
 # CRD-5: record a resume intent by compare-and-set and reserve the target node's resources in one step.
 # KEYS: env, node, node reservations   ARGV: expected_rev, doc, node, generation, cpu, mem, disk, now, env_id,
 #                                             route
-RESUME_ENV = (
+RESUME_ENV = fenced(
     _ADMIT
     + """
 local cur = redis.call('HGET', KEYS[1], 'rev')
@@ -128,7 +148,8 @@ return {1, new_rev}
 
 # CRD-9: forget a deleted artifact, only if it is still retired (nothing references it again).
 # KEYS: checkpoint, retired set   ARGV: checkpoint id
-FORGET_CHECKPOINT = """
+FORGET_CHECKPOINT = fenced(
+    """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == false then redis.call('SREM', KEYS[2], ARGV[1]) return {1, 'unknown'} end
 if state ~= 'retired' then return {0, state} end
@@ -136,10 +157,12 @@ redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 return {1, 'forgotten'}
 """
+)
 
 # KEYS: node, node set   ARGV: session, session_ttl, now, address, relay_address, checkpoint_capable,
 #                              shared_storage, name
-REGISTER_NODE = """
+REGISTER_NODE = fenced(
+    """
 local previous = redis.call('HGET', KEYS[1], 'session')
 local fresh = redis.call('EXISTS', KEYS[1]) == 0
 redis.call('HSET', KEYS[1], 'session', ARGV[1], 'session_expires_at', tostring(tonumber(ARGV[3]) + tonumber(ARGV[2])),
@@ -151,19 +174,23 @@ end
 redis.call('SADD', KEYS[2], ARGV[8])
 return {1, previous or ''}
 """
+)
 
 # KEYS: node   ARGV: session, session_ttl, now
-HEARTBEAT = """
+HEARTBEAT = fenced(
+    """
 local session = redis.call('HGET', KEYS[1], 'session')
 if not session then return {-1, 'unknown node'} end
 if session ~= ARGV[1] then return {-4, session} end
 redis.call('HSET', KEYS[1], 'session_expires_at', tostring(tonumber(ARGV[3]) + tonumber(ARGV[2])))
 return {1, ''}
 """
+)
 
 # KEYS: node   ARGV: session, cpu, mem, disk, valid_until, admission ('1'/'0')
 # RES-4: a sample replaces capacity and its validity only; reservations are never touched here.
-REPORT_CAPACITY = """
+REPORT_CAPACITY = fenced(
+    """
 local session = redis.call('HGET', KEYS[1], 'session')
 if not session then return {-1, 'unknown node'} end
 if session ~= ARGV[1] then return {-4, session} end
@@ -171,3 +198,15 @@ redis.call('HSET', KEYS[1], 'cap_cpu', ARGV[2], 'cap_mem', ARGV[3], 'cap_disk', 
            'cap_valid_until', ARGV[5], 'admission', ARGV[6])
 return {1, ''}
 """
+)
+
+# SEC-2: a tenant and one more API key of it (only the key's hash is stored).
+# KEYS: tenant, tenant set, api key   ARGV: created_at, name
+CREATE_TENANT = fenced(
+    """
+redis.call('HSETNX', KEYS[1], 'created_at', ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[3], ARGV[2])
+return {1, ''}
+"""
+)

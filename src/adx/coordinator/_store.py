@@ -4,6 +4,10 @@ Every change that touches more than one key, or must not overwrite a newer versi
 (``_scripts``). Redis errors are translated here: a connection failure before a command was sent is
 UnavailableError; a failure after it may have been applied is UncertainOutcomeError, and callers must
 reload the authoritative record before acting (CRD-2).
+
+High availability: the daemon's store is fenced (``fence_with``): every script carries the leader lease's
+value and refuses to write when the lease is no longer this replica's (NotLeader). With ``wait_replicas``,
+each write also waits (``WAIT``) for that many replicas to have it before it is acknowledged.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from adx.coordinator import _scripts
+from adx.coordinator._lease import LEASE_KEY
+from adx.coordinator._redis import redis_client
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -90,6 +94,12 @@ class SessionRejected(ConflictError):
     code = "session_rejected"
 
 
+class NotLeader(UnavailableError):
+    """This replica no longer holds the leader lease: Redis refused the write (fencing), nothing changed."""
+
+    code = "not_leader"
+
+
 class NoCapacity(ConflictError):
     """The node refused the reservation (capacity, expired sample, closed admission)."""
 
@@ -117,8 +127,13 @@ def _route(record: EnvironmentRecord) -> str:
 
 
 class CoordinatorStore:
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, *, wait_replicas: int = 0, wait_timeout: float = 1.0) -> None:
         self._redis = client
+        self._fence = ""  # the leader lease value every script must find in Redis ('' = unfenced)
+        self._on_fenced: Callable[[str], None] | None = None
+        self._wait_replicas = wait_replicas
+        self._wait_timeout_ms = max(1, round(wait_timeout * 1000))
+        self._create_tenant = client.register_script(_scripts.CREATE_TENANT)
         self._create_env = client.register_script(_scripts.CREATE_ENV)
         self._commit_env = client.register_script(_scripts.COMMIT_ENV)
         self._register_node = client.register_script(_scripts.REGISTER_NODE)
@@ -128,13 +143,45 @@ class CoordinatorStore:
         self._forget_checkpoint = client.register_script(_scripts.FORGET_CHECKPOINT)
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = 5.0) -> CoordinatorStore:
-        # No silent retries: redis-py would re-send a CAS script whose first attempt may have been applied,
-        # turning our own success into a "stale revision". Failures surface as Unavailable/Uncertain instead.
-        client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
-        return cls(client)
+    def from_url(
+        cls, url: str, *, timeout: float = 5.0, wait_replicas: int = 0, wait_timeout: float = 1.0
+    ) -> CoordinatorStore:
+        """``url``: redis://, rediss://, unix:// or redis+sentinel:// (``_redis``)."""
+        return cls(redis_client(url, timeout=timeout), wait_replicas=wait_replicas, wait_timeout=wait_timeout)
+
+    def fence_with(self, lease_value: str, on_fenced: Callable[[str], None]) -> None:
+        """From now on every write requires the leader lease to hold ``lease_value``; ``on_fenced(holder)``
+        is told when Redis refused one (the caller stops serving)."""
+        self._fence = lease_value
+        self._on_fenced = on_fenced
+
+    async def _script(self, what: str, script: Any, keys: list[str], args: list[ScriptArg]) -> tuple[int, Any]:
+        """Run a fenced write script; raises NotLeader when this replica's lease is gone (nothing written)."""
+        keys = [*keys, LEASE_KEY]
+        args = [*args, self._fence]
+
+        async def op() -> Any:
+            if not self._wait_replicas:
+                return await script(keys=keys, args=args)
+            # WAIT must follow the write on the same connection: one pipeline (not a transaction).
+            async with self._redis.pipeline(transaction=False) as pipe:
+                await script(keys=keys, args=args, client=pipe)
+                pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+                result, acks = await pipe.execute()
+            if int(result[0]) == 1 and int(acks) < self._wait_replicas:
+                raise UncertainOutcomeError(
+                    f"{what}: written on the Redis primary but confirmed by {acks} of {self._wait_replicas} "
+                    "replicas in time (redis_wait_replicas); a failover now could lose it"
+                )
+            return result
+
+        status, detail = await self._call(what, op, writes=True)
+        if int(status) == _scripts.FENCED:
+            holder = _text(detail)
+            if self._on_fenced is not None:
+                self._on_fenced(holder)
+            raise NotLeader(f"{what}: refused: this Coordinator replica lost the leader lease (standby)")
+        return int(status), detail
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -171,14 +218,8 @@ class CoordinatorStore:
         api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
         now = time.time()
 
-        async def op() -> None:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hsetnx(f"adx:tenant:{name}", "created_at", repr(now))
-                pipe.sadd("adx:tenants", name)
-                pipe.set(f"adx:apikey:{hash_api_key(api_key)}", name)
-                await pipe.execute()
-
-        await self._call("create tenant", op, writes=True)
+        keys = [f"adx:tenant:{name}", "adx:tenants", f"adx:apikey:{hash_api_key(api_key)}"]
+        await self._script("create tenant", self._create_tenant, keys, [repr(now), name])
         return api_key
 
     async def authenticate(self, api_key: str) -> str:
@@ -221,9 +262,7 @@ class CoordinatorStore:
             IDEMPOTENCY_TTL_SECONDS if idempotency else 0,
             _route(record),
         ]
-        status, detail = await self._call(
-            "create environment", lambda: self._create_env(keys=keys, args=args), writes=True
-        )
+        status, detail = await self._script("create environment", self._create_env, keys, args)
         detail = _text(detail)
         if status == 1:
             return CreateOutcome(record, created=True)
@@ -318,9 +357,7 @@ class CoordinatorStore:
             updated.checkpoint.model_dump_json(by_alias=True) if updated.checkpoint else "",
             now,
         ]
-        status, detail = await self._call(
-            "commit environment", lambda: self._commit_env(keys=keys, args=args), writes=True
-        )
+        status, detail = await self._script("commit environment", self._commit_env, keys, args)
         detail = _text(detail)
         if status == 1:
             return updated
@@ -364,9 +401,7 @@ class CoordinatorStore:
             current.id,
             _route(updated),
         ]
-        status, detail = await self._call(
-            "record resume intent", lambda: self._resume_env(keys=keys, args=args), writes=True
-        )
+        status, detail = await self._script("record resume intent", self._resume_env, keys, args)
         detail = _text(detail)
         if status == 1:
             return updated
@@ -394,12 +429,11 @@ class CoordinatorStore:
 
     async def forget_checkpoint(self, checkpoint_id: str) -> bool:
         """Drop a deleted artifact from the catalog, unless something references it again."""
-        status, _ = await self._call(
+        status, _ = await self._script(
             "forget checkpoint",
-            lambda: self._forget_checkpoint(
-                keys=[checkpoint_key(checkpoint_id), RETIRED_CHECKPOINTS], args=[checkpoint_id]
-            ),
-            writes=True,
+            self._forget_checkpoint,
+            [checkpoint_key(checkpoint_id), RETIRED_CHECKPOINTS],
+            [checkpoint_id],
         )
         return bool(status == 1)
 
@@ -432,18 +466,12 @@ class CoordinatorStore:
             int(shared_storage),
             name,
         ]
-        _, previous = await self._call(
-            "register node",
-            lambda: self._register_node(keys=[node_key(name), NODE_SET], args=args),
-            writes=True,
-        )
+        _, previous = await self._script("register node", self._register_node, [node_key(name), NODE_SET], args)
         return _text(previous)
 
     async def heartbeat(self, name: str, session: str, session_ttl: float = 15.0) -> None:
-        status, detail = await self._call(
-            "heartbeat",
-            lambda: self._heartbeat(keys=[node_key(name)], args=[session, session_ttl, time.time()]),
-            writes=True,
+        status, detail = await self._script(
+            "heartbeat", self._heartbeat, [node_key(name)], [session, session_ttl, time.time()]
         )
         self._check_node_status(name, status, detail)
 
@@ -458,9 +486,7 @@ class CoordinatorStore:
             time.time() + valid_for,
             "1" if admission_open else "0",
         ]
-        status, detail = await self._call(
-            "report capacity", lambda: self._report_capacity(keys=[node_key(name)], args=args), writes=True
-        )
+        status, detail = await self._script("report capacity", self._report_capacity, [node_key(name)], args)
         self._check_node_status(name, status, detail)
 
     @staticmethod
@@ -533,3 +559,4 @@ def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:
         checkpoint_capable=h.get("checkpoint_capable") == "1",
         shared_storage=h.get("shared_storage") == "1",
     )
+
