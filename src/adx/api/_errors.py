@@ -66,10 +66,14 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
 def error_response(exc: AdxError) -> JSONResponse:
     status = status_for(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    details = exc.details
     if status in (503, 504):
-        # RFC 9110: whole seconds; the cluster's own hint (a refused resume's capacity round) when it gave one.
-        headers = {"Retry-After": str(max(1, math.ceil(float(exc.details.get("retry_after_seconds", 1)))))}
-    return JSONResponse(error_body(exc.code, exc.message, exc.details), status_code=status, headers=headers)
+        # RFC 9110: whole seconds; the cluster's own hint (a refused resume's capacity round, a create no node
+        # admits now) when it gave one. The body says the same, for clients that do not read headers.
+        retry_after = max(1, math.ceil(float(details.get("retry_after_seconds", 1))))
+        headers = {"Retry-After": str(retry_after)}
+        details = {**details, "retry_after_seconds": details.get("retry_after_seconds", retry_after)}
+    return JSONResponse(error_body(exc.code, exc.message, details), status_code=status, headers=headers)
 
 
 def not_found(environment_id: str) -> NotFoundError:

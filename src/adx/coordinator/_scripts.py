@@ -200,6 +200,37 @@ return {1, ''}
 """
 )
 
+# Retire a created Environment that nothing started: its node refused it for a passing reason, or its create's
+# outcome was uncertain. Only a record still pending at revision 1 goes (a node's first commit moves it to 2),
+# with its reservation, its tenant index entry and the idempotency key that names it, so nothing of the create
+# remains and a retry with the same key creates anew.
+# KEYS: env, tenant index, node, node reservations, idempotency key (or a dummy)
+# ARGV: env_id, route (published so route caches drop it)
+# Returns {1, ''} retired, {-1, ''} no such record, {0, rev} started (or changed) meanwhile: kept.
+RETIRE_UNSTARTED_ENV = fenced(
+    """
+local cur = redis.call('HMGET', KEYS[1], 'rev', 'state')
+if not cur[1] then
+  if redis.call('GET', KEYS[5]) == ARGV[1] then redis.call('DEL', KEYS[5]) end
+  return {-1, ''}
+end
+if cur[1] ~= '1' or cur[2] ~= 'pending' then return {0, cur[1]} end
+local held = redis.call('HGET', KEYS[4], ARGV[1])
+if held then
+  local cpu, mem, disk = string.match(held, '(%d+) (%d+) (%d+)')
+  if cpu ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_cpu', '-' .. cpu) end
+  if mem ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_mem', '-' .. mem) end
+  if disk ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_disk', '-' .. disk) end
+  redis.call('HDEL', KEYS[4], ARGV[1])
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('GET', KEYS[5]) == ARGV[1] then redis.call('DEL', KEYS[5]) end
+redis.call('PUBLISH', 'adx:routes', ARGV[2])
+return {1, ''}
+"""
+)
+
 # SEC-2: a tenant and one more API key of it (only the key's hash is stored).
 # KEYS: tenant, tenant set, api key   ARGV: created_at, name
 CREATE_TENANT = fenced(

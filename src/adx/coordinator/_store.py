@@ -560,3 +560,22 @@ def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:
         shared_storage=h.get("shared_storage") == "1",
     )
 
+
+async def retire_unstarted_environment(
+    store: CoordinatorStore, record: EnvironmentRecord, *, idempotency: str | None = None
+) -> bool | None:
+    """Undo a create nothing started (one script): True retired, None never stored, False kept because a
+    node moved it past pending revision 1 meanwhile (it is a real Environment now)."""
+    if record.node is None:
+        raise InvalidInputError("node", "a created environment names its node")
+    keys = [
+        env_key(record.id),
+        tenant_index_key(record.tenant),
+        node_key(record.node),
+        node_reservations_key(record.node),
+        idempotency_key(record.tenant, idempotency) if idempotency else "adx:idem:-",
+    ]
+    gone = record.model_copy(update={"state": EnvironmentState.DELETED, "revision": record.revision + 1})
+    script = store._redis.register_script(_scripts.RETIRE_UNSTARTED_ENV)
+    status, _ = await store._script("retire unstarted environment", script, keys, [record.id, _route(gone)])
+    return True if status == 1 else None if status == -1 else False
