@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,7 @@ async def test_the_adxlet_refuses_to_start_on_a_corrupt_journal(tmp_path: Path) 
     )
     done = await asyncio.to_thread(
         subprocess.run,
-        ["python3", "-m", "adx", "node", "--config", str(config)],
+        [sys.executable, "-m", "adx", "node", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,

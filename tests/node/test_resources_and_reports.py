@@ -197,6 +197,10 @@ async def test_a_rejected_session_registers_again_and_unreachable_closes_admissi
     assert not reporter.state.registered and "session" in reporter.state.last_error
     await reporter.report_once()
     assert reporter.state.registered and reporter.state.session != first
+    # A new handshake alone does not reopen admission: the node's barrier (drain, catalog, runtime recovery)
+    # has to run first, and says so.
+    assert reporter.state.retake_pending and not reporter.admission_open
+    reporter.retaken()
     assert reporter.admission_open
     await store.close()
 

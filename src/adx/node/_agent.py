@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from adx._certs import Identity, component_paths
+from adx._coordinator_channel import coordinator_channel
 from adx._grpc_errors import abort_with
 from adx._grpc_tls import channel_credentials, require_peer, server_credentials
 from adx._health import HealthServicer
@@ -42,6 +43,7 @@ from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_r
 from adx.node._replay import ReplayEnd, replay
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
+from adx.node._watch import EnvironmentWatch
 from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2, node_pb2_grpc
 from adx.runtime import Execution, ExecutionState, ExitInfo, InventoryItem
 from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionReadiness
@@ -93,6 +95,11 @@ class NodeAgent:
             call_timeout=config.rpc_timeout_seconds,
         )
         self._metrics_server: RelayServer | None = None
+        # CTL-2/CTL-4: each Environment's runtime checks run on its own task, woken by its own events.
+        self.watch = EnvironmentWatch(self._check_environment, self._sandbox_owner)
+        self._sandbox_owners: dict[str, str] = {}
+        self._watching = False  # set once startup recovery is done: watches start with serving
+        self.relay.streams.on_change = self.watch.wake
         self.health = HealthServicer("node")
         self.stop_event = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
@@ -122,7 +129,7 @@ class NodeAgent:
         self.control = await self.driver.subscribe()
         self.readiness = SubscriptionReadiness(self.driver, self.control)
         credentials = channel_credentials(self.paths)
-        self._channel = grpc.aio.secure_channel(self.config.coordinator, credentials)
+        self._channel = coordinator_channel(self.config.coordinator, credentials)
         stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         # Listen first: the advertised addresses are part of the registration.
         self._server = grpc.aio.server()
@@ -157,7 +164,11 @@ class NodeAgent:
         await self._server.start()
         self.health.set_serving()
         self._tasks.append(asyncio.create_task(self._report_loop(), name="report-loop"))
-        self._tasks.append(asyncio.create_task(self._idle_loop(), name="idle-loop"))
+        if self.control is not None:
+            self._tasks.append(asyncio.create_task(self.watch.follow(self.control), name="runtime-events"))
+        self._watching = True
+        for env_id in list(self.controllers):
+            self.watch.watch(env_id)
         self._tasks.append(asyncio.create_task(self.metrics.run(self.stop_event), name="metrics-loop"))
         if self.config.metrics_listen:
             self._metrics_server = await serve_asgi(self._metrics_app(), self.config.metrics_listen, None, "metrics")
@@ -187,6 +198,7 @@ class NodeAgent:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.watch.aclose()
         if self._server is not None:
             await self._server.stop(grace=2)
         if self._relay_server is not None:
@@ -464,9 +476,12 @@ class NodeAgent:
                 places=self.places,
                 ack_checkpoint=self._ack_checkpoint,
                 journal=self.journal,
+                on_transition=self.watch.wake,
             )
             controller.start_task()
             self.controllers[record.id] = controller
+            if self._watching:
+                self.watch.watch(record.id)
         return controller
 
     async def _report_loop(self) -> None:
@@ -606,26 +621,38 @@ class NodeAgent:
                 continue
             log.info("retired checkpoint deleted", extra={"node": self.name, "checkpoint_id": ref.id})
 
-    async def _idle_loop(self) -> None:
-        while not self.stop_event.is_set():
-            for controller in list(self.controllers.values()):
-                try:
-                    await self._check_runtime(controller)
-                    await self._check_idle(controller)
-                except AdxError as exc:
-                    log.warning("idle check failed: %s", exc, extra={"env_id": controller.env_id})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.idle_check_interval_seconds)
+    async def _check_environment(self, env_id: str) -> float | None:
+        """One Environment's runtime checks, on its own watch task (CTL-2/CTL-4); the seconds until its next
+        deadline (None: nothing is due)."""
+        controller = self.controllers.get(env_id)
+        if controller is None:
+            self.watch.unwatch(env_id)
+            return None
+        runtime_due = await self._check_runtime(controller)
+        idle_due = await self._check_idle(controller)
+        due = [d for d in (runtime_due, idle_due) if d is not None]
+        return min(due) if due else None
 
-    async def _check_runtime(self, controller: Controller) -> None:
+    def _sandbox_owner(self, sandbox_id: str) -> str | None:
+        owner = self._sandbox_owners.get(sandbox_id)
+        if owner is not None and owner in self.controllers:
+            return owner
+        self._sandbox_owners = {
+            str(c.execution.native["sandbox_id"]): env_id
+            for env_id, c in self.controllers.items()
+            if c.execution is not None
+        }
+        return self._sandbox_owners.get(sandbox_id)
+
+    async def _check_runtime(self, controller: Controller) -> float | None:
         """CTL-5 (execd disconnects), RST-6 (probe failures) and CTL-7 (workload checkpoint requests), from
-        the runtime-control stream."""
+        the runtime-control stream. Returns the seconds until a pending disconnect confirmation is due."""
         execution = controller.execution
         if controller.state is not S.RUNNING or execution is None or not controller.serving or self.control is None:
             self._disconnected.pop(controller.env_id, None)
-            return
+            return None
         if self._ended.get(controller.env_id) == execution.execution_id:
-            return  # already handed to the exit flow
+            return None  # already handed to the exit flow
         lifecycle = controller.record.spec.lifecycle
         threshold = lifecycle.execd_health_failure_threshold
         observed = self.control.states.get(str(execution.native["sandbox_id"]))
@@ -634,7 +661,7 @@ class NodeAgent:
             since = self._disconnected.setdefault(controller.env_id, now)
             window = threshold * DISCONNECT_WINDOW_SECONDS if threshold else DISCONNECT_WINDOW_SECONDS
             if now - since < window:
-                return
+                return window - (now - since)
             state = await self.driver.observe(execution)
             if state in (ExecutionState.EXITED, ExecutionState.MISSING):
                 self._end(controller, execution, f"execd disconnected and the execution {state.value}")
@@ -642,14 +669,16 @@ class NodeAgent:
                 self._end(controller, execution, f"execd unreachable for {window:g}s (threshold {threshold})")
             else:
                 self._disconnected[controller.env_id] = now  # a live backend keeps waiting: confirm again later
-            return
+                return window
+            return None
         self._disconnected.pop(controller.env_id, None)  # CTL-5: a reconnect cancels the pending confirmation
         probe = observed.probe
         if threshold is not None and probe is not None and not probe.ok and probe.consecutive_failures >= threshold:
             self._end(controller, execution, f"health probe failed {probe.consecutive_failures} times: {probe.reason}")
-            return
+            return None
         for request in observed.checkpoint_requests:
             controller.note_checkpoint_request(request.operation_id, execution.execution_id)
+        return None
 
     def _end(self, controller: Controller, execution: Execution, reason: str) -> None:
         """Hand an execution to its Controller's exit flow: routes retired, cleanup confirmed, then Failed or a
@@ -664,29 +693,33 @@ class NodeAgent:
             raise UnavailableError("no runtime-control subscription to acknowledge the checkpoint on")
         await self.control.ack_checkpoint(str(execution.native["sandbox_id"]), operation_id)
 
-    async def _check_idle(self, controller: Controller) -> None:
+    async def _check_idle(self, controller: Controller) -> float | None:
+        """IDLE-1..6 for one Environment; returns the seconds until its idle window ends (None: not running)."""
         lifecycle = controller.record.spec.lifecycle
         execution = controller.execution
         if lifecycle.idle_timeout_seconds <= 0 or controller.state is not S.RUNNING or execution is None:
             self.idle.forget(controller.env_id)  # IDLE-1: 0 never reclaims
-            return
+            return None
         sandbox_id = str(execution.native["sandbox_id"])
-        if self.idle.idle_for(controller.env_id, sandbox_id) < lifecycle.idle_timeout_seconds:
-            return
+        idle_for = self.idle.idle_for(controller.env_id, sandbox_id)
+        if idle_for < lifecycle.idle_timeout_seconds:
+            # Re-checked at the window's end, or earlier when the stream or the Relay reports a change.
+            return lifecycle.idle_timeout_seconds - idle_for if self.idle.quiet_key(controller.env_id) else None
         pausing = lifecycle.idle_action is IdleAction.PAUSE
         gate = controller.open_pause_gate() if pausing else None
         if not await self._close_admission_if_unchanged(controller.env_id, sandbox_id):
             controller.drop_pause_gate()
-            return  # demand arrived at the last moment: the window starts again
+            return None  # demand arrived at the last moment: the window starts again
         self.idle.forget(controller.env_id)
         if gate is not None:
             # IDLE-6: both gates are closed; demand that meets them from now on is recorded by the gate, and
             # the pause re-checks it before capture.
             log.info("idle for %ss: pausing", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
             controller.submit("pause", auto=True)
-            return
+            return None
         log.info("idle for %ss: deleting", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
         controller.submit("delete")
+        return None
 
     async def _close_admission_if_unchanged(self, env_id: str, sandbox_id: str) -> bool:
         """Close the Relay's, then execd's admission, each only if its activity version did not move

@@ -174,6 +174,7 @@ class Controller:
         ack_checkpoint: Callable[[Execution, str], Awaitable[None]] | None = None,
         journal: DegradationJournal | None = None,
         unpublished: int = 0,
+        on_transition: Callable[[str], None] | None = None,
     ) -> None:
         self.record = record
         self.driver = driver
@@ -198,6 +199,7 @@ class Controller:
         # True while a result is done locally and its commit is retried in memory (NOD-7; no journal entry).
         self.commit_retrying = False
         self.journal = journal
+        self.on_transition = on_transition
         # JRN-3: how many of this Environment's results wait in the degradation journal; while any does, later
         # results are journaled behind them, never committed ahead of them.
         self.unpublished = unpublished
@@ -382,6 +384,8 @@ class Controller:
         self.commit_retrying = False
         previous = self.record
         self.record = committed
+        if self.on_transition is not None:
+            self.on_transition(self.env_id)
         log.info(
             "environment %s: %s -> %s%s",
             self.env_id,
@@ -531,14 +535,29 @@ class Controller:
     async def _launch(self, execution_id: str, *, restore: CheckpointRef | None = None) -> Execution:
         spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
         self.executions.save(self.driver.planned(spec))  # addressable even if this call's reply is lost
-        if restore is None:
-            execution = await self.driver.start(spec)
-        else:
-            execution = await self.driver.restore(spec, self.places.locate(restore), restore.digest)
+        execution = await self._call_runtime_until_up(spec, restore)
         self.executions.save(execution)
         self.execution = execution
         await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)
         return execution
+
+    async def _call_runtime_until_up(self, spec: ExecutionSpec, restore: CheckpointRef | None) -> Execution:
+        """Start or restore, retried while the runtime is unreachable or restarting, up to the readiness budget:
+        an infrastructure blip never fails a user's create. Repeating the call is safe: the execution ID and its
+        secret are the caller's, so the runtime returns the execution a lost reply had created."""
+        deadline = time.monotonic() + self.timings.ready_timeout_seconds
+        delay = 0.1
+        while True:
+            try:
+                if restore is None:
+                    return await self.driver.start(spec)
+                return await self.driver.restore(spec, self.places.locate(restore), restore.digest)
+            except (UnavailableError, UncertainOutcomeError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("runtime not answering, the start is retried: %s", exc, extra=self._context())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _running(self, execution: Execution, changes: dict[str, Any] | None = None) -> EnvironmentRecord:
         # Serve before the Coordinator announces Running: a client that sees the commit may call at once.

@@ -62,9 +62,13 @@ class StreamCounts:
     open: dict[str, int] = field(default_factory=dict)
     version: dict[str, int] = field(default_factory=dict)
     closed_admission: set[str] = field(default_factory=set)
+    #: Called with the Environment ID whenever its streams change (wakes its idle check, CTL-2).
+    on_change: Callable[[str], None] | None = None
 
     def _bump(self, env_id: str) -> None:
         self.version[env_id] = self.version.get(env_id, 0) + 1
+        if self.on_change is not None:
+            self.on_change(env_id)
 
     def opened(self, env_id: str) -> None:
         self.open[env_id] = self.open.get(env_id, 0) + 1
