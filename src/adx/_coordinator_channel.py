@@ -7,14 +7,18 @@ unchanged. It keeps one mutual-TLS channel per address and sends every call to t
   SERVING (as component "coordinator") wins. A standby does not listen (connection refused), a replica that
   just lost its lease answers UNAVAILABLE "standby", and a frozen (SIGSTOPped) one keeps its TCP port open
   but never answers: the probe's own deadline (``probe_timeout``) skips it.
-- A call failing with UNAVAILABLE or DEADLINE_EXCEEDED makes its replica suspect: the next call probes again.
-  Connections ping every second (keepalive), so a call or stream on a replica that froze fails within ~2 s
-  instead of hanging until its deadline.
+- A call failing with UNAVAILABLE or DEADLINE_EXCEEDED makes its replica suspect: the next call probes again
+  (and skips a frozen replica by the probe's deadline). A call already in flight on a replica that froze ends
+  at its own deadline. Connections also ask for keepalive pings every second, but with this grpcio build a
+  frozen peer was not detected by them in our tests: deadlines are what bound a call, and a stream
+  (``WatchRoutes``, no deadline) on a frozen replica ends only when that replica stops its server (after
+  SIGCONT, or when it dies).
 - A failed call is retried on the newly found active replica, within the caller's deadline, only when it
   cannot have been processed (connection refused, refused as "standby", no active replica found) or when it
   is a read (``IDEMPOTENT_METHODS``). A write that failed after it was sent is returned to the caller as is
   (UNAVAILABLE: retry with the same idempotency key) — a client must never apply a write twice.
-- A call without a deadline waits up to ``failover_timeout`` for an active replica.
+- A call without a deadline waits up to ``failover_timeout`` for an active replica. With a single address
+  there is nobody to wait for: a call fails at once (UNAVAILABLE) when it is not serving.
 
 Streams (``WatchRoutes``) go to the active replica and end with the error when it fails; the caller
 reconnects (and resyncs) as before. Targets are ``host:port`` with the certificate names checked as usual.
@@ -56,7 +60,8 @@ IDEMPOTENT_METHODS = frozenset(
         "ReportCapacity",
     )
 )
-#: A replica frozen behind an open port is found by its missing ping answer within ~2 s.
+#: Keepalive pings (allowed by the Coordinator's server options) and a short reconnect backoff, so a replica
+#: that comes back (standby turned active) is dialled again within ~1 s.
 CLIENT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 1000),
     ("grpc.keepalive_timeout_ms", 1000),
@@ -190,6 +195,9 @@ class FailoverChannel(grpc.aio.Channel):
                 if remaining <= 0:
                     raise _unavailable(f"no active Coordinator among {', '.join(self.targets)}")
                 self._active = await self._probe_all(min(self._probe_timeout, remaining))
+                if self._active is None and len(self.targets) == 1:
+                    # No standby can take over: fail at once, as a plain channel to a stopped server would.
+                    raise _unavailable(f"the Coordinator at {self.targets[0]} is not serving")
                 if self._active is None:
                     await asyncio.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0)))
         return self._active, self._channel(self._active)
@@ -424,13 +432,15 @@ class _StreamCall(_CallState, grpc.aio.UnaryStreamCall[Any, Any]):
         if self._ended.is_set():
             return False
         self._cancelled = True
+        task = asyncio.ensure_future(self._close_stream())
+        task.add_done_callback(lambda _: self._end())
+        return True
+
+    async def _close_stream(self) -> None:
         aclose = getattr(self._stream, "aclose", None)
         if aclose is not None:
-            task = asyncio.ensure_future(aclose())
-            task.add_done_callback(lambda _: self._end())
-        else:
-            self._end()
-        return True
+            with contextlib.suppress(RuntimeError):  # being iterated right now: its reader ends it
+                await aclose()
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         self._callbacks.append(callback)

@@ -173,11 +173,18 @@ async def test_frozen_active_replica_loses_the_lease_and_writes_nothing_after_si
     r = aioredis.Redis.from_url(ha.redis_url)
     try:
         old_lease = (await r.get(LEASE_KEY)).decode()
+        # A client already talking to the active replica: its next read hangs on the frozen one until its
+        # deadline, then the channel looks again (skipping the frozen replica) and the read goes to b.
         api = ha.api(probe_timeout=0.5)
+        await api.ListEnvironments(pb.ListEnvironmentsRequest(tenant="nobody"), timeout=10)
         a.signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
-        await api.CreateTenant(pb.CreateTenantRequest(name="during-freeze"), timeout=30)
+        with pytest.raises(grpc.aio.AioRpcError) as hung:
+            await api.ListEnvironments(pb.ListEnvironmentsRequest(tenant="nobody"), timeout=2)
+        assert hung.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await api.ListEnvironments(pb.ListEnvironmentsRequest(tenant="nobody"), timeout=30)
         took_over = time.monotonic() - frozen_at
+        await api.CreateTenant(pb.CreateTenantRequest(name="during-freeze"), timeout=10)
         new_lease = (await r.get(LEASE_KEY)).decode()
         assert token_of(new_lease) > token_of(old_lease)
         assert took_over < 10, took_over

@@ -20,7 +20,11 @@ app.add_typer(tenant_app, name="tenant")
 def create(
     name: Annotated[str, typer.Argument(help="tenant name: 1-64 letters, digits, '-' or '_'")],
     coordinator: Annotated[
-        str | None, typer.Option("--coordinator", help="host:port of the Coordinator (default: the config's)")
+        str | None,
+        typer.Option(
+            "--coordinator",
+            help="host:port of the Coordinator; several replicas: a:7401,b:7401 (default: the config's)",
+        ),
     ] = None,
     certs_dir: Annotated[
         Path | None, typer.Option("--certs-dir", help="holds ca.pem and api-<name>.pem/.key", file_okay=False)

@@ -167,26 +167,29 @@ class LeaderLease:
         return False
 
     async def keep(self) -> None:
-        """Renew every third of the TTL; returns once the lease is lost (refused, or not renewed in time)."""
+        """Renew every third of the TTL; returns once the lease is lost: Redis refused the renewal (another
+        replica holds it, or it expired there), or no renewal succeeded within the TTL."""
         assert self.value is not None
         while not self.lost.is_set():
-            remaining = self._valid_until - time.monotonic()
-            if remaining <= 0:
-                self.mark_lost("not renewed within the lease TTL")
-                return
             sent = time.monotonic()
             try:
+                # Even after a stall past the TTL (event loop blocked, SIGSTOP) ask Redis: only the value still
+                # being there proves that nobody took over meanwhile; held() refuses calls until then.
                 renewed = await asyncio.wait_for(
-                    self._renew(keys=[LEASE_KEY], args=[self.value, self._ttl_ms]), remaining
+                    self._renew(keys=[LEASE_KEY], args=[self.value, self._ttl_ms]),
+                    max(self._valid_until - sent, self.renew_interval),
                 )
             except _REDIS_FAILURES as exc:
+                if time.monotonic() >= self._valid_until:
+                    self.mark_lost(f"not renewed within the lease TTL ({exc})")
+                    return
                 # Keep trying while the lease is still ours: a Redis failover may end within the TTL.
                 log.warning("lease renewal failed: %s", exc, extra={"token": self.value})
                 await self._disconnect()
                 await asyncio.sleep(min(0.2, max(self._valid_until - time.monotonic(), 0)))
                 continue
             if renewed != 1:
-                self.mark_lost("another replica holds the lease")
+                self.mark_lost("Redis no longer holds this replica's lease (taken over or expired)")
                 return
             self._valid_until = sent + self.ttl
             with contextlib.suppress(TimeoutError):
