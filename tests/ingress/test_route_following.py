@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -44,20 +45,67 @@ async def test_a_delete_through_another_replica_drops_the_cached_route_at_once(n
             await env.commands.run("true")
 
 
-@pytest.mark.req("CRD-1")
-async def test_a_lost_route_stream_clears_the_cache_and_falls_back_to_short_ttls(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.req("JRN-4", "CRD-1")
+async def test_cached_routes_keep_serving_through_an_outage_and_pause_still_reaches_the_node(
+    node_cluster, api_for
+) -> None:  # type: ignore[no-untyped-def]
     nc = await node_cluster(redis_timeout=1.0)
+    stack = await api_for(nc.cluster, auth_cache_seconds=120)
+    key = await stack.tenant("alpha")
+    ingress = stack.server.config.app.state.plane.extras["ingress"]
+    await eventually(lambda: ingress.following)
+    async with adx.AsyncClient(api_url=stack.url, api_key=key, retries=0) as client:
+        env = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)
+        await env.commands.run("true")
+        assert ("alpha", env.id) in ingress._routes
+        # The Coordinator's Redis goes away: its route stream ends, but the cached route keeps serving.
+        nc.cluster.redis.send_signal(9)
+        nc.cluster.redis.wait_exited()
+        await eventually(lambda: not ingress.following, within=10)
+        assert ("alpha", env.id) in ingress._routes
+        for _ in range(3):
+            assert (await env.commands.run("echo still")).stdout == "still\n"
+        # CRD-1: the pause goes straight to the owning node from the cached route; the node does it and keeps
+        # the result until the cluster can store it (it answers publication pending, never "no Coordinator").
+        async with stack.http(key) as http:
+            paused = await http.post(f"/v1/environments/{env.id}/pause")
+        assert paused.status_code == 503, paused.text
+        assert "publication" in paused.json()["error"]["code"] + paused.json()["error"]["message"], paused.text
+        nc.cluster.redis.start()
+        await eventually(lambda: ingress.following, within=20)
+        deadline = time.monotonic() + 30
+        while (await client.environments.get(env.id)).state != "paused":
+            assert time.monotonic() < deadline, "the journaled pause was not published"
+            await asyncio.sleep(0.2)
+        # The resync reconciled the cache: the paused Environment's route is gone.
+        await eventually(lambda: ("alpha", env.id) not in ingress._routes, within=5)
+
+
+@pytest.mark.req("JRN-4", "CRD-1")
+async def test_a_resync_reconciles_the_cache_instead_of_dropping_it(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    nc = await node_cluster()
     stack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
     ingress = stack.server.config.app.state.plane.extras["ingress"]
     await eventually(lambda: ingress.following)
     async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
-        env = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)
-        await env.commands.run("true")
-        assert ("alpha", env.id) in ingress._routes
-        # The Coordinator's Redis goes away: its route stream ends, the Ingress stops trusting its cache.
-        nc.cluster.redis.send_signal(9)
-        nc.cluster.redis.wait_exited()
-        await eventually(lambda: not ingress.following and ("alpha", env.id) not in ingress._routes, within=10)
-        nc.cluster.redis.start()
-        await eventually(lambda: ingress.following, within=15)
+        kept = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)
+        gone = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)
+        for env in (kept, gone):
+            await env.commands.run("true")
+        # The stream is down while another replica deletes one of them: this replica misses the event.
+        ingress._follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ingress._follower
+        ingress._follower, ingress.following = None, False
+        other = CoordinatorClient.from_config(stack.config)
+        try:
+            await other.delete_environment("alpha", gone.id)
+        finally:
+            await other.close()
+        await asyncio.sleep(0.3)
+        assert ("alpha", gone.id) in ingress._routes  # missed
+        ingress.start_following()
+        await eventually(lambda: ingress.following and ("alpha", gone.id) not in ingress._routes, within=5)
+        assert ("alpha", kept.id) in ingress._routes  # still there: kept, not dropped
+        assert (await kept.commands.run("echo ok")).stdout == "ok\n"

@@ -25,10 +25,10 @@ from adx._grpc_tls import channel_credentials
 from adx._node_client import NodeClients
 from adx.api._auth import TenantAuth
 from adx.api._config import ApiConfig
-from adx.api._coordinator import CoordinatorClient
+from adx.api._coordinator import CoordinatorClient, Route
 from adx.api._errors import install_error_handlers, not_found
 from adx.api._schemas import EnvironmentList, EnvironmentView, ErrorBody
-from adx.errors import ConflictError, EnvironmentPausedError, InvalidInputError
+from adx.errors import ConflictError, EnvironmentPausedError, InvalidInputError, UnavailableError
 from adx.model import (
     DORMANT_STATES,
     ENVIRONMENT,
@@ -68,6 +68,30 @@ class Plane:
     async def tenant(self, credentials: HTTPAuthorizationCredentials | None) -> str:
         header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None
         return await self.auth.tenant(header)
+
+    async def owner_route(self, tenant: str, env_id: str) -> Route:
+        """CRD-1: the owner from the route cache (the Ingress's, followed by the route stream) when it knows it,
+        else from the Coordinator; while the Coordinator cannot be asked, a cached route of any age serves (the
+        node checks ownership and generation itself, JRN-4)."""
+        ingress = self.extras.get("ingress")
+        cached = ingress.cached_route(tenant, env_id) if ingress is not None else None
+        if cached is not None and cached.node_address:
+            return cast(Route, cached)
+        try:
+            route = await self.coordinator.resolve_route(tenant, env_id)
+        except UnavailableError:
+            stale = ingress.cached_route(tenant, env_id, stale=True) if ingress is not None else None
+            if stale is None or not stale.node_address:
+                raise
+            return cast(Route, stale)
+        if ingress is not None:
+            ingress.remember(tenant, route)
+        return route
+
+    def forget_route(self, tenant: str, env_id: str) -> None:
+        ingress = self.extras.get("ingress")
+        if ingress is not None:
+            ingress.forget(tenant, env_id)
 
     async def environment_stats(self, tenant: str, env_id: str) -> EnvironmentStats:
         """The owning node's last usage sample (MET-1). A sleeping Environment is refused, never woken."""
@@ -207,12 +231,15 @@ async def pause_environment(request: Request, environment_id: str, credentials: 
     p = plane(request)
     tenant = await p.tenant(credentials)
     env_id = environment_id_or_404(environment_id)
-    route = await p.coordinator.resolve_route(tenant, env_id)
+    route = await p.owner_route(tenant, env_id)
     record = route.record
     if record.state is EnvironmentState.RUNNING and route.node_address and p.nodes is not None:
         # CRD-1: a node operation goes straight to the owning node; the node checks ownership and generation.
         wait = record.spec.lifecycle.effective_pause_options.wait_seconds
-        record = await p.nodes.pause(route.node_address, record, wait_seconds=wait)
+        try:
+            record = await p.nodes.pause(route.node_address, record, wait_seconds=wait)
+        finally:
+            p.forget_route(tenant, env_id)  # paused (or changing): the next request resolves it afresh
     else:
         # Not running here (or no node): the Coordinator answers with the authoritative state and reason.
         record = await p.coordinator.pause_environment(tenant, env_id)

@@ -23,7 +23,7 @@ from starlette.responses import StreamingResponse
 
 from adx._certs import Identity, client_ssl_context, component_paths
 from adx.api._config import ApiConfig
-from adx.api._coordinator import CoordinatorClient
+from adx.api._coordinator import CoordinatorClient, Route
 from adx.api._errors import not_found
 from adx.errors import (
     AdxError,
@@ -96,9 +96,10 @@ class Ingress:
         self._coordinator = coordinator
         self._http = http
         self._config = config
-        # (tenant, environment) -> (relay address, expiry): keyed by tenant, so a cached route can never
-        # answer for another tenant.
-        self._routes: dict[tuple[str, str], tuple[str, float]] = {}
+        # (tenant, environment) -> (route, expiry): keyed by tenant, so a cached route can never answer for
+        # another tenant. The route names the owner's Relay and gRPC API (CRD-1: the API's pause uses it too).
+        self._routes: dict[tuple[str, str], tuple[Route, float]] = {}
+        self._reconciling: asyncio.Task[None] | None = None
         # While the Coordinator's route stream is followed, cached routes are kept current by it and can
         # live long; without it they expire after route_cache_seconds.
         self.following = False
@@ -115,10 +116,11 @@ class Ingress:
         return cls(coordinator, http, config)
 
     async def close(self) -> None:
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+        for task in (self._follower, self._reconciling):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._http.aclose()
 
     def start_following(self) -> None:
@@ -135,45 +137,89 @@ class Ingress:
                     self._apply(event)
             except AdxError as exc:
                 log.warning("route stream lost: %s", exc)
-            # Events may have been missed: nothing cached is trusted past its short TTL any more.
+            # JRN-4: cached routes keep serving through a Coordinator outage (the node's Relay re-checks its
+            # local bindings); routes resolved meanwhile get the short TTL, and the resync reconciles the rest.
             self.following = False
-            self._routes.clear()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
     def _apply(self, event: pb.RouteEvent) -> None:
         if event.resync:
-            self._routes.clear()
+            # Events may have been missed while the stream was down: check every cached route against the
+            # Coordinator (drop the gone, update the moved) instead of dropping them all.
             self.following = True
+            if self._reconciling is None or self._reconciling.done():
+                self._reconciling = asyncio.create_task(self._reconcile(), name="ingress-route-reconcile")
             return
         key = (event.tenant, event.environment_id)
+        hit = self._routes.get(key)
+        if hit is None or event.revision < hit[0].record.revision:
+            return  # not cached, or older than what is cached
         if event.state == EnvironmentState.RUNNING.value and event.relay_address:
-            if key in self._routes:
-                self._routes[key] = (event.relay_address, time.monotonic() + FOLLOWED_ROUTE_SECONDS)
+            route = hit[0]
+            moved = event.node != (route.record.node or "")
+            record = route.record.model_copy(update={"node": event.node or None, "revision": event.revision})
+            # A moved owner's gRPC API is not in the event: the API's pause asks the Coordinator then.
+            updated = Route(record, event.relay_address, "" if moved else route.node_address)
+            self._routes[key] = (updated, time.monotonic() + FOLLOWED_ROUTE_SECONDS)
         else:
             self._routes.pop(key, None)
 
+    async def _reconcile(self) -> None:
+        """After a resync: every cached route is checked with the Coordinator; the gone are dropped, the
+        moved updated. A Coordinator that fails meanwhile leaves the rest as they are (the next resync goes on)."""
+        for key in list(self._routes):
+            try:
+                route = await self._coordinator.resolve_route(*key)
+            except NotFoundError:
+                self._routes.pop(key, None)
+                continue
+            except AdxError as exc:
+                log.warning("route reconcile paused: %s", exc)
+                return
+            current = self._routes.get(key)
+            if current is None or route.record.revision < current[0].record.revision:
+                continue  # dropped or updated by a newer event meanwhile
+            if route.record.state is EnvironmentState.RUNNING and route.relay_address:
+                self._routes[key] = (route, time.monotonic() + FOLLOWED_ROUTE_SECONDS)
+            else:
+                self._routes.pop(key, None)
+
     def forget(self, tenant: str, environment_id: str) -> None:
         self._routes.pop((tenant, environment_id), None)
+
+    def cached_route(self, tenant: str, environment_id: str, *, stale: bool = False) -> Route | None:
+        """The cached route (``stale``: even past its expiry, for when the Coordinator cannot be asked)."""
+        hit = self._routes.get((tenant, environment_id))
+        if hit is None or (hit[1] <= time.monotonic() and not stale):
+            return None
+        return hit[0]
 
     async def relay_address(self, tenant: str, environment_id: str, *, fresh: bool = False) -> str:
         key = (tenant, environment_id)
         now = time.monotonic()
         hit = self._routes.get(key)
         if hit is not None and hit[1] > now and not fresh:
-            return hit[0]
+            return hit[0].relay_address
         deadline = now + self._config.start_wait_seconds
         delay = 0.02  # starts take ~0.1-0.3 s: look often at first, then back off
         while True:
             try:
                 route = await self._coordinator.resolve_route(tenant, environment_id)
             except NotFoundError:
+                self.forget(tenant, environment_id)
                 raise not_found(environment_id) from None
+            except UnavailableError:
+                # JRN-4: the Coordinator cannot be asked: a route cached before (even past its TTL) keeps
+                # serving; the owner's Relay re-checks its local binding and answers for it.
+                if hit is not None and not fresh:
+                    return hit[0].relay_address
+                raise
             state = route.record.state
             if state is EnvironmentState.RUNNING:
                 if not route.relay_address:
                     raise RelayUnavailable(f"environment {environment_id} has no reachable node right now")
-                return self._remember(key, route.relay_address)
+                return self._remember(key, route)
             if state in _WAKEABLE:
                 return await self.wake(tenant, environment_id)
             if state in _WAITABLE:
@@ -202,14 +248,18 @@ class Ingress:
             time.monotonic() - started,
             extra={"env_id": environment_id, "node": route.record.node},
         )
-        return self._remember((tenant, environment_id), route.relay_address)
+        return self._remember((tenant, environment_id), route)
 
-    def _remember(self, key: tuple[str, str], relay_address: str) -> str:
+    def remember(self, tenant: str, route: Route) -> None:
+        if route.record.state is EnvironmentState.RUNNING and route.relay_address:
+            self._remember((tenant, route.record.id), route)
+
+    def _remember(self, key: tuple[str, str], route: Route) -> str:
         """Cache a resolved route: long while the route stream is followed, else for route_cache_seconds."""
         ttl = FOLLOWED_ROUTE_SECONDS if self.following else self._config.route_cache_seconds
         if ttl > 0:
-            self._routes[key] = (relay_address, time.monotonic() + ttl)
-        return relay_address
+            self._routes[key] = (route, time.monotonic() + ttl)
+        return route.relay_address
 
     async def forward(
         self,
