@@ -60,6 +60,7 @@ INVARIANTS = (
     "journal_drained",
     "acked_write_readable",
     "nodes_registered",
+    "no_daemon_crash",
 )
 
 

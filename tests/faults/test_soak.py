@@ -157,6 +157,22 @@ async def run_soak(cluster: SoakCluster, seed: int) -> dict[str, Any]:
 
     checked = Counter(structural.checked) + Counter(files.checked)
     violations: list[Violation] = [*ledger.violations, *files.violations, *structural.violations]
+    # A daemon that exits by itself (not by a fault of the schedule) is a crash of the product: one violation
+    # per daemon, with its count and the last lines it wrote.
+    exits: dict[str, list[Any]] = {}
+    for exit_ in cluster.exits:
+        exits.setdefault(exit_.daemon, []).append(exit_)
+    for name, seen in sorted(exits.items()):
+        last = seen[-1]
+        violations.append(
+            Violation(
+                "no_daemon_crash",
+                name,
+                f"exited by itself {len(seen)} time(s), first at t+{seen[0].at}s (status {seen[0].returncode}); "
+                f"last lines: {' | '.join(str(last.log_tail).splitlines()[-3:])}",
+                last.at,
+            )
+        )
     canaries_found = sorted({v.invariant for v in violations if CANARY_ENV in v.subject + v.detail})
     if CANARY:
         violations = [v for v in violations if CANARY_ENV not in v.subject + v.detail]
@@ -166,6 +182,7 @@ async def run_soak(cluster: SoakCluster, seed: int) -> dict[str, Any]:
     for found in violations:
         per_invariant[found.invariant]["violations"] += 1
     per_invariant["one_execution"]["checked"] += sampler.samples
+    per_invariant["no_daemon_crash"]["checked"] = len(cluster.daemons)
     envs = ledger.envs.values()
     return {
         "seed": seed,
