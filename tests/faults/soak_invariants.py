@@ -439,11 +439,11 @@ async def read_back(ledger: Ledger, client: adx.AsyncClient, clock: Callable[[],
             deadline = min(time.monotonic() + 45, overall)
             while data is None and time.monotonic() < deadline:
                 try:
-                    data = await _read(client, env_id, path)
+                    data = await asyncio.wait_for(_read(client, env_id, path), max(1.0, deadline - time.monotonic()))
                 except NotFoundError as exc:
                     last = f"not found: {exc}"
                     break
-                except (AdxError, OSError) as exc:
+                except (AdxError, OSError, TimeoutError) as exc:
                     last = f"{type(exc).__name__}: {exc}"
                     await asyncio.sleep(2.0)
             if data is None:

@@ -137,7 +137,8 @@ async def run_soak(cluster: SoakCluster, seed: int) -> dict[str, Any]:
         print(f"[soak {cluster.elapsed():7.1f}s] settling: every daemon up and healthy", flush=True)
         unhealthy = await cluster.bring_all_up(timeout=120)
         timings["all_up"] = round(cluster.elapsed(), 1)
-        async with adx.AsyncClient(api_url=cluster.api_url, api_key=cluster.api_key, timeout=30.0) as client:
+        # The checks bound their own waits: one attempt per call (the SDK's retries would multiply them).
+        async with adx.AsyncClient(api_url=cluster.api_url, api_key=cluster.api_key, timeout=20.0, retries=0) as client:
             if CANARY:
                 await plant_canaries(cluster)
             await wait_quiet(cluster, ledger, client)
