@@ -7,15 +7,12 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from process_cluster import ProcessCluster, record_of, start_process_cluster, wait_for
+from process_cluster import ProcessCluster, record_of, wait_for
 from test_node_agent import Api
 
-from adx.embedded import EmbeddedRedis
 from adx.errors import PublicationPendingError
 from adx.model import EnvironmentSpec, EnvironmentState
 from adx.node._journal import DegradationJournal, JournalCorruptError, NewResult, spec_digest
@@ -41,27 +38,6 @@ def journal_rows(path: Path) -> list[tuple[str, str, int]]:
 
 async def sandbox_ids(cluster: ProcessCluster, node: str = "n1") -> set[str]:
     return {s.sandbox_id for s in await cluster.nodes[node].sandboxd.client().list()}
-
-
-@pytest.fixture
-async def process_cluster(redis_factory: Callable[..., EmbeddedRedis], tmp_path: Path) -> Any:
-    from sbx_helpers import DaemonFactory
-
-    (tmp_path / "sandboxd").mkdir()
-    factory = DaemonFactory(tmp_path / "sandboxd")
-    made: list[ProcessCluster] = []
-
-    def make(**kwargs: Any) -> ProcessCluster:
-        cluster = start_process_cluster(tmp_path, redis_factory(), factory, **kwargs)
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.stop()
-        for node in cluster.nodes.values():
-            print(f"--- {node.name} log tail ---\n{node.adxlet.log_tail(40)}")
-    factory.cleanup()
 
 
 def api_of(cluster: ProcessCluster) -> Api:

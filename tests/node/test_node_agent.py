@@ -13,6 +13,7 @@ import pytest
 
 from adx._certs import client_ssl_context
 from adx._grpc_errors import from_rpc_error
+from adx.errors import UnavailableError
 from adx.model import EnvironmentRecord, EnvironmentState, Resources
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
@@ -63,7 +64,12 @@ class Api:
     async def wait_state(self, env_id: str, state: EnvironmentState, within: float = 30) -> EnvironmentRecord:
         deadline = time.monotonic() + within
         while True:
-            record = await self.get(env_id)
+            try:
+                record = await self.get(env_id)
+            except UnavailableError as exc:  # a Coordinator restarting its term answers again shortly
+                assert time.monotonic() < deadline, f"{env_id}: the Coordinator did not answer: {exc}"
+                await asyncio.sleep(0.2)
+                continue
             if record.state is state:
                 return record
             assert time.monotonic() < deadline, f"{env_id} is {record.state.value}, expected {state.value}"

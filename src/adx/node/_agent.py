@@ -598,7 +598,7 @@ class NodeAgent:
             if controller.publication_pending:
                 continue  # its journaled results still have to reach the Coordinator
             gone = env_id not in owned and controller.state is S.PAUSED and controller.execution is None
-            if controller.state is S.DELETED or gone:
+            if controller.state is S.DELETED or gone or controller.retired:
                 # ``gone``: a paused Environment deleted, expired or resumed elsewhere; nothing of it runs here.
                 del self.controllers[env_id]
                 await controller.close()

@@ -207,6 +207,8 @@ class Controller:
         # NOD-10/NOD-11: a journaled result the Coordinator refused; only this Controller waits for the routine
         # check to bring the authority's record.
         self.restricted = False
+        # The Coordinator retired this Environment's placement before anything ran here (the node forgets it).
+        self.retired = False
         self.closed = False
 
     # -- public ------------------------------------------------------------------------------------
@@ -519,7 +521,14 @@ class Controller:
         if self.record.state is not S.PENDING:
             raise ConflictError(f"environment {self.env_id} is {self.record.state.value}, not pending")
         execution_id = new_id("exe")
-        await self._transition(S.STARTING, {"execution_id": execution_id})
+        try:
+            await self._transition(S.STARTING, {"execution_id": execution_id})
+        except NotFoundError:
+            # NOD-20: an explicit claim result: the Coordinator retired the placement before anything started
+            # here (a create refused as retryable); nothing of it exists on this node.
+            self.retired = True
+            log.info("placement retired before the start: nothing started", extra=self._context())
+            raise
         try:
             execution = await self._launch(execution_id)
         except AdxError as exc:
