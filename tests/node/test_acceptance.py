@@ -318,3 +318,46 @@ async def test_node_session_recovery_after_an_explicit_rejection_retakes_behind_
         await api.wait_state(fresh.id, S.RUNNING)
     finally:
         await api.close()
+
+
+@pytest.mark.req("NOD-1", "CRD-7", "NOD-7")
+async def test_a_start_whose_running_commit_was_cut_short_is_adopted_after_an_adxlet_restart(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Found by the fault soak (seed 3): the start returned but its Running commit never landed (Redis down), then
+    the adxlet stopped. The successor found a Starting record with a live execution and crashed at every start
+    ('nothing running to adopt'). Now it adopts the execution once ready and commits Running."""
+    import os
+    import signal
+
+    from adx.node._agent import NodeAgent
+
+    nc = await node_cluster()
+    api = Api(nc)
+    agent = nc.nodes["n1"]
+    redis = nc.cluster.redis
+    sandboxd_pid = nc.sandboxds["n1"].proc.pid
+    executions = agent.config.state_dir / "executions"
+    try:
+        created = await api.create()
+        await wait_for(lambda: any(executions.glob("*.json")), 10, "the planned execution", interval=0.001)
+        os.kill(sandboxd_pid, signal.SIGSTOP)  # the create is in flight
+        try:
+            await wait_for(lambda: agent.controllers[created.id].state is S.STARTING, 10, "Starting committed")
+            redis.send_signal(signal.SIGKILL)
+        finally:
+            os.kill(sandboxd_pid, signal.SIGCONT)
+        controller = agent.controllers[created.id]
+        await wait_for(
+            lambda: controller.commit_retrying and controller.execution is not None, 30, "a Running commit pending"
+        )
+        execution_id = controller.execution.execution_id if controller.execution else ""
+        await agent.stop()
+        await asyncio.to_thread(redis.start)
+        successor = NodeAgent(agent.config)
+        await successor.start()
+        nc.nodes["n1"] = successor
+        running = await api.wait_state(created.id, S.RUNNING, within=30)
+        assert running.execution_id == execution_id  # adopted, not replaced
+        relay = await api.route(created.id)
+        assert await run_via_relay(nc, relay, created.id, ["echo", "adopted"]) == ("adopted\n", 0)
+    finally:
+        await api.close()

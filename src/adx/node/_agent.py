@@ -456,6 +456,8 @@ class NodeAgent:
             state = await self.driver.observe(execution)
             if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
                 controller.submit("cancel_pause")  # the pause was not published: the execution runs on
+            elif state is ExecutionState.RUNNING and record.state is S.STARTING:
+                controller.submit("finish_start")  # it started; only its Running commit was cut short
             elif state is ExecutionState.RUNNING:
                 controller.adopt_running()
             else:

@@ -289,6 +289,7 @@ class Controller:
             "workload_checkpoint": self._workload_checkpoint,
             "replay": self._replay,
             "noop": self._noop,
+            "finish_start": self._finish_start,
             "adopt": self._adopt,
             "resume_local": self._resume_local,
         }
@@ -457,6 +458,23 @@ class Controller:
             extra=self._context(),
         )
         return self.record
+
+    async def _finish_start(self, op: _Op) -> EnvironmentRecord:
+        """After a node restart: the execution of a Starting record runs (the start returned, its Running commit
+        was cut short). Adopt it once ready (never kill what runs); if it does not become ready, the start
+        failed like any other (RST-7)."""
+        execution = self.execution
+        if self.record.state is not S.STARTING or execution is None:
+            return self.record
+        try:
+            await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)
+        except AdxError as exc:
+            failed = await self._fail_or_restart_later(f"not ready after a node restart: {exc}")
+            leftover = await self._take_leftover(execution.execution_id)
+            if leftover is not None:
+                self._spawn(self._cleanup(leftover), f"cleanup-{execution.execution_id}")
+            return failed
+        return await self._running(execution)
 
     async def _noop(self, op: _Op) -> EnvironmentRecord:
         return self.record
