@@ -15,6 +15,8 @@ from adx.errors import (
     InvalidInputError,
     NotFoundError,
     PublicationPendingError,
+    SessionExpiredError,
+    SessionRejectedError,
     UnavailableError,
     UncertainOutcomeError,
 )
@@ -26,7 +28,14 @@ RETRY_AFTER_KEY = "adx-error-retry-after"
 
 #: Subclasses rebuilt from the wire code (their family comes from the status).
 _BY_CODE: dict[str, type[AdxError]] = {
-    cls.code: cls for cls in (EnvironmentPausedError, EnvironmentPausingError, PublicationPendingError)
+    cls.code: cls
+    for cls in (
+        EnvironmentPausedError,
+        EnvironmentPausingError,
+        PublicationPendingError,
+        SessionRejectedError,
+        SessionExpiredError,
+    )
 }
 
 _STATUS: list[tuple[type[AdxError], grpc.StatusCode]] = [
@@ -71,6 +80,9 @@ def _translate(exc: grpc.aio.AioRpcError, what: str, trailing: dict[str, object]
     if code == grpc.StatusCode.NOT_FOUND:
         return NotFoundError(message)
     if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):
+        sent = _BY_CODE.get(str(trailing.get(CODE_KEY, "")))
+        if sent is not None and issubclass(sent, ConflictError):
+            return sent(message)
         conflict = ConflictError(message)
         conflict.code = str(trailing.get(CODE_KEY, conflict.code))
         return conflict

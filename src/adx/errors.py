@@ -19,6 +19,8 @@ __all__ = [
     "InvalidInputError",
     "NotFoundError",
     "PublicationPendingError",
+    "SessionExpiredError",
+    "SessionRejectedError",
     "UnavailableError",
     "UncertainOutcomeError",
 ]
@@ -103,3 +105,16 @@ class PublicationPendingError(UnavailableError):
     can store it. Asking again later shows the published result."""
 
     code = "publication_pending"
+
+
+class SessionRejectedError(ConflictError):
+    """A node's session is not the registered one (another process of that node registered): the node must
+    register again, behind its barrier (NOD-6). Nothing the call asked for was done."""
+
+    code = "session_rejected"
+
+
+class SessionExpiredError(SessionRejectedError):
+    """A node's session expired (no heartbeat within its TTL): the node must register again (NOD-6)."""
+
+    code = "session_expired"

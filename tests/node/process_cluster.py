@@ -150,6 +150,7 @@ def start_process_cluster(
     nodes: tuple[str, ...] = ("n1",),
     *,
     node_settings: dict[str, Any] | None = None,
+    coordinator_settings: dict[str, Any] | None = None,
 ) -> ProcessCluster:
     certs = base / "certs"
     init_ca(certs)
@@ -167,6 +168,7 @@ def start_process_cluster(
                 "session_ttl_seconds": 30.0,
                 "redis_timeout_seconds": 2.0,
                 "node_rpc_timeout_seconds": 5.0,
+                **(coordinator_settings or {}),
             }
         )
     )

@@ -361,3 +361,34 @@ async def test_a_start_whose_running_commit_was_cut_short_is_adopted_after_an_ad
         assert await run_via_relay(nc, relay, created.id, ["echo", "adopted"]) == ("adopted\n", 0)
     finally:
         await api.close()
+
+
+@pytest.mark.req("NOD-6", "NOD-7", "NOD-8")
+async def test_an_adxlet_frozen_past_its_session_comes_back_and_finishes_what_it_admitted(process_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Found by the fault soak (seed 3): the adxlet SIGSTOPped longer than its session TTL while a start was in
+    flight; the start's commit was refused with 'session expired', the Environment stayed pending for good and
+    the node never recovered its session."""
+    cluster: ProcessCluster = process_cluster(coordinator_settings={"session_ttl_seconds": 3.0})
+    api = api_of(cluster)
+    node = cluster.nodes["n1"]
+    try:
+        await node_registered(api)
+        in_flight = await api.create()
+        node.adxlet.freeze()
+        try:
+            await asyncio.sleep(5)  # past the session's TTL
+        finally:
+            node.adxlet.thaw()
+        await api.wait_state(in_flight.id, S.RUNNING, within=60)
+
+        async def creates() -> bool:
+            try:
+                fresh = await api.create()
+            except AdxError:
+                return False
+            await api.wait_state(fresh.id, S.RUNNING, within=30)
+            return True
+
+        await wait_for(creates, 60, "a create placed and running after the freeze", interval=0.5)
+    finally:
+        await api.close()

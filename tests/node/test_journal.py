@@ -49,7 +49,8 @@ def api_of(cluster: ProcessCluster) -> Api:
 
 def database_files(path: Path) -> list[str]:
     """The journal's database and its WAL/shm companions that exist."""
-    return [name for name in (path.name, f"{path.name}-wal", f"{path.name}-shm") if (path.parent / name).exists()]
+    names = (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}.pending")
+    return [name for name in names if (path.parent / name).exists()]
 
 
 def mount(*argv: str) -> None:
@@ -185,7 +186,27 @@ async def test_journal_is_created_lazily_keeps_order_dedups_and_is_removed_when_
     assert [e.seq for e in reopened.open_existing()] == [first.seq, second.seq]
     assert await reopened.remove([first.seq]) == 1 and path.exists()
     assert await reopened.remove([second.seq]) == 0
-    assert database_files(path) == []
+    assert database_files(path) == []  # the database, its WAL and its marker are all gone
+
+
+@pytest.mark.req("JRN-8")
+async def test_a_journal_deleted_while_it_held_results_is_reported_lost_an_emptied_one_is_not(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    journal = DegradationJournal(path)
+    entry = await journal.append(_result("env-a", 3, S.PAUSING))
+    journal.close()
+    for name in database_files(path):
+        if not name.endswith(".pending"):
+            (tmp_path / name).unlink()  # an operator removes the database, not knowing what it held
+    lost = DegradationJournal(path)
+    assert lost.open_existing() == [] and lost.lost
+    assert database_files(path) == []  # said once: the next start is a normal one
+    assert not DegradationJournal(path).lost
+    emptied = DegradationJournal(path)
+    entry = await emptied.append(_result("env-b", 3, S.PAUSING))
+    await emptied.remove([entry.seq])
+    again = DegradationJournal(path)
+    assert again.open_existing() == [] and not again.lost
 
 
 @pytest.mark.req("JRN-7")

@@ -13,7 +13,7 @@ import pytest
 
 from adx._certs import client_ssl_context
 from adx._grpc_errors import from_rpc_error
-from adx.errors import UnavailableError
+from adx.errors import UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentRecord, EnvironmentState, Resources
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
@@ -66,7 +66,7 @@ class Api:
         while True:
             try:
                 record = await self.get(env_id)
-            except UnavailableError as exc:  # a Coordinator restarting its term answers again shortly
+            except (UnavailableError, UncertainOutcomeError) as exc:  # a Coordinator restarting its term
                 assert time.monotonic() < deadline, f"{env_id}: the Coordinator did not answer: {exc}"
                 await asyncio.sleep(0.2)
                 continue

@@ -24,6 +24,8 @@ from adx.errors import (
     ConflictError,
     InvalidInputError,
     NotFoundError,
+    SessionExpiredError,
+    SessionRejectedError,
     UnavailableError,
     UncertainOutcomeError,
 )
@@ -74,10 +76,6 @@ def _passing(reason: str) -> bool:
     return any(marker in reason for marker in _PASSING_REFUSALS)
 
 
-class SessionExpired(ConflictError):
-    code = "session_expired"
-
-
 class NotAdmitting(UnavailableError):
     """No node takes new Environments right now for a passing reason, or the store cannot take the create;
     nothing of the create was committed: send it again after ``details["retry_after_seconds"]`` (HTTP 503)."""
@@ -118,9 +116,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if known is None:
             raise NotFoundError(f"node {node} is not registered")
         if known.session != session:
-            raise ConflictError(f"node {node}: session is not the registered one; register again")
+            raise SessionRejectedError(f"node {node}: session is not the registered one; register again")
         if known.session_expires_at < time.time():
-            raise SessionExpired(f"node {node}: session expired; register again")
+            raise SessionExpiredError(f"node {node}: session expired; register again")
 
     async def _refresh_node(self, node: str) -> None:
         self.cache.nodes[node] = await self.store.get_node(node)

@@ -31,6 +31,7 @@ from adx.errors import (
     ConflictError,
     InvalidInputError,
     NotFoundError,
+    SessionRejectedError,
     UnavailableError,
     UncertainOutcomeError,
 )
@@ -88,10 +89,8 @@ def hash_api_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
-class SessionRejected(ConflictError):
-    """The node's session is not the registered one: the node must re-register (NOD-6)."""
-
-    code = "session_rejected"
+#: The node's session is not the registered one: the node must re-register (NOD-6).
+SessionRejected = SessionRejectedError
 
 
 class NotLeader(UnavailableError):

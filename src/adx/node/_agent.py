@@ -277,8 +277,23 @@ class NodeAgent:
         for record in catalog:
             if record.id in self._orphan_envs():
                 continue  # RST-5/NOD-13: nothing of it starts until the old execution's cleanup is confirmed
-            await self._recover(record, known.get(record.execution_id or ""))
+            await self._recover_one(record, known.get(record.execution_id or ""))
         await self._sweep_checkpoints()
+
+    async def _recover_one(self, record: EnvironmentRecord, execution: Execution | None) -> None:
+        """NOD-20: one Environment's recovery failing restricts that Environment only, never the node's start."""
+        try:
+            await self._recover(record, execution)
+        except AdxError as exc:
+            log.error(
+                "recovery of %s failed: %s; only it waits for the next routine check",
+                record.id,
+                exc,
+                extra={"node": self.name, "env_id": record.id, "execution_id": record.execution_id},
+            )
+            controller = self.controllers.get(record.id)
+            if controller is not None:
+                controller.restricted = True
 
     async def _clean_unreferenced(self, catalog: list[EnvironmentRecord]) -> dict[str, Execution]:
         """CRD-7/NOD-13: executions no committed record references (a start or restore cut short before its
@@ -387,19 +402,18 @@ class NodeAgent:
         return await self.sink.fetch(env_id)
 
     def _warn_if_journal_missing(self, catalog: list[EnvironmentRecord]) -> None:
-        """JRN-8: a configured journal that is missing while the catalog shows work this node left half-way
-        (deleting the journal loses its un-replayed results)."""
-        if not self.journal.configured or self.journal.exists:
+        """JRN-8: the configured journal was deleted while it held results (its marker outlived it): they are
+        lost; say which Environments the Coordinator shows half-done on this node."""
+        if not self.journal.lost:
             return
         unfinished = [r.id for r in catalog if r.state in (S.PAUSING, S.DELETING, S.RESUMING, S.STARTING)]
-        if unfinished:
-            log.warning(
-                "the degradation journal %s is missing while the Coordinator shows unfinished work of this node "
-                "(%s); results it held, if any, are lost",
-                self.journal.path,
-                ", ".join(sorted(unfinished)),
-                extra={"node": self.name},
-            )
+        log.warning(
+            "the degradation journal %s was deleted while it held unpublished results; they are lost "
+            "(Environments the Coordinator shows unfinished here: %s)",
+            self.journal.path,
+            ", ".join(sorted(unfinished)) or "none",
+            extra={"node": self.name},
+        )
 
     async def _sweep_checkpoints(self) -> None:
         """NOD-15, inside the startup barrier: delete the artifacts this node's runtime captured that no
@@ -534,7 +548,7 @@ class NodeAgent:
             known = await self._clean_unreferenced(catalog)
             for record in catalog:
                 if record.id not in self.controllers and record.id not in self._orphan_envs():
-                    await self._recover(record, known.get(record.execution_id or ""))
+                    await self._recover_one(record, known.get(record.execution_id or ""))
         except (AdxError, TimeoutError) as exc:
             log.warning("session re-take not finished, retried next round: %s", exc, extra={"node": self.name})
             return
@@ -855,6 +869,9 @@ class NodeAgent:
 
     def _relay_target(self, env_id: str) -> RelayTarget:
         controller = self.controllers.get(env_id)
+        if controller is None and not self._watching:
+            # Startup recovery has not rebuilt this node's Environments yet: "not here" would be a false answer.
+            raise UnavailableError(f"node {self.name} is recovering after a restart; retry shortly")
         if controller is None:
             if env_id in self._deleted:
                 # Data-plane callers holding a cached route learn "deleted", not "never existed here".

@@ -22,6 +22,7 @@ from adx.errors import (
     EnvironmentPausedError,
     InvalidInputError,
     NotFoundError,
+    SessionRejectedError,
     UnavailableError,
     UncertainOutcomeError,
 )
@@ -273,6 +274,8 @@ class Controller:
 
     def submit(self, kind: str, **payload: Any) -> asyncio.Future[EnvironmentRecord]:
         op = _Op(kind, asyncio.get_running_loop().create_future(), payload)
+        # Many submitters never await the result (routine checks, timers): the failure is logged by _run.
+        op.done.add_done_callback(_mark_retrieved)
         self._queue.put_nowait(op)
         return op.done
 
@@ -355,6 +358,15 @@ class Controller:
             try:
                 committed = await self.sink.commit(self.record, update, release_reservation=release)
                 break
+            except SessionRejectedError as exc:
+                # NOD-6: not a verdict on this result: the node registers again and the commit is retried.
+                self.commit_retrying = True
+                log.warning(
+                    "commit of %s waits for the node's new session: %s", target.value, exc, extra=self._context()
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.timings.retry_max_seconds)
+                continue
             except ConflictError:
                 # The Coordinator may have changed fields this node does not own (a lifetime deadline, a
                 # resume-retry mark): if ownership, state and execution are unchanged, go on from its version
@@ -954,3 +966,8 @@ class Controller:
         return await self._running(
             execution, {"execution_id": execution_id, "checkpoint": None, "resume_intent": None, "last_error": None}
         )
+
+
+def _mark_retrieved(future: asyncio.Future[EnvironmentRecord]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adx._fs import fsync_dir
+from adx._fs import atomic_write_bytes, fsync_dir
 from adx.errors import InvalidInputError, UnavailableError
 from adx.model import EnvironmentSpec, EnvironmentState
 
@@ -132,6 +132,8 @@ class DegradationJournal:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        #: JRN-8: set at start when the journal was deleted behind the node's back while it held results.
+        self.lost = False
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._serial = asyncio.Lock()
@@ -152,7 +154,13 @@ class DegradationJournal:
         if self.path is None:
             return []
         self._remove_stale_creations()
+        marker = self._marker()
         if not self.path.exists():
+            if marker.exists():
+                # The marker outlives the database only when someone else removed it while it held results.
+                self.lost = True
+                marker.unlink()
+                fsync_dir(marker.parent)
             return []
         db: sqlite3.Connection | None = None
         try:
@@ -239,6 +247,7 @@ class DegradationJournal:
         database (so a file there that is not a journal is corruption, never "not created yet")."""
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_bytes(self._marker(), b"the degradation journal holds unpublished results\n")
         tmp = self.path.with_name(f".{self.path.name}.creating.{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -261,6 +270,12 @@ class DegradationJournal:
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
         log.warning("degradation journal created: results are pending publication", extra={"path": str(self.path)})
+
+    def _marker(self) -> Path:
+        """A file that exists exactly while the journal holds results (made before the database, removed after
+        it): a marker without a database means the journal was deleted with results in it (JRN-8)."""
+        assert self.path is not None
+        return self.path.with_name(f"{self.path.name}.pending")
 
     def _remove_stale_creations(self) -> None:
         assert self.path is not None
@@ -353,6 +368,10 @@ class DegradationJournal:
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 self.path.with_name(self.path.name + suffix).unlink()
+        with contextlib.suppress(OSError):
+            fsync_dir(self.path.parent)
+        with contextlib.suppress(FileNotFoundError):
+            self._marker().unlink()
         with contextlib.suppress(OSError):
             fsync_dir(self.path.parent)
         log.info("degradation journal empty: file removed", extra={"path": str(self.path)})

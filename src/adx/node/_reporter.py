@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from adx._grpc_errors import from_rpc_error
-from adx.errors import AdxError, ConflictError, UnavailableError, UncertainOutcomeError
+from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import new_id
 from adx.node._resources import CapacityTracker
 from adx.proto import coordinator_pb2 as pb
@@ -138,9 +138,9 @@ class Reporter:
             self.state.reports += 1
             self.state.last_report_at = now
             self.state.last_error = ""
-        except ConflictError as exc:
-            # Session rejected or expired (NOD-6): register again under a new session on the next round, and
-            # keep admission closed until the node's barrier has re-taken its Environments.
+        except (ConflictError, NotFoundError) as exc:
+            # Session rejected or expired, or the node unknown to the Coordinator (NOD-6): register again
+            # under a new session on the next round; admission stays closed until the barrier re-took ownership.
             self.state.registered = False
             self.state.retake_pending = True
             self._failed(exc)
