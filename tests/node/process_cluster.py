@@ -137,6 +137,17 @@ class ProcessCluster:
         stdout = "".join(f.get("data", "") for f in frames if f.get("stream") == "stdout")
         return 200, stdout, response.text
 
+    async def run_when_served(
+        self, node: str, env_id: str, argv: list[str], within: float = 30
+    ) -> tuple[int, str, str]:
+        """``run``, asked again while the node answers 503 (it is still recovering after a restart)."""
+        deadline = time.monotonic() + within
+        while True:
+            status, stdout, body = await self.run(node, env_id, argv)
+            if status != 503 or time.monotonic() > deadline:
+                return status, stdout, body
+            await asyncio.sleep(0.2)
+
     def stop(self) -> None:
         for node in self.nodes.values():
             node.adxlet.stop()

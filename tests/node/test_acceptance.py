@@ -89,7 +89,7 @@ async def test_coordinator_paused_during_an_idle_delete_journals_it_redis_keeps_
         deleted = record_of(await cluster.redis_record(idle.id))
         assert deleted is None or deleted.state is S.DELETED
         await api.wait_state(busy.id, S.RUNNING)
-        status, stdout, body = await cluster.run("n1", busy.id, ["echo", "routed"])
+        status, stdout, body = await cluster.run_when_served("n1", busy.id, ["echo", "routed"])
         assert (status, stdout) == (200, "routed\n"), body
         assert await api.route(busy.id)
     finally:
@@ -121,7 +121,7 @@ async def test_adxlet_restarted_while_the_coordinator_is_paused_waits_for_it_and
         for record in running:
             same = await api.wait_state(record.id, S.RUNNING)
             assert same.execution_id == record.execution_id
-            status, stdout, body = await cluster.run("n1", record.id, ["echo", "adopted"])
+            status, stdout, body = await cluster.run_when_served("n1", record.id, ["echo", "adopted"])
             assert (status, stdout) == (200, "adopted\n"), body
     finally:
         await api.close()

@@ -143,7 +143,7 @@ async def test_coordinator_sigstopped_idle_delete_and_pause_resume_journal_in_or
         assert resumed.generation == kept_running.generation
         assert resumed.execution_id not in (None, kept_running.execution_id)
         assert resumed.execution_id in await sandbox_ids(cluster)
-        status, stdout, body = await cluster.run("n1", kept.id, ["cat", "/work/f"])
+        status, stdout, body = await cluster.run_when_served("n1", kept.id, ["cat", "/work/f"])
         assert (status, stdout) == (200, "journal-data\n"), body
     finally:
         await nodes.close()
