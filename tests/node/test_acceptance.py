@@ -392,3 +392,41 @@ async def test_an_adxlet_frozen_past_its_session_comes_back_and_finishes_what_it
         await wait_for(creates, 60, "a create placed and running after the freeze", interval=0.5)
     finally:
         await api.close()
+
+
+@pytest.mark.req("NOD-1", "CRD-7", "RST-7")
+async def test_a_start_cut_short_before_it_reached_the_runtime_goes_on_after_an_adxlet_restart(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Found by the fault soak (seed 3): the adxlet died between committing Starting and recording the planned
+    execution (recorded before every runtime call, so nothing was created). The successor left the Environment
+    Starting for good. Now its start goes on under the same execution ID: no start failed (RST-7 does not
+    apply), and the user's create is not failed by the crash."""
+    from adx.node._agent import NodeAgent
+
+    nc = await node_cluster()
+    api = Api(nc)
+    agent = nc.nodes["n1"]
+    real_save = agent.executions.save
+    stuck = asyncio.Event()
+
+    def dies_here(execution):  # type: ignore[no-untyped-def]
+        stuck.set()
+        raise asyncio.CancelledError  # the process is gone at this point: nothing is written
+
+    agent.executions.save = dies_here  # type: ignore[method-assign]
+    try:
+        created = await api.create()
+        await asyncio.wait_for(stuck.wait(), 10)
+        starting = await api.get(created.id)
+        assert starting.state is S.STARTING and starting.execution_id
+        agent.executions.save = real_save  # type: ignore[method-assign]
+        await agent.stop()
+        assert not list((agent.config.state_dir / "executions").glob("*.json"))
+        successor = NodeAgent(agent.config)
+        await successor.start()
+        nc.nodes["n1"] = successor
+        running = await api.wait_state(created.id, S.RUNNING, within=30)
+        assert (running.execution_id, running.restart_attempts) == (starting.execution_id, 0)
+        relay = await api.route(created.id)
+        assert await run_via_relay(nc, relay, created.id, ["echo", "started"]) == ("started\n", 0)
+    finally:
+        await api.close()

@@ -460,6 +460,8 @@ class NodeAgent:
             controller.schedule_pending_restart()  # RST-3: the counters came back with the record
         elif record.state is S.RESUMING:
             controller.submit("resume")  # a half-done restore left nothing referenced: it was cleaned above
+        elif record.state is S.STARTING and execution is None:
+            controller.submit("continue_start")
         elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
             if execution.execd_socket is None:
                 # Only planned: the start was cut short before it returned. Whatever it made is cleaned by the

@@ -293,6 +293,7 @@ class Controller:
             "replay": self._replay,
             "noop": self._noop,
             "finish_start": self._finish_start,
+            "continue_start": self._continue_start,
             "adopt": self._adopt,
             "resume_local": self._resume_local,
         }
@@ -559,6 +560,10 @@ class Controller:
             self.retired = True
             log.info("placement retired before the start: nothing started", extra=self._context())
             raise
+        return await self._launch_started(execution_id)
+
+    async def _launch_started(self, execution_id: str) -> EnvironmentRecord:
+        """Launch the execution a committed Starting record names, then Running or Failed."""
         try:
             execution = await self._launch(execution_id)
         except AdxError as exc:
@@ -570,6 +575,15 @@ class Controller:
                 self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
             return failed
         return await self._running(execution)
+
+    async def _continue_start(self, op: _Op) -> EnvironmentRecord:
+        """After a node restart: a Starting record whose execution was never asked of the runtime (no planned
+        address was recorded, and it is recorded before every call), so nothing of it can exist. Its start goes
+        on under the same execution ID: no start failed, so this is neither a failure nor a restart."""
+        if self.record.state is not S.STARTING or self.execution is not None or self.record.execution_id is None:
+            return self.record
+        log.info("the start was cut short before it reached the runtime: it goes on", extra=self._context())
+        return await self._launch_started(self.record.execution_id)
 
     async def _launch(self, execution_id: str, *, restore: CheckpointRef | None = None) -> Execution:
         spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
