@@ -78,3 +78,7 @@ def configure_logging(
     handler._adx_handler = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
+    # httpx and httpcore log every request at info: the node's Relay and the daemons' health polls would
+    # drown what matters. Their warnings still show; ``debug`` shows everything.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
