@@ -430,3 +430,41 @@ async def test_a_start_cut_short_before_it_reached_the_runtime_goes_on_after_an_
         assert await run_via_relay(nc, relay, created.id, ["echo", "started"]) == ("started\n", 0)
     finally:
         await api.close()
+
+
+@pytest.mark.req("NOD-12", "NOD-14", "RST-5")
+async def test_ownership_revocation_cleans_the_old_execution_behind_admitted_operations_and_refuses_late_ones(
+    node_cluster,
+) -> None:  # type: ignore[no-untyped-def]
+    """Seed 001: a newer generation of an Environment arrives while this node's Controller still holds the old
+    one's execution. The old Controller cleans that execution after what it admitted before, and refuses every
+    later operation (a late restart or resume can never bring the old execution back); the new Controller acts
+    only after that cleanup."""
+    from adx.errors import ConflictError
+
+    nc = await node_cluster()
+    api = Api(nc)
+    agent = nc.nodes["n1"]
+    try:
+        running = await api.wait_state((await api.create()).id, S.RUNNING)
+        old = agent.controllers[running.id]
+        admitted_before = old.submit("noop")
+        newer = running.model_copy(
+            update={
+                "generation": running.generation + 1,
+                "revision": running.revision + 1,
+                "state": S.PAUSED,
+                "execution_id": None,
+            }
+        )
+        new = agent._take_over(old, newer)
+        late = old.submit("restart")
+        await asyncio.wait_for(admitted_before, 10)
+        with pytest.raises(ConflictError, match="revoked"):
+            await asyncio.wait_for(late, 30)
+        assert old.revoked and old.execution is None
+        assert running.execution_id not in {s.sandbox_id for s in await agent.driver.client.list()}
+        assert agent.controllers[running.id] is new and new.record.generation == running.generation + 1
+        await asyncio.wait_for(new.drained(), 10)
+    finally:
+        await api.close()

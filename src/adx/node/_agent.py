@@ -598,6 +598,12 @@ class NodeAgent:
                 # NOD-5/NOD-9: admitted after the read, or a local result newer than the catalog: that one
                 # publishes first (its replay re-checks only this Environment).
                 continue
+            if record.generation > controller.record.generation:
+                # NOD-12: ownership moved on to a newer generation here; the old one is cleaned first.
+                execution = self.executions.get(record.execution_id or "")
+                self._take_over(controller, record, execution)
+                await self._recover_one(record, execution)
+                continue
             if record.generation < controller.record.generation or record.revision < controller.record.revision:
                 continue  # NOD-5: an old catalog never overwrites a newer local state
             if record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
@@ -857,11 +863,25 @@ class NodeAgent:
         if record.node != self.name:
             raise NotFoundError(f"environment {record.id} is not on node {self.name}")
         controller = self.controllers.get(record.id)
-        if controller is None or controller.record.generation < record.generation:
-            if controller is not None:
-                self.controllers.pop(record.id, None)
-                self._spawn_close(controller)
-            controller = self._controller(record)
+        if controller is not None and controller.record.generation < record.generation:
+            return self._take_over(controller, record)
+        return controller if controller is not None else self._controller(record)
+
+    def _take_over(self, old: Controller, record: EnvironmentRecord, execution: Execution | None = None) -> Controller:
+        """NOD-12/NOD-14: a newer generation of an Environment this node holds an older one of: the old
+        Controller cleans its execution behind what it admitted, then refuses everything; the new one starts
+        from the catalog's record and acts only after that cleanup (RST-5)."""
+        log.warning(
+            "generation %d replaces %d here",
+            record.generation,
+            old.record.generation,
+            extra={"node": self.name, "env_id": record.id, "generation": record.generation},
+        )
+        revoked = old.submit("revoke")
+        self.controllers.pop(record.id, None)
+        revoked.add_done_callback(lambda _: self._spawn_close(old))
+        controller = self._controller(record, execution)
+        controller.submit("after", prior=revoked)
         return controller
 
     def _spawn_close(self, controller: Controller) -> None:

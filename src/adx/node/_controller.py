@@ -210,6 +210,8 @@ class Controller:
         self.restricted = False
         # The Coordinator retired this Environment's placement before anything ran here (the node forgets it).
         self.retired = False
+        # NOD-12: a newer generation took this Environment over; this Controller only cleaned its execution.
+        self.revoked = False
         self.closed = False
 
     # -- public ------------------------------------------------------------------------------------
@@ -294,12 +296,17 @@ class Controller:
             "noop": self._noop,
             "finish_start": self._finish_start,
             "continue_start": self._continue_start,
+            "revoke": self._revoke,
+            "after": self._after,
             "adopt": self._adopt,
             "resume_local": self._resume_local,
         }
         while True:
             op = await self._queue.get()
             try:
+                if self.revoked and op.kind not in ("noop", "revoke"):
+                    # NOD-12: nothing that arrives after the revocation acts on the old ownership.
+                    raise ConflictError(f"environment {self.env_id}: generation {self.record.generation} was revoked")
                 result = await handlers[op.kind](op)
             except asyncio.CancelledError:
                 if not op.done.done():
@@ -488,6 +495,28 @@ class Controller:
                 self._spawn(self._cleanup(leftover), f"cleanup-{execution.execution_id}")
             return failed
         return await self._running(execution)
+
+    async def _revoke(self, op: _Op) -> EnvironmentRecord:
+        """NOD-12: the Coordinator gave this Environment a newer generation: behind every operation admitted
+        before, retire the routes and clean this generation's execution (confirmed), then refuse everything."""
+        self.serving = False
+        if self._restart_timer is not None:
+            self._restart_timer.cancel()
+        if self._exit_watch is not None:
+            self._exit_watch.cancel()
+        execution, self.execution = self.execution, None
+        if execution is not None:
+            await self._cleanup(execution)
+        self.revoked = True
+        log.info("generation revoked: its execution is cleaned", extra=self._context())
+        return self.record
+
+    async def _after(self, op: _Op) -> EnvironmentRecord:
+        """Wait for another Controller's operation (the revoked generation's cleanup, RST-5) before going on."""
+        prior: asyncio.Future[EnvironmentRecord] = op.payload["prior"]
+        with contextlib.suppress(Exception):
+            await asyncio.shield(prior)
+        return self.record
 
     async def _noop(self, op: _Op) -> EnvironmentRecord:
         return self.record
