@@ -32,6 +32,8 @@ from adx.proto import coordinator_pb2_grpc
 
 # The sandboxd test helpers (real daemons, cgroup cleanup) serve every test that needs a real node.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "sandboxd"))
+# Real daemon processes (start, SIGKILL, SIGSTOP) for the node, Coordinator and fault tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 
 @pytest.fixture(scope="session")

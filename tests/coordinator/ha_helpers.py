@@ -9,10 +9,6 @@ test here, not the adxlet, and the count shows that no Environment was handed ov
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from daemon_process import DaemonProcess
 
 from adx._certs import Identity, init_ca, issue
 from adx._coordinator_channel import FailoverChannel, coordinator_channel
@@ -31,55 +28,16 @@ from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc, health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
 
 
-class ReplicaProcess:
-    """``adx coordinator --config`` as a real process."""
+class ReplicaProcess(DaemonProcess):
+    """``adx coordinator --config`` as a real process, with its address."""
 
     def __init__(self, name: str, config: dict[str, object], directory: Path) -> None:
         self.name = name
         self.port = int(str(config["listen"]).rpartition(":")[2])
         self.target = f"localhost:{self.port}"
-        self.config_path = directory / f"{name}.toml"
-        self.config_path.write_text(render_toml(config))
-        self.log = directory / f"{name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "adx", "coordinator", "--config", str(self.config_path)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        assert self.process is not None
-        self.process.wait(10)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.kill(self.pid, signal.SIGCONT)  # a frozen process cannot handle SIGTERM
-        self.process.terminate()
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+        config_path = directory / f"{name}.toml"
+        config_path.write_text(render_toml(config))
+        super().__init__("coordinator", config_path, directory / f"{name}.log")
 
 
 class AdmittingNode(node_pb2_grpc.NodeServicer):

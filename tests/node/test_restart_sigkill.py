@@ -4,15 +4,12 @@ from the Coordinator, the backoff is re-armed by the successor, and the cap stil
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_process import DaemonProcess
 from test_node_agent import Api
 from test_restart_policy import history
 
@@ -21,37 +18,6 @@ from adx.embedded._adx_daemons import render_toml
 from adx.model import EnvironmentState
 
 S = EnvironmentState
-
-
-class AdxletProcess:
-    """``adx node --config`` as a real process (so it can be SIGKILLed)."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config = config
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "adx", "node", "--config", str(self.config)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def kill(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @pytest.mark.req("RST-2", "RST-3", "NOD-1")
@@ -81,7 +47,7 @@ async def test_sigkilled_adxlet_between_restarts_keeps_the_counters(coordinator_
             }
         )
     )
-    adxlet = AdxletProcess(config, tmp_path / "node.log")
+    adxlet = DaemonProcess("node", config, tmp_path / "node.log")
     api = Api(type("NC", (), {"cluster": cluster, "api_credentials": lambda self: _api_credentials(cluster)})())
     adxlet.start()
     try:
