@@ -153,7 +153,6 @@ def start_process_cluster(
                     "report_interval_seconds": 0.5,
                     "rpc_timeout_seconds": 1.0,
                     "capacity_file": str(capacity),
-                    "idle_check_interval_seconds": 0.2,
                     "degradation_journal": str(journal),
                     "runtime": {"socket": str(daemon.socket), "ready_timeout_seconds": 30},
                     **(node_settings or {}),

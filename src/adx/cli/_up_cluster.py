@@ -97,6 +97,8 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "coordinator": coordinator_address(),
             "certs_dir": str(certs),
             "state_dir": str(state_dir / "node" / "data"),
+            # Results finished while the Coordinator or Redis is away survive an adxlet crash (docs/outages.md).
+            "degradation_journal": str(state_dir / "node" / "data" / "journal.sqlite3"),
             "resource_source": {"kind": "sandboxd", "socket": str(sandboxd_socket)},
             "runtime": {"socket": str(sandboxd_socket)},
             "metrics_listen": cfg.node_metrics_listen,

@@ -82,9 +82,17 @@ class NodeConfig(StrictModel):
     )
     runtime: SandboxdRuntimeConfig = SandboxdRuntimeConfig()
     idle_check_interval_seconds: float = Field(
-        default=0.5, gt=0, le=60, description="how often idle windows are checked"
+        default=5.0,
+        gt=0,
+        le=60,
+        description="the longest an Environment's idle and runtime checks wait without a wake-up; they are woken "
+        "by its runtime-control events, its Relay streams, its transitions and its own deadlines (CTL-2, CTL-4)",
     )
-    degradation_journal: Path | None = None
+    degradation_journal: Path | None = Field(
+        default=None,
+        description="SQLite file holding results the Coordinator could not store (JRN-1..8, docs/outages.md); "
+        "unset: such results wait in memory only",
+    )
     metrics_interval_seconds: float = Field(
         default=15.0, gt=0, le=3600, description="MET-1: how often running Environments' CPU and memory are sampled"
     )

@@ -96,7 +96,9 @@ class NodeAgent:
         )
         self._metrics_server: RelayServer | None = None
         # CTL-2/CTL-4: each Environment's runtime checks run on its own task, woken by its own events.
-        self.watch = EnvironmentWatch(self._check_environment, self._sandbox_owner)
+        self.watch = EnvironmentWatch(
+            self._check_environment, self._sandbox_owner, safety_interval=config.idle_check_interval_seconds
+        )
         self._sandbox_owners: dict[str, str] = {}
         self._watching = False  # set once startup recovery is done: watches start with serving
         self.relay.streams.on_change = self.watch.wake
