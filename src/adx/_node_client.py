@@ -3,6 +3,7 @@ usage (MET-1)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -14,6 +15,15 @@ from adx.proto import node_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from adx.proto.node_pb2_grpc import NodeAsyncStub
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """An Environment as its node holds it: possibly ahead of the Coordinator (a result not yet published)."""
+
+    record: EnvironmentRecord
+    publication_pending: bool
+    journaled: bool
 
 
 class NodeClients:
@@ -77,6 +87,17 @@ class NodeClients:
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, f"stats of {environment_id} on {address}") from None
         return EnvironmentStats.model_validate_json(reply.stats_json)
+
+    async def describe(self, address: str, tenant: str, environment_id: str) -> NodeView:
+        """The node's own view of an Environment it holds (JRN-4: the answer while the Coordinator is away)."""
+        request = pb.DescribeEnvironmentRequest(environment_id=environment_id, tenant=tenant)
+        try:
+            reply = await self._stub(address).DescribeEnvironment(request, timeout=self.rpc_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"describe {environment_id} on {address}") from None
+        return NodeView(
+            EnvironmentRecord.model_validate_json(reply.environment_json), reply.publication_pending, reply.journaled
+        )
 
     async def close(self) -> None:
         for channel, _ in self._channels.values():

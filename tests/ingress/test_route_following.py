@@ -45,7 +45,7 @@ async def test_a_delete_through_another_replica_drops_the_cached_route_at_once(n
             await env.commands.run("true")
 
 
-@pytest.mark.req("JRN-4", "CRD-1")
+@pytest.mark.req("JRN-4", "CRD-1", "ENV-6")
 async def test_cached_routes_keep_serving_through_an_outage_and_pause_still_reaches_the_node(
     node_cluster, api_for
 ) -> None:  # type: ignore[no-untyped-def]
@@ -71,10 +71,19 @@ async def test_cached_routes_keep_serving_through_an_outage_and_pause_still_reac
             paused = await http.post(f"/v1/environments/{env.id}/pause")
         assert paused.status_code == 503, paused.text
         assert "publication" in paused.json()["error"]["code"] + paused.json()["error"]["message"], paused.text
+        # ENV-6/JRN-4: while the Coordinator cannot answer, GET is the owning node's view, flagged as such.
+        async with stack.http(key) as http:
+            got = await http.get(f"/v1/environments/{env.id}")
+        assert got.status_code == 200, got.text
+        # (no journal here: the node's pause waits in memory for its first commit, so it still runs.)
+        assert got.json()["publicationPending"] is True and got.json()["state"] in ("running", "paused"), got.text
+        assert got.headers["x-adx-answered-by"] == "node"
+        seen = await client.environments.get(env.id)
+        assert seen.publication_pending
         nc.cluster.redis.start()
         await eventually(lambda: ingress.following, within=20)
         deadline = time.monotonic() + 30
-        while (await client.environments.get(env.id)).state != "paused":
+        while (published := await client.environments.get(env.id)).state != "paused" or published.publication_pending:
             assert time.monotonic() < deadline, "the journaled pause was not published"
             await asyncio.sleep(0.2)
         # The resync reconciled the cache: the paused Environment's route is gone.

@@ -22,13 +22,20 @@ from pydantic.alias_generators import to_camel
 
 from adx._certs import Identity, component_paths
 from adx._grpc_tls import channel_credentials
-from adx._node_client import NodeClients
+from adx._node_client import NodeClients, NodeView
 from adx.api._auth import TenantAuth
 from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient, Route
 from adx.api._errors import install_error_handlers, not_found
 from adx.api._schemas import EnvironmentList, EnvironmentView, ErrorBody
-from adx.errors import ConflictError, EnvironmentPausedError, InvalidInputError, UnavailableError
+from adx.errors import (
+    ConflictError,
+    EnvironmentPausedError,
+    InvalidInputError,
+    PublicationPendingError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
 from adx.model import (
     DORMANT_STATES,
     ENVIRONMENT,
@@ -87,6 +94,15 @@ class Plane:
         if ingress is not None:
             ingress.remember(tenant, route)
         return route
+
+    async def node_view(self, tenant: str, env_id: str) -> NodeView | None:
+        """The owning node's own view, found through the route cache (of any age): the answer while the
+        Coordinator is away (JRN-4). None when no cached route names a node."""
+        ingress = self.extras.get("ingress")
+        cached = ingress.cached_route(tenant, env_id, stale=True) if ingress is not None else None
+        if cached is None or not cached.node_address or self.nodes is None:
+            return None
+        return await self.nodes.describe(cached.node_address, tenant, env_id)
 
     def forget_route(self, tenant: str, env_id: str) -> None:
         ingress = self.extras.get("ingress")
@@ -203,7 +219,17 @@ async def list_environments(request: Request, credentials: Credentials) -> JSONR
 async def get_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
-    record = await p.coordinator.get_environment(tenant, environment_id_or_404(environment_id))
+    env_id = environment_id_or_404(environment_id)
+    try:
+        record = await p.coordinator.get_environment(tenant, env_id)
+    except (UnavailableError, UncertainOutcomeError):
+        # JRN-4/ENV-6: while the Coordinator is away, the owning node says what it holds, and whether a result
+        # of it waits for publication; without a cached route the outage is the answer.
+        view = await p.node_view(tenant, env_id)
+        if view is None:
+            raise
+        body = EnvironmentView.of(view.record, publication_pending=view.publication_pending).wire()
+        return JSONResponse(body, headers={"X-ADX-Answered-By": "node"})
     return JSONResponse(EnvironmentView.of(record).wire())
 
 
@@ -238,8 +264,12 @@ async def pause_environment(request: Request, environment_id: str, credentials: 
         wait = record.spec.lifecycle.effective_pause_options.wait_seconds
         try:
             record = await p.nodes.pause(route.node_address, record, wait_seconds=wait)
-        finally:
-            p.forget_route(tenant, env_id)  # paused (or changing): the next request resolves it afresh
+        except PublicationPendingError:
+            raise  # the cluster still routes it to this node (JRN-4): the cached route stays
+        except BaseException:
+            p.forget_route(tenant, env_id)  # changing: the next request resolves it afresh
+            raise
+        p.forget_route(tenant, env_id)  # paused: the next request resolves it afresh
     else:
         # Not running here (or no node): the Coordinator answers with the authoritative state and reason.
         record = await p.coordinator.pause_environment(tenant, env_id)

@@ -33,10 +33,16 @@ class EnvironmentView(_Wire):
     expires_at: float | None = Field(default=None, description="the lifetime deadline (Unix time), if any")
     ownership_lost: bool = Field(default=False, description="paused, and its node is gone (resumes elsewhere)")
     last_error: str | None = None
+    publication_pending: bool = Field(
+        default=False,
+        description="the Coordinator is away and this is the owning node's view: a result it finished (pause, "
+        "resume, idle delete, exit, restart) is not yet stored by the cluster (ENV-6, docs/outages.md)",
+    )
 
     @classmethod
-    def of(cls, record: EnvironmentRecord) -> EnvironmentView:
+    def of(cls, record: EnvironmentRecord, *, publication_pending: bool = False) -> EnvironmentView:
         return cls(
+            publication_pending=publication_pending,
             id=record.id,
             state=record.state,
             node=record.node,

@@ -52,6 +52,7 @@ def _wire(env: Any) -> dict[str, Any]:
         "expiresAt": env.expires_at,
         "ownershipLost": env.ownership_lost,
         "lastError": env.last_error,
+        "publicationPending": env.publication_pending,
     }
 
 
@@ -147,6 +148,11 @@ def _show(env: Any, as_json: bool) -> None:
     )
     if env.expires_at is not None:
         console.print(f"{'expires':<16} {_expiry(env)}", highlight=False)
+    if env.publication_pending:
+        console.print(
+            f"{'publication':<16} pending: the node did this; the cluster shows it once the Coordinator is back",
+            highlight=False,
+        )
     if env.checkpoint is not None:
         ckpt = env.checkpoint
         kept = (

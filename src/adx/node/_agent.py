@@ -847,10 +847,13 @@ class NodeAgent:
     def _publication_pending(self, controller: Controller, what: str) -> PublicationPendingError:
         """ENV-6/JRN-4: done on this node, not yet stored by the cluster: never reported as a success."""
         journaled = controller.unpublished > 0
-        where = "in the node's degradation journal" if journaled else "in the node's memory"
+        if journaled:
+            progress = f"is done on node {self.name} and kept in its degradation journal"
+        else:
+            progress = f"goes on on node {self.name}, its progress kept in the node's memory"
         return PublicationPendingError(
-            f"temporarily unavailable: cluster publication pending (the {what} of {controller.env_id} is done on "
-            f"node {self.name} and kept {where} until the Coordinator can store it)",
+            f"temporarily unavailable: cluster publication pending (the {what} of {controller.env_id} {progress} "
+            "until the Coordinator can store it)",
             details={"journaled": journaled, "state": controller.state.value},
         )
 
@@ -972,6 +975,22 @@ class NodeService(node_pb2_grpc.NodeServicer):
         except AdxError as exc:
             await abort_with(context, exc)
         return node_pb2.EnvironmentStatsResponse(stats_json=stats.model_dump_json(by_alias=True))
+
+    async def DescribeEnvironment(
+        self, request: node_pb2.DescribeEnvironmentRequest, context: Context
+    ) -> node_pb2.DescribeEnvironmentResponse:
+        await require_peer(context, "api")
+        try:
+            controller = self.agent.controllers.get(request.environment_id)
+            if controller is None or controller.record.tenant != request.tenant:
+                raise NotFoundError(f"environment {request.environment_id} is not on node {self.agent.name}")
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return node_pb2.DescribeEnvironmentResponse(
+            environment_json=controller.record.model_dump_json(by_alias=True),
+            publication_pending=controller.publication_pending,
+            journaled=controller.unpublished > 0,
+        )
 
 
 def _record_arg(text: str) -> EnvironmentRecord:

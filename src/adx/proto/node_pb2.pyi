@@ -222,3 +222,56 @@ class EnvironmentStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EnvironmentStatsResponse: _TypeAlias = EnvironmentStatsResponse  # noqa: Y015
+
+@_typing.final
+class DescribeEnvironmentRequest(_message.Message):
+    """The node's own view of an Environment it holds (the API's answer while the Coordinator is away, JRN-4)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    environment_id: _builtins.str
+    tenant: _builtins.str
+    """the caller's tenant: another tenant's Environment is not found"""
+    def __init__(
+        self,
+        *,
+        environment_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeEnvironmentRequest: _TypeAlias = DescribeEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class DescribeEnvironmentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_JSON_FIELD_NUMBER: _builtins.int
+    PUBLICATION_PENDING_FIELD_NUMBER: _builtins.int
+    JOURNALED_FIELD_NUMBER: _builtins.int
+    environment_json: _builtins.str
+    """the node's local record (possibly ahead of the Coordinator's)"""
+    publication_pending: _builtins.bool
+    """a result is done here and not yet stored by the cluster (ENV-6)"""
+    journaled: _builtins.bool
+    """... and it is held in the node's degradation journal"""
+    def __init__(
+        self,
+        *,
+        environment_json: _builtins.str = ...,
+        publication_pending: _builtins.bool = ...,
+        journaled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "journaled", b"journaled", "publication_pending", b"publication_pending"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeEnvironmentResponse: _TypeAlias = DescribeEnvironmentResponse  # noqa: Y015

@@ -59,6 +59,11 @@ class NodeStub:
                 request_serializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsResponse.FromString,
                 _registered_method=True)
+        self.DescribeEnvironment = channel.unary_unary(
+                '/adx.node.v1.Node/DescribeEnvironment',
+                request_serializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -99,6 +104,12 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeEnvironment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +137,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.EnvironmentStats,
                     request_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsRequest.FromString,
                     response_serializer=adx_dot_proto_dot_node__pb2.EnvironmentStatsResponse.SerializeToString,
+            ),
+            'DescribeEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeEnvironment,
+                    request_deserializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +279,33 @@ class Node:
             '/adx.node.v1.Node/EnvironmentStats',
             adx_dot_proto_dot_node__pb2.EnvironmentStatsRequest.SerializeToString,
             adx_dot_proto_dot_node__pb2.EnvironmentStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.node.v1.Node/DescribeEnvironment',
+            adx_dot_proto_dot_node__pb2.DescribeEnvironmentRequest.SerializeToString,
+            adx_dot_proto_dot_node__pb2.DescribeEnvironmentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,7 @@ class NodeStub:
     """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
     EnvironmentStats: _grpc.UnaryUnaryMultiCallable[_node_pb2.EnvironmentStatsRequest, _node_pb2.EnvironmentStatsResponse]
     """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
+    DescribeEnvironment: _grpc.UnaryUnaryMultiCallable[_node_pb2.DescribeEnvironmentRequest, _node_pb2.DescribeEnvironmentResponse]
 
 @_typing.type_check_only
 class NodeAsyncStub(NodeStub):
@@ -57,6 +58,7 @@ class NodeAsyncStub(NodeStub):
     """Resume a paused Environment from its checkpoint; returns once queued (Running is committed later)."""
     EnvironmentStats: _aio.UnaryUnaryMultiCallable[_node_pb2.EnvironmentStatsRequest, _node_pb2.EnvironmentStatsResponse]  # type: ignore[assignment]
     """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
+    DescribeEnvironment: _aio.UnaryUnaryMultiCallable[_node_pb2.DescribeEnvironmentRequest, _node_pb2.DescribeEnvironmentResponse]  # type: ignore[assignment]
 
 class NodeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -98,5 +100,12 @@ class NodeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_node_pb2.EnvironmentStatsResponse, _abc.Awaitable[_node_pb2.EnvironmentStatsResponse]]:
         """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
+
+    @_abc_1.abstractmethod
+    def DescribeEnvironment(
+        self,
+        request: _node_pb2.DescribeEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_pb2.DescribeEnvironmentResponse, _abc.Awaitable[_node_pb2.DescribeEnvironmentResponse]]: ...
 
 def add_NodeServicer_to_server(servicer: NodeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

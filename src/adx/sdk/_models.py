@@ -33,6 +33,9 @@ class EnvironmentFields:
     expires_at: float | None  # the lifetime deadline (Unix time), if any
     ownership_lost: bool  # paused, and its node is gone: the next resume places it elsewhere
     last_error: str | None
+    # The Coordinator is away and this is the owning node's view: a result it finished is not yet stored by the
+    # cluster (ENV-6); the state is what the node did, the cluster shows it once the Coordinator is back.
+    publication_pending: bool
 
     def _apply(self, data: Any) -> None:
         try:
@@ -55,6 +58,7 @@ class EnvironmentFields:
             self.expires_at = float(expires_at) if expires_at is not None else None
             self.ownership_lost = bool(data.get("ownershipLost", False))
             self.last_error = data.get("lastError")
+            self.publication_pending = bool(data.get("publicationPending", False))
         except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
             raise BadResponseError(f"unexpected Environment object from the API: {exc}") from None
 
