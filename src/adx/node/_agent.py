@@ -19,8 +19,7 @@ from starlette.routing import Route
 
 from adx._certs import Identity, component_paths
 from adx._coordinator_channel import coordinator_channel
-from adx._grpc_errors import abort_with
-from adx._grpc_tls import channel_credentials, require_peer, server_credentials
+from adx._grpc_tls import channel_credentials, server_credentials
 from adx._health import HealthServicer
 from adx.config._node import AutoResourceSource, NodeConfig, SandboxdResourceSource
 from adx.errors import (
@@ -32,20 +31,22 @@ from adx.errors import (
     PublicationPendingError,
     UnavailableError,
 )
-from adx.model import DORMANT_STATES, EnvironmentRecord, EnvironmentState, IdleAction, Resources
+from adx.model import DORMANT_STATES, EnvironmentRecord, EnvironmentState, Resources
+from adx.node._checks import RuntimeChecks
 from adx.node._controller import CheckpointPlaces, Controller, ControllerTimings, ReadinessProbe
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._idle import IdleDetector
 from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
+from adx.node._recovery import Recovery
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_relay
-from adx.node._replay import ReplayEnd, replay
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
+from adx.node._service import NodeService
 from adx.node._watch import EnvironmentWatch
-from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2, node_pb2_grpc
-from adx.runtime import Execution, ExecutionState, ExitInfo, InventoryItem
+from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2_grpc
+from adx.runtime import Execution, InventoryItem
 from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionReadiness
 from adx.sandboxd import RuntimeControlSubscription
 
@@ -53,16 +54,8 @@ log = logging.getLogger("adx.node")
 S = EnvironmentState
 DELETED_MEMORY_SECONDS = 600.0
 
-Context = grpc.aio.ServicerContext[object, object]
-#: CTL-5: the execd reconnect window without a health threshold (with one: threshold x this).
-DISCONNECT_WINDOW_SECONDS = 5.0
-#: How long a request that met a pause's closed admission waits for the pause's decision (IDLE-6).
-PAUSE_DECISION_WAIT_SECONDS = 10.0
-#: How long a request waits for the local resume of an Environment whose pause is not published (JRN-4).
-LOCAL_RESUME_WAIT_SECONDS = 30.0
 
-
-class NodeAgent:
+class NodeAgent(Recovery, RuntimeChecks):
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.name = config.name
@@ -265,222 +258,7 @@ class NodeAgent:
 
         return CapacityTracker(read, valid_for)
 
-    # -- recovery and routine checks -----------------------------------------------------------------
-    async def _register_and_recover(self) -> None:
-        catalog = await self._wait_for_catalog()
-        self._warn_if_journal_missing(catalog)
-        if self._journaled_at_start:
-            # JRN-6: replay what the journal holds (matching ownership and spec, newer versions only), then read
-            # the catalog again; only then reconcile with the runtime and open lifecycle and admission.
-            await self._replay_at_start(catalog)
-            catalog = await self._wait_for_catalog(with_references=True)
-        known = await self._clean_unreferenced(catalog)
-        await self._report_inventory(known)
-        for record in catalog:
-            if record.id in self._orphan_envs():
-                continue  # RST-5/NOD-13: nothing of it starts until the old execution's cleanup is confirmed
-            await self._recover_one(record, known.get(record.execution_id or ""))
-        await self._sweep_checkpoints()
-
-    async def _recover_one(self, record: EnvironmentRecord, execution: Execution | None) -> None:
-        """NOD-20: one Environment's recovery failing restricts that Environment only, never the node's start."""
-        try:
-            await self._recover(record, execution)
-        except AdxError as exc:
-            log.error(
-                "recovery of %s failed: %s; only it waits for the next routine check",
-                record.id,
-                exc,
-                extra={"node": self.name, "env_id": record.id, "execution_id": record.execution_id},
-            )
-            controller = self.controllers.get(record.id)
-            if controller is not None:
-                controller.restricted = True
-
-    async def _clean_unreferenced(self, catalog: list[EnvironmentRecord]) -> dict[str, Execution]:
-        """CRD-7/NOD-13: executions no committed record references (a start or restore cut short before its
-        commit) are cleaned before any Controller resumes or starts anything; the catalog was read fully.
-
-        The execution's file is its persisted cleanup record: it is forgotten only once the runtime confirmed
-        the cleanup, and until then that Environment admits nothing here (retried every report period)."""
-        # Recorded before every start or restore (its planned address), so this covers what an interrupted
-        # launch left in the runtime too.
-        known = {execution.execution_id: execution for execution in self.executions.load_all()}
-        referenced = {record.execution_id for record in catalog if record.execution_id}
-        for execution_id, execution in known.items():
-            if execution_id not in referenced and execution.env_id not in self.controllers:
-                self._orphans[execution_id] = execution
-        await self._retry_orphans()
-        return {k: v for k, v in known.items() if k not in self._orphans and k in referenced}
-
-    async def _retry_orphans(self) -> None:
-        for execution_id, execution in list(self._orphans.items()):
-            try:
-                await self.driver.stop(execution)
-            except NotFoundError:
-                pass
-            except AdxError as exc:
-                log.warning(
-                    "cleanup of an ownerless execution not confirmed: %s; its Environment admits nothing here until "
-                    "it is",
-                    exc,
-                    extra={"node": self.name, "env_id": execution.env_id, "execution_id": execution_id},
-                )
-                continue
-            self.executions.forget(execution_id)
-            del self._orphans[execution_id]
-            log.info(
-                "ownerless execution cleaned",
-                extra={"node": self.name, "env_id": execution.env_id, "execution_id": execution_id},
-            )
-
-    def _orphan_envs(self) -> set[str]:
-        return {execution.env_id for execution in self._orphans.values()}
-
-    async def _report_inventory(self, known: dict[str, Execution]) -> None:
-        """NOD-1/NOD-18: the runtime's own inventory, checked against what this node can address. An execution
-        the runtime holds for this node without an execution file (its state was lost) can neither be adopted
-        nor cleaned without its secret: it is reported, never deleted on a guess."""
-        try:
-            inventory = await self.driver.inventory()
-        except AdxError as exc:
-            log.warning("runtime inventory unavailable: %s", exc, extra={"node": self.name})
-            return
-        addressable = set(known) | set(self._orphans)
-        self.unaddressable = [item for item in inventory if item.execution_id not in addressable]
-        for item in self.unaddressable:
-            log.error(
-                "the runtime holds an execution this node has no record of; it is left as it is",
-                extra={"node": self.name, "env_id": item.env_id, "execution_id": item.execution_id},
-            )
-
-    async def _wait_for_catalog(self, *, with_references: bool = True) -> list[EnvironmentRecord]:
-        """Register and read the full catalog, however long the Coordinator takes (JRN-7: nothing is touched
-        meanwhile, and no failure is ever read as an empty catalog)."""
-        while True:
-            await self.reporter.report_once()
-            if self.reporter.state.registered:
-                try:
-                    return await self.sink.catalog(with_references=with_references)
-                except AdxError as exc:
-                    log.warning("catalog not available yet: %s", exc, extra={"node": self.name})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), min(self.config.report_interval_seconds, 1.0))
-            if self.stop_event.is_set():
-                raise UnavailableError("node stopped before the Coordinator's catalog could be read")
-
-    async def _replay_at_start(self, catalog: list[EnvironmentRecord]) -> None:
-        by_env: dict[str, list[PendingResult]] = {}
-        for entry in self._journaled_at_start:
-            by_env.setdefault(entry.env_id, []).append(entry)
-        records = {record.id: record for record in catalog}
-        for env_id, entries in by_env.items():
-            record = records.get(env_id)
-            # Committed entries (versions the catalog already has) are dropped; the rest must match ownership
-            # and spec, which replay() checks against the authority on any conflict.
-            stale = [e for e in entries if record is not None and e.revision <= record.revision]
-            if stale:
-                await self.journal.remove([e.seq for e in stale])
-            entries = [e for e in entries if e not in stale]
-            if not entries:
-                continue
-            if record is None or record.generation != entries[0].generation:
-                log.warning(
-                    "journaled results of a retired ownership dropped",
-                    extra={"node": self.name, "env_id": env_id, "dropped": len(entries)},
-                )
-                await self.journal.remove([e.seq for e in entries])
-                continue
-            while entries:
-                outcome = await replay(self.journal, self.sink, self.name, entries, self._fetch_record)
-                if outcome.end is not ReplayEnd.PAUSED:
-                    break
-                log.warning("journal replay waits for the Coordinator: %s", outcome.reasons, extra={"env_id": env_id})
-                await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
-                entries = await self.journal.pending(env_id)
-        self._journaled_at_start = []
-
-    async def _fetch_record(self, env_id: str) -> EnvironmentRecord | None:
-        return await self.sink.fetch(env_id)
-
-    def _warn_if_journal_missing(self, catalog: list[EnvironmentRecord]) -> None:
-        """JRN-8: the configured journal was deleted while it held results (its marker outlived it): they are
-        lost; say which Environments the Coordinator shows half-done on this node."""
-        if not self.journal.lost:
-            return
-        unfinished = [r.id for r in catalog if r.state in (S.PAUSING, S.DELETING, S.RESUMING, S.STARTING)]
-        log.warning(
-            "the degradation journal %s was deleted while it held unpublished results; they are lost "
-            "(Environments the Coordinator shows unfinished here: %s)",
-            self.journal.path,
-            ", ".join(sorted(unfinished)) or "none",
-            extra={"node": self.name},
-        )
-
-    async def _sweep_checkpoints(self) -> None:
-        """NOD-15, inside the startup barrier: delete the artifacts this node's runtime captured that no
-        Environment of the cluster references (a pause interrupted between capture and commit leaves one).
-
-        Only whole artifacts of our own runtime are listed, so another node's capture in flight on shared
-        storage is never touched; retired ones are left to the confirmed deletion of CRD-9."""
-        if self.sink.referenced_checkpoints is None:
-            log.warning("checkpoint sweep skipped: the Coordinator sent no reference list", extra={"node": self.name})
-            return
-        referenced = self.sink.referenced_checkpoints | {ref.id for ref in self.sink.retired_checkpoints}
-        storages = ["local"] if self.places.shared_root is None else ["local", self.places.shared_root]
-        for storage in storages:
-            try:
-                artifacts = await self.driver.list_checkpoints(storage)
-            except AdxError as exc:
-                log.warning("checkpoint sweep of %s skipped: %s", storage, exc, extra={"node": self.name})
-                continue
-            for artifact in artifacts:
-                if artifact.checkpoint_id in referenced:
-                    continue
-                try:
-                    await self.driver.delete_checkpoint(artifact.location, artifact.digest)
-                except AdxError as exc:
-                    log.warning(
-                        "unreferenced checkpoint %s not deleted: %s",
-                        artifact.checkpoint_id,
-                        exc,
-                        extra={"node": self.name},
-                    )
-                    continue
-                log.info(
-                    "unreferenced checkpoint deleted",
-                    extra={"node": self.name, "checkpoint_id": artifact.checkpoint_id, "storage": storage},
-                )
-
-    async def _recover(self, record: EnvironmentRecord, execution: Execution | None) -> None:
-        controller = self._controller(record, execution)
-        if record.state is S.PENDING:
-            controller.submit("start")
-        elif record.state is S.DELETING:
-            controller.submit("delete")
-        elif record.state is S.FAILED and record.restart_pending:
-            controller.schedule_pending_restart()  # RST-3: the counters came back with the record
-        elif record.state is S.RESUMING:
-            controller.submit("resume")  # a half-done restore left nothing referenced: it was cleaned above
-        elif record.state is S.STARTING and execution is None:
-            controller.submit("continue_start")
-        elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
-            if execution.execd_socket is None:
-                # Only planned: the start was cut short before it returned. Whatever it made is cleaned by the
-                # exit flow, then the Environment fails (or restarts, by its policy) like any lost start.
-                info = ExitInfo(reason="the node stopped while the execution was starting")
-                controller.submit("exited", execution_id=execution.execution_id, info=info)
-                return
-            state = await self.driver.observe(execution)
-            if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
-                controller.submit("cancel_pause")  # the pause was not published: the execution runs on
-            elif state is ExecutionState.RUNNING and record.state is S.STARTING:
-                controller.submit("finish_start")  # it started; only its Running commit was cut short
-            elif state is ExecutionState.RUNNING:
-                controller.adopt_running()
-            else:
-                controller.submit("exited", execution_id=execution.execution_id, info=None)
-
+    # -- routine checks -------------------------------------------------------------------------
     def _controller(self, record: EnvironmentRecord, execution: Execution | None = None) -> Controller:
         controller = self.controllers.get(record.id)
         if controller is None:
@@ -534,30 +312,6 @@ class NodeAgent:
             routine.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await routine
-
-    async def _retake(self, old_session: str) -> None:
-        """NOD-6/NOD-1 after an explicit session rejection and a new handshake: with admission closed, drain
-        what each Controller admitted, read the catalog, clean unreferenced executions and recover Environments
-        no Controller holds; only then admission opens again."""
-        log.warning(
-            "the Coordinator rejected session %s: re-taking ownership under %s",
-            old_session,
-            self.reporter.state.session,
-            extra={"node": self.name},
-        )
-        try:
-            for controller in list(self.controllers.values()):
-                await asyncio.wait_for(controller.drained(), self.config.report_interval_seconds * 10)
-            catalog = await self.sink.catalog()
-            known = await self._clean_unreferenced(catalog)
-            for record in catalog:
-                if record.id not in self.controllers and record.id not in self._orphan_envs():
-                    await self._recover_one(record, known.get(record.execution_id or ""))
-        except (AdxError, TimeoutError) as exc:
-            log.warning("session re-take not finished, retried next round: %s", exc, extra={"node": self.name})
-            return
-        self.reporter.retaken()
-        log.info("session re-taken: admission open", extra={"node": self.name, "session": self.reporter.state.session})
 
     async def _routine_check_logged(self) -> None:
         try:
@@ -646,160 +400,6 @@ class NodeAgent:
                 log.warning("retired checkpoint %s not deleted yet: %s", ref.id, exc, extra={"node": self.name})
                 continue
             log.info("retired checkpoint deleted", extra={"node": self.name, "checkpoint_id": ref.id})
-
-    async def _check_environment(self, env_id: str) -> float | None:
-        """One Environment's runtime checks, on its own watch task (CTL-2/CTL-4); the seconds until its next
-        deadline (None: nothing is due)."""
-        controller = self.controllers.get(env_id)
-        if controller is None:
-            self.watch.unwatch(env_id)
-            return None
-        runtime_due = await self._check_runtime(controller)
-        idle_due = await self._check_idle(controller)
-        due = [d for d in (runtime_due, idle_due) if d is not None]
-        return min(due) if due else None
-
-    def _sandbox_owner(self, sandbox_id: str) -> str | None:
-        owner = self._sandbox_owners.get(sandbox_id)
-        if owner is not None and owner in self.controllers:
-            return owner
-        self._sandbox_owners = {
-            str(c.execution.native["sandbox_id"]): env_id
-            for env_id, c in self.controllers.items()
-            if c.execution is not None
-        }
-        return self._sandbox_owners.get(sandbox_id)
-
-    async def _check_runtime(self, controller: Controller) -> float | None:
-        """CTL-5 (execd disconnects), RST-6 (probe failures) and CTL-7 (workload checkpoint requests), from
-        the runtime-control stream. Returns the seconds until a pending disconnect confirmation is due."""
-        execution = controller.execution
-        if controller.state is not S.RUNNING or execution is None or not controller.serving or self.control is None:
-            self._disconnected.pop(controller.env_id, None)
-            return None
-        if self._ended.get(controller.env_id) == execution.execution_id:
-            return None  # already handed to the exit flow
-        lifecycle = controller.record.spec.lifecycle
-        threshold = lifecycle.execd_health_failure_threshold
-        observed = self.control.states.get(str(execution.native["sandbox_id"]))
-        now = time.monotonic()
-        if observed is None:
-            since = self._disconnected.setdefault(controller.env_id, now)
-            window = threshold * DISCONNECT_WINDOW_SECONDS if threshold else DISCONNECT_WINDOW_SECONDS
-            if now - since < window:
-                return window - (now - since)
-            state = await self.driver.observe(execution)
-            if state in (ExecutionState.EXITED, ExecutionState.MISSING):
-                self._end(controller, execution, f"execd disconnected and the execution {state.value}")
-            elif threshold is not None and state is ExecutionState.RUNNING:
-                self._end(controller, execution, f"execd unreachable for {window:g}s (threshold {threshold})")
-            else:
-                self._disconnected[controller.env_id] = now  # a live backend keeps waiting: confirm again later
-                return window
-            return None
-        self._disconnected.pop(controller.env_id, None)  # CTL-5: a reconnect cancels the pending confirmation
-        probe = observed.probe
-        if threshold is not None and probe is not None and not probe.ok and probe.consecutive_failures >= threshold:
-            self._end(controller, execution, f"health probe failed {probe.consecutive_failures} times: {probe.reason}")
-            return None
-        for request in observed.checkpoint_requests:
-            controller.note_checkpoint_request(request.operation_id, execution.execution_id)
-        return None
-
-    def _end(self, controller: Controller, execution: Execution, reason: str) -> None:
-        """Hand an execution to its Controller's exit flow: routes retired, cleanup confirmed, then Failed or a
-        restart (RST-1, RST-6)."""
-        log.warning("ending execution: %s", reason, extra={"env_id": controller.env_id})
-        self._ended[controller.env_id] = execution.execution_id
-        self._disconnected.pop(controller.env_id, None)
-        controller.submit("exited", execution_id=execution.execution_id, info=ExitInfo(reason=reason))
-
-    async def _ack_checkpoint(self, execution: Execution, operation_id: str) -> None:
-        if self.control is None:
-            raise UnavailableError("no runtime-control subscription to acknowledge the checkpoint on")
-        await self.control.ack_checkpoint(str(execution.native["sandbox_id"]), operation_id)
-
-    async def _check_idle(self, controller: Controller) -> float | None:
-        """IDLE-1..6 for one Environment; returns the seconds until its idle window ends (None: not running)."""
-        lifecycle = controller.record.spec.lifecycle
-        execution = controller.execution
-        if lifecycle.idle_timeout_seconds <= 0 or controller.state is not S.RUNNING or execution is None:
-            self.idle.forget(controller.env_id)  # IDLE-1: 0 never reclaims
-            return None
-        sandbox_id = str(execution.native["sandbox_id"])
-        idle_for = self.idle.idle_for(controller.env_id, sandbox_id)
-        if idle_for < lifecycle.idle_timeout_seconds:
-            # Re-checked at the window's end, or earlier when the stream or the Relay reports a change.
-            return lifecycle.idle_timeout_seconds - idle_for if self.idle.quiet_key(controller.env_id) else None
-        pausing = lifecycle.idle_action is IdleAction.PAUSE
-        gate = controller.open_pause_gate() if pausing else None
-        if not await self._close_admission_if_unchanged(controller.env_id, sandbox_id):
-            controller.drop_pause_gate()
-            return None  # demand arrived at the last moment: the window starts again
-        self.idle.forget(controller.env_id)
-        if gate is not None:
-            # IDLE-6: both gates are closed; demand that meets them from now on is recorded by the gate, and
-            # the pause re-checks it before capture.
-            log.info("idle for %ss: pausing", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
-            controller.submit("pause", auto=True)
-            return None
-        log.info("idle for %ss: deleting", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
-        controller.submit("delete")
-        return None
-
-    async def _close_admission_if_unchanged(self, env_id: str, sandbox_id: str) -> bool:
-        """Close the Relay's, then execd's admission, each only if its activity version did not move
-        (IDLE-6 order); reopen the Relay's if execd's moved."""
-        key = self.idle.quiet_key(env_id)
-        if key is None or self.control is None:
-            return False
-        if not self.relay.streams.close_admission(env_id, key.relay_version):
-            self.idle.forget(env_id)
-            return False
-        result = await self.control.close_admission(sandbox_id, key.execd_version)
-        if not result.ok:
-            self.relay.streams.open_admission(env_id)
-            self.idle.forget(env_id)
-            return False
-        return True
-
-    # -- the admission gates (Controller's Admission protocol) -----------------------------------------
-    async def close_admission(self, env_id: str, execution: Execution) -> None:
-        """Close both gates whatever the activity (a manual pause): the Relay's, then execd's."""
-        self.relay.streams.closed_admission.add(env_id)
-        if self.control is None:
-            return
-        sandbox_id = str(execution.native["sandbox_id"])
-        for _ in range(5):
-            observed = self.control.states.get(sandbox_id)
-            if observed is None:
-                return  # no execd connection: nothing reaches it anyway
-            if (await self.control.close_admission(sandbox_id, observed.activity.version)).ok:
-                return
-            await asyncio.sleep(0.01)
-
-    async def reopen_admission(self, env_id: str, execution: Execution) -> None:
-        self.relay.streams.open_admission(env_id)
-        if self.control is not None:
-            with contextlib.suppress(AdxError):
-                await self.control.open_admission(str(execution.native["sandbox_id"]))
-
-    async def _resume_unpublished(self, env_id: str) -> None:
-        """Demand for an Environment paused here whose pause the cluster has not stored yet (the Coordinator was
-        away): the cluster still routes it here, so this node resumes it and journals the resume (JRN-3/4)."""
-        controller = self.controllers.get(env_id)
-        if controller is None or controller.state is not S.PAUSED or not controller.unpublished:
-            return
-        done = controller.submit("resume_local")
-        with contextlib.suppress(AdxError, TimeoutError):
-            await asyncio.wait_for(asyncio.shield(done), LOCAL_RESUME_WAIT_SECONDS)
-
-    async def _pause_decision(self, env_id: str) -> bool:
-        controller = self.controllers.get(env_id)
-        gate = controller.pause_gate if controller is not None else None
-        if gate is None:
-            return False
-        return await gate.wait(PAUSE_DECISION_WAIT_SECONDS)
 
     # -- requests ----------------------------------------------------------------------------------
     def admit(self, record: EnvironmentRecord) -> EnvironmentRecord:
@@ -910,91 +510,3 @@ class NodeAgent:
         if not controller.serving or execution is None or execution.execd_socket is None:
             raise ConflictError(f"environment {env_id} is {controller.state.value}, not running")
         return RelayTarget(env_id, execution.execd_socket, lambda: self.driver.network_namespace(execution))
-
-
-class NodeService(node_pb2_grpc.NodeServicer):
-    def __init__(self, agent: NodeAgent) -> None:
-        self.agent = agent
-
-    async def AdmitEnvironment(
-        self, request: node_pb2.AdmitEnvironmentRequest, context: Context
-    ) -> node_pb2.AdmitEnvironmentResponse:
-        await require_peer(context, "coordinator")
-        try:
-            record = EnvironmentRecord.model_validate_json(request.environment_json)
-            admitted = self.agent.admit(record)
-        except AdxError as exc:
-            await abort_with(context, exc)
-        except ValueError as exc:
-            await abort_with(context, InvalidInputError("environmentJson", str(exc)))
-        return node_pb2.AdmitEnvironmentResponse(environment_json=admitted.model_dump_json(by_alias=True))
-
-    async def DeleteEnvironment(
-        self, request: node_pb2.DeleteEnvironmentRequest, context: Context
-    ) -> node_pb2.DeleteEnvironmentResponse:
-        await require_peer(context, "coordinator", "api")
-        try:
-            record = EnvironmentRecord.model_validate_json(request.environment_json)
-            queued = self.agent.delete(record)
-        except AdxError as exc:
-            await abort_with(context, exc)
-        except ValueError as exc:
-            await abort_with(context, InvalidInputError("environmentJson", str(exc)))
-        return node_pb2.DeleteEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))
-
-    async def PauseEnvironment(
-        self, request: node_pb2.PauseEnvironmentRequest, context: Context
-    ) -> node_pb2.PauseEnvironmentResponse:
-        await require_peer(context, "coordinator", "api")
-        try:
-            record = _record_arg(request.environment_json)
-            paused = await self.agent.pause(record, request.timeout_seconds or 330.0)
-        except AdxError as exc:
-            await abort_with(context, exc)
-        return node_pb2.PauseEnvironmentResponse(environment_json=paused.model_dump_json(by_alias=True))
-
-    async def ResumeEnvironment(
-        self, request: node_pb2.ResumeEnvironmentRequest, context: Context
-    ) -> node_pb2.ResumeEnvironmentResponse:
-        await require_peer(context, "coordinator")
-        try:
-            queued = self.agent.resume(_record_arg(request.environment_json))
-        except AdxError as exc:
-            await abort_with(context, exc)
-        return node_pb2.ResumeEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))
-
-    async def EnvironmentStats(
-        self, request: node_pb2.EnvironmentStatsRequest, context: Context
-    ) -> node_pb2.EnvironmentStatsResponse:
-        await require_peer(context, "api")
-        try:
-            controller = self.agent.controllers.get(request.environment_id)
-            if controller is None or controller.record.tenant != request.tenant:
-                raise NotFoundError(f"environment {request.environment_id} is not on node {self.agent.name}")
-            stats = await self.agent.metrics.stats_of(controller)
-        except AdxError as exc:
-            await abort_with(context, exc)
-        return node_pb2.EnvironmentStatsResponse(stats_json=stats.model_dump_json(by_alias=True))
-
-    async def DescribeEnvironment(
-        self, request: node_pb2.DescribeEnvironmentRequest, context: Context
-    ) -> node_pb2.DescribeEnvironmentResponse:
-        await require_peer(context, "api")
-        try:
-            controller = self.agent.controllers.get(request.environment_id)
-            if controller is None or controller.record.tenant != request.tenant:
-                raise NotFoundError(f"environment {request.environment_id} is not on node {self.agent.name}")
-        except AdxError as exc:
-            await abort_with(context, exc)
-        return node_pb2.DescribeEnvironmentResponse(
-            environment_json=controller.record.model_dump_json(by_alias=True),
-            publication_pending=controller.publication_pending,
-            journaled=controller.unpublished > 0,
-        )
-
-
-def _record_arg(text: str) -> EnvironmentRecord:
-    try:
-        return EnvironmentRecord.model_validate_json(text)
-    except ValueError as exc:
-        raise InvalidInputError("environmentJson", str(exc)) from None

@@ -1,0 +1,292 @@
+"""The adxlet's barriers (NOD-1, NOD-6, JRN-6): what runs before lifecycle operations and admission open, at
+startup and after an explicit session rejection.
+
+Order at startup: wait for the Coordinator's full catalog (however long), replay the degradation journal,
+read the catalog again, clean executions no committed record references (their files are the persisted
+cleanup records, NOD-13), check the runtime's inventory, recover each Environment on its own (one failing
+restricts only it, NOD-20), and sweep unreferenced checkpoints (NOD-15).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from adx.errors import AdxError, NotFoundError, UnavailableError
+from adx.model import EnvironmentRecord, EnvironmentState
+from adx.node._journal import DegradationJournal, PendingResult
+from adx.node._replay import ReplayEnd, replay
+from adx.runtime import Execution, ExecutionState, ExitInfo, InventoryItem
+
+if TYPE_CHECKING:
+    from adx.config._node import NodeConfig
+    from adx.node._controller import CheckpointPlaces, Controller
+    from adx.node._coordinator_client import CoordinatorSink
+    from adx.node._executions import ExecutionFiles
+    from adx.node._reporter import Reporter
+    from adx.runtime._sandboxd import SandboxdDriver
+
+log = logging.getLogger("adx.node")
+S = EnvironmentState
+
+
+class Recovery:
+    """The barrier steps of :class:`adx.node._agent.NodeAgent` (a mixin: the state it uses is the agent's)."""
+
+    name: str
+    config: NodeConfig
+    driver: SandboxdDriver
+    reporter: Reporter
+    sink: CoordinatorSink
+    executions: ExecutionFiles
+    controllers: dict[str, Controller]
+    journal: DegradationJournal
+    places: CheckpointPlaces
+    stop_event: asyncio.Event
+    unaddressable: list[InventoryItem]
+    _orphans: dict[str, Execution]
+    _journaled_at_start: list[PendingResult]
+
+    def _controller(self, record: EnvironmentRecord, execution: Execution | None = None) -> Controller:
+        raise NotImplementedError
+
+    async def _register_and_recover(self) -> None:
+        catalog = await self._wait_for_catalog()
+        self._warn_if_journal_missing(catalog)
+        if self._journaled_at_start:
+            # JRN-6: replay what the journal holds (matching ownership and spec, newer versions only), then read
+            # the catalog again; only then reconcile with the runtime and open lifecycle and admission.
+            await self._replay_at_start(catalog)
+            catalog = await self._wait_for_catalog(with_references=True)
+        known = await self._clean_unreferenced(catalog)
+        await self._report_inventory(known)
+        for record in catalog:
+            if record.id in self._orphan_envs():
+                continue  # RST-5/NOD-13: nothing of it starts until the old execution's cleanup is confirmed
+            await self._recover_one(record, known.get(record.execution_id or ""))
+        await self._sweep_checkpoints()
+
+    async def _recover_one(self, record: EnvironmentRecord, execution: Execution | None) -> None:
+        """NOD-20: one Environment's recovery failing restricts that Environment only, never the node's start."""
+        try:
+            await self._recover(record, execution)
+        except AdxError as exc:
+            log.error(
+                "recovery of %s failed: %s; only it waits for the next routine check",
+                record.id,
+                exc,
+                extra={"node": self.name, "env_id": record.id, "execution_id": record.execution_id},
+            )
+            controller = self.controllers.get(record.id)
+            if controller is not None:
+                controller.restricted = True
+
+    async def _clean_unreferenced(self, catalog: list[EnvironmentRecord]) -> dict[str, Execution]:
+        """CRD-7/NOD-13: executions no committed record references (a start or restore cut short before its
+        commit) are cleaned before any Controller resumes or starts anything; the catalog was read fully.
+
+        The execution's file is its persisted cleanup record: it is forgotten only once the runtime confirmed
+        the cleanup, and until then that Environment admits nothing here (retried every report period)."""
+        # Recorded before every start or restore (its planned address), so this covers what an interrupted
+        # launch left in the runtime too.
+        known = {execution.execution_id: execution for execution in self.executions.load_all()}
+        referenced = {record.execution_id for record in catalog if record.execution_id}
+        for execution_id, execution in known.items():
+            if execution_id not in referenced and execution.env_id not in self.controllers:
+                self._orphans[execution_id] = execution
+        await self._retry_orphans()
+        return {k: v for k, v in known.items() if k not in self._orphans and k in referenced}
+
+    async def _retry_orphans(self) -> None:
+        for execution_id, execution in list(self._orphans.items()):
+            try:
+                await self.driver.stop(execution)
+            except NotFoundError:
+                pass
+            except AdxError as exc:
+                log.warning(
+                    "cleanup of an ownerless execution not confirmed: %s; its Environment admits nothing here until "
+                    "it is",
+                    exc,
+                    extra={"node": self.name, "env_id": execution.env_id, "execution_id": execution_id},
+                )
+                continue
+            self.executions.forget(execution_id)
+            del self._orphans[execution_id]
+            log.info(
+                "ownerless execution cleaned",
+                extra={"node": self.name, "env_id": execution.env_id, "execution_id": execution_id},
+            )
+
+    def _orphan_envs(self) -> set[str]:
+        return {execution.env_id for execution in self._orphans.values()}
+
+    async def _report_inventory(self, known: dict[str, Execution]) -> None:
+        """NOD-1/NOD-18: the runtime's own inventory, checked against what this node can address. An execution
+        the runtime holds for this node without an execution file (its state was lost) can neither be adopted
+        nor cleaned without its secret: it is reported, never deleted on a guess."""
+        try:
+            inventory = await self.driver.inventory()
+        except AdxError as exc:
+            log.warning("runtime inventory unavailable: %s", exc, extra={"node": self.name})
+            return
+        addressable = set(known) | set(self._orphans)
+        self.unaddressable = [item for item in inventory if item.execution_id not in addressable]
+        for item in self.unaddressable:
+            log.error(
+                "the runtime holds an execution this node has no record of; it is left as it is",
+                extra={"node": self.name, "env_id": item.env_id, "execution_id": item.execution_id},
+            )
+
+    async def _wait_for_catalog(self, *, with_references: bool = True) -> list[EnvironmentRecord]:
+        """Register and read the full catalog, however long the Coordinator takes (JRN-7: nothing is touched
+        meanwhile, and no failure is ever read as an empty catalog)."""
+        while True:
+            await self.reporter.report_once()
+            if self.reporter.state.registered:
+                try:
+                    return await self.sink.catalog(with_references=with_references)
+                except AdxError as exc:
+                    log.warning("catalog not available yet: %s", exc, extra={"node": self.name})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), min(self.config.report_interval_seconds, 1.0))
+            if self.stop_event.is_set():
+                raise UnavailableError("node stopped before the Coordinator's catalog could be read")
+
+    async def _replay_at_start(self, catalog: list[EnvironmentRecord]) -> None:
+        by_env: dict[str, list[PendingResult]] = {}
+        for entry in self._journaled_at_start:
+            by_env.setdefault(entry.env_id, []).append(entry)
+        records = {record.id: record for record in catalog}
+        for env_id, entries in by_env.items():
+            record = records.get(env_id)
+            # Committed entries (versions the catalog already has) are dropped; the rest must match ownership
+            # and spec, which replay() checks against the authority on any conflict.
+            stale = [e for e in entries if record is not None and e.revision <= record.revision]
+            if stale:
+                await self.journal.remove([e.seq for e in stale])
+            entries = [e for e in entries if e not in stale]
+            if not entries:
+                continue
+            if record is None or record.generation != entries[0].generation:
+                log.warning(
+                    "journaled results of a retired ownership dropped",
+                    extra={"node": self.name, "env_id": env_id, "dropped": len(entries)},
+                )
+                await self.journal.remove([e.seq for e in entries])
+                continue
+            while entries:
+                outcome = await replay(self.journal, self.sink, self.name, entries, self._fetch_record)
+                if outcome.end is not ReplayEnd.PAUSED:
+                    break
+                log.warning("journal replay waits for the Coordinator: %s", outcome.reasons, extra={"env_id": env_id})
+                await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
+                entries = await self.journal.pending(env_id)
+        self._journaled_at_start = []
+
+    async def _fetch_record(self, env_id: str) -> EnvironmentRecord | None:
+        return await self.sink.fetch(env_id)
+
+    def _warn_if_journal_missing(self, catalog: list[EnvironmentRecord]) -> None:
+        """JRN-8: the configured journal was deleted while it held results (its marker outlived it): they are
+        lost; say which Environments the Coordinator shows half-done on this node."""
+        if not self.journal.lost:
+            return
+        unfinished = [r.id for r in catalog if r.state in (S.PAUSING, S.DELETING, S.RESUMING, S.STARTING)]
+        log.warning(
+            "the degradation journal %s was deleted while it held unpublished results; they are lost "
+            "(Environments the Coordinator shows unfinished here: %s)",
+            self.journal.path,
+            ", ".join(sorted(unfinished)) or "none",
+            extra={"node": self.name},
+        )
+
+    async def _sweep_checkpoints(self) -> None:
+        """NOD-15, inside the startup barrier: delete the artifacts this node's runtime captured that no
+        Environment of the cluster references (a pause interrupted between capture and commit leaves one).
+
+        Only whole artifacts of our own runtime are listed, so another node's capture in flight on shared
+        storage is never touched; retired ones are left to the confirmed deletion of CRD-9."""
+        if self.sink.referenced_checkpoints is None:
+            log.warning("checkpoint sweep skipped: the Coordinator sent no reference list", extra={"node": self.name})
+            return
+        referenced = self.sink.referenced_checkpoints | {ref.id for ref in self.sink.retired_checkpoints}
+        storages = ["local"] if self.places.shared_root is None else ["local", self.places.shared_root]
+        for storage in storages:
+            try:
+                artifacts = await self.driver.list_checkpoints(storage)
+            except AdxError as exc:
+                log.warning("checkpoint sweep of %s skipped: %s", storage, exc, extra={"node": self.name})
+                continue
+            for artifact in artifacts:
+                if artifact.checkpoint_id in referenced:
+                    continue
+                try:
+                    await self.driver.delete_checkpoint(artifact.location, artifact.digest)
+                except AdxError as exc:
+                    log.warning(
+                        "unreferenced checkpoint %s not deleted: %s",
+                        artifact.checkpoint_id,
+                        exc,
+                        extra={"node": self.name},
+                    )
+                    continue
+                log.info(
+                    "unreferenced checkpoint deleted",
+                    extra={"node": self.name, "checkpoint_id": artifact.checkpoint_id, "storage": storage},
+                )
+
+    async def _recover(self, record: EnvironmentRecord, execution: Execution | None) -> None:
+        controller = self._controller(record, execution)
+        if record.state is S.PENDING:
+            controller.submit("start")
+        elif record.state is S.DELETING:
+            controller.submit("delete")
+        elif record.state is S.FAILED and record.restart_pending:
+            controller.schedule_pending_restart()  # RST-3: the counters came back with the record
+        elif record.state is S.RESUMING:
+            controller.submit("resume")  # a half-done restore left nothing referenced: it was cleaned above
+        elif record.state is S.STARTING and execution is None:
+            controller.submit("continue_start")
+        elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
+            if execution.execd_socket is None:
+                # Only planned: the start was cut short before it returned. Whatever it made is cleaned by the
+                # exit flow, then the Environment fails (or restarts, by its policy) like any lost start.
+                info = ExitInfo(reason="the node stopped while the execution was starting")
+                controller.submit("exited", execution_id=execution.execution_id, info=info)
+                return
+            state = await self.driver.observe(execution)
+            if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
+                controller.submit("cancel_pause")  # the pause was not published: the execution runs on
+            elif state is ExecutionState.RUNNING and record.state is S.STARTING:
+                controller.submit("finish_start")  # it started; only its Running commit was cut short
+            elif state is ExecutionState.RUNNING:
+                controller.adopt_running()
+            else:
+                controller.submit("exited", execution_id=execution.execution_id, info=None)
+
+    async def _retake(self, old_session: str) -> None:
+        """NOD-6/NOD-1 after an explicit session rejection and a new handshake: with admission closed, drain
+        what each Controller admitted, read the catalog, clean unreferenced executions and recover Environments
+        no Controller holds; only then admission opens again."""
+        log.warning(
+            "the Coordinator rejected session %s: re-taking ownership under %s",
+            old_session,
+            self.reporter.state.session,
+            extra={"node": self.name},
+        )
+        try:
+            for controller in list(self.controllers.values()):
+                await asyncio.wait_for(controller.drained(), self.config.report_interval_seconds * 10)
+            catalog = await self.sink.catalog()
+            known = await self._clean_unreferenced(catalog)
+            for record in catalog:
+                if record.id not in self.controllers and record.id not in self._orphan_envs():
+                    await self._recover_one(record, known.get(record.execution_id or ""))
+        except (AdxError, TimeoutError) as exc:
+            log.warning("session re-take not finished, retried next round: %s", exc, extra={"node": self.name})
+            return
+        self.reporter.retaken()
+        log.info("session re-taken: admission open", extra={"node": self.name, "session": self.reporter.state.session})
