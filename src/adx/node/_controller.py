@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -591,10 +592,10 @@ class Controller:
             raise
         return await self._launch_started(execution_id)
 
-    async def _launch_started(self, execution_id: str) -> EnvironmentRecord:
+    async def _launch_started(self, execution_id: str, secret: str | None = None) -> EnvironmentRecord:
         """Launch the execution a committed Starting record names, then Running or Failed."""
         try:
-            execution = await self._launch(execution_id)
+            execution = await self._launch(execution_id, secret=secret)
         except AdxError as exc:
             # RST-7: a failed first start is Failed at once (see _fail_or_restart_later); cleanup of whatever
             # it left goes on afterwards.
@@ -609,13 +610,27 @@ class Controller:
         """After a node restart: a Starting record whose execution was never asked of the runtime (no planned
         address was recorded, and it is recorded before every call), so nothing of it can exist. Its start goes
         on under the same execution ID: no start failed, so this is neither a failure nor a restart."""
-        if self.record.state is not S.STARTING or self.execution is not None or self.record.execution_id is None:
+        execution_id = self.record.execution_id
+        if self.record.state is not S.STARTING or execution_id is None:
             return self.record
-        log.info("the start was cut short before it reached the runtime: it goes on", extra=self._context())
-        return await self._launch_started(self.record.execution_id)
+        if self.execution is not None and self.execution.execd_socket is not None:
+            return self.record  # it had started: adopted elsewhere (finish_start)
+        planned = self.execution or self.executions.get(execution_id)
+        secret = str(planned.native["token"]) if planned is not None and "token" in planned.native else None
+        self.execution = None
+        log.info(
+            "the start was cut short by a node stop (%s): it goes on under the same execution",
+            "the runtime was creating it" if planned is not None else "before it reached the runtime",
+            extra=self._context(),
+        )
+        return await self._launch_started(execution_id, secret)
 
-    async def _launch(self, execution_id: str, *, restore: CheckpointRef | None = None) -> Execution:
+    async def _launch(
+        self, execution_id: str, *, restore: CheckpointRef | None = None, secret: str | None = None
+    ) -> Execution:
         spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
+        if secret is not None:
+            spec = dataclasses.replace(spec, secret=secret)  # the same call again: the runtime returns its result
         self.executions.save(self.driver.planned(spec))  # addressable even if this call's reply is lost
         execution = await self._call_runtime_until_up(spec, restore)
         self.executions.save(execution)

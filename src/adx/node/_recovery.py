@@ -251,9 +251,14 @@ class Recovery:
         elif record.state is S.STARTING and execution is None:
             controller.submit("continue_start")
         elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
+            if execution.execd_socket is None and record.state is S.STARTING:
+                # Only planned: the node stopped while the runtime was creating it. A crash of the node is not a
+                # failed start: the same create (same execution ID and secret, so the runtime returns what it
+                # made, never a second one) goes on; a real failure of it fails the start as usual (RST-7).
+                controller.submit("continue_start")
+                return
             if execution.execd_socket is None:
-                # Only planned: the start was cut short before it returned. Whatever it made is cleaned by the
-                # exit flow, then the Environment fails (or restarts, by its policy) like any lost start.
+                # Only planned, under any other state: whatever the call made is cleaned by the exit flow.
                 info = ExitInfo(reason="the node stopped while the execution was starting")
                 controller.submit("exited", execution_id=execution.execution_id, info=info)
                 return
