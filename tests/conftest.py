@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import uuid
@@ -263,3 +264,28 @@ async def node_cluster(
     factory.cleanup()
     for mount in mounts:
         await asyncio.to_thread(subprocess.run, ["umount", "--lazy", str(mount)], check=False)
+
+
+_session_exit_status: int | None = None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _session_exit_status
+    _session_exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Exit with the session's status once it is reported.
+
+    Seen twice in full runs (fresh-ci, 2026-12-01): after the summary, pytest's final gc.collect() finalised a
+    grpc.aio object whose event loop was long closed, and grpcio's aio shutdown joined its poller thread, which
+    sat in epoll_wait for good: the run never ended (CI would hit its time limit). Which test leaves the object
+    behind was not found yet; until it is, nothing after the report may hang the exit. ADX_TEST_HARD_EXIT=0
+    turns this off (e.g. to hunt the leak)."""
+    if _session_exit_status is None or os.environ.get("ADX_TEST_HARD_EXIT", "1") != "1":
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_session_exit_status)
