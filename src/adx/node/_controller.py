@@ -597,14 +597,17 @@ class Controller:
         try:
             execution = await self._launch(execution_id, secret=secret)
         except AdxError as exc:
-            # RST-7: a failed first start is Failed at once (see _fail_or_restart_later); cleanup of whatever
-            # it left goes on afterwards.
-            failed = await self._fail_or_restart_later(str(exc))
-            leftover = await self._take_leftover(execution_id)
-            if leftover is not None:
-                self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
-            return failed
+            return await self._start_failed(execution_id, exc)
         return await self._running(execution)
+
+    async def _start_failed(self, execution_id: str, exc: AdxError) -> EnvironmentRecord:
+        # RST-7: a failed first start is Failed at once (see _fail_or_restart_later); cleanup of whatever it left
+        # goes on afterwards.
+        failed = await self._fail_or_restart_later(str(exc))
+        leftover = await self._take_leftover(execution_id)
+        if leftover is not None:
+            self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
+        return failed
 
     async def _continue_start(self, op: _Op) -> EnvironmentRecord:
         """After a node restart: a Starting record whose execution was never asked of the runtime (no planned
@@ -623,7 +626,21 @@ class Controller:
             "the runtime was creating it" if planned is not None else "before it reached the runtime",
             extra=self._context(),
         )
-        return await self._launch_started(execution_id, secret)
+        try:
+            execution = await self._launch(execution_id, secret=secret)
+        except ConflictError as exc:
+            if "was used before" not in exc.message:
+                return await self._start_failed(execution_id, exc)
+            # The interrupted create's sandbox was made and cleaned by the runtime meanwhile (it never reuses an
+            # ID): nothing of that execution exists, so the first start goes on under a new execution ID.
+            self.execution = None
+            self.executions.forget(execution_id)
+            fresh = new_id("exe")
+            await self._transition(S.STARTING, {"execution_id": fresh})
+            return await self._launch_started(fresh)
+        except AdxError as exc:
+            return await self._start_failed(execution_id, exc)
+        return await self._running(execution)
 
     async def _launch(
         self, execution_id: str, *, restore: CheckpointRef | None = None, secret: str | None = None
