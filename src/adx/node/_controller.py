@@ -459,7 +459,7 @@ class Controller:
         if self.journal is None or not self.unpublished:
             return self.record
         entries = await self.journal.pending(self.env_id)
-        outcome = await replay(self.journal, self.sink, self.record.node or "", entries, self._fetch)
+        outcome = await replay(self.journal, self.sink, self.record.node or "", entries, self.sink.fetch)
         self.unpublished = outcome.remaining
         if outcome.end is ReplayEnd.DROPPED:
             # NOD-10/NOD-11: the authority disagrees; only this Controller waits for the routine check.
@@ -490,11 +490,7 @@ class Controller:
         try:
             await self.readiness.wait_ready(execution, self.timings.ready_timeout_seconds)
         except AdxError as exc:
-            failed = await self._fail_or_restart_later(f"not ready after a node restart: {exc}")
-            leftover = await self._take_leftover(execution.execution_id)
-            if leftover is not None:
-                self._spawn(self._cleanup(leftover), f"cleanup-{execution.execution_id}")
-            return failed
+            return await self._start_failed(execution.execution_id, f"not ready after a node restart: {exc}")
         return await self._running(execution)
 
     async def _revoke(self, op: _Op) -> EnvironmentRecord:
@@ -545,9 +541,6 @@ class Controller:
             )
         return self.record
 
-    async def _fetch(self, env_id: str) -> EnvironmentRecord | None:
-        return await self.sink.fetch(env_id)
-
     def _same_ownership(self, other: EnvironmentRecord) -> bool:
         mine = self.record
         return (other.node, other.generation, other.state, other.execution_id) == (
@@ -597,22 +590,24 @@ class Controller:
         try:
             execution = await self._launch(execution_id, secret=secret)
         except AdxError as exc:
-            return await self._start_failed(execution_id, exc)
+            return await self._start_failed(execution_id, str(exc))
         return await self._running(execution)
 
-    async def _start_failed(self, execution_id: str, exc: AdxError) -> EnvironmentRecord:
+    async def _start_failed(self, execution_id: str, reason: str) -> EnvironmentRecord:
         # RST-7: a failed first start is Failed at once (see _fail_or_restart_later); cleanup of whatever it left
         # goes on afterwards.
-        failed = await self._fail_or_restart_later(str(exc))
+        failed = await self._fail_or_restart_later(reason)
         leftover = await self._take_leftover(execution_id)
         if leftover is not None:
             self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
         return failed
 
     async def _continue_start(self, op: _Op) -> EnvironmentRecord:
-        """After a node restart: a Starting record whose execution was never asked of the runtime (no planned
-        address was recorded, and it is recorded before every call), so nothing of it can exist. Its start goes
-        on under the same execution ID: no start failed, so this is neither a failure nor a restart."""
+        """After a node restart: a Starting record whose execution never came up here, because the node stopped
+        before asking the runtime (no planned address) or while the runtime was creating it (only planned). No
+        start failed, so this is neither a failure nor a restart: the same create goes on under the same
+        execution ID and secret (the runtime returns what it made), or under a new ID when the runtime already
+        cleaned the interrupted one."""
         execution_id = self.record.execution_id
         if self.record.state is not S.STARTING or execution_id is None:
             return self.record
@@ -630,7 +625,7 @@ class Controller:
             execution = await self._launch(execution_id, secret=secret)
         except ConflictError as exc:
             if "was used before" not in exc.message:
-                return await self._start_failed(execution_id, exc)
+                return await self._start_failed(execution_id, str(exc))
             # The interrupted create's sandbox was made and cleaned by the runtime meanwhile (it never reuses an
             # ID): nothing of that execution exists, so the first start goes on under a new execution ID.
             self.execution = None
@@ -639,7 +634,7 @@ class Controller:
             await self._transition(S.STARTING, {"execution_id": fresh})
             return await self._launch_started(fresh)
         except AdxError as exc:
-            return await self._start_failed(execution_id, exc)
+            return await self._start_failed(execution_id, str(exc))
         return await self._running(execution)
 
     async def _launch(

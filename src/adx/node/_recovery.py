@@ -62,11 +62,15 @@ class Recovery:
             catalog = await self._wait_for_catalog(with_references=True)
         known = await self._clean_unreferenced(catalog)
         await self._report_inventory(known)
+        await self._recover_catalog(catalog, known)
+        await self._sweep_checkpoints()
+
+    async def _recover_catalog(self, catalog: list[EnvironmentRecord], known: dict[str, Execution]) -> None:
+        """Recover each Environment of the catalog no Controller holds yet, one by one."""
         for record in catalog:
-            if record.id in self._orphan_envs():
+            if record.id in self.controllers or record.id in self._orphan_envs():
                 continue  # RST-5/NOD-13: nothing of it starts until the old execution's cleanup is confirmed
             await self._recover_one(record, known.get(record.execution_id or ""))
-        await self._sweep_checkpoints()
 
     async def _recover_one(self, record: EnvironmentRecord, execution: Execution | None) -> None:
         """NOD-20: one Environment's recovery failing restricts that Environment only, never the node's start."""
@@ -178,16 +182,13 @@ class Recovery:
                 await self.journal.remove([e.seq for e in entries])
                 continue
             while entries:
-                outcome = await replay(self.journal, self.sink, self.name, entries, self._fetch_record)
+                outcome = await replay(self.journal, self.sink, self.name, entries, self.sink.fetch)
                 if outcome.end is not ReplayEnd.PAUSED:
                     break
                 log.warning("journal replay waits for the Coordinator: %s", outcome.reasons, extra={"env_id": env_id})
                 await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
                 entries = await self.journal.pending(env_id)
         self._journaled_at_start = []
-
-    async def _fetch_record(self, env_id: str) -> EnvironmentRecord | None:
-        return await self.sink.fetch(env_id)
 
     def _warn_if_journal_missing(self, catalog: list[EnvironmentRecord]) -> None:
         """JRN-8: the configured journal was deleted while it held results (its marker outlived it): they are
@@ -286,10 +287,7 @@ class Recovery:
             for controller in list(self.controllers.values()):
                 await asyncio.wait_for(controller.drained(), self.config.report_interval_seconds * 10)
             catalog = await self.sink.catalog()
-            known = await self._clean_unreferenced(catalog)
-            for record in catalog:
-                if record.id not in self.controllers and record.id not in self._orphan_envs():
-                    await self._recover_one(record, known.get(record.execution_id or ""))
+            await self._recover_catalog(catalog, await self._clean_unreferenced(catalog))
         except (AdxError, TimeoutError) as exc:
             log.warning("session re-take not finished, retried next round: %s", exc, extra={"node": self.name})
             return
