@@ -298,7 +298,9 @@ class AgentStore:
                             (migration.version, migration.name, migration.checksum),
                         )
                     applied.append(migration.version)
-                    log.info("applied agent migration", extra={"version": migration.version, "name": migration.name})
+                    log.info(
+                        "applied agent migration", extra={"version": migration.version, "migration": migration.name}
+                    )
             finally:
                 await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
         return applied

@@ -1,0 +1,68 @@
+"""Real ``adx agent worker`` processes for the agent tests (started through the CLI, as an operator would)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def write_config(path: Path, dsn: str, tenant: str, **settings: object) -> Path:
+    lines = [f'database_url = "{dsn}"', f'tenant_id = "{tenant}"', 'registrations = "agents_testapp"']
+    for key, value in settings.items():
+        lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_worker(config: Path, dsn: str, log: Path, **extra: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        **extra,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "AGENTS_TEST_DSN": dsn,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", "from adx.cli import main; main()", "agent", "worker", "--config", str(config)],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def started_count(log: Path) -> int:
+    return log.read_text(errors="replace").count("agent worker started") if log.exists() else 0
+
+
+def tail(log: Path, chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-chars:] if log.exists() else ""
+
+
+async def wait_started(proc: subprocess.Popen[bytes], log: Path, before: int, within: float = 30.0) -> None:
+    """Wait until the worker logged its start (after ``before`` earlier starts in the same log)."""
+    deadline = time.monotonic() + within
+    while started_count(log) <= before:
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited with {proc.returncode}: {tail(log)}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker did not start in {within}s: {tail(log)}")
+        await asyncio.sleep(0.02)
+
+
+async def kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(proc.wait)
+
+
+async def stop(proc: subprocess.Popen[bytes], within: float = 30.0) -> int:
+    """SIGTERM (drain) and wait; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return await asyncio.to_thread(proc.wait, within)
