@@ -20,7 +20,7 @@ def wait_for(execd: ExecdProcess, predicate: Any, timeout: float = 5.0) -> dict[
         time.sleep(0.02)
 
 
-@pytest.mark.req("IDLE-2")
+@pytest.mark.req("IDLE-2", "IDLE-7")
 def test_client_operations_count_while_in_flight_and_bump_the_version(execd: ExecdProcess) -> None:
     before = execd.activity()
     assert before["active"] == 0

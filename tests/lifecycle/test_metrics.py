@@ -36,7 +36,7 @@ def for_env(metrics: dict[str, dict[tuple[tuple[str, str], ...], float]], name: 
     return values[0] if values else None
 
 
-@pytest.mark.req("MET-1", "MET-3", "MET-4")
+@pytest.mark.req("MET-1", "MET-3", "MET-4", "IDLE-7")
 async def test_running_environments_are_sampled_and_paused_ones_are_not(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
     nc = await node_cluster(metrics_interval=0.3, metrics_listen=True)
     agent = nc.nodes["n1"]
