@@ -36,10 +36,6 @@ class Unauthenticated(InvalidInputError):
         super().__init__("Authorization", reason)
 
 
-class NotImplementedYet(AdxError):
-    code = "not_implemented"
-
-
 def status_for(exc: AdxError) -> int:
     if isinstance(exc, Unauthenticated):
         return 401
@@ -54,8 +50,6 @@ def status_for(exc: AdxError) -> int:
         return 503
     if isinstance(exc, UncertainOutcomeError):
         return 504
-    if isinstance(exc, NotImplementedYet):
-        return 501
     return 500
 
 

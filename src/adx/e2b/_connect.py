@@ -22,7 +22,6 @@ from adx.api._errors import Unauthenticated
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 
 STREAM_TYPE = "application/connect+json"
-UNARY_TYPE = "application/json"
 END_STREAM = 0x02
 COMPRESSED = 0x01
 MAX_MESSAGE = 16 << 20

@@ -14,7 +14,6 @@ ENVIRONMENT = "env"
 EXECUTION = "exe"
 OPERATION = "op"
 CHECKPOINT = "ckp"
-NODE_SESSION = "ses"
 
 
 def new_id(kind: str) -> str:
