@@ -24,7 +24,20 @@ class AgentWorkerConfig(StrictModel):
     tick_deadline_seconds: float = Field(default=300.0, gt=0)
     drain_seconds: float = Field(default=30.0, gt=0)
     idle_poll_seconds: float = Field(default=0.5, gt=0)
-    lease_seconds: float = Field(default=30.0, gt=0)
+    lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a claimed run stays owned without a renewal (renewed every third of it); a run"
+        " whose worker stopped renewing is claimable after it. A worker whose process died is detected sooner,"
+        " see liveness_grace_seconds",
+    )
+    liveness_grace_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=3600,
+        description="a dead worker's runs are claimable this long after its last heartbeat, once its database"
+        " session is gone (0 turns this off: only lease expiry then; needed behind transaction-pooling proxies)",
+    )
     node_timeout_seconds: float = Field(default=120.0, gt=0)
     max_node_attempts: int = Field(default=5, ge=1)
     max_nodes_per_claim: int = Field(default=64, ge=1)

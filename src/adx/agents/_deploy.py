@@ -121,6 +121,7 @@ async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
                 tick_deadline_seconds=cfg.tick_deadline_seconds,
                 drain_seconds=cfg.drain_seconds,
                 idle_poll_seconds=cfg.idle_poll_seconds,
+                liveness_grace_seconds=cfg.liveness_grace_seconds or None,
             ),
         )
         server = await serve_health(worker, cfg.health_host, cfg.health_port) if cfg.health_port is not None else None

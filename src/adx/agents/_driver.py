@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adx.agents._canonical import digest, json_clone
 from adx.agents._errors import StaleFenceError
@@ -35,6 +35,9 @@ from adx.agents._graph import (
 from adx.agents._schemas import GRAPH_DRIVER_EVENT_SCHEMA_ID
 from adx.agents._store import AgentStore, Claim, CommitHook, RunKey
 from adx.errors import AdxError, ConflictError, InvalidInputError, UncertainOutcomeError
+
+if TYPE_CHECKING:
+    from adx.agents._liveness import WorkerLiveness
 
 __all__ = [
     "BudgetExceededError",
@@ -429,6 +432,8 @@ class DurableGraphDriver:
         self.store = store
         self.executables = executables
         self.options = options
+        # Set by the worker that owns this driver: a liveness loss marks every lease of ours as lost.
+        self.liveness: WorkerLiveness | None = None
         schemas = executables.schemas
         if GRAPH_DRIVER_EVENT_SCHEMA_ID not in schemas:
             raise InvalidInputError("schemas", f"the standard schema {GRAPH_DRIVER_EVENT_SCHEMA_ID} is not registered")
@@ -437,10 +442,13 @@ class DurableGraphDriver:
     @contextlib.asynccontextmanager
     async def _leased(self, claim: Claim) -> AsyncIterator[_Lease]:
         lease = _Lease(self.store, claim, self.options.lease_seconds)
+        unwatch = self.liveness.watch(lease.lost) if self.liveness is not None else None
         task = asyncio.create_task(lease.run(), name=f"lease-{claim.key.run_id}")
         try:
             yield lease
         finally:
+            if unwatch is not None:
+                unwatch()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

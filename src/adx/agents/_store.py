@@ -48,6 +48,7 @@ _REQUIRED_TABLES = (
     "adx_agent_attempts",
     "adx_agent_usage",
     "adx_agent_results",
+    "adx_agent_workers",
 )
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -182,11 +183,22 @@ def usage_of(row: Any) -> dict[str, int]:
     return {k: int(row[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")}
 
 
-# A run is claimable when it is live, due, and nobody holds an unexpired lease; a waiting run when a wait
-# fired (wake_at reached) or cancellation was requested.
-CLAIMABLE = """(
+#: The first key of every worker's liveness advisory lock (two-int4 form: this, hashtext(identity)).
+LIVENESS_LOCK_CLASS = 0x41474E54
+# The lease owner is dead: its liveness lock is free (its database session is gone) AND its heartbeat is
+# older than its grace. Either alone is not enough: a slow live worker keeps its lock; a worker whose session
+# broke but whose process lives stops its in-flight work when its next heartbeat fails, before the grace ends.
+OWNER_DEAD = f"""EXISTS (SELECT 1 FROM adx_agent_workers w WHERE w.identity = lease_owner
+        AND w.heartbeat_at < now() - make_interval(secs => w.grace_ms / 1000.0)
+        AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+            AND l.classid = {LIVENESS_LOCK_CLASS} AND l.objid = w.lock_key::oid AND l.objsubid = 2
+            AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())))"""
+# A run is claimable when it is live, due, and nobody holds an unexpired lease of a live worker; a waiting
+# run when a wait fired (wake_at reached) or cancellation was requested.
+CLAIMABLE = f"""(
     available_at <= now() AND (
-        (status IN ('queued', 'running') AND (lease_expires_at IS NULL OR lease_expires_at <= now()))
+        (status IN ('queued', 'running') AND (lease_expires_at IS NULL OR lease_expires_at <= now()
+            OR {OWNER_DEAD}))
         OR (status = 'waiting' AND (wake_at <= now() OR cancel_requested_at IS NOT NULL))))"""
 
 
@@ -198,6 +210,9 @@ class AgentStore:
     faults: StoreFaults = field(default_factory=StoreFaults)
     checkpoint_retention: int = 16
     timeout: float = 30.0
+    #: How the pool connects; worker liveness opens its own session with the same settings.
+    dsn: str = ""
+    connect_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     async def open(
@@ -213,6 +228,11 @@ class AgentStore:
         """Open a pool (waiting up to ``timeout`` s for the first connection); apply migrations unless told not."""
         if not 1 <= min_size <= max_size:
             raise InvalidInputError("max_size", "need 1 <= min_size <= max_size")
+        options = {
+            # Bounded statements and lock waits: a stuck database surfaces as an error, not a hang.
+            "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={statement_timeout_ms}",
+            "connect_timeout": max(1, int(timeout)),
+        }
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             dsn,
             min_size=min_size,
@@ -220,20 +240,14 @@ class AgentStore:
             open=False,
             timeout=timeout,
             connection_class=AsyncConnection[DictRow],
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                # Bounded statements and lock waits: a stuck database surfaces as an error, not a hang.
-                "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={statement_timeout_ms}",
-                "connect_timeout": max(1, int(timeout)),
-            },
+            kwargs={"autocommit": True, "row_factory": dict_row, **options},
         )
         try:
             await pool.open(wait=True, timeout=timeout)
         except PoolTimeout as exc:
             await pool.close()
             raise UnavailableError(f"cannot connect to PostgreSQL within {timeout}s: {exc}") from None
-        store = cls(pool, timeout=timeout)
+        store = cls(pool, timeout=timeout, dsn=dsn, connect_options=options)
         try:
             if migrate:
                 await store.migrate()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adx.agents._driver import ShutdownSignal
+from adx.agents._liveness import WorkerLiveness
 from adx.agents._scheduler import DurableTenantScheduler, TickOutcome
 from adx.agents._store import AgentStore
 from adx.errors import AdxError, ConflictError, InvalidInputError, UnavailableError
@@ -40,10 +41,15 @@ class AgentWorkerOptions:
     drain_seconds: float = 30.0
     idle_poll_seconds: float = 0.5
     error_backoff_seconds: float = 1.0
+    #: A dead worker's runs are claimable this long after its last heartbeat (instead of after its lease);
+    #: None turns liveness off (e.g. behind a transaction-pooling proxy, where session locks do not hold).
+    liveness_grace_seconds: float | None = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 1024:
             raise InvalidInputError("slots", "must be between 1 and 1024")
+        if self.liveness_grace_seconds is not None and not 0 < self.liveness_grace_seconds <= 3600:
+            raise InvalidInputError("liveness_grace_seconds", "must be between 0 (exclusive) and 3600, or None")
         for name in ("tick_deadline_seconds", "drain_seconds", "idle_poll_seconds", "error_backoff_seconds"):
             if not getattr(self, name) > 0:
                 raise InvalidInputError(name, "must be positive")
@@ -147,6 +153,7 @@ class AgentWorker:
         self._ready = asyncio.Event()
         self._slots: list[asyncio.Task[None]] = []
         self._checker: asyncio.Task[None] | None = None
+        self._liveness: WorkerLiveness | None = None
         self._done: asyncio.Future[None] | None = None
         self._state = "created"
         self._started = time.monotonic()
@@ -175,6 +182,16 @@ class AgentWorker:
                 raise ConflictError("executable registry is not frozen")
             if not await self._check_once():
                 raise UnavailableError("agent worker readiness check failed at start")
+            if self.options.liveness_grace_seconds is not None:
+                self._liveness = WorkerLiveness(
+                    scheduler.store,
+                    scheduler.identity,
+                    scheduler.tenant_id,
+                    grace_seconds=self.options.liveness_grace_seconds,
+                    drain_seconds=self.options.drain_seconds,
+                )
+                await self._liveness.start()
+                scheduler.loop.driver.liveness = self._liveness
         except BaseException:
             scheduler._worker_owned = False  # a worker that never started owns nothing
             raise
@@ -229,6 +246,8 @@ class AgentWorker:
     def _is_ready(self) -> bool:
         if time.monotonic() >= self._ready_until:
             self._ready.clear()  # expired evidence pauses new ticks until a check passes again
+        if self._liveness is not None and not self._liveness.healthy:
+            return False  # our runs may be reclaimed by others: claim nothing until we are registered again
         return self._ready.is_set()
 
     # --- slots -------------------------------------------------------------------------------------------
@@ -297,6 +316,8 @@ class AgentWorker:
             await asyncio.gather(self._checker, return_exceptions=True)
         if self._done is not None:
             await asyncio.shield(self._done)
+        if self._liveness is not None:
+            await self._liveness.close()
         self._state = "stopped"
 
     async def wait(self) -> None:
