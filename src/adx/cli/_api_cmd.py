@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from adx.cli._app import app, fail, setup_logging
+from adx.cli._app import GlobalOptions, app, fail, setup_logging
+from adx.cli._cluster import ClusterInfo, fill_from_cluster, log_joined
 from adx.config import ApiConfig, load_model
 from adx.errors import AdxError
+
+# What a hand-started API server or Ingress takes from the recorded `adx up` cluster when its config is silent.
+_FROM_CLUSTER: dict[str, Callable[[ClusterInfo], object]] = {
+    "coordinator": lambda c: c.coordinator,
+    "certs_dir": lambda c: c.certs_dir,
+}
 
 
 @app.command()
@@ -21,10 +29,11 @@ def api(
     from adx.api import serve
 
     try:
-        cfg = load_model(ApiConfig, "api", config)
+        cfg, cluster = fill_from_cluster(load_model(ApiConfig, "api", config), _FROM_CLUSTER, GlobalOptions.cluster)
     except AdxError as exc:
         fail(exc)
     setup_logging("api", cfg.logging.level, cfg.logging.format)
+    log_joined(cluster)
     try:
         asyncio.run(serve(cfg))
     except AdxError as exc:
@@ -41,10 +50,11 @@ def ingress(
     from adx.api import serve
 
     try:
-        cfg = load_model(ApiConfig, "ingress", config)
+        cfg, cluster = fill_from_cluster(load_model(ApiConfig, "ingress", config), _FROM_CLUSTER, GlobalOptions.cluster)
     except AdxError as exc:
         fail(exc)
     setup_logging("ingress", cfg.logging.level, cfg.logging.format)
+    log_joined(cluster)
     try:
         asyncio.run(serve(cfg, api=False, ingress=True, component="ingress"))
     except AdxError as exc:

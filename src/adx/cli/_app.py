@@ -41,6 +41,7 @@ EXIT_CODES: dict[type[AdxError], int] = {
 class GlobalOptions:
     log_level: str = "info"
     log_format: str = "kv"
+    cluster: str | None = None  # --cluster / ADX_CLUSTER: which `adx up` cluster (default: the last started)
 
 
 def fail(exc: AdxError) -> NoReturn:
@@ -65,6 +66,15 @@ def _global(
     log_format: Annotated[
         str, typer.Option("--log-format", help="kv (key=value) or json", envvar="ADX_LOG_FORMAT")
     ] = "kv",
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            help="the `adx up` state directory (or its cluster.json) whose cluster commands talk to "
+            "(default: the last `adx up` started)",
+            envvar="ADX_CLUSTER",
+        ),
+    ] = None,
 ) -> None:
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(InvalidInputError("--log-level", f"must be debug, info, warning or error, not {log_level!r}"))
@@ -72,6 +82,7 @@ def _global(
         fail(InvalidInputError("--log-format", f"must be kv or json, not {log_format!r}"))
     GlobalOptions.log_level = log_level.lower()
     GlobalOptions.log_format = log_format
+    GlobalOptions.cluster = cluster
 
 
 def main() -> None:

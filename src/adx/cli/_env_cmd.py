@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -10,10 +11,12 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from adx.cli._app import app, console, err_console, fail
+from adx.cli._app import GlobalOptions, app, console, err_console, fail
+from adx.cli._cluster import find_cluster
+from adx.cli._human import format_deadline, format_duration, format_time, format_timer, table
 from adx.errors import AdxError, InvalidInputError, UnavailableError
+from adx.model import format_bytes, format_cpu
 
 env_app = typer.Typer(
     help="Environments: create, list, get, exec, pause, resume, lifetime, delete.", no_args_is_help=True
@@ -27,8 +30,16 @@ EnvId = Annotated[str, typer.Argument(help="the Environment's ID")]
 
 
 def _client(api_url: str | None, api_key: str | None) -> Any:
+    """The SDK client: the flags, else ADX_API_URL/ADX_API_KEY, else the recorded cluster (``adx --cluster``
+    or the last ``adx up``), else the SDK's own credentials file."""
     import adx
 
+    if api_url is None and not os.environ.get("ADX_API_URL"):
+        cluster = find_cluster(GlobalOptions.cluster)
+        if cluster is not None:
+            api_url = cluster.api_url
+            if api_key is None and not os.environ.get("ADX_API_KEY"):
+                api_key = cluster.api_key()
     return adx.Client(api_url=api_url, api_key=api_key)
 
 
@@ -108,9 +119,8 @@ def _retention(text: str) -> Any:
 
 def _expiry(env: Any) -> str:
     if env.expires_at is None:
-        return "none"
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(env.expires_at))
-    return f"{stamp} ({max(0.0, env.expires_at - time.time()):.0f}s) -> {env.lifecycle.lifetime_action.value}"
+        return "never"
+    return f"{format_deadline(env.expires_at)} -> {env.lifecycle.lifetime_action.value}"
 
 
 def _print_json(value: object) -> None:
@@ -136,15 +146,18 @@ def _show(env: Any, as_json: bool) -> None:
     for key in ("id", "state", "node", "executionId", "image", "entrypoint", "restartAttempts", "lastError"):
         if data[key] not in (None, [], {}):
             console.print(f"{key:<16} {data[key]}", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"{'created':<16} {format_time(env.created_at)}", highlight=False)
     resources = env.resources
     console.print(
-        f"{'resources':<16} cpu {resources.cpu_millis}m, memory {resources.memory_bytes} B, "
-        f"disk {resources.disk_bytes} B",
+        f"{'resources':<16} cpu {format_cpu(resources.cpu_millis)}, memory {format_bytes(resources.memory_bytes)}, "
+        f"disk {format_bytes(resources.disk_bytes) if resources.disk_bytes else 'not reserved'}",
         highlight=False,
     )
     lifecycle = env.lifecycle
     console.print(
-        f"{'lifecycle':<16} idle {lifecycle.idle_timeout_seconds}s -> {lifecycle.idle_action.value}", highlight=False
+        f"{'lifecycle':<16} idle timeout {format_timer(lifecycle.idle_timeout_seconds)}"
+        + (f" -> {lifecycle.idle_action.value}" if lifecycle.idle_timeout_seconds > 0 else ""),
+        highlight=False,
     )
     if env.expires_at is not None:
         console.print(f"{'expires':<16} {_expiry(env)}", highlight=False)
@@ -155,14 +168,11 @@ def _show(env: Any, as_json: bool) -> None:
         )
     if env.checkpoint is not None:
         ckpt = env.checkpoint
-        kept = (
-            "forever"
-            if ckpt.expires_at is None
-            else f"until {time.strftime('%H:%M:%S', time.localtime(ckpt.expires_at))}"
-        )
+        kept = "forever" if ckpt.expires_at is None else f"until {format_deadline(ckpt.expires_at)}"
         lost = ", its node is gone" if env.ownership_lost else ""
         console.print(
-            f"{'checkpoint':<16} {ckpt.id} ({ckpt.storage} on {ckpt.node}, {ckpt.size_bytes} B, kept {kept}{lost})",
+            f"{'checkpoint':<16} {ckpt.id} ({ckpt.storage} on {ckpt.node}, {format_bytes(ckpt.size_bytes)}, "
+            f"kept {kept}{lost})",
             highlight=False,
             markup=False,
         )
@@ -268,10 +278,18 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None)
     if as_json:
         _print_json({"environments": [_wire(e) for e in environments]})
         return
-    table = Table("ID", "STATE", "NODE", "CPU", "MEMORY", box=None, pad_edge=False)
-    for e in environments:
-        table.add_row(e.id, e.state.value, e.node or "-", f"{e.resources.cpu_millis}m", str(e.resources.memory_bytes))
-    console.print(table, soft_wrap=True)
+    rows = [
+        (
+            e.id,
+            e.state.value,
+            e.node or "-",
+            format_cpu(e.resources.cpu_millis),
+            format_bytes(e.resources.memory_bytes),
+            format_time(e.created_at),
+        )
+        for e in environments
+    ]
+    sys.stdout.write(table(("ID", "STATE", "NODE", "CPU", "MEMORY", "CREATED"), rows))
 
 
 @env_app.command("get")
@@ -282,15 +300,6 @@ def get(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, ap
             _show(client.environments.get(environment_id), as_json)
     except AdxError as exc:
         fail(exc)
-
-
-def _bytes(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 @env_app.command("stats")
@@ -306,16 +315,16 @@ def stats(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, 
         return
     cpu = "n/a (one sample so far)" if usage.cpu_percent is None else f"{usage.cpu_percent:.1f}%"
     limit = f" of {usage.cpu_limit_cores:g} cores" if usage.cpu_limit_cores else ""
-    memory_limit = f" of {_bytes(usage.memory_limit_bytes)}" if usage.memory_limit_bytes else ""
-    disk_limit = f" of {_bytes(usage.disk_limit_bytes)}" if usage.disk_limit_bytes else ""
+    memory_limit = f" of {format_bytes(usage.memory_limit_bytes)}" if usage.memory_limit_bytes else ""
+    disk_limit = f" of {format_bytes(usage.disk_limit_bytes)}" if usage.disk_limit_bytes else ""
     for key, value in (
         ("id", usage.environment_id),
         ("execution", f"{usage.execution_id} (generation {usage.generation}) on {usage.node}"),
         ("cpu", f"{cpu}{limit}, {usage.cpu_usage_seconds:.2f}s used"),
-        ("memory", f"{_bytes(usage.memory_bytes)}{memory_limit} (peak {_bytes(usage.memory_peak_bytes)})"),
-        ("disk", f"{_bytes(usage.disk_bytes)}{disk_limit}"),
+        ("memory", f"{format_bytes(usage.memory_bytes)}{memory_limit} (peak {format_bytes(usage.memory_peak_bytes)})"),
+        ("disk", f"{format_bytes(usage.disk_bytes)}{disk_limit}"),
         ("processes", f"{usage.pids}" + (f", {usage.oom_kills} OOM kills" if usage.oom_kills else "")),
-        ("sampled", f"{usage.sample_age_seconds:.1f}s ago"),
+        ("sampled", f"{format_duration(usage.sample_age_seconds)} ago"),
     ):
         console.print(f"{key:<16} {value}", highlight=False, markup=False)
 

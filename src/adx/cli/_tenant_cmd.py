@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from adx.cli._admin import admin_config
 from adx.cli._app import app, console, err_console, fail
-from adx.config import ApiConfig, load_model
-from adx.errors import AdxError
+from adx.errors import AdxError, UnavailableError
 
 tenant_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
@@ -31,26 +31,26 @@ def create(
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML file of the API server ('api')")] = None,
 ) -> None:
-    """Create tenant NAME (or add a key to it) and print its new API key (shown once; only its hash is kept)."""
+    """Create tenant NAME (or add a key to it) and print its new API key (shown once; only its hash is kept).
+
+    The Coordinator and certificates are those of the cluster `adx up` recorded, unless --coordinator,
+    --certs-dir, --config (or ADX_API__COORDINATOR / ADX_API__CERTS_DIR) say otherwise."""
     from adx.api import CoordinatorClient
 
     try:
-        cfg = load_model(ApiConfig, "api", config)
-        update: dict[str, object] = {}
-        if coordinator is not None:
-            update["coordinator"] = coordinator
-        if certs_dir is not None:
-            update["certs_dir"] = certs_dir
-        cfg = ApiConfig.model_validate({**cfg.model_dump(), **update})
+        cfg = admin_config(coordinator, certs_dir, config)
 
         async def make() -> str:
-            client = CoordinatorClient.from_config(cfg)
+            client = CoordinatorClient.from_config(cfg.api)
             try:
                 return await client.create_tenant(name)
             finally:
                 await client.close()
 
-        key = asyncio.run(make())
+        try:
+            key = asyncio.run(make())
+        except UnavailableError as exc:
+            raise UnavailableError(f"{exc}; {cfg.reach_fix}", details=exc.details) from None
     except AdxError as exc:
         fail(exc)
     # The key alone on stdout (scripts capture it); the advice on stderr.

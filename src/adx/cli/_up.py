@@ -16,7 +16,7 @@ import redis
 import typer
 
 from adx.cli._app import app, console, fail, setup_logging
-from adx.cli._up_cluster import credentials_file, ensure_tenant_key, plan_cluster
+from adx.cli._up_cluster import credentials_file, ensure_tenant_key, plan_cluster, record_cluster
 from adx.config import UpConfig, load_model
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedServer, ServerState
 from adx.errors import AdxError, UnavailableError
@@ -57,10 +57,16 @@ def _info_url(server: ManagedServer) -> str:
     return info.url
 
 
-def _print_access(api_url: str, tenant: str, api_key: str, created: bool) -> None:
+def _print_access(api_url: str, tenant: str, api_key: str, created: bool, recorded: Path) -> None:
     console.print(f"\n[bold]API[/bold]      {api_url}", soft_wrap=True, highlight=False)
     how = f"tenant {tenant}{', new' if created else ''}; saved to {credentials_file()}"
     console.print(f"[bold]API key[/bold]  {api_key}  ({how})", soft_wrap=True, highlight=False)
+    console.print(
+        f"[bold]Cluster[/bold]  recorded in {recorded}: `adx tenant create NAME`, `adx env list` ... find it "
+        "from any directory",
+        soft_wrap=True,
+        highlight=False,
+    )
     console.print(
         '\n  python3 -c \'import adx; env = adx.Client().environments.create(cpu=1, memory="512Mi"); '
         'print(env.commands.run("echo hello").stdout); env.delete()\'',
@@ -124,9 +130,10 @@ async def _run(cfg: UpConfig) -> None:
             servers += cluster.servers
             api_url = _info_url(cluster.api).replace("0.0.0.0", "127.0.0.1")
             api_key, created = await asyncio.to_thread(ensure_tenant_key, cluster, state_dir, cfg.tenant, api_url)
+            recorded = await asyncio.to_thread(record_cluster, cluster, state_dir, redis_url, cfg.tenant, api_url)
         _print_endpoints(servers, external, state_dir)
         if not cfg.servers_only:
-            _print_access(api_url, cfg.tenant, api_key, created)
+            _print_access(api_url, cfg.tenant, api_key, created, recorded[-1])
             if cfg.node_metrics_listen:
                 console.print(
                     f"node metrics  http://{cfg.node_metrics_listen}/metrics", soft_wrap=True, highlight=False

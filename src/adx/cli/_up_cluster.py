@@ -18,6 +18,7 @@ from adx._certs import Identity, component_paths, init_ca, issue
 from adx._fs import atomic_write_json
 from adx._grpc_errors import from_rpc_error
 from adx._grpc_tls import channel_credentials
+from adx.cli._cluster import ClusterInfo, write_cluster
 from adx.config import UpConfig
 from adx.embedded import ManagedServer
 from adx.embedded._adx_daemons import ApiDaemon, CoordinatorDaemon, NodeDaemon, SandboxdDaemon
@@ -144,3 +145,19 @@ def _write_user_credentials(api_url: str, api_key: str) -> None:
     path = credentials_file()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     atomic_write_json(path, {"api_url": api_url, "api_key": api_key})
+
+
+def record_cluster(cluster: Cluster, state_dir: Path, redis_url: str, tenant: str, api_url: str) -> list[Path]:
+    """Write where this cluster is (cluster.json, beside the credentials): every ``adx`` command finds it."""
+    info = cluster.coordinator.read_info()
+    assert info is not None, "the Coordinator runs before the cluster is recorded"
+    return write_cluster(
+        ClusterInfo(
+            api_url=api_url,
+            coordinator=f"localhost:{info.port}",  # the name its certificate carries
+            certs_dir=cluster.certs.absolute(),
+            state_dir=state_dir,
+            redis_url=redis_url,
+            tenant=tenant,
+        )
+    )

@@ -11,7 +11,7 @@ from adx.model._lifecycle import (
     Retention,
     RetentionPolicy,
 )
-from adx.model._quantity import MAX_QUANTITY, parse_bytes, parse_cpu_millis
+from adx.model._quantity import MAX_QUANTITY, format_bytes, format_cpu, parse_bytes, parse_cpu_millis
 from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
 from adx.model._resources import Resources, allocatable
 from adx.model._spec import EnvironmentSpec, field_path, parse_wire
@@ -55,6 +55,8 @@ __all__ = [
     "check_id",
     "check_transition",
     "field_path",
+    "format_bytes",
+    "format_cpu",
     "new_id",
     "parse_bytes",
     "parse_cpu_millis",

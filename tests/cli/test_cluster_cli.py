@@ -1,0 +1,169 @@
+"""The CLI on a real ``adx up`` (every daemon a real process: Redis, PostgreSQL, sandboxd, Coordinator, node,
+API): it finds the cluster by itself from any directory, ``adx up`` stays quiet while idle, and what it prints
+is readable. One cluster for the module (it takes ~15 s to start); each test runs the real ``adx`` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ADX = [sys.executable, "-m", "adx"]
+
+
+@dataclass
+class UpCluster:
+    root: Path
+    state: Path
+    config_home: Path  # XDG_CONFIG_HOME of the user who ran `adx up`
+    out: Path
+    err: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The user's environment: no ADX_* variable, only where their config lives."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("ADX_")}
+        return {**base, "XDG_CONFIG_HOME": str(self.config_home), "COLUMNS": "200", **extra}
+
+    def adx(self, *args: str, cwd: Path | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
+        """``adx ARGS`` from another directory than the one `adx up` ran in."""
+        elsewhere = cwd or self.root / "elsewhere"
+        elsewhere.mkdir(exist_ok=True)
+        return subprocess.run(
+            [*ADX, *args], capture_output=True, text=True, timeout=120, env=self.env(**extra), cwd=elsewhere
+        )
+
+
+@pytest.fixture(scope="module")
+def up_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
+    root = tmp_path_factory.mktemp("up")
+    started_in = root / "started-here"
+    started_in.mkdir()
+    cluster = UpCluster(root, root / "state", root / "config", root / "up.out", root / "up.err")
+    env = cluster.env(ADX_UP__API_LISTEN="127.0.0.1:0", ADX_UP__HEALTH_INTERVAL_SECONDS="0.2")
+    with cluster.out.open("w") as out, cluster.err.open("w") as err:
+        proc = subprocess.Popen(
+            [*ADX, "up", "--state-dir", "state"], stdout=out, stderr=err, text=True, env=env, cwd=root
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "Press Ctrl-C" not in cluster.out.read_text():
+            assert proc.poll() is None, f"adx up exited: {cluster.out.read_text()}\n{cluster.err.read_text()}"
+            assert time.monotonic() < deadline, cluster.out.read_text()
+            time.sleep(0.2)
+        yield cluster
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        from sbx_helpers import cleanup_cgroup_parent
+
+        from adx.cli._up_cluster import cgroup_parent_name
+
+        cleanup_cgroup_parent(cgroup_parent_name(cluster.state.absolute()))
+
+
+def test_up_records_where_its_cluster_is(up_cluster: UpCluster) -> None:
+    state = up_cluster.state
+    recorded = json.loads((up_cluster.config_home / "adx" / "cluster.json").read_text())
+    assert json.loads((state / "cluster.json").read_text()) == recorded
+    coordinator = json.loads((state / "coordinator" / "server.json").read_text())
+    api = json.loads((state / "api" / "server.json").read_text())
+    assert recorded == {
+        "api_url": f"http://127.0.0.1:{api['port']}",
+        "coordinator": f"localhost:{coordinator['port']}",
+        "certs_dir": str(state / "certs"),
+        "state_dir": str(state),
+        "redis_url": json.loads((state / "redis" / "server.json").read_text())["url"],
+        "tenant": "default",
+    }
+    assert (up_cluster.config_home / "adx" / "cluster.json").stat().st_mode & 0o777 == 0o600
+    assert f"recorded in {up_cluster.config_home / 'adx' / 'cluster.json'}" in up_cluster.out.read_text()
+
+
+def test_tenant_create_then_env_list_with_no_flag_from_another_directory(up_cluster: UpCluster) -> None:
+    """The issue's must-show: `adx up --state-dir S`, then `adx tenant create alice` works with no other flag."""
+    created = up_cluster.adx("tenant", "create", "alice")
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("adxk_") and "not shown again" in created.stderr
+    # The new key works against the API the CLI also finds by itself (alice has no Environments yet).
+    listed = up_cluster.adx("env", "list", "--json", ADX_API_KEY=key)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == {"environments": []}
+    # The key is checked for real: a wrong one is refused.
+    wrong = up_cluster.adx("env", "list", ADX_API_KEY="adxk_wrong")
+    assert wrong.returncode != 0 and "API key" in wrong.stderr
+
+
+def test_certs_go_to_the_clusters_directory(up_cluster: UpCluster) -> None:
+    issued = up_cluster.adx("certs", "issue", "n2")
+    assert issued.returncode == 0, issued.stderr
+    assert (up_cluster.state / "certs" / "node-n2.pem").is_file()
+    assert not (up_cluster.root / "elsewhere" / ".adx").exists()
+
+
+def test_cluster_named_by_flag_or_variable_without_any_user_config(up_cluster: UpCluster) -> None:
+    """A user with no config of their own (another account, CI) names the cluster by its state directory; the
+    key for `env` commands then comes from that state directory too."""
+    nobody = up_cluster.root / "nobody"
+    nobody.mkdir(exist_ok=True)
+    by_flag = up_cluster.adx("--cluster", str(up_cluster.state), "tenant", "create", "bob", XDG_CONFIG_HOME=str(nobody))
+    assert by_flag.returncode == 0, by_flag.stderr
+    by_variable = up_cluster.adx(
+        "env", "list", "--json", XDG_CONFIG_HOME=str(nobody), ADX_CLUSTER=str(up_cluster.state)
+    )
+    assert by_variable.returncode == 0, by_variable.stderr
+    assert "environments" in json.loads(by_variable.stdout)
+    assert not (nobody / "adx").exists()
+
+
+def test_errors_name_the_real_fix(up_cluster: UpCluster) -> None:
+    nobody = up_cluster.root / "nobody2"
+    nobody.mkdir(exist_ok=True)
+    # No cluster recorded and none named: the advice is to start or name one (not `adx certs issue`).
+    none = up_cluster.adx("tenant", "create", "carol", XDG_CONFIG_HOME=str(nobody))
+    assert none.returncode == 3, none.stderr
+    assert "no cluster is recorded" in none.stderr and "adx up" in none.stderr
+    assert "adx certs issue" not in none.stderr
+    # A named cluster that is not there.
+    missing = up_cluster.adx("--cluster", str(nobody / "gone"), "tenant", "create", "carol")
+    assert missing.returncode == 3 and f"no cluster at {nobody / 'gone'}" in missing.stderr, missing.stderr
+    # A recorded cluster whose Coordinator does not answer (a stopped `adx up`): which cluster, and what to run.
+    stopped = up_cluster.root / "stopped"
+    stopped.mkdir(exist_ok=True)
+    record = json.loads((up_cluster.state / "cluster.json").read_text())
+    from adx.embedded._process import pick_free_port
+
+    record.update(state_dir=str(stopped), coordinator=f"localhost:{pick_free_port('127.0.0.1')}")
+    (stopped / "cluster.json").write_text(json.dumps(record))
+    down = up_cluster.adx("--cluster", str(stopped), "tenant", "create", "carol")
+    assert down.returncode == 5, down.stderr
+    assert record["coordinator"] in down.stderr and f"is `adx up --state-dir {stopped}` running?" in down.stderr
+    # The certificates of the recorded cluster are gone.
+    record.update(certs_dir=str(stopped / "certs"))
+    (stopped / "cluster.json").write_text(json.dumps(record))
+    gone = up_cluster.adx("--cluster", str(stopped), "tenant", "create", "carol")
+    assert gone.returncode == 3 and "certificate directory" in gone.stderr and str(stopped) in gone.stderr
+
+
+def test_up_logs_no_line_per_health_poll(up_cluster: UpCluster) -> None:
+    """`adx up` polls every daemon's health every 0.2 s here: idle, it writes nothing (no httpx line per
+    `/healthz` poll at info)."""
+    before = up_cluster.err.read_text()
+    out_before = up_cluster.out.read_text()
+    time.sleep(3)  # 15 rounds of polls
+    after = up_cluster.err.read_text()
+    assert after == before, after[len(before) :]
+    assert up_cluster.out.read_text() == out_before
+    assert "HTTP Request" not in after and "/healthz" not in after
