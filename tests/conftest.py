@@ -255,10 +255,18 @@ async def node_cluster(
             started[name] = agent
             sandboxds[name] = daemon
         # The Coordinator learns capacities through the node reports; placement needs them.
-        return NodeCluster(cluster, started, sandboxds)
+        made = NodeCluster(cluster, started, sandboxds)
+        clusters.append(made)
+        return made
 
+    clusters: list[NodeCluster] = []
     yield make
-    for agent in agents:
+    # Tests restart a node by putting a successor NodeAgent in ``nc.nodes``: stop those too. An agent left
+    # running keeps a grpc.aio server alive past its event loop, and grpcio's finaliser for it can hang the
+    # interpreter's exit (seen in CI).
+    every = {id(agent): agent for agent in agents}
+    every.update({id(agent): agent for nc in clusters for agent in nc.nodes.values()})
+    for agent in every.values():
         with contextlib.suppress(Exception):
             await agent.stop()
     factory.cleanup()

@@ -160,6 +160,10 @@ async def test_resource_source_unreachable_keeps_the_last_capacity_and_the_ledge
         assert await run_via_relay(nc, relay, env.id, ["echo", "still"]) == ("still\n", 0)
         capacity_file.write_text(saved)
         await wait_for(lambda: agent.reporter.admission_open, 10, "admission open again")
+        # Placement reads the Coordinator's view, which the node's next heartbeat brings (the refused create
+        # above also held it closed until that report).
+        coordinator = nc.cluster.coordinator.service
+        await wait_for(lambda: coordinator.cache.nodes["n1"].admission_open, 10, "the Coordinator sees it open")
         again = await api.create()
         await api.wait_state(again.id, S.RUNNING)
     finally:

@@ -191,8 +191,10 @@ class NodeAgent(Recovery, RuntimeChecks):
         self.health.set_not_serving("stopping")
         for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A loop that died of an error must not keep the servers below from stopping.
+        for outcome in await asyncio.gather(*self._tasks, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.warning("node loop had failed before the stop: %r", outcome)
         await self.watch.aclose()
         if self._server is not None:
             await self._server.stop(grace=2)
