@@ -23,6 +23,7 @@ __all__ = [
     "SessionRejectedError",
     "UnavailableError",
     "UncertainOutcomeError",
+    "VersionMismatchError",
 ]
 
 
@@ -112,6 +113,13 @@ class SessionRejectedError(ConflictError):
     register again, behind its barrier (NOD-6). Nothing the call asked for was done."""
 
     code = "session_rejected"
+
+
+class VersionMismatchError(ConflictError):
+    """Two parts that must run the same version do not (CTL-8: the node, sandboxd and execd speak one
+    runtime-control protocol). Nothing degrades silently: upgrade the parts together."""
+
+    code = "version_mismatch"
 
 
 class SessionExpiredError(SessionRejectedError):

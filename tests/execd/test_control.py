@@ -7,6 +7,7 @@ execd's real ``ControlClient`` reporters in this process (same code, same socket
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -364,3 +365,80 @@ async def test_a_connection_lost_and_replaced_within_one_coalescing_window_still
         sub.close()
     finally:
         await hub.stop()
+
+
+@pytest.mark.req("CTL-8")
+async def test_an_execd_of_another_protocol_is_refused_with_its_reason_and_a_matching_one_is_served(
+    hub: ControlHub, short_dir: Path
+) -> None:
+    """An execd speaking another runtime-control protocol (as after an upgrade of sandboxd alone) is not served
+    half-understood: the hub closes its connection and publishes why, naming both versions; an execd of the
+    matching version connecting next is served and the refusal is gone."""
+    from adx.sandboxd._control_client import RuntimeControlSubscription
+
+    path = short_dir / "v.ctl"
+    await hub.add_sandbox("v", path)
+    sub, snapshot = await Subscriber.connect(hub.subscribe_path)
+    assert snapshot["protocol"] == P.PROTOCOL_VERSION
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    newer = P.PROTOCOL_VERSION + 1
+    writer.write(P.encode({"type": "hello", "protocol": newer, "sandboxId": "v", "state": P.initial_state()}))
+    await writer.drain()
+    await sub.until(lambda s: s.get("v", {}).get("refused") is not None)
+    refused = sub.states["v"]["refused"]
+    assert f"protocol {newer}" in refused and f"sandboxd speaks {P.PROTOCOL_VERSION}" in refused
+    assert sub.states["v"]["ready"] is False
+    assert await asyncio.wait_for(reader.read(), STEP) == b"", "the hub closed the refused connection"
+    writer.close()
+    # The typed subscription the node uses sees the same reason.
+    async with RuntimeControlSubscription(hub.subscribe_path) as typed:
+        await typed.wait_connected(STEP)
+        assert typed.states["v"].refused == refused
+    # An execd of the matching version replaces the refusal with its own state.
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    state = P.initial_state()
+    state["ready"] = True
+    writer.write(P.encode({"type": "hello", "protocol": P.PROTOCOL_VERSION, "sandboxId": "v", "state": state}))
+    await writer.drain()
+    await sub.until(lambda s: s.get("v", {}).get("ready") is True)
+    assert sub.states["v"]["refused"] is None
+    writer.close()
+    sub.close()
+
+
+@pytest.mark.req("CTL-8")
+async def test_a_subscription_refuses_a_sandboxd_of_another_protocol_at_once(short_dir: Path) -> None:
+    """The node's subscription against a runtime-control stream whose snapshot carries another protocol (a
+    sandboxd of another version; here a socket speaking that version's first line) fails at once with an error
+    naming both versions and the fix, instead of timing out or reading states it may misunderstand."""
+    from adx.errors import VersionMismatchError
+    from adx.sandboxd._control_client import RuntimeControlSubscription
+
+    path = short_dir / "other.sock"
+    served = 0
+
+    async def other_version(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        served += 1
+        snapshot = {"type": "snapshot", "seq": 0, "protocol": P.PROTOCOL_VERSION + 1, "sandboxes": {}}
+        writer.write(P.encode(snapshot))
+        await writer.drain()
+        with contextlib.suppress(OSError):
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_unix_server(other_version, path=str(path))
+    try:
+        async with RuntimeControlSubscription(path) as sub:
+            started = time.monotonic()
+            with pytest.raises(VersionMismatchError) as refused:
+                await sub.wait_connected(30)
+            assert time.monotonic() - started < 5
+            message = str(refused.value)
+            assert f"protocol {P.PROTOCOL_VERSION + 1}" in message and f"speaks {P.PROTOCOL_VERSION}" in message
+            assert "upgrade" in message
+            assert not sub.connected and sub.states == {}
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert served >= 1

@@ -256,6 +256,10 @@ class ControlHub:
             first = P.decode(await reader.readline())
             if first["type"] != P.HELLO:
                 raise P.ProtocolError(f"first message must be hello, got {first['type']!r}")
+            if first.get("protocol") != P.PROTOCOL_VERSION:
+                self._refuse(sandbox, first.get("protocol"))
+                sandbox.writer = None  # the refusal stays published: the finally below must not clear it
+                return
             sandbox.hello = {k: v for k, v in first.items() if k != "state"}
             sandbox.state = P.initial_state()
             P.apply_event(sandbox.state, first)
@@ -277,6 +281,19 @@ class ControlHub:
                 sandbox.writer = None
                 self._clear(sandbox)
             writer.close()
+
+    def _refuse(self, sandbox: _Sandbox, protocol: Any) -> None:
+        """CTL-8: an execd of another version is refused loudly, never served half-understood; subscribers see
+        why (the node fails the execution with this reason instead of waiting for a Ready that cannot come)."""
+        reason = (
+            f"execd of sandbox {sandbox.id} speaks runtime-control protocol {protocol!r}, sandboxd speaks "
+            f"{P.PROTOCOL_VERSION}: upgrade execd, sandboxd and the node together"
+        )
+        log.error("refused an execd of another version: %s", reason, extra={"sandbox": sandbox.id})
+        state = P.initial_state()
+        state["refused"] = reason
+        sandbox.state = state
+        self._changed(sandbox)
 
     def _clear(self, sandbox: _Sandbox) -> None:
         for future in sandbox.pending.values():
@@ -309,7 +326,9 @@ class ControlHub:
                 return
         sub = _Subscriber(writer)
         # Snapshot and registration in one synchronous step: every later change lands in sub.dirty.
-        writer.write(P.encode({"type": P.SNAPSHOT, "seq": sub.seq, "sandboxes": self.snapshot()}))
+        writer.write(
+            P.encode({"type": P.SNAPSHOT, "seq": sub.seq, "protocol": P.PROTOCOL_VERSION, "sandboxes": self.snapshot()})
+        )
         self._subscribers.add(sub)
         read_task = asyncio.get_running_loop().create_task(self._read_subscriber(sub, reader))
         try:

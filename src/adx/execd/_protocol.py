@@ -26,7 +26,8 @@ Two links use it:
 
 2. **sandboxd -> its subscriber** (adxlet), ONE node-level connection (CTL-2/3):
 
-   - ``{"type":"snapshot","seq":..,"sandboxes":{sandboxId: STATE}}`` first, on every (re)subscribe;
+   - ``{"type":"snapshot","seq":..,"protocol":1,"sandboxes":{sandboxId: STATE}}`` first, on every
+     (re)subscribe;
    - ``{"type":"delta","seq":..,"sandboxId":..,"state":STATE | null}`` afterwards, coalesced per sandbox;
      ``null`` means the execd connection was lost: the observation is cleared (no fresh information);
    - ``{"type":"reply","requestId":..,"ok":..,...}`` answering a subscriber request;
@@ -35,6 +36,11 @@ Two links use it:
    ``sandboxId``; sandboxd forwards them to that sandbox's execd.
 
 STATE is :class:`SandboxState` (camelCase keys, JSON-ready).
+
+Versions (CTL-8): execd, sandboxd and the node ship as one version and speak ``PROTOCOL_VERSION``. A peer that
+speaks another is refused with a reason, never served half-understood: sandboxd publishes a refused execd as
+``STATE.refused`` (the node fails that execution with it), and a subscriber refuses a snapshot of another
+protocol (the node does not start).
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ class SandboxState(TypedDict):
     activity: ActivityState
     checkpointRequests: list[CheckpointRequest]
     workloadExitCode: int | None
+    #: Set by sandboxd, never by execd: why it refused this execd's connection (CTL-8: another protocol).
+    refused: str | None
 
 
 def initial_state() -> SandboxState:
@@ -115,6 +123,7 @@ def initial_state() -> SandboxState:
         "activity": {"version": 0, "active": 0, "backgroundRunning": 0, "admissionOpen": True},
         "checkpointRequests": [],
         "workloadExitCode": None,
+        "refused": None,
     }
 
 

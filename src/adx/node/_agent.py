@@ -30,6 +30,7 @@ from adx.errors import (
     NotFoundError,
     PublicationPendingError,
     UnavailableError,
+    VersionMismatchError,
 )
 from adx.model import DORMANT_STATES, EnvironmentRecord, EnvironmentState, Resources
 from adx.node._checks import RuntimeChecks
@@ -53,6 +54,8 @@ from adx.sandboxd import RuntimeControlSubscription
 log = logging.getLogger("adx.node")
 S = EnvironmentState
 DELETED_MEMORY_SECONDS = 600.0
+#: How long the start waits for the runtime-control stream's first snapshot (which carries its protocol).
+RUNTIME_CONTROL_FIRST_SNAPSHOT_SECONDS = 10.0
 
 
 class NodeAgent(Recovery, RuntimeChecks):
@@ -122,6 +125,14 @@ class NodeAgent(Recovery, RuntimeChecks):
         await self._find_shared_storage()
         # CTL-2: ONE runtime-control subscription per node; Controllers take Ready from it (pushed).
         self.control = await self.driver.subscribe()
+        try:
+            await self.control.wait_connected(within=RUNTIME_CONTROL_FIRST_SNAPSHOT_SECONDS)
+        except VersionMismatchError:
+            await self.control.close()  # CTL-8: this node does not run beside a runtime of another version
+            raise
+        except UnavailableError as exc:
+            # sandboxd answered its health check a moment ago: a slow first snapshot is a blip, not a refusal.
+            log.warning("runtime control not connected yet, going on: %s", exc, extra={"node": self.name})
         self.readiness = SubscriptionReadiness(self.driver, self.control)
         credentials = channel_credentials(self.paths)
         self._channel = coordinator_channel(self.config.coordinator, credentials)

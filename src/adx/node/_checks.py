@@ -99,6 +99,9 @@ class RuntimeChecks:
                 return window
             return None
         self._disconnected.pop(controller.env_id, None)  # CTL-5: a reconnect cancels the pending confirmation
+        if observed.refused is not None:
+            self._end(controller, execution, observed.refused)  # CTL-8: never served half-understood
+            return None
         probe = observed.probe
         if threshold is not None and probe is not None and not probe.ok and probe.consecutive_failures >= threshold:
             self._end(controller, execution, f"health probe failed {probe.consecutive_failures} times: {probe.reason}")

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from adx._fs import ShortUnixPath
-from adx.errors import AdxError, NotFoundError, UnavailableError
+from adx.errors import AdxError, NotFoundError, UnavailableError, VersionMismatchError
 from adx.model import Resources
 from adx.runtime._driver import (
     Artifact,
@@ -334,7 +334,7 @@ class SubscriptionReadiness:
 
         def is_ready(states: dict[str, Any]) -> bool:
             state = states.get(sandbox_id)
-            return state is not None and bool(state.ready)
+            return state is not None and (bool(state.ready) or state.refused is not None)
 
         while True:
             remaining = deadline - time.monotonic()
@@ -348,6 +348,9 @@ class SubscriptionReadiness:
                 )
                 raise UnavailableError(f"execd of {execution.execution_id} not ready within {within_seconds}s: {why}")
             if await self.subscription.wait_until(is_ready, min(remaining, self.check_exit_every)):
+                refused = self.subscription.states[sandbox_id].refused
+                if refused is not None:
+                    raise VersionMismatchError(f"execution {execution.execution_id} cannot be served: {refused}")
                 return
             if await self.driver.observe(execution) in (ExecutionState.EXITED, ExecutionState.MISSING):
                 ended = _exit_info(await self.driver.client.get(_ref(execution))).describe()

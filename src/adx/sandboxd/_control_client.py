@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from adx._fs import ShortUnixPath
-from adx.errors import InvalidInputError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.errors import (
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+    UncertainOutcomeError,
+    VersionMismatchError,
+)
+from adx.execd._protocol import PROTOCOL_VERSION
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._models import RuntimeObservation
 
@@ -89,6 +96,10 @@ class RuntimeControlSubscription:
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._snapshot_seen = asyncio.Event()
+        #: CTL-8: set while sandboxd speaks another runtime-control protocol (the reason); the client keeps
+        #: retrying, since sandboxd may be replaced by the matching version.
+        self.mismatch: str | None = None
+        self._mismatch_seen = asyncio.Event()
         self._tick = asyncio.Event()  # set (and replaced) on every change of ``states``
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -115,13 +126,21 @@ class RuntimeControlSubscription:
         self.connected = False
 
     async def wait_connected(self, within: float) -> None:
-        """Until the first snapshot of the current connection arrived (UnavailableError after ``within`` seconds)."""
+        """Until the first snapshot of the current connection arrived (UnavailableError after ``within`` seconds;
+        VersionMismatchError at once when sandboxd speaks another protocol, CTL-8)."""
+        waits = [asyncio.ensure_future(self._snapshot_seen.wait()), asyncio.ensure_future(self._mismatch_seen.wait())]
         try:
-            await asyncio.wait_for(self._snapshot_seen.wait(), within)
-        except TimeoutError:
-            raise UnavailableError(
-                f"runtime-control subscription {self.path} not connected within {within}s: {self.last_error}"
-            ) from None
+            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        if self._snapshot_seen.is_set():
+            return
+        if self.mismatch is not None:
+            raise VersionMismatchError(self.mismatch)
+        raise UnavailableError(
+            f"runtime-control subscription {self.path} not connected within {within}s: {self.last_error}"
+        )
 
     # -- events -----------------------------------------------------------------------------------------------
     def __aiter__(self) -> AsyncIterator[RuntimeControlEvent]:
@@ -215,6 +234,10 @@ class RuntimeControlSubscription:
             try:
                 await self._session(reader, writer)
                 self.last_error = "closed by sandboxd"
+            except VersionMismatchError as exc:
+                self.last_error = str(exc)
+                log.error("runtime-control stream refused: %s", exc)
+                delay = self.max_backoff  # not a blip: retry slowly until sandboxd is replaced
             except (OSError, asyncio.IncompleteReadError, ValueError, PermissionDeniedError) as exc:
                 self.last_error = repr(exc)
             finally:
@@ -238,6 +261,16 @@ class RuntimeControlSubscription:
             message = json.loads(line)
             kind = message.get("type")
             if kind == "snapshot":
+                protocol = message.get("protocol")
+                if protocol != PROTOCOL_VERSION:
+                    self.mismatch = (
+                        f"sandboxd at {self.path} speaks runtime-control protocol {protocol!r}, this node speaks "
+                        f"{PROTOCOL_VERSION}: upgrade the node, sandboxd and execd together (CTL-8)"
+                    )
+                    self._mismatch_seen.set()
+                    raise VersionMismatchError(self.mismatch)
+                self.mismatch = None
+                self._mismatch_seen.clear()
                 self.states = {sid: RuntimeObservation.model_validate(s) for sid, s in message["sandboxes"].items()}
                 self._writer, self.connected = writer, True
                 self.connects += 1

@@ -409,3 +409,5 @@ class RuntimeObservation(_Observation):
     activity: ActivityObservation
     checkpoint_requests: list[CheckpointRequestObservation] = Field(default_factory=list)
     workload_exit_code: int | None = None
+    #: Why sandboxd refused this sandbox's execd (CTL-8: another protocol version); None when it is served.
+    refused: str | None = None
