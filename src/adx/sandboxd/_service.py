@@ -252,11 +252,45 @@ class SandboxService:
                 except (AdxError, OSError) as exc:
                     self._defer(f"settling the interrupted create of {rec.sandbox_id} failed: {exc}")
             else:
+                if rec.state == State.RUNNING:
+                    self._thaw_unacknowledged(rec)
                 try:
                     self._reconcile_sync(rec.sandbox_id)
                 except AdxError as exc:
                     self._defer(f"reconciling {rec.sandbox_id} failed: {exc}")
         self._refresh_resource()
+
+    def _thaw_unacknowledged(self, rec: SandboxRecord) -> None:
+        """Startup, for a record persisted ``creating`` (started) or ``running``: thaw a frozen cgroup.
+
+        A freeze is acknowledged only by a durable ``paused`` record: Pause replies after committing it, and
+        Checkpoint thaws a sandbox it froze before it replies. So a frozen cgroup under any other persisted
+        state was frozen by a Pause or Checkpoint that a SIGKILL cut short, whose caller holds nothing but an
+        uncertain outcome (SBX-6) and may well have gone on as if it runs (a node cancels a failed pause and
+        serves commands). Reporting Paused would keep it frozen for nobody; thawing completes what the caller
+        knows. An acknowledged pause (persisted ``paused``) is never touched.
+        """
+        cg = self._cgroup(rec.sandbox_id)
+        try:
+            if self._ours(self._native_of(rec), cg) != "ours" or not cg.frozen():
+                return
+            cg.thaw()
+        except OSError as exc:
+            self._defer(f"thawing {rec.sandbox_id}, frozen by an operation a restart interrupted, failed: {exc}")
+            return
+        log.warning(
+            "sandbox %s: thawed; a pause or checkpoint interrupted by a restart had frozen it, unacknowledged",
+            rec.sandbox_id,
+            extra={"sandbox_id": rec.sandbox_id, "generation": rec.generation, "persisted": str(rec.state)},
+        )
+
+    def _adopting(self, rec: SandboxRecord, state: State, native: NativeIdentity | None) -> SandboxRecord:
+        """The record to apply an observation of ``state`` to: a started create (native identity recorded)
+        still persisted ``creating`` is first what its create replied, Running (SBX-2: that Running is published,
+        not persisted), so an observation only reachable from Running (Paused) settles it too."""
+        if rec.state != State.CREATING or native is None or state == State.CREATING or state in ALLOWED[rec.state]:
+            return rec
+        return self._transition(rec, State.RUNNING, native=native, reason="started (adopted by native observation)")
 
     def _settle_creating(self, rec: SandboxRecord) -> None:
         """A record still ``creating`` on disk at startup (SBX-10, SBX-13).
@@ -288,8 +322,10 @@ class SandboxService:
             finally:
                 os.close(fd)  # drops our lock at once if we got it
             time.sleep(0.005)
+        self._thaw_unacknowledged(rec)
         state, changes = self._observe(rec)
         changes.setdefault("reason", "create interrupted by a sandboxd restart; adopted by native observation")
+        rec = self._adopting(rec, state, self._native_of(rec))
         self._set_sync(rec, state, **changes)
 
     def _preflight(self) -> None:
@@ -568,7 +604,8 @@ class SandboxService:
         if rec.state == State.STOPPING:
             return rec, None  # the persisted intent rules; queries never override it (SBX-2)
         # (A record is creating here only after a startup that could not settle it: an in-flight create holds
-        # the sandbox's lock, which every reconciling call takes. Its supervisor's identity settles it.)
+        # the sandbox's lock, which every reconciling call takes. Its supervisor's identity settles it, through
+        # the Running its create replied with when the observation is Paused.)
         try:
             state, changes = self._observe(rec)
         except OSError as exc:
@@ -576,9 +613,10 @@ class SandboxService:
             return rec, f"native query failed: {exc}"
         if state == rec.state and all(getattr(rec, k) == v for k, v in changes.items() if k != "reason"):
             return rec, None
-        if state != rec.state and state not in ALLOWED[rec.state]:
+        base = self._adopting(rec, state, changes.get("native"))
+        if state != base.state and state not in ALLOWED[base.state]:
             return rec, None
-        return self._set_sync(rec, state, **changes), None
+        return self._set_sync(base, state, **changes), None
 
     async def _reconcile(self, sandbox_id: str) -> tuple[SandboxRecord, str | None]:
         return await asyncio.to_thread(self._reconcile_sync, sandbox_id)
@@ -936,10 +974,14 @@ class SandboxService:
                 error = UnavailableError(f"runtime control socket of {rec.sandbox_id}: {exc}")
         if restore is not None:
             sdir = self.registry.sandbox_dir(rec.sandbox_id)
+            artifact, manifest = restore
+
+            def extract() -> None:
+                ckpt.verify_and_extract(artifact, manifest, sdir / ".layer", sdir / "upper")
+                _fault("restore.after_extract", delay=0.3)  # the delay: the overlapping commit lands first
+
             try:
-                await asyncio.to_thread(
-                    ckpt.verify_and_extract, restore[0], restore[1], sdir / ".layer", sdir / "upper"
-                )
+                await asyncio.to_thread(extract)
             except AdxError as exc:
                 error = exc
             except OSError as exc:
@@ -1141,6 +1183,7 @@ class SandboxService:
                     raise ConflictError(f"sandbox {rec.sandbox_id} has no live cgroup")
                 if freeze:
                     cg.freeze()
+                    _fault("pause.after_freeze")
                 else:
                     cg.thaw()
 
@@ -1186,6 +1229,7 @@ class SandboxService:
                 live = rec.state == State.RUNNING and self._ours(rec.native, cg) == "ours"
                 if live:
                     cg.freeze()  # a consistent upper layer: nothing writes while tar reads
+                    _fault("checkpoint.after_freeze")
                 try:
                     return ckpt.capture_layer(sdir / "upper", artifact, body, self.owner)
                 finally:
