@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def test_tenant_create_then_env_list_with_no_flag_from_another_directory(up_clus
     assert json.loads(listed.stdout) == {"environments": []}
     # The key is checked for real: a wrong one is refused.
     wrong = up_cluster.adx("env", "list", ADX_API_KEY="adxk_wrong")
-    assert wrong.returncode != 0 and "API key" in wrong.stderr
+    assert wrong.returncode == 7 and "refused the key" in wrong.stderr, wrong.stderr
 
 
 def test_certs_go_to_the_clusters_directory(up_cluster: UpCluster) -> None:
@@ -167,3 +168,66 @@ def test_up_logs_no_line_per_health_poll(up_cluster: UpCluster) -> None:
     assert after == before, after[len(before) :]
     assert up_cluster.out.read_text() == out_before
     assert "HTTP Request" not in after and "/healthz" not in after
+
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [A-Z][A-Za-z+0-9-]*"  # a date, a time and a zone
+
+
+def test_env_output_is_human_and_quantities_take_common_spellings(up_cluster: UpCluster) -> None:
+    created = up_cluster.adx("env", "create", "--cpu", "250m", "--memory", "0.5GiB", "--idle-timeout", "0", "--json")
+    assert created.returncode == 0, created.stderr
+    env = json.loads(created.stdout)
+    assert env["resources"]["memoryBytes"] == 512 * 2**20 and env["resources"]["cpuMillis"] == 250
+    try:
+        shown = up_cluster.adx("env", "get", env["id"])
+        assert shown.returncode == 0, shown.stderr
+        assert "resources        cpu 250m, memory 512Mi, disk not reserved" in shown.stdout, shown.stdout
+        assert "lifecycle        idle timeout never\n" in shown.stdout, shown.stdout
+        assert re.search(rf"^created          {STAMP}$", shown.stdout, re.M), shown.stdout
+        listed = up_cluster.adx("env", "list")
+        row = next(line for line in listed.stdout.splitlines() if line.startswith(env["id"]))
+        assert re.fullmatch(rf"{env['id']}\s+running\s+local\s+250m\s+512Mi\s+{STAMP}", row), row
+        moved = up_cluster.adx("env", "lifetime", env["id"], "600")
+        assert moved.returncode == 0, moved.stderr
+        assert re.fullmatch(rf"{env['id']} running expires {STAMP} \(in (10m|9m5\ds)\) -> delete\n", moved.stdout), (
+            moved.stdout
+        )
+
+        # A missing program: 127 as from a shell, with the shell's words, in the CLI (argv or --shell) and SDK.
+        argv = up_cluster.adx("env", "exec", env["id"], "--", "no-such-program", "x")
+        assert (argv.returncode, argv.stdout) == (127, ""), argv.stderr
+        assert argv.stderr == "no-such-program: command not found\n"
+        shell = up_cluster.adx("env", "exec", env["id"], "--shell", "--", "no-such-program")
+        assert shell.returncode == 127 and "not found" in shell.stderr, shell.stderr
+        import adx
+
+        key = json.loads((up_cluster.state / "credentials.json").read_text())["api_key"]
+        with adx.Client(
+            api_url=json.loads((up_cluster.state / "cluster.json").read_text())["api_url"], api_key=key
+        ) as c:
+            target = c.environments.get(env["id"])
+            seen: list[str] = []
+            by_list = target.commands.run(["no-such-program"], on_stderr=seen.append)
+            by_string = target.commands.run("no-such-program")
+            not_executable = target.commands.run(["/etc/hostname"])
+        says = "no-such-program: command not found\n"
+        assert (by_list.exit_code, by_list.stderr, seen) == (127, says, [says])
+        assert by_string.exit_code == 127 and "not found" in by_string.stderr
+        assert not_executable.exit_code == 126 and not_executable.stderr == "/etc/hostname: Permission denied\n"
+    finally:
+        deleted = up_cluster.adx("env", "delete", env["id"], "--wait")
+        assert deleted.returncode == 0, deleted.stderr
+
+
+def test_input_and_reachability_errors_name_the_value_the_url_and_the_fix(up_cluster: UpCluster) -> None:
+    from adx.embedded._process import pick_free_port
+
+    ambiguous = up_cluster.adx("env", "create", "--memory", "512m")
+    assert ambiguous.returncode == 2
+    assert "--memory: unit 'm' in '512m' is ambiguous: write Mi" in ambiguous.stderr, ambiguous.stderr
+    negative = up_cluster.adx("env", "create", "--cpu=-1")
+    assert negative.returncode == 2 and negative.stderr == "adx: error: --cpu: must not be negative, got -1\n"
+    url = f"http://127.0.0.1:{pick_free_port('127.0.0.1')}"
+    away = up_cluster.adx("env", "list", ADX_API_URL=url)
+    assert away.returncode == 5, away.stderr
+    assert f"cannot reach the ADX API at {url}" in away.stderr and "is the server running" in away.stderr

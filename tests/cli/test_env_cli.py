@@ -87,7 +87,9 @@ async def test_env_errors_exit_with_their_family_code(api_stack) -> None:  # typ
     assert negative[0] == 2 and "adx: error: --cpu: must not be negative, got -1\n" in negative[2], negative
     assert action[0] == 2 and "adx: error: --idle-action: must be one of delete, pause" in action[2]
     assert missing[0] == 3 and "not found" in missing[2]
-    assert wrong_key[0] == 2 and "unknown API key" in wrong_key[2]
+    # A wrong key is an authentication failure (its own exit status), naming the API and the fix.
+    assert wrong_key[0] == 7 and "unknown API key" in wrong_key[2], wrong_key
+    assert f"the ADX API at {stack.url} refused the key" in wrong_key[2] and "adx tenant create" in wrong_key[2]
     assert await stack.cluster.coordinator.store.load_all_environments() == []
 
 

@@ -28,14 +28,27 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-# Exit status per failure family: scripts can tell "fix your input" from "try again later".
-EXIT_CODES: dict[type[AdxError], int] = {
-    InvalidInputError: 2,
-    NotFoundError: 3,
-    ConflictError: 4,
-    UnavailableError: 5,
-    UncertainOutcomeError: 6,
-}
+
+def exit_codes() -> dict[type[AdxError], int]:
+    """The one table of exit statuses (docs/cli.md): scripts tell "fix your input" from "try again later".
+    An error takes the status of its most specific kind listed here (an authentication failure is a kind of
+    invalid input with its own status); anything else ADX raises is 1, a usage error (typer) is 2."""
+    from adx.sdk import AuthenticationError  # loaded only on this error path: the SDK pulls httpx
+
+    return {
+        AdxError: 1,
+        InvalidInputError: 2,
+        NotFoundError: 3,
+        ConflictError: 4,
+        UnavailableError: 5,
+        UncertainOutcomeError: 6,
+        AuthenticationError: 7,
+    }
+
+
+def exit_status(exc: AdxError) -> int:
+    table = exit_codes()
+    return next((table[kind] for kind in type(exc).__mro__ if kind in table), 1)
 
 
 class GlobalOptions:
@@ -45,7 +58,7 @@ class GlobalOptions:
 
 
 def fail(exc: AdxError) -> NoReturn:
-    status = next((code for family, code in EXIT_CODES.items() if isinstance(exc, family)), 1)
+    status = exit_status(exc)
     err_console.print(f"adx: error: {exc}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(status)
 

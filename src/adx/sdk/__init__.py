@@ -4,7 +4,7 @@ adx.errors and httpx)."""
 from adx.model import CheckpointStorage, EnvironmentState, EnvironmentStats, IdleAction
 from adx.sdk._async import AsyncClient, AsyncCommandStream, AsyncEnvironment
 from adx.sdk._client import Client, CommandStream, Environment
-from adx.sdk._errors import BadResponseError, WaitTimeoutError
+from adx.sdk._errors import AuthenticationError, BadResponseError, WaitTimeoutError
 from adx.sdk._models import CommandResult, OutputChunk
 from adx.sdk._settings import credentials_path, read_credentials, resolve, write_credentials
 from adx.sdk._spec import PausePolicy, RestartPolicy, Retention, build_spec
@@ -13,6 +13,7 @@ __all__ = [
     "AsyncClient",
     "AsyncCommandStream",
     "AsyncEnvironment",
+    "AuthenticationError",
     "BadResponseError",
     "CheckpointStorage",
     "Client",

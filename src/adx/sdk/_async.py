@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from adx.errors import AdxError
+from adx.errors import AdxError, InvalidInputError
 from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._client import (
@@ -29,7 +29,15 @@ from adx.sdk._client import (
     check_waitable,
 )
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
-from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
+from adx.sdk._models import (
+    CommandResult,
+    EnvironmentFields,
+    FrameReader,
+    OutputChunk,
+    check_path,
+    command_body,
+    not_started,
+)
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, pause_call_timeout
 
@@ -98,7 +106,7 @@ class AsyncClient:
                     return response
                 retry = idempotent and response.status_code in RETRY_STATUSES and not last
                 if not retry or error_code(response.content) == "no_capacity":
-                    raise error_from_response(method, response.status_code, response.content, what)
+                    raise error_from_response(method, response.status_code, response.content, what, self.api_url)
             await asyncio.sleep(backoff(attempt))
         raise AssertionError("unreachable")
 
@@ -288,7 +296,7 @@ class AsyncCommandStream(AbstractAsyncContextManager["AsyncCommandStream"]):
             if response.status_code != 200:
                 body = await response.aread()
                 await response.aclose()
-                raise error_from_response("POST", response.status_code, body, what)
+                raise error_from_response("POST", response.status_code, body, what, self._client.api_url)
             self._response = response
             return self
         raise AssertionError("unreachable")
@@ -356,10 +364,17 @@ class AsyncCommands:
         on_stdout: Callable[[str], object] | None = None,
         on_stderr: Callable[[str], object] | None = None,
     ) -> CommandResult:
-        async with self.stream(
-            command, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
-        ) as running:
-            return await running.result()
+        """As ``Commands.run``: a missing program is exit status 127 (126: not executable), as from a shell."""
+        try:
+            async with self.stream(
+                command, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
+            ) as running:
+                return await running.result()
+        except InvalidInputError as exc:
+            result = not_started(exc, command, on_stderr)
+            if result is None:
+                raise
+            return result
 
 
 class AsyncFiles:

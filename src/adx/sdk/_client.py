@@ -12,11 +12,19 @@ from typing import Any
 
 import httpx
 
-from adx.errors import AdxError, ConflictError
+from adx.errors import AdxError, ConflictError, InvalidInputError
 from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
-from adx.sdk._models import CommandResult, EnvironmentFields, FrameReader, OutputChunk, check_path, command_body
+from adx.sdk._models import (
+    CommandResult,
+    EnvironmentFields,
+    FrameReader,
+    OutputChunk,
+    check_path,
+    command_body,
+    not_started,
+)
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, pause_call_timeout
 
@@ -119,7 +127,7 @@ class Client:
                     return response
                 retry = idempotent and response.status_code in RETRY_STATUSES and not last
                 if not retry or error_code(response.content) == "no_capacity":
-                    raise error_from_response(method, response.status_code, response.content, what)
+                    raise error_from_response(method, response.status_code, response.content, what, self.api_url)
             time.sleep(backoff(attempt))
         raise AssertionError("unreachable")
 
@@ -318,7 +326,7 @@ class CommandStream(AbstractContextManager["CommandStream"]):
             if response.status_code != 200:
                 body = response.read()
                 response.close()
-                raise error_from_response("POST", response.status_code, body, what)
+                raise error_from_response("POST", response.status_code, body, what, self._client.api_url)
             self._response = response
             return self
         raise AssertionError("unreachable")
@@ -388,11 +396,18 @@ class Commands:
         on_stderr: Callable[[str], object] | None = None,
     ) -> CommandResult:
         """Run ``command`` (a shell string, or an argv list) and wait for it. ``on_stdout``/``on_stderr`` get
-        output as it is produced. A non-zero exit is a result, not an error."""
-        with self.stream(
-            command, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
-        ) as running:
-            return running.result
+        output as it is produced. A non-zero exit is a result, not an error; so is a program that does not
+        exist (127) or cannot be executed (126), as from a shell."""
+        try:
+            with self.stream(
+                command, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
+            ) as running:
+                return running.result
+        except InvalidInputError as exc:
+            result = not_started(exc, command, on_stderr)
+            if result is None:
+                raise
+            return result
 
 
 class Files:

@@ -31,6 +31,13 @@ class WaitTimeoutError(UnavailableError):
         self.environment = environment
 
 
+class AuthenticationError(InvalidInputError):
+    """The API refused the API key (HTTP 401/403): a missing, unknown or revoked key. A kind of invalid input
+    (``field`` is ``api_key``), told apart because the fix is another key, not another request."""
+
+    code = "unauthenticated"
+
+
 class BadResponseError(AdxError):
     """The server answered with something that is not the documented shape."""
 
@@ -51,7 +58,7 @@ def error_code(body: bytes) -> str | None:
     return _parse_error(body)[0]
 
 
-def error_from_response(method: str, status: int, body: bytes, what: str) -> AdxError:
+def error_from_response(method: str, status: int, body: bytes, what: str, api_url: str = "") -> AdxError:
     code, message, details = _parse_error(body)
     text = message or body[:300].decode("utf-8", "replace").strip() or f"HTTP {status}"
     exc: AdxError
@@ -59,7 +66,12 @@ def error_from_response(method: str, status: int, body: bytes, what: str) -> Adx
         field = str(details.get("field", ""))
         exc = InvalidInputError(field, str(details.get("reason") or text.removeprefix(f"{field}: ")))
     elif status in (401, 403):
-        exc = InvalidInputError("api_key", text)
+        where = f"the ADX API at {api_url}" if api_url else "the ADX API"
+        exc = AuthenticationError(
+            "api_key",
+            f"{where} refused the key ({text.removeprefix('Authorization: ')}): pass the right one (api_key=, "
+            "ADX_API_KEY, --api-key) or make one with `adx tenant create NAME`",
+        )
     elif status == 404:
         exc = NotFoundError(text)
     elif status == 409:
@@ -80,10 +92,20 @@ def error_from_response(method: str, status: int, body: bytes, what: str) -> Adx
     return exc
 
 
+def _api_at(exc: httpx.HTTPError) -> str:
+    try:
+        url = exc.request.url
+    except RuntimeError:  # an error raised before any request was built
+        return "the ADX API"
+    return f"the ADX API at {url.scheme}://{url.netloc.decode()}"
+
+
 def transport_error(exc: httpx.HTTPError, what: str, *, sent: bool) -> AdxError:
     """``sent``: the request may have reached the server (then only the server knows what happened)."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or not sent:
-        return UnavailableError(f"{what}: cannot reach the ADX API: {exc}")
+        return UnavailableError(
+            f"{what}: cannot reach {_api_at(exc)} ({exc}): is the server running, and is the URL right?"
+        )
     if isinstance(exc, httpx.TimeoutException):
         return UncertainOutcomeError(
             f"{what}: no answer in time ({type(exc).__name__}); it may or may not have happened"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +144,27 @@ class FrameReader:
             id=self.id,
             pid=self.pid,
         )
+
+
+# What a shell answers when it cannot start a program: 127 "command not found", 126 "Permission denied". A
+# string command runs under /bin/sh and gets these from it; an argv list that execd cannot start gets the same
+# result, so both forms (and the CLI, and E2B's SDK) agree: a missing program is an exit status, not an error.
+_NOT_STARTED = (("executable not found", 127, "command not found"), ("permission denied", 126, "Permission denied"))
+
+
+def not_started(
+    exc: InvalidInputError, command: str | Sequence[str], on_stderr: Callable[[str], object] | None
+) -> CommandResult | None:
+    """The shell's result for an argv execd could not start (None: ``exc`` is another input error)."""
+    if exc.field != "argv" or isinstance(command, str):
+        return None
+    for prefix, status, says in _NOT_STARTED:
+        if exc.reason.startswith(prefix):
+            text = f"{next(iter(command), '')}: {says}\n"
+            if on_stderr is not None:
+                on_stderr(text)
+            return CommandResult(exit_code=status, stdout="", stderr=text)
+    return None
 
 
 def command_body(
