@@ -53,7 +53,8 @@ from adx.agents._schemas import (
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
-from adx.agents._store import AgentStore, CommitHook, RunKey
+from adx.agents._store import AgentStore, CommitHook, ResolveOutcome, RunKey
+from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall
 from adx.agents._worker import (
     AgentWorker,
     AgentWorkerBinding,
@@ -104,6 +105,9 @@ __all__ = [
     "NodeOutcome",
     "NodeWaits",
     "PendingWait",
+    "ReconcileOutcome",
+    "Reconciled",
+    "ResolveOutcome",
     "RunKey",
     "RunView",
     "SchemaLimits",
@@ -114,6 +118,7 @@ __all__ = [
     "TickOutcome",
     "TickReport",
     "Timer",
+    "ToolCall",
     "ToolOutcomeUnknownError",
     "Usage",
     "register_standard_agent_cancellation_event_schema",

@@ -12,7 +12,7 @@ from typing import Any
 
 from adx.agents._canonical import json_clone
 from adx.agents._graph import Budget, ExecutableGraphRegistry
-from adx.agents._store import AgentStore, RunKey, check_tenant
+from adx.agents._store import AgentStore, ResolveOutcome, RunKey, check_tenant
 from adx.errors import InvalidInputError
 
 __all__ = ["AgentResult", "AgentRuns", "PendingWait", "RunView"]
@@ -143,6 +143,8 @@ class AgentRuns:
             "input_schema": {"id": executable.input_schema, "digest": schemas.digest(executable.input_schema)},
             "output_schema": {"id": executable.output_schema, "digest": schemas.digest(executable.output_schema)},
         }
+        if executable.interrupts:
+            descriptor["interrupts"] = list(executable.interrupts)
         request = {"input": request_input}
         initial_state = request_input if isinstance(request_input, dict) else {"input": request_input}
         new_id, _ = await self.store.admit(
@@ -189,7 +191,18 @@ class AgentRuns:
         return _view(await self.store.request_cancellation(RunKey(tenant_id, _parse_run_id(run_id))))
 
     async def resolve_interrupt(self, tenant_id: str, run_id: uuid.UUID | str, wait_id: str, resolution: Any) -> bool:
-        """Resolve a pending interrupt; returns False for an exact duplicate resolution."""
+        """Resolve an interrupt (see :meth:`resolve`); returns False for an exact duplicate resolution."""
+        return await self.resolve(tenant_id, run_id, wait_id, resolution) is not ResolveOutcome.DUPLICATE
+
+    async def resolve(self, tenant_id: str, run_id: uuid.UUID | str, wait_id: str, resolution: Any) -> ResolveOutcome:
+        """Resolve interrupt ``wait_id`` of a run.
+
+        ``RESOLVED``: the run waited on it and wakes. ``STORED_EARLY``: the run has not reached that wait yet
+        and its graph declares the interrupt; the resolution is stored and consumed by the wait edge that
+        registers it. ``DUPLICATE``: an exact repeat of the last resolution of that name. A name the graph does
+        not declare raises InvalidInputError (field ``wait_id``); a run whose graph declares no interrupts
+        raises NotFoundError unless it waits on that name.
+        """
         check_tenant(tenant_id)
         if not isinstance(wait_id, str) or not wait_id:
             raise InvalidInputError("wait_id", "must be a non-empty string")

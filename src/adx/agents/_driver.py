@@ -34,6 +34,7 @@ from adx.agents._graph import (
 )
 from adx.agents._schemas import GRAPH_DRIVER_EVENT_SCHEMA_ID
 from adx.agents._store import AgentStore, Claim, CommitHook, RunKey
+from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall, ToolDef
 from adx.errors import AdxError, ConflictError, InvalidInputError, UncertainOutcomeError
 
 if TYPE_CHECKING:
@@ -219,8 +220,10 @@ class NodeContext:
         return self._claim.fence
 
     def on_commit(self, hook: CommitHook) -> None:
-        """Run ``hook(conn)`` inside the transaction that commits this node: its writes commit exactly when the
-        node's checkpoint does, so a completed node's side effect never happens twice."""
+        """Run ``hook(conn)`` inside the transaction that commits this node: its writes *on ``conn``* commit
+        exactly when the node's checkpoint does, once. Anything else the hook does (files, HTTP, other
+        connections) happens at every commit attempt, also one whose transaction then fails to commit, after which
+        the node and its hook run again: use a tool with ``reconcile`` for those."""
         self._hooks.append(hook)
 
     def _call_key(self, kind: str, name: str) -> str:
@@ -305,19 +308,38 @@ class NodeContext:
             self._usage["output_tokens"] += usage_seen.output_tokens
         return ModelResult(text, usage_seen, replayed=False)
 
+    def _tool_call(self, name: str, key: str) -> ToolCall:
+        ordinal = int(key.rsplit("#", 1)[1])
+        return ToolCall(
+            idempotency_key=f"{self.run_id}/{self.step}/{self.node}/{name}#{ordinal}",
+            tenant_id=self.tenant_id,
+            run_id=self.run_id,
+            step=self.step,
+            node=self.node,
+            tool=name,
+            ordinal=ordinal,
+            fence=self.fence,
+        )
+
     async def tool(self, name: str, arguments: Any) -> Any:
-        """Call a registered tool, recorded before dispatch; completed calls are replayed from the record."""
+        """Call a registered tool, recorded before dispatch; completed calls are replayed from the record.
+
+        The tool gets the same :attr:`ToolCall.idempotency_key` at every dispatch of this call; a
+        non-idempotent tool's unknown outcome (its worker died mid-call) is decided by its ``reconcile``."""
         tool = self._executables.tools.get(name)
         if tool is None:
             raise InvalidInputError("tool", f"tool {name!r} is not registered")
         key = self._call_key("tool", name)
-        for previous in await self._store.find_call(self._claim.key, self.step, "tool", key):
-            if previous["status"] == "completed":
-                return previous["response"]
-            if previous["status"] == "started" and previous["fence"] < self.fence and not tool.idempotent:
-                raise ToolOutcomeUnknownError(
-                    f"tool {name!r} call {key} started under fence {previous['fence']} has an unknown outcome"
-                )
+        call = self._tool_call(name, key)
+        previous = await self._store.find_call(self._claim.key, self.step, "tool", key)
+        for attempt in previous:
+            if attempt["status"] == "completed":
+                return attempt["response"]
+        unknown = [a for a in previous if a["status"] == "started" and a["fence"] < self.fence]
+        if unknown and not tool.idempotent:
+            decided = await self._reconcile(tool, arguments, call, [a["attempt_id"] for a in unknown])
+            if decided is not None:
+                return decided.result
         attempt_id = await self._store.start_call(
             self._claim.key,
             fence=self.fence,
@@ -330,7 +352,7 @@ class NodeContext:
         )
         self.in_flight.add(attempt_id)
         try:
-            result = await tool.fn(arguments)
+            result = await tool.dispatch(arguments, call)
         except UncertainOutcomeError:
             raise
         except Exception as exc:
@@ -358,6 +380,39 @@ class NodeContext:
         self.in_flight.discard(attempt_id)
         self._usage["tool_calls"] += 1
         return result
+
+    async def _reconcile(
+        self, tool: ToolDef, arguments: Any, call: ToolCall, unknown: list[uuid.UUID]
+    ) -> Reconciled | None:
+        """Decide the unknown outcome of earlier dispatches; returns the decision when the call is done."""
+        if tool.reconcile is None:
+            raise ToolOutcomeUnknownError(
+                f"tool {tool.name!r} call {call.idempotency_key} started under an earlier owner has an unknown"
+                " outcome and the tool has no reconcile hook"
+            )
+        decided = await tool.reconcile(arguments, call)
+        if not isinstance(decided, Reconciled):
+            raise InvalidInputError(f"tools.{tool.name}.reconcile", f"returned {decided!r}, not a Reconciled")
+        if decided.outcome is ReconcileOutcome.FAIL:
+            raise ToolOutcomeUnknownError(f"tool {tool.name!r} call {call.idempotency_key}: {decided.reason}"[:1024])
+        done = decided.outcome is ReconcileOutcome.DONE
+        for index, attempt_id in enumerate(unknown):
+            # One completed record per call (the latest dispatch); the others are closed as reconciled.
+            completes = done and index == len(unknown) - 1
+            await self._store.finish_call(
+                self._claim.key,
+                attempt_id,
+                fence=self.fence,
+                owner=self._claim.owner,
+                kind="tool",
+                response=json_clone(decided.result) if completes else None,
+                usage=None,
+                error=None if completes else f"reconciled: {decided.outcome.value}",
+            )
+        if not done:
+            return None
+        self._usage["tool_calls"] += 1
+        return decided
 
 
 @dataclass
@@ -528,6 +583,13 @@ class DurableGraphDriver:
                     )
                 if isinstance(outcome, NodeWaits):
                     waits = _waits_json(outcome.waits)
+                    undeclared = [
+                        w["wait_id"] for w in waits if w["kind"] == "interrupt" and w["wait_id"] not in graph.interrupts
+                    ]
+                    if graph.interrupts and undeclared:
+                        raise InvalidInputError(
+                            "waits.wait_id", f"interrupts {undeclared} are not declared by graph {graph.name!r}"
+                        )
                     resume = outcome.resume_at or node
                     if resume not in graph.nodes:
                         raise InvalidInputError("resume_at", f"{resume!r} is not a node of {graph.name}")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from adx.agents._canonical import digest, json_clone
 from adx.agents._schemas import JsonSchemaRegistry
+from adx.agents._tools import ReconcileFn, ToolDef, ToolFn, takes_call
 from adx.errors import ConflictError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -117,7 +118,6 @@ NodeFn: TypeAlias = Callable[["NodeContext", JSON], Awaitable[NodeOutcome | None
 Reducer: TypeAlias = Callable[[JSON, JSON], JSON]
 RouteFn: TypeAlias = Callable[[JSON], str]
 TerminalFn: TypeAlias = Callable[[JSON], JSON]
-ToolFn: TypeAlias = Callable[[JSON], Awaitable[JSON]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +171,6 @@ class NodeDef:
     reducer: str
 
 
-@dataclass(frozen=True, slots=True)
-class ToolDef:
-    name: str
-    fn: ToolFn
-    idempotent: bool
-
-
 @dataclass(frozen=True)
 class ExecutableGraph:
     name: str
@@ -191,6 +184,7 @@ class ExecutableGraph:
     output_schema: str
     budget: Budget
     reducers: Mapping[str, Reducer]
+    interrupts: tuple[str, ...] = ()
     digest: str = field(default="")
 
     def reduce(self, node: str, state: JSON, update: JSON) -> JSON:
@@ -289,6 +283,8 @@ class GraphBuilder:
             "output_schema": schemas.digest(self._spec["output_schema"]),
             "budget": self._spec["budget"].to_json(),
         }
+        if self._spec["interrupts"]:  # absent when none: digests of graphs declaring none are unchanged
+            structure["interrupts"] = list(self._spec["interrupts"])
         return ExecutableGraph(
             name=self.name,
             version=self.version,
@@ -301,6 +297,7 @@ class GraphBuilder:
             output_schema=self._spec["output_schema"],
             budget=self._spec["budget"],
             reducers=reducers,
+            interrupts=self._spec["interrupts"],
             digest=digest(structure),
         )
 
@@ -364,10 +361,22 @@ class ExecutableGraphRegistryBuilder:
         self._check_name("model_provider", name, self._models)
         self._models[name] = provider
 
-    def register_tool(self, name: str, fn: ToolFn, *, idempotent: bool = True) -> None:
-        """``idempotent=False``: a call whose outcome is unknown after a crash is never re-dispatched."""
+    def register_tool(
+        self, name: str, fn: ToolFn, *, idempotent: bool = True, reconcile: ReconcileFn | None = None
+    ) -> None:
+        """Register ``async def fn(arguments)`` or ``async def fn(arguments, call: ToolCall)``.
+
+        ``idempotent=False``: a call whose outcome is unknown after a crash is not dispatched again unless
+        ``reconcile(arguments, call)`` answers :meth:`Reconciled.not_done`; without a hook the run fails.
+        """
         self._check_name("tool", name, self._tools)
-        self._tools[name] = ToolDef(name, fn, idempotent)
+        if not callable(fn):
+            raise InvalidInputError(f"tools.{name}", "must be an async callable")
+        if reconcile is not None and not callable(reconcile):
+            raise InvalidInputError(f"tools.{name}.reconcile", "must be an async callable")
+        if reconcile is not None and idempotent:
+            raise InvalidInputError(f"tools.{name}.reconcile", "only a non-idempotent tool is reconciled")
+        self._tools[name] = ToolDef(name, fn, idempotent, reconcile, takes_call(fn))
 
     def graph(
         self,
@@ -378,8 +387,15 @@ class ExecutableGraphRegistryBuilder:
         input_schema: str,
         output_schema: str,
         budget: Budget | None = None,
+        interrupts: tuple[str, ...] | list[str] = (),
     ) -> GraphBuilder:
+        """``interrupts``: the interrupt names the graph may wait on. Declared names can be resolved before
+        the run reaches its wait (the resolution is stored and consumed then); an undeclared name is refused
+        as a typo. A graph that declares none accepts resolutions only while it waits."""
         self._check_open()
+        for wait_id in interrupts:
+            if not isinstance(wait_id, str) or not 0 < len(wait_id) <= 128:
+                raise InvalidInputError("interrupts", f"{wait_id!r} is not an interrupt name (1-128 characters)")
         if not _NAME.match(name):
             raise InvalidInputError("graph", f"{name!r} is not a valid graph name")
         if not isinstance(version, str) or not _VERSION.match(version):
@@ -396,6 +412,7 @@ class ExecutableGraphRegistryBuilder:
             input_schema=input_schema,
             output_schema=output_schema,
             budget=budget or Budget(),
+            interrupts=tuple(sorted(set(interrupts))),
         )
         self._graphs[(name, version)] = builder
         return builder

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from importlib import resources
 from typing import Any, TypeAlias
 
@@ -28,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from adx.agents._errors import StaleFenceError
 from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError, UncertainOutcomeError
 
-__all__ = ["AgentStore", "CommitHook", "RunKey", "StoreFaults"]
+__all__ = ["AgentStore", "CommitHook", "ResolveOutcome", "RunKey", "StoreFaults"]
 
 log = logging.getLogger("adx.agents.store")
 
@@ -49,8 +50,15 @@ _REQUIRED_TABLES = (
     "adx_agent_usage",
     "adx_agent_results",
     "adx_agent_workers",
+    "adx_agent_early_resolutions",
 )
 TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class ResolveOutcome(StrEnum):
+    RESOLVED = "resolved"
+    STORED_EARLY = "stored_early"
+    DUPLICATE = "duplicate"
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -462,11 +470,15 @@ class AgentStore:
                     raise ConflictError(f"run {key.run_id} already finished as {row['status']}")
         return await self.read_run(key)
 
-    async def resolve_interrupt(self, key: RunKey, wait_id: str, resolution: Any) -> bool:
-        """Resolve a pending interrupt of the run's current wait set. Returns False for an exact duplicate."""
+    async def resolve_interrupt(self, key: RunKey, wait_id: str, resolution: Any) -> ResolveOutcome:
+        """Resolve an interrupt of the run's current wait set, or store an early resolution of a declared one.
+
+        Returns ``resolved`` (the waiting run wakes), ``stored_early`` (consumed when the run reaches a wait on
+        that interrupt) or ``duplicate`` (an exact repeat). An undeclared, unregistered name is a typo."""
         async with self.transaction("resolve interrupt") as conn:
             cur = await conn.execute(
-                "SELECT status, checkpoint_seq FROM adx_agent_runs WHERE tenant_id = %s AND run_id = %s FOR UPDATE",
+                "SELECT status, checkpoint_seq, graph_name, graph_version, descriptor FROM adx_agent_runs"
+                " WHERE tenant_id = %s AND run_id = %s FOR UPDATE",
                 (key.tenant_id, key.run_id),
             )
             run = await cur.fetchone()
@@ -478,13 +490,28 @@ class AgentStore:
                 (key.tenant_id, key.run_id, wait_id),
             )
             wait = await cur.fetchone()
-            if wait is None:
-                raise NotFoundError(f"run {key.run_id} has no interrupt {wait_id!r}")
-            if wait["resolved_at"] is not None:
+            current = wait is not None and run["status"] == "waiting" and run["checkpoint_seq"] == wait["wait_set"]
+            if wait is not None and wait["resolved_at"] is not None:
+                # An exact repeat of the last resolution of this name is a retry (a lost acknowledgement), even
+                # after the run moved on; it never becomes an early resolution of a later wait.
                 if wait["resolution"] == resolution:
-                    return False
-                raise ConflictError(f"interrupt {wait_id!r} was already resolved differently")
-            if run["status"] != "waiting" or run["checkpoint_seq"] != wait["wait_set"]:
+                    return ResolveOutcome.DUPLICATE
+                if current or run["status"] in TERMINAL:
+                    raise ConflictError(f"interrupt {wait_id!r} was already resolved differently")
+            declared = run["descriptor"].get("interrupts") or []
+            if wait is None and wait_id not in declared:
+                graph = f"{run['graph_name']}@{run['graph_version']}"
+                if declared:
+                    raise InvalidInputError("wait_id", f"graph {graph} declares no interrupt {wait_id!r} ({declared})")
+                raise NotFoundError(
+                    f"run {key.run_id} has no interrupt {wait_id!r}; graph {graph} declares no interrupts, so"
+                    " only a run waiting on it can be resolved (declare interrupts=[...] to resolve early)"
+                )
+            if run["status"] in TERMINAL:
+                raise ConflictError(f"run {key.run_id} already finished as {run['status']}")
+            if not current and wait_id in declared:
+                return await self._store_early(conn, key, wait_id, resolution)
+            if not current or wait is None:
                 raise ConflictError(f"interrupt {wait_id!r} is no longer pending (run is {run['status']})")
             await conn.execute(
                 "UPDATE adx_agent_waits SET resolved_at = now(), resolution = %s WHERE tenant_id = %s"
@@ -496,7 +523,25 @@ class AgentStore:
                 " WHERE tenant_id = %s AND run_id = %s",
                 (key.tenant_id, key.run_id),
             )
-        return True
+        return ResolveOutcome.RESOLVED
+
+    async def _store_early(self, conn: Conn, key: RunKey, wait_id: str, resolution: Any) -> ResolveOutcome:
+        cur = await conn.execute(
+            "INSERT INTO adx_agent_early_resolutions (tenant_id, run_id, wait_id, resolution) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (tenant_id, run_id, wait_id) WHERE consumed_at IS NULL DO NOTHING RETURNING 1",
+            (key.tenant_id, key.run_id, wait_id, Jsonb(resolution)),
+        )
+        if await cur.fetchone() is not None:
+            return ResolveOutcome.STORED_EARLY
+        cur = await conn.execute(
+            "SELECT resolution FROM adx_agent_early_resolutions WHERE tenant_id = %s AND run_id = %s"
+            " AND wait_id = %s AND consumed_at IS NULL",
+            (key.tenant_id, key.run_id, wait_id),
+        )
+        row = await cur.fetchone()
+        if row is not None and row["resolution"] == resolution:
+            return ResolveOutcome.DUPLICATE
+        raise ConflictError(f"interrupt {wait_id!r} already has a different early resolution")
 
     # --- scheduling --------------------------------------------------------------------------------------
 
@@ -841,7 +886,7 @@ class AgentStore:
         with database time, status Waiting, lease released."""
         timers = [w["timer_ms"] for w in waits if w["kind"] == "timer"]
         k = claim.key
-        async with self.transaction("commit wait", single_statement=True) as conn:
+        async with self.transaction("commit wait") as conn:
             cur = await conn.execute(
                 "WITH r AS (UPDATE adx_agent_runs SET status = 'waiting', checkpoint_seq = %(seq)s,"
                 "   revision = revision + 1, lease_owner = NULL, lease_expires_at = NULL, claim_id = NULL,"
@@ -884,6 +929,21 @@ class AgentStore:
             row = await cur.fetchone()
             if row is None:
                 raise StaleFenceError(f"run {k.run_id}: fence {claim.fence} at step {step} is no longer current")
+            if any(w["kind"] == "interrupt" for w in waits):
+                # A new statement after the run row is locked: it sees every early resolution committed before
+                # us; a later resolver waits for our lock and then finds the run waiting.
+                await conn.execute(
+                    "WITH e AS (UPDATE adx_agent_early_resolutions SET consumed_at = now(), consumed_wait_set = %(seq)s"
+                    "   WHERE tenant_id = %(t)s AND run_id = %(r)s AND consumed_at IS NULL AND wait_id IN"
+                    "   (SELECT wait_id FROM adx_agent_waits WHERE tenant_id = %(t)s AND run_id = %(r)s"
+                    "   AND wait_set = %(seq)s AND kind = 'interrupt') RETURNING wait_id, resolution),"
+                    " w AS (UPDATE adx_agent_waits w SET resolved_at = now(), resolution = e.resolution FROM e"
+                    "   WHERE w.tenant_id = %(t)s AND w.run_id = %(r)s AND w.wait_set = %(seq)s"
+                    "   AND w.wait_id = e.wait_id)"
+                    " UPDATE adx_agent_runs SET wake_at = now() WHERE tenant_id = %(t)s AND run_id = %(r)s"
+                    " AND EXISTS (SELECT 1 FROM e)",
+                    {"seq": step + 1, "t": k.tenant_id, "r": k.run_id},
+                )
         return await self.read_wait_commit(k, event_id)
 
     async def read_wait_commit(self, key: RunKey, event_id: uuid.UUID) -> dict[str, Any]:
