@@ -14,7 +14,10 @@ thaws it and reports Running; an acknowledged pause stays frozen and Paused.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -234,3 +237,58 @@ async def test_sigkill_mid_restore_settles_failed_and_reserved_and_the_checkpoin
         assert Path(fresh.sandbox.run_dir).parent.joinpath("upper/work/n").exists()  # the checkpoint's files
         await c.delete(ref_of(fresh))
         await c.delete_checkpoint(ck.location, ck.digest)
+
+
+def _supervisor_pid(d: Daemon, sandbox_id: str) -> int:
+    """The process holding the sandbox's lifecycle lock open (the daemon itself opens it only briefly)."""
+    lock = str(d.sandbox_dir(sandbox_id) / "lifecycle.lock")
+    assert d.proc is not None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == d.proc.pid:
+            continue
+        try:
+            if any(os.readlink(fd) == lock for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no supervisor holds {lock}")
+
+
+def _lock_free(d: Daemon, sandbox_id: str) -> bool:
+    fd = os.open(d.sandbox_dir(sandbox_id) / "lifecycle.lock", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+@pytest.mark.req("SBX-2", "SBX-10", "SBX-6")
+async def test_a_paused_sandbox_whose_supervisor_died_is_still_paused_and_a_checkpoint_keeps_it_frozen(
+    sandboxd: DaemonFactory,
+) -> None:
+    # Without its supervisor a sandbox is observed from its cgroup alone: frozen was reported Running, so the
+    # node's pause-then-checkpoint thawed the sandbox it had just frozen, and a restart reported it Running.
+    d = sandboxd()
+    created = await _create_counting(d, "orphan")
+    sid = created.sandbox.sandbox_id
+    async with d.client() as c:
+        assert (await c.pause(ref_of(created))).state == State.PAUSED
+        os.kill(_supervisor_pid(d, sid), signal.SIGKILL)
+        wait_until(lambda: _lock_free(d, sid))
+        assert (await c.get(ref_of(created))).state == State.PAUSED
+        assert (await c.pause(ref_of(created))).state == State.PAUSED  # the node's pause, then its checkpoint
+        ck = await c.checkpoint(ref_of(created))
+        assert _frozen(d, sid)
+        await _stands_still(d, sid)
+    d.kill()
+    d.start()
+    async with d.client() as c:
+        assert (await c.get(ref_of(created))).state == State.PAUSED and _frozen(d, sid)
+        assert (await c.resume(ref_of(created))).state == State.RUNNING
+        _moves(d, sid)
+        await c.delete(ref_of(created))
+        await c.delete_checkpoint(ck.location, ck.digest)
+        assert not d.v2_cgroup(sid).exists()

@@ -595,7 +595,10 @@ class SandboxService:
         if exit_raw is not None:
             return State.TERMINATED, {"exit": ExitStatus.model_validate(exit_raw), "native": native}
         if not cg.is_empty():
-            # Supervisor lost (killed) but the workload lives: still running, just unsupervised.
+            # Supervisor lost (killed) but the workload lives, unsupervised; a frozen one is still paused (calling
+            # it running would let a Checkpoint thaw what its caller paused).
+            if cg.frozen():
+                return State.PAUSED, {"native": native, "reason": "supervisor lost; workload frozen"}
             return State.RUNNING, {"native": native, "reason": "supervisor lost; workload still running"}
         return State.TERMINATED, {"exit": ExitStatus(known=False), "native": native}
 
