@@ -255,3 +255,40 @@ async def test_a_failed_cleanup_restricts_only_that_environment_and_retries(node
         assert agent.executions.get(running_a.execution_id) is None
     finally:
         await api.close()
+
+
+@pytest.mark.req("NOD-20")
+async def test_a_missing_local_controller_recovers_only_that_instance(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """One Environment's Controller disappears from the node (its execution still runs): the next routine check
+    recovers that instance alone, adopting the same execution (no restart, no second execution); the other
+    Environment's Controller is not touched and the node keeps admitting."""
+    nc = await node_cluster()
+    api = Api(nc)
+    agent = nc.nodes["n1"]
+    try:
+        lost = await api.create()
+        kept = await api.create()
+        running = await api.wait_state(lost.id, S.RUNNING)
+        await api.wait_state(kept.id, S.RUNNING)
+        kept_controller = agent.controllers[kept.id]
+        gone = agent.controllers.pop(lost.id)
+        await gone.close()
+        deadline = time.monotonic() + 15
+        while lost.id not in agent.controllers:
+            assert time.monotonic() < deadline, "the missing Controller was not recovered"
+            await asyncio.sleep(0.1)
+        recovered = agent.controllers[lost.id]
+        deadline = time.monotonic() + 15
+        while not (recovered.state is S.RUNNING and recovered.serving):
+            assert time.monotonic() < deadline, f"recovered Controller is {recovered.state.value}"
+            await asyncio.sleep(0.1)
+        assert recovered.execution is not None and recovered.execution.execution_id == running.execution_id
+        after = await api.get(lost.id)
+        assert (after.state, after.execution_id, after.restart_attempts) == (S.RUNNING, running.execution_id, 0)
+        assert agent.controllers[kept.id] is kept_controller and agent.reporter.admission_open
+        relay = await api.route(lost.id)
+        assert await run_via_relay(nc, relay, lost.id, ["echo", "back"]) == ("back\n", 0)
+        sandboxes = [item for item in await agent.driver.inventory() if item.env_id == lost.id]
+        assert [item.execution_id for item in sandboxes] == [running.execution_id]  # never two
+    finally:
+        await api.close()

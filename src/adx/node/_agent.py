@@ -362,6 +362,15 @@ class NodeAgent(Recovery, RuntimeChecks):
                     self._controller(record).submit("delete")
                 elif record.state is S.RESUMING:
                     self._controller(record).submit("resume", record=record)
+                elif record.state is not S.DELETED and record.id not in self._deleted:
+                    # NOD-20: a missing local Controller recovers only that instance, as at startup (adopted if
+                    # its execution runs, through the exit flow if not); nothing else on the node waits.
+                    log.warning(
+                        "no Controller holds %s here; recovering it",
+                        record.id,
+                        extra={"node": self.name, "env_id": record.id, "execution_id": record.execution_id},
+                    )
+                    await self._recover_one(record, self.executions.get(record.execution_id or ""))
                 continue
             if known_before.get(record.id) is not controller or controller.publication_pending:
                 # NOD-5/NOD-9: admitted after the read, or a local result newer than the catalog: that one
