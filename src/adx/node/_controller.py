@@ -896,8 +896,7 @@ class Controller:
 
     async def _cancel_pause(self, execution: Execution, error: str | None) -> EnvironmentRecord:
         """Back to running: thaw, reopen both gates, commit; waiting requests are served (IDLE-6)."""
-        with contextlib.suppress(AdxError):
-            await self.driver.thaw(execution)
+        await self._thaw_until_confirmed(execution)
         if self.admission is not None:
             await self.admission.reopen_admission(self.env_id, execution)
         self.serving = True
@@ -905,6 +904,24 @@ class Controller:
             self.pause_gate.settle(serve=True)
         log.info("pause cancelled: %s", error or "demand arrived before capture", extra=self._context())
         return await self._transition(S.RUNNING, {"last_error": error} if error else None)
+
+    async def _thaw_until_confirmed(self, execution: Execution) -> None:
+        """A cancelled pause may have frozen the execution before it failed (its freeze acknowledged, or its
+        reply lost): it runs again only once the runtime confirms the thaw. Tried once, a thaw lost to a
+        runtime restart left a frozen sandbox behind an Environment reported Running."""
+        delay = self.timings.retry_min_seconds
+        while True:
+            try:
+                await self.driver.thaw(execution)
+                return
+            except (UnavailableError, UncertainOutcomeError) as exc:
+                log.warning("thaw after a cancelled pause not confirmed yet: %s", exc, extra=self._context())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.timings.retry_max_seconds)
+            except AdxError as exc:
+                # Gone or no longer pausable (exited meanwhile): nothing is frozen; the exit flow sees the rest.
+                log.info("no thaw after the cancelled pause: %s", exc, extra=self._context())
+                return
 
     def note_checkpoint_request(self, operation_id: str, execution_id: str) -> None:
         """CTL-7: a workload asked for a checkpoint; duplicates (every snapshot repeats it) change nothing."""
