@@ -190,8 +190,8 @@ async def _charge_node(ctx: NodeContext, state: dict[str, Any]) -> Next:
 
 async def _approval_node(ctx: NodeContext, state: dict[str, Any]) -> Next | NodeWaits:
     for wake in ctx.wake or []:
-        if wake["wait_id"] == "approve" and wake["resolved"]:
-            return Next(update={"approved_by": wake["resolution"]["by"]})
+        if wake.wait_id == "approve" and wake.resolved:
+            return Next(update={"approved_by": wake.resolution["by"]})
     return NodeWaits((Interrupt("approve", {"amount": state["amount"]}),))
 
 

@@ -51,8 +51,8 @@ def approval_graph(ex: ExecutableGraphRegistryBuilder) -> None:
     async def ask(ctx: NodeContext, state: dict[str, Any]) -> Any:
         if ctx.wake is None:
             return NodeWaits((Interrupt("approve", {"question": "ok?"}), Timer("expire", 3600)), update={"asked": True})
-        fired = {w["wait_id"]: w for w in ctx.wake if w["resolved"] or w["fired"]}
-        return Next(update={"answer": fired["approve"]["resolution"] if "approve" in fired else "expired"})
+        fired = {w.wait_id: w for w in ctx.wake if w.resolved or w.fired}
+        return Next(update={"answer": fired["approve"].resolution if "approve" in fired else "expired"})
 
     g = ex.graph("approval", "1", entry="ask", input_schema=ANY_OBJECT, output_schema=ANY_OBJECT)
     g.node("ask", ask).edge("ask", "__end__").terminal(lambda s: {"answer": s["answer"]})
@@ -60,7 +60,7 @@ def approval_graph(ex: ExecutableGraphRegistryBuilder) -> None:
     async def nap(ctx: NodeContext, state: dict[str, Any]) -> Any:
         if ctx.wake is None:
             return NodeWaits((Timer("nap", 0.3),))
-        return Next(update={"woke": [w["wait_id"] for w in ctx.wake if w["fired"]]})
+        return Next(update={"woke": [w.wait_id for w in ctx.wake if w.fired]})
 
     g2 = ex.graph("napper", "1", entry="nap", input_schema=ANY_OBJECT, output_schema=ANY_OBJECT)
     g2.node("nap", nap).edge("nap", "__end__").terminal(lambda s: {"woke": s["woke"]})

@@ -5,7 +5,7 @@ schemas, freeze them, register graphs into an executable registry and freeze it,
 :class:`DurableTenantScheduler` (which builds its agent loop internally) and run it in an :class:`AgentWorker`.
 """
 
-from adx.agents._api import AgentResult, AgentRuns, PendingWait, RunView
+from adx.agents._api import AgentResult, AgentRuns, PendingWait, RunEvent, RunPage, RunView
 from adx.agents._driver import (
     BudgetExceededError,
     DurableGraphDriverOptions,
@@ -53,6 +53,7 @@ from adx.agents._schemas import (
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
+from adx.agents._status import RunStatus, WaitKind, Wake
 from adx.agents._store import AgentStore, CommitHook, ResolveOutcome, RunKey
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall
 from adx.agents._worker import (
@@ -108,7 +109,10 @@ __all__ = [
     "ReconcileOutcome",
     "Reconciled",
     "ResolveOutcome",
+    "RunEvent",
     "RunKey",
+    "RunPage",
+    "RunStatus",
     "RunView",
     "SchemaLimits",
     "SchemaRef",
@@ -121,6 +125,8 @@ __all__ = [
     "ToolCall",
     "ToolOutcomeUnknownError",
     "Usage",
+    "WaitKind",
+    "Wake",
     "register_standard_agent_cancellation_event_schema",
     "register_standard_graph_driver_event_schema",
     "register_standard_graph_lifecycle_event_schema",

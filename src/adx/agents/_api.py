@@ -1,10 +1,13 @@
-"""The Python submission and read API: admit runs, read runs and results, cancel, resolve interrupts.
+"""The Python submission and operations API: admit runs; read, list, wait for, cancel, resolve and retry them.
 
 Submission never starts a worker (AGT-13): it only writes the admitted run; workers pick it up.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,10 +15,12 @@ from typing import Any
 
 from adx.agents._canonical import json_clone
 from adx.agents._graph import Budget, ExecutableGraphRegistry
+from adx.agents._status import RunStatus, WaitKind
 from adx.agents._store import AgentStore, ResolveOutcome, RunKey, check_tenant
-from adx.errors import InvalidInputError
+from adx.agents._store_ops import list_runs, read_history, retry_run
+from adx.errors import ConflictError, InvalidInputError
 
-__all__ = ["AgentResult", "AgentRuns", "PendingWait", "RunView"]
+__all__ = ["AgentResult", "AgentRuns", "PendingWait", "RunEvent", "RunPage", "RunView"]
 
 _MAX_KEY = 200
 
@@ -23,7 +28,7 @@ _MAX_KEY = 200
 @dataclass(frozen=True, slots=True)
 class PendingWait:
     wait_id: str
-    kind: str
+    kind: WaitKind
     payload: Any
     registered_at: datetime
     due_at: datetime | None
@@ -36,7 +41,7 @@ class RunView:
     run_id: uuid.UUID
     graph: str
     graph_version: str
-    status: str
+    status: RunStatus
     revision: int
     fence: int
     checkpoint_seq: int
@@ -50,13 +55,13 @@ class RunView:
 
     @property
     def finished(self) -> bool:
-        return self.status in ("succeeded", "failed", "cancelled")
+        return self.status.finished
 
 
 @dataclass(frozen=True, slots=True)
 class AgentResult:
     run_id: uuid.UUID
-    status: str
+    status: RunStatus
     artifact: Any
     failure: dict[str, Any] | None
     usage: dict[str, int]
@@ -81,7 +86,7 @@ def _view(row: dict[str, Any]) -> RunView:
         run_id=row["run_id"],
         graph=row["graph_name"],
         graph_version=row["graph_version"],
-        status=row["status"],
+        status=RunStatus(row["status"]),
         revision=int(row["revision"]),
         fence=int(row["fence"]),
         checkpoint_seq=int(row["checkpoint_seq"]),
@@ -93,19 +98,63 @@ def _view(row: dict[str, Any]) -> RunView:
         usage={k: int(row[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")},
         waits=tuple(
             PendingWait(
-                w["wait_id"], w["kind"], w["payload"], w["registered_at"], w["due_at"], w["resolved_at"] is not None
+                w["wait_id"],
+                WaitKind(w["kind"]),
+                w["payload"],
+                w["registered_at"],
+                w["due_at"],
+                w["resolved_at"] is not None,
             )
             for w in row["waits"]
         ),
     )
 
 
-class AgentRuns:
-    """Admission and reads over one store, validated against one frozen executable registry."""
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One entry of a run's history: a journal event (node committed, waiting, succeeded, released, ...) or
+    an operator action (``retried``)."""
 
-    def __init__(self, store: AgentStore, executables: ExecutableGraphRegistry) -> None:
+    id: uuid.UUID
+    kind: str
+    fence: int | None
+    revision: int | None
+    checkpoint_seq: int
+    created_at: datetime
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: tuple[RunView, ...]
+    next_cursor: str | None  # pass as ``cursor`` for the next (older) page; None on the last page
+
+
+def _cursor(view: RunView) -> str:
+    return base64.urlsafe_b64encode(f"{view.created_at.isoformat()}|{view.run_id}".encode()).decode()
+
+
+def _parse_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        at, run_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return datetime.fromisoformat(at), uuid.UUID(run_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidInputError("cursor", "is not a cursor returned by list_runs") from None
+
+
+class AgentRuns:
+    """Admission and operations over one store. ``executables`` (the frozen registry) is needed to submit;
+    reading, listing, waiting, cancelling, resolving and retrying work without it."""
+
+    def __init__(self, store: AgentStore, executables: ExecutableGraphRegistry | None = None) -> None:
         self.store = store
-        self.executables = executables
+        self._executables = executables
+
+    @property
+    def executables(self) -> ExecutableGraphRegistry:
+        if self._executables is None:
+            raise ConflictError("this AgentRuns has no executable registry: pass one to submit runs")
+        return self._executables
 
     async def create_tenant(self, tenant_id: str) -> None:
         await self.store.ensure_tenant(tenant_id)
@@ -175,7 +224,7 @@ class AgentRuns:
         doc = row["result"]
         return AgentResult(
             run_id=key.run_id,
-            status=row["status"],
+            status=RunStatus(row["status"]),
             artifact=doc.get("artifact"),
             failure=doc.get("failure"),
             usage=row["usage"],
@@ -211,3 +260,77 @@ class AgentRuns:
         except ValueError as exc:
             raise InvalidInputError("resolution", str(exc)) from None
         return await self.store.resolve_interrupt(RunKey(tenant_id, _parse_run_id(run_id)), wait_id, value)
+
+    async def list_runs(
+        self,
+        tenant_id: str,
+        *,
+        status: RunStatus | str | None = None,
+        graph: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """A tenant's runs, newest first, optionally of one status and/or graph; page with ``cursor``."""
+        check_tenant(tenant_id)
+        if status is not None:
+            try:
+                status = RunStatus(status)
+            except ValueError:
+                raise InvalidInputError("status", f"must be one of {[s.value for s in RunStatus]}") from None
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidInputError("limit", "must be between 1 and 1000")
+        rows = await list_runs(
+            self.store,
+            tenant_id,
+            status=status.value if status is not None else None,
+            graph=graph,
+            before=_parse_cursor(cursor) if cursor else None,
+            limit=limit + 1,
+        )
+        views = tuple(_view(r) for r in rows[:limit])
+        return RunPage(views, _cursor(views[-1]) if len(rows) > limit else None)
+
+    async def history(self, tenant_id: str, run_id: uuid.UUID | str) -> list[RunEvent]:
+        check_tenant(tenant_id)
+        rows = await read_history(self.store, RunKey(tenant_id, _parse_run_id(run_id)))
+        return [
+            RunEvent(
+                r["id"],
+                r["kind"],
+                None if r["fence"] is None else int(r["fence"]),
+                None if r["revision"] is None else int(r["revision"]),
+                int(r["checkpoint_seq"]),
+                r["created_at"],
+                r["payload"],
+            )
+            for r in rows
+        ]
+
+    async def wait(
+        self,
+        tenant_id: str,
+        run_id: uuid.UUID | str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline on polling, mirrors asyncio.wait_for
+        poll_seconds: float = 0.2,
+    ) -> AgentResult:
+        """Wait until the run finished and return its result; TimeoutError after ``timeout`` seconds."""
+        if not poll_seconds > 0:
+            raise InvalidInputError("poll_seconds", "must be positive")
+
+        async def poll() -> AgentResult:
+            while True:
+                result = await self.get_result(tenant_id, run_id)
+                if result is not None:
+                    return result
+                await asyncio.sleep(poll_seconds)
+
+        return await asyncio.wait_for(poll(), timeout=timeout)
+
+    async def retry(self, tenant_id: str, run_id: uuid.UUID | str) -> RunView:
+        """Go on with a failed run from the last checkpoint before its failure (a new step: node attempts
+        start afresh; usage keeps accumulating). The failure result is kept in the run's history."""
+        check_tenant(tenant_id)
+        key = RunKey(tenant_id, _parse_run_id(run_id))
+        await retry_run(self.store, key)
+        return await self.get_run(tenant_id, key.run_id)

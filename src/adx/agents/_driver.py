@@ -33,6 +33,7 @@ from adx.agents._graph import (
     Usage,
 )
 from adx.agents._schemas import GRAPH_DRIVER_EVENT_SCHEMA_ID
+from adx.agents._status import Wake
 from adx.agents._store import AgentStore, Claim, CommitHook, RunKey
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall, ToolDef
 from adx.errors import AdxError, ConflictError, InvalidInputError, UncertainOutcomeError
@@ -191,7 +192,7 @@ class NodeContext:
         attempt: int,
         budget: Budget,
         usage: dict[str, int],
-        wake: list[dict[str, Any]] | None,
+        wake: list[Wake] | None,
     ) -> None:
         self._store = store
         self._executables = executables
@@ -549,7 +550,7 @@ class DurableGraphDriver:
                 revision=rev,
             )
         state = ck.state
-        wake = claim.wake if ck.kind == "wait" else None
+        wake = [Wake.from_row(w) for w in claim.wake] if ck.kind == "wait" else None
         attempt_id = await self.store.start_node_attempt(claim, node)
         nodes_run = 0
         while True:

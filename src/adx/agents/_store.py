@@ -51,6 +51,7 @@ _REQUIRED_TABLES = (
     "adx_agent_results",
     "adx_agent_workers",
     "adx_agent_early_resolutions",
+    "adx_agent_run_actions",
 )
 TERMINAL = ("succeeded", "failed", "cancelled")
 

@@ -1,16 +1,21 @@
-"""``adx agent worker``: run a durable agent worker for one tenant."""
+"""``adx agent worker`` (run a durable agent worker for one tenant) and ``adx agent runs ...`` (operate on runs)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from adx.cli._app import app, console, fail, setup_logging
 from adx.config import load_model
 from adx.errors import AdxError
+
+if TYPE_CHECKING:
+    from adx.agents import AgentRuns, RunView
 
 agent_app = typer.Typer(help="Durable agent runtime.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -34,3 +39,214 @@ def worker(
     except AdxError as exc:
         fail(exc)
     console.print(f"agent worker stopped: ticks={health.ticks} executed={health.executed}")
+
+
+runs_app = typer.Typer(
+    help="Inspect and operate on durable runs (PostgreSQL: --database-url, ADX_AGENT_DATABASE_URL or a worker"
+    " --config).",
+    no_args_is_help=True,
+)
+agent_app.add_typer(runs_app, name="runs")
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="a worker TOML file: its database_url and tenant_id are the defaults", dir_okay=False
+    ),
+]
+DatabaseOpt = Annotated[
+    str | None, typer.Option("--database-url", help="postgresql://...", envvar="ADX_AGENT_DATABASE_URL")
+]
+TenantOpt = Annotated[str | None, typer.Option("--tenant", help="tenant ID", envvar="ADX_AGENT_TENANT")]
+RunArg = Annotated[str, typer.Argument(help="run ID (a UUID)")]
+
+
+def _target(config: Path | None, database_url: str | None, tenant: str | None) -> tuple[str, str]:
+    from adx.errors import InvalidInputError
+
+    if config is not None:
+        from adx.agents._config import AgentWorkerConfig
+
+        cfg = load_model(AgentWorkerConfig, "agent-worker", config)
+        database_url = database_url or cfg.database_url
+        tenant = tenant or cfg.tenant_id
+    if not database_url:
+        raise InvalidInputError("--database-url", "is required (or ADX_AGENT_DATABASE_URL, or --config)")
+    if not database_url.startswith(("postgresql://", "postgres://")):
+        raise InvalidInputError("--database-url", "must be a postgresql:// URL")
+    if not tenant:
+        raise InvalidInputError("--tenant", "is required (or ADX_AGENT_TENANT, or --config)")
+    return database_url, tenant
+
+
+def _operate(config: Path | None, database_url: str | None, tenant: str | None, action: Any) -> None:
+    """Open the store (no migrations: operating never changes the schema), run ``action(runs, tenant)``."""
+    from adx.agents import AgentRuns, AgentStore
+
+    async def go() -> None:
+        url, tenant_id = _target(config, database_url, tenant)
+        store = await AgentStore.open(url, min_size=1, max_size=2, migrate=False, timeout=10)
+        try:
+            await action(AgentRuns(store), tenant_id)
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(go())
+    except AdxError as exc:
+        fail(exc)
+
+
+def _when(at: datetime | None) -> str:
+    from adx.cli._human import format_time
+
+    return format_time(at.timestamp()) if at is not None else "-"
+
+
+def _print(text: str) -> None:
+    console.print(text, markup=False, highlight=False, soft_wrap=True, end="")
+
+
+def _show_run(view: RunView) -> None:
+    lines = [
+        ("run", str(view.run_id)),
+        ("graph", f"{view.graph}@{view.graph_version}"),
+        ("status", view.status.value + (" (cancellation requested)" if view.cancel_requested else "")),
+        ("checkpoint", str(view.checkpoint_seq)),
+        ("fence", f"{view.fence}{' (leased)' if view.leased else ''}"),
+        ("created", _when(view.created_at)),
+        ("updated", _when(view.updated_at)),
+        ("finished", _when(view.finished_at)),
+        ("usage", ", ".join(f"{k}={v}" for k, v in view.usage.items())),
+    ]
+    for wait in view.waits:
+        state = "resolved" if wait.resolved else f"due {_when(wait.due_at)}" if wait.due_at else "pending"
+        lines.append(("waits on", f"{wait.kind.value} {wait.wait_id!r} ({state})"))
+    _print("".join(f"{k:<12} {v}\n" for k, v in lines))
+
+
+@runs_app.command("list")
+def runs_list(
+    config: ConfigOpt = None,
+    database_url: DatabaseOpt = None,
+    tenant: TenantOpt = None,
+    status: Annotated[str | None, typer.Option(help="queued, running, waiting, succeeded, failed, cancelled")] = None,
+    graph: Annotated[str | None, typer.Option(help="only runs of this graph")] = None,
+    limit: Annotated[int, typer.Option(help="runs per page (1-1000)")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="the next-page cursor a previous list printed")] = None,
+) -> None:
+    """List a tenant's runs, newest first."""
+    from adx.cli._human import table
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        page = await runs.list_runs(tenant_id, status=status, graph=graph, limit=limit, cursor=cursor)
+        if not page.runs:
+            _print("no runs\n")
+            return
+        rows = [
+            (str(v.run_id), f"{v.graph}@{v.graph_version}", v.status.value, str(v.checkpoint_seq), _when(v.created_at))
+            for v in page.runs
+        ]
+        _print(table(("RUN", "GRAPH", "STATUS", "STEP", "CREATED"), rows))
+        if page.next_cursor:
+            _print(f"more: --cursor {page.next_cursor}\n")
+
+    _operate(config, database_url, tenant, action)
+
+
+@runs_app.command("get")
+def runs_get(
+    run_id: RunArg, config: ConfigOpt = None, database_url: DatabaseOpt = None, tenant: TenantOpt = None
+) -> None:
+    """Show one run: status, checkpoint, usage, waits, and its result once finished."""
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        view = await runs.get_run(tenant_id, run_id)
+        _show_run(view)
+        result = await runs.get_result(tenant_id, view.run_id)
+        if result is not None:
+            shown = result.artifact if result.failure is None else result.failure
+            _print(f"{'result':<12} {json.dumps(shown, sort_keys=True, default=str)}\n")
+
+    _operate(config, database_url, tenant, action)
+
+
+@runs_app.command("history")
+def runs_history(
+    run_id: RunArg, config: ConfigOpt = None, database_url: DatabaseOpt = None, tenant: TenantOpt = None
+) -> None:
+    """A run's journal: node commits, waits, releases, terminal events and operator actions, in order."""
+    from adx.cli._human import table
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        events = await runs.history(tenant_id, run_id)
+        rows = []
+        for e in events:
+            detail = e.payload.get("node") or e.payload.get("reason") or e.payload.get("from_checkpoint") or ""
+            rows.append(
+                (
+                    _when(e.created_at),
+                    e.kind,
+                    "-" if e.fence is None else str(e.fence),
+                    str(e.checkpoint_seq),
+                    str(detail)[:80],
+                )
+            )
+        _print(table(("TIME", "EVENT", "FENCE", "CHECKPOINT", "DETAIL"), rows))
+
+    _operate(config, database_url, tenant, action)
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    run_id: RunArg, config: ConfigOpt = None, database_url: DatabaseOpt = None, tenant: TenantOpt = None
+) -> None:
+    """Ask for cancellation; a worker confirms it (the run ends as cancelled)."""
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        view = await runs.request_cancellation(tenant_id, run_id)
+        _print(f"cancellation requested: run {view.run_id} is {view.status.value}\n")
+
+    _operate(config, database_url, tenant, action)
+
+
+@runs_app.command("resolve")
+def runs_resolve(
+    run_id: RunArg,
+    wait_id: Annotated[str, typer.Argument(help="the interrupt's name, e.g. approve")],
+    value: Annotated[str, typer.Option("--value", help="the resolution, as JSON")] = "true",
+    config: ConfigOpt = None,
+    database_url: DatabaseOpt = None,
+    tenant: TenantOpt = None,
+) -> None:
+    """Resolve an interrupt (an approval); before the run waits on it, it is stored and used then."""
+    from adx.errors import InvalidInputError
+
+    try:
+        resolution = json.loads(value)
+    except json.JSONDecodeError as exc:
+        fail(InvalidInputError("--value", f"is not JSON: {exc}"))
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        outcome = await runs.resolve(tenant_id, run_id, wait_id, resolution)
+        messages = {
+            "resolved": f"resolved {wait_id!r}: the run wakes",
+            "stored_early": f"stored: the run has not reached {wait_id!r} yet and will use it there",
+            "duplicate": f"{wait_id!r} already had this resolution: nothing changed",
+        }
+        _print(messages[outcome.value] + "\n")
+
+    _operate(config, database_url, tenant, action)
+
+
+@runs_app.command("retry")
+def runs_retry(
+    run_id: RunArg, config: ConfigOpt = None, database_url: DatabaseOpt = None, tenant: TenantOpt = None
+) -> None:
+    """Go on with a failed run from the last checkpoint before its failure."""
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        view = await runs.retry(tenant_id, run_id)
+        _print(f"run {view.run_id} is {view.status.value} again, from checkpoint {view.checkpoint_seq}\n")
+
+    _operate(config, database_url, tenant, action)
