@@ -10,9 +10,11 @@ unchanged. It keeps one mutual-TLS channel per address and sends every call to t
 - A call failing with UNAVAILABLE or DEADLINE_EXCEEDED makes its replica suspect: the next call probes again
   (and skips a frozen replica by the probe's deadline). A call already in flight on a replica that froze ends
   at its own deadline. Connections also ask for keepalive pings every second, but with this grpcio build a
-  frozen peer was not detected by them in our tests: deadlines are what bound a call, and a stream
-  (``WatchRoutes``, no deadline) on a frozen replica ends only when that replica stops its server (after
-  SIGCONT, or when it dies).
+  frozen peer was not detected by them in our tests: deadlines are what bound a call. A stream has no
+  deadline: with ``stream_silence_timeout`` a stream that brings nothing for that long (the Coordinator sends
+  ``WatchRoutes`` heartbeats every second) ends UNAVAILABLE and its replica is suspect, so the caller's
+  reconnect finds the active one; without it, a stream on a frozen replica ends only when that replica stops
+  its server (after SIGCONT, or when it dies).
 - A failed call is retried on the newly found active replica, within the caller's deadline, only when it
   cannot have been processed (connection refused, refused as "standby", no active replica found) or when it
   is a read (``IDEMPOTENT_METHODS``). A write that failed after it was sent is returned to the caller as is
@@ -90,11 +92,16 @@ def coordinator_channel(
     *,
     probe_timeout: float = 1.0,
     failover_timeout: float = 30.0,
+    stream_silence_timeout: float | None = None,
 ) -> FailoverChannel:
     """A ``grpc.aio.Channel`` to the active one of ``targets`` (``"a:1,b:2"`` or a list). Create it inside the
     event loop that uses it (grpc.aio binds to it)."""
     return FailoverChannel(
-        parse_targets(targets), credentials, probe_timeout=probe_timeout, failover_timeout=failover_timeout
+        parse_targets(targets),
+        credentials,
+        probe_timeout=probe_timeout,
+        failover_timeout=failover_timeout,
+        stream_silence_timeout=stream_silence_timeout,
     )
 
 
@@ -122,8 +129,10 @@ class FailoverChannel(grpc.aio.Channel):
         probe_timeout: float = 1.0,
         failover_timeout: float = 30.0,
         idempotent: frozenset[str] = IDEMPOTENT_METHODS,
+        stream_silence_timeout: float | None = None,
     ) -> None:
         self.targets = targets
+        self._stream_silence = stream_silence_timeout
         self._credentials = credentials
         self._probe_timeout = probe_timeout
         self._failover_timeout = failover_timeout
@@ -235,7 +244,16 @@ class FailoverChannel(grpc.aio.Channel):
         target, channel = await self._find(time.monotonic() + find_within)
         stream = channel.unary_stream(method, serializer, deserializer)(request, timeout=within, **kwargs)
         try:
-            async for item in stream:
+            while True:
+                try:
+                    item = await asyncio.wait_for(stream.read(), self._stream_silence)
+                except TimeoutError:
+                    self.suspect(target)
+                    raise _unavailable(
+                        f"no message from Coordinator {target} within {self._stream_silence:g}s (a frozen replica?)"
+                    ) from None
+                if item is grpc.aio.EOF:  # type: ignore[attr-defined]  # (missing from the grpc stubs)
+                    return
                 yield item
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

@@ -291,3 +291,52 @@ async def test_every_store_write_is_fenced(redis_factory: Callable[..., Embedded
         await setup.close()
         await old.close()
         await new.close()
+
+
+@pytest.mark.req("CRD-2", "JRN-4")
+async def test_a_route_stream_on_a_frozen_replica_ends_and_the_next_one_follows_the_new_active(ha: HaCluster) -> None:
+    """An API/Ingress follows route publications on the active replica, which is then SIGSTOPped (its TCP port
+    stays open, so nothing on the wire fails): the stream ends UNAVAILABLE after ROUTE_STREAM_SILENCE_SECONDS
+    without the Coordinator's heartbeats, instead of hanging for as long as the replica is frozen, and the
+    reconnect reaches the replica that took the lease over. Heartbeats never reach the caller as routes."""
+    from adx.api._coordinator import ROUTE_STREAM_SILENCE_SECONDS, CoordinatorClient
+    from adx.errors import UnavailableError
+
+    a = ha.replicas[0]
+    await start_pair(ha)
+    credentials = channel_credentials(issue(ha.certs, Identity("api", "main")))
+    client = CoordinatorClient(ha.targets, credentials, timeout=5, create_timeout=5)
+    seen: list[pb.RouteEvent] = []
+    ended: list[BaseException] = []
+
+    async def follow() -> None:
+        try:
+            async for event in client.watch_routes():
+                seen.append(event)
+        except BaseException as exc:
+            ended.append(exc)
+            raise
+
+    try:
+        follower = asyncio.create_task(follow())
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline, "no resync on the first stream"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.5)  # two heartbeats went by
+        assert [event.resync for event in seen] == [True], seen
+        a.signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        with pytest.raises(UnavailableError, match="frozen replica"):
+            await asyncio.wait_for(follower, ROUTE_STREAM_SILENCE_SECONDS + 10)
+        silence = time.monotonic() - frozen_at
+        assert ROUTE_STREAM_SILENCE_SECONDS - 1.5 < silence < ROUTE_STREAM_SILENCE_SECONDS + 5, silence
+        # The reconnect finds the replica that took the lease over while a is still frozen.
+        again = client.watch_routes()
+        first = await asyncio.wait_for(again.__anext__(), 30)
+        assert first.resync
+        await again.aclose()
+        assert a.alive()
+    finally:
+        a.signal(signal.SIGCONT)
+        await client.close()

@@ -20,6 +20,9 @@ from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
 
 R = TypeVar("R")
+#: A route stream that brings nothing (not even the Coordinator's heartbeat, one a second) for this long is on
+#: a frozen replica: it ends, and the reconnect looks for the active one.
+ROUTE_STREAM_SILENCE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class CoordinatorClient:
         create_timeout: float,
         pause_timeout: float = 3700.0,
     ):
-        self._channel = coordinator_channel(target, credentials)
+        self._channel = coordinator_channel(target, credentials, stream_silence_timeout=ROUTE_STREAM_SILENCE_SECONDS)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self._timeout = timeout
         self._create_timeout = create_timeout
@@ -167,7 +170,8 @@ class CoordinatorClient:
         stream = self._stub.WatchRoutes(pb.WatchRoutesRequest())
         try:
             async for event in stream:
-                yield event
+                if not event.heartbeat:
+                    yield event
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "watch routes") from None
         finally:

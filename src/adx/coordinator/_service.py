@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -56,6 +57,9 @@ NODE_COMMITTABLE = frozenset(
 #: When a create refused for a passing reason (no node admitting now, Redis unavailable) may be sent again: about
 #: one node report interval, after which a node that lost the Coordinator for a moment admits again.
 CREATE_RETRY_SECONDS = 2.0
+#: WatchRoutes sends a heartbeat after this long without a publication (subscribers give up on a silent stream
+#: after a few: adx.api._coordinator.ROUTE_STREAM_SILENCE_SECONDS).
+ROUTE_HEARTBEAT_SECONDS = 1.0
 #: When a create no node has room for may be sent again (resources free up as Environments end or pause).
 NO_CAPACITY_RETRY_SECONDS = 5.0
 #: Placement refusals that pass by themselves (a node reports again, registers again, or its sample refreshes).
@@ -577,10 +581,24 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             subscription = await self.store.subscribe_routes()
         except AdxError as exc:
             await abort_with(context, exc)
+        # Published routes and, when nothing was published for a while, heartbeats: a subscriber that hears
+        # nothing for several of them knows its replica froze (a SIGSTOPped one keeps its TCP port open and gRPC
+        # keepalive did not notice it here) and looks for the active one again.
+        events: asyncio.Queue[dict[str, Any] | AdxError | None] = asyncio.Queue()
+        pump = asyncio.create_task(_pump_routes(subscription, events), name="route-publications")
         try:
             # Anything cached before this stream existed may be stale: the subscriber starts clean.
             yield pb.RouteEvent(resync=True)
-            async for route in subscription:
+            while True:
+                try:
+                    route = await asyncio.wait_for(events.get(), ROUTE_HEARTBEAT_SECONDS)
+                except TimeoutError:
+                    yield pb.RouteEvent(heartbeat=True)
+                    continue
+                if isinstance(route, AdxError):
+                    await abort_with(context, route)
+                if route is None:
+                    return
                 node = self.cache.nodes.get(route.get("node") or "")
                 yield pb.RouteEvent(
                     environment_id=str(route["id"]),
@@ -591,7 +609,23 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     relay_address=node.relay_address if node else "",
                 )
         finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
             await subscription.aclose()
+
+
+async def _pump_routes(
+    subscription: AsyncIterator[dict[str, Any]], events: asyncio.Queue[dict[str, Any] | AdxError | None]
+) -> None:
+    """Route publications into ``events``; then None (the subscription ended) or the error that ended it."""
+    try:
+        async for route in subscription:
+            events.put_nowait(route)
+    except AdxError as exc:
+        events.put_nowait(exc)
+        return
+    events.put_nowait(None)
 
 
 def _json(text: str, field: str) -> object:

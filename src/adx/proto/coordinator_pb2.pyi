@@ -650,6 +650,7 @@ class RouteEvent(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     RELAY_ADDRESS_FIELD_NUMBER: _builtins.int
     RESYNC_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.str
     tenant: _builtins.str
     node: _builtins.str
@@ -659,6 +660,8 @@ class RouteEvent(_message.Message):
     """the node's Relay (empty: no node)"""
     resync: _builtins.bool
     """the stream (re)started or lost events: drop every cached route"""
+    heartbeat: _builtins.bool
+    """nothing happened: the stream and its replica are alive (sent every second)"""
     def __init__(
         self,
         *,
@@ -669,10 +672,11 @@ class RouteEvent(_message.Message):
         revision: _builtins.int = ...,
         relay_address: _builtins.str = ...,
         resync: _builtins.bool = ...,
+        heartbeat: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "node", b"node", "relay_address", b"relay_address", "resync", b"resync", "revision", b"revision", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "heartbeat", b"heartbeat", "node", b"node", "relay_address", b"relay_address", "resync", b"resync", "revision", b"revision", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
