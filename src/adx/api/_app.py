@@ -23,6 +23,8 @@ from pydantic.alias_generators import to_camel
 from adx._certs import Identity, component_paths
 from adx._grpc_tls import channel_credentials
 from adx._node_client import NodeClients, NodeView
+from adx.api._agent_routes import close_agent_store
+from adx.api._agent_routes import router as agent_router
 from adx.api._auth import TenantAuth
 from adx.api._config import ApiConfig
 from adx.api._coordinator import CoordinatorClient, Route
@@ -371,6 +373,7 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
             yield
         finally:
             await p.close()
+            await close_agent_store(app)
 
     app = FastAPI(
         title="ADX API",
@@ -382,6 +385,7 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
     app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
     if api:
         app.include_router(router)
+        app.include_router(agent_router)
     if with_ingress:
         from adx.ingress import router as ingress_router
 

@@ -1,0 +1,317 @@
+"""Durable agent runs over HTTP: list, get, history, cancel, resolve, retry (``/v1/agent-runs``).
+
+Tenant-authenticated like every ``/v1`` route: the API key names the tenant, and a run of another tenant is
+the same 404 as a missing one (SEC-2). The API server reads the agent store's PostgreSQL URL from
+``ADX_AGENT_DATABASE_URL`` and opens its pool on first use; without it these routes answer 503. Submission
+needs a graph registry and stays in Python (``AgentRuns.submit``); nothing here starts a worker (AGT-13).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from adx.api._schemas import ErrorBody
+from adx.errors import InvalidInputError, NotFoundError, UnavailableError
+
+if TYPE_CHECKING:
+    from adx.agents import AgentResult, AgentRuns, AgentStore, RunView
+
+__all__ = ["close_agent_store", "router"]
+
+DATABASE_ENV = "ADX_AGENT_DATABASE_URL"
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or unknown API key"},
+    404: {"model": ErrorBody, "description": "no such run for this tenant"},
+    409: {"model": ErrorBody, "description": "the run's state does not allow this (e.g. retry of a run not failed)"},
+    422: {"model": ErrorBody, "description": "invalid input; details.field names it"},
+    503: {"model": ErrorBody, "description": "the agent store is not configured or unavailable"},
+}
+
+
+bearer = HTTPBearer(auto_error=False, description="a tenant API key (`adx tenant create NAME` prints one)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+STATUSES = ("queued", "running", "waiting", "succeeded", "failed", "cancelled")
+
+
+class AgentWaitView(_Wire):
+    wait_id: str
+    kind: str = Field(description="interrupt or timer")
+    payload: Any = None
+    registered_at: datetime
+    due_at: datetime | None = None
+    resolved: bool
+
+
+class AgentUsage(_Wire):
+    input_tokens: int
+    output_tokens: int
+    model_calls: int
+    tool_calls: int
+    node_commits: int
+
+
+class AgentResultView(_Wire):
+    status: str = Field(description="succeeded, failed or cancelled")
+    artifact: Any = Field(default=None, description="the graph's output (succeeded)")
+    failure: dict[str, Any] | None = Field(default=None, description="why the run failed")
+    created_at: datetime
+
+
+class AgentRunView(_Wire):
+    run_id: uuid.UUID
+    graph: str
+    graph_version: str
+    status: str = Field(description="queued, running, waiting, succeeded, failed or cancelled")
+    checkpoint_seq: int
+    fence: int
+    leased: bool
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+    usage: AgentUsage
+    waits: list[AgentWaitView] = Field(default_factory=list, description="pending waits (status waiting)")
+    result: AgentResultView | None = Field(default=None, description="once finished (GET of one run)")
+
+
+class AgentRunList(_Wire):
+    runs: list[AgentRunView]
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next (older) page")
+
+
+class AgentRunEventView(_Wire):
+    id: uuid.UUID
+    kind: str = Field(description="node_committed, waiting, released, succeeded, failed, cancelled, retried, ...")
+    fence: int | None = None
+    checkpoint_seq: int
+    created_at: datetime
+    node: str | None = None
+
+
+class AgentRunHistory(_Wire):
+    events: list[AgentRunEventView]
+
+
+class ResolveRequest(_Wire):
+    resolution: Any = Field(default=True, description="any JSON value; the node reads it from ctx.wake")
+
+
+class ResolveResponse(_Wire):
+    outcome: str = Field(description="resolved, stored_early (used when the run reaches the wait) or duplicate")
+    run: AgentRunView
+
+
+def _view(view: RunView, result: AgentResult | None = None) -> AgentRunView:
+    return AgentRunView(
+        run_id=view.run_id,
+        graph=view.graph,
+        graph_version=view.graph_version,
+        status=view.status.value,
+        checkpoint_seq=view.checkpoint_seq,
+        fence=view.fence,
+        leased=view.leased,
+        cancel_requested=view.cancel_requested,
+        created_at=view.created_at,
+        updated_at=view.updated_at,
+        finished_at=view.finished_at,
+        usage=AgentUsage(**view.usage),
+        waits=[
+            AgentWaitView(
+                wait_id=w.wait_id,
+                kind=w.kind.value,
+                payload=w.payload,
+                registered_at=w.registered_at,
+                due_at=w.due_at,
+                resolved=w.resolved,
+            )
+            for w in view.waits
+        ],
+        result=(
+            AgentResultView(
+                status=result.status.value,
+                artifact=result.artifact,
+                failure=result.failure,
+                created_at=result.created_at,
+            )
+            if result is not None
+            else None
+        ),
+    )
+
+
+class _Stores:
+    """One pool per application, opened on first use (the API server may run without any agent store)."""
+
+    def __init__(self) -> None:
+        self.store: AgentStore | None = None
+        self.lock = asyncio.Lock()
+
+
+def _stores(app: FastAPI) -> _Stores:
+    holder = getattr(app.state, "agent_stores", None)
+    if holder is None:
+        holder = _Stores()
+        app.state.agent_stores = holder
+    return holder
+
+
+async def _runs(request: Request) -> AgentRuns:
+    from adx.agents import AgentRuns, AgentStore
+
+    holder = _stores(request.app)
+    async with holder.lock:
+        if holder.store is None:
+            url = os.environ.get(DATABASE_ENV)
+            if not url:
+                raise UnavailableError(f"agent runs are not configured on this API server (set {DATABASE_ENV})")
+            holder.store = await AgentStore.open(url, min_size=1, max_size=4, migrate=False, timeout=10)
+    return AgentRuns(holder.store)
+
+
+async def close_agent_store(app: FastAPI) -> None:
+    holder = getattr(app.state, "agent_stores", None)
+    if holder is not None and holder.store is not None:
+        await holder.store.close()
+        holder.store = None
+
+
+async def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str:
+    from adx.agents._store import check_tenant
+    from adx.api._app import plane
+
+    tenant = await plane(request).tenant(credentials)
+    try:
+        return check_tenant(tenant)
+    except InvalidInputError:
+        raise NotFoundError("this tenant has no agent runs") from None
+
+
+def _run_id(run_id: str) -> uuid.UUID:
+    """A malformed ID names no run: the same 404 as a missing or foreign one (SEC-2)."""
+    try:
+        return uuid.UUID(run_id)
+    except ValueError:
+        raise NotFoundError(f"run {run_id[:80]} not found") from None
+
+
+async def _one(runs: AgentRuns, tenant: str, run_id: uuid.UUID) -> AgentRunView:
+    try:
+        view = await runs.get_run(tenant, run_id)
+    except NotFoundError:
+        raise NotFoundError(f"run {run_id} not found") from None
+    return _view(view, await runs.get_result(tenant, run_id) if view.finished else None)
+
+
+router = APIRouter(prefix="/v1/agent-runs", tags=["agent runs"], responses=ERRORS)
+
+
+@router.get("", response_model=AgentRunList, response_model_by_alias=True, summary="List runs, newest first")
+async def list_agent_runs(
+    request: Request,
+    credentials: Credentials,
+    status: Annotated[str | None, Query(description=", ".join(STATUSES))] = None,
+    graph: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> AgentRunList:
+    tenant = await _tenant(request, credentials)
+    page = await (await _runs(request)).list_runs(tenant, status=status, graph=graph, limit=limit, cursor=cursor)
+    return AgentRunList(runs=[_view(v) for v in page.runs], next_cursor=page.next_cursor)
+
+
+@router.get("/{run_id}", response_model=AgentRunView, response_model_by_alias=True, summary="Get a run")
+async def get_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
+    tenant = await _tenant(request, credentials)
+    return await _one(await _runs(request), tenant, _run_id(run_id))
+
+
+@router.get(
+    "/{run_id}/history", response_model=AgentRunHistory, response_model_by_alias=True, summary="A run's journal"
+)
+async def agent_run_history(request: Request, run_id: str, credentials: Credentials) -> AgentRunHistory:
+    tenant = await _tenant(request, credentials)
+    key = _run_id(run_id)
+    try:
+        events = await (await _runs(request)).history(tenant, key)
+    except NotFoundError:
+        raise NotFoundError(f"run {key} not found") from None
+    return AgentRunHistory(
+        events=[
+            AgentRunEventView(
+                id=e.id,
+                kind=e.kind,
+                fence=e.fence,
+                checkpoint_seq=e.checkpoint_seq,
+                created_at=e.created_at,
+                node=e.payload.get("node") if isinstance(e.payload, dict) else None,
+            )
+            for e in events
+        ]
+    )
+
+
+@router.post(
+    "/{run_id}/cancel", response_model=AgentRunView, response_model_by_alias=True, summary="Request cancellation"
+)
+async def cancel_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
+    tenant = await _tenant(request, credentials)
+    runs = await _runs(request)
+    key = _run_id(run_id)
+    try:
+        await runs.request_cancellation(tenant, key)
+    except NotFoundError:
+        raise NotFoundError(f"run {key} not found") from None
+    return await _one(runs, tenant, key)
+
+
+@router.post(
+    "/{run_id}/interrupts/{wait_id}/resolve",
+    response_model=ResolveResponse,
+    response_model_by_alias=True,
+    summary="Resolve an interrupt (an approval), also before the run reaches it when its graph declares it",
+)
+async def resolve_agent_interrupt(
+    request: Request, run_id: str, wait_id: str, body: ResolveRequest, credentials: Credentials
+) -> ResolveResponse:
+    tenant = await _tenant(request, credentials)
+    runs = await _runs(request)
+    key = _run_id(run_id)
+    try:
+        await runs.get_run(tenant, key)
+    except NotFoundError:
+        raise NotFoundError(f"run {key} not found") from None
+    outcome = await runs.resolve(tenant, key, wait_id, body.resolution)
+    return ResolveResponse(outcome=outcome.value, run=await _one(runs, tenant, key))
+
+
+@router.post(
+    "/{run_id}/retry",
+    response_model=AgentRunView,
+    response_model_by_alias=True,
+    summary="Go on with a failed run from the last checkpoint before its failure",
+)
+async def retry_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
+    tenant = await _tenant(request, credentials)
+    runs = await _runs(request)
+    key = _run_id(run_id)
+    try:
+        await runs.retry(tenant, key)
+    except NotFoundError:
+        raise NotFoundError(f"run {key} not found") from None
+    return await _one(runs, tenant, key)
