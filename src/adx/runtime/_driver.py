@@ -130,6 +130,16 @@ class RuntimeDriver(Protocol):
     async def inventory(self) -> list[InventoryItem]:
         """Every execution this runtime holds for this node (startup recovery only)."""
 
+    async def reclaim(self, item: InventoryItem, secret: str) -> Execution:
+        """Make an execution of ``inventory`` addressable again when its address was lost (the node's record
+        of it is gone): the runtime replaces the execution's secret by ``secret`` and returns its full
+        address, as ``start`` does. The old secret stops working at once. Idempotent for a retry with the same
+        ``secret`` (an uncertain outcome: retry with it, never with a new one before the old call is settled
+        by a success). Raises NotFoundError for an execution that is gone (deleted or never existed),
+        ConflictError when its generation is no longer ``item.generation``, InvalidInputError (field
+        ``secret``) for a malformed secret. The execution's state is untouched: the caller adopts or stops it.
+        """
+
     async def resources(self) -> Resources: ...
 
     async def checkpoint(self, execution: Execution, storage: str, within_seconds: float) -> Artifact:

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from adx._fs import ShortUnixPath
-from adx.errors import AdxError, NotFoundError, UnavailableError, VersionMismatchError
+from adx.errors import AdxError, InvalidInputError, NotFoundError, UnavailableError, VersionMismatchError
 from adx.model import Resources
 from adx.runtime._driver import (
     Artifact,
@@ -38,6 +39,7 @@ from adx.sandboxd import (
     CreateResponse,
     ExecdOptions,
     ProbeOptions,
+    ReclaimRequest,
     ResourcesSpec,
     RestoreRequest,
     RuntimeControlSubscription,
@@ -222,13 +224,40 @@ class SandboxdDriver:
             env_id = info.metadata.get(META_ENV)
             if execution_id is None or env_id is None:
                 continue
-            native: dict[str, Any] = {"sandbox_id": info.sandbox_id, "generation": info.generation}
+            native: dict[str, Any] = {"sandbox_id": info.sandbox_id, "generation": info.generation, "owner": info.owner}
             items.append(
                 InventoryItem(
                     execution_id, env_id, info.generation, _NATIVE_STATE.get(info.state, ExecutionState.UNKNOWN), native
                 )
             )
         return items
+
+    async def reclaim(self, item: InventoryItem, secret: str) -> Execution:
+        """sandboxd's Reclaim: the sandbox of ``item`` gets the token ``secret`` (see RuntimeDriver.reclaim).
+
+        The owner named is the one ``inventory`` listed the sandbox under (else sandboxd's current one): a
+        sandboxd whose state was replaced meanwhile refuses it.
+        """
+        sandbox_id = str(item.native.get("sandbox_id", item.execution_id))
+        owner = item.native.get("owner")
+        if not isinstance(owner, str):
+            owner = (await self.client.health()).owner
+        try:
+            request = ReclaimRequest(owner=owner, sandbox_id=sandbox_id, generation=item.generation, token=secret)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise InvalidInputError("secret" if field == "token" else field, err["msg"]) from None
+        reclaimed = await self.client.reclaim(request)
+        info = reclaimed.sandbox
+        return Execution(
+            env_id=item.env_id,
+            generation=info.generation,
+            execution_id=item.execution_id,
+            native=ref_of(reclaimed).model_dump(),
+            execd_socket=Path(info.execd_socket) if info.execd_socket is not None else None,
+            started_at=info.created_at,
+        )
 
     async def network_namespace(self, execution: Execution) -> Path:
         info = await self.client.get(_ref(execution))

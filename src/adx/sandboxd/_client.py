@@ -37,6 +37,8 @@ from adx.sandboxd._models import (
     ListCheckpointsRequest,
     ListCheckpointsResponse,
     ListResponse,
+    ReclaimRequest,
+    ReclaimResponse,
     ResourceInfo,
     RestoreRequest,
     SandboxInfo,
@@ -71,8 +73,8 @@ def _to_error(status: int, body: bytes) -> AdxError:
     return family(message, details=details)
 
 
-def ref_of(created: CreateResponse) -> SandboxRef:
-    """The credentials of a created sandbox for later per-sandbox calls."""
+def ref_of(created: CreateResponse | ReclaimResponse) -> SandboxRef:
+    """The credentials of a created (or reclaimed) sandbox for later per-sandbox calls."""
     s = created.sandbox
     return SandboxRef(sandbox_id=s.sandbox_id, generation=s.generation, token=created.token, owner=s.owner)
 
@@ -194,6 +196,11 @@ class SandboxdClient:
 
     async def get(self, ref: SandboxRef) -> SandboxInfo:
         return await self._call("Get", ref, SandboxInfo)
+
+    async def reclaim(self, request: ReclaimRequest) -> ReclaimResponse:
+        """Owner-level: replace a sandbox's token by ``request.token`` (its holder lost the old one). Retry an
+        uncertain outcome with the same token: it converges (``replayed``)."""
+        return await self._call("Reclaim", request, ReclaimResponse)
 
     async def list(self) -> list[SandboxInfo]:
         return (await self._call("List", None, ListResponse)).sandboxes

@@ -19,6 +19,7 @@ from adx.sandboxd._models import (
     CheckpointRequest,
     CreateRequest,
     ListCheckpointsRequest,
+    ReclaimRequest,
     RestoreRequest,
     SandboxRef,
     WaitRequest,
@@ -57,6 +58,7 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
     return {
         "Create": Route(CreateRequest, service.create, config.create_timeout_seconds + t, shield=True),
         "Get": Route(SandboxRef, service.get, t, shield=False),
+        "Reclaim": Route(ReclaimRequest, service.reclaim, t, shield=True),
         "List": Route(None, lambda _: service.list(), t, shield=False),
         "Delete": Route(SandboxRef, service.delete, config.delete_timeout_seconds * 2 + t, shield=True),
         "Wait": Route(WaitRequest, service.wait, None, shield=False),

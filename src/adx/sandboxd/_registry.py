@@ -333,23 +333,28 @@ class Registry:
         """
         self.check_usable()
         sdir = self.sandbox_dir(record.sandbox_id)
-        envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
-        tmp = sdir / RECORD_TEMP
         try:
             # A fresh dir: the temp file is absent or the empty one a spare dir brought (Registry.make_spare).
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                data = memoryview(json.dumps(envelope, indent=2, sort_keys=True).encode() + b"\n")
-                while data:
-                    data = data[os.write(fd, data) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            tmp = self._write_temp_record(record)
             if before_rename is not None:
                 before_rename()
             os.replace(tmp, sdir / RECORD_FILE)
         except OSError as exc:
             raise self._fail("record", exc, record.sandbox_id) from exc
+
+    def _write_temp_record(self, record: SandboxRecord) -> Path:
+        """The record's envelope in its temp file (truncated first), fsync'd; the caller renames it."""
+        envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
+        tmp = self.sandbox_dir(record.sandbox_id) / RECORD_TEMP
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            data = memoryview(json.dumps(envelope, indent=2, sort_keys=True).encode() + b"\n")
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp
 
     def sync_created(self, sandbox_id: str) -> None:
         """Make :meth:`create`'s entries durable: the record's, then the dir's that blocks the ID's reuse."""
@@ -363,6 +368,20 @@ class Registry:
         self.check_usable()
         try:
             self._write_record_raw(self.sandbox_dir(record.sandbox_id), record)
+        except OSError as exc:
+            raise self._fail("record", exc, record.sandbox_id) from exc
+
+    def replace_record(self, record: SandboxRecord, before_rename: Callable[[], None] | None = None) -> None:
+        """:meth:`put` with a hook between the temp file's fsync and its rename (a test fault point): a crash
+        there leaves the old record in place and a temp file the next write truncates."""
+        self.check_usable()
+        sdir = self.sandbox_dir(record.sandbox_id)
+        try:
+            tmp = self._write_temp_record(record)
+            if before_rename is not None:
+                before_rename()
+            os.replace(tmp, sdir / RECORD_FILE)
+            fsync_dir(sdir)
         except OSError as exc:
             raise self._fail("record", exc, record.sandbox_id) from exc
 

@@ -56,6 +56,8 @@ from adx.sandboxd._models import (
     ListCheckpointsResponse,
     ListResponse,
     NativeIdentity,
+    ReclaimRequest,
+    ReclaimResponse,
     ResourceInfo,
     Resources,
     RestoreRequest,
@@ -491,6 +493,7 @@ class SandboxService:
             address=veth["sandbox_ip"] if veth else None,
             host_address=veth["host_ip"] if veth else None,
             observation_error=observation_error,
+            reclaimed_at=rec.reclaimed_at,
         )
 
     @staticmethod
@@ -543,14 +546,31 @@ class SandboxService:
             if ref.sandbox_id in self.tombstoned:
                 raise NotFoundError(f"sandbox {ref.sandbox_id} was deleted", details={"tombstone": True})
             raise NotFoundError(f"no sandbox {ref.sandbox_id}")
-        if not hmac.compare_digest(ref.token.encode(), rec.token.encode()):
-            raise PermissionDeniedError(f"invalid token for sandbox {ref.sandbox_id}")
+        self._check_token(ref, rec)
         if ref.generation != rec.generation:
             raise ConflictError(
                 f"sandbox {ref.sandbox_id} is generation {rec.generation}, not {ref.generation}",
                 details={"generation": rec.generation},
             )
         return rec
+
+    @staticmethod
+    def _check_token(ref: SandboxRef, rec: SandboxRecord) -> None:
+        if not hmac.compare_digest(ref.token.encode(), rec.token.encode()):
+            why = "; its owner replaced it (Reclaim)" if rec.reclaimed_at is not None else ""
+            raise PermissionDeniedError(f"invalid token for sandbox {ref.sandbox_id}{why}")
+
+    def _current(self, ref: SandboxRef) -> SandboxRecord | None:
+        """Under the sandbox's lock, after ``_auth``: the record now (None: deleted meanwhile), its token checked
+        again. A Reclaim that ran while this call waited for the lock voided the token the call was
+        authenticated with: the old holder can do nothing more from that moment."""
+        rec = self.records.get(ref.sandbox_id)
+        if rec is not None:
+            self._check_token(ref, rec)
+        return rec
+
+    def _deleted(self, sandbox_id: str) -> NotFoundError:
+        return NotFoundError(f"sandbox {sandbox_id} was deleted", details={"tombstone": True})
 
     # == native observation ========================================================================
     def _native_of(self, rec: SandboxRecord) -> NativeIdentity | None:
@@ -724,6 +744,13 @@ class SandboxService:
                     raise UnavailableError(
                         f"the create with request_id {req.request_id} failed and was cleaned up; it may be retried",
                         details={"sandbox_id": existing},
+                    )
+                if current.reclaimed_at is not None:
+                    # A replayed create must not hand the create's holder the token that replaced its own.
+                    raise ConflictError(
+                        f"request_id: the create {req.request_id} made sandbox {existing}, whose owner has since "
+                        "replaced its token (Reclaim); the create's reply is void",
+                        details={"field": "request_id", "sandbox_id": existing},
                     )
                 return CreateResponse(sandbox=self._info(current), token=current.token)
         async with self._lock(rec.sandbox_id):
@@ -1043,10 +1070,63 @@ class SandboxService:
     async def get(self, ref: SandboxRef) -> SandboxInfo:
         rec = self._auth(ref)
         async with self._lock(rec.sandbox_id):
-            if rec.sandbox_id not in self.records:
-                raise NotFoundError(f"sandbox {rec.sandbox_id} was deleted", details={"tombstone": True})
+            if self._current(ref) is None:
+                raise self._deleted(rec.sandbox_id)
             rec, err = await self._reconcile(rec.sandbox_id)
             return self._info(rec, err)
+
+    async def reclaim(self, req: ReclaimRequest) -> ReclaimResponse:
+        """Owner-level: give a sandbox a new token (``req.token``) when its holder lost the old one.
+
+        The caller proves ownership as for every call (same-UID peer, checked per connection) and by naming this
+        daemon's owner UUID. The new token is persisted (temp + fsync + rename + fsync(dir)) before the reply
+        and replaces the old one in memory in the same step: every later call with the old token, and every call
+        that authenticated with it and waits for this sandbox's lock, is refused. A retry with the same token
+        (its reply lost, even across a SIGKILL) finds it in place and answers again, ``replayed``.
+        """
+        self.registry.check_usable()
+        if req.owner != self.owner:
+            raise PermissionDeniedError(
+                f"owner: {req.owner} is not this sandboxd's owner", details={"field": "owner", "reason": "mismatch"}
+            )
+        sandbox_id = req.sandbox_id
+
+        def missing() -> NotFoundError:
+            if sandbox_id in self.tombstoned:
+                return NotFoundError(
+                    f"sandbox_id: sandbox {sandbox_id} was deleted (tombstoned); there is nothing to reclaim",
+                    details={"field": "sandbox_id", "tombstone": True},
+                )
+            return NotFoundError(f"sandbox_id: no sandbox {sandbox_id}", details={"field": "sandbox_id"})
+
+        if sandbox_id not in self.records:
+            raise missing()  # before the lock: an unknown ID gets no lock entry
+        async with self._lock(sandbox_id):
+            rec = self.records.get(sandbox_id)
+            if rec is None:
+                raise missing()
+            if req.generation != rec.generation:
+                raise ConflictError(
+                    f"generation: sandbox {sandbox_id} is generation {rec.generation}, not {req.generation}",
+                    details={"field": "generation", "generation": rec.generation},
+                )
+            replayed = hmac.compare_digest(req.token.encode(), rec.token.encode())
+            if not replayed:
+                new = rec.model_copy(update={"token": req.token, "reclaimed_at": time.time()})
+
+                def persist() -> None:
+                    self.registry.replace_record(new, before_rename=lambda: _fault("reclaim.before_rename"))
+                    _fault("reclaim.after_persist")
+
+                await asyncio.to_thread(persist)
+                self.records[sandbox_id] = new
+                log.warning(
+                    "sandbox %s: token replaced by its owner (Reclaim); the old token is void",
+                    sandbox_id,
+                    extra={"sandbox_id": sandbox_id, "generation": rec.generation, "state": str(rec.state)},
+                )
+            rec, err = await self._reconcile(sandbox_id)
+            return ReclaimResponse(sandbox=self._info(rec, err), token=rec.token, replayed=replayed)
 
     async def list(self) -> ListResponse:
         self.registry.check_usable()
@@ -1058,10 +1138,10 @@ class SandboxService:
     async def delete(self, ref: SandboxRef) -> DeleteResponse:
         rec = self._auth(ref)
         async with self._lock(rec.sandbox_id):
-            rec = self.records.get(rec.sandbox_id, rec)
-            if rec.sandbox_id not in self.records:
+            current = self._current(ref)
+            if current is None:
                 return DeleteResponse(sandbox_id=rec.sandbox_id, generation=rec.generation, state=State.DELETED)
-            await self._delete_locked(rec, "delete requested")
+            await self._delete_locked(current, "delete requested")
             return DeleteResponse(sandbox_id=rec.sandbox_id, generation=rec.generation, state=State.DELETED)
 
     async def _delete_locked(self, rec: SandboxRecord, reason: str) -> None:
@@ -1082,6 +1162,7 @@ class SandboxService:
             current = self.records.get(sandbox_id)
             if current is None:
                 return WaitResponse(done=True, sandbox=last.model_copy(update={"state": State.DELETED}))
+            self._check_token(req.ref, current)  # a Reclaim meanwhile ends the old holder's wait
             # A stat per tick is cheap; the full native query (thread) runs when the exit record appears
             # and once a second to notice vanished cgroups.
             if exit_path.exists() or now >= next_full:
@@ -1174,6 +1255,8 @@ class SandboxService:
     async def _freeze(self, ref: SandboxRef, freeze: bool) -> SandboxInfo:
         rec = self._auth(ref)
         async with self._lock(rec.sandbox_id):
+            if self._current(ref) is None:
+                raise self._deleted(rec.sandbox_id)
             rec, _ = await self._reconcile(rec.sandbox_id)
             if rec.state not in (State.RUNNING, State.PAUSED):  # pausing a paused sandbox is a no-op
                 raise ConflictError(
@@ -1204,6 +1287,8 @@ class SandboxService:
         rec = self._auth(req.ref)
         root = self._artifact_root(req.storage)
         async with self._lock(rec.sandbox_id):
+            if self._current(req.ref) is None:
+                raise self._deleted(rec.sandbox_id)
             rec, _ = await self._reconcile(rec.sandbox_id)
             if rec.state not in (State.RUNNING, State.PAUSED, State.TERMINATED):
                 raise ConflictError(f"sandbox {rec.sandbox_id} is {rec.state}; cannot checkpoint")
