@@ -76,6 +76,10 @@ async def test_runs_cli_lists_shows_resolves_cancels_and_names_bad_fields(
     assert retry.returncode != 0 and "only a failed run" in retry.stderr
     history = await asyncio.to_thread(call, "history", str(done.run_id))
     assert history.returncode == 0 and "node_committed" in history.stdout and "succeeded" in history.stdout
+    forked = await asyncio.to_thread(call, "fork", str(done.run_id), "--checkpoint", "3")
+    assert forked.returncode == 0 and "forked from" in forked.stdout and "queued" in forked.stdout
+    too_far = await asyncio.to_thread(call, "fork", str(done.run_id), "--checkpoint", "99")
+    assert too_far.returncode != 0 and "keeps no checkpoint 99" in too_far.stderr
     missing = await asyncio.to_thread(call, "get", "not-a-uuid")
     assert missing.returncode != 0 and "run_id" in missing.stderr
     unknown = await asyncio.to_thread(call, "get", str(uuid.uuid4()))

@@ -41,7 +41,7 @@ async def test_agent_runs_over_http(
         listed = await http.get("/v1/agent-runs")
         assert listed.status_code == 200, listed.text
         body = listed.json()
-        assert [r["runId"] for r in body["runs"]] == [str(order.run_id), str(done.run_id)]
+        assert [r["runId"] for r in body["runs"]] == [str(order.run_id), str(done.run_id)]  # newest first
         assert body["nextCursor"] is None and body["runs"][1]["status"] == "succeeded"
         assert body["runs"][0]["graphVersion"] == "1" and body["runs"][0]["usage"]["nodeCommits"] == 0
         page = await http.get("/v1/agent-runs", params={"limit": 1})
@@ -64,6 +64,12 @@ async def test_agent_runs_over_http(
             f"/v1/agent-runs/{order.run_id}/interrupts/approve/resolve", json={"resolution": {"by": "ann"}}
         )
         assert early.status_code == 200 and early.json()["outcome"] == "stored_early"
+        fork = await http.post(f"/v1/agent-runs/{done.run_id}/fork", json={"checkpointSeq": 4})
+        assert (
+            fork.status_code == 201 and fork.json()["status"] == "queued" and fork.json()["runId"] != str(done.run_id)
+        )
+        bad_fork = await http.post(f"/v1/agent-runs/{done.run_id}/fork", json={"checkpointSeq": -1})
+        assert bad_fork.status_code == 422 and "checkpointSeq" in bad_fork.text
         retry = await http.post(f"/v1/agent-runs/{done.run_id}/retry")
         assert retry.status_code == 409 and "only a failed run" in retry.json()["error"]["message"]
         cancel = await http.post(f"/v1/agent-runs/{order.run_id}/cancel")
@@ -73,6 +79,8 @@ async def test_agent_runs_over_http(
     # SEC-2: another tenant sees none of it, with the same 404 as a missing run.
     async with stack.http(other) as http:
         assert (await http.get("/v1/agent-runs")).json()["runs"] == []
+        fork = await http.post(f"/v1/agent-runs/{done.run_id}/fork", json={"checkpointSeq": 4})
+        assert fork.status_code == 404
         foreign = await http.get(f"/v1/agent-runs/{done.run_id}")
         assert foreign.status_code == 404 and str(done.run_id) in foreign.json()["error"]["message"]
         assert (await http.post(f"/v1/agent-runs/{order.run_id}/cancel")).status_code == 404

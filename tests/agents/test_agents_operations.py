@@ -18,7 +18,7 @@ from adx.agents import (
     NodeContext,
     RunStatus,
 )
-from adx.errors import ConflictError, InvalidInputError
+from adx.errors import ConflictError, InvalidInputError, NotFoundError
 
 
 class Flaky:
@@ -113,3 +113,25 @@ async def _retry_twice(runs: AgentRuns, run_id: Any) -> None:
     assert view.status is RunStatus.QUEUED and not view.finished
     assert await runs.get_result(TENANT, run_id) is None
     await runs.retry(TENANT, run_id)  # a queued run is not failed: refused
+
+
+@pytest.mark.req("AGT-16")
+async def test_fork_starts_a_new_run_from_a_chosen_checkpoint(store: AgentStore) -> None:
+    registry = build_registry()
+    runs = AgentRuns(store, registry)
+    source = await runs.submit(TENANT, "chain", "1", {"count": 0})
+    scheduler = make_scheduler(store, registry)
+    assert (await scheduler.tick()).executed is ExecutedOutcome.SUCCEEDED
+    fork = await runs.fork(TENANT, source.run_id, 6)
+    assert fork.run_id != source.run_id and fork.status is RunStatus.QUEUED
+    assert (await scheduler.tick()).executed is ExecutedOutcome.SUCCEEDED
+    result = await runs.get_result(TENANT, fork.run_id)
+    # Six nodes had run before checkpoint 6: the fork ran the other four only, from count 6.
+    assert result is not None and result.artifact == {"count": 10} and result.usage["node_commits"] == 4
+    assert (await runs.get_run(TENANT, source.run_id)).status is RunStatus.SUCCEEDED
+    with pytest.raises(NotFoundError, match="keeps no checkpoint 99"):
+        await runs.fork(TENANT, source.run_id, 99)
+    with pytest.raises(ConflictError, match="end"):
+        await runs.fork(TENANT, source.run_id, 11)
+    with pytest.raises(InvalidInputError, match="checkpoint_seq"):
+        await runs.fork(TENANT, source.run_id, -1)

@@ -17,7 +17,7 @@ from adx.agents._canonical import json_clone
 from adx.agents._graph import Budget, ExecutableGraphRegistry
 from adx.agents._status import RunStatus, WaitKind
 from adx.agents._store import AgentStore, ResolveOutcome, RunKey, check_tenant
-from adx.agents._store_ops import list_runs, read_history, retry_run
+from adx.agents._store_ops import fork_run, list_runs, read_history, retry_run
 from adx.errors import ConflictError, InvalidInputError
 
 __all__ = ["AgentResult", "AgentRuns", "PendingWait", "RunEvent", "RunPage", "RunView"]
@@ -334,3 +334,13 @@ class AgentRuns:
         key = RunKey(tenant_id, _parse_run_id(run_id))
         await retry_run(self.store, key)
         return await self.get_run(tenant_id, key.run_id)
+
+    async def fork(self, tenant_id: str, run_id: uuid.UUID | str, checkpoint_seq: int) -> RunView:
+        """A new run of the same graph, request and budget, starting from the state at ``checkpoint_seq`` of
+        ``run_id`` (one of its last kept checkpoints, ``store.checkpoint_retention``); the source is unchanged."""
+        check_tenant(tenant_id)
+        if not isinstance(checkpoint_seq, int) or isinstance(checkpoint_seq, bool) or checkpoint_seq < 0:
+            raise InvalidInputError("checkpoint_seq", "must be a non-negative integer")
+        new_id = uuid.uuid4()
+        await fork_run(self.store, RunKey(tenant_id, _parse_run_id(run_id)), checkpoint_seq, new_id)
+        return await self.get_run(tenant_id, new_id)

@@ -1,4 +1,4 @@
-"""Operator reads and actions on runs (list, history, retry): each one SQL transaction over the agent store."""
+"""Operator reads and actions on runs (list, history, retry, fork): each one SQL transaction over the agent store."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from psycopg.types.json import Jsonb
 from adx.agents._store import AgentStore, RunKey
 from adx.errors import ConflictError, NotFoundError
 
-__all__ = ["list_runs", "read_history", "retry_run"]
+__all__ = ["fork_run", "list_runs", "read_history", "retry_run"]
 
 _RUN_COLUMNS = "r.*, u.input_tokens, u.output_tokens, u.model_calls, u.tool_calls, u.node_commits, u.missing_usage"
 
@@ -125,4 +125,60 @@ async def retry_run(store: AgentStore, key: RunKey) -> None:
             " queue_seq = nextval('adx_agent_queue_seq'), updated_at = now()"
             " WHERE tenant_id = %(t)s AND run_id = %(r)s",
             params,
+        )
+
+
+async def fork_run(store: AgentStore, key: RunKey, checkpoint_seq: int, new_run_id: uuid.UUID) -> None:
+    """A new run of the same graph, request and budget that starts from a copy of ``checkpoint_seq`` of
+    ``key`` (any status), in ONE transaction. Its descriptor names where it was forked from; its usage starts
+    at zero; the source run is not touched."""
+    async with store.transaction("fork run") as conn:
+        cur = await conn.execute(
+            "SELECT graph_name, graph_version, descriptor, request, budget FROM adx_agent_runs"
+            " WHERE tenant_id = %s AND run_id = %s",
+            (key.tenant_id, key.run_id),
+        )
+        run = await cur.fetchone()
+        if run is None:
+            raise NotFoundError(f"run {key.run_id} does not exist")
+        cur = await conn.execute(
+            "SELECT kind, next_node, state FROM adx_agent_checkpoints WHERE tenant_id = %s AND run_id = %s"
+            " AND seq = %s",
+            (key.tenant_id, key.run_id, checkpoint_seq),
+        )
+        source = await cur.fetchone()
+        if source is None:
+            cur = await conn.execute(
+                "SELECT array_agg(seq ORDER BY seq) AS kept FROM adx_agent_checkpoints WHERE tenant_id = %s"
+                " AND run_id = %s AND next_node IS NOT NULL",
+                (key.tenant_id, key.run_id),
+            )
+            kept = await cur.fetchone()
+            raise NotFoundError(
+                f"run {key.run_id} keeps no checkpoint {checkpoint_seq} (kept: {(kept or {}).get('kept') or []})"
+            )
+        if source["next_node"] is None:
+            raise ConflictError(f"checkpoint {checkpoint_seq} is the run's end: nothing to go on with")
+        descriptor = {**run["descriptor"], "forked_from": {"run_id": str(key.run_id), "checkpoint": checkpoint_seq}}
+        await conn.execute(
+            "INSERT INTO adx_agent_runs (tenant_id, run_id, graph_name, graph_version, status, descriptor, request,"
+            " budget) VALUES (%s, %s, %s, %s, 'queued', %s, %s, %s)",
+            (
+                key.tenant_id,
+                new_run_id,
+                run["graph_name"],
+                run["graph_version"],
+                Jsonb(descriptor),
+                Jsonb(run["request"]),
+                Jsonb(run["budget"]),
+            ),
+        )
+        await conn.execute(
+            "INSERT INTO adx_agent_usage (tenant_id, run_id) VALUES (%s, %s)", (key.tenant_id, new_run_id)
+        )
+        # The fork starts at step 0 from the chosen state; a wait checkpoint's node runs again and waits anew.
+        await conn.execute(
+            "INSERT INTO adx_agent_checkpoints (tenant_id, run_id, seq, kind, next_node, state, fence)"
+            " VALUES (%s, %s, 0, 'initial', %s, %s, 0)",
+            (key.tenant_id, new_run_id, source["next_node"], Jsonb(source["state"])),
         )

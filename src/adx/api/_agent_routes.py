@@ -315,3 +315,26 @@ async def retry_agent_run(request: Request, run_id: str, credentials: Credential
     except NotFoundError:
         raise NotFoundError(f"run {key} not found") from None
     return await _one(runs, tenant, key)
+
+
+class ForkRequest(_Wire):
+    checkpoint_seq: int = Field(ge=0, description="the checkpoint of the run to start from (see its history)")
+
+
+@router.post(
+    "/{run_id}/fork",
+    response_model=AgentRunView,
+    response_model_by_alias=True,
+    status_code=201,
+    summary="Start a new run from a chosen checkpoint of a run (the run itself is unchanged)",
+)
+async def fork_agent_run(request: Request, run_id: str, body: ForkRequest, credentials: Credentials) -> AgentRunView:
+    tenant = await _tenant(request, credentials)
+    runs = await _runs(request)
+    key = _run_id(run_id)
+    try:
+        await runs.get_run(tenant, key)
+    except NotFoundError:
+        raise NotFoundError(f"run {key} not found") from None
+    view = await runs.fork(tenant, key, body.checkpoint_seq)
+    return _view(view)

@@ -250,3 +250,20 @@ def runs_retry(
         _print(f"run {view.run_id} is {view.status.value} again, from checkpoint {view.checkpoint_seq}\n")
 
     _operate(config, database_url, tenant, action)
+
+
+@runs_app.command("fork")
+def runs_fork(
+    run_id: RunArg,
+    checkpoint: Annotated[int, typer.Option("--checkpoint", help="the checkpoint to start from (see history)")],
+    config: ConfigOpt = None,
+    database_url: DatabaseOpt = None,
+    tenant: TenantOpt = None,
+) -> None:
+    """Start a new run from a chosen checkpoint of a run (the run itself is unchanged)."""
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        view = await runs.fork(tenant_id, run_id, checkpoint)
+        _print(f"run {view.run_id} forked from {run_id} at checkpoint {checkpoint}: {view.status.value}\n")
+
+    _operate(config, database_url, tenant, action)
