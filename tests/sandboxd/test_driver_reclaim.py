@@ -1,5 +1,6 @@
 """The sandboxd RuntimeDriver's ``reclaim``: what a node whose execution file was lost does with an execution its
-runtime inventory still lists (NOD-1, NOD-18) — on a real sandboxd with execd as PID 1."""
+runtime inventory still lists — on a real sandboxd with execd as PID 1. This is the runtime half of NOD-1/NOD-18's
+"adopt or clean what the inventory holds"; the node's recovery using it is proven by the node's own tests."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ async def _lost_execution(driver: SandboxdDriver, env_id: str, execution_id: str
     return started, item
 
 
-@pytest.mark.req("NOD-1", "NOD-18", "SBX-4")
+@pytest.mark.req("SBX-4", "SBX-6")
 async def test_reclaim_makes_an_inventory_item_addressable_and_voids_the_lost_secret(sandboxd: DaemonFactory) -> None:
     d = sandboxd()
     driver = SandboxdDriver(d.socket, python=PY)
@@ -73,7 +74,7 @@ async def _restart(d: Daemon) -> None:
     d.start()
 
 
-@pytest.mark.req("NOD-18", "SBX-6", "SBX-2")
+@pytest.mark.req("SBX-6", "SBX-2")
 async def test_a_reclaim_cut_short_by_a_sandboxd_sigkill_converges_on_retry(sandboxd: DaemonFactory) -> None:
     d = sandboxd(start=False)
     d.start(env={FAULTS_ENV: "reclaim.after_persist"})

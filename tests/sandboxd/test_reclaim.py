@@ -65,7 +65,7 @@ async def _old_token_refused(d: Daemon, old: SandboxRef) -> None:
             await c.wait(old, timeout_seconds=0.1)
 
 
-@pytest.mark.req("SBX-4", "SBX-2", "NOD-18")
+@pytest.mark.req("SBX-4", "SBX-2", "SBX-1")
 async def test_reclaim_gives_a_working_token_and_voids_the_old_one(sandboxd: DaemonFactory) -> None:
     d = sandboxd()
     old_token = _token()
