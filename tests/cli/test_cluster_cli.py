@@ -231,3 +231,40 @@ def test_input_and_reachability_errors_name_the_value_the_url_and_the_fix(up_clu
     away = up_cluster.adx("env", "list", ADX_API_URL=url)
     assert away.returncode == 5, away.stderr
     assert f"cannot reach the ADX API at {url}" in away.stderr and "is the server running" in away.stderr
+
+
+def test_a_hand_started_api_server_joins_the_recorded_cluster(up_cluster: UpCluster) -> None:
+    """`adx api` with nothing but a listen address takes the Coordinator and certificates of the recorded cluster
+    (a second API replica, as docs/cli.md says) and serves that cluster's tenants."""
+    import httpx
+
+    from adx.embedded._process import pick_free_port
+
+    port = pick_free_port("127.0.0.1")
+    log = (up_cluster.root / "api2.log").open("w")
+    proc = subprocess.Popen(
+        [*ADX, "api"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=up_cluster.env(ADX_API__LISTEN=f"127.0.0.1:{port}"),
+        cwd=up_cluster.root,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (up_cluster.root / "api2.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (up_cluster.root / "api2.log").read_text()
+            time.sleep(0.2)
+        listed = up_cluster.adx("env", "list", "--json", "--api-url", f"http://127.0.0.1:{port}")
+        assert listed.returncode == 0, listed.stderr
+        assert "environments" in json.loads(listed.stdout)
+        assert "joining the recorded cluster" in (up_cluster.root / "api2.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()

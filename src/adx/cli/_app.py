@@ -1,12 +1,21 @@
-"""The ``adx`` command line: one typer app; each subcommand lives in its own module."""
+"""The ``adx`` command line: one typer app; each subcommand lives in its own module, imported when it runs.
+
+A client command must start fast (``adx --help``, ``adx env list``: under 300 ms, bench/bench_cli_start.py),
+and the daemons' modules pull in pydantic, grpc, FastAPI, redis and psycopg. So ``COMMANDS`` names every
+top-level command with its module and one-line help: ``adx --help`` lists them without importing any, and
+``adx NAME ...`` imports only NAME's module (tests/cli/test_cli_start.py checks each line against the
+command's own help). rich (for the console) is imported on first print.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Annotated, NoReturn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, cast
 
 import typer
-from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 
 from adx.errors import (
     AdxError,
@@ -16,7 +25,81 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.logs import configure_logging
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from typer import _click as click  # typer vendors its click: its groups speak these types
+
+
+@dataclass(frozen=True)
+class CommandEntry:
+    module: str  # under adx.cli
+    help: str  # the command's first help line, as its module defines it
+
+
+COMMANDS: dict[str, CommandEntry] = {
+    "up": CommandEntry("_up", "Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."),
+    "env": CommandEntry("_env_cmd", "Environments: create, list, get, exec, pause, resume, lifetime, delete."),
+    "tenant": CommandEntry("_tenant_cmd", "Tenants and their API keys."),
+    "certs": CommandEntry("_certs_cmd", "Create the cluster CA and component certificates (mutual TLS)."),
+    "config": CommandEntry("_config_cmd", "Inspect and validate configuration files."),
+    "agent": CommandEntry("_agent", "Durable agent runtime."),
+    "api": CommandEntry(
+        "_api_cmd", "Run the API server (REST + OpenAPI at /openapi.json; the Ingress too unless ingress = false)."
+    ),
+    "ingress": CommandEntry(
+        "_api_cmd", "Run the Ingress alone: the data-plane routes (commands, files, ports) without the lifecycle API."
+    ),
+    "coordinator": CommandEntry("_coordinator_cmd", "Run the Coordinator (gRPC with mutual TLS; state in Redis)."),
+    "node": CommandEntry(
+        "_node_cmd", "Run the node agent: Controllers for this node's Environments, the node API and the Relay."
+    ),
+    "sandboxd": CommandEntry(
+        "_sandboxd", "Run sandboxd: process sandboxes on this node, with a private registry that survives restarts."
+    ),
+    "image": CommandEntry("_sandboxd", "Sandbox images (the read-only lower layer every sandbox shares)."),
+    "execd": CommandEntry(
+        "_execd", "Run execd (PID 1 of a sandbox): commands, files and activity over HTTP on a Unix socket."
+    ),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """Import the module of command ``name`` (it registers itself on ``app``) and return its click command."""
+    importlib.import_module(f"adx.cli.{COMMANDS[name].module}")
+    return typer.main.get_group(app).commands[name]
+
+
+class _LazyGroup(TyperGroup):
+    """The top-level group: lists every command of ``COMMANDS``, imports one only to run it (or its help)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(name for name in self.commands if name not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        loaded = super().get_command(ctx, cmd_name)
+        if loaded is None and cmd_name in COMMANDS:
+            # Only listed (in `adx --help`): a stand-in with the line; running it goes through resolve_command.
+            return TyperCommand(cmd_name, help=COMMANDS[cmd_name].help)
+        return loaded
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Whole lines, wrapped (click would cut each at the terminal's width with "...").
+        rows = [
+            (name, command.get_short_help_str(limit=500))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] in COMMANDS and args[0] not in self.commands:
+            self.commands[args[0]] = load_command(args[0])
+        return super().resolve_command(ctx, args)
+
 
 app = typer.Typer(
     name="adx",
@@ -24,9 +107,29 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=_LazyGroup,
+    # Plain help: typer's rich help formatter alone takes longer to import than the whole start budget.
+    rich_markup_mode=None,
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+class _LazyConsole:
+    """A rich Console made on first use: importing rich costs tens of ms that `adx --help` never needs."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr)
+        return getattr(self._console, name)
+
+
+console = cast("Console", _LazyConsole(stderr=False))
+err_console = cast("Console", _LazyConsole(stderr=True))
 
 
 def exit_codes() -> dict[type[AdxError], int]:
@@ -64,6 +167,8 @@ def fail(exc: AdxError) -> NoReturn:
 
 
 def setup_logging(component: str, level: str | None = None, fmt: str | None = None) -> None:
+    from adx.logs import configure_logging
+
     configure_logging(
         component,
         level or GlobalOptions.log_level,
@@ -99,21 +204,6 @@ def _global(
 
 
 def main() -> None:
-    # Importing the command modules registers them on ``app``.
-    from adx.cli import (  # noqa: F401
-        _agent,
-        _api_cmd,
-        _certs_cmd,
-        _config_cmd,
-        _coordinator_cmd,
-        _env_cmd,
-        _execd,
-        _node_cmd,
-        _sandboxd,
-        _tenant_cmd,
-        _up,
-    )
-
     try:
         app()
     except AdxError as exc:  # pragma: no cover - commands translate their own errors via fail()

@@ -16,7 +16,6 @@ from adx.cli._app import GlobalOptions, app, console, err_console, fail
 from adx.cli._cluster import find_cluster
 from adx.cli._human import format_deadline, format_duration, format_time, format_timer, table
 from adx.errors import AdxError, InvalidInputError, UnavailableError
-from adx.model import format_bytes, format_cpu
 
 env_app = typer.Typer(
     help="Environments: create, list, get, exec, pause, resume, lifetime, delete.", no_args_is_help=True
@@ -32,6 +31,11 @@ EnvId = Annotated[str, typer.Argument(help="the Environment's ID")]
 def _client(api_url: str | None, api_key: str | None) -> Any:
     """The SDK client: the flags, else ADX_API_URL/ADX_API_KEY, else the recorded cluster (``adx --cluster``
     or the last ``adx up``), else the SDK's own credentials file."""
+    # Start time (docs/cli.md): httpx imports its own command line (click, rich, pygments) and httpcore its
+    # HTTP/2 support (h2, hpack) whenever they are installed; this process runs neither (the SDK speaks
+    # HTTP/1.1). A None entry makes those optional imports fail, as if the extras were not installed.
+    for optional in ("httpx._main", "h2"):
+        sys.modules.setdefault(optional, None)  # type: ignore[arg-type]
     import adx
 
     if api_url is None and not os.environ.get("ADX_API_URL"):
@@ -139,6 +143,8 @@ def _pairs(option: str, values: list[str] | None) -> dict[str, str]:
 
 
 def _show(env: Any, as_json: bool) -> None:
+    from adx.model import format_bytes, format_cpu  # here: pydantic is not loaded for `adx env --help`
+
     if as_json:
         _print_json(_wire(env))
         return
@@ -270,6 +276,8 @@ def create(
 @env_app.command("list")
 def list_(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """List your Environments."""
+    from adx.model import format_bytes, format_cpu  # here: pydantic is not loaded for `adx env --help`
+
     try:
         with _client(api_url, api_key) as client:
             environments = client.environments.list()
@@ -305,6 +313,8 @@ def get(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, ap
 @env_app.command("stats")
 def stats(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """CPU, memory and disk usage of a running Environment (its node's last sample; a paused one is not woken)."""
+    from adx.model import format_bytes  # here: pydantic is not loaded for `adx env --help`
+
     try:
         with _client(api_url, api_key) as client:
             usage = client.environments.get(environment_id).stats()
