@@ -7,8 +7,9 @@ figure is the CLI's start plus one local round trip, not the cluster's speed.
 
     uv run --frozen --no-sync python bench/bench_cli_start.py [--runs 9]
 
-Prints one JSON object: per case the median and min wall time and the median CPU time (user + system) in
-milliseconds, the baseline's, and the machine's load average (a loaded machine inflates wall times).
+Prints one JSON object: for two set-ups (with and without a bytecode cache, see main()), per case the median
+and min wall time and the median CPU time (user + system) in milliseconds, each case's CPU time over the
+baseline's, and the machine's load average (a loaded machine inflates wall times; CPU time much less).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +63,21 @@ def _time(argv: list[str], env: dict[str, str], runs: int) -> dict[str, float]:
     }
 
 
+def _run_all(cases: dict[str, list[str]], env: dict[str, str], runs: int) -> dict[str, object]:
+    for argv in cases.values():
+        _time(argv, env, 1)  # warm the page cache (and, where allowed, write the bytecode cache)
+    results = {name: _time(argv, env, runs) for name, argv in cases.items()}
+    baseline = results["python -c pass (baseline)"]
+    return {
+        "cases": results,
+        "over_baseline_cpu_median_ms": {
+            name: round(r["cpu_median_ms"] - baseline["cpu_median_ms"], 1)
+            for name, r in results.items()
+            if "baseline" not in name
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=9)
@@ -68,7 +85,7 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyList)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ADX_")},
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ADX_", "PYTHONDONTWRITEBYTECODE"))},
         "ADX_API_URL": f"http://127.0.0.1:{server.server_address[1]}",
         "ADX_API_KEY": "adxk_bench",
         "XDG_CONFIG_HOME": "/nonexistent",
@@ -81,21 +98,22 @@ def main() -> None:
         "adx env list": [*adx, "env", "list"],
         "adx env list --json": [*adx, "env", "list", "--json"],
     }
-    _time(cases["adx --help"], env, 1)  # warm the page cache and .pyc files
-    results = {name: _time(argv, env, args.runs) for name, argv in cases.items()}
+    # Two set-ups: Python's usual one, where the first run writes bytecode (.pyc) that later runs load (here
+    # into a private PYTHONPYCACHEPREFIX: nothing is written into the environment or the checkout), and one
+    # that compiles every module from source at each start (PYTHONDONTWRITEBYTECODE=1 in an environment
+    # installed without .pyc files, as uv installs by default: this project's CI and sandboxes run that way).
+    with tempfile.TemporaryDirectory(prefix="adx-bench-pycache-") as cache:
+        cached = _run_all(cases, {**env, "PYTHONPYCACHEPREFIX": cache}, args.runs)
+    uncached = _run_all(cases, {**env, "PYTHONDONTWRITEBYTECODE": "1"}, args.runs)
     server.shutdown()
-    baseline = results["python -c pass (baseline)"]["median_ms"]
     print(
         json.dumps(
             {
                 "runs": args.runs,
                 "python": sys.version.split()[0],
                 "load_average_1m": round(os.getloadavg()[0], 2),
-                "baseline_median_ms": baseline,
-                "cases": results,
-                "over_baseline_median_ms": {
-                    name: round(r["median_ms"] - baseline, 1) for name, r in results.items() if "baseline" not in name
-                },
+                "with_bytecode_cache": cached,
+                "without_bytecode_cache": uncached,
             },
             indent=2,
         )
