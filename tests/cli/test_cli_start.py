@@ -73,3 +73,8 @@ def test_the_command_table_matches_the_commands() -> None:
         assert command.get_short_help_str(limit=500) == entry.help, name
     registered = set(typer.main.get_group(app).commands)
     assert registered == set(COMMANDS)
+
+
+def test_a_mistyped_command_is_answered_with_the_closest_names() -> None:
+    done = subprocess.run([sys.executable, "-m", "adx", "evn", "list"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "No such command 'evn'. Did you mean 'env'?" in done.stderr, done.stderr

@@ -98,6 +98,10 @@ class _LazyGroup(TyperGroup):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         if args and args[0] in COMMANDS and args[0] not in self.commands:
             self.commands[args[0]] = load_command(args[0])
+        elif args and args[0] not in self.commands:
+            # An unknown name ends in a usage error: typer's "Did you mean 'env'?" picks from self.commands.
+            for name in COMMANDS:
+                self.commands.setdefault(name, TyperCommand(name, help=COMMANDS[name].help))
         return super().resolve_command(ctx, args)
 
 
