@@ -141,6 +141,59 @@ async def test_shared_checkpoint_resumes_on_another_node_when_its_node_is_gone(n
         assert env.state == "running" and env.node == other
 
 
+@pytest.mark.req("CRD-10", "CRD-6", "CRD-5")
+async def test_a_recovery_whose_target_node_is_lost_goes_on_to_another_node_by_itself(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+    """Node A holding a paused (shared) Environment is lost; the first demand starts its recovery on B, and B is
+    lost too before it ran it. The intermediate Paused is the recovery's (recovery pending), not dormancy: with
+    no further demand the recovery goes on to the third node, the file is there, and the flags clear."""
+    nc = await node_cluster(nodes=("n1", "n2", "n3"), shared_checkpoints=True, session_ttl=2.0)
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    cache = nc.cluster.coordinator.service.cache
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        env = await client.environments.create(
+            cpu=0.25, memory="256Mi", pause=adx.PausePolicy(storage=adx.CheckpointStorage.SHARED)
+        )
+        first = env.node
+        await env.files.write("/work/travel.txt", b"from " + first.encode())
+        await env.pause()
+        # The first node to take the resume over hangs before its restore reaches the runtime, and is lost.
+        taken: list[str] = []
+        hung = asyncio.Event()
+        for name, agent in nc.nodes.items():
+            if name == first:
+                continue
+            real_restore = agent.driver.restore
+
+            async def restore(*args: Any, _name: str = name, _real: Any = real_restore, **kwargs: Any) -> Any:
+                taken.append(_name)
+                if len(taken) == 1:
+                    hung.set()
+                    await asyncio.Event().wait()  # never reaches sandboxd
+                return await _real(*args, **kwargs)
+
+            agent.driver.restore = restore  # type: ignore[method-assign]
+        await nc.nodes[first].stop()
+        await eventually(lambda: cache.environments[env.id].ownership_lost, 20)
+        demand = asyncio.create_task(env.resume())  # the one demand; nothing asks again afterwards
+        await asyncio.wait_for(hung.wait(), 30)
+        lost_target = taken[0]
+        assert cache.environments[env.id].recovery_pending
+        await nc.nodes[lost_target].stop()
+        survivor = ({"n1", "n2", "n3"} - {first, lost_target}).pop()
+        # The recovery goes on from the intermediate Paused (recovery pending) by itself.
+        await eventually(lambda: cache.environments[env.id].node == survivor, 60)
+        await eventually(lambda: cache.environments[env.id].state is EnvironmentState.RUNNING, 60)
+        with contextlib.suppress(adx.AdxError):
+            await asyncio.wait_for(demand, 30)
+        await env.refresh()
+        assert (env.state, env.node) == ("running", survivor)
+        assert await env.files.read("/work/travel.txt") == b"from " + first.encode()
+        final = cache.environments[env.id]
+        assert not final.recovery_pending and not final.ownership_lost
+        assert taken == [lost_target, survivor]
+
+
 @pytest.mark.req("ENV-3")
 async def test_shared_storage_is_refused_without_a_node_that_has_it(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
     nc = await node_cluster()

@@ -32,6 +32,11 @@ class EnvironmentView(_Wire):
     checkpoint: CheckpointRef | None = None
     expires_at: float | None = Field(default=None, description="the lifetime deadline (Unix time), if any")
     ownership_lost: bool = Field(default=False, description="paused, and its node is gone (resumes elsewhere)")
+    recovery_pending: bool = Field(
+        default=False,
+        description="a recovery from a lost node is under way: a paused state meanwhile is not dormancy, and the "
+        "recovery goes on by itself until the Environment runs on another node",
+    )
     last_error: str | None = None
     publication_pending: bool = Field(
         default=False,
@@ -59,6 +64,7 @@ class EnvironmentView(_Wire):
             checkpoint=record.checkpoint,
             expires_at=record.expires_at,
             ownership_lost=record.ownership_lost,
+            recovery_pending=record.recovery_pending,
             last_error=record.last_error,
         )
 

@@ -118,12 +118,19 @@ class LifecycleOps:
                 )
             operation = new_id(OPERATION)
             refused: list[Refusal] = []
+            # CRD-10: demand on a lost Environment starts its recovery, which goes on until it runs somewhere.
+            recovering = current.ownership_lost or current.recovery_pending
             for node, generation in self._resume_candidates(current, refused):
                 intent = ResumeIntent(operation_id=operation, started_at=time.time(), refused=[r.node for r in refused])
                 try:
                     resuming = await self.store.record_resume_intent(
                         current,
-                        {"resume_intent": intent, "last_error": None, "expires_at": self._renewed_deadline(current)},
+                        {
+                            "resume_intent": intent,
+                            "last_error": None,
+                            "expires_at": self._renewed_deadline(current),
+                            "recovery_pending": recovering,
+                        },
                         node=node.name,
                         generation=generation,
                     )
@@ -283,12 +290,16 @@ class LifecycleOps:
                 return "lifetime-delete"
             if not record.ownership_lost and checkpoint is not None and self._alive(checkpoint.node, now) is None:
                 return "ownership-lost"
+            if record.recovery_pending and self._refused_until.get(record.id, 0.0) <= time.monotonic():
+                return "recovery-continue"  # CRD-10: not dormancy: no demand is waited for
             if record.id in self._capacity_round and self._refused_until.get(record.id, 0.0) <= time.monotonic():
                 return "capacity-round"
             return None
         if record.state is S.RUNNING and lifetime_over:
             return "lifetime-" + record.spec.lifecycle.lifetime_action.value
         if record.state is S.RESUMING and record.resume_intent is not None:
+            if self._alive(record.node, now) is None:
+                return "resume-target-lost"
             last = max(record.resume_intent.started_at, self._nudged.get(record.id, 0.0))
             if now - last > STALLED_RESUME_SECONDS:
                 self._nudged[record.id] = now
@@ -328,6 +339,27 @@ class LifecycleOps:
                 self._capacity_round.discard(record.id)
                 self._refused_until.pop(record.id, None)
                 await self.drive_resume(record, capacity_round=True)
+            elif action == "resume-target-lost":
+                # CRD-10: the node taking the resume over is gone before it ran the Environment: back to Paused
+                # (its reservation released; a late result of that node fails on the revision), and the
+                # recovery goes on from there on another node, with no new demand needed.
+                back = await self.store.commit_environment(
+                    record,
+                    {
+                        "state": S.PAUSED,
+                        "resume_intent": None,
+                        "recovery_pending": True,
+                        "last_error": f"node {record.node} was lost while resuming it; recovery goes on",
+                    },
+                    check_generation=False,
+                    release_reservation=True,
+                )
+                self.cache.apply(back)
+                log.warning(
+                    "resume target lost; the recovery goes on", extra={"env_id": record.id, "node": record.node}
+                )
+            elif action == "recovery-continue":
+                await self.drive_resume(record)
             elif action == "resume-stalled":
                 node = self._alive(record.node, time.time())
                 if node is not None and self.nodes is not None:

@@ -236,6 +236,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
         merged = parse_wire(EnvironmentRecord, {**current.to_wire(), **changes})
         update = {name: getattr(merged, name) for name in merged.model_fields_set if name != "id"}
+        if merged.state is EnvironmentState.RUNNING and (current.ownership_lost or current.recovery_pending):
+            # CRD-6/CRD-10: it runs on a live node again: the recovery from the lost one is over.
+            update.update(ownership_lost=False, recovery_pending=False)
         try:
             committed = await self.store.commit_environment(
                 current, update, release_reservation=request.release_reservation

@@ -60,6 +60,9 @@ class EnvironmentRecord(ApiModel):
     expires_at: float | None = None
     # CRD-6: the node that held this paused Environment is gone; the first demand resumes it elsewhere.
     ownership_lost: bool = False
+    # CRD-10: a recovery from a lost node is under way (demand started it): a Paused meanwhile is that recovery's
+    # intermediate state, not dormancy; it goes on by itself until the Environment runs somewhere.
+    recovery_pending: bool = False
     last_error: str | None = None
 
 
