@@ -15,6 +15,7 @@ from adx.agents._driver import (
     ToolOutcomeUnknownError,
 )
 from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
+from adx.agents._fair import DurableFairScheduler, FairnessPolicy, smooth_weighted_sequence, starvation_bound
 from adx.agents._graph import (
     END,
     Budget,
@@ -80,6 +81,7 @@ __all__ = [
     "Budget",
     "BudgetExceededError",
     "CommitHook",
+    "DurableFairScheduler",
     "DurableGraphDriverOptions",
     "DurableGraphLifecycleOptions",
     "DurableTenantScheduler",
@@ -91,6 +93,7 @@ __all__ = [
     "ExecutableGraphRegistryBuilder",
     "ExecutedOutcome",
     "Fail",
+    "FairnessPolicy",
     "GraphBuilder",
     "GraphLifecycleEvidenceProvider",
     "Interrupt",
@@ -130,4 +133,6 @@ __all__ = [
     "register_standard_agent_cancellation_event_schema",
     "register_standard_graph_driver_event_schema",
     "register_standard_graph_lifecycle_event_schema",
+    "smooth_weighted_sequence",
+    "starvation_bound",
 ]

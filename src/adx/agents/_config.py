@@ -8,9 +8,32 @@ from pydantic import Field, field_validator
 
 from adx.config._base import LoggingConfig, StrictModel
 
-__all__ = ["AgentWorkerConfig"]
+__all__ = ["AgentWorkerConfig", "FairnessConfig"]
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class FairnessConfig(StrictModel):
+    """AGT-12: one worker ticks several tenants by a replica-global smooth weighted round robin."""
+
+    policy: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="name of the persisted policy")
+    weights: dict[str, int] = Field(description="tenant -> weight (1-1000000); persisted at the first start")
+    tenant_database_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="tenant -> PostgreSQL URL with that tenant's own credentials (default: database_url)",
+    )
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, value: dict[str, int]) -> dict[str, int]:
+        if not 1 <= len(value) <= 128:
+            raise ValueError("needs 1 to 128 tenants")
+        for tenant, weight in value.items():
+            if not re.match(r"^[a-z0-9][a-z0-9_-]{0,62}$", tenant):
+                raise ValueError(f"{tenant!r} is not a tenant ID")
+            if not 1 <= weight <= 1_000_000:
+                raise ValueError(f"weight of {tenant!r} must be between 1 and 1000000")
+        return value
 
 
 class AgentWorkerConfig(StrictModel):
@@ -46,6 +69,9 @@ class AgentWorkerConfig(StrictModel):
     health_host: str = Field(default="127.0.0.1", description="address of the health endpoint")
     health_port: int | None = Field(
         default=None, ge=0, le=65535, description="serve GET /healthz (JSON health, 503 when not ready); off if unset"
+    )
+    fairness: FairnessConfig | None = Field(
+        default=None, description="tick these tenants fairly (AGT-12) instead of tenant_id alone"
     )
     logging: LoggingConfig = LoggingConfig()
 

@@ -12,6 +12,7 @@ from types import ModuleType
 
 from adx.agents._config import AgentWorkerConfig
 from adx.agents._driver import DurableGraphDriverOptions
+from adx.agents._fair import DurableFairScheduler, FairnessPolicy
 from adx.agents._graph import ExecutableGraphRegistry, ExecutableGraphRegistryBuilder
 from adx.agents._lifecycle import DurableGraphLifecycleOptions, GraphLifecycleEvidenceProvider
 from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions
@@ -94,27 +95,49 @@ async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
     module = load_registrations(cfg.registrations)
     executables = build_executables(module)
     store = await AgentStore.open(cfg.database_url, max_size=cfg.pool_max_size or cfg.slots + 2, migrate=cfg.migrate)
+    extra_stores: list[AgentStore] = []
     try:
-        await store.ensure_tenant(cfg.tenant_id)
         make_evidence = getattr(module, "evidence_provider", None)
-        evidence = make_evidence() if make_evidence is not None else GraphLifecycleEvidenceProvider()
-        scheduler = DurableTenantScheduler(
-            store,
-            executables,
-            evidence,
-            DurableGraphDriverOptions(
-                lease_seconds=cfg.lease_seconds,
-                node_timeout_seconds=cfg.node_timeout_seconds,
-                max_node_attempts=cfg.max_node_attempts,
-                max_nodes_per_claim=cfg.max_nodes_per_claim,
-            ),
-            DurableGraphLifecycleOptions(),
-            DurableTenantSchedulerOptions(tenant_id=cfg.tenant_id),
-        )
+
+        def tenant_scheduler(tenant_id: str, tenant_store: AgentStore) -> DurableTenantScheduler:
+            evidence = make_evidence() if make_evidence is not None else GraphLifecycleEvidenceProvider()
+            return DurableTenantScheduler(
+                tenant_store,
+                executables,
+                evidence,
+                DurableGraphDriverOptions(
+                    lease_seconds=cfg.lease_seconds,
+                    node_timeout_seconds=cfg.node_timeout_seconds,
+                    max_node_attempts=cfg.max_node_attempts,
+                    max_nodes_per_claim=cfg.max_nodes_per_claim,
+                ),
+                DurableGraphLifecycleOptions(),
+                DurableTenantSchedulerOptions(tenant_id=tenant_id),
+            )
+
+        binding: AgentWorkerBinding
+        if cfg.fairness is None:
+            await store.ensure_tenant(cfg.tenant_id)
+            scheduler = tenant_scheduler(cfg.tenant_id, store)
+            binding = AgentWorkerBinding.tenant(scheduler)
+        else:
+            schedulers = []
+            for tenant_id in sorted(cfg.fairness.weights):
+                url = cfg.fairness.tenant_database_urls.get(tenant_id)
+                tenant_store = store
+                if url is not None:
+                    tenant_store = await AgentStore.open(url, max_size=cfg.slots + 2, migrate=False)
+                    extra_stores.append(tenant_store)
+                await tenant_store.ensure_tenant(tenant_id)
+                schedulers.append(tenant_scheduler(tenant_id, tenant_store))
+            policy = FairnessPolicy(cfg.fairness.policy, dict(cfg.fairness.weights))
+            binding = AgentWorkerBinding.fair(
+                DurableFairScheduler(store, schedulers, policy, idle_backoff_seconds=cfg.idle_poll_seconds)
+            )
         make_readiness = getattr(module, "readiness", None)
         readiness = make_readiness(store) if make_readiness is not None else AgentWorkerReadiness.database(store)
         worker = await AgentWorker.start(
-            AgentWorkerBinding.tenant(scheduler),
+            binding,
             readiness,
             AgentWorkerOptions(
                 slots=cfg.slots,
@@ -151,4 +174,6 @@ async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
         log.info("agent worker stopped", extra={"ticks": health.ticks, "executed": health.executed})
         return health
     finally:
+        for extra in extra_stores:
+            await extra.close()
         await store.close()

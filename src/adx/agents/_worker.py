@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adx.agents._driver import ShutdownSignal
+from adx.agents._fair import DurableFairScheduler
 from adx.agents._liveness import WorkerLiveness
 from adx.agents._scheduler import DurableTenantScheduler, TickOutcome
 from adx.agents._store import AgentStore
@@ -92,16 +93,27 @@ class AgentWorkerReadiness:
 
 @dataclass(frozen=True, slots=True)
 class AgentWorkerBinding:
-    """Which scheduler a worker owns. Only tenant bindings exist today (fair bindings are AGT-12)."""
+    """Which scheduler a worker owns: one tenant's, or a fair scheduler over several tenants' (AGT-12)."""
 
     kind: str
-    scheduler: DurableTenantScheduler
+    scheduler: DurableTenantScheduler | DurableFairScheduler
 
     @classmethod
     def tenant(cls, scheduler: DurableTenantScheduler) -> AgentWorkerBinding:
         if not isinstance(scheduler, DurableTenantScheduler):
             raise InvalidInputError("scheduler", "must be a DurableTenantScheduler")
         return cls("tenant", scheduler)
+
+    @classmethod
+    def fair(cls, scheduler: DurableFairScheduler) -> AgentWorkerBinding:
+        if not isinstance(scheduler, DurableFairScheduler):
+            raise InvalidInputError("scheduler", "must be a DurableFairScheduler")
+        return cls("fair", scheduler)
+
+    @property
+    def tenant_schedulers(self) -> list[DurableTenantScheduler]:
+        s = self.scheduler
+        return list(s.tenant_schedulers) if isinstance(s, DurableFairScheduler) else [s]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +190,12 @@ class AgentWorker:
         # AGT-13: verify the real database schema and the frozen registry before any claim.
         try:
             await scheduler.store.check_schema()
-            if not scheduler.executables.frozen:
-                raise ConflictError("executable registry is not frozen")
+            for tenant_scheduler in self.binding.tenant_schedulers:
+                await tenant_scheduler.store.check_schema()
+                if not tenant_scheduler.executables.frozen:
+                    raise ConflictError("executable registry is not frozen")
+            if isinstance(scheduler, DurableFairScheduler):
+                await scheduler.verify_policy()  # refuses a policy that differs from the persisted one
             if not await self._check_once():
                 raise UnavailableError("agent worker readiness check failed at start")
             if self.options.liveness_grace_seconds is not None:
@@ -191,7 +207,8 @@ class AgentWorker:
                     drain_seconds=self.options.drain_seconds,
                 )
                 await self._liveness.start()
-                scheduler.loop.driver.liveness = self._liveness
+                for tenant_scheduler in self.binding.tenant_schedulers:
+                    tenant_scheduler.loop.driver.liveness = self._liveness
         except BaseException:
             scheduler._worker_owned = False  # a worker that never started owns nothing
             raise
