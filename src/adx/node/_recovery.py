@@ -3,7 +3,8 @@ startup and after an explicit session rejection.
 
 Order at startup: wait for the Coordinator's full catalog (however long), replay the degradation journal,
 read the catalog again, clean executions no committed record references (their files are the persisted
-cleanup records, NOD-13), check the runtime's inventory, recover each Environment on its own (one failing
+cleanup records, NOD-13), take over what the runtime's inventory holds without a file here (adopted when the
+catalog references it, cleaned when not: NOD-1, NOD-18), recover each Environment on its own (one failing
 restricts only it, NOD-20), and sweep unreferenced checkpoints (NOD-15).
 """
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from typing import TYPE_CHECKING
 
-from adx.errors import AdxError, NotFoundError, UnavailableError
+from adx.errors import AdxError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentRecord, EnvironmentState
 from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._replay import ReplayEnd, replay
@@ -60,16 +62,25 @@ class Recovery:
             # the catalog again; only then reconcile with the runtime and open lifecycle and admission.
             await self._replay_at_start(catalog)
             catalog = await self._wait_for_catalog(with_references=True)
-        known = await self._clean_unreferenced(catalog)
-        await self._report_inventory(known)
+        known = await self._reconcile_runtime(catalog)
         await self._recover_catalog(catalog, known)
         await self._sweep_checkpoints()
 
+    async def _reconcile_runtime(self, catalog: list[EnvironmentRecord]) -> dict[str, Execution]:
+        """NOD-1: the executions of the catalog this node can address (adopted below), after cleaning the
+        unreferenced ones and taking over those the runtime holds without a file here."""
+        known = await self._clean_unreferenced(catalog)
+        await self._take_over_unaddressable(catalog, known)
+        return known
+
     async def _recover_catalog(self, catalog: list[EnvironmentRecord], known: dict[str, Execution]) -> None:
         """Recover each Environment of the catalog no Controller holds yet, one by one."""
+        blocked = self._orphan_envs() | {item.env_id for item in self.unaddressable}
         for record in catalog:
-            if record.id in self.controllers or record.id in self._orphan_envs():
-                continue  # RST-5/NOD-13: nothing of it starts until the old execution's cleanup is confirmed
+            if record.id in self.controllers or record.id in blocked:
+                # RST-5/NOD-13: nothing of it starts until the old execution's cleanup is confirmed (or, for an
+                # execution the runtime holds that this node cannot address yet, until it is taken over).
+                continue
             await self._recover_one(record, known.get(record.execution_id or ""))
 
     async def _recover_one(self, record: EnvironmentRecord, execution: Execution | None) -> None:
@@ -127,22 +138,56 @@ class Recovery:
     def _orphan_envs(self) -> set[str]:
         return {execution.env_id for execution in self._orphans.values()}
 
-    async def _report_inventory(self, known: dict[str, Execution]) -> None:
-        """NOD-1/NOD-18: the runtime's own inventory, checked against what this node can address. An execution
-        the runtime holds for this node without an execution file (its state was lost) can neither be adopted
-        nor cleaned without its secret: it is reported, never deleted on a guess."""
+    async def _take_over_unaddressable(self, catalog: list[EnvironmentRecord], known: dict[str, Execution]) -> None:
+        """NOD-1/NOD-18: what the runtime's inventory holds for this node without an execution file here (the
+        file was lost, e.g. with a damaged state directory) is taken over with a new secret (the runtime's
+        owner-level Reclaim; the old secret stops working) and its file written first. Then it is adopted
+        when a committed record references it (``known`` gains it), else cleaned like any ownerless execution.
+        An unavailable inventory or a failed take-over deletes nothing: that Environment waits (it is left in
+        ``unaddressable`` and admits nothing here) and the next barrier tries again."""
         try:
             inventory = await self.driver.inventory()
         except AdxError as exc:
             log.warning("runtime inventory unavailable: %s", exc, extra={"node": self.name})
             return
-        addressable = set(known) | set(self._orphans)
-        self.unaddressable = [item for item in inventory if item.execution_id not in addressable]
-        for item in self.unaddressable:
-            log.error(
-                "the runtime holds an execution this node has no record of; it is left as it is",
-                extra={"node": self.name, "env_id": item.env_id, "execution_id": item.execution_id},
-            )
+        referenced = {record.execution_id: record for record in catalog if record.execution_id}
+        addressable = set(known) | set(self._orphans) | {e.execution_id for e in self.executions.load_all()}
+        self.unaddressable = []
+        for item in inventory:
+            if item.execution_id in addressable:
+                continue
+            context = {"node": self.name, "env_id": item.env_id, "execution_id": item.execution_id}
+            try:
+                execution = await self._reclaim(item)
+            except NotFoundError:
+                continue  # gone meanwhile: nothing to take over
+            except AdxError as exc:
+                log.error("an execution without a file here could not be taken over: %s", exc, extra=context)
+                self.unaddressable.append(item)
+                continue
+            record = referenced.get(item.execution_id)
+            if record is not None and record.id == item.env_id:
+                known[item.execution_id] = execution
+                log.warning("an execution whose file was lost is adopted under a new secret", extra=context)
+            else:
+                self._orphans[item.execution_id] = execution
+                log.warning("an ownerless execution without a file is cleaned", extra=context)
+        await self._retry_orphans()
+
+    async def _reclaim(self, item: InventoryItem) -> Execution:
+        """The runtime's Reclaim with one new secret, retried with that same secret while its outcome is
+        unknown (a retry converges); the execution's file is written before anything else uses it."""
+        secret = secrets.token_urlsafe(32)
+        for attempt in range(5):
+            try:
+                execution = await self.driver.reclaim(item, secret)
+                break
+            except (UnavailableError, UncertainOutcomeError):
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.2 * 2**attempt)
+        self.executions.save(execution)
+        return execution
 
     async def _wait_for_catalog(self, *, with_references: bool = True) -> list[EnvironmentRecord]:
         """Register and read the full catalog, however long the Coordinator takes (JRN-7: nothing is touched
@@ -287,7 +332,7 @@ class Recovery:
             for controller in list(self.controllers.values()):
                 await asyncio.wait_for(controller.drained(), self.config.report_interval_seconds * 10)
             catalog = await self.sink.catalog()
-            await self._recover_catalog(catalog, await self._clean_unreferenced(catalog))
+            await self._recover_catalog(catalog, await self._reconcile_runtime(catalog))
         except (AdxError, TimeoutError) as exc:
             log.warning("session re-take not finished, retried next round: %s", exc, extra={"node": self.name})
             return
