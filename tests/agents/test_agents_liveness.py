@@ -15,10 +15,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from agents_helpers import TENANT, fetch
+from agents_helpers import TENANT, fetch, make_scheduler
 from agents_workers import kill, start_worker, stop, tail, wait_started, write_config
 
-from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry
+from adx.agents import (
+    AgentRuns,
+    AgentStore,
+    AgentWorker,
+    AgentWorkerBinding,
+    AgentWorkerOptions,
+    AgentWorkerReadiness,
+    DurableGraphDriverOptions,
+    ExecutableGraphRegistry,
+)
+from adx.agents._store import LIVENESS_LOCK_CLASS
 
 SETTINGS = {"slots": 4, "idle_poll_seconds": 0.05, "max_node_attempts": 100, "drain_seconds": 5}
 
@@ -171,3 +181,88 @@ async def test_a_stopped_but_live_worker_keeps_its_runs(
         await kill(a)
         if b is not None:
             await kill(b)
+
+
+@pytest.mark.req("AGT-16")
+async def test_a_worker_whose_liveness_session_breaks_stops_its_nodes_and_lets_the_runs_go_on(
+    store: AgentStore, executables: ExecutableGraphRegistry, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database ends the worker's liveness session (pg_terminate_backend) while its nodes run: it stops
+    them at once (its runs may be taken), registers again, expires its leftover leases, and the runs go on
+    under a higher fence - every node effect exactly once, nothing waits out the 30 s lease."""
+    monkeypatch.setenv("AGENTS_TEST_DSN", postgres_dsn)
+    runs = AgentRuns(store, executables)
+    ids = [(await runs.submit(TENANT, "chain", "1", {"count": 0, "delay_ms": 400})).run_id for _ in range(2)]
+    scheduler = make_scheduler(store, executables, driver=DurableGraphDriverOptions(lease_seconds=30.0))
+    worker = await AgentWorker.start(
+        AgentWorkerBinding.tenant(scheduler),
+        AgentWorkerReadiness.database(store),
+        AgentWorkerOptions(slots=2, idle_poll_seconds=0.05, liveness_grace_seconds=1.0),
+    )
+    try:
+
+        async def driving() -> bool:
+            return len(await _owned_by_fence(store, ids, 1)) == len(ids)
+
+        await _until(driving, 20, "the worker drives both runs")
+        [lock] = await fetch(
+            store,
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND granted",
+            LIVENESS_LOCK_CLASS,
+        )
+        await fetch(store, "SELECT pg_terminate_backend(%s)", lock["pid"])
+        broke = time.monotonic()
+
+        async def continued() -> bool:
+            return len(await _owned_by_fence(store, ids, 2)) == len(ids)
+
+        await _until(continued, 10, "both runs continue under a higher fence")
+        print(f"session loss -> both runs continue: {time.monotonic() - broke:.3f}s (lease 30 s)")
+        assert time.monotonic() - broke < 5.0
+        await _finish(runs, ids)
+        await _one_effect_per_node(store, ids)
+        assert worker._liveness is not None and worker._liveness.losses == 1 and worker._liveness.healthy
+    finally:
+        await worker.shutdown()
+
+
+@pytest.mark.req("AGT-13", "AGT-17")
+async def test_runs_aborted_by_a_drain_continue_at_once_elsewhere(
+    store: AgentStore, executables: ExecutableGraphRegistry, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown force-aborts a node past the drain period; the stopped worker declared itself dead, so a
+    peer continues the run at once instead of after the 30 s lease."""
+    monkeypatch.setenv("AGENTS_TEST_DSN", postgres_dsn)
+    runs = AgentRuns(store, executables)
+    [run_id] = [(await runs.submit(TENANT, "chain", "1", {"count": 0, "delay_ms": 4000})).run_id]
+    options = AgentWorkerOptions(slots=1, idle_poll_seconds=0.05, drain_seconds=0.2, liveness_grace_seconds=1.0)
+    driver = DurableGraphDriverOptions(lease_seconds=30.0)
+    first = await AgentWorker.start(
+        AgentWorkerBinding.tenant(make_scheduler(store, executables, driver=driver)),
+        AgentWorkerReadiness.database(store),
+        options,
+    )
+
+    async def driving() -> bool:
+        return bool(await _owned_by_fence(store, [run_id], 1))
+
+    try:
+        await _until(driving, 20, "the first worker drives the run")
+    finally:
+        await first.shutdown()  # the node sleeps up to 4 s: aborted after the 0.2 s drain
+    stopped = time.monotonic()
+    second = await AgentWorker.start(
+        AgentWorkerBinding.tenant(make_scheduler(store, executables, driver=driver)),
+        AgentWorkerReadiness.database(store),
+        options,
+    )
+    try:
+
+        async def continued() -> bool:
+            return bool(await _owned_by_fence(store, [run_id], 2))
+
+        await _until(continued, 10, "the run continues under the second worker")
+        assert time.monotonic() - stopped < 2.0
+        await _finish(runs, [run_id])
+    finally:
+        await second.shutdown()

@@ -100,6 +100,8 @@ class WorkerLiveness:
             row = await cur.fetchone()
             if not row or not row["locked"]:
                 raise ConflictError(f"worker liveness lock of {self.identity!r} is held by another session")
+            # Rows of workers long gone (their leases expired ages ago) are pruned by whoever starts next.
+            await conn.execute("DELETE FROM adx_agent_workers WHERE heartbeat_at < now() - interval '1 day'")
             await conn.execute(
                 "INSERT INTO adx_agent_workers (identity, tenant_id, lock_key, grace_ms) VALUES (%s, %s,"
                 " hashtext(%s), %s) ON CONFLICT (identity) DO UPDATE SET heartbeat_at = now()",
@@ -164,7 +166,9 @@ class WorkerLiveness:
                 await conn.close()
 
     async def close(self) -> None:
-        """Deregister (a clean stop) and end the session, which frees the lock."""
+        """A clean stop: declare ourselves dead at once and end the session (which frees the lock), so runs
+        whose ticks the drain aborted continue now, not after their lease. (The row stays: OWNER_DEAD needs it;
+        the next worker start prunes rows a day old.)"""
         self._healthy = False
         if self._task is not None:
             self._task.cancel()
@@ -172,5 +176,8 @@ class WorkerLiveness:
                 await self._task
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error, OSError):
-                await self._conn.execute("DELETE FROM adx_agent_workers WHERE identity = %s", (self.identity,))
+                await self._conn.execute(
+                    "UPDATE adx_agent_workers SET heartbeat_at = now() - interval '1 hour' WHERE identity = %s",
+                    (self.identity,),
+                )
         await self._drop()
