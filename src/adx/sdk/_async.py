@@ -27,6 +27,7 @@ from adx.sdk._client import (
     backoff,
     call_timeout,
     check_waitable,
+    retry_delay,
 )
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
 from adx.sdk._models import (
@@ -91,6 +92,7 @@ class AsyncClient:
         per_call = call_timeout(timeout)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
+            refused: httpx.Response | None = None
             try:
                 response = await self._http.request(
                     method, path, params=params, json=json, content=content, headers=headers, timeout=per_call
@@ -107,7 +109,8 @@ class AsyncClient:
                 retry = idempotent and response.status_code in RETRY_STATUSES and not last
                 if not retry or error_code(response.content) == "no_capacity":
                     raise error_from_response(method, response.status_code, response.content, what, self.api_url)
-            await asyncio.sleep(backoff(attempt))
+                refused = response
+            await asyncio.sleep(retry_delay(attempt, refused))
         raise AssertionError("unreachable")
 
 

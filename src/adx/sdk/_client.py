@@ -40,8 +40,26 @@ POLL_MAX = 0.5
 FAILED_STATES = frozenset({EnvironmentState.FAILED, EnvironmentState.DELETING, EnvironmentState.DELETED})
 
 
+#: The longest ``Retry-After`` the SDK honours between two attempts (a larger one is capped: calls stay bounded).
+MAX_RETRY_AFTER = 10.0
+
+
 def backoff(attempt: int) -> float:
     return float(min(0.2 * 2**attempt, 2.0))
+
+
+def retry_delay(attempt: int, response: httpx.Response | None) -> float:
+    """How long to wait before attempt ``attempt + 1``: the server's ``Retry-After`` (seconds) when it said
+    when to come back (e.g. a create refused during a short outage), else the client's own backoff."""
+    raw = response.headers.get("retry-after") if response is not None else None
+    if raw is not None:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = -1.0  # an HTTP date or garbage: fall back to the backoff
+        if seconds >= 0:
+            return min(seconds, MAX_RETRY_AFTER)
+    return backoff(attempt)
 
 
 def call_timeout(seconds: float | None) -> Any:
@@ -112,6 +130,7 @@ class Client:
         per_call = call_timeout(timeout)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
+            refused: httpx.Response | None = None
             try:
                 response = self._http.request(
                     method, path, params=params, json=json, content=content, headers=headers, timeout=per_call
@@ -128,7 +147,8 @@ class Client:
                 retry = idempotent and response.status_code in RETRY_STATUSES and not last
                 if not retry or error_code(response.content) == "no_capacity":
                     raise error_from_response(method, response.status_code, response.content, what, self.api_url)
-            time.sleep(backoff(attempt))
+                refused = response
+            time.sleep(retry_delay(attempt, refused))
         raise AssertionError("unreachable")
 
 
