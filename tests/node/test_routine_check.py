@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from process_cluster import wait_for
 from test_node_agent import Api, run_via_relay
 
 from adx.errors import UnavailableError
@@ -236,10 +237,7 @@ async def test_a_failed_cleanup_restricts_only_that_environment_and_retries(node
         agent.driver.stop = refusing_stop  # type: ignore[method-assign]
         try:
             await api.delete(a.id)
-            deadline = time.monotonic() + 20
-            while refused < 2:
-                assert time.monotonic() < deadline, "the refused cleanup was not retried"
-                await asyncio.sleep(0.1)
+            await wait_for(lambda: refused >= 2, 20, "the refused cleanup retried")
             assert (await api.get(a.id)).state is S.DELETING
             assert agent.reporter.admission_open
             relay = await api.route(b.id)
@@ -273,15 +271,8 @@ async def test_a_missing_local_controller_recovers_only_that_instance(node_clust
         kept_controller = agent.controllers[kept.id]
         gone = agent.controllers.pop(lost.id)
         await gone.close()
-        deadline = time.monotonic() + 15
-        while lost.id not in agent.controllers:
-            assert time.monotonic() < deadline, "the missing Controller was not recovered"
-            await asyncio.sleep(0.1)
-        recovered = agent.controllers[lost.id]
-        deadline = time.monotonic() + 15
-        while not (recovered.state is S.RUNNING and recovered.serving):
-            assert time.monotonic() < deadline, f"recovered Controller is {recovered.state.value}"
-            await asyncio.sleep(0.1)
+        recovered = await wait_for(lambda: agent.controllers.get(lost.id), 15, "the missing Controller recovered")
+        await wait_for(lambda: recovered.state is S.RUNNING and recovered.serving, 15, "it serves again")
         assert recovered.execution is not None and recovered.execution.execution_id == running.execution_id
         after = await api.get(lost.id)
         assert (after.state, after.execution_id, after.restart_attempts) == (S.RUNNING, running.execution_id, 0)
