@@ -169,8 +169,12 @@ class AgentRuns:
         budget: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         run_id: uuid.UUID | None = None,
+        deadline_seconds: float | None = None,
     ) -> RunView:
-        """Admit a run atomically with its descriptor, request and resolved budget."""
+        """Admit a run atomically with its descriptor, request and resolved budget. ``deadline_seconds``: the
+        maintenance role (``adx agent maintenance``) cancels the run if it has not finished by then."""
+        if deadline_seconds is not None and not 0 < deadline_seconds <= 366 * 86400:
+            raise InvalidInputError("deadline_seconds", "must be positive and at most a year")
         check_tenant(tenant_id)
         executable = self.executables.get(graph, version)
         try:
@@ -206,6 +210,7 @@ class AgentRuns:
             initial_state=initial_state,
             entry=executable.entry,
             idempotency_key=idempotency_key,
+            deadline_s=deadline_seconds,
         )
         return await self.get_run(tenant_id, new_id)
 

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from adx.config._base import LoggingConfig, StrictModel
 
-__all__ = ["AgentWorkerConfig", "FairnessConfig"]
+__all__ = ["AgentMaintenanceConfig", "AgentWorkerConfig", "FairnessConfig"]
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -80,6 +80,38 @@ class AgentWorkerConfig(StrictModel):
     def _module_path(cls, value: str) -> str:
         if not _MODULE.match(value):
             raise ValueError("must be a dotted Python module path")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+
+class AgentMaintenanceConfig(StrictModel):
+    """Configuration of ``adx agent maintenance`` (component ``agent-maintenance``)."""
+
+    database_url: str = Field(description="PostgreSQL URL (postgresql://user@host:port/db)")
+    tenants: list[str] = Field(description="1-128 distinct tenant IDs this maintenance process serves")
+    interval_seconds: float = Field(default=0.25, gt=0, le=3600)
+    error_interval_seconds: float = Field(default=1.0, gt=0, le=3600, description="pause after a tick with item errors")
+    tick_limit_seconds: float = Field(default=30.0, gt=0, le=3600)
+    drain_seconds: float = Field(default=10.0, gt=0, le=3600)
+    page_size: int = Field(default=100, ge=1, le=10_000)
+    logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, value: list[str]) -> list[str]:
+        if not 1 <= len(value) <= 128:
+            raise ValueError("needs 1 to 128 tenants")
+        if len(set(value)) != len(value):
+            raise ValueError("must be distinct")
+        for tenant in value:
+            if not re.match(r"^[a-z0-9][a-z0-9_-]{0,62}$", tenant):
+                raise ValueError(f"{tenant!r} is not a tenant ID")
         return value
 
     @field_validator("database_url")

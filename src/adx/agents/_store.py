@@ -374,15 +374,20 @@ class AgentStore:
         initial_state: Any,
         entry: str,
         idempotency_key: str | None,
+        deadline_s: float | None = None,
     ) -> tuple[uuid.UUID, bool]:
-        """Admit a run atomically (row, usage, initial checkpoint). Returns (run_id, created)."""
+        """Admit a run atomically (row, usage, initial checkpoint). Returns (run_id, created).
+
+        ``deadline_s``: the maintenance role cancels the run once it is not finished this long after admission
+        (database time)."""
         async with self.transaction("admit run") as conn:
             cur = await conn.execute("SELECT 1 FROM adx_agent_tenants WHERE tenant_id = %s", (key.tenant_id,))
             if await cur.fetchone() is None:
                 raise NotFoundError(f"tenant {key.tenant_id!r} does not exist")
             cur = await conn.execute(
                 "INSERT INTO adx_agent_runs (tenant_id, run_id, graph_name, graph_version, status, descriptor,"
-                " request, budget, idempotency_key) VALUES (%s, %s, %s, %s, 'queued', %s, %s, %s, %s)"
+                " request, budget, idempotency_key, deadline_at) VALUES (%s, %s, %s, %s, 'queued', %s, %s, %s, %s,"
+                " now() + make_interval(secs => %s::double precision))"
                 " ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING run_id",
                 (
                     key.tenant_id,
@@ -393,6 +398,7 @@ class AgentStore:
                     Jsonb(request),
                     Jsonb(budget),
                     idempotency_key,
+                    deadline_s,
                 ),
             )
             if await cur.fetchone() is None:

@@ -41,6 +41,29 @@ def worker(
     console.print(f"agent worker stopped: ticks={health.ticks} executed={health.executed}")
 
 
+@agent_app.command("maintenance")
+def maintenance(
+    config: Annotated[Path, typer.Option("--config", help="TOML file (component 'agent-maintenance')", dir_okay=False)],
+) -> None:
+    """Run the maintenance role (deadline cancellation) for 1-128 tenants until SIGTERM/SIGINT."""
+    from adx.agents._config import AgentMaintenanceConfig
+    from adx.agents._maintenance import run_maintenance
+
+    try:
+        cfg = load_model(AgentMaintenanceConfig, "agent-maintenance", config)
+    except AdxError as exc:
+        fail(exc)
+    setup_logging("agent-maintenance", cfg.logging.level, cfg.logging.format)
+    try:
+        health = asyncio.run(run_maintenance(cfg))
+    except AdxError as exc:
+        fail(exc)
+    console.print(
+        f"agent maintenance stopped: ticks={health.ticks} cancelled={health.deadline_cancellations}"
+        f" item_errors={health.item_errors}"
+    )
+
+
 runs_app = typer.Typer(
     help="Inspect and operate on durable runs (PostgreSQL: --database-url, ADX_AGENT_DATABASE_URL or a worker"
     " --config).",

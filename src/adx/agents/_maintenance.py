@@ -1,0 +1,255 @@
+"""AGT-15 maintenance (first task: deadline cancellation). Never model or tool work.
+
+One bounded loop over 1-128 distinct tenants. Each tick walks, per tenant, one keyset page of the task's
+order from the tenant's persisted cursor, acts on every item, and commits the cursor past the page. An item
+whose action fails is counted and skipped: it never blocks the rest of its page. A page shorter than the page
+size ends a pass: the cursor goes back to the start, so skipped items are revisited by the next pass (and a
+restarted maintenance process resumes from the persisted cursor). Ticks run only while readiness evidence is
+fresh (AGT-19); a tick past its limit is abandoned and the loop stops (AGT-15: discovery errors and tick
+timeouts stop and drain).
+
+Deadline cancellation: a live run whose ``deadline_at`` passed (database time) gets a cancellation request; a
+worker confirms it like any other (AGT-8). Child-run propagation, join publication and failure convergence
+are not built (no child runs or joins exist in the public API yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from adx.agents._config import AgentMaintenanceConfig
+from adx.agents._driver import ShutdownSignal
+from adx.agents._store import AgentStore, RunKey, check_tenant
+from adx.agents._worker import AgentWorkerReadiness
+from adx.errors import AdxError, InvalidInputError, UnavailableError
+
+__all__ = ["AgentMaintenance", "AgentMaintenanceHealth", "AgentMaintenanceOptions", "run_maintenance"]
+
+log = logging.getLogger("adx.agents.maintenance")
+
+DEADLINES = "deadline_cancellation"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMaintenanceOptions:
+    interval_seconds: float = 0.25
+    error_interval_seconds: float = 1.0
+    tick_limit_seconds: float = 30.0
+    page_size: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("interval_seconds", "error_interval_seconds", "tick_limit_seconds"):
+            if not getattr(self, name) > 0:
+                raise InvalidInputError(name, "must be positive")
+        if not 1 <= self.page_size <= 10_000:
+            raise InvalidInputError("page_size", "must be between 1 and 10000")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMaintenanceHealth:
+    """Redacted counters only: no run IDs, no request content."""
+
+    state: str
+    tenants: int
+    ticks: int
+    deadline_cancellations: int
+    item_errors: int
+    passes: int
+    ready: bool
+
+
+@dataclass
+class _Counters:
+    ticks: int = 0
+    cancelled: int = 0
+    item_errors: int = 0
+    passes: int = 0
+    failed_items: set[tuple[str, uuid.UUID]] = field(default_factory=set)
+
+
+class AgentMaintenance:
+    def __init__(
+        self,
+        store: AgentStore,
+        tenants: list[str],
+        readiness: AgentWorkerReadiness,
+        options: AgentMaintenanceOptions | None = None,
+    ) -> None:
+        if not 1 <= len(tenants) <= 128:
+            raise InvalidInputError("tenants", "needs 1 to 128 tenants")
+        if len(set(tenants)) != len(tenants):
+            raise InvalidInputError("tenants", "must be distinct")
+        for tenant in tenants:
+            check_tenant(tenant)
+        if not isinstance(readiness, AgentWorkerReadiness):
+            raise InvalidInputError("readiness", "an AgentWorkerReadiness is mandatory")
+        self.store = store
+        self.tenants = list(tenants)
+        self.readiness = readiness
+        self.options = options or AgentMaintenanceOptions()
+        self._counters = _Counters()
+        self._ready_until = 0.0
+        self._state = "created"
+        self._signal = ShutdownSignal()
+
+    async def _page(self, tenant: str) -> tuple[list[dict[str, object]], bool]:
+        async with self.store.connection("maintenance: deadline page") as conn:
+            cur = await conn.execute(
+                "SELECT after_at, after_id FROM adx_agent_maintenance_cursors WHERE tenant_id = %s AND task = %s",
+                (tenant, DEADLINES),
+            )
+            cursor = await cur.fetchone()
+            after_at = cursor["after_at"] if cursor else None
+            after_id = cursor["after_id"] if cursor else None
+            cur = await conn.execute(
+                "SELECT run_id, deadline_at FROM adx_agent_runs WHERE tenant_id = %(t)s AND deadline_at IS NOT NULL"
+                " AND status IN ('queued', 'running', 'waiting') AND cancel_requested_at IS NULL"
+                " AND deadline_at <= now()"
+                " AND (%(at)s::timestamptz IS NULL OR (deadline_at, run_id) > (%(at)s, %(id)s))"
+                " ORDER BY deadline_at, run_id LIMIT %(n)s",
+                {"t": tenant, "at": after_at, "id": after_id, "n": self.options.page_size},
+            )
+            rows = [dict(r) for r in await cur.fetchall()]
+        return rows, len(rows) < self.options.page_size
+
+    async def _save_cursor(self, tenant: str, after: tuple[datetime, uuid.UUID] | None, exhausted: bool) -> None:
+        async with self.store.transaction("maintenance: cursor") as conn:
+            await conn.execute(
+                "INSERT INTO adx_agent_maintenance_cursors (tenant_id, task, after_at, after_id, passes)"
+                " VALUES (%(t)s, %(task)s, %(at)s, %(id)s, %(p)s) ON CONFLICT (tenant_id, task) DO UPDATE SET"
+                " after_at = EXCLUDED.after_at, after_id = EXCLUDED.after_id,"
+                " passes = adx_agent_maintenance_cursors.passes + EXCLUDED.passes, updated_at = now()",
+                {
+                    "t": tenant,
+                    "task": DEADLINES,
+                    "at": None if exhausted or after is None else after[0],
+                    "id": None if exhausted or after is None else after[1],
+                    "p": 1 if exhausted else 0,
+                },
+            )
+
+    async def _deadlines(self, tenant: str) -> int:
+        rows, exhausted = await self._page(tenant)
+        errors = 0
+        last: tuple[datetime, uuid.UUID] | None = None
+        for row in rows:
+            run_id = row["run_id"]
+            assert isinstance(run_id, uuid.UUID) and isinstance(row["deadline_at"], datetime)
+            last = (row["deadline_at"], run_id)
+            try:
+                await self.store.request_cancellation(RunKey(tenant, run_id))
+                self._counters.cancelled += 1
+                self._counters.failed_items.discard((tenant, run_id))
+            except AdxError as exc:  # one failing item never blocks the rest of its page
+                errors += 1
+                self._counters.item_errors += 1
+                self._counters.failed_items.add((tenant, run_id))
+                log.warning("maintenance item failed", extra={"task": DEADLINES, "error": type(exc).__name__})
+        if exhausted:
+            self._counters.passes += 1
+        await self._save_cursor(tenant, last, exhausted)
+        return errors
+
+    async def tick(self) -> int:
+        """One bounded pass step over every tenant; returns the number of item errors."""
+        self._counters.ticks += 1
+        errors = 0
+        for tenant in self.tenants:
+            errors += await self._deadlines(tenant)
+        return errors
+
+    async def _ready(self) -> bool:
+        if time.monotonic() < self._ready_until:
+            return True
+        try:
+            ok = await asyncio.wait_for(self.readiness.check(), timeout=self.readiness.timeout_seconds)
+        except (AdxError, OSError, TimeoutError):
+            ok = False
+        if ok is False:
+            self._ready_until = 0.0
+            return False
+        self._ready_until = time.monotonic() + self.readiness.ttl_seconds
+        return True
+
+    async def run(self) -> None:
+        """Tick until :meth:`stop`; a tick past its limit or a discovery error stops the loop."""
+        self._state = "running"
+        opts = self.options
+        try:
+            while not self._signal.is_set():
+                if not await self._ready():  # AGT-19: expired readiness pauses new work
+                    await self._pause(opts.error_interval_seconds)
+                    continue
+                try:
+                    errors = await asyncio.wait_for(self.tick(), timeout=opts.tick_limit_seconds)
+                except TimeoutError:
+                    raise UnavailableError(f"maintenance tick exceeded {opts.tick_limit_seconds}s") from None
+                await self._pause(opts.error_interval_seconds if errors else opts.interval_seconds)
+        finally:
+            self._state = "stopped"
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._signal.wait(), timeout=seconds)
+
+    def stop(self) -> None:
+        """Initiate the stop; the running tick finishes (never closes the store: it may be shared, AGT-19)."""
+        self._signal.set()
+
+    def health(self) -> AgentMaintenanceHealth:
+        c = self._counters
+        return AgentMaintenanceHealth(
+            state=self._state,
+            tenants=len(self.tenants),
+            ticks=c.ticks,
+            deadline_cancellations=c.cancelled,
+            item_errors=c.item_errors,
+            passes=c.passes,
+            ready=time.monotonic() < self._ready_until,
+        )
+
+
+async def run_maintenance(cfg: AgentMaintenanceConfig) -> AgentMaintenanceHealth:
+    """``adx agent maintenance``: run until SIGTERM/SIGINT, then let the running tick finish (drain)."""
+    import signal
+
+    store = await AgentStore.open(cfg.database_url, max_size=2, migrate=False)
+    try:
+        maintenance = AgentMaintenance(
+            store,
+            cfg.tenants,
+            AgentWorkerReadiness.database(store),
+            AgentMaintenanceOptions(
+                interval_seconds=cfg.interval_seconds,
+                error_interval_seconds=cfg.error_interval_seconds,
+                tick_limit_seconds=cfg.tick_limit_seconds,
+                page_size=cfg.page_size,
+            ),
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, maintenance.stop)
+        task = asyncio.create_task(maintenance.run())
+        log.info("agent maintenance started", extra={"tenants": len(cfg.tenants)})
+        stopper = asyncio.create_task(maintenance._signal.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():  # stopping: the running tick may finish within the drain period
+                done, _ = await asyncio.wait({task}, timeout=cfg.drain_seconds)
+                if not done:
+                    task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # a discovery error or tick timeout surfaces here
+        finally:
+            stopper.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        return maintenance.health()
+    finally:
+        await store.close()
