@@ -305,7 +305,7 @@ async def test_lost_ack_cancellation_replays_exactly(store: AgentStore, registry
     [event] = await fetch(
         store, "SELECT * FROM adx_agent_events WHERE run_id = %s AND kind = 'cancellation_confirmed'", run.run_id
     )
-    assert event["schema_id"] == "urn:adx:schema:runtime:agent-cancellation-event:1.0.0"
+    assert event["schema_id"] == "https://stknot.com/schemas/runtime/agent-cancellation-event/1.0.0"
     assert "count" not in str(event["payload"])  # public-safe: no request content
 
 

@@ -61,19 +61,24 @@ async def test_schema_check_refuses_a_foreign_schema(postgres_dsn: str) -> None:
         await store.close()
 
 
-@pytest.mark.req("AGT-1", "AGT-2")
-def test_standard_schemas_have_stable_urns_and_computed_digests() -> None:
+@pytest.mark.req("AGT-1", "AGT-2", "AGT-18")
+def test_standard_schemas_have_the_seeds_ids_and_computed_digests() -> None:
     registry = standard_schemas().build()
     for sid in (GRAPH_DRIVER_EVENT_SCHEMA_ID, GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, AGENT_CANCELLATION_EVENT_SCHEMA_ID):
-        assert sid.startswith("urn:adx:schema:runtime:") and sid.endswith(":1.0.0")
+        assert sid.startswith("https://stknot.com/schemas/runtime/") and sid.endswith("/1.0.0")
         body = dict(registry.schema(sid))
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         assert registry.digest(sid) == "sha256:" + hashlib.sha256(canonical).hexdigest()
-    assert GRAPH_LIFECYCLE_EVENT_SCHEMA_ID == "urn:adx:schema:runtime:graph-lifecycle-event:1.0.0"
+    # Seed 003 publishes these two exactly; the driver event follows the same scheme (SPEC AGT-18).
+    assert GRAPH_LIFECYCLE_EVENT_SCHEMA_ID == "https://stknot.com/schemas/runtime/graph-lifecycle-event/1.0.0"
+    assert AGENT_CANCELLATION_EVENT_SCHEMA_ID == "https://stknot.com/schemas/runtime/agent-cancellation-event/1.0.0"
+    assert GRAPH_DRIVER_EVENT_SCHEMA_ID == "https://stknot.com/schemas/runtime/graph-driver-event/1.0.0"
     # Re-registering the identical schema is idempotent; a helper is the only way to the reserved prefix.
     builder = JsonSchemaRegistryBuilder.with_default_limits()
     first = register_standard_graph_lifecycle_event_schema(builder)
     assert register_standard_graph_lifecycle_event_schema(builder) == first
+    with pytest.raises(InvalidInputError, match="reserved"):
+        builder.register("https://stknot.com/schemas/runtime/mine/1.0.0", {"type": "object"})
     with pytest.raises(InvalidInputError, match="reserved"):
         builder.register("urn:adx:schema:runtime:mine:1.0.0", {"type": "object"})
     builder.register("urn:acme:schema:a:1", {"type": "object"})

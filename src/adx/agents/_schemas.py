@@ -1,8 +1,8 @@
 """JSON Schema registry: register, freeze, validate. Standard audit schemas are registered by helpers.
 
-Schemas are identified by stable absolute URIs; the runtime's own audit schemas use project-owned URNs
-(``urn:adx:schema:runtime:<name>:<semver>``). A schema's digest is always computed from its canonical JSON
-(:func:`adx.agents._canonical.digest`) so no digest is ever written by hand.
+Schemas are identified by stable absolute URIs; the runtime's own audit schemas use the IDs seed 003
+publishes (``https://stknot.com/schemas/runtime/<name>/<semver>``, AGT-18). A schema's digest is always
+computed from its canonical JSON (:func:`adx.agents._canonical.digest`) so no digest is ever written by hand.
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ __all__ = [
     "register_standard_graph_lifecycle_event_schema",
 ]
 
-_RESERVED_PREFIX = "urn:adx:schema:runtime:"
-GRAPH_DRIVER_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "graph-driver-event:1.0.0"
-GRAPH_LIFECYCLE_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "graph-lifecycle-event:1.0.0"
-AGENT_CANCELLATION_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "agent-cancellation-event:1.0.0"
+# AGT-18: the seed's published IDs exactly (the graph-driver event, unpublished there, follows the scheme).
+_RESERVED_PREFIX = "https://stknot.com/schemas/runtime/"
+# The IDs used before AGT-18 stay reserved, so no application schema can take them.
+_RESERVED_PREFIXES = (_RESERVED_PREFIX, "urn:adx:schema:runtime:")
+GRAPH_DRIVER_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "graph-driver-event/1.0.0"
+GRAPH_LIFECYCLE_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "graph-lifecycle-event/1.0.0"
+AGENT_CANCELLATION_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "agent-cancellation-event/1.0.0"
 
 _URI = re.compile(r"^(urn:[a-z0-9][a-z0-9-]{0,31}:[\x21-\x7e]+|https://[\x21-\x7e]+)$")
 _DIGEST = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
@@ -163,8 +166,8 @@ class JsonSchemaRegistryBuilder:
 
     def register(self, schema_id: str, schema: Mapping[str, Any]) -> SchemaRef:
         """Register an application schema under ``schema_id`` (an absolute ``urn:`` or ``https://`` URI)."""
-        if schema_id.startswith(_RESERVED_PREFIX):
-            raise InvalidInputError("schema_id", f"{_RESERVED_PREFIX}* is reserved for the runtime's standard helpers")
+        if isinstance(schema_id, str) and schema_id.startswith(_RESERVED_PREFIXES):
+            raise InvalidInputError("schema_id", f"{schema_id!r} is reserved for the runtime's standard helpers")
         return self._register(schema_id, schema)
 
     def _register(self, schema_id: str, schema: Mapping[str, Any]) -> SchemaRef:
