@@ -102,7 +102,7 @@ class Daemon:
         tables: dict[str, dict[str, Any]] = {
             # Generous CPU capacity (quotas overcommit), small default sandboxes: tests run many at once.
             "capacity": {"cpu_millis": 1_000_000},
-            "defaults": {"cpu_millis": 250, "memory_bytes": 128 << 20, "tmp_bytes": 16 << 20},
+            "defaults": {"cpu_millis": 250, "memory_bytes": 128 << 20},
         }
         for key, value in {**self.extra, **overrides}.items():
             if isinstance(value, dict):

@@ -33,7 +33,12 @@ class DefaultsConfig(StrictModel):
     memory_bytes: int = Field(default=512 << 20, ge=8 << 20)
     pids_max: int = Field(default=1024, ge=8)
     disk_bytes: int = Field(default=1 << 30, ge=0)
-    tmp_bytes: int = Field(default=256 << 20, ge=1 << 20)
+    tmp_bytes: int | None = Field(
+        default=None,
+        ge=1 << 20,
+        description="obsolete, enforces nothing (accepted so older configs still load; a warning at start): /tmp "
+        "is no longer a tmpfs but part of the sandbox's writable layer, which checkpoints keep",
+    )
     network: Literal["none", "host", "veth"] = "none"
 
 

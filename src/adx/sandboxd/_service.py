@@ -212,6 +212,11 @@ class SandboxService:
         self.registry.initialize(loaded)
         log.info("registry open", extra={"owner": self.owner, "records": len(loaded.records)})
         self._preflight()
+        if self.config.defaults.tmp_bytes is not None:
+            log.warning(
+                "defaults.tmp_bytes is set but bounds nothing: /tmp is part of each sandbox's writable layer "
+                "(kept by checkpoints), limited only by what limits that layer; remove the key"
+            )
         self.registry.remove_spares()  # an earlier run's: never a sandbox's
         self._fill_spares()
         self.spawner.start()
@@ -953,7 +958,6 @@ class SandboxService:
             "network": rec.network,
             "cgroup_parent": self.config.cgroup_parent,
             "resources": rec.resources.model_dump(),
-            "tmp_bytes": self.config.defaults.tmp_bytes,
             "run_dir": str(sdir / "run"),
             "ro_binds": ro_binds,
             "veth": self._veth(rec),

@@ -137,7 +137,8 @@ def _in_namespace_setup(
         os.symlink("/proc/self/fd", f"{dev}/fd")
         for i, name in enumerate(("stdin", "stdout", "stderr")):
             os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
-        lx.mount("tmpfs", f"{root}/tmp", "tmpfs", lx.MS_NOSUID | lx.MS_NODEV, f"mode=1777,size={spec['tmp_bytes']}")
+        # /tmp and /var/tmp are plain directories of the overlay (the image makes them 1777): their files live in
+        # the sandbox's upper layer, so a checkpoint keeps them like /work's. A tmpfs here lost them on pause.
         if spec.get("run_dir"):
             lx.mount(spec["run_dir"], f"{root}/run/adx", None, lx.MS_BIND)
         if spec.get("control_dir"):
