@@ -90,7 +90,7 @@ def start_daemon(work: Path, parent: str) -> tuple[subprocess.Popen[bytes], Path
     cfg.write_text(
         f'state_dir = "{state}"\nsocket_path = "{sock}"\ncgroup_parent = "{parent}"\n'
         "[capacity]\ncpu_millis = 10000000\nmax_sandboxes = 10000\n"
-        "[defaults]\ncpu_millis = 100\nmemory_bytes = 67108864\ntmp_bytes = 16777216\n"
+        "[defaults]\ncpu_millis = 100\nmemory_bytes = 67108864\n"
     )
     log = open(work / "sandboxd.log", "wb")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen([sys.executable, "-m", "adx", "sandboxd", "--config", str(cfg)], stdout=log, stderr=log)

@@ -354,7 +354,7 @@ class SoakCluster:
                         "delete_timeout_seconds": 5.0,
                         # sandboxd's own admission must not refuse before the node's: quotas overcommit.
                         "capacity": {"cpu_millis": 1_000_000},
-                        "defaults": {"cpu_millis": 250, "memory_bytes": 128 << 20, "tmp_bytes": 16 << 20},
+                        "defaults": {"cpu_millis": 250, "memory_bytes": 128 << 20},
                     }
                 )
             )
