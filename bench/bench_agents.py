@@ -83,7 +83,7 @@ class TimedStore(AgentStore):
             self.samples.append(time.perf_counter() - start)
 
 
-async def bench_adx(url: str, runs: int, slots: int) -> dict[str, Any]:
+async def bench_adx(url: str, runs: int, slots: int, liveness_grace: float | None = 1.0) -> dict[str, Any]:
     store = await TimedStore.open(url, max_size=slots + 4)
     store.samples = []
     try:
@@ -109,7 +109,7 @@ async def bench_adx(url: str, runs: int, slots: int) -> dict[str, Any]:
         worker = await AgentWorker.start(
             AgentWorkerBinding.tenant(scheduler),
             AgentWorkerReadiness(ready),
-            AgentWorkerOptions(slots=slots, idle_poll_seconds=0.01),
+            AgentWorkerOptions(slots=slots, idle_poll_seconds=0.01, liveness_grace_seconds=liveness_grace),
         )
         async with store.connection("bench poll") as conn:
             while True:
