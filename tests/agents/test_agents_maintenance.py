@@ -151,3 +151,32 @@ async def test_maintenance_process_resumes_after_sigkill(store: AgentStore, post
         code = await asyncio.to_thread(second.wait, 30)
     assert code == 0, tail(log)
     assert "agent maintenance stopped" in tail(log)
+
+
+@pytest.mark.req("AGT-19")
+async def test_expired_readiness_pauses_new_maintenance_work(store: AgentStore) -> None:
+    runs = AgentRuns(store, build_registry())
+    late = await runs.submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0.001)
+    healthy = False
+
+    async def check() -> bool:
+        return healthy
+
+    readiness = AgentWorkerReadiness(check, interval_seconds=0.05, ttl_seconds=0.1)
+    maintenance = AgentMaintenance(
+        store, [TENANT], readiness, AgentMaintenanceOptions(interval_seconds=0.02, error_interval_seconds=0.02)
+    )
+    loop = asyncio.create_task(maintenance.run())
+    try:
+        await asyncio.sleep(0.4)
+        assert maintenance.health().ticks == 0 and not maintenance.health().ready
+        assert not (await runs.get_run(TENANT, late.run_id)).cancel_requested
+        healthy = True
+        for _ in range(200):
+            if (await runs.get_run(TENANT, late.run_id)).cancel_requested:
+                break
+            await asyncio.sleep(0.02)
+        assert (await runs.get_run(TENANT, late.run_id)).cancel_requested
+    finally:
+        maintenance.stop()
+        await asyncio.wait_for(loop, 5)

@@ -41,6 +41,7 @@ from adx.agents._lifecycle import (
     LifecycleEvidence,
     LifecycleResult,
 )
+from adx.agents._maintenance import AgentMaintenance, AgentMaintenanceHealth, AgentMaintenanceOptions
 from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions, TickOutcome, TickReport
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
@@ -70,6 +71,9 @@ __all__ = [
     "END",
     "GRAPH_DRIVER_EVENT_SCHEMA_ID",
     "GRAPH_LIFECYCLE_EVENT_SCHEMA_ID",
+    "AgentMaintenance",
+    "AgentMaintenanceHealth",
+    "AgentMaintenanceOptions",
     "AgentResult",
     "AgentRuns",
     "AgentStore",
