@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -53,6 +54,11 @@ _CREATE_FIELDS = frozenset(
 
 router = APIRouter(include_in_schema=False)
 P = ParamSpec("P")
+_log = logging.getLogger(__name__)
+#: The first path segments of E2B's API (its SDK's routes): anything under them that ADX does not serve still
+#: answers E2B's error shape, so the SDK raises its own exception instead of failing to parse ADX's.
+E2B_PREFIXES = ("sandboxes", "v2", "v3", "templates", "snapshots", "volumes", "secrets", "default-templates")
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 def e2b_errors(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
@@ -65,6 +71,9 @@ def e2b_errors(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Re
         except AdxError as exc:
             status = 400 if status_for(exc) == 422 else status_for(exc)
             return JSONResponse({"code": status, "message": exc.message}, status_code=status)
+        except Exception as exc:  # the SDK can only parse E2B's shape; ADX's own would crash it (KeyError)
+            _log.exception("E2B control-plane call failed")
+            return JSONResponse({"code": 500, "message": f"internal error: {type(exc).__name__}"}, status_code=500)
 
     return wrapper
 
@@ -334,3 +343,16 @@ def metric_view(usage: EnvironmentStats) -> dict[str, Any]:
         "diskUsed": usage.disk_bytes,
         "diskTotal": usage.disk_limit_bytes,
     }
+
+
+async def not_served(request: Request) -> Response:
+    """Routes of E2B's API this server does not serve (or a served path with another method): 501, since a 404
+    on a sandbox's sub-route would make the SDK report the sandbox itself missing."""
+    message = f"{request.method} {request.url.path} is not served by this ADX server (docs/e2b.md lists what is)"
+    return JSONResponse({"code": 501, "message": message}, status_code=501)
+
+
+# Registered last, and the router is included after ADX's own: these never shadow a served route.
+for _prefix in E2B_PREFIXES:
+    router.add_api_route(f"/{_prefix}", not_served, methods=_METHODS)
+    router.add_api_route(f"/{_prefix}/{{rest:path}}", not_served, methods=_METHODS)

@@ -1,0 +1,103 @@
+"""E2B behaviours ADX once answered differently (issue 14's "Found" list), driven through the real ``e2b`` SDK
+against ``adx up``: the error body of unserved routes, ``set_timeout(0)``, filesystem edge cases, the list
+order and filters, the command deadline and a killed sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
+from e2b import AsyncSandbox, Sandbox
+from e2b.exceptions import SandboxException
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sandbox(adx_up: Up) -> Iterator[Sandbox]:
+    made = Sandbox.create(**adx_up.opts())
+    yield made
+    made.kill()
+
+
+def _sandbox_with_headers(adx_up: Up, sandbox: Sandbox, extra: dict[str, str]) -> Sandbox:
+    from e2b import ConnectionConfig
+
+    token = sandbox._envd_access_token
+    assert token
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": token, **extra}
+    config = ConnectionConfig(
+        api_key=adx_up.key, api_url=adx_up.url, sandbox_url=adx_up.url, extra_sandbox_headers=headers
+    )
+    return Sandbox(
+        sandbox_id=sandbox.sandbox_id,
+        envd_version=sandbox._envd_version,
+        envd_access_token=token,
+        sandbox_domain=None,
+        connection_config=config,
+    )
+
+
+# 1. Error body ---------------------------------------------------------------------------------------------
+
+
+def test_routes_not_served_answer_e2b_errors_the_sdk_raises_cleanly(adx_up: Up, sandbox: Sandbox) -> None:
+    """Snapshots, volumes and any unknown path answer ``{"code", "message"}``: the SDK raises its own
+    exception (it used to crash with ``KeyError: 'code'`` on ADX's error shape)."""
+    with pytest.raises(SandboxException) as listed:
+        Sandbox.list_snapshots(**adx_up.opts()).next_items()
+    assert "not served" in str(listed.value)
+    with pytest.raises(SandboxException) as snapshot:
+        sandbox.create_snapshot()
+    assert "not served" in str(snapshot.value)
+
+    headers = {"X-API-KEY": adx_up.key}
+    for method, path in [
+        ("GET", "/templates"),
+        ("POST", "/v3/templates"),
+        ("GET", "/volumes"),
+        ("GET", "/snapshots"),
+        ("PUT", f"/sandboxes/{sandbox.sandbox_id}/network"),
+        ("GET", f"/sandboxes/{sandbox.sandbox_id}/timeout"),  # a served path, another method
+        ("GET", "/v2/sandboxes/nothing/here"),
+        ("GET", "/sandboxes"),
+    ]:
+        answer = httpx.request(method, adx_up.url + path, headers=headers)
+        body = answer.json()
+        assert answer.status_code == 501, (method, path, answer.status_code)
+        assert body["code"] == answer.status_code and isinstance(body["message"], str) and body["message"], body
+
+    # envd: an unknown path or RPC on the data plane
+    token = sandbox._envd_access_token
+    assert token
+    envd = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": token}
+    for method, path in [("GET", "/nowhere"), ("POST", "/files/extra"), ("DELETE", "/files"), ("GET", "/health/x")]:
+        answer = httpx.request(method, adx_up.url + path, headers=envd)
+        body = answer.json()
+        assert answer.status_code >= 400 and body["code"] == answer.status_code, (path, body)
+        assert isinstance(body["message"], str) and body["message"]
+
+
+def test_an_unexpected_failure_is_still_an_e2b_error(adx_up: Up) -> None:
+    """A malformed JSON body on a served route: E2B's shape with status 400, the SDK's InvalidArgument."""
+    answer = httpx.post(
+        adx_up.url + "/v2/sandboxes",
+        headers={"X-API-KEY": adx_up.key, "content-type": "application/json"},
+        content=b"{",
+    )
+    assert answer.status_code == 400 and answer.json()["code"] == 400
+
+
+def test_routes_not_served_async(adx_up: Up) -> None:
+    async def main() -> None:
+        with pytest.raises(SandboxException) as listed:
+            await AsyncSandbox.list_snapshots(**adx_up.opts()).next_items()
+        assert "not served" in str(listed.value)
+
+    asyncio.run(main())
