@@ -1,4 +1,8 @@
-"""AGT-15 maintenance, first task: deadline cancellation with per-tenant cursors and poisoned-item skipping."""
+"""Maintenance, first task: deadline cancellation with per-tenant cursors and poisoned-item skipping.
+
+These tests prove part of the maintenance and readiness requirements only (no child runs, joins or failure
+convergence yet), so they carry no requirement markers for them: the requirement list stays "not yet proven".
+"""
 
 from __future__ import annotations
 
@@ -32,7 +36,6 @@ async def _poison(store: AgentStore, run_id: object) -> None:
         )
 
 
-@pytest.mark.req("AGT-15", "AGT-19")
 async def test_deadlines_cancel_skip_a_poisoned_row_and_resume_from_the_cursor(store: AgentStore) -> None:
     registry = build_registry()
     runs = AgentRuns(store, registry)
@@ -70,7 +73,6 @@ async def test_deadlines_cancel_skip_a_poisoned_row_and_resume_from_the_cursor(s
     assert not (await runs.get_run(TENANT, poisoned.run_id)).cancel_requested
 
 
-@pytest.mark.req("AGT-15")
 async def test_maintenance_binds_1_to_128_distinct_tenants(store: AgentStore) -> None:
     ready = AgentWorkerReadiness.database(store)
     with pytest.raises(InvalidInputError, match="tenants"):
@@ -83,7 +85,6 @@ async def test_maintenance_binds_1_to_128_distinct_tenants(store: AgentStore) ->
         await AgentRuns(store, build_registry()).submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0)
 
 
-@pytest.mark.req("AGT-15", "AGT-19")
 async def test_run_loop_stops_without_closing_the_shared_store(store: AgentStore) -> None:
     runs = AgentRuns(store, build_registry())
     late = await runs.submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0.001)
@@ -103,7 +104,7 @@ async def test_run_loop_stops_without_closing_the_shared_store(store: AgentStore
 
 
 @pytest.mark.slow
-@pytest.mark.req("AGT-15", "AGT-17")
+@pytest.mark.req("AGT-17")
 async def test_maintenance_process_resumes_after_sigkill(store: AgentStore, postgres_dsn: str, tmp_path: Path) -> None:
     runs = AgentRuns(store, build_registry())
     ids = [(await runs.submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0.001)).run_id for _ in range(200)]
@@ -153,7 +154,6 @@ async def test_maintenance_process_resumes_after_sigkill(store: AgentStore, post
     assert "agent maintenance stopped" in tail(log)
 
 
-@pytest.mark.req("AGT-19")
 async def test_expired_readiness_pauses_new_maintenance_work(store: AgentStore) -> None:
     runs = AgentRuns(store, build_registry())
     late = await runs.submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0.001)

@@ -61,7 +61,7 @@ async def test_schema_check_refuses_a_foreign_schema(postgres_dsn: str) -> None:
         await store.close()
 
 
-@pytest.mark.req("AGT-1", "AGT-2", "AGT-18")
+@pytest.mark.req("AGT-1", "AGT-2")
 def test_standard_schemas_have_the_seeds_ids_and_computed_digests() -> None:
     registry = standard_schemas().build()
     for sid in (GRAPH_DRIVER_EVENT_SCHEMA_ID, GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, AGENT_CANCELLATION_EVENT_SCHEMA_ID):
@@ -69,7 +69,8 @@ def test_standard_schemas_have_the_seeds_ids_and_computed_digests() -> None:
         body = dict(registry.schema(sid))
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         assert registry.digest(sid) == "sha256:" + hashlib.sha256(canonical).hexdigest()
-    # Seed 003 publishes these two exactly; the driver event follows the same scheme (SPEC AGT-18).
+    # Seed 003 publishes these two exactly; the driver event follows the same scheme (PostgreSQL 17 is not
+    # qualified yet, so the schema-ID requirement is not marked proven here).
     assert GRAPH_LIFECYCLE_EVENT_SCHEMA_ID == "https://stknot.com/schemas/runtime/graph-lifecycle-event/1.0.0"
     assert AGENT_CANCELLATION_EVENT_SCHEMA_ID == "https://stknot.com/schemas/runtime/agent-cancellation-event/1.0.0"
     assert GRAPH_DRIVER_EVENT_SCHEMA_ID == "https://stknot.com/schemas/runtime/graph-driver-event/1.0.0"
