@@ -5,6 +5,7 @@ order and filters, the command deadline and a killed sandbox."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,7 @@ import pytest
 if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
 from e2b import AsyncSandbox, Sandbox
-from e2b.exceptions import SandboxException
+from e2b.exceptions import NotFoundException, SandboxException
 
 pytestmark = pytest.mark.slow
 
@@ -99,5 +100,44 @@ def test_routes_not_served_async(adx_up: Up) -> None:
         with pytest.raises(SandboxException) as listed:
             await AsyncSandbox.list_snapshots(**adx_up.opts()).next_items()
         assert "not served" in str(listed.value)
+
+    asyncio.run(main())
+
+
+# 2. set_timeout(0) ----------------------------------------------------------------------------------------
+
+
+def test_set_timeout_zero_ends_the_sandbox_now(adx_up: Up) -> None:
+    """E2B: the timeout is counted from now, so 0 expires the sandbox at once (killed; paused with autoPause)."""
+    sandbox = Sandbox.create(**adx_up.opts())
+    sandbox.set_timeout(0)
+    deadline = time.monotonic() + 30
+    while sandbox.is_running():
+        assert time.monotonic() < deadline, "still running after set_timeout(0)"
+        time.sleep(0.2)
+    with pytest.raises(NotFoundException):
+        sandbox.get_info()
+
+    paused = Sandbox.create(lifecycle={"on_timeout": "pause"}, **adx_up.opts())
+    try:
+        with pytest.raises(SandboxException, match="timeout: must be an integer >= 0"):
+            paused.set_timeout(-1)
+        Sandbox.set_timeout(paused.sandbox_id, 0, **adx_up.opts())
+        deadline = time.monotonic() + 60
+        while paused.get_info().state.value != "paused":
+            assert time.monotonic() < deadline, "an autoPause sandbox was not paused by set_timeout(0)"
+            time.sleep(0.3)
+    finally:
+        paused.kill()
+
+
+def test_set_timeout_zero_async(adx_up: Up) -> None:
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(**adx_up.opts())
+        await sandbox.set_timeout(0)
+        deadline = time.monotonic() + 30
+        while await sandbox.is_running():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
 
     asyncio.run(main())

@@ -18,6 +18,7 @@ one (SEC-2). ``templateID`` is the image (``base``: the default one); ``timeout`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -34,7 +35,7 @@ from adx.api._app import Plane, environment_id_or_404, plane, read_json
 from adx.api._errors import status_for
 from adx.e2b._envd import tokens_for
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
-from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, parse_wire
+from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
@@ -160,9 +161,10 @@ def _object(value: object, field: str) -> dict[str, Any]:
     return value
 
 
-def _timeout(value: object, field: str = "timeout") -> int:
+def _timeout(value: object, field: str = "timeout", *, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(field, "must be a positive integer (seconds)")
+        wanted = "an integer >= 0" if allow_zero else "a positive integer"
+        raise InvalidInputError(field, f"must be {wanted} (seconds), got {value!r}")
     return value
 
 
@@ -256,10 +258,27 @@ async def set_timeout(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
     body = _object(await read_json(request, p.config.max_body_bytes), "body")
-    seconds = _timeout(body.get("timeout"))
+    seconds = body.get("timeout")
+    if seconds == 0 and not isinstance(seconds, bool):
+        # E2B counts the timeout from now: 0 expires the sandbox at once, with its timeout action.
+        record = await _visible(p, tenant, sandbox_id)
+        await _expire_now(p, tenant, record)
+        return Response(status_code=204)
+    seconds = _timeout(seconds, allow_zero=True)
     record = await _visible(p, tenant, sandbox_id)
     await _set_lifetime(p, tenant, record, seconds)
     return Response(status_code=204)
+
+
+async def _expire_now(p: Plane, tenant: str, record: EnvironmentRecord) -> None:
+    """What the lifetime deadline does when it passes (the Coordinator's deadlines start at 1 s): pause an
+    autoPause sandbox (an already paused one stays so), delete any other."""
+    if record.spec.lifecycle.lifetime_action is IdleAction.PAUSE:
+        if record.state not in _PAUSED:
+            with contextlib.suppress(ConflictError):  # paused meanwhile: the outcome asked for
+                await p.coordinator.pause_environment(tenant, record.id)
+        return
+    await p.coordinator.delete_environment(tenant, record.id)
 
 
 async def _set_lifetime(p: Plane, tenant: str, record: EnvironmentRecord, seconds: int) -> EnvironmentRecord:
