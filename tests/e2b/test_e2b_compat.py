@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
 from e2b import AsyncSandbox, Sandbox
 from e2b.exceptions import NotFoundException, SandboxException
+from e2b.sandbox.filesystem.filesystem import FileType
 
 pytestmark = pytest.mark.slow
 
@@ -141,3 +142,40 @@ def test_set_timeout_zero_async(adx_up: Up) -> None:
             await asyncio.sleep(0.2)
 
     asyncio.run(main())
+
+
+# 3. Filesystem ----------------------------------------------------------------------------------------------
+
+
+def test_remove_missing_is_a_noop_symlinks_and_proc_files(sandbox: Sandbox) -> None:
+    sandbox.files.remove("/work/never-existed")  # envd: no error
+    sandbox.files.remove("/work/never/existed/either")
+
+    sandbox.files.write("/work/target.txt", "pointed at")
+    sandbox.commands.run("ln -s /work/target.txt /work/link && ln -s /work /work/dirlink && ln -s /nope /work/dangling")
+    link = sandbox.files.get_info("/work/link")
+    assert (link.name, link.path, link.type, link.symlink_target) == (
+        "link",
+        "/work/link",
+        FileType.SYMLINK,
+        "/work/target.txt",
+    )
+    assert sandbox.files.get_info("/work/target.txt").symlink_target is None
+    assert sandbox.files.get_info("/work/dirlink").symlink_target == "/work"
+    assert sandbox.files.get_info("/work/dangling").symlink_target == "/nope"
+    listed = {e.name: e for e in sandbox.files.list("/work")}
+    assert listed["link"].type == FileType.SYMLINK and listed["link"].symlink_target == "/work/target.txt"
+
+    status = sandbox.files.read("/proc/self/status")  # stat says 0 bytes; the content is there
+    assert "Name:" in status and "Pid:" in status
+    assert sandbox.files.read("/proc/version").startswith("Linux version")
+
+
+def test_filesystem_async(adx_up: Up, sandbox: Sandbox) -> None:
+    async def main() -> None:
+        connected = await AsyncSandbox.connect(sandbox.sandbox_id, **adx_up.opts())
+        await connected.files.remove("/work/missing-async")
+        assert "Pid:" in await connected.files.read("/proc/self/status")
+
+    asyncio.run(main())
+

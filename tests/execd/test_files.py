@@ -144,3 +144,33 @@ def test_expect_100_continue_upload_is_not_delayed(execd: ExecdProcess, short_di
     assert time.monotonic() - started < 2.0, "the server must answer 100 Continue instead of making curl wait"
     assert b'"size":3145728' in result.stdout
     assert target.read_bytes() == payload
+
+
+def test_stat_and_list_of_a_symlink_name_its_target_without_following(execd: ExecdProcess, short_dir: Path) -> None:
+    (short_dir / "real.txt").write_bytes(b"12345")
+    (short_dir / "link").symlink_to(short_dir / "real.txt")
+    (short_dir / "rel").symlink_to("real.txt")
+    (short_dir / "dangling").symlink_to("/nonexistent-target")
+    with execd.client() as client:
+        link = client.get("/v1/files/stat", params={"path": str(short_dir / "link")}).json()
+        assert (link["type"], link["target"], link["targetType"]) == ("symlink", str(short_dir / "real.txt"), "file")
+        assert link["size"] != 5  # the link's own size: not followed
+        relative = client.get("/v1/files/stat", params={"path": str(short_dir / "rel")}).json()
+        assert relative["target"] == str(short_dir / "real.txt")  # resolved to an absolute path
+        dangling = client.get("/v1/files/stat", params={"path": str(short_dir / "dangling")}).json()
+        assert dangling["target"] == "/nonexistent-target" and "targetType" not in dangling
+        real = client.get("/v1/files/stat", params={"path": str(short_dir / "real.txt")}).json()
+        assert "target" not in real
+        listed = {e["name"]: e for e in client.get("/v1/files/list", params={"path": str(short_dir)}).json()["entries"]}
+        assert listed["link"]["target"] == str(short_dir / "real.txt") and "target" not in listed["real.txt"]
+
+
+def test_a_file_reporting_size_zero_is_read_to_its_end(execd: ExecdProcess, short_dir: Path) -> None:
+    """/proc files stat as 0 bytes yet have content: read to EOF (chunked); an empty file stays empty."""
+    assert os.stat("/proc/self/status").st_size == 0
+    (short_dir / "empty").write_bytes(b"")
+    with execd.client() as client:
+        status = client.get("/v1/files", params={"path": "/proc/self/status"})
+        assert status.status_code == 200 and b"Pid:" in status.content and b"Name:" in status.content
+        empty = client.get("/v1/files", params={"path": str(short_dir / "empty")})
+        assert empty.status_code == 200 and empty.content == b""

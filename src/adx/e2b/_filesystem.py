@@ -45,7 +45,11 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     if described.get("mtime") is not None:
         entry["modifiedTime"] = timestamp(float(described["mtime"]))
     if kind == "symlink":
+        # As newer envd: ``type`` is what the link resolves to, ``isSymlink`` marks the link itself.
+        entry["type"] = _TYPES.get(str(described.get("targetType")), "FILE_TYPE_SYMLINK")
         entry["isSymlink"] = True
+        if described.get("target"):
+            entry["symlinkTarget"] = str(described["target"])
     return entry
 
 
@@ -116,7 +120,7 @@ class FilesystemService:
     async def remove(self, message: dict[str, Any]) -> Response:
         path = _path(message, "path", self.home)
         status, body = await self.execd.call("DELETE", "/v1/files", query={"path": path, "recursive": "true"})
-        if status != 204:
+        if status != 204 and status != 404:  # a missing path: nothing to remove, no error (as envd)
             raise rpc_error_of(status, body)
         return JSONResponse({})
 

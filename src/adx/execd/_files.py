@@ -56,14 +56,21 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-def _describe(name: str, st: os.stat_result) -> dict[str, Any]:
-    return {
+def _describe(name: str, st: os.stat_result, path: str | None = None) -> dict[str, Any]:
+    """The entry itself (never followed); a symlink also names where it resolves (``target``, absolute) and
+    what is there (``targetType``, absent when the link dangles), given its ``path``."""
+    described: dict[str, Any] = {
         "name": name,
         "type": _kind(st.st_mode),
         "size": st.st_size,
         "mode": stat_mod.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
     }
+    if path is not None and stat_mod.S_ISLNK(st.st_mode):
+        described["target"] = os.path.realpath(path)
+        with contextlib.suppress(OSError):
+            described["targetType"] = _kind(os.stat(path).st_mode)
+    return described
 
 
 async def _read(req: Request, resp: Response, path: str) -> None:
@@ -75,6 +82,13 @@ async def _read(req: Request, resp: Response, path: str) -> None:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             raise invalid("path", f"{path} is not a regular file")
+        if st.st_size == 0:
+            # Size 0 may still have content (/proc, /sys report 0): stream to EOF, chunked, instead.
+            await resp.start(200, "application/octet-stream", length=None)
+            while data := os.read(fd, CHUNK):
+                await resp.write(data)
+            await resp.end()
+            return
         await resp.start(200, "application/octet-stream", length=st.st_size)
         remaining = st.st_size
         # Exactly the size announced in Content-Length; a file growing meanwhile is cut at that size.
@@ -180,14 +194,14 @@ async def handle_files(req: Request, resp: Response, action: str) -> None:
             st = os.lstat(path)
         except OSError as exc:
             raise _os_error(exc, path) from None
-        await resp.send_json(200, {"path": path, **_describe(os.path.basename(path), st)})
+        await resp.send_json(200, {"path": path, **_describe(os.path.basename(path), st, path)})
     elif action == "list":
         try:
             entries = []
             with os.scandir(path) as it:
                 for entry in it:
                     with contextlib.suppress(FileNotFoundError):  # removed while listing
-                        entries.append(_describe(entry.name, entry.stat(follow_symlinks=False)))
+                        entries.append(_describe(entry.name, entry.stat(follow_symlinks=False), entry.path))
         except OSError as exc:
             raise _os_error(exc, path) from None
         entries.sort(key=lambda e: e["name"])
