@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
-from e2b import AsyncSandbox, Sandbox
+from e2b import AsyncSandbox, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException, SandboxException
 from e2b.sandbox.filesystem.filesystem import FileType
 
@@ -179,3 +180,41 @@ def test_filesystem_async(adx_up: Up, sandbox: Sandbox) -> None:
 
     asyncio.run(main())
 
+
+# 4. GET /v2/sandboxes -----------------------------------------------------------------------------------------
+
+
+def test_list_is_newest_first_and_filters_by_start_and_template(adx_up: Up) -> None:
+    first = Sandbox.create(metadata={"suite": "order"}, **adx_up.opts())
+    try:
+        time.sleep(1.1)  # startedAt has second precision in some clients: keep the two apart
+        between = datetime.now(UTC)
+        second = Sandbox.create(metadata={"suite": "order"}, **adx_up.opts())
+        try:
+            query = SandboxQuery(metadata={"suite": "order"})
+            ids = [s.sandbox_id for s in Sandbox.list(query=query, **adx_up.opts()).next_items()]
+            assert ids == [second.sandbox_id, first.sandbox_id]  # newest first, E2B's default
+            oldest_first = Sandbox.list(query=query, order="asc", **adx_up.opts()).next_items()
+            assert [s.sandbox_id for s in oldest_first] == [first.sandbox_id, second.sandbox_id]
+
+            after = SandboxQuery(metadata={"suite": "order"}, started_after=between)
+            assert [s.sandbox_id for s in Sandbox.list(query=after, **adx_up.opts()).next_items()] == [
+                second.sandbox_id
+            ]
+            later = SandboxQuery(started_after=datetime.now(UTC) + timedelta(hours=1))
+            assert Sandbox.list(query=later, **adx_up.opts()).next_items() == []
+
+            base = SandboxQuery(metadata={"suite": "order"}, template="base")
+            assert len(Sandbox.list(query=base, **adx_up.opts()).next_items()) == 2
+            other = SandboxQuery(metadata={"suite": "order"}, template="no-such-template")
+            assert Sandbox.list(query=other, **adx_up.opts()).next_items() == []
+
+            async def listed() -> list[str]:
+                page = AsyncSandbox.list(query=after, **adx_up.opts())
+                return [s.sandbox_id for s in await page.next_items()]
+
+            assert asyncio.run(listed()) == [second.sandbox_id]
+        finally:
+            second.kill()
+    finally:
+        first.kill()

@@ -3,14 +3,15 @@
 | E2B | ADX |
 |---|---|
 | ``POST /v2/sandboxes`` ``{templateID, timeout, autoPause, metadata, envVars}`` | create, wait until running |
-| ``GET /v2/sandboxes`` (``metadata``, ``state``, ``limit``, ``nextToken`` -> ``x-next-token``) | list |
+| ``GET /v2/sandboxes`` (``metadata``, ``state``, ``startedAfter``, ``template``, ``order``, ``limit``) | list |
 | ``GET /sandboxes/{id}``, ``DELETE /sandboxes/{id}`` | get, delete |
 | ``POST /sandboxes/{id}/timeout`` ``{timeout}`` | set the lifetime deadline (``set_lifetime``) |
 | ``POST /sandboxes/{id}/pause`` | pause (409 when already paused) |
 | ``POST /v2/sandboxes/{id}/connect`` | ``ensure_running`` (201 when it resumed) |
 | ``GET /sandboxes/{id}/metrics`` | the node's last usage sample (``stats``); ``[]`` when not running (never wakes) |
 
-Errors are E2B's ``{"code": <HTTP status>, "message": "..."}``; another tenant's sandbox is a 404 like a missing
+The list is newest first unless ``order=asc``; ``nextToken`` pages (``x-next-token``). Errors are E2B's
+``{"code": <HTTP status>, "message": "..."}``; another tenant's sandbox is a 404 like a missing
 one (SEC-2). ``templateID`` is the image (``base``: the default one); ``timeout`` and ``autoPause`` become
 ``lifecycle.lifetimeSeconds`` and ``lifetimeAction``.
 """
@@ -217,12 +218,20 @@ async def list_sandboxes(request: Request) -> Response:
             raise ValueError
     except ValueError:
         raise InvalidInputError("limit", f"must be an integer from 1 to {MAX_PAGE}") from None
+    order = query.get("order") or "desc"  # E2B lists newest first unless asked otherwise
+    if order not in ("asc", "desc"):
+        raise InvalidInputError("order", f"must be 'asc' or 'desc', got {order!r}")
+    started_after = _instant_param(query.get("startedAfter"), "startedAfter")
+    template = query.get("template") or None
     records = [
         r
         for r in await p.coordinator.list_environments(tenant)
-        if e2b_state(r) in states and all(r.spec.metadata.get(k) == v for k, v in wanted_metadata.items())
+        if e2b_state(r) in states
+        and all(r.spec.metadata.get(k) == v for k, v in wanted_metadata.items())
+        and (started_after is None or r.created_at >= started_after)
+        and (template is None or r.spec.image == template)
     ]
-    records.sort(key=lambda r: (r.created_at, r.id), reverse=query.get("order") == "desc")
+    records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
     start = 0
     if token := query.get("nextToken"):
         ids = [r.id for r in records]
@@ -230,6 +239,19 @@ async def list_sandboxes(request: Request) -> Response:
     page = records[start : start + limit]
     headers = {"x-next-token": records[start + limit].id} if start + limit < len(records) else {}
     return JSONResponse([sandbox_view(p, request, r, detail=False) for r in page], headers=headers)
+
+
+def _instant_param(value: str | None, field: str) -> float | None:
+    """An RFC 3339 time (the SDK sends ``datetime.isoformat()``, with its offset) as Unix seconds."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInputError(field, f"must be an RFC 3339 time, got {value!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # no offset: UTC, as the API's own times are
+    return moment.timestamp()
 
 
 @router.get("/sandboxes/{sandbox_id}")
