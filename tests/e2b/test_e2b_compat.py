@@ -15,7 +15,7 @@ import pytest
 
 if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
-from e2b import AsyncSandbox, Sandbox, SandboxQuery
+from e2b import AsyncSandbox, Sandbox, SandboxQuery, TimeoutException
 from e2b.exceptions import NotFoundException, SandboxException
 from e2b.sandbox.filesystem.filesystem import FileType
 
@@ -218,3 +218,22 @@ def test_list_is_newest_first_and_filters_by_start_and_template(adx_up: Up) -> N
             second.kill()
     finally:
         first.kill()
+
+
+# 5. Command timeout -------------------------------------------------------------------------------------------
+
+
+def test_the_server_ends_a_timed_out_command_with_deadline_exceeded(adx_up: Up, sandbox: Sandbox) -> None:
+    """The deadline set only on the server (``Connect-Timeout-Ms`` without a client timer): at it, the stream
+    ends with Connect's ``deadline_exceeded``, which the SDK raises as TimeoutException."""
+    bounded = _sandbox_with_headers(adx_up, sandbox, {"Connect-Timeout-Ms": "1500"})
+    started = time.monotonic()
+    with pytest.raises(TimeoutException) as timed_out:
+        bounded.commands.run("sleep 30", timeout=0)  # 0: no client-side deadline
+    assert time.monotonic() - started < 15
+    assert "deadline" in str(timed_out.value).lower()
+    handle = bounded.commands.run("sleep 30", background=True, timeout=0)
+    with pytest.raises(TimeoutException):
+        handle.wait()
+    # A command that finishes first ends normally.
+    assert bounded.commands.run("echo quick", timeout=0).stdout == "quick\n"

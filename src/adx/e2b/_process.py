@@ -11,7 +11,8 @@
 
 A started process outlives its stream as in envd: when the client goes away before the end, the execd stream
 is drained in the background instead of being dropped (which would kill the command); the call's deadline
-(``Connect-Timeout-Ms``) bounds the command itself, as envd's does.
+(``Connect-Timeout-Ms``) bounds the command itself, as envd's does, and at it the stream ends with Connect's
+``deadline_exceeded``.
 """
 
 from __future__ import annotations
@@ -147,8 +148,13 @@ async def _start_events(pump: _Pump, keepalive: float | None) -> AsyncIterator[b
                 if item.get("data"):
                     yield _event("data", {item["stream"]: item["data"]})
             elif "exitCode" in item:
-                yield _event("end", end_event(item))
-                yield end_stream()
+                if item.get("timedOut"):
+                    # envd's stream ends with the call's context: Connect's deadline_exceeded, no end event
+                    # (the SDK raises TimeoutException, not a CommandExitException with exit -1).
+                    yield end_stream(RpcError("deadline_exceeded", "context deadline exceeded"))
+                else:
+                    yield _event("end", end_event(item))
+                    yield end_stream()
                 finished = True
                 return
     finally:
