@@ -16,7 +16,7 @@ import pytest
 if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
 from e2b import AsyncSandbox, Sandbox, SandboxQuery, TimeoutException
-from e2b.exceptions import NotFoundException, SandboxException
+from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunningException
 from e2b.sandbox.filesystem.filesystem import FileType
 
 pytestmark = pytest.mark.slow
@@ -237,3 +237,43 @@ def test_the_server_ends_a_timed_out_command_with_deadline_exceeded(adx_up: Up, 
         handle.wait()
     # A command that finishes first ends normally.
     assert bounded.commands.run("echo quick", timeout=0).stdout == "quick\n"
+
+
+# 6. A killed sandbox ------------------------------------------------------------------------------------------
+
+
+def test_a_killed_sandbox_raises_sandbox_not_running(adx_up: Up) -> None:
+    sandbox = Sandbox.create(**adx_up.opts())
+    assert sandbox.is_running()
+    Sandbox.kill(sandbox.sandbox_id, **adx_up.opts())
+    assert sandbox.is_running() is False
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.commands.run("echo gone")
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.files.read("/etc/hostname")
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.files.write("/work/x", "x")
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.files.list("/work")
+
+    # Killed while a command streams: the broken stream is probed with /health, which must say "not found".
+    running = Sandbox.create(**adx_up.opts())
+    handle = running.commands.run("sleep 60", background=True)
+    Sandbox.kill(running.sandbox_id, **adx_up.opts())
+    with pytest.raises(SandboxNotRunningException):
+        handle.wait()
+    envd = running._envd_api
+    health = envd.get("/health")
+    assert health.status_code == 502 and "was not found" in health.json()["message"]
+    assert health.json()["code"] == 502
+
+    async def main() -> None:
+        made = await AsyncSandbox.create(**adx_up.opts())
+        await made.kill()
+        assert await made.is_running() is False
+        with pytest.raises(SandboxNotRunningException):
+            await made.commands.run("echo gone")
+        with pytest.raises(SandboxNotRunningException):
+            await made.files.read("/etc/hostname")
+
+    asyncio.run(main())

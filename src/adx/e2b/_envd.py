@@ -26,6 +26,7 @@ from adx.ingress import Ingress
 from adx.model import EnvironmentState
 
 SANDBOX_HEADER = b"e2b-sandbox-id"
+_ON_ITS_WAY = frozenset({EnvironmentState.PENDING, EnvironmentState.STARTING, EnvironmentState.RESUMING})
 ENVD_PORT = "49983"
 #: Where relative paths resolve (envd: the user's home). Sandboxes run as root with HOME=/root.
 HOME = "/root"
@@ -111,10 +112,14 @@ class EnvdDataPlane:
             raise RpcError("unavailable", "this server does not serve the data plane (ingress = false)")
         execd = Execd(cast(Ingress, ingress), tenant, environment_id_or_404(sandbox_id))
         if path == "/health" and request.method == "GET":
-            # A health check never wakes a paused sandbox; anything not running answers 502 ("not running").
+            # A health check never wakes a paused sandbox. Anything not running answers what E2B's proxy does for
+            # a sandbox that is gone: 502 "... was not found", the words the SDK reads as "not running" (its
+            # probe after a broken stream raises SandboxNotRunningException on them, SandboxUnreachable else).
             record = await plane.coordinator.get_environment(tenant, environment_id_or_404(sandbox_id))
+            if record.state in _ON_ITS_WAY:  # it will be back: "port is not open" (SandboxUnreachable), not gone
+                return _http_error(502, f"sandbox {sandbox_id} is {record.state.value}: envd's port is not open yet")
             if record.state is not EnvironmentState.RUNNING:
-                return _http_error(502, f"sandbox {sandbox_id} is {record.state.value}, not running")
+                return _http_error(502, f"The sandbox {sandbox_id} was not found (it is {record.state.value})")
             status, body = await execd.call("GET", "/v1/health")
             if status != 200:
                 return _http_error(502, f"envd of sandbox {sandbox_id} is not healthy: {body[:200]!r}")
