@@ -238,6 +238,27 @@ def test_the_server_ends_a_timed_out_command_with_deadline_exceeded(adx_up: Up, 
     # A command that finishes first ends normally.
     assert bounded.commands.run("echo quick", timeout=0).stdout == "quick\n"
 
+    async def main() -> None:
+        from e2b import ConnectionConfig
+
+        config = ConnectionConfig(
+            api_key=adx_up.key,
+            api_url=adx_up.url,
+            sandbox_url=adx_up.url,
+            extra_sandbox_headers=dict(bounded.connection_config.sandbox_headers),
+        )
+        async_bounded = AsyncSandbox(
+            sandbox_id=sandbox.sandbox_id,
+            envd_version=sandbox._envd_version,
+            envd_access_token=sandbox._envd_access_token,
+            sandbox_domain=None,
+            connection_config=config,
+        )
+        with pytest.raises(TimeoutException):
+            await async_bounded.commands.run("sleep 30", timeout=0)
+
+    asyncio.run(main())
+
 
 # 6. A killed sandbox ------------------------------------------------------------------------------------------
 
