@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from test_node_agent import Api, run_via_relay
@@ -64,5 +65,48 @@ async def test_executions_whose_files_were_lost_are_adopted_or_cleaned_at_the_ne
         assert ghost.execution_id == ghost_id
         inventory = await successor.driver.inventory()
         assert [item.execution_id for item in inventory] == [running.execution_id]
+    finally:
+        await api.close()
+
+
+@pytest.mark.req("NOD-1", "SBX-6", "RST-7")
+async def test_a_runtime_that_restarts_during_the_node_start_fails_nothing(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """sandboxd is SIGKILLed just after the restarting adxlet subscribed to it and read the catalog, so the
+    recovery's query of the running execution gets no answer, and it comes back 2 s later. An unanswered query
+    is no evidence of an exit: the Environment stays Running on the same execution, with no restart and no
+    Failed (the 30-min soak, seed 378333975, failed an Environment with 'the execution ended while the node
+    was away' this way)."""
+    nc = await node_cluster()
+    api = Api(nc)
+    agent = nc.nodes["n1"]
+    daemon = nc.sandboxds["n1"]
+    try:
+        created = await api.create()
+        running = await api.wait_state(created.id, S.RUNNING)
+        await agent.stop()
+        successor = NodeAgent(agent.config)
+        nc.nodes["n1"] = successor
+        real_catalog = successor._wait_for_catalog
+
+        async def runtime_dies_once_the_catalog_is_read(**kwargs: Any) -> Any:
+            catalog = await real_catalog(**kwargs)
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                daemon.kill()
+                asyncio.get_running_loop().call_later(2.0, daemon.start)
+            return catalog
+
+        successor._wait_for_catalog = runtime_dies_once_the_catalog_is_read  # type: ignore[method-assign]
+        await successor.start()
+        await asyncio.sleep(4.0)  # sandboxd is back; the recovery asked again
+        after = await api.wait_state(created.id, S.RUNNING, within=30)
+        assert (after.execution_id, after.restart_attempts) == (running.execution_id, 0)
+        controller = successor.controllers[created.id]
+        deadline = time.monotonic() + 20
+        while not controller.serving:
+            assert time.monotonic() < deadline, f"not serving: {controller.state.value}"
+            await asyncio.sleep(0.1)
+        relay = await api.route(created.id)
+        assert await run_via_relay(nc, relay, created.id, ["echo", "alive"]) == ("alive\n", 0)
+        assert (await api.get(created.id)).state is S.RUNNING
     finally:
         await api.close()

@@ -50,6 +50,7 @@ class Recovery:
     unaddressable: list[InventoryItem]
     _orphans: dict[str, Execution]
     _journaled_at_start: list[PendingResult]
+    _tasks: list[asyncio.Task[None]]
 
     def _controller(self, record: EnvironmentRecord, execution: Execution | None = None) -> Controller:
         raise NotImplementedError
@@ -309,6 +310,18 @@ class Recovery:
                 controller.submit("exited", execution_id=execution.execution_id, info=info)
                 return
             state = await self.driver.observe(execution)
+            if state is ExecutionState.UNKNOWN:
+                # SBX-6: a runtime that does not answer (restarting) is no evidence of an exit: this Environment
+                # is decided once it answers, on its own task, without holding up the others or the barrier.
+                log.warning(
+                    "the runtime does not answer about %s yet; it is recovered once it does",
+                    execution.execution_id,
+                    extra={"node": self.name, "env_id": record.id, "execution_id": execution.execution_id},
+                )
+                self._tasks.append(
+                    asyncio.create_task(self._recover_when_known(record, execution), name=f"recover-{record.id}")
+                )
+                return
             if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
                 controller.submit("cancel_pause")  # the pause was not published: the execution runs on
             elif state is ExecutionState.RUNNING and record.state is S.STARTING:
@@ -317,6 +330,21 @@ class Recovery:
                 controller.adopt_running()
             else:
                 controller.submit("exited", execution_id=execution.execution_id, info=None)
+
+    async def _recover_when_known(self, record: EnvironmentRecord, execution: Execution) -> None:
+        """Ask the runtime again (backoff 0.2-2 s) until it answers, then recover ``record`` as at startup, unless
+        its Controller moved on meanwhile (another record or execution: that one decides)."""
+        delay = 0.2
+        while not self.stop_event.is_set():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            controller = self.controllers.get(record.id)
+            current = controller.execution if controller is not None else None
+            if controller is None or controller.record.revision != record.revision or current != execution:
+                return
+            if await self.driver.observe(execution) is not ExecutionState.UNKNOWN:
+                await self._recover_one(controller.record, execution)
+                return
 
     async def _retake(self, old_session: str) -> None:
         """NOD-6/NOD-1 after an explicit session rejection and a new handshake: with admission closed, drain
