@@ -142,10 +142,16 @@ async def test_shared_checkpoint_resumes_on_another_node_when_its_node_is_gone(n
 
 
 @pytest.mark.req("CRD-10", "CRD-6", "CRD-5")
-async def test_a_recovery_whose_target_node_is_lost_goes_on_to_another_node_by_itself(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_a_recovery_whose_target_node_is_lost_goes_on_to_another_node_by_itself(  # type: ignore[no-untyped-def]
+    node_cluster, api_for, monkeypatch
+) -> None:
     """Node A holding a paused (shared) Environment is lost; the first demand starts its recovery on B, and B is
     lost too before it ran it. The intermediate Paused is the recovery's (recovery pending), not dormancy: with
     no further demand the recovery goes on to the third node, the file is there, and the flags clear."""
+    from adx.coordinator import _lifecycle
+
+    # The real grace (120 s) outlasts any pause of a live node; this cluster's nodes are lost for good.
+    monkeypatch.setattr(_lifecycle, "RESUME_TARGET_LOST_SECONDS", 3.0)
     nc = await node_cluster(nodes=("n1", "n2", "n3"), shared_checkpoints=True, session_ttl=2.0)
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")

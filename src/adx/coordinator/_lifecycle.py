@@ -35,6 +35,11 @@ S = EnvironmentState
 _TRANSIENT = frozenset({S.PENDING, S.STARTING, S.PAUSING, S.RESUMING})
 #: How long a resume may stay with one node before the scan asks that node again (CRD-5 background retry).
 STALLED_RESUME_SECONDS = 15.0
+#: CRD-10: how long a resume's target node must have been without a session before its resume is taken back.
+#: A node that lost its session only for a while (SIGSTOP, a Redis outage) may have resumed the Environment
+#: locally (journaled, JRN-4): taking the resume back under it lost acknowledged writes in the fault soak
+#: (fresh-ci, seed 3). Only a node gone far longer than any such pause is treated as lost.
+RESUME_TARGET_LOST_SECONDS = 120.0
 
 
 class ResumeTimeout(UnavailableError):
@@ -70,6 +75,13 @@ class LifecycleOps:
         if node is None or node.session_expires_at < now:
             return None
         return node
+
+    def _lost_for(self, name: str | None, now: float) -> float:
+        """Seconds since ``name``'s session expired (0 while it is alive; unknown nodes count as long gone)."""
+        node = self.cache.nodes.get(name or "")
+        if node is None:
+            return float("inf")
+        return max(0.0, now - node.session_expires_at)
 
     # -- EnsureRunning (CRD-5) ------------------------------------------------------------------------
     async def ensure_running(self, tenant: str, env_id: str, within: float) -> EnvironmentRecord:
@@ -298,7 +310,7 @@ class LifecycleOps:
         if record.state is S.RUNNING and lifetime_over:
             return "lifetime-" + record.spec.lifecycle.lifetime_action.value
         if record.state is S.RESUMING and record.resume_intent is not None:
-            if self._alive(record.node, now) is None:
+            if self._lost_for(record.node, now) > RESUME_TARGET_LOST_SECONDS:
                 return "resume-target-lost"
             last = max(record.resume_intent.started_at, self._nudged.get(record.id, 0.0))
             if now - last > STALLED_RESUME_SECONDS:
