@@ -285,6 +285,10 @@ class RelayServer:
             await asyncio.wait_for(self.task, timeout=10)
 
 
+#: Idle keep-alive of the Relay's server side; clients must expire theirs sooner (adx.ingress: 30 s).
+RELAY_KEEP_ALIVE_SECONDS = 75
+
+
 async def serve_relay(relay: Relay, listen: str, certs: CertPaths) -> RelayServer:
     return await serve_asgi(relay.app, listen, certs, "relay")
 
@@ -308,6 +312,10 @@ async def serve_asgi(app: Any, listen: str, certs: CertPaths | None, what: str) 
         lifespan="off",
         # Keep-alive connections (Ingress replicas, scrapers) must not hold a node's shutdown.
         timeout_graceful_shutdown=3,
+        # Longer than any client keeps an idle connection (the Ingress: 30 s): a server that closes first races
+        # the client's next request on it ("Server disconnected without sending a response", seen in CI after
+        # a pause and resume left the API's connection idle past uvicorn's default 5 s).
+        timeout_keep_alive=RELAY_KEEP_ALIVE_SECONDS,
         **tls,
     )
     server = EmbeddedUvicorn(config)
