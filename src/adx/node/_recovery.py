@@ -70,8 +70,11 @@ class Recovery:
     async def _reconcile_runtime(self, catalog: list[EnvironmentRecord]) -> dict[str, Execution]:
         """NOD-1: the executions of the catalog this node can address (adopted below), after cleaning the
         unreferenced ones and taking over those the runtime holds without a file here."""
-        known = await self._clean_unreferenced(catalog)
-        await self._take_over_unaddressable(catalog, known)
+        # Recorded before every start or restore (its planned address), so the files cover what an interrupted
+        # launch left in the runtime too; read once for both steps.
+        files = {execution.execution_id: execution for execution in self.executions.load_all()}
+        known = await self._clean_unreferenced(catalog, files)
+        await self._take_over_unaddressable(catalog, known, set(files))
         return known
 
     async def _recover_catalog(self, catalog: list[EnvironmentRecord], known: dict[str, Execution]) -> None:
@@ -99,21 +102,20 @@ class Recovery:
             if controller is not None:
                 controller.restricted = True
 
-    async def _clean_unreferenced(self, catalog: list[EnvironmentRecord]) -> dict[str, Execution]:
+    async def _clean_unreferenced(
+        self, catalog: list[EnvironmentRecord], files: dict[str, Execution]
+    ) -> dict[str, Execution]:
         """CRD-7/NOD-13: executions no committed record references (a start or restore cut short before its
         commit) are cleaned before any Controller resumes or starts anything; the catalog was read fully.
 
         The execution's file is its persisted cleanup record: it is forgotten only once the runtime confirmed
         the cleanup, and until then that Environment admits nothing here (retried every report period)."""
-        # Recorded before every start or restore (its planned address), so this covers what an interrupted
-        # launch left in the runtime too.
-        known = {execution.execution_id: execution for execution in self.executions.load_all()}
         referenced = {record.execution_id for record in catalog if record.execution_id}
-        for execution_id, execution in known.items():
+        for execution_id, execution in files.items():
             if execution_id not in referenced and execution.env_id not in self.controllers:
                 self._orphans[execution_id] = execution
         await self._retry_orphans()
-        return {k: v for k, v in known.items() if k not in self._orphans and k in referenced}
+        return {k: v for k, v in files.items() if k not in self._orphans and k in referenced}
 
     async def _retry_orphans(self) -> None:
         for execution_id, execution in list(self._orphans.items()):
@@ -139,7 +141,9 @@ class Recovery:
     def _orphan_envs(self) -> set[str]:
         return {execution.env_id for execution in self._orphans.values()}
 
-    async def _take_over_unaddressable(self, catalog: list[EnvironmentRecord], known: dict[str, Execution]) -> None:
+    async def _take_over_unaddressable(
+        self, catalog: list[EnvironmentRecord], known: dict[str, Execution], with_files: set[str]
+    ) -> None:
         """NOD-1/NOD-18: what the runtime's inventory holds for this node without an execution file here (the
         file was lost, e.g. with a damaged state directory) is taken over with a new secret (the runtime's
         owner-level Reclaim; the old secret stops working) and its file written first. Then it is adopted
@@ -152,7 +156,7 @@ class Recovery:
             log.warning("runtime inventory unavailable: %s", exc, extra={"node": self.name})
             return
         referenced = {record.execution_id: record for record in catalog if record.execution_id}
-        addressable = set(known) | set(self._orphans) | {e.execution_id for e in self.executions.load_all()}
+        addressable = with_files | set(self._orphans)
         self.unaddressable = []
         for item in inventory:
             if item.execution_id in addressable:
