@@ -230,3 +230,37 @@ async def test_a_shared_root_the_runtime_lacks_stops_the_start_naming_the_settin
         InvalidInputError, match=r"checkpoints.shared_root: the runtime has no checkpoint storage 'nfs'"
     ):
         await NodeAgent(config).start()
+
+
+async def test_the_relay_keeps_an_idle_connection_longer_than_its_clients_do(node_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The Ingress keeps idle connections to a Relay for 30 s; the Relay must not close them first, or the next
+    request races the close ("Server disconnected without sending a response", seen in CI after a pause and
+    resume left the connection idle past uvicorn's default 5 s). A real TLS connection idles 6 s and stays."""
+    import ssl
+
+    from adx._certs import client_ssl_context
+    from adx.node._relay import RELAY_KEEP_ALIVE_SECONDS
+
+    assert RELAY_KEEP_ALIVE_SECONDS > 30
+    nc = await node_cluster()
+    agent = nc.nodes["n1"]
+    host, _, port = agent.reporter.relay_address.rpartition(":")
+    context: ssl.SSLContext = client_ssl_context(nc.api_cert_paths())
+    reader, writer = await asyncio.open_connection(host, int(port), ssl=context, server_hostname="localhost")
+    try:
+        writer.write(b"GET /env-nothing/v1/health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(
+            next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
+        await reader.readexactly(length)
+        await asyncio.sleep(6.0)
+        writer.write(b"GET /env-nothing/v1/health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        await writer.drain()
+        again = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert again.startswith(b"HTTP/1.1 "), again
+    except (OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        raise AssertionError(f"the Relay closed an idle connection after 6 s: {exc!r}") from None
+    finally:
+        writer.close()
