@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adx.config import ConfigError, UpConfig, load_component_config, load_model
+from adx.cli._components import load_component_config
+from adx.config import ConfigError, UpConfig, load_model
 from adx.errors import InvalidInputError
 
 
@@ -88,7 +89,8 @@ def test_port_is_accepted_exactly_in_range(port: int) -> None:
 
 
 def test_every_component_resolves_to_a_strict_model() -> None:
-    from adx.config import COMPONENTS, StrictModel, component_model
+    from adx.cli._components import COMPONENTS, component_model
+    from adx.config import StrictModel
 
     for component in COMPONENTS:
         assert issubclass(component_model(component), StrictModel), component

@@ -30,7 +30,8 @@ class AdminTarget:
 
 def admin_config(coordinator: str | None, certs_dir: Path | None, config: Path | None) -> AdminTarget:
     from adx._certs import Identity, component_paths
-    from adx.config import ApiConfig, load_model
+    from adx.api._config import ApiConfig
+    from adx.config import load_model
 
     cfg = load_model(ApiConfig, "api", config)
     update: dict[str, object] = {}

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from adx.cli._app import app, console, fail
-from adx.config import COMPONENTS, load_component_config
+from adx.cli._components import COMPONENTS, load_component_config
 from adx.errors import AdxError
 
 config_app = typer.Typer(help="Inspect and validate configuration files.", no_args_is_help=True)
