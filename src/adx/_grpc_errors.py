@@ -10,15 +10,12 @@ import grpc
 from adx.errors import (
     AdxError,
     ConflictError,
-    EnvironmentPausedError,
-    EnvironmentPausingError,
     InvalidInputError,
     NotFoundError,
-    PublicationPendingError,
-    SessionExpiredError,
-    SessionRejectedError,
     UnavailableError,
     UncertainOutcomeError,
+    error_type,
+    rebuild_error,
 )
 
 CODE_KEY = "adx-error-code"
@@ -26,29 +23,10 @@ FIELD_KEY = "adx-error-field"
 #: When the caller should ask again (e.g. a resume every node refused, CRD-5): ``details["retry_after_seconds"]``.
 RETRY_AFTER_KEY = "adx-error-retry-after"
 
-#: Subclasses rebuilt from the wire code (their family comes from the status).
-_BY_CODE: dict[str, type[AdxError]] = {
-    cls.code: cls
-    for cls in (
-        EnvironmentPausedError,
-        EnvironmentPausingError,
-        PublicationPendingError,
-        SessionRejectedError,
-        SessionExpiredError,
-    )
-}
-
-_STATUS: list[tuple[type[AdxError], grpc.StatusCode]] = [
-    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (ConflictError, grpc.StatusCode.ABORTED),
-    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (UncertainOutcomeError, grpc.StatusCode.UNKNOWN),
-]
-
 
 def status_for(exc: AdxError) -> grpc.StatusCode:
-    return next((status for family, status in _STATUS if isinstance(exc, family)), grpc.StatusCode.INTERNAL)
+    """The gRPC status an error is answered with: the one its class declares (``adx.errors``)."""
+    return grpc.StatusCode[exc.grpc_status]
 
 
 async def abort_with(context: grpc.aio.ServicerContext[object, object], exc: AdxError) -> NoReturn:
@@ -72,30 +50,32 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, what: str) -> AdxError:
     return error
 
 
+#: The family a status stands for when the server sent it (a call that never reached a handler has no code).
+_FAMILY: dict[grpc.StatusCode, type[AdxError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidInputError,
+    grpc.StatusCode.UNAUTHENTICATED: InvalidInputError,
+    grpc.StatusCode.PERMISSION_DENIED: InvalidInputError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ABORTED: ConflictError,
+    grpc.StatusCode.FAILED_PRECONDITION: ConflictError,
+    grpc.StatusCode.ALREADY_EXISTS: ConflictError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+}
+
+
 def _translate(exc: grpc.aio.AioRpcError, what: str, trailing: dict[str, object]) -> AdxError:
     message = exc.details() or exc.code().name
     code = exc.code()
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidInputError(str(trailing.get(FIELD_KEY, "")), message)
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFoundError(message)
-    if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):
-        sent = _BY_CODE.get(str(trailing.get(CODE_KEY, "")))
-        if sent is not None and issubclass(sent, ConflictError):
-            return sent(message)
-        conflict = ConflictError(message)
-        conflict.code = str(trailing.get(CODE_KEY, conflict.code))
-        return conflict
-    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
-        return InvalidInputError("credentials", message)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        # A handler's answer (it names its code), or the call never reached one (connection refused/reset).
-        sent = _BY_CODE.get(str(trailing.get(CODE_KEY, "")))
-        if sent is not None and issubclass(sent, UnavailableError):
-            return sent(message)
-        unavailable = UnavailableError(f"{what}: {message}")
-        if isinstance(sent_code := trailing.get(CODE_KEY), str):
-            unavailable.code = sent_code
-        return unavailable
-    # DEADLINE_EXCEEDED, UNKNOWN, CANCELLED, INTERNAL: the server may or may not have acted.
-    return UncertainOutcomeError(f"{what}: {code.name}: {message}")
+    family = _FAMILY.get(code)
+    if family is None:
+        # DEADLINE_EXCEEDED, UNKNOWN, CANCELLED, INTERNAL: the server may or may not have acted.
+        return UncertainOutcomeError(f"{what}: {code.name}: {message}")
+    sent = str(trailing.get(CODE_KEY, ""))
+    if family is InvalidInputError:
+        field = str(trailing.get(FIELD_KEY, "credentials" if code != grpc.StatusCode.INVALID_ARGUMENT else ""))
+        return rebuild_error(family, sent, message, {"field": field, "reason": message})
+    if family is UnavailableError and error_type(sent) is None:
+        # The call never reached a handler (connection refused or reset), or a handler's own kind of
+        # unavailability: say what was being called.
+        return rebuild_error(family, sent, f"{what}: {message}", {})
+    return rebuild_error(family, sent, message, {})

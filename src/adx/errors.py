@@ -9,14 +9,16 @@ psycopg, grpc, OS errors) are translated into these families at the boundary tha
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "AdxError",
+    "AuthenticationError",
     "ConflictError",
     "EnvironmentPausedError",
     "EnvironmentPausingError",
     "InvalidInputError",
+    "NoCapacityError",
     "NotFoundError",
     "PublicationPendingError",
     "SessionExpiredError",
@@ -24,17 +26,41 @@ __all__ = [
     "UnavailableError",
     "UncertainOutcomeError",
     "VersionMismatchError",
+    "error_type",
+    "rebuild_error",
 ]
+
+#: Every error type that declares its own ``code``, by that code: a client rebuilds the exact subclass a server
+#: raised from the wire code alone (HTTP body, gRPC trailing metadata).
+_BY_CODE: dict[str, type[AdxError]] = {}
 
 
 class AdxError(Exception):
     """Root of every error ADX raises on purpose.
 
-    ``code`` is a stable machine-readable identifier (used in HTTP error bodies); ``details`` carries
-    structured context such as the offending field.
+    Each class declares, once, how it crosses every boundary, and the boundaries only look it up:
+
+    - ``code``: the stable machine-readable identifier (HTTP error bodies, gRPC trailing metadata);
+    - ``http_status``: the status of an HTTP answer;
+    - ``grpc_status``: the name of the ``grpc.StatusCode`` of a gRPC answer (a name: this module does no I/O);
+    - ``exit_code``: the CLI's exit status (docs/cli.md).
+
+    A subclass inherits its family's statuses and overrides only what differs. ``details`` carries structured
+    context such as the offending field.
     """
 
     code: str = "adx_error"
+    http_status: ClassVar[int] = 500
+    grpc_status: ClassVar[str] = "INTERNAL"
+    exit_code: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        code = cls.__dict__.get("code")
+        if isinstance(code, str):
+            known = _BY_CODE.setdefault(code, cls)
+            if known is not cls and known.__qualname__ != cls.__qualname__:  # a re-import of a module is fine
+                raise TypeError(f"error code {code!r} is declared by {known.__qualname__} and {cls.__qualname__}")
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -52,6 +78,9 @@ class InvalidInputError(AdxError):
     """
 
     code = "invalid_input"
+    http_status = 422
+    grpc_status = "INVALID_ARGUMENT"
+    exit_code = 2
 
     def __init__(self, field: str, reason: str, *, details: dict[str, Any] | None = None) -> None:
         self.field = field
@@ -64,18 +93,27 @@ class NotFoundError(AdxError):
     """The named object does not exist (or is not visible to the caller)."""
 
     code = "not_found"
+    http_status = 404
+    grpc_status = "NOT_FOUND"
+    exit_code = 3
 
 
 class ConflictError(AdxError):
     """The object exists but is in a state or version that does not allow the operation."""
 
     code = "conflict"
+    http_status = 409
+    grpc_status = "ABORTED"
+    exit_code = 4
 
 
 class UnavailableError(AdxError):
     """A dependency (server, daemon, binary, port) is not available; the operation did not happen."""
 
     code = "unavailable"
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+    exit_code = 5
 
 
 class UncertainOutcomeError(AdxError):
@@ -85,6 +123,27 @@ class UncertainOutcomeError(AdxError):
     """
 
     code = "uncertain_outcome"
+    http_status = 504
+    grpc_status = "UNKNOWN"
+    exit_code = 6
+
+
+class AuthenticationError(InvalidInputError):
+    """A missing, malformed, unknown or revoked API key: a kind of invalid input, told apart because the fix is
+    another key, not another request (HTTP 401)."""
+
+    code = "unauthenticated"
+    http_status = 401
+    grpc_status = "UNAUTHENTICATED"
+    exit_code = 7
+
+
+class NoCapacityError(ConflictError):
+    """No node can take the Environment now (capacity, an expired sample, closed admission). A conflict inside
+    the cluster, but to an API caller "try again later": HTTP 503 with ``details["retry_after_seconds"]``."""
+
+    code = "no_capacity"
+    http_status = 503
 
 
 class EnvironmentPausedError(ConflictError):
@@ -126,3 +185,25 @@ class SessionExpiredError(SessionRejectedError):
     """A node's session expired (no heartbeat within its TTL): the node must register again (NOD-6)."""
 
     code = "session_expired"
+
+
+def error_type(code: str) -> type[AdxError] | None:
+    """The error class that declares ``code``, if any (only classes of this module are known to every client)."""
+    return _BY_CODE.get(code)
+
+
+def rebuild_error(family: type[AdxError], code: str, message: str, details: dict[str, Any]) -> AdxError:
+    """The error a server answered, on the client side: the exact subclass when the wire code names one of the
+    ``family`` the status stands for, else ``family`` itself keeping the server's code. Constructors of
+    subclasses take varied arguments; the wire carries only code, message and details, so they are bypassed."""
+    cls = _BY_CODE.get(code)
+    if cls is None or not issubclass(cls, family):
+        cls = family
+    exc = cls.__new__(cls)
+    AdxError.__init__(exc, message, details=details)
+    if isinstance(exc, InvalidInputError):
+        exc.field = str(details.get("field", ""))
+        exc.reason = str(details.get("reason") or message)
+    if code and code != cls.code:
+        exc.code = code
+    return exc

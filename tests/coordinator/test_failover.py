@@ -299,8 +299,8 @@ async def test_a_route_stream_on_a_frozen_replica_ends_and_the_next_one_follows_
     stays open, so nothing on the wire fails): the stream ends UNAVAILABLE after ROUTE_STREAM_SILENCE_SECONDS
     without the Coordinator's heartbeats, instead of hanging for as long as the replica is frozen, and the
     reconnect reaches the replica that took the lease over. Heartbeats never reach the caller as routes."""
-    from adx.api._coordinator import ROUTE_STREAM_SILENCE_SECONDS, CoordinatorClient
     from adx.errors import UnavailableError
+    from adx.gateway._coordinator import ROUTE_STREAM_SILENCE_SECONDS, CoordinatorClient
 
     a = ha.replicas[0]
     await start_pair(ha)

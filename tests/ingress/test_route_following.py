@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import adx
-from adx.api._coordinator import CoordinatorClient
+from adx.gateway._coordinator import CoordinatorClient
 
 
 async def eventually(predicate: Any, within: float = 5.0) -> None:
@@ -25,7 +25,7 @@ async def test_a_delete_through_another_replica_drops_the_cached_route_at_once(n
     nc = await node_cluster()
     stack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
-    ingress = stack.server.config.app.state.plane.extras["ingress"]
+    ingress = stack.server.config.app.state.ingress
     await eventually(lambda: ingress.following)
     async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
         env = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)
@@ -52,7 +52,7 @@ async def test_cached_routes_keep_serving_through_an_outage_and_pause_still_reac
     nc = await node_cluster(redis_timeout=1.0)
     stack = await api_for(nc.cluster, auth_cache_seconds=120)
     key = await stack.tenant("alpha")
-    ingress = stack.server.config.app.state.plane.extras["ingress"]
+    ingress = stack.server.config.app.state.ingress
     await eventually(lambda: ingress.following)
     async with adx.AsyncClient(api_url=stack.url, api_key=key, retries=0) as client:
         env = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)
@@ -95,7 +95,7 @@ async def test_a_resync_reconciles_the_cache_instead_of_dropping_it(node_cluster
     nc = await node_cluster()
     stack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
-    ingress = stack.server.config.app.state.plane.extras["ingress"]
+    ingress = stack.server.config.app.state.ingress
     await eventually(lambda: ingress.following)
     async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
         kept = await client.environments.create(cpu=0.25, memory="256Mi", wait_timeout=30)

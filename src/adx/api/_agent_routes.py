@@ -19,8 +19,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from adx.api._schemas import ErrorBody
 from adx.errors import InvalidInputError, NotFoundError, UnavailableError
+from adx.gateway import ErrorBody
 
 if TYPE_CHECKING:
     from adx.agents import AgentResult, AgentRuns, AgentStore, RunView
@@ -193,7 +193,7 @@ async def close_agent_store(app: FastAPI) -> None:
 
 async def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str:
     from adx.agents._store import check_tenant
-    from adx.api._app import plane
+    from adx.gateway import plane
 
     tenant = await plane(request).tenant(credentials)
     try:

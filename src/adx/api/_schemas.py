@@ -74,13 +74,3 @@ class EnvironmentView(_Wire):
 
 class EnvironmentList(_Wire):
     environments: list[EnvironmentView]
-
-
-class ErrorDetail(_Wire):
-    code: str = Field(description="stable machine-readable code, e.g. invalid_input, not_found, no_capacity")
-    message: str
-    details: dict[str, object] = Field(default_factory=dict, description="e.g. {'field': 'resources.cpuMillis'}")
-
-
-class ErrorBody(_Wire):
-    error: ErrorDetail

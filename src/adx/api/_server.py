@@ -1,18 +1,95 @@
-"""Running the API server (and/or the Ingress) under uvicorn until SIGINT/SIGTERM."""
+"""The HTTP application assembled from its parts (the /v1 lifecycle routes, the agent runs, the Ingress's data
+plane, the E2B layer), and running it under uvicorn until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from adx._certs import Identity, component_paths
-from adx.api._app import create_app
-from adx.api._config import ApiConfig, split_host_port
+from adx._grpc_tls import channel_credentials
+from adx._node_client import NodeClients
+from adx.api._agent_routes import close_agent_store
+from adx.api._agent_routes import router as agent_router
+from adx.api._routes import router
+from adx.e2b import install as install_e2b
 from adx.errors import UnavailableError
+from adx.gateway import ApiConfig, CoordinatorClient, Plane, TenantAuth, install_error_handlers
+from adx.gateway._config import split_host_port
+from adx.ingress import Ingress
+from adx.ingress import router as ingress_router
+from adx.model import EnvironmentSpec
 
 log = logging.getLogger("adx.api")
+
+
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    spec = EnvironmentSpec.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name, definition in spec.pop("$defs", {}).items():
+        components.setdefault(name, definition)
+    components["EnvironmentSpec"] = spec
+    app.openapi_schema = schema
+    return schema
+
+
+def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = None) -> FastAPI:
+    """The HTTP application. ``api``: the lifecycle routes; ``ingress``: the data-plane routes (default: config)."""
+    with_ingress = config.ingress if ingress is None else ingress
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        coordinator = CoordinatorClient.from_config(config)
+        node_credentials = channel_credentials(component_paths(config.certs_dir, Identity("api", config.name)))
+        p = Plane(
+            config,
+            coordinator,
+            TenantAuth(coordinator, config.auth_cache_seconds),
+            NodeClients(node_credentials, rpc_timeout=config.coordinator_timeout_seconds),
+        )
+        if with_ingress:
+            data_plane = Ingress.from_config(config, coordinator)
+            data_plane.start_following()
+            p.routes = data_plane
+            app.state.ingress = data_plane
+        app.state.plane = p
+        try:
+            yield
+        finally:
+            await p.close()
+            await close_agent_store(app)
+
+    app = FastAPI(
+        title="ADX API",
+        version="1",
+        description="Environments (sandboxes with lifecycle policies) and their data plane.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    if api:
+        app.include_router(router)
+        app.include_router(agent_router)
+    if with_ingress:
+        app.include_router(ingress_router)
+    if config.e2b:
+        install_e2b(app, control_plane=api, data_plane=with_ingress)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
 
 
 class _Server(uvicorn.Server):

@@ -13,7 +13,7 @@ from adx.cli._cluster import NO_CLUSTER_FIX, ClusterInfo, find_cluster
 from adx.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from adx.api import ApiConfig
+    from adx.gateway import ApiConfig
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class AdminTarget:
 
 def admin_config(coordinator: str | None, certs_dir: Path | None, config: Path | None) -> AdminTarget:
     from adx._certs import Identity, component_paths
-    from adx.api._config import ApiConfig
     from adx.config import load_model
+    from adx.gateway import ApiConfig
 
     cfg = load_model(ApiConfig, "api", config)
     update: dict[str, object] = {}

@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from adx.api._config import ApiConfig
 from adx.cli._app import GlobalOptions, app, fail, setup_logging
 from adx.cli._cluster import ClusterInfo, fill_from_cluster, log_joined
 from adx.config import load_model
 from adx.errors import AdxError
+from adx.gateway import ApiConfig
 
 # What a hand-started API server or Ingress takes from the recorded `adx up` cluster when its config is silent.
 _FROM_CLUSTER: dict[str, Callable[[ClusterInfo], object]] = {

@@ -19,11 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from adx.errors import (
     AdxError,
-    ConflictError,
     InvalidInputError,
-    NotFoundError,
-    UnavailableError,
-    UncertainOutcomeError,
 )
 
 if TYPE_CHECKING:
@@ -136,26 +132,10 @@ console = cast("Console", _LazyConsole(stderr=False))
 err_console = cast("Console", _LazyConsole(stderr=True))
 
 
-def exit_codes() -> dict[type[AdxError], int]:
-    """The one table of exit statuses (docs/cli.md): scripts tell "fix your input" from "try again later".
-    An error takes the status of its most specific kind listed here (an authentication failure is a kind of
-    invalid input with its own status); anything else ADX raises is 1, a usage error (typer) is 2."""
-    from adx.sdk import AuthenticationError  # loaded only on this error path: the SDK pulls httpx
-
-    return {
-        AdxError: 1,
-        InvalidInputError: 2,
-        NotFoundError: 3,
-        ConflictError: 4,
-        UnavailableError: 5,
-        UncertainOutcomeError: 6,
-        AuthenticationError: 7,
-    }
-
-
 def exit_status(exc: AdxError) -> int:
-    table = exit_codes()
-    return next((table[kind] for kind in type(exc).__mro__ if kind in table), 1)
+    """The exit status of a failed command (docs/cli.md): the one its error class declares in ``adx.errors``'
+    table, so scripts tell "fix your input" from "try again later"; a usage error (typer) is 2."""
+    return exc.exit_code
 
 
 class GlobalOptions:

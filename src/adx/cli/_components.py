@@ -22,7 +22,7 @@ COMPONENTS: dict[str, str] = {
     "up": "adx.config._embedded:UpConfig",
     "agent-worker": "adx.agents._config:AgentWorkerConfig",
     "coordinator": "adx.config._coordinator:CoordinatorConfig",
-    "api": "adx.api._config:ApiConfig",
+    "api": "adx.gateway._config:ApiConfig",
     "node": "adx.config._node:NodeConfig",
     "execd": "adx.execd._config:ExecdConfig",
     "sandboxd": "adx.sandboxd._config:SandboxdConfig",

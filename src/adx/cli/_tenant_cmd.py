@@ -35,7 +35,7 @@ def create(
 
     The Coordinator and certificates are those of the cluster `adx up` recorded, unless --coordinator,
     --certs-dir, --config (or ADX_API__COORDINATOR / ADX_API__CERTS_DIR) say otherwise."""
-    from adx.api import CoordinatorClient
+    from adx.gateway import CoordinatorClient
 
     try:
         cfg = admin_config(coordinator, certs_dir, config)

@@ -58,7 +58,7 @@ NODE_COMMITTABLE = frozenset(
 #: one node report interval, after which a node that lost the Coordinator for a moment admits again.
 CREATE_RETRY_SECONDS = 2.0
 #: WatchRoutes sends a heartbeat after this long without a publication (subscribers give up on a silent stream
-#: after a few: adx.api._coordinator.ROUTE_STREAM_SILENCE_SECONDS).
+#: after a few: adx.gateway._coordinator.ROUTE_STREAM_SILENCE_SECONDS).
 ROUTE_HEARTBEAT_SECONDS = 1.0
 #: When a create no node has room for may be sent again (resources free up as Environments end or pause).
 NO_CAPACITY_RETRY_SECONDS = 5.0

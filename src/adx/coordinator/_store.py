@@ -30,6 +30,7 @@ from adx.errors import (
     AdxError,
     ConflictError,
     InvalidInputError,
+    NoCapacityError,
     NotFoundError,
     SessionRejectedError,
     UnavailableError,
@@ -99,10 +100,8 @@ class NotLeader(UnavailableError):
     code = "not_leader"
 
 
-class NoCapacity(ConflictError):
-    """The node refused the reservation (capacity, expired sample, closed admission)."""
-
-    code = "no_capacity"
+#: The node refused the reservation (capacity, expired sample, closed admission).
+NoCapacity = NoCapacityError
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from adx.api._errors import Unauthenticated
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.gateway import Unauthenticated
 
 STREAM_TYPE = "application/connect+json"
 END_STREAM = 0x02

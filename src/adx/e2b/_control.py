@@ -32,10 +32,9 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from adx.api._app import Plane, environment_id_or_404, plane, read_json
-from adx.api._errors import status_for
 from adx.e2b._envd import tokens_for
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.gateway import Plane, environment_id_or_404, plane, read_json, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.

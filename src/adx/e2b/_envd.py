@@ -14,7 +14,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from adx.api._app import Plane, environment_id_or_404
 from adx.e2b._connect import HTTP_STATUS, RpcError, error_response, rpc_error
 from adx.e2b._files import HttpFailure, download, upload
 from adx.e2b._filesystem import FilesystemService
@@ -22,7 +21,8 @@ from adx.e2b._process import ProcessService
 from adx.e2b._tokens import EnvdTokens
 from adx.e2b._upstream import Execd
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError
-from adx.ingress import Ingress
+from adx.gateway import Plane, environment_id_or_404
+from adx.ingress import serving_ingress
 from adx.model import EnvironmentState
 
 SANDBOX_HEADER = b"e2b-sandbox-id"
@@ -107,10 +107,10 @@ class EnvdDataPlane:
         port = request.headers.get("e2b-sandbox-port", ENVD_PORT)
         if port != ENVD_PORT:
             raise RpcError("unimplemented", f"port {port}: only envd's port {ENVD_PORT} is served")
-        ingress = plane.extras.get("ingress")
+        ingress = serving_ingress(app)
         if ingress is None:
             raise RpcError("unavailable", "this server does not serve the data plane (ingress = false)")
-        execd = Execd(cast(Ingress, ingress), tenant, environment_id_or_404(sandbox_id))
+        execd = Execd(ingress, tenant, environment_id_or_404(sandbox_id))
         if path == "/health" and request.method == "GET":
             # A health check never wakes a paused sandbox. Anything not running answers what E2B's proxy does for
             # a sandbox that is gone: 502 "... was not found", the words the SDK reads as "not running" (its

@@ -15,8 +15,8 @@ import hashlib
 import hmac
 
 from adx._certs import Identity, component_paths
-from adx.api._config import ApiConfig
 from adx.e2b._connect import RpcError
+from adx.gateway import ApiConfig
 
 PREFIX = "e2b1"
 MAX_TOKEN = 1024

@@ -18,13 +18,11 @@ from collections.abc import AsyncIterator
 
 import httpx
 from fastapi import Request
+from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from adx._certs import Identity, client_ssl_context, component_paths
-from adx.api._config import ApiConfig
-from adx.api._coordinator import CoordinatorClient, Route
-from adx.api._errors import not_found
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -34,6 +32,7 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
+from adx.gateway import ApiConfig, CoordinatorClient, Route, not_found
 from adx.model import DORMANT_STATES, EnvironmentState
 from adx.proto import coordinator_pb2 as pb
 
@@ -82,6 +81,12 @@ class RelayUnavailable(UnavailableError):
 
 class RelayTimeout(UncertainOutcomeError):
     code = "relay_timeout"
+
+
+def serving_ingress(app: Starlette) -> Ingress | None:
+    """The Ingress this application serves the data plane with (``create_app`` sets it), None without one."""
+    ingress = getattr(app.state, "ingress", None)
+    return ingress if isinstance(ingress, Ingress) else None
 
 
 def relay_ssl_context(config: ApiConfig) -> ssl.SSLContext:

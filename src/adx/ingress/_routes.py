@@ -8,9 +8,9 @@ from typing import Annotated, Any, TypeVar, cast
 from fastapi import APIRouter, Path, Request
 from starlette.responses import StreamingResponse
 
-from adx.api._app import ERRORS, Credentials, environment_id_or_404, plane
 from adx.errors import InvalidInputError
-from adx.ingress._ingress import Ingress
+from adx.gateway import ERRORS, Credentials, environment_id_or_404, plane
+from adx.ingress._ingress import Ingress, serving_ingress
 
 router = APIRouter(tags=["data plane"])
 
@@ -40,7 +40,10 @@ async def _setup(request: Request, credentials: object, environment_id: str) -> 
     p = plane(request)
     tenant = await p.tenant(cast(Credentials, credentials))
     env_id = environment_id_or_404(environment_id)
-    return cast(Ingress, p.extras["ingress"]), tenant, env_id
+    ingress = serving_ingress(request.app)
+    if ingress is None:  # the routes are mounted only with an Ingress (create_app)
+        raise RuntimeError("the data-plane routes are served without an Ingress")
+    return ingress, tenant, env_id
 
 
 async def _small_body(request: Request) -> bytes:

@@ -1,10 +1,11 @@
 """The Python SDK: ``adx.Client`` / ``adx.AsyncClient`` over the public HTTP API (imports only adx.model,
 adx.errors and httpx)."""
 
+from adx.errors import AuthenticationError
 from adx.model import CheckpointStorage, EnvironmentState, EnvironmentStats, IdleAction
 from adx.sdk._async import AsyncClient, AsyncCommandStream, AsyncEnvironment
 from adx.sdk._client import Client, CommandStream, Environment
-from adx.sdk._errors import AuthenticationError, BadResponseError, WaitTimeoutError
+from adx.sdk._errors import BadResponseError, WaitTimeoutError
 from adx.sdk._models import CommandResult, OutputChunk
 from adx.sdk._settings import credentials_path, read_credentials, resolve, write_credentials
 from adx.sdk._spec import PausePolicy, RestartPolicy, Retention, build_spec

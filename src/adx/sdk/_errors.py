@@ -9,12 +9,14 @@ import httpx
 
 from adx.errors import (
     AdxError,
+    AuthenticationError,
     ConflictError,
-    EnvironmentPausedError,
     InvalidInputError,
     NotFoundError,
     UnavailableError,
     UncertainOutcomeError,
+    error_type,
+    rebuild_error,
 )
 
 
@@ -29,13 +31,6 @@ class WaitTimeoutError(UnavailableError):
     def __init__(self, message: str, environment: Any) -> None:
         super().__init__(message, details={"id": getattr(environment, "id", None)})
         self.environment = environment
-
-
-class AuthenticationError(InvalidInputError):
-    """The API refused the API key (HTTP 401/403): a missing, unknown or revoked key. A kind of invalid input
-    (``field`` is ``api_key``), told apart because the fix is another key, not another request."""
-
-    code = "unauthenticated"
 
 
 class BadResponseError(AdxError):
@@ -62,22 +57,24 @@ def error_from_response(method: str, status: int, body: bytes, what: str, api_ur
     code, message, details = _parse_error(body)
     text = message or body[:300].decode("utf-8", "replace").strip() or f"HTTP {status}"
     exc: AdxError
-    if status in (400, 422):
-        field = str(details.get("field", ""))
-        exc = InvalidInputError(field, str(details.get("reason") or text.removeprefix(f"{field}: ")))
-    elif status in (401, 403):
+    known = error_type(code or "")
+    if status in (401, 403):
         where = f"the ADX API at {api_url}" if api_url else "the ADX API"
         exc = AuthenticationError(
             "api_key",
             f"{where} refused the key ({text.removeprefix('Authorization: ')}): pass the right one (api_key=, "
             "ADX_API_KEY, --api-key) or make one with `adx tenant create NAME`",
         )
+    elif known is not None and known.http_status == status:
+        # The server named its error and the status agrees: the exact subclass it raised (adx.errors' table).
+        exc = rebuild_error(known, known.code, text if status < 500 else f"{what}: {text}", details)
+    elif status in (400, 422):
+        field = str(details.get("field", ""))
+        exc = InvalidInputError(field, str(details.get("reason") or text.removeprefix(f"{field}: ")))
     elif status == 404:
         exc = NotFoundError(text)
     elif status == 409:
-        exc = EnvironmentPausedError(text) if code == EnvironmentPausedError.code else ConflictError(text)
-    elif status == 503 and code == "no_capacity":
-        exc = ConflictError(text)  # the cluster's answer "no node can take it now" (same family as the Coordinator)
+        exc = ConflictError(text)
     elif status == 504 or (status >= 500 and method not in ("GET", "HEAD")):
         # The request reached the server and its outcome is unknown (a 503 never acted: see below).
         exc = UncertainOutcomeError(f"{what}: {text}") if status != 503 else UnavailableError(f"{what}: {text}")

@@ -10,47 +10,40 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from adx.errors import (
-    AdxError,
-    ConflictError,
-    InvalidInputError,
-    NotFoundError,
-    UnavailableError,
-    UncertainOutcomeError,
-)
+from adx.errors import AdxError, AuthenticationError, InvalidInputError, NotFoundError
 from adx.model import field_path
 
 log = logging.getLogger("adx.api")
 
-NO_CAPACITY = "no_capacity"
+
+class _ErrorWire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
-class Unauthenticated(InvalidInputError):
+class ErrorDetail(_ErrorWire):
+    code: str = Field(description="stable machine-readable code, e.g. invalid_input, not_found, no_capacity")
+    message: str
+    details: dict[str, object] = Field(default_factory=dict, description="e.g. {'field': 'resources.cpuMillis'}")
+
+
+class ErrorBody(_ErrorWire):
+    error: ErrorDetail
+
+
+class Unauthenticated(AuthenticationError):
     """No API key, a malformed Authorization header, or a key no tenant owns (HTTP 401)."""
-
-    code = "unauthenticated"
 
     def __init__(self, reason: str) -> None:
         super().__init__("Authorization", reason)
 
 
 def status_for(exc: AdxError) -> int:
-    if isinstance(exc, Unauthenticated):
-        return 401
-    if isinstance(exc, InvalidInputError):
-        return 422
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, ConflictError):
-        # No capacity is a conflict inside the cluster, but to an API caller it is "try again later".
-        return 503 if exc.code == NO_CAPACITY else 409
-    if isinstance(exc, UnavailableError):
-        return 503
-    if isinstance(exc, UncertainOutcomeError):
-        return 504
-    return 500
+    """The HTTP status an error is answered with: the one its class declares (``adx.errors``)."""
+    return exc.http_status
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:

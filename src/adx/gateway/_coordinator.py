@@ -13,8 +13,8 @@ from adx._certs import Identity, component_paths
 from adx._coordinator_channel import coordinator_channel
 from adx._grpc_errors import from_rpc_error
 from adx._grpc_tls import channel_credentials
-from adx.api._config import ApiConfig
 from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
+from adx.gateway._config import ApiConfig
 from adx.model import EnvironmentRecord, EnvironmentSpec, parse_wire
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc

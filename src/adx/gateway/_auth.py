@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import time
 
-from adx.api._coordinator import CoordinatorClient
-from adx.api._errors import Unauthenticated
 from adx.errors import NotFoundError
+from adx.gateway._coordinator import CoordinatorClient
+from adx.gateway._errors import Unauthenticated
 
 MAX_KEY_LENGTH = 512
 MAX_CACHED = 10_000

@@ -1,0 +1,202 @@
+"""The public REST API (``adx api``): Environments create/get/list/delete, tenant-scoped, OpenAPI at /openapi.json.
+
+Every route authenticates first (``Authorization: Bearer <API key>``), then asks the Coordinator on behalf of
+that tenant only; the Coordinator is the single authority, the API server keeps no state beyond short caches.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from adx.api._schemas import EnvironmentList, EnvironmentView
+from adx.errors import (
+    InvalidInputError,
+    PublicationPendingError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
+from adx.gateway import ERRORS, Credentials, ErrorBody, environment_id_or_404, plane, read_json
+from adx.model import (
+    EnvironmentSpec,
+    EnvironmentState,
+    EnvironmentStats,
+    parse_wire,
+)
+
+log = logging.getLogger("adx.api")
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not 0 < len(value) <= MAX_IDEMPOTENCY_KEY or not all(33 <= ord(c) <= 126 for c in value):
+        raise InvalidInputError("Idempotency-Key", f"must be 1-{MAX_IDEMPOTENCY_KEY} visible ASCII characters")
+    return value
+
+
+router = APIRouter(tags=["environments"])
+
+
+@router.post(
+    "/v1/environments",
+    status_code=201,
+    response_model=EnvironmentView,
+    responses={200: {"model": EnvironmentView, "description": "replay: the Idempotency-Key matched"}, **ERRORS},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EnvironmentSpec"}}},
+        }
+    },
+    summary="Create an Environment",
+)
+async def create_environment(
+    request: Request,
+    credentials: Credentials,
+    idempotency_key: Annotated[
+        str | None,
+        Header(alias="Idempotency-Key", description="a retry with the same key returns the same Environment"),
+    ] = None,
+) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    key = _idempotency_key(idempotency_key)
+    # ENV-5: the whole spec is validated here, before anything is sent anywhere; 422 names the field.
+    spec = parse_wire(EnvironmentSpec, await read_json(request, p.config.max_body_bytes))
+    record, created = await p.coordinator.create_environment(tenant, spec, key)
+    log.info("environment created" if created else "create replayed", extra={"env_id": record.id, "tenant": tenant})
+    return JSONResponse(
+        EnvironmentView.of(record).wire(),
+        status_code=201 if created else 200,
+        headers={"Location": f"/v1/environments/{record.id}", "Idempotent-Replayed": str(not created).lower()},
+    )
+
+
+@router.get("/v1/environments", response_model=EnvironmentList, responses=ERRORS, summary="List Environments")
+async def list_environments(request: Request, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    records = await p.coordinator.list_environments(tenant)
+    records.sort(key=lambda r: (r.created_at, r.id))
+    return JSONResponse({"environments": [EnvironmentView.of(r).wire() for r in records]})
+
+
+@router.get("/v1/environments/{environment_id}", response_model=EnvironmentView, responses=ERRORS, summary="Get one")
+async def get_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    env_id = environment_id_or_404(environment_id)
+    try:
+        record = await p.coordinator.get_environment(tenant, env_id)
+    except (UnavailableError, UncertainOutcomeError):
+        # JRN-4/ENV-6: while the Coordinator is away, the owning node says what it holds, and whether a result
+        # of it waits for publication; without a cached route the outage is the answer.
+        view = await p.node_view(tenant, env_id)
+        if view is None:
+            raise
+        body = EnvironmentView.of(view.record, publication_pending=view.publication_pending).wire()
+        return JSONResponse(body, headers={"X-ADX-Answered-By": "node"})
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.delete(
+    "/v1/environments/{environment_id}",
+    response_model=EnvironmentView,
+    responses=ERRORS,
+    summary="Delete (state becomes deleting, then deleted; repeating it is harmless)",
+)
+async def delete_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    record = await p.coordinator.delete_environment(tenant, environment_id_or_404(environment_id))
+    log.info("environment delete requested", extra={"env_id": record.id, "tenant": tenant})
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.post(
+    "/v1/environments/{environment_id}/pause",
+    response_model=EnvironmentView,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running (e.g. already paused)"}},
+    summary="Pause: checkpoint, publish, release resources; returns once paused (ENV-3)",
+)
+async def pause_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    env_id = environment_id_or_404(environment_id)
+    route = await p.owner_route(tenant, env_id)
+    record = route.record
+    if record.state is EnvironmentState.RUNNING and route.node_address and p.nodes is not None:
+        # CRD-1: a node operation goes straight to the owning node; the node checks ownership and generation.
+        wait = record.spec.lifecycle.effective_pause_options.wait_seconds
+        try:
+            record = await p.nodes.pause(route.node_address, record, wait_seconds=wait)
+        except PublicationPendingError:
+            raise  # the cluster still routes it to this node (JRN-4): the cached route stays
+        except BaseException:
+            p.forget_route(tenant, env_id)  # changing: the next request resolves it afresh
+            raise
+        p.forget_route(tenant, env_id)  # paused: the next request resolves it afresh
+    else:
+        # Not running here (or no node): the Coordinator answers with the authoritative state and reason.
+        record = await p.coordinator.pause_environment(tenant, env_id)
+    log.info("environment paused", extra={"env_id": record.id, "tenant": tenant})
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.get(
+    "/v1/environments/{environment_id}/stats",
+    response_model=EnvironmentStats,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running (a paused one is not woken)"}},
+    summary="CPU, memory and disk usage of a running Environment, from its node's last sample (MET-1)",
+)
+async def environment_stats(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    stats = await p.environment_stats(tenant, environment_id_or_404(environment_id))
+    return JSONResponse(stats.to_wire())
+
+
+@router.post(
+    "/v1/environments/{environment_id}/resume",
+    response_model=EnvironmentView,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "neither paused nor running"}},
+    summary="Resume a paused Environment (a running one is returned as it is); returns once running (CRD-5)",
+)
+async def resume_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    route = await p.coordinator.ensure_running(
+        tenant, environment_id_or_404(environment_id), p.config.wake_timeout_seconds
+    )
+    return JSONResponse(EnvironmentView.of(route.record).wire())
+
+
+class LifetimeRequest(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    seconds: int = Field(ge=1, le=30 * 86_400, strict=True, description="the new deadline is now + seconds")
+    action: Literal["delete", "pause"] | None = Field(default=None, description="default: keep the current one")
+
+
+@router.post(
+    "/v1/environments/{environment_id}/lifetime",
+    response_model=EnvironmentView,
+    responses=ERRORS,
+    summary="Move the lifetime deadline (and optionally its action: delete or pause)",
+)
+async def set_lifetime(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    body = parse_wire(LifetimeRequest, await read_json(request, p.config.max_body_bytes))
+    record = await p.coordinator.set_lifetime(
+        tenant, environment_id_or_404(environment_id), float(body.seconds), body.action or ""
+    )
+    return JSONResponse(EnvironmentView.of(record).wire())

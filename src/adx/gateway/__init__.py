@@ -1,0 +1,84 @@
+"""What every HTTP front door of ADX shares: the API server's configuration, the Coordinator client, tenant
+authentication, the request context and the mapping of ADX errors to HTTP answers.
+
+The lifecycle routes (``adx.api``), the data plane (``adx.ingress``) and the E2B layer (``adx.e2b``) are built on
+it and assembled into one application by ``adx.api``; this package imports none of them.
+
+Only the configuration model is imported eagerly: the CLI reads it to load configuration files, and loading
+FastAPI and gRPC for that would be waste.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from adx.gateway._config import ApiConfig
+
+if TYPE_CHECKING:
+    from adx.gateway._auth import TenantAuth
+    from adx.gateway._context import (
+        ERRORS,
+        Credentials,
+        Plane,
+        RouteCache,
+        environment_id_or_404,
+        plane,
+        read_json,
+    )
+    from adx.gateway._coordinator import CoordinatorClient, Route
+    from adx.gateway._errors import (
+        ErrorBody,
+        Unauthenticated,
+        error_response,
+        install_error_handlers,
+        not_found,
+        status_for,
+    )
+
+__all__ = [
+    "ERRORS",
+    "ApiConfig",
+    "CoordinatorClient",
+    "Credentials",
+    "ErrorBody",
+    "Plane",
+    "Route",
+    "RouteCache",
+    "TenantAuth",
+    "Unauthenticated",
+    "environment_id_or_404",
+    "error_response",
+    "install_error_handlers",
+    "not_found",
+    "plane",
+    "read_json",
+    "status_for",
+]
+
+_LAZY = {
+    "TenantAuth": "adx.gateway._auth",
+    "ERRORS": "adx.gateway._context",
+    "Credentials": "adx.gateway._context",
+    "Plane": "adx.gateway._context",
+    "RouteCache": "adx.gateway._context",
+    "environment_id_or_404": "adx.gateway._context",
+    "plane": "adx.gateway._context",
+    "read_json": "adx.gateway._context",
+    "CoordinatorClient": "adx.gateway._coordinator",
+    "Route": "adx.gateway._coordinator",
+    "ErrorBody": "adx.gateway._errors",
+    "Unauthenticated": "adx.gateway._errors",
+    "error_response": "adx.gateway._errors",
+    "install_error_handlers": "adx.gateway._errors",
+    "not_found": "adx.gateway._errors",
+    "status_for": "adx.gateway._errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'adx.gateway' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

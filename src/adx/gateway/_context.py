@@ -1,0 +1,145 @@
+"""The request context every HTTP front door shares: the :class:`Plane` (Coordinator client, tenant cache, node
+clients, route cache), authentication as a FastAPI dependency, the ID and body readers.
+
+The API routes, the Ingress's data-plane routes and the E2B layer all read it; it knows none of them (the route
+cache is the :class:`RouteCache` protocol, which the Ingress satisfies), so the packages above depend on it and
+never on each other's request handling.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol, cast
+
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from adx._node_client import NodeClients, NodeView
+from adx.errors import ConflictError, EnvironmentPausedError, InvalidInputError, UnavailableError
+from adx.gateway._auth import TenantAuth
+from adx.gateway._config import ApiConfig
+from adx.gateway._coordinator import CoordinatorClient, Route
+from adx.gateway._errors import ErrorBody, not_found
+from adx.model import DORMANT_STATES, ENVIRONMENT, EnvironmentState, EnvironmentStats, check_id
+
+
+class RouteCache(Protocol):
+    """The Ingress's cache of owning nodes, followed from the Coordinator's route stream."""
+
+    def cached_route(self, tenant: str, environment_id: str, *, stale: bool = False) -> Route | None: ...
+
+    def remember(self, tenant: str, route: Route) -> None: ...
+
+    def forget(self, tenant: str, environment_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+bearer = HTTPBearer(auto_error=False, description="a tenant API key (`adx tenant create NAME` prints one)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or unknown API key"},
+    404: {"model": ErrorBody, "description": "no such Environment for this tenant"},
+    422: {"model": ErrorBody, "description": "invalid input; details.field names the camelCase path"},
+    503: {"model": ErrorBody, "description": "no capacity (code no_capacity) or the Coordinator is unavailable"},
+    504: {"model": ErrorBody, "description": "outcome uncertain: retry with the same Idempotency-Key"},
+}
+
+
+@dataclass
+class Plane:
+    """What the request handlers share: the Coordinator client, the tenant cache, the owning nodes' clients and,
+    where this process serves the data plane, the Ingress's route cache."""
+
+    config: ApiConfig
+    coordinator: CoordinatorClient
+    auth: TenantAuth
+    nodes: NodeClients | None = None  # the owning nodes' gRPC APIs (CRD-1)
+    routes: RouteCache | None = None
+
+    async def tenant(self, credentials: HTTPAuthorizationCredentials | None) -> str:
+        header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None
+        return await self.auth.tenant(header)
+
+    async def owner_route(self, tenant: str, env_id: str) -> Route:
+        """CRD-1: the owner from the route cache (the Ingress's, followed by the route stream) when it knows it,
+        else from the Coordinator; while the Coordinator cannot be asked, a cached route of any age serves (the
+        node checks ownership and generation itself, JRN-4)."""
+        ingress = self.routes
+        cached = ingress.cached_route(tenant, env_id) if ingress is not None else None
+        if cached is not None and cached.node_address:
+            return cached
+        try:
+            route = await self.coordinator.resolve_route(tenant, env_id)
+        except UnavailableError:
+            stale = ingress.cached_route(tenant, env_id, stale=True) if ingress is not None else None
+            if stale is None or not stale.node_address:
+                raise
+            return stale
+        if ingress is not None:
+            ingress.remember(tenant, route)
+        return route
+
+    async def node_view(self, tenant: str, env_id: str) -> NodeView | None:
+        """The owning node's own view, found through the route cache (of any age): the answer while the
+        Coordinator is away (JRN-4). None when no cached route names a node."""
+        ingress = self.routes
+        cached = ingress.cached_route(tenant, env_id, stale=True) if ingress is not None else None
+        if cached is None or not cached.node_address or self.nodes is None:
+            return None
+        return await self.nodes.describe(cached.node_address, tenant, env_id)
+
+    def forget_route(self, tenant: str, env_id: str) -> None:
+        ingress = self.routes
+        if ingress is not None:
+            ingress.forget(tenant, env_id)
+
+    async def environment_stats(self, tenant: str, env_id: str) -> EnvironmentStats:
+        """The owning node's last usage sample (MET-1). A sleeping Environment is refused, never woken."""
+        route = await self.coordinator.resolve_route(tenant, env_id)
+        state = route.record.state
+        if state is not EnvironmentState.RUNNING or not route.node_address or self.nodes is None:
+            error = EnvironmentPausedError if state in DORMANT_STATES else ConflictError
+            raise error(
+                f"environment {env_id} is {state.value}: only a running Environment has usage to report",
+                details={"state": state.value},
+            )
+        return await self.nodes.stats(route.node_address, tenant, env_id)
+
+    async def close(self) -> None:
+        if self.routes is not None:
+            await self.routes.close()
+        if self.nodes is not None:
+            await self.nodes.close()
+        await self.coordinator.close()
+
+
+def plane(request: Request) -> Plane:
+    return cast(Plane, request.app.state.plane)
+
+
+def environment_id_or_404(environment_id: str) -> str:
+    """A malformed ID cannot name any Environment: the same 404 as a missing or foreign one (SEC-2)."""
+    try:
+        return check_id("id", environment_id, ENVIRONMENT)
+    except InvalidInputError:
+        raise not_found(environment_id[:80]) from None
+
+
+async def read_json(request: Request, limit: int) -> object:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise InvalidInputError("body", f"is larger than {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise InvalidInputError("body", f"is larger than {limit} bytes")
+    if not body:
+        raise InvalidInputError("body", "is empty; expected a JSON object")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise InvalidInputError("body", f"is not valid JSON: {exc}") from None
