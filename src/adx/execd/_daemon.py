@@ -10,6 +10,8 @@ Client socket routes (each is a *client operation*: counted in activity and subj
 - ``POST /v1/commands/{id}/stdin[?close=true]`` raw body; ``POST /v1/commands/{id}/kill`` ``{"signal":..}``
 - ``GET|PUT|DELETE /v1/files?path=``; ``GET /v1/files/stat?path=``; ``GET /v1/files/list?path=``;
   ``POST /v1/files/mkdir?path=``
+- ``POST /v1/watchers`` ``{"path", "recursive"?}`` -> ``{"id"}``; ``GET /v1/watchers/{id}/events?wait=s``
+  (long-poll, drains the queue); ``DELETE /v1/watchers/{id}`` (inotify, :mod:`adx.execd._watch`)
 - ``POST /v1/checkpoint-requests`` ``{"operationId"?, "reason"?}`` (the workload asks for a checkpoint)
 
 Admin socket routes (control operations, never counted as activity, never gated):
@@ -37,6 +39,7 @@ from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
 from adx.execd._http import HttpError, Request, Response, invalid, serve_connection
 from adx.execd._procs import Command, ProcessTable, SpawnError
+from adx.execd._watch import Watchers
 
 __all__ = ["Execd", "ExecdOptions"]
 
@@ -153,6 +156,7 @@ class Execd:
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._checkpoint_ops: set[str] = set()
+        self.watchers = Watchers()
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _spawn_task(self, coro: Any) -> None:
@@ -404,11 +408,31 @@ class Execd:
                     return await self._kill(req, resp, command)
                 if action == "stdin" and req.method == "POST":
                     return await self._stdin(req, resp, command)
+        elif parts[:2] == ["v1", "watchers"]:
+            return await self._watch_route(req, resp, parts[2:])
         elif parts[:2] == ["v1", "files"]:
             action = parts[2] if len(parts) == 3 else "content"
             allowed = {"content": ("GET", "PUT", "DELETE"), "stat": ("GET",), "list": ("GET",), "mkdir": ("POST",)}
             if len(parts) <= 3 and req.method in allowed.get(action, ()):
                 return await handle_files(req, resp, action)
+        raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
+
+    async def _watch_route(self, req: Request, resp: Response, rest: list[str]) -> None:
+        if not rest and req.method == "POST":
+            body = await req.body.json()
+            _strict_fields(body, frozenset({"path", "recursive"}))
+            wid = self.watchers.create(body.get("path"), body.get("recursive", False))
+            return await resp.send_json(201, {"id": wid})
+        if len(rest) == 1 and req.method == "DELETE":
+            self.watchers.remove(rest[0])
+            return await resp.send(204)
+        if len(rest) == 2 and rest[1] == "events" and req.method == "GET":
+            try:
+                wait = min(float(req.query.get("wait", "0")), 30.0)
+            except ValueError:
+                raise invalid("wait", "must be a number of seconds") from None
+            events = await self.watchers.take(rest[0], wait)
+            return await resp.send_json(200, {"events": [{"type": k, "name": n} for k, n in events]})
         raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
 
     async def _health(self, req: Request, resp: Response) -> None:
