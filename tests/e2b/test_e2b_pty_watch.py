@@ -7,6 +7,8 @@ the ``WatchDir`` stream; both are driven here.
 from __future__ import annotations
 
 import asyncio
+import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -15,7 +17,15 @@ import pytest
 
 if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
-from e2b import AsyncSandbox, FilesystemEvent, FilesystemEventType, NotFoundException, Sandbox
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FilesystemEvent,
+    FilesystemEventType,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+)
 from e2b.exceptions import SandboxException
 
 pytestmark = pytest.mark.slow
@@ -114,6 +124,106 @@ def test_watch_dir_async_stream_and_stop(adx_up: Up) -> None:
             await sandbox.files.write("/tmp/w/after.txt", "x")
             await asyncio.sleep(1.0)
             assert len(events) == count  # stopped: nothing more arrives
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
+
+
+class _Output:
+    """What a handle's stream delivered, read on its own thread (the sync SDK's wait() blocks)."""
+
+    def __init__(self, wait: Callable[..., object], key: str) -> None:
+        self.data = bytearray()
+        self.ended: BaseException | bool | None = False
+        self._thread = threading.Thread(target=self._run, args=(wait, key), daemon=True)
+        self._thread.start()
+
+    def _run(self, wait: Callable[..., object], key: str) -> None:
+        def add(chunk: bytes | str) -> None:
+            self.data += chunk if isinstance(chunk, bytes) else chunk.encode()
+
+        try:
+            wait(**{key: add})
+            self.ended = None
+        except BaseException as exc:  # a killed command ends with CommandExitException: recorded, not lost
+            self.ended = exc
+
+    def saw(self, text: str) -> bool:
+        return text.encode() in self.data
+
+    def join(self, seconds: float) -> None:
+        self._thread.join(seconds)
+        assert not self._thread.is_alive(), "the stream did not end"
+
+
+def test_pty_sync_create_input_resize_reconnect_kill(sandbox: Sandbox) -> None:
+    handle = sandbox.pty.create(PtySize(rows=24, cols=80), cwd="/tmp", envs={"GREETING": "hi-there"})
+    first = _Output(handle.wait, "on_pty")
+    sandbox.pty.send_stdin(handle.pid, b"tty; echo $GREETING; pwd; stty size\n")
+    _until(lambda: first.saw("hi-there\r\n") and first.saw("24 80\r\n") and first.saw("/tmp\r\n"))
+    assert first.saw("/dev/pts/")  # a real pseudo-terminal
+    sandbox.pty.resize(handle.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(handle.pid, b"stty size\n")
+    _until(lambda: first.saw("30 100\r\n"))
+    # The shell is a session leader with the PTY as controlling terminal: its own job control works.
+    sandbox.pty.send_stdin(handle.pid, b"echo ctl-$(cut -d' ' -f6,7 /proc/$$/stat)-$$-end\n")
+    _until(lambda: re.search(rb"ctl-(\d+) (\d+)-(\d+)-end", first.data) is not None)
+    found = re.search(rb"ctl-(\d+) (\d+)-(\d+)-end", first.data)
+    assert found is not None
+    session, tty_nr, shell = (int(x) for x in found.groups())
+    assert session == shell and tty_nr != 0, found.group(0)
+    assert not first.saw("no job control")
+
+    second = _Output(sandbox.pty.connect(handle.pid).wait, "on_pty")
+    sandbox.pty.send_stdin(handle.pid, b"echo again-$((40+2))\n")
+    _until(lambda: second.saw("again-42") and first.saw("again-42"))
+    assert not second.saw("hi-there")  # no replay: output from the reconnect on
+
+    assert sandbox.pty.kill(handle.pid) is True
+    first.join(10)
+    second.join(10)
+    assert first.ended is not None and second.ended is not None  # killed: both streams end with the exit
+    assert handle.pid not in [p.pid for p in sandbox.commands.list()]
+    assert sandbox.pty.kill(handle.pid) is False
+
+
+def test_commands_connect_streams_live_output(sandbox: Sandbox) -> None:
+    command = sandbox.commands.run("for i in $(seq 1 200); do echo tick-$i; sleep 0.1; done", background=True)
+    time.sleep(0.5)
+    follower = _Output(sandbox.commands.connect(command.pid).wait, "on_stdout")
+    _until(lambda: follower.saw("tick-"))
+    seen = follower.data.count(b"tick-")
+    _until(lambda: follower.data.count(b"tick-") >= seen + 5)  # it keeps streaming, live
+    command.kill()
+    follower.join(10)
+
+
+def test_pty_async_create_resize_reconnect_kill(adx_up: Up) -> None:
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(**adx_up.opts())
+        try:
+            first, second = bytearray(), bytearray()
+
+            async def until(check: Callable[[], bool]) -> None:
+                deadline = time.monotonic() + 10
+                while not check():
+                    assert time.monotonic() < deadline, (bytes(first), bytes(second))
+                    await asyncio.sleep(0.1)
+
+            handle = await sandbox.pty.create(PtySize(rows=24, cols=80), on_data=first.extend)
+            await sandbox.pty.send_stdin(handle.pid, b"echo hi\n")
+            await until(lambda: b"hi\r\n" in first)
+            await sandbox.pty.resize(handle.pid, PtySize(rows=40, cols=120))
+            await sandbox.pty.send_stdin(handle.pid, b"stty size\n")
+            await until(lambda: b"40 120\r\n" in first)
+            again = await sandbox.pty.connect(handle.pid, on_data=second.extend)
+            await sandbox.pty.send_stdin(handle.pid, b"echo more-$((6*7))\n")
+            await until(lambda: b"more-42" in second)
+            assert await sandbox.pty.kill(handle.pid) is True
+            for each in (handle, again):
+                with pytest.raises(CommandExitException):
+                    await asyncio.wait_for(each.wait(), 10)
         finally:
             await sandbox.kill()
 

@@ -7,7 +7,8 @@ Client socket routes (each is a *client operation*: counted in activity and subj
 - ``POST /v1/commands`` run; foreground streams NDJSON frames, ``"background": true`` returns an ID
 - ``GET  /v1/commands`` list; ``GET /v1/commands/{id}``; ``DELETE /v1/commands/{id}`` (finished only)
 - ``GET  /v1/commands/{id}/output?stream=stdout|stderr&offset=N&limit=N`` (background ring buffer)
-- ``POST /v1/commands/{id}/stdin[?close=true]`` raw body; ``POST /v1/commands/{id}/kill`` ``{"signal":..}``
+- ``POST /v1/commands/{id}/stdin[?close=true]`` raw body; ``POST /v1/commands/{id}/kill`` ``{"signal":..}``;
+  ``POST /v1/commands/{id}/resize`` ``{"rows","cols"}`` (a command run with ``"pty": {"rows","cols"}``)
 - ``GET|PUT|DELETE /v1/files?path=``; ``GET /v1/files/stat?path=``; ``GET /v1/files/list?path=``;
   ``POST /v1/files/mkdir?path=``
 - ``POST /v1/watchers`` ``{"path", "recursive"?}`` -> ``{"id"}``; ``GET /v1/watchers/{id}/events?wait=s``
@@ -38,7 +39,7 @@ from adx.execd._activity import Activity, AdmissionClosed
 from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
 from adx.execd._http import HttpError, Request, Response, invalid, serve_connection
-from adx.execd._procs import Command, ProcessTable, SpawnError
+from adx.execd._procs import Command, ProcessTable, SpawnError, set_window_size
 from adx.execd._watch import Watchers
 
 __all__ = ["Execd", "ExecdOptions"]
@@ -61,6 +62,7 @@ RUN_FIELDS = frozenset(
         "keepStdinOpen",
         "background",
         "encoding",
+        "pty",
     }
 )
 
@@ -120,6 +122,20 @@ def _unlink(path: str) -> None:
 
 def _frame(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode() + b"\n"
+
+
+def _window_size(value: Any, field: str) -> tuple[int, int]:
+    """``{"rows", "cols"}`` of a terminal, each 1-65535 (the kernel's unsigned short)."""
+    if not isinstance(value, dict):
+        raise invalid(field, "must be an object {rows, cols}")
+    _strict_fields(value, frozenset({"rows", "cols"}))
+    sizes = []
+    for key in ("rows", "cols"):
+        size = value.get(key)
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 65535:
+            raise invalid(f"{field}.{key}", "must be an integer 1-65535")
+        sizes.append(size)
+    return sizes[0], sizes[1]
 
 
 def _strict_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
@@ -408,6 +424,8 @@ class Execd:
                     return await self._kill(req, resp, command)
                 if action == "stdin" and req.method == "POST":
                     return await self._stdin(req, resp, command)
+                if action == "resize" and req.method == "POST":
+                    return await self._resize(req, resp, command)
         elif parts[:2] == ["v1", "watchers"]:
             return await self._watch_route(req, resp, parts[2:])
         elif parts[:2] == ["v1", "files"]:
@@ -514,7 +532,13 @@ class Execd:
         encoding = body.get("encoding", "utf-8")
         if encoding not in ("utf-8", "base64"):
             raise invalid("encoding", "must be utf-8 or base64")
+        pty = body.get("pty")
+        if pty is not None:
+            pty = _window_size(pty, "pty")
+            if background:
+                raise invalid("pty", "a PTY is streamed to its client: not with background")
         return {
+            "pty": pty,
             "argv": argv,
             "env": env,
             "cwd": cwd,
@@ -547,10 +571,14 @@ class Execd:
                 cwd=spec["cwd"],
                 stdin=spec["stdin"] is not None or spec["keep_open"],
                 timeout=spec["timeout"],
+                pty=spec["pty"],
             )
         except SpawnError as exc:
             raise invalid(exc.field, exc.reason) from None
-        if spec["stdin"] is not None or spec["keep_open"]:
+        if spec["pty"] is not None:  # its input is the terminal's: open as long as the PTY is
+            if spec["stdin"]:
+                self._spawn_task(self._feed_stdin(command, spec["stdin"], True))
+        elif spec["stdin"] is not None or spec["keep_open"]:
             self._spawn_task(self._feed_stdin(command, spec["stdin"], spec["keep_open"]))
         if spec["background"]:
             self.activity.background_started()
@@ -562,7 +590,7 @@ class Execd:
         """NDJSON frames: start {"id","pid"}; {"stream","data"} as produced; end {"exitCode","signal","timedOut"}."""
         queue = command.queue
         assert queue is not None
-        decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
+        decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr", "pty")}
 
         def data_frame(stream: str, data: bytes, final: bool = False) -> bytes:
             if encoding == "base64":
@@ -583,7 +611,7 @@ class Execd:
                 if req.client_gone():
                     raise ConnectionResetError("client hung up")
             if encoding == "utf-8":
-                for stream in ("stdout", "stderr"):
+                for stream in ("stdout", "stderr", "pty"):
                     await resp.write(data_frame(stream, b"", final=True))
             await resp.write(
                 _frame({"exitCode": command.exit_code, "signal": command.term_signal, "timedOut": command.timed_out})
@@ -640,6 +668,15 @@ class Execd:
             raise invalid("signal", f"unknown signal {raw!r}") from None
         delivered = command.kill(sig)
         await resp.send_json(200, {"id": command.id, "signal": sig.name, "delivered": delivered})
+
+    async def _resize(self, req: Request, resp: Response, command: Command) -> None:
+        rows, cols = _window_size(await req.body.json(), "body")
+        if command.pty_master is None:
+            raise HttpError(409, "conflict", "command has no PTY to resize", {"field": "id"})
+        if not command.running:
+            raise HttpError(409, "conflict", "command has exited", {"field": "id"})
+        set_window_size(command.pty_master, rows, cols)
+        await resp.send_json(200, {"id": command.id, "rows": rows, "cols": cols})
 
     async def _stdin(self, req: Request, resp: Response, command: Command) -> None:
         close = req.query.get("close", "false").lower() in ("true", "1")
