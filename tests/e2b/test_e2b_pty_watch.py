@@ -26,7 +26,7 @@ from e2b import (
     PtySize,
     Sandbox,
 )
-from e2b.exceptions import SandboxException
+from e2b.exceptions import RateLimitException, SandboxException
 
 pytestmark = pytest.mark.slow
 
@@ -228,3 +228,27 @@ def test_pty_async_create_resize_reconnect_kill(adx_up: Up) -> None:
             await sandbox.kill()
 
     asyncio.run(main())
+
+
+def test_watch_bounds_are_clear_errors(sandbox: Sandbox) -> None:
+    """128 watchers per sandbox, 16384 unfetched events per watcher: past either, an error that says so."""
+    sandbox.files.make_dir("/tmp/many")
+    handles = [sandbox.files.watch_dir("/tmp/many") for _ in range(128)]
+    with pytest.raises(RateLimitException, match="128 watchers"):
+        sandbox.files.watch_dir("/tmp/many")
+    for handle in handles[1:]:
+        handle.stop()
+    flooded = handles[0]
+    sandbox.commands.run("cd /tmp/many && for i in $(seq 1 17000); do : > f$i; done", timeout=120)
+    with pytest.raises(SandboxException, match="events were lost"):
+        flooded.get_new_events()
+    flooded.stop()
+    fresh = sandbox.files.watch_dir("/tmp/many")  # the bounds are per live watcher: a new one works
+    sandbox.files.write("/tmp/many/late.txt", "x")
+    events: list[FilesystemEvent] = []
+
+    def late() -> bool:
+        events.extend(fresh.get_new_events())
+        return ("create", "late.txt") in _seen(events)
+
+    _until(late)
