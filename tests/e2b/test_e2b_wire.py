@@ -123,7 +123,7 @@ def test_unknown_rpc_is_a_connect_unimplemented_error(adx_up: Up) -> None:
     try:
         headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": sandbox._envd_access_token or ""}
         with httpx.Client(base_url=adx_up.url, headers=headers, timeout=30) as http:
-            for path in ("/process.Process/Fly", "/filesystem.Filesystem/WatchDir", "/nosuch.Service/Call"):
+            for path in ("/process.Process/Fly", "/filesystem.Filesystem/Fly", "/nosuch.Service/Call"):
                 unary = http.post(path, json={}, headers={"Content-Type": "application/json"})
                 assert unary.status_code == 501, unary.text
                 assert unary.json()["code"] == "unimplemented"

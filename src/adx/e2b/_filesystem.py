@@ -1,6 +1,6 @@
 """envd's ``filesystem.Filesystem`` service on execd's files API (``/v1/files/stat|list|mkdir``, ``DELETE``).
 
-``Move`` runs ``mv`` through execd's commands (execd has no rename); the watch RPCs are unimplemented.
+``Move`` runs ``mv`` through execd's commands (execd has no rename); the watch RPCs are :mod:`adx.e2b._watch`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import posixpath
 import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from adx.e2b._connect import RpcError, single_message
 from adx.e2b._process import resolve
 from adx.e2b._upstream import Execd, rpc_error_of
+from adx.e2b._watch import WatchService, dispatch_watch
 
 _TYPES = {"file": "FILE_TYPE_FILE", "directory": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _TYPE_BITS = {"file": stat.S_IFREG, "directory": stat.S_IFDIR, "symlink": stat.S_IFLNK}
@@ -66,6 +67,16 @@ class FilesystemService:
     home: str
 
     async def dispatch(self, method: str, request: Request) -> Response:
+        watch = WatchService(self.execd)
+        if method in ("WatchDir", "CreateWatcher"):
+            message = await single_message(request)
+            path = _path(message, "path", self.home)
+            if method == "WatchDir":
+                return await watch.watch_dir(path, message)
+            return await watch.create_watcher(path, message)
+        watch_handler = dispatch_watch(watch, method)
+        if watch_handler is not None:
+            return cast(Response, await watch_handler(await single_message(request)))
         handler = {
             "Stat": self.stat,
             "ListDir": self.list_dir,

@@ -3,11 +3,18 @@
 | RPC | execd |
 |---|---|
 | ``Start`` (server stream) | ``POST /v1/commands`` streamed (NDJSON, base64), re-encoded as ProcessEvents |
-| ``Connect`` (server stream) | the command found by PID, its status followed until it exits (no output replay) |
+| ``Connect`` (server stream) | the command found by PID: its live output from here on (no replay), then its end |
 | ``List`` | ``GET /v1/commands`` (running ones) |
 | ``SendSignal`` | ``POST /v1/commands/{id}/kill`` |
-| ``SendInput`` / ``StreamInput`` / ``CloseStdin`` | ``POST /v1/commands/{id}/stdin[?close=true]`` |
-| ``Update`` (PTY resize) | unimplemented: no PTYs |
+| ``SendInput`` / ``StreamInput`` / ``CloseStdin`` | ``POST /v1/commands/{id}/stdin[?close=true]`` (stdin or PTY) |
+| ``Update`` (PTY resize) | ``POST /v1/commands/{id}/resize`` |
+
+A ``Start`` with ``pty`` runs the command on a pseudo-terminal in execd (``"pty": {"rows", "cols"}``); its output
+is one stream, sent as ``data.pty`` events.
+
+``Connect`` streams live output from the reader of the command's ``Start`` stream in this process (which keeps
+reading after its client left): every frame it reads is also handed to each connected client. A command this
+process does not stream (another API process started it) is followed by its status only.
 
 A started process outlives its stream as in envd: when the client goes away before the end, the execd stream
 is drained in the background instead of being dropped (which would kill the command); the call's deadline
@@ -43,6 +50,10 @@ _DETACHED: set[asyncio.Task[None]] = set()
 #: foreground command, so a Connect that finds it gone reports its end from here (newest FINISHED_KEPT only).
 _FINISHED: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
 FINISHED_KEPT = 1024
+#: The readers of running commands' output, by (tenant, Environment, pid), for Connect.
+_LIVE: dict[tuple[str, str, int], _Pump] = {}
+#: Frames queued towards one connected client; a client that falls this far behind is ended with an error.
+FOLLOWER_FRAMES = 1024
 
 
 def _keepalive_interval(request: Request) -> float | None:
@@ -88,6 +99,7 @@ class _Pump:
         self.pid = 0
         self.queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
         self.detached = False
+        self.followers: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self.task = asyncio.create_task(self._run(), name="e2b-process-stream")
 
     async def _put(self, item: dict[str, Any] | BaseException | None) -> None:
@@ -104,16 +116,39 @@ class _Pump:
                     if line.strip():
                         frame = json.loads(line)
                         self._remember(frame)
+                        self._fan_out(frame)
                         await self._put(frame)
             await self._put(None)
         except Exception as exc:
             await self._put(exc)
         finally:
+            if _LIVE.get((*self.key, self.pid)) is self:
+                del _LIVE[(*self.key, self.pid)]
+            for follower in list(self.followers):
+                self._give(follower, None)
             await close(self.upstream)
+
+    def _give(self, follower: asyncio.Queue[dict[str, Any] | None], frame: dict[str, Any] | None) -> None:
+        try:
+            follower.put_nowait(frame)
+        except asyncio.QueueFull:  # too slow a client: it is ended with an error, never fed a gap in silence
+            self.followers.discard(follower)
+            follower.get_nowait()
+            follower.put_nowait({"lost": True})
+
+    def _fan_out(self, frame: dict[str, Any]) -> None:
+        for follower in list(self.followers):
+            self._give(follower, frame)
+
+    def follow(self) -> asyncio.Queue[dict[str, Any] | None]:
+        follower: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(FOLLOWER_FRAMES)
+        self.followers.add(follower)
+        return follower
 
     def _remember(self, frame: dict[str, Any]) -> None:
         if "pid" in frame:
             self.pid = int(frame["pid"])
+            _LIVE[(*self.key, self.pid)] = self
         elif "exitCode" in frame and self.pid:
             _FINISHED[(*self.key, self.pid)] = frame
             while len(_FINISHED) > FINISHED_KEPT:
@@ -176,6 +211,7 @@ class ProcessService:
             "SendInput": self.send_input,
             "StreamInput": self.stream_input,
             "CloseStdin": self.close_stdin,
+            "Update": self.update,
         }.get(method)
         if handler is None:
             raise RpcError("unimplemented", f"process.Process/{method} is not implemented")
@@ -183,8 +219,6 @@ class ProcessService:
 
     async def start(self, request: Request) -> Response:
         message = await single_message(request)
-        if message.get("pty") is not None:
-            raise RpcError("unimplemented", "PTY sessions are not supported")
         process = message.get("process") or {}
         cmd, args, envs, cwd = (
             process.get("cmd"),
@@ -203,7 +237,9 @@ class ProcessService:
             body["env"] = envs
         if cwd:
             body["cwd"] = resolve(str(cwd), self.home)
-        if message.get("stdin"):
+        if message.get("pty") is not None:
+            body["pty"] = _window_size(message["pty"])
+        elif message.get("stdin"):
             body["keepStdinOpen"] = True
         deadline = timeout_seconds(request)
         if deadline is not None:
@@ -294,12 +330,49 @@ class ProcessService:
         await self._write_stdin(command["id"], b"", close_stdin=True)
         return JSONResponse({})
 
+    async def update(self, request: Request) -> Response:
+        message = await single_message(request)
+        if message.get("pty") is None:
+            return JSONResponse({})  # nothing to change
+        size = _window_size(message["pty"])
+        command = await self._find(message.get("process"))
+        status, body = await self.execd.call("POST", f"/v1/commands/{command['id']}/resize", json_body=size)
+        if status != 200:
+            raise rpc_error_of(status, body)
+        return JSONResponse({})
+
     async def connect(self, request: Request) -> Response:
         message = await single_message(request)
         command = await self._find(message.get("process"))
-        return StreamingResponse(
-            self._follow(command, _keepalive_interval(request) or CONNECT_POLL_SECONDS * 20), media_type=STREAM_TYPE
-        )
+        keepalive = _keepalive_interval(request) or CONNECT_POLL_SECONDS * 20
+        pump = _LIVE.get((self.execd.tenant, self.execd.environment_id, int(command["pid"])))
+        if pump is not None:
+            return StreamingResponse(self._live(pump, int(command["pid"]), keepalive), media_type=STREAM_TYPE)
+        return StreamingResponse(self._follow(command, keepalive), media_type=STREAM_TYPE)
+
+    async def _live(self, pump: _Pump, pid: int, keepalive: float) -> AsyncIterator[bytes]:
+        follower = pump.follow()
+        try:
+            yield _event("start", {"pid": pid})
+            while True:
+                try:
+                    frame = await asyncio.wait_for(follower.get(), keepalive)
+                except TimeoutError:
+                    yield _event("keepalive", {})
+                    continue
+                if frame is None or frame.get("lost"):
+                    why = "the client fell behind its output" if frame else "the command's output stream was lost"
+                    yield end_stream(RpcError("unavailable" if frame is None else "resource_exhausted", why))
+                    return
+                if "stream" in frame:
+                    if frame.get("data"):
+                        yield _event("data", {frame["stream"]: frame["data"]})
+                elif "exitCode" in frame:
+                    yield _event("end", end_event(frame))
+                    yield end_stream()
+                    return
+        finally:
+            pump.followers.discard(follower)
 
     async def _follow(self, command: dict[str, Any], keepalive: float) -> AsyncIterator[bytes]:
         yield _event("start", {"pid": command["pid"]})
@@ -326,12 +399,28 @@ class ProcessService:
 
 
 def _stdin_bytes(value: Any) -> bytes:
-    if not isinstance(value, dict) or "stdin" not in value:
-        raise RpcError("unimplemented", "only stdin input is supported (no PTYs)")
+    """``ProcessInput``: ``stdin`` or ``pty`` bytes; both are written to what the command reads (pipe or PTY)."""
+    kind = next((k for k in ("stdin", "pty") if isinstance(value, dict) and k in value), None)
+    if kind is None:
+        raise RpcError("invalid_argument", "input: give stdin or pty")
     try:
-        return base64.b64decode(value["stdin"] or "", validate=True)
+        return base64.b64decode(value[kind] or "", validate=True)
     except (binascii.Error, TypeError):
-        raise RpcError("invalid_argument", "input.stdin: must be base64") from None
+        raise RpcError("invalid_argument", f"input.{kind}: must be base64") from None
+
+
+def _window_size(pty: Any) -> dict[str, int]:
+    """envd's ``PTY {size {cols, rows}}`` as execd's ``{"rows", "cols"}``."""
+    size = pty.get("size") if isinstance(pty, dict) else None
+    if not isinstance(size, dict):
+        raise RpcError("invalid_argument", "pty.size: required")
+    out = {}
+    for key in ("rows", "cols"):
+        value = size.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise RpcError("invalid_argument", f"pty.size.{key}: must be an integer 1-65535")
+        out[key] = value
+    return out
 
 
 def resolve(path: str, home: str) -> str:

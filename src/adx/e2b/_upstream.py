@@ -132,7 +132,13 @@ def execd_error(body: bytes) -> tuple[str, str]:
         return "unknown", body[:200].decode("utf-8", "replace")
 
 
-_STATUS_CODES = {400: "invalid_argument", 403: "permission_denied", 404: "not_found", 409: "failed_precondition"}
+_STATUS_CODES = {
+    400: "invalid_argument",
+    403: "permission_denied",
+    404: "not_found",
+    409: "failed_precondition",
+    429: "resource_exhausted",  # a bound of the sandbox (e.g. its 128 watchers)
+}
 
 
 def rpc_error_of(status: int, body: bytes, *, conflict: str = "failed_precondition") -> RpcError:

@@ -7,9 +7,12 @@ Client socket routes (each is a *client operation*: counted in activity and subj
 - ``POST /v1/commands`` run; foreground streams NDJSON frames, ``"background": true`` returns an ID
 - ``GET  /v1/commands`` list; ``GET /v1/commands/{id}``; ``DELETE /v1/commands/{id}`` (finished only)
 - ``GET  /v1/commands/{id}/output?stream=stdout|stderr&offset=N&limit=N`` (background ring buffer)
-- ``POST /v1/commands/{id}/stdin[?close=true]`` raw body; ``POST /v1/commands/{id}/kill`` ``{"signal":..}``
+- ``POST /v1/commands/{id}/stdin[?close=true]`` raw body; ``POST /v1/commands/{id}/kill`` ``{"signal":..}``;
+  ``POST /v1/commands/{id}/resize`` ``{"rows","cols"}`` (a command run with ``"pty": {"rows","cols"}``)
 - ``GET|PUT|DELETE /v1/files?path=``; ``GET /v1/files/stat?path=``; ``GET /v1/files/list?path=``;
   ``POST /v1/files/mkdir?path=``
+- ``POST /v1/watchers`` ``{"path", "recursive"?}`` -> ``{"id"}``; ``GET /v1/watchers/{id}/events?wait=s``
+  (long-poll, drains the queue); ``DELETE /v1/watchers/{id}`` (inotify, :mod:`adx.execd._watch`)
 - ``POST /v1/checkpoint-requests`` ``{"operationId"?, "reason"?}`` (the workload asks for a checkpoint)
 
 Admin socket routes (control operations, never counted as activity, never gated):
@@ -36,7 +39,8 @@ from adx.execd._activity import Activity, AdmissionClosed
 from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
 from adx.execd._http import HttpError, Request, Response, invalid, serve_connection
-from adx.execd._procs import Command, ProcessTable, SpawnError
+from adx.execd._procs import Command, ProcessTable, SpawnError, set_window_size
+from adx.execd._watch import Watchers
 
 __all__ = ["Execd", "ExecdOptions"]
 
@@ -58,6 +62,7 @@ RUN_FIELDS = frozenset(
         "keepStdinOpen",
         "background",
         "encoding",
+        "pty",
     }
 )
 
@@ -119,6 +124,20 @@ def _frame(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode() + b"\n"
 
 
+def _window_size(value: Any, field: str) -> tuple[int, int]:
+    """``{"rows", "cols"}`` of a terminal, each 1-65535 (the kernel's unsigned short)."""
+    if not isinstance(value, dict):
+        raise invalid(field, "must be an object {rows, cols}")
+    _strict_fields(value, frozenset({"rows", "cols"}))
+    sizes = []
+    for key in ("rows", "cols"):
+        size = value.get(key)
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 65535:
+            raise invalid(f"{field}.{key}", "must be an integer 1-65535")
+        sizes.append(size)
+    return sizes[0], sizes[1]
+
+
 def _strict_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
     for key in body:
         if key not in allowed:
@@ -153,6 +172,7 @@ class Execd:
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._checkpoint_ops: set[str] = set()
+        self.watchers = Watchers()
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _spawn_task(self, coro: Any) -> None:
@@ -404,11 +424,33 @@ class Execd:
                     return await self._kill(req, resp, command)
                 if action == "stdin" and req.method == "POST":
                     return await self._stdin(req, resp, command)
+                if action == "resize" and req.method == "POST":
+                    return await self._resize(req, resp, command)
+        elif parts[:2] == ["v1", "watchers"]:
+            return await self._watch_route(req, resp, parts[2:])
         elif parts[:2] == ["v1", "files"]:
             action = parts[2] if len(parts) == 3 else "content"
             allowed = {"content": ("GET", "PUT", "DELETE"), "stat": ("GET",), "list": ("GET",), "mkdir": ("POST",)}
             if len(parts) <= 3 and req.method in allowed.get(action, ()):
                 return await handle_files(req, resp, action)
+        raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
+
+    async def _watch_route(self, req: Request, resp: Response, rest: list[str]) -> None:
+        if not rest and req.method == "POST":
+            body = await req.body.json()
+            _strict_fields(body, frozenset({"path", "recursive"}))
+            wid = self.watchers.create(body.get("path"), body.get("recursive", False))
+            return await resp.send_json(201, {"id": wid})
+        if len(rest) == 1 and req.method == "DELETE":
+            self.watchers.remove(rest[0])
+            return await resp.send(204)
+        if len(rest) == 2 and rest[1] == "events" and req.method == "GET":
+            try:
+                wait = min(float(req.query.get("wait", "0")), 30.0)
+            except ValueError:
+                raise invalid("wait", "must be a number of seconds") from None
+            events = await self.watchers.take(rest[0], wait)
+            return await resp.send_json(200, {"events": [{"type": k, "name": n} for k, n in events]})
         raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
 
     async def _health(self, req: Request, resp: Response) -> None:
@@ -490,7 +532,13 @@ class Execd:
         encoding = body.get("encoding", "utf-8")
         if encoding not in ("utf-8", "base64"):
             raise invalid("encoding", "must be utf-8 or base64")
+        pty = body.get("pty")
+        if pty is not None:
+            pty = _window_size(pty, "pty")
+            if background:
+                raise invalid("pty", "a PTY is streamed to its client: not with background")
         return {
+            "pty": pty,
             "argv": argv,
             "env": env,
             "cwd": cwd,
@@ -523,10 +571,14 @@ class Execd:
                 cwd=spec["cwd"],
                 stdin=spec["stdin"] is not None or spec["keep_open"],
                 timeout=spec["timeout"],
+                pty=spec["pty"],
             )
         except SpawnError as exc:
             raise invalid(exc.field, exc.reason) from None
-        if spec["stdin"] is not None or spec["keep_open"]:
+        if spec["pty"] is not None:  # its input is the terminal's: open as long as the PTY is
+            if spec["stdin"]:
+                self._spawn_task(self._feed_stdin(command, spec["stdin"], True))
+        elif spec["stdin"] is not None or spec["keep_open"]:
             self._spawn_task(self._feed_stdin(command, spec["stdin"], spec["keep_open"]))
         if spec["background"]:
             self.activity.background_started()
@@ -538,7 +590,7 @@ class Execd:
         """NDJSON frames: start {"id","pid"}; {"stream","data"} as produced; end {"exitCode","signal","timedOut"}."""
         queue = command.queue
         assert queue is not None
-        decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
+        decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr", "pty")}
 
         def data_frame(stream: str, data: bytes, final: bool = False) -> bytes:
             if encoding == "base64":
@@ -559,7 +611,7 @@ class Execd:
                 if req.client_gone():
                     raise ConnectionResetError("client hung up")
             if encoding == "utf-8":
-                for stream in ("stdout", "stderr"):
+                for stream in ("stdout", "stderr", "pty"):
                     await resp.write(data_frame(stream, b"", final=True))
             await resp.write(
                 _frame({"exitCode": command.exit_code, "signal": command.term_signal, "timedOut": command.timed_out})
@@ -616,6 +668,15 @@ class Execd:
             raise invalid("signal", f"unknown signal {raw!r}") from None
         delivered = command.kill(sig)
         await resp.send_json(200, {"id": command.id, "signal": sig.name, "delivered": delivered})
+
+    async def _resize(self, req: Request, resp: Response, command: Command) -> None:
+        rows, cols = _window_size(await req.body.json(), "body")
+        if command.pty_master is None:
+            raise HttpError(409, "conflict", "command has no PTY to resize", {"field": "id"})
+        if not command.running:
+            raise HttpError(409, "conflict", "command has exited", {"field": "id"})
+        set_window_size(command.pty_master, rows, cols)
+        await resp.send_json(200, {"id": command.id, "rows": rows, "cols": cols})
 
     async def _stdin(self, req: Request, resp: Response, command: Command) -> None:
         close = req.query.get("close", "false").lower() in ("true", "1")

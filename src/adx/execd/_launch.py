@@ -36,6 +36,7 @@ RUNTIME_MODULES = (
     "adx/execd/_activity.py",
     "adx/execd/_control.py",
     "adx/execd/_protocol.py",
+    "adx/execd/_watch.py",
 )
 
 _SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent

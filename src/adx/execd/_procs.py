@@ -27,6 +27,23 @@ log = logging.getLogger("adx.execd.procs")
 PIPE_DRAIN_AFTER_EXIT = 2.0
 
 
+def _controlling_terminal() -> None:
+    """In the child, after ``setsid()``: make its stdin (the PTY's slave) its controlling terminal."""
+    import fcntl  # stdlib C modules, loaded only by a PTY's parent (a sandbox that opens none pays nothing)
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    """TIOCSWINSZ on a PTY: the kernel sends SIGWINCH to the terminal's foreground process group."""
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
 class SpawnError(Exception):
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
@@ -182,6 +199,7 @@ class Command:
         self.stdin_ready = asyncio.Event()  # set once the pipes are connected to the loop
         self._readers: list[_PipeReader] = []
         self.popen: subprocess.Popen[bytes] | None = None
+        self.pty_master: int | None = None  # a PTY's controlling side: output, input and resize go through it
 
     # Output routing: foreground commands stream through a bounded queue, background ones into ring buffers.
     def output(self, stream: str, data: bytes) -> None:
@@ -315,22 +333,31 @@ class ProcessTable:
         capture: bool = True,
         stdin: bool = False,
         timeout: float | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> Command:
         """Start ``argv`` in a new session. ``capture``: pipe stdout/stderr (else inherit execd's)."""
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError("cwd", f"{cwd!r} is not an existing directory")
         cid = os.urandom(6).hex()
         command = Command(self, cid, argv, kind, background)
+        slave: int | None = None
+        if pty is not None:
+            # ``pty``: (rows, cols). The child gets the slave as stdin/stdout/stderr and, as a session leader,
+            # as its controlling terminal (job control, ^C, SIGWINCH); execd keeps the master.
+            command.pty_master, slave = os.openpty()
+            set_window_size(slave, *pty)
+        popen: subprocess.Popen[bytes] | None = None
         try:
             popen = subprocess.Popen(
                 argv,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE if capture else None,
-                stderr=subprocess.PIPE if capture else None,
+                stdin=slave if slave is not None else subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=slave if slave is not None else subprocess.PIPE if capture else None,
+                stderr=slave if slave is not None else subprocess.PIPE if capture else None,
                 cwd=cwd,
                 env=env,
                 start_new_session=True,  # own process group: kill/timeout reach grandchildren too
                 close_fds=True,
+                preexec_fn=_controlling_terminal if slave is not None else None,
             )
         except FileNotFoundError as exc:
             raise SpawnError("argv", f"executable not found: {exc.filename or argv[0]}") from None
@@ -338,6 +365,12 @@ class ProcessTable:
             raise SpawnError("argv", f"permission denied: {exc.filename or argv[0]}") from None
         except OSError as exc:
             raise SpawnError("argv", f"cannot execute: {exc.strerror}") from None
+        finally:
+            if slave is not None:
+                os.close(slave)  # the child holds it: the master reads EIO (end) once the last holder exits
+                if popen is None and command.pty_master is not None:  # never started: nothing will read it
+                    os.close(command.pty_master)
+        assert popen is not None
         command.popen = popen
         command.pid = popen.pid
         self.by_pid[popen.pid] = command
@@ -346,7 +379,7 @@ class ProcessTable:
         if background:
             command.stdout = RingBuffer(self.ring_capacity)
             command.stderr = RingBuffer(self.ring_capacity)
-        elif capture:
+        elif capture or pty is not None:
             command.queue = OutputQueue()
             command.queue.pause = command._pause_pipes
         loop = asyncio.get_running_loop()
@@ -360,6 +393,15 @@ class ProcessTable:
     ) -> None:
         loop = asyncio.get_running_loop()
         try:
+            if command.pty_master is not None:
+                master = command.pty_master
+                # Two file objects on one master: asyncio's pipe transports each own (and close) theirs.
+                reading = os.fdopen(master, "rb", buffering=0)
+                _, reader = await loop.connect_read_pipe(lambda: _PipeReader(command, "pty"), reading)
+                command._readers.append(reader)
+                writing = os.fdopen(os.dup(master), "wb", buffering=0)
+                _, writer = await loop.connect_write_pipe(_PipeWriter, writing)
+                command.stdin = writer
             for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
                 if pipe is not None:
                     _, reader = await loop.connect_read_pipe(lambda s=stream: _PipeReader(command, s), pipe)  # type: ignore[misc]

@@ -1,0 +1,115 @@
+"""envd's watch RPCs (``WatchDir`` stream; ``CreateWatcher`` / ``GetWatcherEvents`` / ``RemoveWatcher`` polling)
+on execd's inotify watchers (``/v1/watchers``, :mod:`adx.execd._watch`).
+
+``WatchDir`` is a watcher of its own, long-polled while the stream lasts and removed when it ends (the client
+left, or its deadline passed), so a stream never leaves a watcher behind in the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from adx.e2b._connect import STREAM_TYPE, RpcError, end_stream, envelope
+from adx.e2b._upstream import Execd, rpc_error_of
+
+_TYPES = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+#: How long one long-poll of a ``WatchDir`` stream waits in execd for an event (a keepalive follows an empty one).
+POLL_WAIT_SECONDS = 5.0
+# Removals of the watchers of streams that ended, kept referenced until done.
+_CLEANUPS: set[asyncio.Task[None]] = set()
+
+
+def _events(body: bytes) -> list[dict[str, Any]]:
+    return [{"name": e["name"], "type": _TYPES[e["type"]]} for e in json.loads(body)["events"]]
+
+
+@dataclass
+class WatchService:
+    execd: Execd
+
+    async def _create(self, path: str, message: dict[str, Any]) -> str:
+        recursive = message.get("recursive", False)
+        if not isinstance(recursive, bool):
+            raise RpcError("invalid_argument", "recursive: must be a boolean")
+        status, body = await self.execd.call("POST", "/v1/watchers", json_body={"path": path, "recursive": recursive})
+        if status != 201:
+            raise rpc_error_of(status, body)
+        return str(json.loads(body)["id"])
+
+    async def _take(self, watcher_id: str, wait: float) -> list[dict[str, Any]]:
+        status, body = await self.execd.call("GET", f"/v1/watchers/{watcher_id}/events", query={"wait": str(wait)})
+        if status != 200:
+            raise rpc_error_of(status, body, conflict="data_loss")
+        return _events(body)
+
+    async def _remove(self, watcher_id: str) -> None:
+        status, body = await self.execd.call("DELETE", f"/v1/watchers/{watcher_id}")
+        if status != 204:
+            raise rpc_error_of(status, body)
+
+    @staticmethod
+    def _watcher_id(message: dict[str, Any]) -> str:
+        value = message.get("watcherId")
+        if not isinstance(value, str) or not value or "/" in value:
+            raise RpcError("invalid_argument", "watcher_id: required")
+        return value
+
+    async def create_watcher(self, path: str, message: dict[str, Any]) -> Response:
+        return JSONResponse({"watcherId": await self._create(path, message)})
+
+    async def get_watcher_events(self, message: dict[str, Any]) -> Response:
+        return JSONResponse({"events": await self._take(self._watcher_id(message), 0)})
+
+    async def remove_watcher(self, message: dict[str, Any]) -> Response:
+        await self._remove(self._watcher_id(message))
+        return JSONResponse({})
+
+    async def watch_dir(self, path: str, message: dict[str, Any]) -> Response:
+        watcher_id = await self._create(path, message)  # a missing path fails here, before the stream starts
+        return StreamingResponse(self._stream(watcher_id), media_type=STREAM_TYPE)
+
+    async def _stream(self, watcher_id: str) -> AsyncIterator[bytes]:
+        try:
+            yield envelope({"start": {}})
+            while True:
+                try:
+                    events = await self._take(watcher_id, POLL_WAIT_SECONDS)
+                except RpcError as exc:
+                    yield end_stream(exc)
+                    return
+                for event in events:
+                    yield envelope({"filesystem": event})
+                if not events:
+                    yield envelope({"keepalive": {}})
+        finally:
+            # The generator may be closed by cancellation: the removal runs on its own task.
+            task = asyncio.get_running_loop().create_task(self._remove_quietly(watcher_id))
+            _CLEANUPS.add(task)
+            task.add_done_callback(_CLEANUPS.discard)
+
+    async def _remove_quietly(self, watcher_id: str) -> None:
+        try:
+            await self._remove(watcher_id)
+        except Exception:  # the sandbox went away: so did its watchers
+            return
+
+
+def dispatch_watch(service: WatchService, method: str) -> Any:
+    """The handler of a watch RPC, or None."""
+    return {
+        "CreateWatcher": service.create_watcher,
+        "GetWatcherEvents": service.get_watcher_events,
+        "RemoveWatcher": service.remove_watcher,
+    }.get(method)
