@@ -23,7 +23,7 @@ from adx.agents import (
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
-from adx.agents._store import Claim
+from adx.agents._rows import Claim
 
 ANY_OBJECT = "urn:adx-test:schema:any-object:1.0.0"
 TENANT = "acme"

@@ -28,7 +28,7 @@ from adx.agents import (
     DurableGraphDriverOptions,
     ExecutableGraphRegistry,
 )
-from adx.agents._store import LIVENESS_LOCK_CLASS
+from adx.agents._rows import LIVENESS_LOCK_CLASS
 
 SETTINGS = {"slots": 4, "idle_poll_seconds": 0.05, "max_node_attempts": 100, "drain_seconds": 5}
 

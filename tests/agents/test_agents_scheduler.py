@@ -17,7 +17,7 @@ from adx.agents import (
     ShutdownSignal,
     TickOutcome,
 )
-from adx.agents._store import Candidate
+from adx.agents._rows import Candidate
 
 
 @pytest.fixture

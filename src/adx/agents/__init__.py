@@ -42,6 +42,8 @@ from adx.agents._lifecycle import (
     LifecycleResult,
 )
 from adx.agents._maintenance import AgentMaintenance, AgentMaintenanceHealth, AgentMaintenanceOptions
+from adx.agents._pg import CommitHook
+from adx.agents._rows import ResolveOutcome, RunKey
 from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions, TickOutcome, TickReport
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
@@ -56,7 +58,7 @@ from adx.agents._schemas import (
     register_standard_graph_lifecycle_event_schema,
 )
 from adx.agents._status import RunStatus, WaitKind, Wake
-from adx.agents._store import AgentStore, CommitHook, ResolveOutcome, RunKey
+from adx.agents._store import AgentStore
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall
 from adx.agents._worker import (
     AgentWorker,

@@ -15,8 +15,10 @@ from typing import Any
 
 from adx.agents._canonical import json_clone
 from adx.agents._graph import Budget, ExecutableGraphRegistry
+from adx.agents._pg import check_tenant
+from adx.agents._rows import ResolveOutcome, RunKey
 from adx.agents._status import RunStatus, WaitKind
-from adx.agents._store import AgentStore, ResolveOutcome, RunKey, check_tenant
+from adx.agents._store import AgentStore
 from adx.agents._store_ops import fork_run, list_runs, read_history, retry_run
 from adx.errors import ConflictError, InvalidInputError
 

@@ -32,9 +32,11 @@ from adx.agents._graph import (
     Timer,
     Usage,
 )
+from adx.agents._pg import CommitHook
+from adx.agents._rows import Claim
 from adx.agents._schemas import GRAPH_DRIVER_EVENT_SCHEMA_ID
 from adx.agents._status import Wake
-from adx.agents._store import AgentStore, Claim, CommitHook, RunKey
+from adx.agents._store import AgentStore
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall, ToolDef
 from adx.errors import AdxError, ConflictError, InvalidInputError, UncertainOutcomeError
 
@@ -711,7 +713,3 @@ class DurableGraphDriver:
         if lease.lost.is_set():
             raise StaleFenceError(f"run {ctx.run_id}: lease lost while node {node!r} was running")
         raise TimeoutError(f"node {node!r} exceeded {self.options.node_timeout_seconds}s")
-
-
-def run_key(tenant_id: str, run_id: uuid.UUID) -> RunKey:
-    return RunKey(tenant_id, run_id)

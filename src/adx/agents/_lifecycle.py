@@ -26,12 +26,13 @@ from adx.agents._driver import (
 )
 from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
 from adx.agents._graph import Budget, ExecutableGraphRegistry
+from adx.agents._rows import Claim, RunKey
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
     GRAPH_DRIVER_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
 )
-from adx.agents._store import AgentStore, Claim, RunKey
+from adx.agents._store import AgentStore
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UncertainOutcomeError
 
 __all__ = [

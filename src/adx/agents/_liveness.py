@@ -22,7 +22,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
-from adx.agents._store import LIVENESS_LOCK_CLASS, AgentStore
+from adx.agents._rows import LIVENESS_LOCK_CLASS
+from adx.agents._store import AgentStore
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
 __all__ = ["WorkerLiveness"]

@@ -25,7 +25,9 @@ from datetime import datetime
 
 from adx.agents._config import AgentMaintenanceConfig
 from adx.agents._driver import ShutdownSignal
-from adx.agents._store import AgentStore, RunKey, check_tenant
+from adx.agents._pg import check_tenant
+from adx.agents._rows import RunKey
+from adx.agents._store import AgentStore
 from adx.agents._worker import AgentWorkerReadiness
 from adx.errors import AdxError, InvalidInputError, UnavailableError
 

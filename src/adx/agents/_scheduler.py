@@ -30,7 +30,9 @@ from adx.agents._lifecycle import (
     GraphLifecycleEvidenceProvider,
     LifecycleResult,
 )
-from adx.agents._store import AgentStore, Candidate, Claim, RunKey, check_tenant
+from adx.agents._pg import check_tenant
+from adx.agents._rows import Candidate, Claim, RunKey
+from adx.agents._store import AgentStore
 from adx.errors import AdxError, InvalidInputError, UnavailableError, UncertainOutcomeError
 
 __all__ = [

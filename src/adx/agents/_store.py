@@ -1,227 +1,47 @@
-"""PostgreSQL store of the agent runtime: pool, numbered migrations, schema check, and every transaction.
+"""The agent runtime's queries: every transaction on a run, one lifecycle edge each.
 
-Each public coroutine that changes a run is exactly one SQL transaction (one lifecycle edge). Worker writes
-are fenced: they name the fence and lease owner they hold, and change nothing when either moved on.
-psycopg errors are translated here into :mod:`adx.errors` families; a connection lost while a write was in
-flight becomes :class:`~adx.errors.UncertainOutcomeError`, which callers reconcile by replaying the edge.
+Each public coroutine that changes a run is exactly one SQL transaction. Worker writes are fenced: they name the
+fence and lease owner they hold, and change nothing when either moved on. The pool and error translation are
+:mod:`adx.agents._pg`, the schema :mod:`adx.agents._migrations`, the records handed out :mod:`adx.agents._rows`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
-import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from enum import StrEnum
-from importlib import resources
-from typing import Any, TypeAlias
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-import psycopg
-from psycopg import AsyncConnection
-from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from adx.agents._errors import StaleFenceError
-from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.agents._migrations import check_schema, migrate
+from adx.agents._pg import CommitHook, Conn, Database, check_tenant, open_pool
+from adx.agents._rows import (
+    CLAIMABLE,
+    TERMINAL,
+    USAGE_COLS,
+    Candidate,
+    Checkpoint,
+    Claim,
+    NodeCommitResult,
+    ResolveOutcome,
+    RunKey,
+    usage_of,
+)
+from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError
 
-__all__ = ["AgentStore", "CommitHook", "ResolveOutcome", "RunKey", "StoreFaults"]
+__all__ = ["AgentStore"]
 
 log = logging.getLogger("adx.agents.store")
 
-Conn: TypeAlias = AsyncConnection[DictRow]
-#: Application code run inside a node-commit transaction (side effects that commit with the checkpoint).
-CommitHook: TypeAlias = Callable[[Conn], Awaitable[None]]
-
-_LOCK_KEY = 0x4144585F41474E54  # "ADX_AGNT": the advisory lock serialising concurrent migrators
-_MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_REQUIRED_TABLES = (
-    "adx_agent_tenants",
-    "adx_agent_runs",
-    "adx_agent_checkpoints",
-    "adx_agent_events",
-    "adx_agent_waits",
-    "adx_agent_attempts",
-    "adx_agent_usage",
-    "adx_agent_results",
-    "adx_agent_workers",
-    "adx_agent_early_resolutions",
-    "adx_agent_run_actions",
-)
-TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-class ResolveOutcome(StrEnum):
-    RESOLVED = "resolved"
-    STORED_EARLY = "stored_early"
-    DUPLICATE = "duplicate"
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class RunKey:
-    tenant_id: str
-    run_id: uuid.UUID
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    version: int
-    name: str
-    sql: str
-
-    @property
-    def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
-
-
-def load_migrations() -> list[Migration]:
-    out = []
-    for entry in resources.files("adx.agents").joinpath("migrations").iterdir():
-        match = _MIGRATION.match(entry.name)
-        if match:
-            out.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
-    out.sort(key=lambda m: m.version)
-    if [m.version for m in out] != list(range(1, len(out) + 1)):
-        raise RuntimeError("agent migrations must be numbered 0001.. without gaps")
-    return out
-
 
 @dataclass
-class StoreFaults:
-    """Fault injection for tests: ``after_commit(edge)`` runs after an edge committed, before the caller sees
-    the result; raising there reproduces a lost acknowledgement (the write happened, the reply was lost)."""
-
-    after_commit: Callable[[str], None] | None = None
-
-
-def check_tenant(tenant_id: str) -> str:
-    if not isinstance(tenant_id, str) or not _TENANT.match(tenant_id):
-        raise InvalidInputError("tenant_id", "must be 1-63 characters of a-z, 0-9, '_' or '-', starting alphanumeric")
-    return tenant_id
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    return getattr(exc, "sqlstate", None)
-
-
-def translate(exc: psycopg.Error, what: str, *, writing: bool) -> Exception:
-    """Map a psycopg error to an ADX family. A write whose connection broke has an unknown outcome."""
-    state = _sqlstate(exc) or ""
-    if isinstance(exc, psycopg.OperationalError) and not state:
-        cls = UncertainOutcomeError if writing else UnavailableError
-        return cls(f"{what}: database connection failed: {exc}")
-    if state.startswith("40"):  # serialization failure, deadlock: nothing committed; retryable
-        return UnavailableError(f"{what}: transaction aborted ({state}); retry", details={"sqlstate": state})
-    if state == "57014":  # statement timeout / cancel: the transaction rolled back
-        return UnavailableError(f"{what}: statement timed out", details={"sqlstate": state})
-    if state.startswith("08") or state.startswith("57") or state.startswith("53"):
-        cls = UncertainOutcomeError if writing else UnavailableError
-        return cls(f"{what}: database unavailable ({state}): {exc}", details={"sqlstate": state})
-    if state == "23505":
-        return ConflictError(f"{what}: duplicate ({exc.diag.constraint_name})", details={"sqlstate": state})
-    return UnavailableError(f"{what}: database error ({state or type(exc).__name__}): {exc}")
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    seq: int
-    kind: str
-    next_node: str | None
-    state: Any
-    artifact: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    run_id: uuid.UUID
-    queue_seq: int
-    revision: int
-    claimable: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """What a successful claim hands the driver (read in the claim transaction)."""
-
-    key: RunKey
-    owner: str
-    claim_id: uuid.UUID
-    fence: int
-    revision: int
-    graph_name: str
-    graph_version: str
-    descriptor: dict[str, Any]
-    request: dict[str, Any]
-    budget: dict[str, Any]
-    checkpoint: Checkpoint
-    cancel_requested: bool
-    wake: list[dict[str, Any]]
-    usage: dict[str, int]
-    node_attempt_id: uuid.UUID | None
-    prior_attempts: int
-
-
-@dataclass(frozen=True, slots=True)
-class NodeCommitResult:
-    revision: int
-    cancel_requested: bool
-    usage: dict[str, int]
-    next_attempt_id: uuid.UUID | None
-
-
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    event_id: uuid.UUID
-    kind: str
-    fence: int
-    revision: int
-    checkpoint_seq: int
-    payload: dict[str, Any]
-    created_at: datetime
-
-
-_USAGE_COLS = "input_tokens, output_tokens, model_calls, tool_calls, node_commits"
-
-
-def usage_of(row: Any) -> dict[str, int]:
-    return {k: int(row[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")}
-
-
-#: The first key of every worker's liveness advisory lock (two-int4 form: this, hashtext(identity)).
-LIVENESS_LOCK_CLASS = 0x41474E54
-# The lease owner is dead: its liveness lock is free (its database session is gone) AND its heartbeat is
-# older than its grace. Either alone is not enough: a slow live worker keeps its lock; a worker whose session
-# broke but whose process lives stops its in-flight work when its next heartbeat fails, before the grace ends.
-OWNER_DEAD = f"""EXISTS (SELECT 1 FROM adx_agent_workers w WHERE w.identity = lease_owner
-        AND w.heartbeat_at < now() - make_interval(secs => w.grace_ms / 1000.0)
-        AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
-            AND l.classid = {LIVENESS_LOCK_CLASS} AND l.objid = w.lock_key::oid AND l.objsubid = 2
-            AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())))"""
-# A run is claimable when it is live, due, and nobody holds an unexpired lease of a live worker; a waiting
-# run when a wait fired (wake_at reached) or cancellation was requested.
-CLAIMABLE = f"""(
-    available_at <= now() AND (
-        (status IN ('queued', 'running') AND (lease_expires_at IS NULL OR lease_expires_at <= now()
-            OR {OWNER_DEAD}))
-        OR (status = 'waiting' AND (wake_at <= now() OR cancel_requested_at IS NOT NULL))))"""
-
-
-@dataclass
-class AgentStore:
+class AgentStore(Database):
     """The runtime's PostgreSQL store. Open with :meth:`open`; close with :meth:`close`."""
 
-    pool: AsyncConnectionPool[Conn]
-    faults: StoreFaults = field(default_factory=StoreFaults)
     checkpoint_retention: int = 16
-    timeout: float = 30.0
-    #: How the pool connects; worker liveness opens its own session with the same settings.
-    dsn: str = ""
-    connect_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     async def open(
@@ -235,27 +55,9 @@ class AgentStore:
         statement_timeout_ms: int = 30_000,
     ) -> AgentStore:
         """Open a pool (waiting up to ``timeout`` s for the first connection); apply migrations unless told not."""
-        if not 1 <= min_size <= max_size:
-            raise InvalidInputError("max_size", "need 1 <= min_size <= max_size")
-        options = {
-            # Bounded statements and lock waits: a stuck database surfaces as an error, not a hang.
-            "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={statement_timeout_ms}",
-            "connect_timeout": max(1, int(timeout)),
-        }
-        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            open=False,
-            timeout=timeout,
-            connection_class=AsyncConnection[DictRow],
-            kwargs={"autocommit": True, "row_factory": dict_row, **options},
+        pool, options = await open_pool(
+            dsn, min_size=min_size, max_size=max_size, timeout=timeout, statement_timeout_ms=statement_timeout_ms
         )
-        try:
-            await pool.open(wait=True, timeout=timeout)
-        except PoolTimeout as exc:
-            await pool.close()
-            raise UnavailableError(f"cannot connect to PostgreSQL within {timeout}s: {exc}") from None
         store = cls(pool, timeout=timeout, dsn=dsn, connect_options=options)
         try:
             if migrate:
@@ -266,92 +68,13 @@ class AgentStore:
             raise
         return store
 
-    async def close(self) -> None:
-        await self.pool.close()
-
-    @contextlib.asynccontextmanager
-    async def connection(self, what: str, *, writing: bool = False) -> AsyncIterator[Conn]:
-        try:
-            async with self.pool.connection(timeout=self.timeout) as conn:
-                yield conn
-        except PoolTimeout:
-            raise UnavailableError(f"{what}: no database connection within {self.timeout}s") from None
-        except psycopg.Error as exc:
-            raise translate(exc, what, writing=writing) from exc
-
-    @contextlib.asynccontextmanager
-    async def transaction(self, what: str, *, single_statement: bool = False) -> AsyncIterator[Conn]:
-        """One write transaction; a lost connection surfaces as UncertainOutcomeError (reconcile, then retry).
-
-        ``single_statement``: the body runs exactly one statement, which PostgreSQL executes atomically as its
-        own transaction; skipping BEGIN/COMMIT saves two round trips on the hot path without weakening it.
-        """
-        async with self.connection(what, writing=True) as conn:
-            if single_statement:
-                yield conn
-            else:
-                async with conn.transaction():
-                    yield conn
-        if self.faults.after_commit is not None:
-            self.faults.after_commit(what)
-
-    # --- schema ------------------------------------------------------------------------------------------
-
     async def migrate(self) -> list[int]:
-        """Apply missing migrations, each in one transaction, under an advisory lock. Returns applied versions."""
-        applied: list[int] = []
-        async with self.connection("migrate", writing=True) as conn:
-            # Session-level lock: concurrent starters wait here, then see the versions the first one applied.
-            await conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
-            try:
-                await conn.execute(
-                    "CREATE TABLE IF NOT EXISTS adx_agent_migrations ("
-                    " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                cur = await conn.execute("SELECT version, checksum FROM adx_agent_migrations")
-                done = {int(r["version"]): r["checksum"] for r in await cur.fetchall()}
-                for migration in load_migrations():
-                    if migration.version in done:
-                        continue
-                    async with conn.transaction():
-                        await conn.execute(migration.sql.encode())
-                        await conn.execute(
-                            "INSERT INTO adx_agent_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                            (migration.version, migration.name, migration.checksum),
-                        )
-                    applied.append(migration.version)
-                    log.info(
-                        "applied agent migration", extra={"version": migration.version, "migration": migration.name}
-                    )
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
-        return applied
+        """Apply missing migrations (:func:`adx.agents._migrations.migrate`). Returns applied versions."""
+        return await migrate(self)
 
     async def check_schema(self) -> None:
-        """Verify the real database schema: every known migration applied unchanged, none unknown, tables present."""
-        known = {m.version: m for m in load_migrations()}
-        async with self.connection("check schema") as conn:
-            cur = await conn.execute("SELECT to_regclass('adx_agent_migrations') IS NOT NULL AS present")
-            row = await cur.fetchone()
-            if not row or not row["present"]:
-                raise UnavailableError("agent database schema is not installed (no adx_agent_migrations table)")
-            cur = await conn.execute("SELECT version, checksum FROM adx_agent_migrations ORDER BY version")
-            rows = await cur.fetchall()
-            found = {int(r["version"]): r["checksum"] for r in rows}
-            for version, checksum in found.items():
-                if version not in known:
-                    raise UnavailableError(f"agent database schema has migration {version}, newer than this build")
-                if known[version].checksum != checksum:
-                    raise UnavailableError(f"agent migration {version} was changed after it was applied")
-            missing = sorted(set(known) - set(found))
-            if missing:
-                raise UnavailableError(f"agent database schema lacks migrations {missing}")
-            for table in _REQUIRED_TABLES:
-                cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (table,))
-                row = await cur.fetchone()
-                if not row or not row["present"]:
-                    raise UnavailableError(f"agent database schema lacks table {table}")
+        """Verify the real schema holds exactly this build's migrations (:mod:`adx.agents._migrations`)."""
+        await check_schema(self)
 
     # --- tenants and admission ---------------------------------------------------------------------------
 
@@ -641,7 +364,7 @@ class AgentStore:
         )
         prior = await cur.fetchone()
         cur = await conn.execute(
-            f"SELECT {_USAGE_COLS} FROM adx_agent_usage WHERE tenant_id = %s AND run_id = %s",
+            f"SELECT {USAGE_COLS} FROM adx_agent_usage WHERE tenant_id = %s AND run_id = %s",
             (key.tenant_id, key.run_id),
         )
         usage = await cur.fetchone()
@@ -814,8 +537,8 @@ class AgentStore:
                 " d AS (DELETE FROM adx_agent_checkpoints WHERE tenant_id = %(t)s AND run_id = %(r)s"
                 "   AND seq <= %(seq)s - %(keep)s AND EXISTS (SELECT 1 FROM r)),"
                 " u AS (UPDATE adx_agent_usage SET node_commits = node_commits + 1 WHERE tenant_id = %(t)s"
-                f"   AND run_id = %(r)s AND EXISTS (SELECT 1 FROM r) RETURNING {_USAGE_COLS})"
-                f" SELECT r.revision, r.cancel_requested_at IS NOT NULL AS cancel, {_USAGE_COLS} FROM r, u",
+                f"   AND run_id = %(r)s AND EXISTS (SELECT 1 FROM r) RETURNING {USAGE_COLS})"
+                f" SELECT r.revision, r.cancel_requested_at IS NOT NULL AS cancel, {USAGE_COLS} FROM r, u",
                 {
                     "seq": new_seq,
                     "lease": lease_s,
@@ -842,37 +565,6 @@ class AgentStore:
             for hook in hooks:
                 await hook(conn)
         return NodeCommitResult(int(row["revision"]), bool(row["cancel"]), usage_of(row), next_attempt)
-
-    async def find_event(self, event_id: uuid.UUID) -> EventRecord | None:
-        async with self.connection("find event") as conn:
-            cur = await conn.execute(
-                "SELECT event_id, kind, fence, revision, checkpoint_seq, payload, created_at FROM adx_agent_events"
-                " WHERE event_id = %s",
-                (event_id,),
-            )
-            row = await cur.fetchone()
-        if row is None:
-            return None
-        return EventRecord(
-            row["event_id"],
-            row["kind"],
-            int(row["fence"]),
-            int(row["revision"]),
-            int(row["checkpoint_seq"]),
-            row["payload"],
-            row["created_at"],
-        )
-
-    async def read_usage(self, key: RunKey) -> dict[str, int]:
-        async with self.connection("read usage") as conn:
-            cur = await conn.execute(
-                f"SELECT {_USAGE_COLS} FROM adx_agent_usage WHERE tenant_id = %s AND run_id = %s",
-                (key.tenant_id, key.run_id),
-            )
-            row = await cur.fetchone()
-        if row is None:
-            raise NotFoundError(f"run {key.run_id} does not exist")
-        return usage_of(row)
 
     # --- lifecycle edges ---------------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from adx.agents._store import AgentStore, RunKey
+from adx.agents._rows import RunKey
+from adx.agents._store import AgentStore
 from adx.errors import ConflictError, NotFoundError
 
 __all__ = ["fork_run", "list_runs", "read_history", "retry_run"]

@@ -192,7 +192,7 @@ async def close_agent_store(app: FastAPI) -> None:
 
 
 async def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str:
-    from adx.agents._store import check_tenant
+    from adx.agents._pg import check_tenant
     from adx.gateway import plane
 
     tenant = await plane(request).tenant(credentials)
