@@ -163,6 +163,8 @@ def test_pty_sync_create_input_resize_reconnect_kill(sandbox: Sandbox) -> None:
     sandbox.pty.send_stdin(handle.pid, b"tty; echo $GREETING; pwd; stty size\n")
     _until(lambda: first.saw("hi-there\r\n") and first.saw("24 80\r\n") and first.saw("/tmp\r\n"))
     assert first.saw("/dev/pts/")  # a real pseudo-terminal
+    sandbox.pty.stream_input(handle.pid, [b"echo streamed-", b"$((1+1))\n"])
+    _until(lambda: first.saw("streamed-2\r\n"))
     sandbox.pty.resize(handle.pid, PtySize(rows=30, cols=100))
     sandbox.pty.send_stdin(handle.pid, b"stty size\n")
     _until(lambda: first.saw("30 100\r\n"))
