@@ -254,3 +254,29 @@ def test_watch_bounds_are_clear_errors(sandbox: Sandbox) -> None:
         return ("create", "late.txt") in _seen(events)
 
     _until(late)
+
+
+def test_an_ended_watch_stream_leaves_no_watcher_behind(adx_up: Up) -> None:
+    """More WatchDir streams opened and stopped than a sandbox may hold watchers: each stream's watcher went."""
+
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(**adx_up.opts())
+        try:
+            await sandbox.files.make_dir("/tmp/w")
+            for _ in range(140):
+                handle = await sandbox.files.watch_dir("/tmp/w", on_event=lambda e: None)
+                await handle.stop()
+            deadline = time.monotonic() + 10
+            kept = []
+            while len(kept) < 100:  # the removals run as the server notices each stream's end
+                try:
+                    kept.append(await sandbox.files.watch_dir("/tmp/w", on_event=lambda e: None))
+                except RateLimitException:
+                    assert time.monotonic() < deadline, "watchers of ended streams were not removed"
+                    await asyncio.sleep(0.5)
+            for handle in kept:
+                await handle.stop()
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
