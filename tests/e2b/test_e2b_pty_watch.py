@@ -84,6 +84,26 @@ def test_watch_dir_sync_recursive_events_and_stop(sandbox: Sandbox) -> None:
         handle.get_new_events()  # stopped: the SDK refuses before asking
 
 
+def test_watch_dir_recursive_follows_subdirectories_moved_within_and_out(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("/tmp/w/sub/deeper")
+    handle = sandbox.files.watch_dir("/tmp/w", recursive=True)
+    sandbox.commands.run(
+        "mv /tmp/w/sub /tmp/w/moved && echo a > /tmp/w/moved/deeper/in.txt"
+        " && mv /tmp/w/moved /tmp/gone && echo b > /tmp/gone/deeper/out.txt && echo c > /tmp/w/last.txt"
+    )
+    events: list[FilesystemEvent] = []
+
+    def last() -> bool:
+        events.extend(handle.get_new_events())
+        return ("create", "last.txt") in _seen(events)
+
+    _until(last)
+    seen = _seen(events)
+    assert {("rename", "sub"), ("create", "moved"), ("create", "moved/deeper/in.txt"), ("rename", "moved")} <= seen
+    assert not any("out.txt" in name for _, name in seen), seen  # moved out of the tree: no longer watched
+    handle.stop()
+
+
 def test_watch_dir_not_recursive_sees_only_its_own_entries(sandbox: Sandbox) -> None:
     sandbox.files.make_dir("/tmp/w/sub")
     handle = sandbox.files.watch_dir("/tmp/w")

@@ -159,15 +159,27 @@ class Watchers:
     def remove(self, wid: str) -> None:
         watcher = self._get(wid)
         del self._watchers[wid]
-        for wd in watcher.wds:
-            holders = self._holders.get(wd)
-            if holders is None:
-                continue
-            holders.pop(wid, None)
-            if not holders:
-                del self._holders[wd]
-                self._libc.inotify_rm_watch(self._fd, wd)
+        for wd in list(watcher.wds):
+            self._drop(watcher, wd)
         watcher.changed.set()
+
+    def _drop(self, watcher: _Watcher, wd: int) -> None:
+        """``watcher`` no longer holds ``wd``; the kernel's watch goes with its last holder."""
+        watcher.wds.discard(wd)
+        holders = self._holders.get(wd)
+        if holders is None:
+            return
+        holders.pop(watcher.id, None)
+        if not holders:
+            del self._holders[wd]
+            self._libc.inotify_rm_watch(self._fd, wd)
+
+    def _release(self, watcher: _Watcher, rel: str) -> None:
+        """Stop watching ``rel`` and what is under it for ``watcher`` (the subtree left the watched tree)."""
+        for wd in list(watcher.wds):
+            held = self._holders.get(wd, {}).get(watcher.id)
+            if held is not None and (held == rel or held.startswith(rel + "/")):
+                self._drop(watcher, wd)
 
     def _lose(self, watcher: _Watcher, reason: str) -> None:
         if watcher.lost is None:
@@ -213,6 +225,8 @@ class Watchers:
             if name:  # the *_SELF events of a subdirectory are reported by its parent already
                 watcher.events.append((kind, relative))
                 watcher.changed.set()
+            if watcher.recursive and mask & _IN_ISDIR and mask & _IN_MOVED_FROM:
+                self._release(watcher, relative)  # moved away: a move within the tree re-adds it (MOVED_TO)
             grew = watcher.recursive and mask & _IN_ISDIR and mask & (_IN_CREATE | _IN_MOVED_TO)
             if grew and not self._add_tree(watcher, os.path.join(watcher.root, relative), relative):
                 self._lose(watcher, f"more than {MAX_DIRS} directories would be watched")
