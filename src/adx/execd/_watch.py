@@ -25,9 +25,9 @@ import struct
 from collections import deque
 from typing import Any
 
-from adx.execd._http import HttpError, invalid
+from adx.execd._http import HttpError, Request, Response, invalid
 
-__all__ = ["MAX_DIRS", "MAX_EVENTS", "MAX_WATCHERS", "Watchers"]
+__all__ = ["MAX_DIRS", "MAX_EVENTS", "MAX_WATCHERS", "Watchers", "handle_watchers"]
 
 MAX_WATCHERS = 128
 MAX_DIRS = 8192
@@ -230,3 +230,31 @@ class Watchers:
             grew = watcher.recursive and mask & _IN_ISDIR and mask & (_IN_CREATE | _IN_MOVED_TO)
             if grew and not self._add_tree(watcher, os.path.join(watcher.root, relative), relative):
                 self._lose(watcher, f"more than {MAX_DIRS} directories would be watched")
+
+
+#: The longest one events request waits for a first event (a long-poll; the client polls again after it).
+MAX_WAIT_SECONDS = 30.0
+
+
+async def handle_watchers(watchers: Watchers, req: Request, resp: Response, rest: list[str]) -> None:
+    """``POST /v1/watchers``, ``GET /v1/watchers/{id}/events?wait=s``, ``DELETE /v1/watchers/{id}``."""
+    if not rest and req.method == "POST":
+        body = await req.body.json()
+        unknown = set(body) - {"path", "recursive"}
+        if unknown:
+            raise invalid(sorted(unknown)[0], "unknown field")
+        wid = watchers.create(body.get("path"), body.get("recursive", False))
+        return await resp.send_json(201, {"id": wid})
+    if len(rest) == 1 and req.method == "DELETE":
+        watchers.remove(rest[0])
+        return await resp.send(204)
+    if len(rest) == 2 and rest[1] == "events" and req.method == "GET":
+        try:
+            wait = float(req.query.get("wait", "0"))
+        except ValueError:
+            raise invalid("wait", "must be a number of seconds") from None
+        if not 0 <= wait <= MAX_WAIT_SECONDS:
+            raise invalid("wait", f"must be 0-{MAX_WAIT_SECONDS:.0f} seconds")
+        events = await watchers.take(rest[0], wait)
+        return await resp.send_json(200, {"events": [{"type": k, "name": n} for k, n in events]})
+    raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
