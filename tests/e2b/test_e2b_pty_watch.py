@@ -84,6 +84,26 @@ def test_watch_dir_sync_recursive_events_and_stop(sandbox: Sandbox) -> None:
         handle.get_new_events()  # stopped: the SDK refuses before asking
 
 
+def test_watch_dir_recursive_follows_subdirectories_moved_within_and_out(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("/tmp/w/sub/deeper")
+    handle = sandbox.files.watch_dir("/tmp/w", recursive=True)
+    sandbox.commands.run(
+        "mv /tmp/w/sub /tmp/w/moved && echo a > /tmp/w/moved/deeper/in.txt"
+        " && mv /tmp/w/moved /tmp/gone && echo b > /tmp/gone/deeper/out.txt && echo c > /tmp/w/last.txt"
+    )
+    events: list[FilesystemEvent] = []
+
+    def last() -> bool:
+        events.extend(handle.get_new_events())
+        return ("create", "last.txt") in _seen(events)
+
+    _until(last)
+    seen = _seen(events)
+    assert {("rename", "sub"), ("create", "moved"), ("create", "moved/deeper/in.txt"), ("rename", "moved")} <= seen
+    assert not any("out.txt" in name for _, name in seen), seen  # moved out of the tree: no longer watched
+    handle.stop()
+
+
 def test_watch_dir_not_recursive_sees_only_its_own_entries(sandbox: Sandbox) -> None:
     sandbox.files.make_dir("/tmp/w/sub")
     handle = sandbox.files.watch_dir("/tmp/w")
@@ -163,6 +183,8 @@ def test_pty_sync_create_input_resize_reconnect_kill(sandbox: Sandbox) -> None:
     sandbox.pty.send_stdin(handle.pid, b"tty; echo $GREETING; pwd; stty size\n")
     _until(lambda: first.saw("hi-there\r\n") and first.saw("24 80\r\n") and first.saw("/tmp\r\n"))
     assert first.saw("/dev/pts/")  # a real pseudo-terminal
+    sandbox.pty.stream_input(handle.pid, [b"echo streamed-", b"$((1+1))\n"])
+    _until(lambda: first.saw("streamed-2\r\n"))
     sandbox.pty.resize(handle.pid, PtySize(rows=30, cols=100))
     sandbox.pty.send_stdin(handle.pid, b"stty size\n")
     _until(lambda: first.saw("30 100\r\n"))
@@ -252,3 +274,29 @@ def test_watch_bounds_are_clear_errors(sandbox: Sandbox) -> None:
         return ("create", "late.txt") in _seen(events)
 
     _until(late)
+
+
+def test_an_ended_watch_stream_leaves_no_watcher_behind(adx_up: Up) -> None:
+    """More WatchDir streams opened and stopped than a sandbox may hold watchers: each stream's watcher went."""
+
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(**adx_up.opts())
+        try:
+            await sandbox.files.make_dir("/tmp/w")
+            for _ in range(140):
+                handle = await sandbox.files.watch_dir("/tmp/w", on_event=lambda e: None)
+                await handle.stop()
+            deadline = time.monotonic() + 10
+            kept = []
+            while len(kept) < 100:  # the removals run as the server notices each stream's end
+                try:
+                    kept.append(await sandbox.files.watch_dir("/tmp/w", on_event=lambda e: None))
+                except RateLimitException:
+                    assert time.monotonic() < deadline, "watchers of ended streams were not removed"
+                    await asyncio.sleep(0.5)
+            for handle in kept:
+                await handle.stop()
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())

@@ -40,7 +40,7 @@ from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
 from adx.execd._http import HttpError, Request, Response, invalid, serve_connection
 from adx.execd._procs import Command, ProcessTable, SpawnError, set_window_size
-from adx.execd._watch import Watchers
+from adx.execd._watch import Watchers, handle_watchers
 
 __all__ = ["Execd", "ExecdOptions"]
 
@@ -427,30 +427,12 @@ class Execd:
                 if action == "resize" and req.method == "POST":
                     return await self._resize(req, resp, command)
         elif parts[:2] == ["v1", "watchers"]:
-            return await self._watch_route(req, resp, parts[2:])
+            return await handle_watchers(self.watchers, req, resp, parts[2:])
         elif parts[:2] == ["v1", "files"]:
             action = parts[2] if len(parts) == 3 else "content"
             allowed = {"content": ("GET", "PUT", "DELETE"), "stat": ("GET",), "list": ("GET",), "mkdir": ("POST",)}
             if len(parts) <= 3 and req.method in allowed.get(action, ()):
                 return await handle_files(req, resp, action)
-        raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
-
-    async def _watch_route(self, req: Request, resp: Response, rest: list[str]) -> None:
-        if not rest and req.method == "POST":
-            body = await req.body.json()
-            _strict_fields(body, frozenset({"path", "recursive"}))
-            wid = self.watchers.create(body.get("path"), body.get("recursive", False))
-            return await resp.send_json(201, {"id": wid})
-        if len(rest) == 1 and req.method == "DELETE":
-            self.watchers.remove(rest[0])
-            return await resp.send(204)
-        if len(rest) == 2 and rest[1] == "events" and req.method == "GET":
-            try:
-                wait = min(float(req.query.get("wait", "0")), 30.0)
-            except ValueError:
-                raise invalid("wait", "must be a number of seconds") from None
-            events = await self.watchers.take(rest[0], wait)
-            return await resp.send_json(200, {"events": [{"type": k, "name": n} for k, n in events]})
         raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
 
     async def _health(self, req: Request, resp: Response) -> None:

@@ -25,9 +25,9 @@ import struct
 from collections import deque
 from typing import Any
 
-from adx.execd._http import HttpError, invalid
+from adx.execd._http import HttpError, Request, Response, invalid
 
-__all__ = ["MAX_DIRS", "MAX_EVENTS", "MAX_WATCHERS", "Watchers"]
+__all__ = ["MAX_DIRS", "MAX_EVENTS", "MAX_WATCHERS", "Watchers", "handle_watchers"]
 
 MAX_WATCHERS = 128
 MAX_DIRS = 8192
@@ -159,15 +159,27 @@ class Watchers:
     def remove(self, wid: str) -> None:
         watcher = self._get(wid)
         del self._watchers[wid]
-        for wd in watcher.wds:
-            holders = self._holders.get(wd)
-            if holders is None:
-                continue
-            holders.pop(wid, None)
-            if not holders:
-                del self._holders[wd]
-                self._libc.inotify_rm_watch(self._fd, wd)
+        for wd in list(watcher.wds):
+            self._drop(watcher, wd)
         watcher.changed.set()
+
+    def _drop(self, watcher: _Watcher, wd: int) -> None:
+        """``watcher`` no longer holds ``wd``; the kernel's watch goes with its last holder."""
+        watcher.wds.discard(wd)
+        holders = self._holders.get(wd)
+        if holders is None:
+            return
+        holders.pop(watcher.id, None)
+        if not holders:
+            del self._holders[wd]
+            self._libc.inotify_rm_watch(self._fd, wd)
+
+    def _release(self, watcher: _Watcher, rel: str) -> None:
+        """Stop watching ``rel`` and what is under it for ``watcher`` (the subtree left the watched tree)."""
+        for wd in list(watcher.wds):
+            held = self._holders.get(wd, {}).get(watcher.id)
+            if held is not None and (held == rel or held.startswith(rel + "/")):
+                self._drop(watcher, wd)
 
     def _lose(self, watcher: _Watcher, reason: str) -> None:
         if watcher.lost is None:
@@ -213,6 +225,36 @@ class Watchers:
             if name:  # the *_SELF events of a subdirectory are reported by its parent already
                 watcher.events.append((kind, relative))
                 watcher.changed.set()
+            if watcher.recursive and mask & _IN_ISDIR and mask & _IN_MOVED_FROM:
+                self._release(watcher, relative)  # moved away: a move within the tree re-adds it (MOVED_TO)
             grew = watcher.recursive and mask & _IN_ISDIR and mask & (_IN_CREATE | _IN_MOVED_TO)
             if grew and not self._add_tree(watcher, os.path.join(watcher.root, relative), relative):
                 self._lose(watcher, f"more than {MAX_DIRS} directories would be watched")
+
+
+#: The longest one events request waits for a first event (a long-poll; the client polls again after it).
+MAX_WAIT_SECONDS = 30.0
+
+
+async def handle_watchers(watchers: Watchers, req: Request, resp: Response, rest: list[str]) -> None:
+    """``POST /v1/watchers``, ``GET /v1/watchers/{id}/events?wait=s``, ``DELETE /v1/watchers/{id}``."""
+    if not rest and req.method == "POST":
+        body = await req.body.json()
+        unknown = set(body) - {"path", "recursive"}
+        if unknown:
+            raise invalid(sorted(unknown)[0], "unknown field")
+        wid = watchers.create(body.get("path"), body.get("recursive", False))
+        return await resp.send_json(201, {"id": wid})
+    if len(rest) == 1 and req.method == "DELETE":
+        watchers.remove(rest[0])
+        return await resp.send(204)
+    if len(rest) == 2 and rest[1] == "events" and req.method == "GET":
+        try:
+            wait = float(req.query.get("wait", "0"))
+        except ValueError:
+            raise invalid("wait", "must be a number of seconds") from None
+        if not 0 <= wait <= MAX_WAIT_SECONDS:
+            raise invalid("wait", f"must be 0-{MAX_WAIT_SECONDS:.0f} seconds")
+        events = await watchers.take(rest[0], wait)
+        return await resp.send_json(200, {"events": [{"type": k, "name": n} for k, n in events]})
+    raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
