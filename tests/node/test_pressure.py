@@ -33,14 +33,37 @@ def meminfo(total_kib: int, available_kib: int) -> str:
 
 @pytest.fixture
 async def small_fs(tmp_path: Path) -> AsyncIterator[Path]:
-    """A real 32 MiB tmpfs: filling it moves statvfs exactly as a full disk would."""
+    """A real 256 MiB tmpfs: ``state/`` becomes sandboxd's state directory (``on_state_dir``), ``ballast/`` is
+    where the test writes files that fill it, as other data on the same disk would.
+
+    Requested before ``node_cluster`` so it is torn down after the daemons stop."""
     mount = tmp_path / "fs"
     mount.mkdir()
     await asyncio.to_thread(
-        subprocess.run, ["mount", "-t", "tmpfs", "-o", "size=32m", "adx-pressure", str(mount)], check=True
+        subprocess.run, ["mount", "-t", "tmpfs", "-o", "size=256m", "adx-pressure", str(mount)], check=True
     )
+    (mount / "state").mkdir()
+    (mount / "ballast").mkdir()
     yield mount
+    state = tmp_path / "sandboxd" / "n1"
+    await asyncio.to_thread(subprocess.run, ["umount", "--lazy", str(state)], check=False)
     await asyncio.to_thread(subprocess.run, ["umount", "--lazy", str(mount)], check=False)
+
+
+async def on_state_dir(fs: Path, tmp_path: Path) -> None:
+    """Bind ``fs/state`` where the node_cluster fixture's sandboxd n1 keeps its state (tmp_path/sandboxd/n1)."""
+    state = tmp_path / "sandboxd" / "n1"
+    state.mkdir()
+    await asyncio.to_thread(subprocess.run, ["mount", "--bind", str(fs / "state"), str(state)], check=True)
+
+
+def fill_to(fs: Path, name: str, fraction: float) -> None:
+    """Write real data into ``fs/ballast/name`` until the filesystem is ``fraction`` full (plus 1 MiB)."""
+    st = os.statvfs(fs)
+    used = st.f_blocks - st.f_bfree
+    target = int(fraction * (used + st.f_bavail))
+    if target > used:
+        fill(fs / "ballast", name, (target - used) * st.f_frsize // MiB + 1)
 
 
 def fill(fs: Path, name: str, mib: int) -> None:
@@ -85,21 +108,24 @@ def test_pressure_thresholds_are_typed_and_checked(tmp_path: Path) -> None:
 
 @pytest.mark.req("RES-7", "RES-5")
 async def test_disk_and_memory_pressure_close_and_reopen_admission(  # type: ignore[no-untyped-def]
-    node_cluster, small_fs: Path, tmp_path: Path
+    small_fs: Path, node_cluster, tmp_path: Path
 ) -> None:
+    """Disk pressure on the filesystem holding sandboxd's state directory (no ``disk_path`` configured)."""
+    await on_state_dir(small_fs, tmp_path)
     mem = tmp_path / "meminfo"
     mem.write_text(meminfo(16_000_000, 12_000_000))  # 25% in use
     nc = await node_cluster(
         node_config={
             "pressure": {
-                "disk_path": small_fs,
                 "disk_high": 0.5,
                 "disk_low": 0.3,
                 "memory_high": 0.9,
                 "memory_low": 0.8,
                 "meminfo_path": mem,
             }
-        }
+        },
+        # sandboxd's own free-storage check would refuse its 1 GiB default disk on this small filesystem.
+        sandboxd_config={"defaults": {"disk_bytes": 16 * MiB}},
     )
     api = Api(nc)
     agent = nc.nodes["n1"]
@@ -109,10 +135,12 @@ async def test_disk_and_memory_pressure_close_and_reopen_admission(  # type: ign
         relay = await api.route(running.id)
         await wait_node(nc, lambda n: n.admission_open and n.admission_reason == "")
 
-        # Disk at its high mark (> 50% of 32 MiB): admission closes, with the reason on the NodeRecord.
-        await asyncio.to_thread(fill, small_fs, "a", 12)
-        await asyncio.to_thread(fill, small_fs, "b", 6)
-        assert read_disk_used(small_fs) >= 0.5
+        # Disk at its high mark (sandboxd's state directory's filesystem >= 50% used): admission closes, with
+        # the reason on the NodeRecord.
+        assert agent.reporter.pressure.gate.last.disk_used < 0.3
+        await asyncio.to_thread(fill_to, small_fs, "a", 0.35)
+        await asyncio.to_thread(fill_to, small_fs, "b", 0.5)
+        assert read_disk_used(nc.sandboxds["n1"].state_dir) >= 0.5
         node = await wait_node(nc, lambda n: not n.admission_open)
         assert "disk" in node.admission_reason and ">= high 50%" in node.admission_reason
         with pytest.raises(Exception, match="no node can take") as refused:
@@ -125,13 +153,14 @@ async def test_disk_and_memory_pressure_close_and_reopen_admission(  # type: ign
         assert (await api.get(running.id)).state is EnvironmentState.RUNNING
         assert await run_via_relay(nc, relay, running.id, ["sh", "-c", "echo alive"]) == ("alive\n", 0)
 
-        # Between the marks (12/32 = 37%): still closed (hysteresis).
-        (small_fs / "b").unlink()
+        # Between the marks (~35%): still closed (hysteresis).
+        (small_fs / "ballast" / "b").unlink()
+        assert 0.3 <= read_disk_used(small_fs) < 0.5
         await asyncio.sleep(1.5)  # three report rounds
         node = await node_record(nc)
         assert not node.admission_open and "reopens below" in node.admission_reason
         # Below the low mark: admitted again.
-        (small_fs / "a").unlink()
+        (small_fs / "ballast" / "a").unlink()
         await wait_node(nc, lambda n: n.admission_open and n.admission_reason == "")
         again = await api.create()
         assert again.node == "n1"
