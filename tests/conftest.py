@@ -209,12 +209,17 @@ async def node_cluster(
         shared_checkpoints: bool = False,
         metrics_interval: float = 15.0,
         metrics_listen: bool = False,
+        node_config: dict[str, Any] | None = None,
+        sandboxd_config: dict[str, Any] | None = None,
+        sandboxd_resources: bool = False,
         **coordinator: Any,
     ) -> NodeCluster:
         """``shared_checkpoints``: every node's sandboxd gets the artifact root ``shared`` on one directory (the
         cluster's shared storage, bind-mounted at a different path per node) and its adxlet uses it for
         pauseOptions.storage 'shared'.
-        ``metrics_listen``: each adxlet serves /metrics on a free port (``agent.metrics_port``)."""
+        ``metrics_listen``: each adxlet serves /metrics on a free port (``agent.metrics_port``).
+        ``node_config`` / ``sandboxd_config``: further settings of every adxlet / sandboxd.
+        ``sandboxd_resources``: capacity comes from sandboxd's Resource call instead of a capacity file."""
         cluster, _ = await coordinator_cluster(**coordinator)
         started: dict[str, Any] = {}
         sandboxds: dict[str, Any] = {}
@@ -228,9 +233,9 @@ async def node_cluster(
                 mount.mkdir(exist_ok=True)
                 await asyncio.to_thread(subprocess.run, ["mount", "--bind", str(shared), str(mount)], check=True)
                 mounts.append(mount)
-                daemon = factory(name, checkpoint_dirs={"shared": str(mount)})
+                daemon = factory(name, checkpoint_dirs={"shared": str(mount)}, **(sandboxd_config or {}))
             else:
-                daemon = factory(name)
+                daemon = factory(name, **(sandboxd_config or {}))
             issue(cluster.certs, Identity("node", name))
             cap_file = tmp_path / f"{name}-capacity.json"
             cap_file.write_text(json.dumps(capacity or {"cpuMillis": 8000, "memoryBytes": 16 * 2**30}))
@@ -242,12 +247,16 @@ async def node_cluster(
                 certs_dir=cluster.certs,
                 state_dir=tmp_path / f"{name}-state",
                 report_interval_seconds=report_interval,
-                capacity_file=cap_file,
+                capacity_file=None if sandboxd_resources else cap_file,
+                resource_source={"kind": "sandboxd", "socket": daemon.socket, "valid_for_seconds": capacity_valid_for}
+                if sandboxd_resources
+                else None,
                 capacity_file_valid_for_seconds=capacity_valid_for,
                 runtime={"socket": daemon.socket, "ready_timeout_seconds": 30},
                 checkpoints={"shared_root": "shared"} if shared_checkpoints else {},
                 metrics_interval_seconds=metrics_interval,
                 metrics_listen="127.0.0.1:0" if metrics_listen else "",
+                **(node_config or {}),
             )
             agent = NodeAgent(config)
             await agent.start()

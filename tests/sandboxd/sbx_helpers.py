@@ -8,6 +8,7 @@ directories and the socket dirs — even when the test failed. Nothing outside t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -195,6 +196,8 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return str(value)
+    if isinstance(value, list):
+        return json.dumps(value)  # a JSON array of strings/numbers is a TOML array
     return f'"{value}"'
 
 

@@ -59,6 +59,30 @@ class CheckpointConfig(StrictModel):
         return self
 
 
+class PressureConfig(StrictModel):
+    """RES-7: memory and disk pressure thresholds (fractions in use). Either at its high mark closes admission of
+    new Environments; both below their low marks reopen it; a failed read closes it. Running ones are untouched."""
+
+    enabled: bool = Field(default=True, description="false: pressure never closes admission")
+    memory_high: float = Field(default=0.95, gt=0, le=1, description="memory in use (1 - MemAvailable/MemTotal)")
+    memory_low: float = Field(default=0.90, gt=0, le=1)
+    disk_high: float = Field(default=0.90, gt=0, le=1, description="blocks in use on the sandbox filesystem")
+    disk_low: float = Field(default=0.85, gt=0, le=1)
+    meminfo_path: Path = Field(default=Path("/proc/meminfo"), description="where memory is read (meminfo format)")
+    disk_path: Path | None = Field(
+        default=None,
+        description="a path on the filesystem to measure; unset: sandboxd's state directory (from its health)",
+    )
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> PressureConfig:
+        if self.memory_low > self.memory_high:
+            raise ValueError("memory_low must not exceed memory_high")
+        if self.disk_low > self.disk_high:
+            raise ValueError("disk_low must not exceed disk_high")
+        return self
+
+
 class NodeConfig(StrictModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="node name; must match its certificate")
     listen: str = Field(default="127.0.0.1:7402", description="gRPC for the Coordinator and API server")
@@ -76,6 +100,7 @@ class NodeConfig(StrictModel):
     runtime_ready_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     resource_source: ResourceSource | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    pressure: PressureConfig = Field(default_factory=PressureConfig)
     capacity_file: Path | None = Field(default=None, description="legacy: a JSON capacity file instead of a source")
     capacity_file_valid_for_seconds: float = Field(
         default=30.0, gt=0, le=86_400, description="validity of a file sample"

@@ -20,7 +20,7 @@ def eligibility(
     if node.session_expires_at < now:
         return "node session expired"
     if not node.admission_open:
-        return "node admission closed"
+        return "node admission closed" + (f" ({node.admission_reason})" if node.admission_reason else "")
     if node.capacity_valid_until < now:
         return "node capacity sample expired"
     if needs_checkpoint and not node.checkpoint_capable:

@@ -195,7 +195,7 @@ local session = redis.call('HGET', KEYS[1], 'session')
 if not session then return {-1, 'unknown node'} end
 if session ~= ARGV[1] then return {-4, session} end
 redis.call('HSET', KEYS[1], 'cap_cpu', ARGV[2], 'cap_mem', ARGV[3], 'cap_disk', ARGV[4],
-           'cap_valid_until', ARGV[5], 'admission', ARGV[6])
+           'cap_valid_until', ARGV[5], 'admission', ARGV[6], 'admission_reason', ARGV[7], 'devices', ARGV[8])
 return {1, ''}
 """
 )

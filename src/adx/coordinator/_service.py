@@ -164,6 +164,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 capacity,
                 valid_for=request.valid_for_seconds,
                 admission_open=request.admission_open,
+                admission_reason=request.admission_reason,
+                devices=list(request.devices),
             )
             await self._refresh_node(request.node)
         except AdxError as exc:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -474,7 +474,15 @@ class CoordinatorStore:
         self._check_node_status(name, status, detail)
 
     async def report_capacity(
-        self, name: str, session: str, capacity: Resources, *, valid_for: float, admission_open: bool = True
+        self,
+        name: str,
+        session: str,
+        capacity: Resources,
+        *,
+        valid_for: float,
+        admission_open: bool = True,
+        admission_reason: str = "",
+        devices: Sequence[str] = (),
     ) -> None:
         args: list[ScriptArg] = [
             session,
@@ -483,6 +491,8 @@ class CoordinatorStore:
             capacity.disk_bytes,
             time.time() + valid_for,
             "1" if admission_open else "0",
+            admission_reason,
+            json.dumps(list(devices)),
         ]
         status, detail = await self._script("report capacity", self._report_capacity, [node_key(name)], args)
         self._check_node_status(name, status, detail)
@@ -549,6 +559,8 @@ def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:
         ),
         capacity_valid_until=float(h.get("cap_valid_until", 0)),
         admission_open=h.get("admission") == "1",
+        admission_reason=h.get("admission_reason", ""),
+        devices=json.loads(h.get("devices") or "[]"),
         reserved=Resources(
             cpu_millis=int(h.get("res_cpu", 0)),
             memory_bytes=int(h.get("res_mem", 0)),

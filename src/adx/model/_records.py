@@ -77,6 +77,8 @@ class NodeRecord(ApiModel):
     capacity: Resources = Field(default_factory=Resources)
     capacity_valid_until: float = 0.0  # RES-6: the sample's own validity
     admission_open: bool = False
+    admission_reason: str = ""  # RES-7/RES-6: why the node admits nothing new ("" while it admits)
+    devices: list[str] = Field(default_factory=list)  # RES-2/RES-8: whole-device IDs its resource source lists
     reserved: Resources = Field(default_factory=Resources)
     checkpoint_capable: bool = False
     shared_storage: bool = False

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from pathlib import Path
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -40,10 +41,11 @@ from adx.node._executions import ExecutionFiles
 from adx.node._idle import IdleDetector
 from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
+from adx.node._pressure import PressureMonitor
 from adx.node._recovery import Recovery
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_relay
 from adx.node._reporter import Reporter
-from adx.node._resources import CapacityTracker, read_auto, read_capacity_file
+from adx.node._resources import CapacityTracker, Reading, read_auto, read_capacity_file_devices
 from adx.node._service import NodeService
 from adx.node._watch import EnvironmentWatch
 from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2_grpc
@@ -158,6 +160,7 @@ class NodeAgent(Recovery, RuntimeChecks):
             rpc_timeout=self.config.rpc_timeout_seconds,
             checkpoint_capable=self.driver.capabilities().can_checkpoint,
             shared_storage=self.places.shared_root is not None,
+            pressure=PressureMonitor(self.config.pressure, self._sandbox_disk_path),
         )
         self.sink = CoordinatorSink(
             stub,
@@ -257,19 +260,29 @@ class NodeAgent(Recovery, RuntimeChecks):
         source = self.config.effective_resource_source
         valid_for = source.valid_for_seconds if source is not None else self.config.capacity_file_valid_for_seconds
 
-        async def read() -> Resources:
+        async def read() -> Resources | Reading:
             if isinstance(source, SandboxdResourceSource):
                 try:
                     await self.driver.health()
-                    return await self.driver.resources()
+                    return Reading(*await self.driver.resources_and_devices())
                 except AdxError as exc:
                     raise UnavailableError(f"sandboxd resources: {exc}") from None
             if isinstance(source, AutoResourceSource):
                 return await asyncio.to_thread(read_auto, source.disk_path)
             assert self.config.capacity_file is not None
-            return await asyncio.to_thread(read_capacity_file, self.config.capacity_file)
+            return await asyncio.to_thread(read_capacity_file_devices, self.config.capacity_file)
 
         return CapacityTracker(read, valid_for)
+
+    async def _sandbox_disk_path(self) -> Path:
+        """RES-7: disk pressure is measured on the filesystem holding sandboxd's state directory."""
+        try:
+            path = await self.driver.state_dir()
+        except AdxError as exc:
+            raise UnavailableError(f"sandboxd's state directory: {exc}") from None
+        if path is None:
+            raise UnavailableError("sandboxd's health names no state directory; set pressure.disk_path")
+        return path
 
     # -- routine checks -------------------------------------------------------------------------
     def _controller(self, record: EnvironmentRecord, execution: Execution | None = None) -> Controller:
@@ -435,7 +448,9 @@ class NodeAgent(Recovery, RuntimeChecks):
         if not self.reporter.admission_open:
             # Temporary (Coordinator unreachable, capacity sample expired, a session re-take in progress): the
             # caller retries or leaves it Pending for this node's routine check; never a failed create.
-            raise UnavailableError(f"node {self.name} is not admitting new Environments now; retry shortly")
+            raise UnavailableError(
+                f"node {self.name} is not admitting new Environments now ({self.reporter.closed_reason}); retry shortly"
+            )
         if record.id in self._orphan_envs():
             raise UnavailableError(f"environment {record.id}: an earlier execution's cleanup is not confirmed yet")
         controller = self._controller(record)

@@ -18,6 +18,7 @@ import grpc
 from adx._grpc_errors import from_rpc_error
 from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import new_id
+from adx.node._pressure import PressureMonitor
 from adx.node._resources import CapacityTracker
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
@@ -52,6 +53,7 @@ class Reporter:
         rpc_timeout: float,
         checkpoint_capable: bool = False,
         shared_storage: bool = False,
+        pressure: PressureMonitor | None = None,
     ) -> None:
         self.stub = stub
         self.node = node
@@ -62,6 +64,7 @@ class Reporter:
         self.rpc_timeout = rpc_timeout
         self.checkpoint_capable = checkpoint_capable
         self.shared_storage = shared_storage
+        self.pressure = pressure
         self.state = ReportState()
 
     @property
@@ -73,6 +76,17 @@ class Reporter:
             and not self.state.retake_pending
             and self.tracker.admission_open()
         )
+
+    @property
+    def closed_reason(self) -> str:
+        """Why the node admits nothing new now ("" while it admits): visible in errors, the NodeRecord, metrics."""
+        if not self.state.registered:
+            return "not registered with the Coordinator"
+        if not self.state.coordinator_reachable:
+            return "the Coordinator is unreachable"
+        if self.state.retake_pending:
+            return "a session re-take is in progress"
+        return self.tracker.closed_reason()
 
     def retaken(self) -> None:
         """The node finished its barrier after a new handshake (NOD-6): admission may open again."""
@@ -109,6 +123,10 @@ class Reporter:
     async def report_once(self) -> None:
         """Heartbeat, then a capacity sample (only once a valid sample exists: RES-6)."""
         now = time.time()
+        if self.pressure is not None:
+            # RES-7: pressure closes and reopens admission; running Environments are never touched by it.
+            gate = await self.pressure.check()
+            self.tracker.pressure_closed, self.tracker.pressure_reason = gate.closed, gate.reason
         sample = await self.tracker.refresh(now)
         try:
             if not self.state.registered:
@@ -130,6 +148,8 @@ class Reporter:
                             capacity_json=sample.capacity.model_dump_json(by_alias=True),
                             valid_for_seconds=max(sample.valid_until - time.time(), 0.0),
                             admission_open=self.tracker.admission_open(),
+                            admission_reason=self.tracker.closed_reason(),
+                            devices=list(sample.devices),
                         ),
                         timeout=self.rpc_timeout,
                     ),

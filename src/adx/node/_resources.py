@@ -101,15 +101,34 @@ def read_auto(disk_path: Path) -> Resources:
     )
 
 
+@dataclass(frozen=True)
+class Reading:
+    """A capacity sample with the whole-device IDs the source lists (RES-2/RES-8); never invented (RES-3)."""
+
+    capacity: Resources
+    devices: tuple[str, ...] = ()
+
+
 def read_capacity_file(path: Path) -> Resources:
     """A JSON object ``{"cpuMillis": .., "memoryBytes": .., "diskBytes": ..}`` maintained by an operator."""
+    return read_capacity_file_devices(path).capacity
+
+
+def read_capacity_file_devices(path: Path) -> Reading:
+    """The capacity file, which may also list whole-device IDs: ``"devices": ["gpu0", ...]`` (RES-8)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise UnavailableError(f"capacity file {path} not found") from None
     except (OSError, ValueError) as exc:
         raise UnavailableError(f"capacity file {path} is unreadable: {exc}") from None
-    return parse_wire(Resources, data, "capacity")
+    devices: tuple[str, ...] = ()
+    if isinstance(data, dict) and "devices" in data:
+        listed = data.pop("devices")
+        if not isinstance(listed, list) or not all(isinstance(item, str) and item for item in listed):
+            raise UnavailableError(f"capacity file {path}: devices must be a list of non-empty device ID strings")
+        devices = tuple(dict.fromkeys(listed))
+    return Reading(parse_wire(Resources, data, "capacity"), devices)
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,7 @@ class Sample:
     capacity: Resources
     taken_at: float
     valid_until: float
+    devices: tuple[str, ...] = ()
 
 
 class CapacityTracker:
@@ -128,22 +148,24 @@ class CapacityTracker:
       restriction. A fresh zero sample is fresh and open, but satisfies no positive request.
     """
 
-    def __init__(self, read: Callable[[], Awaitable[Resources]], valid_for: float) -> None:
+    def __init__(self, read: Callable[[], Awaitable[Resources | Reading]], valid_for: float) -> None:
         self._read = read
         self.valid_for = valid_for
         self.sample: Sample | None = None
         self.last_error: str | None = None
         self.pressure_closed = False
+        self.pressure_reason = ""  # RES-7: why pressure holds admission closed ("" while it does not)
 
     async def refresh(self, now: float | None = None) -> Sample | None:
         now = time.time() if now is None else now
         try:
-            capacity = await self._read()
+            read = await self._read()
         except UnavailableError as exc:
             self.last_error = str(exc)
             return self.sample
+        reading = read if isinstance(read, Reading) else Reading(read)
         self.last_error = None
-        self.sample = Sample(capacity, now, now + self.valid_for)
+        self.sample = Sample(reading.capacity, now, now + self.valid_for, reading.devices)
         return self.sample
 
     def fresh(self, now: float | None = None) -> bool:
@@ -152,3 +174,11 @@ class CapacityTracker:
 
     def admission_open(self, now: float | None = None) -> bool:
         return self.fresh(now) and not self.pressure_closed
+
+    def closed_reason(self, now: float | None = None) -> str:
+        """Why admission is closed by resources ("" when open): no/expired sample (RES-6) or pressure (RES-7)."""
+        if self.sample is None:
+            return "no valid capacity sample yet" + (f" ({self.last_error})" if self.last_error else "")
+        if not self.fresh(now):
+            return "capacity sample expired" + (f" ({self.last_error})" if self.last_error else "")
+        return self.pressure_reason if self.pressure_closed else ""

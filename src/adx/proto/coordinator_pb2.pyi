@@ -133,12 +133,20 @@ class ReportCapacityRequest(_message.Message):
     CAPACITY_JSON_FIELD_NUMBER: _builtins.int
     VALID_FOR_SECONDS_FIELD_NUMBER: _builtins.int
     ADMISSION_OPEN_FIELD_NUMBER: _builtins.int
+    ADMISSION_REASON_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     session: _builtins.str
     capacity_json: _builtins.str
     """adx.model.Resources"""
     valid_for_seconds: _builtins.float
     admission_open: _builtins.bool
+    admission_reason: _builtins.str
+    """RES-7: why admission is closed ("" while open)"""
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """RES-2/RES-8: whole-device IDs the node's resource source lists"""
+
     def __init__(
         self,
         *,
@@ -147,10 +155,12 @@ class ReportCapacityRequest(_message.Message):
         capacity_json: _builtins.str = ...,
         valid_for_seconds: _builtins.float = ...,
         admission_open: _builtins.bool = ...,
+        admission_reason: _builtins.str = ...,
+        devices: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "capacity_json", b"capacity_json", "node", b"node", "session", b"session", "valid_for_seconds", b"valid_for_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "admission_reason", b"admission_reason", "capacity_json", b"capacity_json", "devices", b"devices", "node", b"node", "session", b"session", "valid_for_seconds", b"valid_for_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -278,10 +278,20 @@ class SandboxdDriver:
         return subscription
 
     async def resources(self) -> Resources:
+        return (await self.resources_and_devices())[0]
+
+    async def resources_and_devices(self) -> tuple[Resources, tuple[str, ...]]:
+        """RES-2: one Resource call: CPU cores (as millicores), memory, free storage and whole-device IDs."""
         info = await self.client.resource()
-        return Resources(
+        capacity = Resources(
             cpu_millis=info.cpu_cores * 1000, memory_bytes=info.memory_bytes, disk_bytes=info.storage_free_bytes
         )
+        return capacity, tuple(info.device_ids)
+
+    async def state_dir(self) -> Path | None:
+        """sandboxd's state directory (its health names it): where sandbox data lives, for disk pressure."""
+        health = await self.client.health()
+        return Path(health.state_dir) if health.state_dir else None
 
 
 def _namespace_init_pid(cgroup_dir: Path) -> int | None:

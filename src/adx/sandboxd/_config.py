@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 # Import through adx.config (or adx.sandboxd) rather than this module first: adx.config registers this
 # model, so it must be initialised before us.
 from adx.config._base import LoggingConfig, StrictModel
+from adx.sandboxd._devices import DEVICE_ID
 
 __all__ = ["CapacityConfig", "DefaultsConfig", "SandboxdConfig"]
 
@@ -87,7 +88,21 @@ class SandboxdConfig(StrictModel):
     max_wait_seconds: float = Field(default=3600.0, gt=0, le=86400)
     maintenance_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
     resource_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
+    devices: list[str] = Field(
+        default_factory=list, description="whole-device IDs this host offers (RES-2), e.g. 'gpu0'; never probed"
+    )
+    devices_file: Path | None = Field(
+        default=None, description="a JSON list of further device IDs, re-read on every resource refresh (RES-8)"
+    )
     logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("devices")
+    @classmethod
+    def _device_ids(cls, value: list[str]) -> list[str]:
+        for i, item in enumerate(value):
+            if not DEVICE_ID.match(item):
+                raise ValueError(f"devices[{i}]: {item!r} must match {DEVICE_ID.pattern}")
+        return value
 
     @field_validator("checkpoint_dirs")
     @classmethod

@@ -331,6 +331,7 @@ class ResourceInfo(_Model):
     storage_bytes: int
     storage_free_bytes: int
     devices: list[DeviceInfo]
+    device_ids: list[str] = Field(default_factory=list, description="whole-device IDs offered (RES-2)")
     capacity: Resources
     reserved: Resources
     sandboxes: int
@@ -348,6 +349,8 @@ class Health(_Model):
     resource_observed_at: float
     resource_age_seconds: float
     resource_fresh: bool
+    resource_error: str | None = Field(default=None, description="why the last resource refresh failed (RES-8)")
+    state_dir: str | None = Field(default=None, description="sandboxd's state directory (node disk pressure)")
     deferred_errors: list[str]
     runtime_control_socket: str | None = Field(
         default=None, description="the node-level runtime-control subscription socket (CTL-2)"

@@ -39,6 +39,7 @@ from adx.execd._launch import init_argv, install_runtime
 from adx.sandboxd import _checkpoint as ckpt
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._config import SandboxdConfig
+from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image
 from adx.sandboxd._models import (
@@ -190,6 +191,7 @@ class SandboxService:
         self._image_root = Path()
         self._next_net = 0
         self._resource: ResourceInfo | None = None
+        self._resource_error: str | None = None
         self.hub: ControlHub | None = None
         self._spares: list[tuple[Path, int]] = []  # spare sandbox dirs, each with its lifecycle lock held
         self._refilling: asyncio.Task[None] | None = None
@@ -265,7 +267,9 @@ class SandboxService:
                     self._reconcile_sync(rec.sandbox_id)
                 except AdxError as exc:
                     self._defer(f"reconciling {rec.sandbox_id} failed: {exc}")
-        self._refresh_resource()
+        # A failing first refresh leaves the daemon up but not resource-fresh; health names the error (RES-8).
+        with contextlib.suppress(UnavailableError):
+            self._refresh_resource()
 
     def _thaw_unacknowledged(self, rec: SandboxRecord) -> None:
         """Startup, for a record persisted ``creating`` (started) or ``running``: thaw a frozen cgroup.
@@ -1204,23 +1208,36 @@ class SandboxService:
         return await asyncio.to_thread(read)
 
     def _refresh_resource(self) -> ResourceInfo:
+        """A new resource sample; a failure keeps the last one (it ages out of ``resource_fresh``) and is
+        reported by health (RES-8) and to the caller."""
+        try:
+            info = self._read_resource()
+        except (OSError, AdxError) as exc:
+            self._resource_error = str(exc)
+            log.warning("resource refresh failed: %s", exc)
+            raise UnavailableError(f"resource refresh failed: {exc}") from None
+        self._resource_error = None
+        self._resource = info
+        return info
+
+    def _read_resource(self) -> ResourceInfo:
         st = os.statvfs(self.config.state_dir)
         devices = []
         for path in [self.config.state_dir, *self.config.artifact_roots().values()]:
             with contextlib.suppress(OSError):
                 devices.append(DeviceInfo(path=str(path), dev=_whole_device(os.stat(path).st_dev)))
-        self._resource = ResourceInfo(
+        return ResourceInfo(
             cpu_cores=len(os.sched_getaffinity(0)),
             memory_bytes=_meminfo_total(),
             storage_bytes=st.f_blocks * st.f_frsize,
             storage_free_bytes=st.f_bavail * st.f_frsize,
             devices=devices,
+            device_ids=device_inventory(self.config.devices, self.config.devices_file),
             capacity=self.capacity,
             reserved=self._reserved(),
             sandboxes=len(self.records),
             observed_at=time.time(),
         )
-        return self._resource
 
     async def resource(self) -> ResourceInfo:
         info = await asyncio.to_thread(self._refresh_resource)
@@ -1244,6 +1261,8 @@ class SandboxService:
             resource_observed_at=observed,
             resource_age_seconds=age,
             resource_fresh=fresh,
+            resource_error=self._resource_error,
+            state_dir=str(self.config.state_dir),
             deferred_errors=list(self.deferred_errors),
             runtime_control_socket=str(self.config.runtime_control_socket),
             artifact_roots={name: str(path) for name, path in self.config.artifact_roots().items()},
@@ -1439,4 +1458,6 @@ class SandboxService:
                         await asyncio.to_thread(self._try_reclaim, sandbox_id)
             if time.monotonic() - last_resource >= self.config.resource_refresh_seconds:
                 last_resource = time.monotonic()
-                await asyncio.to_thread(self._refresh_resource)
+                # A failed refresh must not end maintenance: health reports it and freshness runs out.
+                with contextlib.suppress(UnavailableError):
+                    await asyncio.to_thread(self._refresh_resource)
