@@ -17,7 +17,7 @@ from adx.errors import AdxError
 
 
 async def _run(config: NodeConfig) -> None:
-    from adx.node._agent import NodeAgent
+    from adx.node import NodeAgent
 
     agent = NodeAgent(config)
     loop = asyncio.get_running_loop()
