@@ -72,6 +72,7 @@ from adx.sandboxd._models import (
 from adx.sandboxd._registry import RECORD_TEMP, LoadedRegistry, Registry, Tombstone
 from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
+from adx.sandboxd._storage import StoragePool, pool_paths
 from adx.sandboxd._supervisor import (
     CONTROL_DIR_INSIDE,
     EXECD_ADMIN_SOCKET_FD,
@@ -188,6 +189,7 @@ class SandboxService:
         self._alloc_lock: asyncio.Lock | None = None
         self._image: dict[str, Any] = {}
         self._image_root = Path()
+        self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
         self._next_net = 0
         self._resource: ResourceInfo | None = None
         self.hub: ControlHub | None = None
@@ -342,6 +344,10 @@ class SandboxService:
         image = ensure_default_image(self.config.images_root)
         self._image = load_image(image)
         self._image_root = image / "root"
+        if self.config.disk_quota == "btrfs":
+            image_file, mount = pool_paths(self.config.state_dir)
+            self._pool = StoragePool(image_file, mount, self.config.storage_image_bytes)
+            self._pool.ensure()  # adopts the mount an earlier run left
         for root in self.config.artifact_roots().values():
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
             # No capture of this daemon is in flight before it serves: its staging dirs are a crash's leftovers.
@@ -713,6 +719,8 @@ class SandboxService:
             if cg.exists() and not cg.is_empty():
                 raise UnavailableError(f"sandbox {sandbox_id}: tombstoned cgroup has processes")
             cg.remove()
+            if self._pool is not None:
+                self._pool.delete(sandbox_id)
             self.registry.reclaim(sandbox_id)
         except (OSError, AdxError) as exc:
             msg = f"reclaim of {sandbox_id} failed (reservation kept, retried): {exc}"
@@ -937,6 +945,12 @@ class SandboxService:
             os.close(lock_fd)
         self.registry.sync_created(rec.sandbox_id)
 
+    def _upper(self, sandbox_id: str) -> Path:
+        """The sandbox's overlay upper layer: its quota'd subvolume, or a dir of its sandbox dir."""
+        if self._pool is not None:
+            return self._pool.upper(sandbox_id)
+        return self.registry.sandbox_dir(sandbox_id) / "upper"
+
     def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
         env = {"PATH": _SANDBOX_PATH, "HOME": "/root"}
@@ -960,6 +974,8 @@ class SandboxService:
             "resources": rec.resources.model_dump(),
             "run_dir": str(sdir / "run"),
             "ro_binds": ro_binds,
+            "upper_dir": str(self._upper(rec.sandbox_id)),
+            "work_dir": str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
             "veth": self._veth(rec),
             "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
             "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
@@ -1006,12 +1022,19 @@ class SandboxService:
                 await self._register_control(rec.sandbox_id)
             except OSError as exc:
                 error = UnavailableError(f"runtime control socket of {rec.sandbox_id}: {exc}")
-        if restore is not None:
+        if self._pool is not None and error is None:
+            try:
+                await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
+            except AdxError as exc:
+                error = exc
+            except OSError as exc:
+                error = UnavailableError(f"writable layer of {rec.sandbox_id}: {exc}")
+        if restore is not None and error is None:
             sdir = self.registry.sandbox_dir(rec.sandbox_id)
             artifact, manifest = restore
 
             def extract() -> None:
-                ckpt.verify_and_extract(artifact, manifest, sdir / ".layer", sdir / "upper")
+                ckpt.verify_and_extract(artifact, manifest, sdir / ".layer", self._upper(rec.sandbox_id))
                 _fault("restore.after_extract", delay=0.3)  # the delay: the overlapping commit lands first
 
             try:
@@ -1197,7 +1220,7 @@ class SandboxService:
                 memory_cache_bytes=s.memory_cache_bytes,
                 pids=s.pids,
                 oom_kills=s.oom_kills,
-                disk_bytes=_tree_bytes(self.registry.sandbox_dir(rec.sandbox_id) / "upper"),
+                disk_bytes=_tree_bytes(self._upper(rec.sandbox_id)),
                 observed_at=time.time(),
             )
 
@@ -1314,7 +1337,6 @@ class SandboxService:
                     "metadata": rec.metadata,
                 },
             }
-            sdir = self.registry.sandbox_dir(rec.sandbox_id)
 
             def run() -> tuple[str, str, int]:
                 cg = self._cgroup(rec.sandbox_id)
@@ -1323,7 +1345,7 @@ class SandboxService:
                     cg.freeze()  # a consistent upper layer: nothing writes while tar reads
                     _fault("checkpoint.after_freeze")
                 try:
-                    return ckpt.capture_layer(sdir / "upper", artifact, body, self.owner)
+                    return ckpt.capture_layer(self._upper(rec.sandbox_id), artifact, body, self.owner)
                 finally:
                     if live and not req.leave_running:
                         cg.kill()
