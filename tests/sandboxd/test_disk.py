@@ -1,3 +1,4 @@
+# ruff: noqa: ASYNC240 - the tests inspect host files between awaits; a blocking stat in a test is harmless
 """Enforced disk (issue 13): with ``disk_quota = "btrfs"`` a sandbox's writable layer is a btrfs subvolume of a
 loop-mounted image sandboxd owns, limited to the sandbox's ``disk`` request by a qgroup.
 
@@ -8,6 +9,7 @@ what really happens. Every test unmounts the pool it made (the mount outlives sa
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import time
@@ -124,6 +126,7 @@ async def _pause(c: SandboxdClient, ref: SandboxRef) -> tuple[str, str]:
 async def test_quota_layer_survives_three_pause_cycles_and_a_restart(quota_sandboxd: DaemonFactory) -> None:
     d = quota_sandboxd(**QUOTA)
     limit = ResourcesSpec(disk_bytes=64 * MiB)
+    snapshots: list[tuple[str, str, str]] = []
     async with d.client() as c:
         ref = ref_of(await c.create(CreateRequest(request_id="c1", argv=_cycle(1), resources=limit)))
         wait_until(lambda: (_upper(d, ref.sandbox_id) / "work/ready-1").exists())
@@ -133,6 +136,11 @@ async def test_quota_layer_survives_three_pause_cycles_and_a_restart(quota_sandb
             d.start()
         async with d.client() as c:
             location, digest = await _pause(c, ref)
+            # The local checkpoint is a read-only snapshot in the pool (metadata), not a tar of the layer.
+            manifest = json.loads((Path(location) / "manifest.json").read_text())
+            assert manifest["layer"]["compression"] == "btrfs-snapshot"
+            assert sorted(p.name for p in Path(location).iterdir()) == ["manifest.json"]
+            snapshots.append((location, digest, manifest["layer"]["snapshot"]))
             prev = ref.sandbox_id
             wait_until(lambda prev=prev: not _upper(d, prev).exists())  # type: ignore[misc]
             ref = ref_of(
@@ -143,6 +151,19 @@ async def test_quota_layer_survives_three_pause_cycles_and_a_restart(quota_sandb
             sid = ref.sandbox_id
             wait_until(lambda sid=sid, cycle=cycle: (_upper(d, sid) / f"work/ready-{cycle}").exists())  # type: ignore[misc]
             assert (_upper(d, sid) / f"work/seen-{cycle}.txt").read_text() == _expected(cycle)
+    # Deleting a checkpoint deletes its snapshot.
+    ckpt_dir = pool_paths(d.state_dir)[1] / "ckpt"
+    async with d.client() as c:
+        location, digest, name = snapshots[0]
+        assert (ckpt_dir / name).exists()
+        await c.delete_checkpoint(location, digest)
+        assert not (ckpt_dir / name).exists() and not Path(location).exists()
+    # A snapshot no artifact names (a crash between snapshot and manifest) is swept at the next start.
+    location, digest, name = snapshots[1]
+    d.kill()
+    shutil.rmtree(location)
+    d.start()
+    assert not (ckpt_dir / name).exists() and (ckpt_dir / snapshots[2][2]).exists()
     # The pool image lies beside the state dir, never inside it (nothing that walks the state dir reads it).
     image, mount = pool_paths(d.state_dir)
     assert image.exists() and not image.is_relative_to(d.state_dir) and not mount.is_relative_to(d.state_dir)

@@ -348,6 +348,14 @@ class SandboxService:
             image_file, mount = pool_paths(self.config.state_dir)
             self._pool = StoragePool(image_file, mount, self.config.storage_image_bytes)
             self._pool.ensure()  # adopts the mount an earlier run left
+            local = self.config.artifact_roots()["local"]
+            referenced = {
+                snap[0]
+                for _, _, manifest in ckpt.list_artifacts(local, self.owner)
+                if (snap := ckpt.snapshot_of(manifest)) is not None
+            }
+            for name in self._pool.sweep_snapshots(referenced):
+                log.warning("removed an unreferenced checkpoint snapshot", extra={"snapshot": name})
         for root in self.config.artifact_roots().values():
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
             # No capture of this daemon is in flight before it serves: its staging dirs are a crash's leftovers.
@@ -1022,9 +1030,17 @@ class SandboxService:
                 await self._register_control(rec.sandbox_id)
             except OSError as exc:
                 error = UnavailableError(f"runtime control socket of {rec.sandbox_id}: {exc}")
+        snapshot = ckpt.snapshot_of(restore[1]) if restore is not None else None
+        if snapshot is not None and self._pool is None:
+            error = UnavailableError("the checkpoint is a btrfs snapshot and this sandboxd has no disk_quota pool")
         if self._pool is not None and error is None:
             try:
-                await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
+                if snapshot is not None:
+                    # A writable snapshot of the checkpoint: metadata, however many bytes the layer holds.
+                    await asyncio.to_thread(self._pool.restore, *snapshot, rec.sandbox_id, rec.resources.disk_bytes)
+                    restore = None
+                else:
+                    await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
             except AdxError as exc:
                 error = exc
             except OSError as exc:
@@ -1345,6 +1361,15 @@ class SandboxService:
                     cg.freeze()  # a consistent upper layer: nothing writes while tar reads
                     _fault("checkpoint.after_freeze")
                 try:
+                    if self._pool is not None and req.storage == "local":
+                        # The local root and the pool are this daemon's: a read-only snapshot is the layer.
+                        uuid = self._pool.snapshot(rec.sandbox_id, checkpoint_id)
+                        try:
+                            size = _tree_bytes(self._upper(rec.sandbox_id))
+                            return ckpt.write_snapshot_artifact(artifact, body, self.owner, checkpoint_id, uuid, size)
+                        except BaseException:
+                            self._pool.delete_snapshot(checkpoint_id)
+                            raise
                     return ckpt.capture_layer(self._upper(rec.sandbox_id), artifact, body, self.owner)
                 finally:
                     if live and not req.leave_running:
@@ -1376,10 +1401,13 @@ class SandboxService:
         def remove() -> None:
             if not artifact.exists():
                 return
-            ckpt.read_manifest(artifact, ref.digest)
-            # Rename first so a crash midway never leaves a half-deleted artifact that still looks whole.
+            snapshot = ckpt.snapshot_of(ckpt.read_manifest(artifact, ref.digest))
+            # Rename first so a crash midway never leaves a half-deleted artifact that still looks whole; a
+            # snapshot a crash leaves unreferenced is swept at the next start.
             doomed = ckpt.deleting_dir(artifact)
             os.rename(artifact, doomed)
+            if snapshot is not None and self._pool is not None:
+                self._pool.delete_snapshot(snapshot[0])
             shutil.rmtree(doomed)
 
         await asyncio.to_thread(remove)

@@ -22,11 +22,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from adx.errors import InvalidInputError, UnavailableError
+from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
 __all__ = ["StoragePool", "pool_paths"]
 
 _SBX = "sbx"
+_CKPT = "ckpt"
 
 
 def pool_paths(state_dir: Path) -> tuple[Path, Path]:
@@ -111,3 +112,62 @@ class StoragePool:
             _run(["btrfs", "subvolume", "delete", str(sub)])
         except UnavailableError:
             shutil.rmtree(sub)  # not a subvolume (a half-made create): a plain directory
+
+    # == local checkpoints as read-only snapshots =============================================================
+    # A pause of a large layer costs metadata, not a copy: the checkpoint is a read-only snapshot of the
+    # sandbox's subvolume under ``ckpt/<checkpoint_id>``; a restore is a writable snapshot of that.
+
+    def snapshot_path(self, name: str) -> Path:
+        return self.mount / _CKPT / name
+
+    def snapshot(self, sandbox_id: str, name: str) -> str:
+        """Read-only snapshot of the sandbox's layer; returns its btrfs UUID (recorded in the manifest)."""
+        (self.mount / _CKPT).mkdir(mode=0o700, exist_ok=True)
+        target = self.snapshot_path(name)
+        _run(["btrfs", "subvolume", "snapshot", "-r", str(self.subvolume(sandbox_id)), str(target)])
+        try:
+            return self.uuid(target)
+        except BaseException:
+            self.delete_snapshot(name)
+            raise
+
+    def uuid(self, path: Path) -> str:
+        for line in _run(["btrfs", "subvolume", "show", str(path)]).splitlines():
+            key, _, value = line.strip().partition(":")
+            if key == "UUID":
+                return value.strip()
+        raise UnavailableError(f"btrfs reports no UUID for {path}")
+
+    def restore(self, name: str, uuid: str, sandbox_id: str, limit_bytes: int) -> None:
+        """The sandbox's layer as a writable snapshot of checkpoint ``name``, which must still be ``uuid``."""
+        if limit_bytes <= 0:
+            raise InvalidInputError("resources.disk_bytes", "must be positive when disk quotas are on")
+        source = self.snapshot_path(name)
+        if not source.exists():
+            raise UnavailableError(f"checkpoint snapshot {name} is missing from the storage pool")
+        if self.uuid(source) != uuid:
+            raise ConflictError(f"checkpoint snapshot {name} is not the one its manifest names; refused")
+        sub = self.subvolume(sandbox_id)
+        if sub.exists():
+            self.delete(sandbox_id)
+        _run(["btrfs", "subvolume", "snapshot", str(source), str(sub)])
+        try:
+            _run(["btrfs", "qgroup", "limit", str(limit_bytes), str(sub)])
+        except BaseException:
+            self.delete(sandbox_id)
+            raise
+
+    def delete_snapshot(self, name: str) -> None:
+        if self.snapshot_path(name).exists():
+            _run(["btrfs", "subvolume", "delete", str(self.snapshot_path(name))])
+
+    def sweep_snapshots(self, referenced: set[str]) -> list[str]:
+        """Delete the snapshots no whole artifact names (a capture or delete a crash interrupted)."""
+        root = self.mount / _CKPT
+        removed: list[str] = []
+        if root.is_dir():
+            for entry in sorted(root.iterdir()):
+                if entry.name not in referenced:
+                    self.delete_snapshot(entry.name)
+                    removed.append(entry.name)
+        return removed
