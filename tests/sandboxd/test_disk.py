@@ -69,7 +69,7 @@ def _field(report: str, name: str) -> int:
     return int(next(line for line in report.splitlines() if line.startswith(f"{name}="))[len(name) + 1 :])
 
 
-@pytest.mark.req("SBX-12")
+@pytest.mark.req("SEC-3", "SBX-12")
 async def test_write_past_disk_fails_and_neighbour_is_unaffected(quota_sandboxd: DaemonFactory) -> None:
     d = quota_sandboxd(**QUOTA)
     async with d.client() as c:
