@@ -167,3 +167,31 @@ async def test_quota_layer_survives_three_pause_cycles_and_a_restart(quota_sandb
     # The pool image lies beside the state dir, never inside it (nothing that walks the state dir reads it).
     image, mount = pool_paths(d.state_dir)
     assert image.exists() and not image.is_relative_to(d.state_dir) and not mount.is_relative_to(d.state_dir)
+
+
+@pytest.mark.req("SBX-5")
+async def test_shared_root_checkpoint_is_a_tar_restored_into_a_limited_layer(
+    quota_sandboxd: DaemonFactory, tmp_path: Path
+) -> None:
+    """A checkpoint into a shared root must be restorable anywhere: a tar of the layer, never a pool snapshot;
+    its restore extracts into a fresh subvolume that carries the new sandbox's limit."""
+    shared = tmp_path / "shared"
+    d = quota_sandboxd(checkpoint_dirs={"shared": str(shared)}, **QUOTA)
+    async with d.client() as c:
+        argv = ["/bin/sh", "-c", "echo kept > /tmp/k.txt && touch /work/ready; sleep 1000"]
+        ref = ref_of(
+            await c.create(CreateRequest(request_id="c", argv=argv, resources=ResourcesSpec(disk_bytes=32 * MiB)))
+        )
+        wait_until(lambda: (_upper(d, ref.sandbox_id) / "work/ready").exists())
+        await c.pause(ref)
+        ck = await c.checkpoint(ref, storage="shared", leave_running=True)
+        await c.delete(ref)
+        manifest = json.loads((Path(ck.location) / "manifest.json").read_text())
+        assert manifest["layer"]["compression"] in ("zstd", "gzip")
+        restored = ref_of(
+            await c.restore(RestoreRequest(request_id="r", location=ck.location, digest=ck.digest, argv=_writer(48)))
+        )
+        wait_until(lambda: (_upper(d, restored.sandbox_id) / "work/report").exists(), timeout=30)
+        assert (_upper(d, restored.sandbox_id) / "tmp/k.txt").read_text() == "kept\n"
+        report = (_upper(d, restored.sandbox_id) / "work/report").read_text()
+        assert "Disk quota exceeded" in report and _field(report, "size") <= 32 * MiB, report
