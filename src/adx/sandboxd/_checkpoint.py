@@ -45,6 +45,9 @@ MANIFEST_FORMAT = 1
 _TAR_FLAGS = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--sparse"]
 _CHUNK = 1 << 20
 _CAPTURING = ".capturing-"
+# Layer "compression" of a local checkpoint that is a read-only btrfs snapshot in sandboxd's storage pool
+# (disk_quota = "btrfs"): the manifest names the snapshot and its UUID instead of holding a tar.
+SNAPSHOT = "btrfs-snapshot"
 _DELETING = ".deleting-"
 
 
@@ -136,6 +139,44 @@ def _capture_into(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]
     raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
     atomic_write_bytes(artifact_dir / MANIFEST, raw, mode=0o600)
     return hashlib.sha256(raw).hexdigest(), digest.hexdigest(), size
+
+
+def write_snapshot_artifact(
+    artifact_dir: Path, manifest_body: dict[str, Any], owner: str, snapshot: str, uuid: str, size: int
+) -> tuple[str, str, int]:
+    """An artifact whose layer is the pool snapshot ``snapshot`` (btrfs UUID ``uuid``): manifest only.
+
+    The manifest's digest pins the UUID, and the restore checks the snapshot still carries it; the snapshot is
+    read-only and lives in sandboxd's private pool, so no content hash is taken (that would read every byte,
+    which is what this kind exists to avoid). Returns (manifest digest, the UUID, size)."""
+    staging = staging_dir(artifact_dir, owner)
+    manifest = {
+        **manifest_body,
+        "format": MANIFEST_FORMAT,
+        "kind": CHECKPOINT_KIND,
+        "layer": {"file": "", "compression": SNAPSHOT, "snapshot": snapshot, "uuid": uuid, "size": size},
+    }
+    raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    try:
+        staging.mkdir(mode=0o700)
+        atomic_write_bytes(staging / MANIFEST, raw, mode=0o600)
+        os.rename(staging, artifact_dir)
+        fsync_dir(artifact_dir.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return hashlib.sha256(raw).hexdigest(), uuid, size
+
+
+def snapshot_of(manifest: dict[str, Any]) -> tuple[str, str] | None:
+    """(snapshot name, UUID) when the artifact is a pool snapshot, else None (a tar layer)."""
+    layer = manifest.get("layer", {})
+    if layer.get("compression") != SNAPSHOT:
+        return None
+    name = str(layer.get("snapshot", ""))
+    if not name or "/" in name or name.startswith("."):
+        raise InvalidInputError("manifest.layer.snapshot", f"not a snapshot name: {name!r}")
+    return name, str(layer.get("uuid", ""))
 
 
 def list_artifacts(root: Path, owner: str) -> list[tuple[Path, str, dict[str, Any]]]:

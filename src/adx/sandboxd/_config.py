@@ -78,6 +78,16 @@ class SandboxdConfig(StrictModel):
         default=None,
         description="node-level runtime-control subscription socket (CTL-2); default next to the API socket",
     )
+    disk_quota: Literal["off", "btrfs"] = Field(
+        default="off",
+        description="'btrfs': each sandbox's writable layer is a subvolume of a loop-mounted btrfs image sandboxd "
+        "owns (beside state_dir), limited to its disk request by a qgroup; writes past it fail with EDQUOT",
+    )
+    storage_image_bytes: int = Field(
+        default=256 << 30,
+        ge=1 << 30,
+        description="size of that (sparse) btrfs image: only written bytes take host disk",
+    )
     capacity: CapacityConfig = CapacityConfig()
     defaults: DefaultsConfig = DefaultsConfig()
     max_record_bytes: int = Field(default=1 << 20, ge=4096, description="larger registry files are refused")

@@ -73,6 +73,7 @@ from adx.sandboxd._models import (
 from adx.sandboxd._registry import RECORD_TEMP, LoadedRegistry, Registry, Tombstone
 from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
+from adx.sandboxd._storage import StoragePool, pool_paths
 from adx.sandboxd._supervisor import (
     CONTROL_DIR_INSIDE,
     EXECD_ADMIN_SOCKET_FD,
@@ -189,6 +190,7 @@ class SandboxService:
         self._alloc_lock: asyncio.Lock | None = None
         self._image: dict[str, Any] = {}
         self._image_root = Path()
+        self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
         self._next_net = 0
         self._resource: ResourceInfo | None = None
         self._resource_error: str | None = None
@@ -346,6 +348,18 @@ class SandboxService:
         image = ensure_default_image(self.config.images_root)
         self._image = load_image(image)
         self._image_root = image / "root"
+        if self.config.disk_quota == "btrfs":
+            image_file, mount = pool_paths(self.config.state_dir)
+            self._pool = StoragePool(image_file, mount, self.config.storage_image_bytes)
+            self._pool.ensure()  # adopts the mount an earlier run left
+            local = self.config.artifact_roots()["local"]
+            referenced = {
+                snap[0]
+                for _, _, manifest in ckpt.list_artifacts(local, self.owner)
+                if (snap := ckpt.snapshot_of(manifest)) is not None
+            }
+            for name in self._pool.sweep_snapshots(referenced):
+                log.warning("removed an unreferenced checkpoint snapshot", extra={"snapshot": name})
         for root in self.config.artifact_roots().values():
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
             # No capture of this daemon is in flight before it serves: its staging dirs are a crash's leftovers.
@@ -717,6 +731,8 @@ class SandboxService:
             if cg.exists() and not cg.is_empty():
                 raise UnavailableError(f"sandbox {sandbox_id}: tombstoned cgroup has processes")
             cg.remove()
+            if self._pool is not None:
+                self._pool.delete(sandbox_id)
             self.registry.reclaim(sandbox_id)
         except (OSError, AdxError) as exc:
             msg = f"reclaim of {sandbox_id} failed (reservation kept, retried): {exc}"
@@ -941,6 +957,12 @@ class SandboxService:
             os.close(lock_fd)
         self.registry.sync_created(rec.sandbox_id)
 
+    def _upper(self, sandbox_id: str) -> Path:
+        """The sandbox's overlay upper layer: its quota'd subvolume, or a dir of its sandbox dir."""
+        if self._pool is not None:
+            return self._pool.upper(sandbox_id)
+        return self.registry.sandbox_dir(sandbox_id) / "upper"
+
     def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
         env = {"PATH": _SANDBOX_PATH, "HOME": "/root"}
@@ -964,6 +986,8 @@ class SandboxService:
             "resources": rec.resources.model_dump(),
             "run_dir": str(sdir / "run"),
             "ro_binds": ro_binds,
+            "upper_dir": str(self._upper(rec.sandbox_id)),
+            "work_dir": str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
             "veth": self._veth(rec),
             "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
             "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
@@ -1010,12 +1034,27 @@ class SandboxService:
                 await self._register_control(rec.sandbox_id)
             except OSError as exc:
                 error = UnavailableError(f"runtime control socket of {rec.sandbox_id}: {exc}")
-        if restore is not None:
+        snapshot = ckpt.snapshot_of(restore[1]) if restore is not None else None
+        if snapshot is not None and self._pool is None:
+            error = UnavailableError("the checkpoint is a btrfs snapshot and this sandboxd has no disk_quota pool")
+        if self._pool is not None and error is None:
+            try:
+                if snapshot is not None:
+                    # A writable snapshot of the checkpoint: metadata, however many bytes the layer holds.
+                    await asyncio.to_thread(self._pool.restore, *snapshot, rec.sandbox_id, rec.resources.disk_bytes)
+                    restore = None
+                else:
+                    await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
+            except AdxError as exc:
+                error = exc
+            except OSError as exc:
+                error = UnavailableError(f"writable layer of {rec.sandbox_id}: {exc}")
+        if restore is not None and error is None:
             sdir = self.registry.sandbox_dir(rec.sandbox_id)
             artifact, manifest = restore
 
             def extract() -> None:
-                ckpt.verify_and_extract(artifact, manifest, sdir / ".layer", sdir / "upper")
+                ckpt.verify_and_extract(artifact, manifest, sdir / ".layer", self._upper(rec.sandbox_id))
                 _fault("restore.after_extract", delay=0.3)  # the delay: the overlapping commit lands first
 
             try:
@@ -1201,7 +1240,7 @@ class SandboxService:
                 memory_cache_bytes=s.memory_cache_bytes,
                 pids=s.pids,
                 oom_kills=s.oom_kills,
-                disk_bytes=_tree_bytes(self.registry.sandbox_dir(rec.sandbox_id) / "upper"),
+                disk_bytes=_tree_bytes(self._upper(rec.sandbox_id)),
                 observed_at=time.time(),
             )
 
@@ -1333,7 +1372,6 @@ class SandboxService:
                     "metadata": rec.metadata,
                 },
             }
-            sdir = self.registry.sandbox_dir(rec.sandbox_id)
 
             def run() -> tuple[str, str, int]:
                 cg = self._cgroup(rec.sandbox_id)
@@ -1342,7 +1380,16 @@ class SandboxService:
                     cg.freeze()  # a consistent upper layer: nothing writes while tar reads
                     _fault("checkpoint.after_freeze")
                 try:
-                    return ckpt.capture_layer(sdir / "upper", artifact, body, self.owner)
+                    if self._pool is not None and req.storage == "local":
+                        # The local root and the pool are this daemon's: a read-only snapshot is the layer.
+                        uuid = self._pool.snapshot(rec.sandbox_id, checkpoint_id)
+                        try:
+                            size = _tree_bytes(self._upper(rec.sandbox_id))
+                            return ckpt.write_snapshot_artifact(artifact, body, self.owner, checkpoint_id, uuid, size)
+                        except BaseException:
+                            self._pool.delete_snapshot(checkpoint_id)
+                            raise
+                    return ckpt.capture_layer(self._upper(rec.sandbox_id), artifact, body, self.owner)
                 finally:
                     if live and not req.leave_running:
                         cg.kill()
@@ -1373,10 +1420,13 @@ class SandboxService:
         def remove() -> None:
             if not artifact.exists():
                 return
-            ckpt.read_manifest(artifact, ref.digest)
-            # Rename first so a crash midway never leaves a half-deleted artifact that still looks whole.
+            snapshot = ckpt.snapshot_of(ckpt.read_manifest(artifact, ref.digest))
+            # Rename first so a crash midway never leaves a half-deleted artifact that still looks whole; a
+            # snapshot a crash leaves unreferenced is swept at the next start.
             doomed = ckpt.deleting_dir(artifact)
             os.rename(artifact, doomed)
+            if snapshot is not None and self._pool is not None:
+                self._pool.delete_snapshot(snapshot[0])
             shutil.rmtree(doomed)
 
         await asyncio.to_thread(remove)

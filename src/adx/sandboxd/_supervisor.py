@@ -115,7 +115,8 @@ def _in_namespace_setup(
             root,
             "overlay",
             lx.MS_NODEV,
-            f"lowerdir={spec['image_root']},upperdir={sdir}/upper,workdir={sdir}/ovlwork,xino=off,index=off",
+            f"lowerdir={spec['image_root']},upperdir={spec.get('upper_dir') or f'{sdir}/upper'},"
+            f"workdir={spec.get('work_dir') or f'{sdir}/ovlwork'},xino=off,index=off",
         )
         for host_dir in spec["image_binds"]:
             target = f"{root}{host_dir}"

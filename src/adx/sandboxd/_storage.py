@@ -1,0 +1,173 @@
+"""Enforced disk: each sandbox's writable layer is a btrfs subvolume with a qgroup limit.
+
+The host root here is ext4 without usable project quotas, so sandboxd owns a filesystem of its own: a sparse
+image file formatted btrfs, loop-mounted. Both the image and its mount point lie *beside* the state dir
+(``<state_dir>.storage.img``, ``<state_dir>.storage``), never inside it: the registry, spares and tests walk
+the state dir, and nothing may read the (sparse, tens of GiB) image. Under the mount, ``sbx/<sandbox_id>`` is a
+subvolume holding the overlay's ``upper`` and ``ovlwork`` (overlayfs wants both on one filesystem); its qgroup
+limit is the sandbox's ``disk`` request, counted in referenced bytes.
+
+The mount outlives sandboxd (sandboxd survives its own restarts): ``ensure`` adopts a mount that is already
+there, and only ``unmount`` (tests, operators) takes it down.
+
+Limits the kernel imposes: a write past a qgroup limit fails with ``EDQUOT`` ("Disk quota exceeded"), not
+``ENOSPC``, and ``statfs``/``df`` inside report the whole pool, not the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from adx.errors import ConflictError, InvalidInputError, UnavailableError
+
+__all__ = ["StoragePool", "pool_paths"]
+
+_SBX = "sbx"
+_CKPT = "ckpt"
+
+
+def pool_paths(state_dir: Path) -> tuple[Path, Path]:
+    """(image file, mount point), both beside ``state_dir``."""
+    base = state_dir.absolute()
+    return base.with_name(base.name + ".storage.img"), base.with_name(base.name + ".storage")
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise UnavailableError(f"disk quotas need {argv[0]} (Debian package btrfs-progs)") from None
+    if done.returncode != 0:
+        raise UnavailableError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+    return done.stdout
+
+
+def _is_mountpoint(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        # Field 5 is the mount point (octal escapes for spaces; our paths have none).
+        return any(line.split(" ", 5)[4] == target for line in f)
+
+
+@dataclass(frozen=True)
+class StoragePool:
+    image: Path
+    mount: Path
+    image_bytes: int
+
+    def ensure(self) -> None:
+        """Create (sparse), format and mount the pool, or adopt the mount an earlier run left."""
+        self.mount.mkdir(mode=0o700, exist_ok=True)
+        if not _is_mountpoint(self.mount):
+            if not self.image.exists():
+                tmp = self.image.with_name(self.image.name + ".tmp")
+                with open(tmp, "wb") as f:
+                    f.truncate(self.image_bytes)  # sparse: costs only what is written
+                _run(["mkfs.btrfs", "-q", "-f", str(tmp)])
+                os.rename(tmp, self.image)  # a half-formatted image never carries the final name
+            _run(["mount", "-o", "loop,noatime", str(self.image), str(self.mount)])
+        _run(["btrfs", "quota", "enable", str(self.mount)])  # idempotent
+        (self.mount / _SBX).mkdir(mode=0o700, exist_ok=True)
+
+    def unmount(self) -> None:
+        if _is_mountpoint(self.mount):
+            _run(["umount", str(self.mount)])  # the loop device was set up with autoclear
+
+    def subvolume(self, sandbox_id: str) -> Path:
+        return self.mount / _SBX / sandbox_id
+
+    def upper(self, sandbox_id: str) -> Path:
+        return self.subvolume(sandbox_id) / "upper"
+
+    def workdir(self, sandbox_id: str) -> Path:
+        return self.subvolume(sandbox_id) / "ovlwork"
+
+    def create(self, sandbox_id: str, limit_bytes: int) -> Path:
+        """The sandbox's subvolume with ``upper``/``ovlwork`` and its limit; an earlier leftover is replaced."""
+        if limit_bytes <= 0:
+            raise InvalidInputError("resources.disk_bytes", "must be positive when disk quotas are on")
+        sub = self.subvolume(sandbox_id)
+        if sub.exists():
+            self.delete(sandbox_id)
+        _run(["btrfs", "subvolume", "create", str(sub)])
+        try:
+            _run(["btrfs", "qgroup", "limit", str(limit_bytes), str(sub)])
+            (sub / "upper").mkdir(mode=0o755)
+            (sub / "ovlwork").mkdir(mode=0o700)
+        except BaseException:
+            self.delete(sandbox_id)
+            raise
+        return sub
+
+    def delete(self, sandbox_id: str) -> None:
+        sub = self.subvolume(sandbox_id)
+        if not sub.exists():
+            return
+        # The overlay work dir holds a mode-000 dir; a subvolume delete removes it all in one call.
+        try:
+            _run(["btrfs", "subvolume", "delete", str(sub)])
+        except UnavailableError:
+            shutil.rmtree(sub)  # not a subvolume (a half-made create): a plain directory
+
+    # == local checkpoints as read-only snapshots =============================================================
+    # A pause of a large layer costs metadata, not a copy: the checkpoint is a read-only snapshot of the
+    # sandbox's subvolume under ``ckpt/<checkpoint_id>``; a restore is a writable snapshot of that.
+
+    def snapshot_path(self, name: str) -> Path:
+        return self.mount / _CKPT / name
+
+    def snapshot(self, sandbox_id: str, name: str) -> str:
+        """Read-only snapshot of the sandbox's layer; returns its btrfs UUID (recorded in the manifest)."""
+        (self.mount / _CKPT).mkdir(mode=0o700, exist_ok=True)
+        target = self.snapshot_path(name)
+        _run(["btrfs", "subvolume", "snapshot", "-r", str(self.subvolume(sandbox_id)), str(target)])
+        try:
+            return self.uuid(target)
+        except BaseException:
+            self.delete_snapshot(name)
+            raise
+
+    def uuid(self, path: Path) -> str:
+        for line in _run(["btrfs", "subvolume", "show", str(path)]).splitlines():
+            key, _, value = line.strip().partition(":")
+            if key == "UUID":
+                return value.strip()
+        raise UnavailableError(f"btrfs reports no UUID for {path}")
+
+    def restore(self, name: str, uuid: str, sandbox_id: str, limit_bytes: int) -> None:
+        """The sandbox's layer as a writable snapshot of checkpoint ``name``, which must still be ``uuid``."""
+        if limit_bytes <= 0:
+            raise InvalidInputError("resources.disk_bytes", "must be positive when disk quotas are on")
+        source = self.snapshot_path(name)
+        if not source.exists():
+            raise UnavailableError(f"checkpoint snapshot {name} is missing from the storage pool")
+        if self.uuid(source) != uuid:
+            raise ConflictError(f"checkpoint snapshot {name} is not the one its manifest names; refused")
+        sub = self.subvolume(sandbox_id)
+        if sub.exists():
+            self.delete(sandbox_id)
+        _run(["btrfs", "subvolume", "snapshot", str(source), str(sub)])
+        try:
+            _run(["btrfs", "qgroup", "limit", str(limit_bytes), str(sub)])
+        except BaseException:
+            self.delete(sandbox_id)
+            raise
+
+    def delete_snapshot(self, name: str) -> None:
+        if self.snapshot_path(name).exists():
+            _run(["btrfs", "subvolume", "delete", str(self.snapshot_path(name))])
+
+    def sweep_snapshots(self, referenced: set[str]) -> list[str]:
+        """Delete the snapshots no whole artifact names (a capture or delete a crash interrupted)."""
+        root = self.mount / _CKPT
+        removed: list[str] = []
+        if root.is_dir():
+            for entry in sorted(root.iterdir()):
+                if entry.name not in referenced:
+                    self.delete_snapshot(entry.name)
+                    removed.append(entry.name)
+        return removed
