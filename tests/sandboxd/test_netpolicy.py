@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: What a sandbox runs to probe a TCP destination: prints ok, refused (with the seconds it took) or timeout.
-_PROBE = """
+PROBE = """
 import socket, sys, time
 t = time.monotonic()
 try:
@@ -54,7 +54,7 @@ class FakeInternet:
 
 
 @pytest.fixture
-def test_host() -> Iterator[FakeInternet]:
+def fake_internet() -> Iterator[FakeInternet]:
     """A network namespace with a veth pair to the host and an HTTP server inside (removed even on failure)."""
     tag = secrets.token_hex(3)
     netns, host_if, third = f"adxt-{tag}", f"adxt{tag}", 100 + secrets.randbelow(100)
@@ -74,7 +74,7 @@ def test_host() -> Iterator[FakeInternet]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        probe = ["ip", "netns", "exec", netns, sys.executable, "-c", _PROBE, inner, "8080"]
+        probe = ["ip", "netns", "exec", netns, sys.executable, "-c", PROBE, inner, "8080"]
         wait_until(lambda: _sh(*probe).stdout.startswith("ok"), timeout=15)
         yield FakeInternet(netns, inner, 8080)
     finally:
@@ -90,7 +90,7 @@ def _table_exists(state_dir: Path) -> bool:
 
 
 def _probe_argv(host: FakeInternet) -> list[str]:
-    return ["python3", "-c", _PROBE, host.address, str(host.port)]
+    return ["python3", "-c", PROBE, host.address, str(host.port)]
 
 
 def _ip_forward() -> str:
@@ -119,7 +119,7 @@ async def _one_shot(d: Daemon, policy: NetworkPolicy, host: FakeInternet, rid: s
 
 @pytest.mark.req("SEC-3")
 async def test_egress_reaches_the_test_host_and_deny_or_a_narrow_allow_refuses_fast(
-    sandboxd: DaemonFactory, test_host: FakeInternet
+    sandboxd: DaemonFactory, fake_internet: FakeInternet
 ) -> None:
     d = sandboxd()
     table = table_name(d.state_dir)
@@ -127,20 +127,20 @@ async def test_egress_reaches_the_test_host_and_deny_or_a_narrow_allow_refuses_f
     assert _ip_forward() == "1"
     assert "net.ipv4.ip_forward=1" in d.log()  # sandboxd says it routes sandbox egress
 
-    assert (await _one_shot(d, _egress(), test_host, "open")).startswith("ok HTTP/1.0 200")
-    denied = await _one_shot(d, _egress(deny=[f"{test_host.address}/32"]), test_host, "deny")
+    assert (await _one_shot(d, _egress(), fake_internet, "open")).startswith("ok HTTP/1.0 200")
+    denied = await _one_shot(d, _egress(deny=[f"{fake_internet.address}/32"]), fake_internet, "deny")
     assert denied.startswith("refused"), denied
     assert float(denied.split()[1]) < 1.0  # a reset, not a dropped SYN waiting for its timeout
     # An allow list that leaves the test host out denies it; one that names it lets it through.
-    narrow = await _one_shot(d, _egress(allow=["192.0.2.0/24"]), test_host, "narrow")
+    narrow = await _one_shot(d, _egress(allow=["192.0.2.0/24"]), fake_internet, "narrow")
     assert narrow.startswith("refused"), narrow
-    wide = await _one_shot(d, _egress(allow=[test_host.address]), test_host, "wide")
+    wide = await _one_shot(d, _egress(allow=[fake_internet.address]), fake_internet, "wide")
     assert wide.startswith("ok"), wide
     # Deny wins over allow.
-    both = await _one_shot(d, _egress(allow=["10.0.0.0/8"], deny=[test_host.address]), test_host, "both")
+    both = await _one_shot(d, _egress(allow=["10.0.0.0/8"], deny=[fake_internet.address]), fake_internet, "both")
     assert both.startswith("refused"), both
     # DNS names are resolved when the policy is applied (localhost: no network needed to resolve it).
-    named = await _one_shot(d, _egress(allow=["localhost"]), test_host, "named")
+    named = await _one_shot(d, _egress(allow=["localhost"]), fake_internet, "named")
     assert named.startswith("refused"), named
 
     d.stop()
@@ -148,10 +148,14 @@ async def test_egress_reaches_the_test_host_and_deny_or_a_narrow_allow_refuses_f
 
 
 async def test_policy_changes_on_a_running_sandbox_without_a_restart(
-    sandboxd: DaemonFactory, test_host: FakeInternet
+    sandboxd: DaemonFactory, fake_internet: FakeInternet
 ) -> None:
     d = sandboxd()
-    loop = ["sh", "-c", f"while :; do python3 -c '{_PROBE}' {test_host.address} {test_host.port}; sleep 0.2; done"]
+    loop = [
+        "sh",
+        "-c",
+        f"while :; do python3 -c '{PROBE}' {fake_internet.address} {fake_internet.port}; sleep 0.2; done",
+    ]
     async with d.client() as c:
         created = await c.create(CreateRequest(request_id="live", argv=loop, network_policy=_egress()))
         ref = ref_of(created)
@@ -164,9 +168,9 @@ async def test_policy_changes_on_a_running_sandbox_without_a_restart(
         wait_until(lambda: last_line().startswith("ok"), timeout=20)
         init_before = _shell_pid(d.cgroup_procs(created.sandbox.sandbox_id))
         t0 = time.monotonic()
-        info = await c.set_network(SetNetworkRequest(**ref.model_dump(), policy=_egress(deny=[test_host.address])))
+        info = await c.set_network(SetNetworkRequest(**ref.model_dump(), policy=_egress(deny=[fake_internet.address])))
         applied_ms = (time.monotonic() - t0) * 1000
-        assert info.network_policy is not None and info.network_policy.deny == [f"{test_host.address}/32"]
+        assert info.network_policy is not None and info.network_policy.deny == [f"{fake_internet.address}/32"]
         wait_until(lambda: last_line().startswith("refused"), timeout=10)
         # Same sandbox, same init: the change was made in place.
         assert (await c.get(ref)).native == created.sandbox.native
@@ -178,11 +182,11 @@ async def test_policy_changes_on_a_running_sandbox_without_a_restart(
         wait_until(lambda: last_line().startswith("refused"), timeout=10)
         assert applied_ms < 2000
         # The policy is persisted: a restarted daemon re-installs it in a fresh table.
-        await c.set_network(SetNetworkRequest(**ref.model_dump(), policy=_egress(allow=[test_host.address])))
+        await c.set_network(SetNetworkRequest(**ref.model_dump(), policy=_egress(allow=[fake_internet.address])))
     d.stop()
     d.start()
     async with d.client() as c:
-        assert (await c.get(ref)).network_policy == _egress(allow=[f"{test_host.address}/32"])
+        assert (await c.get(ref)).network_policy == _egress(allow=[f"{fake_internet.address}/32"])
         wait_until(lambda: last_line().startswith("ok"), timeout=10)
         with pytest.raises(InvalidInputError, match=r"network\.allow\[0\]"):
             await c.set_network(SetNetworkRequest(**ref.model_dump(), policy=_egress(allow=["no-such-host.invalid"])))
