@@ -100,6 +100,15 @@ async def test_policy_switch_through_the_api_takes_effect_on_the_running_environ
                 return (await _probe(cluster, env.id, fake_internet)).startswith("ok")
 
             await wait_for(reachable, 15, "the allow list naming the test host")
+
+            # A paused Environment takes the new policy with its record and gets it when it resumes.
+            await env.pause()
+            await env.set_network(deny=[fake_internet.address])
+            await env.resume()
+            await env.wait_until_running(60)
+            assert (await _probe(cluster, env.id, fake_internet)).startswith("refused")
+            resumed = await wait_for(published, 15, "the resumed execution to publish the applied revision")
+            assert resumed.execution_id != before.sandbox_id
             await env.delete()
     finally:
         await api.stop()

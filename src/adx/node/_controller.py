@@ -550,11 +550,17 @@ class Controller:
         incoming: EnvironmentRecord = op.payload["record"]
         if not self._same_ownership(incoming) or incoming.network_revision <= self.record.network_applied_revision:
             return self.record
-        self.record = incoming
+        previous, self.record = self.record, incoming
         execution = self.execution
         if self.state is not S.RUNNING or execution is None or incoming.spec.network is None:
             return self.record
-        await self.driver.set_network(execution, incoming.spec.network)
+        try:
+            await self.driver.set_network(execution, incoming.spec.network)
+        except ConflictError:
+            raise  # not changeable in place (no veth): the record stays; the next start or resume applies it
+        except AdxError:
+            self.record = previous  # e.g. sandboxd unavailable: the next routine check tries again
+            raise
         log.info("network policy applied", extra={**self._context(), "revision": incoming.network_revision})
         return await self._transition(S.RUNNING, {"network_applied_revision": incoming.network_revision})
 

@@ -433,6 +433,9 @@ class RestoreRequest(_Model):
     resources: ResourcesSpec | None = None
     metadata: dict[str, str] | None = None
     ttl_seconds: float | None = Field(default=None, gt=0)
+    network_policy: NetworkPolicy | None = Field(
+        default=None, description="default: the checkpointed sandbox's network and policy"
+    )
 
 
 # == runtime control (the subscription's observations; camelCase on the wire) ==========================

@@ -1383,6 +1383,7 @@ class SandboxService:
                     "env": rec.env,
                     "cwd": rec.cwd,
                     "network": rec.network,
+                    "network_policy": rec.net_policy.to_wire() if rec.net_policy else None,
                     "resources": rec.resources.model_dump(),
                     "metadata": rec.metadata,
                 },
@@ -1476,6 +1477,9 @@ class SandboxService:
             metadata=req.metadata if req.metadata is not None else spec["metadata"],
             ttl_seconds=req.ttl_seconds,
             network=spec["network"],
+            # The Environment's current policy (it may have changed while paused), else the checkpointed one.
+            network_policy=req.network_policy
+            or (NetworkPolicy.model_validate(spec["network_policy"]) if spec.get("network_policy") else None),
         )
         return await self.create(create, restore=(artifact, manifest))
 
