@@ -23,6 +23,7 @@ from typing import Any
 
 from adx.sandboxd import SandboxdClient
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
+from adx.sandboxd._netpolicy import table_name
 
 LAYOUT: CgroupLayout = detect_layout()
 
@@ -222,6 +223,10 @@ class DaemonFactory:
             daemon.close()
         for daemon in self.daemons:
             cleanup_cgroup_parent(daemon.cgroup_parent)
+            # A killed daemon leaves its nftables table (a stopped one removes it): remove it here.
+            subprocess.run(
+                ["nft", "delete", "table", "inet", table_name(daemon.state_dir)], capture_output=True, check=False
+            )
         for root in _hierarchy_roots():
             with contextlib.suppress(OSError):
                 (root / self.parent).rmdir()

@@ -26,6 +26,7 @@ from adx.model import (
     EnvironmentSpec,
     EnvironmentState,
     EnvironmentStats,
+    NetworkPolicy,
     parse_wire,
 )
 
@@ -199,4 +200,18 @@ async def set_lifetime(request: Request, environment_id: str, credentials: Crede
     record = await p.coordinator.set_lifetime(
         tenant, environment_id_or_404(environment_id), float(body.seconds), body.action or ""
     )
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
+@router.post(
+    "/v1/environments/{environment_id}/network",
+    response_model=EnvironmentView,
+    responses=ERRORS,
+    summary="Replace the network policy (none, or egress with allow/deny lists); applied without a restart",
+)
+async def set_network(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    body = parse_wire(NetworkPolicy, await read_json(request, p.config.max_body_bytes), root="network")
+    record = await p.coordinator.set_network(tenant, environment_id_or_404(environment_id), body)
     return JSONResponse(EnvironmentView.of(record).wire())

@@ -23,6 +23,7 @@ from adx.model import (
     EnvironmentRecord,
     EnvironmentState,
     IdleAction,
+    NetworkPolicy,
     NodeRecord,
     ResumeIntent,
     new_id,
@@ -267,6 +268,25 @@ class LifecycleOps:
             if action:
                 lifecycle = record.spec.lifecycle.model_copy(update={"lifetime_action": IdleAction(action)})
                 changes["spec"] = record.spec.model_copy(update={"lifecycle": lifecycle})
+            try:
+                committed = await self.store.commit_environment(record, changes, check_generation=False)
+            except ConflictError:
+                continue
+            self.cache.apply(committed)
+            return committed
+        raise ConflictError(f"environment {env_id} keeps changing; try again")
+
+    async def set_network(self, tenant: str, env_id: str, network: NetworkPolicy) -> EnvironmentRecord:
+        """Store a new network policy as a spec revision (NOD-10); the owning node applies it in place when it
+        runs, a paused one gets it when it resumes."""
+        for _ in range(5):
+            record = await self.store.get_tenant_environment(tenant, env_id)
+            if record.state in (S.DELETING, S.DELETED):
+                raise ConflictError(f"environment {env_id} is {record.state.value}", details={"state": "deleting"})
+            changes: dict[str, object] = {
+                "spec": record.spec.model_copy(update={"network": network}),
+                "network_revision": record.revision + 1,  # the revision this commit makes
+            }
             try:
                 committed = await self.store.commit_environment(record, changes, check_generation=False)
             except ConflictError:

@@ -36,6 +36,7 @@ from adx.model import (
     EnvironmentRecord,
     EnvironmentSpec,
     EnvironmentState,
+    NetworkPolicy,
     NodeRecord,
     Resources,
     new_id,
@@ -50,7 +51,16 @@ Context = grpc.aio.ServicerContext[object, object]
 
 # Fields of an Environment record a node may change with CommitResult; ownership fields are not among them.
 NODE_COMMITTABLE = frozenset(
-    {"state", "executionId", "restartAttempts", "restartPending", "checkpoint", "lastError", "resumeIntent"}
+    {
+        "state",
+        "executionId",
+        "restartAttempts",
+        "restartPending",
+        "checkpoint",
+        "lastError",
+        "resumeIntent",
+        "networkAppliedRevision",
+    }
 )
 
 
@@ -567,6 +577,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             record = await self.lifecycle.set_lifetime(
                 request.tenant, request.environment_id, request.seconds, request.action
             )
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
+
+    async def SetNetwork(self, request: pb.SetNetworkRequest, context: Context) -> pb.EnvironmentReply:
+        await require_peer(context, "api")
+        try:
+            network = parse_wire(NetworkPolicy, json.loads(request.network_json or "{}"), root="network")
+            record = await self.lifecycle.set_network(request.tenant, request.environment_id, network)
+        except json.JSONDecodeError:
+            await abort_with(context, InvalidInputError("network", "not a JSON object"))
         except AdxError as exc:
             await abort_with(context, exc)
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))

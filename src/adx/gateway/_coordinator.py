@@ -15,7 +15,7 @@ from adx._grpc_errors import from_rpc_error
 from adx._grpc_tls import channel_credentials
 from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
 from adx.gateway._config import ApiConfig
-from adx.model import EnvironmentRecord, EnvironmentSpec, parse_wire
+from adx.model import EnvironmentRecord, EnvironmentSpec, NetworkPolicy, parse_wire
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
 
@@ -162,6 +162,16 @@ class CoordinatorClient:
         request = pb.SetLifetimeRequest(tenant=tenant, environment_id=environment_id, seconds=seconds, action=action)
         reply = await self._call(
             "set lifetime", lambda: self._stub.SetLifetime(request, timeout=self._timeout), reads=False
+        )
+        return _record(reply.environment_json)
+
+    async def set_network(self, tenant: str, environment_id: str, network: NetworkPolicy) -> EnvironmentRecord:
+        """Store a new network policy (a spec revision); the owning node applies it in place."""
+        request = pb.SetNetworkRequest(
+            tenant=tenant, environment_id=environment_id, network_json=network.model_dump_json(by_alias=True)
+        )
+        reply = await self._call(
+            "set network", lambda: self._stub.SetNetwork(request, timeout=self._timeout), reads=False
         )
         return _record(reply.environment_json)
 

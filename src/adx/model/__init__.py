@@ -11,6 +11,7 @@ from adx.model._lifecycle import (
     Retention,
     RetentionPolicy,
 )
+from adx.model._network import NetworkMode, NetworkPolicy
 from adx.model._quantity import MAX_QUANTITY, format_bytes, format_cpu, parse_bytes, parse_cpu_millis
 from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
 from adx.model._resources import Resources, allocatable
@@ -43,6 +44,8 @@ __all__ = [
     "HealthProbe",
     "IdleAction",
     "Lifecycle",
+    "NetworkMode",
+    "NetworkPolicy",
     "NodeRecord",
     "PauseOptions",
     "Resources",

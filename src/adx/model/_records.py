@@ -64,6 +64,10 @@ class EnvironmentRecord(ApiModel):
     # intermediate state, not dormancy; it goes on by itself until the Environment runs somewhere.
     recovery_pending: bool = False
     last_error: str | None = None
+    # NOD-10: the revision at which the Coordinator stored the spec's current network policy (SetNetwork), and
+    # the one the owning node last applied and published; they differ while a change is on its way.
+    network_revision: int = Field(default=0, ge=0)
+    network_applied_revision: int = Field(default=0, ge=0)
 
 
 class NodeRecord(ApiModel):

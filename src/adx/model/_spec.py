@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from adx.errors import InvalidInputError
 from adx.model._base import ApiModel
 from adx.model._lifecycle import Lifecycle
+from adx.model._network import NetworkPolicy
 from adx.model._resources import Resources
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -28,6 +29,9 @@ class EnvironmentSpec(ApiModel):
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+    network: NetworkPolicy | None = Field(
+        default=None, description="none or egress with allow/deny lists; unset: the node's default (mutable)"
+    )
 
     @field_validator("image")
     @classmethod

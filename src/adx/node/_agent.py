@@ -406,6 +406,13 @@ class NodeAgent(Recovery, RuntimeChecks):
                 and record.revision > controller.record.revision
             ):
                 controller.submit("resume", record=record)  # a lost resume hand-over (CRD-5)
+            elif (
+                record.network_revision > controller.record.network_applied_revision
+                and record.revision > controller.record.revision
+                and not controller.restricted
+            ):
+                # NOD-10: state and revision first: only a newer record changes the network policy in place.
+                controller.submit("network", record=record)
             elif controller.restricted and record.revision >= controller.record.revision:
                 controller.submit("adopt", record=record)  # NOD-10: the authoritative check this one waits for
         now = time.monotonic()

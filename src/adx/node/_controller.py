@@ -301,6 +301,7 @@ class Controller:
             "after": self._after,
             "adopt": self._adopt,
             "resume_local": self._resume_local,
+            "network": self._set_network,
         }
         while True:
             op = await self._queue.get()
@@ -541,6 +542,28 @@ class Controller:
             )
         return self.record
 
+    async def _set_network(self, op: _Op) -> EnvironmentRecord:
+        """NOD-10: the Coordinator stored a new network policy (a mutable spec field). Only a record newer than
+        ours with the same ownership, state and execution is taken; an old catalog copy is no conflict and
+        changes nothing. A running execution gets the policy in place, then its revision is published; a paused
+        one takes the record and gets the policy when it resumes."""
+        incoming: EnvironmentRecord = op.payload["record"]
+        if not self._same_ownership(incoming) or incoming.network_revision <= self.record.network_applied_revision:
+            return self.record
+        previous, self.record = self.record, incoming
+        execution = self.execution
+        if self.state is not S.RUNNING or execution is None or incoming.spec.network is None:
+            return self.record
+        try:
+            await self.driver.set_network(execution, incoming.spec.network)
+        except ConflictError:
+            raise  # not changeable in place (no veth): the record stays; the next start or resume applies it
+        except AdxError:
+            self.record = previous  # e.g. sandboxd unavailable: the next routine check tries again
+            raise
+        log.info("network policy applied", extra={**self._context(), "revision": incoming.network_revision})
+        return await self._transition(S.RUNNING, {"network_applied_revision": incoming.network_revision})
+
     def _same_ownership(self, other: EnvironmentRecord) -> bool:
         mine = self.record
         return (other.node, other.generation, other.state, other.execution_id) == (
@@ -672,7 +695,9 @@ class Controller:
         # Serve before the Coordinator announces Running: a client that sees the commit may call at once.
         self.serving = True
         try:
-            running = await self._transition(S.RUNNING, changes)
+            # Every start, restart and resume applies the spec's network policy: publish its revision.
+            applied = {"network_applied_revision": self.record.network_revision}
+            running = await self._transition(S.RUNNING, {**applied, **(changes or {})})
         except BaseException:
             self.serving = False
             raise

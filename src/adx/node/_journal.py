@@ -76,8 +76,10 @@ _COLUMNS = (
 
 
 def spec_digest(spec: EnvironmentSpec) -> str:
-    """What "the same request spec" means on replay (JRN-6): a digest of the spec's canonical wire form."""
-    wire = json.dumps(spec.to_wire(), sort_keys=True, separators=(",", ":"))
+    """What "the same request spec" means on replay (JRN-6): a digest of the spec's canonical wire form,
+    without its mutable fields (NOD-10: a network policy changed meanwhile is an update, not a conflict)."""
+    fixed = {k: v for k, v in spec.to_wire().items() if k != "network"}
+    wire = json.dumps(fixed, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(wire.encode()).hexdigest()
 
 

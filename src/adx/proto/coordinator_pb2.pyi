@@ -691,3 +691,31 @@ class RouteEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteEvent: _TypeAlias = RouteEvent  # noqa: Y015
+
+@_typing.final
+class SetNetworkRequest(_message.Message):
+    """---- network policy (SetNetwork) ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    NETWORK_JSON_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    environment_id: _builtins.str
+    network_json: _builtins.str
+    """adx.model.NetworkPolicy"""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        environment_id: _builtins.str = ...,
+        network_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "network_json", b"network_json", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetNetworkRequest: _TypeAlias = SetNetworkRequest  # noqa: Y015

@@ -119,6 +119,11 @@ class CoordinatorStub:
                 request_serializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedResponse.FromString,
                 _registered_method=True)
+        self.SetNetwork = channel.unary_unary(
+                '/adx.coordinator.v1.Coordinator/SetNetwork',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.SetNetworkRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -228,6 +233,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetNetwork(self, request, context):
+        """API-facing: store a new network policy (a mutable spec field, NOD-10); the owning node applies it in place.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -315,6 +327,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ConfirmCheckpointDeleted,
                     request_deserializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedRequest.FromString,
                     response_serializer=adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedResponse.SerializeToString,
+            ),
+            'SetNetwork': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetNetwork,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.SetNetworkRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -776,6 +793,33 @@ class Coordinator:
             '/adx.coordinator.v1.Coordinator/ConfirmCheckpointDeleted',
             adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedRequest.SerializeToString,
             adx_dot_proto_dot_coordinator__pb2.ConfirmCheckpointDeletedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetNetwork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.Coordinator/SetNetwork',
+            adx_dot_proto_dot_coordinator__pb2.SetNetworkRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.EnvironmentReply.FromString,
             options,
             channel_credentials,
             insecure,

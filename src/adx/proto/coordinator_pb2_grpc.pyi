@@ -55,6 +55,8 @@ class CoordinatorStub:
     InspectNode: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.InspectNodeRequest, _coordinator_pb2.InspectNodeResponse]
     CommitResult: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.CommitResultRequest, _coordinator_pb2.CommitResultResponse]
     ConfirmCheckpointDeleted: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ConfirmCheckpointDeletedRequest, _coordinator_pb2.ConfirmCheckpointDeletedResponse]
+    SetNetwork: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.SetNetworkRequest, _coordinator_pb2.EnvironmentReply]
+    """API-facing: store a new network policy (a mutable spec field, NOD-10); the owning node applies it in place."""
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -78,6 +80,8 @@ class CoordinatorAsyncStub(CoordinatorStub):
     InspectNode: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.InspectNodeRequest, _coordinator_pb2.InspectNodeResponse]  # type: ignore[assignment]
     CommitResult: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CommitResultRequest, _coordinator_pb2.CommitResultResponse]  # type: ignore[assignment]
     ConfirmCheckpointDeleted: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ConfirmCheckpointDeletedRequest, _coordinator_pb2.ConfirmCheckpointDeletedResponse]  # type: ignore[assignment]
+    SetNetwork: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.SetNetworkRequest, _coordinator_pb2.EnvironmentReply]  # type: ignore[assignment]
+    """API-facing: store a new network policy (a mutable spec field, NOD-10); the owning node applies it in place."""
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -200,5 +204,13 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.ConfirmCheckpointDeletedRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.ConfirmCheckpointDeletedResponse, _abc.Awaitable[_coordinator_pb2.ConfirmCheckpointDeletedResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetNetwork(
+        self,
+        request: _coordinator_pb2.SetNetworkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.EnvironmentReply, _abc.Awaitable[_coordinator_pb2.EnvironmentReply]]:
+        """API-facing: store a new network policy (a mutable spec field, NOD-10); the owning node applies it in place."""
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

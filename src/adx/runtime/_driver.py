@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from adx.model import EnvironmentSpec, Resources
+from adx.model import EnvironmentSpec, NetworkPolicy, Resources
 
 
 @dataclass(frozen=True)
@@ -173,3 +173,7 @@ class RuntimeDriver(Protocol):
     async def network_namespace(self, execution: Execution) -> Path:
         """A path to the execution's network namespace (``/proc/<pid>/ns/net``): user ports are reached
         by connecting from inside it."""
+
+    async def set_network(self, execution: Execution, policy: NetworkPolicy) -> None:
+        """Replace a running execution's egress policy in place (no restart); ConflictError when it cannot
+        change in place (an execution started without egress)."""

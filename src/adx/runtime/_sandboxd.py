@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from adx._fs import ShortUnixPath
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UnavailableError, VersionMismatchError
-from adx.model import Resources
+from adx.model import NetworkPolicy, Resources
 from adx.runtime._driver import (
     Artifact,
     DriverCapabilities,
@@ -45,6 +45,7 @@ from adx.sandboxd import (
     RuntimeControlSubscription,
     SandboxdClient,
     SandboxRef,
+    SetNetworkRequest,
     ref_of,
 )
 from adx.sandboxd._models import SandboxInfo
@@ -113,6 +114,8 @@ class SandboxdDriver:
                 disk_bytes=env_spec.resources.disk_bytes or None,
             ),
             "metadata": {META_ENV: spec.env_id, META_EXECUTION: spec.execution_id},
+            # None: the node's default (sandboxd's defaults.network / defaults.network_policy).
+            "network_policy": env_spec.network,
         }
 
     @staticmethod
@@ -258,6 +261,9 @@ class SandboxdDriver:
             execd_socket=Path(info.execd_socket) if info.execd_socket is not None else None,
             started_at=info.created_at,
         )
+
+    async def set_network(self, execution: Execution, policy: NetworkPolicy) -> None:
+        await self.client.set_network(SetNetworkRequest(**_ref(execution).model_dump(), policy=policy))
 
     async def network_namespace(self, execution: Execution) -> Path:
         info = await self.client.get(_ref(execution))

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         RuntimeObservation,
         SandboxInfo,
         SandboxRef,
+        SetNetworkRequest,
         Stats,
         WaitResponse,
     )
@@ -64,6 +65,7 @@ __all__ = [
     "SandboxRef",
     "SandboxdClient",
     "SandboxdConfig",
+    "SetNetworkRequest",
     "State",
     "Stats",
     "WaitResponse",

@@ -43,6 +43,7 @@ from adx.sandboxd._models import (
     RestoreRequest,
     SandboxInfo,
     SandboxRef,
+    SetNetworkRequest,
     Stats,
     WaitRequest,
     WaitResponse,
@@ -228,6 +229,10 @@ class SandboxdClient:
 
     async def resume(self, ref: SandboxRef) -> SandboxInfo:
         return await self._call("Resume", ref, SandboxInfo)
+
+    async def set_network(self, request: SetNetworkRequest) -> SandboxInfo:
+        """Replace a running veth sandbox's egress policy in place (one nft transaction)."""
+        return await self._call("SetNetwork", request, SandboxInfo)
 
     async def checkpoint(
         self, ref: SandboxRef, storage: str = "local", leave_running: bool = True, call_timeout: float = 600.0

@@ -8,9 +8,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-# Import through adx.config (or adx.sandboxd) rather than this module first: adx.config registers this
-# model, so it must be initialised before us.
 from adx.config._base import LoggingConfig, StrictModel
+from adx.model import NetworkPolicy
 from adx.sandboxd._devices import DEVICE_ID
 
 __all__ = ["CapacityConfig", "DefaultsConfig", "SandboxdConfig"]
@@ -41,6 +40,11 @@ class DefaultsConfig(StrictModel):
         "is no longer a tmpfs but part of the sandbox's writable layer, which checkpoints keep",
     )
     network: Literal["none", "host", "veth"] = "none"
+    network_policy: NetworkPolicy | None = Field(
+        default=None,
+        description="the node default for Environments that give no network: {mode='egress', allow=[...], "
+        "deny=[...]}; unset: veth sandboxes reach every destination but other sandboxes and the node",
+    )
 
 
 class SandboxdConfig(StrictModel):

@@ -22,6 +22,7 @@ from adx.sandboxd._models import (
     ReclaimRequest,
     RestoreRequest,
     SandboxRef,
+    SetNetworkRequest,
     WaitRequest,
 )
 from adx.sandboxd._service import SandboxService
@@ -66,6 +67,7 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
         "Resource": Route(None, lambda _: service.resource(), t, shield=False),
         "Health": Route(None, lambda _: service.health(), t, shield=False),
         "Pause": Route(SandboxRef, service.pause, t, shield=True),
+        "SetNetwork": Route(SetNetworkRequest, service.set_network, t, shield=True),
         "Resume": Route(SandboxRef, service.resume, t, shield=True),
         "Checkpoint": Route(CheckpointRequest, service.checkpoint, config.checkpoint_timeout_seconds + t, shield=True),
         "DeleteCheckpoint": Route(

@@ -31,6 +31,7 @@ __all__ = [
     "MS_RDONLY",
     "MS_REC",
     "MS_REMOUNT",
+    "add_default_route",
     "clone3",
     "configure_interface",
     "drop_bounding_set",
@@ -371,6 +372,36 @@ def configure_interface(name: str, address: str, prefix: int) -> None:
         ifreq = struct.pack("16sH14s", name.encode(), 0, b"")
         flags = struct.unpack("16sH14s", fcntl.ioctl(sock, 0x8913, ifreq))[1]
         fcntl.ioctl(sock, 0x8914, struct.pack("16sH14s", name.encode(), flags | 0x1, b""))
+
+
+def add_default_route(gateway: str) -> None:
+    """Route everything through ``gateway`` (SIOCADDRT with RTF_UP|RTF_GATEWAY): the veth's host end, which
+    forwards (and NATs) what the node's egress policy lets through."""
+
+    def sockaddr(addr: bytes) -> bytes:
+        return struct.pack("=HH4s8s", socket.AF_INET, 0, addr, b"")
+
+    zero = socket.inet_aton("0.0.0.0")
+    # struct rtentry, native layout: pad1, dst, gateway, genmask, flags, pad2, pad3, pad4, metric, dev, mtu,
+    # window, irtt.
+    rtentry = struct.pack(
+        "@L16s16s16sHhLPhPLLH",
+        0,
+        sockaddr(zero),
+        sockaddr(socket.inet_aton(gateway)),
+        sockaddr(zero),
+        0x1 | 0x2,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    )
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        fcntl.ioctl(sock, 0x890B, rtentry)
 
 
 def peer_credentials(sock: Any) -> tuple[int, int, int]:

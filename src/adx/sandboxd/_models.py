@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from adx.model import NetworkPolicy
 from adx.sandboxd._states import State
 
 __all__ = [
@@ -147,6 +148,7 @@ class SandboxRecord(_Model):
     reason: str | None = None
     restored_from: str | None = None
     net_index: int | None = Field(default=None, description="veth mode: the /30 of the node's pool in use")
+    net_policy: NetworkPolicy | None = Field(default=None, description="veth mode: the egress policy in force")
     execd: ExecdOptions | None = None
     reclaimed_at: float | None = Field(
         default=None, description="when the owner last replaced the token (Reclaim); the create's token is void"
@@ -177,6 +179,10 @@ class CreateRequest(_Model):
     network: Literal["none", "host", "veth"] | None = Field(
         default=None,
         description="none: private netns with lo only; veth: plus a veth pair with a private /30; host: shared",
+    )
+    network_policy: NetworkPolicy | None = Field(
+        default=None,
+        description="egress: a veth with this allow/deny policy (nftables); none: lo only; unset: the defaults",
     )
 
     @field_validator("sandbox_id")
@@ -209,6 +215,20 @@ class CreateRequest(_Model):
         if self.init_argv is not None and not self.init_argv:
             raise ValueError("init_argv: must be a non-empty list of strings")
         return self
+
+
+class SetNetworkRequest(_Model):
+    """Replace a running veth sandbox's egress policy in place (one nft transaction)."""
+
+    sandbox_id: str
+    generation: int
+    token: str
+    owner: str | None = None
+    policy: NetworkPolicy
+
+    @property
+    def ref(self) -> SandboxRef:
+        return SandboxRef(sandbox_id=self.sandbox_id, generation=self.generation, token=self.token, owner=self.owner)
 
 
 class SandboxRef(_Model):
@@ -249,6 +269,7 @@ class SandboxInfo(_Model):
     )
     address: str | None = Field(default=None, description="veth mode: the sandbox's private IPv4 address")
     host_address: str | None = Field(default=None, description="veth mode: the host end's address")
+    network_policy: NetworkPolicy | None = Field(default=None, description="veth mode: the egress policy in force")
     observation_error: str | None = Field(default=None, description="native query failed; state is the last stored")
     reclaimed_at: float | None = Field(default=None, description="when the owner last replaced the token (Reclaim)")
 
@@ -415,6 +436,9 @@ class RestoreRequest(_Model):
     resources: ResourcesSpec | None = None
     metadata: dict[str, str] | None = None
     ttl_seconds: float | None = Field(default=None, gt=0)
+    network_policy: NetworkPolicy | None = Field(
+        default=None, description="default: the checkpointed sandbox's network and policy"
+    )
 
 
 # == runtime control (the subscription's observations; camelCase on the wire) ==========================

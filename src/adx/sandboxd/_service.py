@@ -36,6 +36,7 @@ from adx.errors import (
 )
 from adx.execd._control_hub import ControlHub
 from adx.execd._launch import init_argv, install_runtime
+from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd import _checkpoint as ckpt
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._config import SandboxdConfig
@@ -65,11 +66,13 @@ from adx.sandboxd._models import (
     SandboxInfo,
     SandboxRecord,
     SandboxRef,
+    SetNetworkRequest,
     Stats,
     StoredCheckpoint,
     WaitRequest,
     WaitResponse,
 )
+from adx.sandboxd._netpolicy import NetFilter
 from adx.sandboxd._registry import RECORD_TEMP, LoadedRegistry, Registry, Tombstone
 from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
@@ -192,6 +195,7 @@ class SandboxService:
         self._image_root = Path()
         self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
         self._next_net = 0
+        self.netfilter = NetFilter(config.state_dir, config.veth_pool)
         self._resource: ResourceInfo | None = None
         self._resource_error: str | None = None
         self.hub: ControlHub | None = None
@@ -216,6 +220,7 @@ class SandboxService:
         self.registry.initialize(loaded)
         log.info("registry open", extra={"owner": self.owner, "records": len(loaded.records)})
         self._preflight()
+        self._start_netfilter()
         if self.config.defaults.tmp_bytes is not None:
             log.warning(
                 "defaults.tmp_bytes is set but bounds nothing: /tmp is part of each sandbox's writable layer "
@@ -476,6 +481,26 @@ class SandboxService:
         if self.hub is not None:
             await self.hub.stop()
         await self.spawner.close()
+        try:
+            # The brief's rule: the table lives as long as the daemon; a restart re-installs every policy.
+            await asyncio.to_thread(self.netfilter.teardown)
+        except AdxError as exc:
+            log.warning("nftables table not removed: %s", exc)
+
+    def _start_netfilter(self) -> None:
+        """A fresh table, then every live veth sandbox's policy again (names resolved anew)."""
+        self.netfilter.setup()
+        if not self.netfilter.ready:
+            return
+        for rec in self.records.values():
+            if rec.net_policy is None or rec.net_index is None or rec.state in (State.STOPPING, State.FAILED):
+                continue
+            try:
+                self.netfilter.apply(self._host_if(rec), rec.net_policy)
+            except AdxError as exc:
+                # Fail closed: the sandbox keeps running but its veth refuses everything until a new policy.
+                log.error("network policy of %s not re-applied (%s): egress refused", rec.sandbox_id, exc)
+                self.netfilter.apply(self._host_if(rec), NetworkPolicy(mode=NetworkMode.NONE))
 
     # == helpers ====================================================================================
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
@@ -515,6 +540,7 @@ class SandboxService:
             execd_admin_socket=str(sdir / SOCKETS_DIR / EXECD_SOCKET_NAMES[1]) if rec.execd else None,
             address=veth["sandbox_ip"] if veth else None,
             host_address=veth["host_ip"] if veth else None,
+            network_policy=rec.net_policy,
             observation_error=observation_error,
             reclaimed_at=rec.reclaimed_at,
         )
@@ -534,6 +560,12 @@ class SandboxService:
         new = self._transition(rec, state, **changes)
         self.registry.put(new)
         self.records[rec.sandbox_id] = new
+        return new
+
+    def _persist(self, new: SandboxRecord) -> SandboxRecord:
+        """Persist a change that is no state transition (the disk is the commit point), then publish it."""
+        self.registry.put(new)
+        self.records[new.sandbox_id] = new
         return new
 
     async def _set(self, rec: SandboxRecord, state: State, **changes: Any) -> SandboxRecord:
@@ -714,6 +746,8 @@ class SandboxService:
                     )
             elif where == "replaced" and native is not None:
                 log.warning("sandbox %s: cgroup was replaced by another; not touching it", sandbox_id)
+            if rec.net_index is not None:
+                self.netfilter.remove(self._host_if(rec))  # the veth died with the namespace; now its rules
             tomb = self.registry.write_tombstone(rec, {"cgroup": where, "reason": "deleted"})
             _fault("delete.after_tombstone")
             self.pending_reclaim[sandbox_id] = tomb
@@ -807,6 +841,12 @@ class SandboxService:
                     f"insufficient {name}: {want} requested, {have - used} of {have} free",
                     details={"resource": name, "requested": want, "free": have - used},
                 )
+        network = req.network or d.network
+        policy = req.network_policy
+        if policy is not None:
+            network = "veth" if policy.mode is NetworkMode.EGRESS else "none"
+        elif network == "veth":
+            policy = d.network_policy or NetworkPolicy(mode=NetworkMode.EGRESS)
         now = time.time()
         rec = SandboxRecord(
             sandbox_id=sandbox_id,
@@ -820,14 +860,15 @@ class SandboxService:
             execd=req.execd,
             env=req.env,
             cwd=req.cwd,
-            network=req.network or d.network,
+            network=network,
+            net_policy=policy if network == "veth" else None,
             resources=res,
             metadata=req.metadata,
             created_at=now,
             updated_at=now,
             expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
             restored_from=restore[1]["checkpoint_id"] if restore else None,
-            net_index=self._allocate_net() if (req.network or d.network) == "veth" else None,
+            net_index=self._allocate_net() if network == "veth" else None,
         )
         self.records[sandbox_id] = rec  # reserved from here on
         self.by_request[req.request_id] = sandbox_id
@@ -869,12 +910,16 @@ class SandboxService:
                 return index
         raise ConflictError(f"veth pool {pool} is exhausted", details={"pool": str(pool)})
 
+    @staticmethod
+    def _host_if(rec: SandboxRecord) -> str:
+        return "adxv" + hashlib.sha256(rec.sandbox_id.encode()).hexdigest()[:10]
+
     def _veth(self, rec: SandboxRecord) -> dict[str, Any] | None:
         if rec.net_index is None:
             return None
         base = ipaddress.ip_network(self.config.veth_pool).network_address + 4 * rec.net_index
         return {
-            "host_if": "adxv" + hashlib.sha256(rec.sandbox_id.encode()).hexdigest()[:10],
+            "host_if": self._host_if(rec),
             "host_ip": str(base + 1),
             "sandbox_ip": str(base + 2),
             "prefix": 30,
@@ -1063,6 +1108,12 @@ class SandboxService:
                 error = exc
             except OSError as exc:
                 error = UnavailableError(f"restore of {rec.sandbox_id} failed: {exc}")
+        if error is None and rec.net_policy is not None and self.netfilter.ready:
+            # Before the veth exists: the sandbox's first packet already meets its policy.
+            try:
+                await asyncio.to_thread(self.netfilter.apply, self._host_if(rec), rec.net_policy)
+            except AdxError as exc:
+                error = exc
         if error is None:
             try:
                 t1 = time.perf_counter()
@@ -1307,6 +1358,28 @@ class SandboxService:
             artifact_roots={name: str(path) for name, path in self.config.artifact_roots().items()},
         )
 
+    async def set_network(self, req: SetNetworkRequest) -> SandboxInfo:
+        """Replace one running sandbox's egress policy in place: one nft transaction, then the record."""
+        rec = self._auth(req.ref)
+        async with self._lock(rec.sandbox_id):
+            if self._current(req.ref) is None:
+                raise self._deleted(rec.sandbox_id)
+            rec = self.records[rec.sandbox_id]
+            if rec.net_index is None:
+                if req.policy.mode is NetworkMode.NONE:
+                    return self._info(rec)  # lo only already
+                raise ConflictError(
+                    f"network.mode: sandbox {rec.sandbox_id} was created without a veth (network "
+                    f"{rec.network!r}); egress needs a new sandbox",
+                    details={"sandbox_id": rec.sandbox_id},
+                )
+            if not self.netfilter.ready:
+                raise UnavailableError("network policy unavailable: nftables is not set up (is nft installed?)")
+            await asyncio.to_thread(self.netfilter.apply, self._host_if(rec), req.policy)
+            rec = await asyncio.to_thread(self._persist, rec.model_copy(update={"net_policy": req.policy}))
+            log.info("network policy replaced", extra={"sandbox_id": rec.sandbox_id, "mode": req.policy.mode.value})
+            return self._info(rec)
+
     async def pause(self, ref: SandboxRef) -> SandboxInfo:
         """Freeze every process of the sandbox (cgroup freezer); state becomes Paused by observation."""
         return await self._freeze(ref, freeze=True)
@@ -1368,6 +1441,7 @@ class SandboxService:
                     "env": rec.env,
                     "cwd": rec.cwd,
                     "network": rec.network,
+                    "network_policy": rec.net_policy.to_wire() if rec.net_policy else None,
                     "resources": rec.resources.model_dump(),
                     "metadata": rec.metadata,
                 },
@@ -1472,6 +1546,9 @@ class SandboxService:
             metadata=req.metadata if req.metadata is not None else spec["metadata"],
             ttl_seconds=req.ttl_seconds,
             network=spec["network"],
+            # The Environment's current policy (it may have changed while paused), else the checkpointed one.
+            network_policy=req.network_policy
+            or (NetworkPolicy.model_validate(spec["network_policy"]) if spec.get("network_policy") else None),
         )
         return await self.create(create, restore=(artifact, manifest))
 

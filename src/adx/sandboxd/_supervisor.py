@@ -161,6 +161,7 @@ def _in_namespace_setup(
             wait_go()  # the supervisor moves our end of the veth pair into this namespace first
             veth = spec["veth"]
             lx.configure_interface("eth0", veth["sandbox_ip"], veth["prefix"])
+            lx.add_default_route(veth["host_ip"])  # egress goes through the node (nftables policy + NAT)
         lx.sethostname(spec["hostname"])
         os.chdir(root)
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.

@@ -26,7 +26,7 @@ from adx.sdk._models import (
     not_started,
 )
 from adx.sdk._settings import resolve
-from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, pause_call_timeout
+from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
 
 USER_AGENT = "adx-python/0.1"
 DEFAULT_TIMEOUT = 30.0
@@ -173,6 +173,7 @@ class Environments:
         lifetime_action: IdleAction | str | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        network: Mapping[str, Any] | None = None,
         wait: bool = True,
         wait_timeout: float = 120.0,
         idempotency_key: str | None = None,
@@ -197,6 +198,7 @@ class Environments:
             lifetime_action=lifetime_action,
             env=env,
             metadata=metadata,
+            network=network,
         )
         key = idempotency_key or str(uuid.uuid4())
         response = self._client.request(
@@ -284,6 +286,22 @@ class Environment(EnvironmentFields):
             what=f"set lifetime of {self.id}",
             idempotent=True,
             json=lifetime_body(seconds, action),
+        )
+        self._apply(response.json())
+        return self
+
+    def set_network(
+        self, mode: str = "egress", allow: Sequence[str] | None = None, deny: Sequence[str] | None = None
+    ) -> Environment:
+        """Replace the network policy: ``mode`` "none" (only lo) or "egress" (through the node, NAT), ``allow``
+        (only these, plus DNS) and ``deny`` (wins) lists of CIDRs or DNS names (resolved when applied). A running
+        Environment gets it without a restart; a paused one when it resumes."""
+        response = self._client.request(
+            "POST",
+            f"/v1/environments/{self.id}/network",
+            what=f"set network of {self.id}",
+            idempotent=True,
+            json=network_body(mode, allow, deny),
         )
         self._apply(response.json())
         return self

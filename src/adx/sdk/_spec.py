@@ -15,6 +15,7 @@ from adx.model import (
     EnvironmentSpec,
     IdleAction,
     Lifecycle,
+    NetworkPolicy,
     PauseOptions,
     RetentionPolicy,
     parse_bytes,
@@ -131,6 +132,21 @@ def lifetime_body(seconds: float, action: IdleAction | str | None = None) -> dic
     return body
 
 
+def network_body(
+    mode: str = "egress", allow: Sequence[str] | None = None, deny: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """A network policy's camelCase body: ``mode`` "none" or "egress"; ``allow`` (only these, plus DNS) and
+    ``deny`` (wins over allow) are CIDRs or DNS names, resolved by the node when the policy is applied."""
+    if isinstance(allow, str) or isinstance(deny, str):
+        raise InvalidInputError("network", "allow and deny must be lists of CIDRs or DNS names, not a string")
+    body: dict[str, Any] = {"mode": mode}
+    if allow is not None:
+        body["allow"] = list(allow)
+    if deny is not None:
+        body["deny"] = list(deny)
+    return parse_wire(NetworkPolicy, body, root="network").to_wire()
+
+
 def pause_call_timeout(lifecycle: Lifecycle, floor: float) -> float:
     """How long a pause call may take: the capture's own bound (``pauseOptions.timeoutSeconds``) plus what
     freezing, publishing and stopping add; never shorter than the client's ``floor``."""
@@ -153,6 +169,7 @@ def build_spec(
     lifetime_action: IdleAction | str | None = None,
     env: Mapping[str, str] | None = None,
     metadata: Mapping[str, str] | None = None,
+    network: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The camelCase spec for ``POST /v1/environments``; InvalidInputError names the SDK argument."""
     resources = {
@@ -190,6 +207,8 @@ def build_spec(
         spec["env"] = dict(env)
     if metadata is not None:
         spec["metadata"] = dict(metadata)
+    if network is not None:
+        spec["network"] = dict(network)  # network_body(...)
     try:
         parse_wire(EnvironmentSpec, spec)
     except InvalidInputError as exc:

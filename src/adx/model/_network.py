@@ -1,0 +1,53 @@
+"""An Environment's network policy (the mutable ``network`` part of its spec, NOD-10)."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+from adx.model._base import ApiModel
+
+__all__ = ["MAX_NETWORK_TARGETS", "NetworkMode", "NetworkPolicy", "is_cidr"]
+
+MAX_NETWORK_TARGETS = 256
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens; at least one letter somewhere
+# so that a malformed address ("10.0.0.300") is not read as a name.
+_LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+_DNS_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+
+
+class NetworkMode(enum.StrEnum):
+    NONE = "none"  # a network namespace with only lo
+    EGRESS = "egress"  # plus a veth pair, NAT through the node, filtered by allow/deny
+
+
+def is_cidr(value: str) -> bool:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _target(value: str) -> str:
+    if is_cidr(value):
+        return str(ipaddress.ip_network(value, strict=False))
+    if _DNS_NAME.match(value) and not value.replace(".", "").isdigit():
+        return value.rstrip(".").lower()
+    raise ValueError("not a CIDR or DNS name")
+
+
+Target = Annotated[str, AfterValidator(_target)]
+
+
+class NetworkPolicy(ApiModel):
+    """``allow``: when given, only these destinations are reachable (plus DNS); ``deny`` wins over ``allow``.
+    DNS names are resolved by sandboxd when the policy is applied (create, change, resume), not per packet."""
+
+    mode: NetworkMode = NetworkMode.NONE
+    allow: list[Target] | None = Field(default=None, max_length=MAX_NETWORK_TARGETS)
+    deny: list[Target] = Field(default_factory=list, max_length=MAX_NETWORK_TARGETS)
