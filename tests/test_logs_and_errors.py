@@ -21,7 +21,7 @@ from adx.logs import configure_logging
 
 
 @pytest.fixture
-def restore_root_logger():  # type: ignore[no-untyped-def]
+def restore_root_logger():
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield
@@ -29,7 +29,7 @@ def restore_root_logger():  # type: ignore[no-untyped-def]
     root.setLevel(level)
 
 
-def test_json_lines_carry_component_and_context(restore_root_logger) -> None:  # type: ignore[no-untyped-def]
+def test_json_lines_carry_component_and_context(restore_root_logger) -> None:
     out = io.StringIO()
     configure_logging("coordinator", "debug", "json", stream=out)
     logging.getLogger("adx.test").info("committed %s", "env-1", extra={"env_id": "env-1", "generation": 3})
@@ -39,7 +39,7 @@ def test_json_lines_carry_component_and_context(restore_root_logger) -> None:  #
     assert (line["env_id"], line["generation"], line["level"]) == ("env-1", 3, "info")
 
 
-def test_kv_lines_quote_values_with_spaces(restore_root_logger) -> None:  # type: ignore[no-untyped-def]
+def test_kv_lines_quote_values_with_spaces(restore_root_logger) -> None:
     out = io.StringIO()
     configure_logging("node", "info", "kv", stream=out)
     logging.getLogger("adx.test").warning("two words", extra={"env_id": "e1"})

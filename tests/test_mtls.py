@@ -17,7 +17,7 @@ from adx.proto import health_pb2, health_pb2_grpc
 class WhoAmI(health_pb2_grpc.HealthServicer):
     """Answers with the caller's verified identity (nodes only)."""
 
-    async def Check(self, request, context):  # type: ignore[no-untyped-def]
+    async def Check(self, request, context):
         identity = await require_peer(context, "node")
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING, detail=identity.name)
 

@@ -22,7 +22,7 @@ async def env_count(stack: ApiStack) -> int:
 
 
 @pytest.mark.req("ENV-1")
-async def test_create_get_list_delete_over_http(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_create_get_list_delete_over_http(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     await stack.register_node("n1")
@@ -72,7 +72,7 @@ async def test_create_get_list_delete_over_http(api_stack) -> None:  # type: ign
         ({"resourcez": {}}, "resourcez"),
     ],
 )
-async def test_bad_specs_are_422_naming_the_field_and_create_nothing(api_stack, change, field) -> None:  # type: ignore[no-untyped-def]
+async def test_bad_specs_are_422_naming_the_field_and_create_nothing(api_stack, change, field) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     await stack.register_node("n1")
@@ -88,7 +88,7 @@ async def test_bad_specs_are_422_naming_the_field_and_create_nothing(api_stack, 
 
 
 @pytest.mark.req("ENV-5")
-async def test_malformed_bodies_and_keys_are_422(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_malformed_bodies_and_keys_are_422(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     await stack.register_node("n1")
@@ -102,7 +102,7 @@ async def test_malformed_bodies_and_keys_are_422(api_stack) -> None:  # type: ig
     assert await env_count(stack) == 0
 
 
-async def test_unknown_or_missing_keys_are_401(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_unknown_or_missing_keys_are_401(api_stack) -> None:
     stack: ApiStack = await api_stack()
     for key in (None, "adx_not-a-key"):
         async with stack.http(key) as http:
@@ -116,7 +116,7 @@ async def test_unknown_or_missing_keys_are_401(api_stack) -> None:  # type: igno
 
 
 @pytest.mark.req("SEC-2")
-async def test_another_tenants_environment_is_a_404_like_a_missing_one(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_another_tenants_environment_is_a_404_like_a_missing_one(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key_a, key_b = await stack.tenant("alpha"), await stack.tenant("beta")
     await stack.register_node("n1")
@@ -153,7 +153,7 @@ async def test_another_tenants_environment_is_a_404_like_a_missing_one(api_stack
         assert (await a.get(f"/v1/environments/{env['id']}")).json()["state"] == "pending"
 
 
-async def test_idempotency_key_returns_the_same_environment(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_idempotency_key_returns_the_same_environment(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key_a, key_b = await stack.tenant("alpha"), await stack.tenant("beta")
     await stack.register_node("n1")
@@ -168,7 +168,7 @@ async def test_idempotency_key_returns_the_same_environment(api_stack) -> None: 
     assert await env_count(stack) == 2
 
 
-async def test_no_capacity_and_coordinator_down_are_503(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_no_capacity_and_coordinator_down_are_503(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     async with stack.http(key) as http:
@@ -186,7 +186,7 @@ async def test_no_capacity_and_coordinator_down_are_503(api_stack) -> None:  # t
         assert response.headers["retry-after"] == "1"
 
 
-async def test_pause_and_resume_of_an_environment_that_is_not_running_are_409(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_pause_and_resume_of_an_environment_that_is_not_running_are_409(api_stack) -> None:
     """Pause needs a running Environment, resume a paused (or running) one; a pending one is neither."""
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
@@ -203,7 +203,7 @@ async def test_pause_and_resume_of_an_environment_that_is_not_running_are_409(ap
         assert response.status_code == 200 and response.json()["expiresAt"] > time.time() + 50
 
 
-async def test_openapi_is_served_with_the_camelcase_contract(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_openapi_is_served_with_the_camelcase_contract(api_stack) -> None:
     stack: ApiStack = await api_stack()
     async with httpx.AsyncClient(base_url=stack.url) as http:
         schema = (await http.get("/openapi.json")).json()
@@ -225,7 +225,7 @@ async def test_openapi_is_served_with_the_camelcase_contract(api_stack) -> None:
     assert "bearer" in str(schema["components"]["securitySchemes"]).lower()
 
 
-async def test_twenty_concurrent_creates_all_succeed(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_twenty_concurrent_creates_all_succeed(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     await stack.register_node("n1", cpu_millis=20 * 500, memory_bytes=20 * 256 * 2**20)
@@ -240,7 +240,7 @@ async def test_twenty_concurrent_creates_all_succeed(api_stack) -> None:  # type
         assert {e["id"] for e in (await http.get("/v1/environments")).json()["environments"]} == ids
 
 
-def test_ingress_alone_serves_only_the_data_plane(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_ingress_alone_serves_only_the_data_plane(tmp_path) -> None:
     from adx.api import ApiConfig, create_app
 
     def routes(app: Any) -> set[tuple[str, str]]:

@@ -18,7 +18,7 @@ from adx.proto import coordinator_pb2 as pb
 SPEC = {"resources": {"cpuMillis": 500, "memoryBytes": 2**28}, "metadata": {"attempt": "first"}}
 
 
-async def test_sigkill_mid_create_then_restart_keeps_the_environment_and_the_retry_returns_it(  # type: ignore[no-untyped-def]
+async def test_sigkill_mid_create_then_restart_keeps_the_environment_and_the_retry_returns_it(
     coordinator_cluster, tmp_path: Path
 ) -> None:
     cluster, _ = await coordinator_cluster()

@@ -53,7 +53,7 @@ def resume_reporting(agent: Any) -> None:
 
 
 @pytest.mark.req("ENV-1")
-async def test_a_create_while_redis_is_down_is_a_retryable_503_and_leaves_nothing(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_a_create_while_redis_is_down_is_a_retryable_503_and_leaves_nothing(node_cluster, api_for) -> None:
     nc = await node_cluster(redis_timeout=1.0)
     stack: ApiStack = await api_for(nc.cluster, auth_cache_seconds=60)
     key = await stack.tenant("alpha")
@@ -93,7 +93,7 @@ async def test_a_create_while_redis_is_down_is_a_retryable_503_and_leaves_nothin
 
 
 @pytest.mark.req("ENV-1", "NOD-6")
-async def test_a_node_not_admitting_gets_a_retryable_503_never_a_failed_environment(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_a_node_not_admitting_gets_a_retryable_503_never_a_failed_environment(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -121,7 +121,7 @@ async def test_a_node_not_admitting_gets_a_retryable_503_never_a_failed_environm
 @pytest.mark.req("ENV-1")
 async def test_a_node_that_refuses_for_a_passing_reason_hands_the_create_to_the_next_node(
     node_cluster, api_for
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     nc = await node_cluster(nodes=("n1", "n2"))
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -142,7 +142,7 @@ async def test_a_node_that_refuses_for_a_passing_reason_hands_the_create_to_the_
 
 
 @pytest.mark.req("ENV-1")
-async def test_placement_skips_nodes_the_coordinator_knows_are_not_admitting(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_placement_skips_nodes_the_coordinator_knows_are_not_admitting(api_stack) -> None:
     """Closed admission and an expired session are passing states: 503 not_admitting with Retry-After; a node
     without room is no_capacity (503 with its own Retry-After); neither stores anything."""
     stack: ApiStack = await api_stack()

@@ -137,7 +137,7 @@ def test_up_detects_reports_and_restarts_a_crashed_server(tmp_path: Path) -> Non
             proc.wait()
 
 
-def test_up_uses_external_servers_when_given(tmp_path: Path, redis_server, postgres_server) -> None:  # type: ignore[no-untyped-def]
+def test_up_uses_external_servers_when_given(tmp_path: Path, redis_server, postgres_server) -> None:
     state = tmp_path / "state"
     env = {
         **os.environ,

@@ -36,7 +36,7 @@ def as_user(stack: ApiStack, key: str) -> dict[str, str]:
     return {"ADX_API_URL": stack.url, "ADX_API_KEY": key, "XDG_CONFIG_HOME": "/nonexistent"}
 
 
-async def test_tenant_create_then_env_create_list_get_delete(api_stack) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_tenant_create_then_env_create_list_get_delete(api_stack) -> None:  # noqa: F811
     stack: ApiStack = await api_stack()
     await stack.register_node("n1")
     certs = str(stack.config.certs_dir)
@@ -74,7 +74,7 @@ async def test_tenant_create_then_env_create_list_get_delete(api_stack) -> None:
 
 
 @pytest.mark.req("ENV-5")
-async def test_env_errors_exit_with_their_family_code(api_stack) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_env_errors_exit_with_their_family_code(api_stack) -> None:  # noqa: F811
     stack: ApiStack = await api_stack()
     await stack.register_node("n1")
     user = as_user(stack, await stack.tenant("acme"))
@@ -93,7 +93,7 @@ async def test_env_errors_exit_with_their_family_code(api_stack) -> None:  # typ
     assert await stack.cluster.coordinator.store.load_all_environments() == []
 
 
-async def test_env_exec_streams_output_and_exits_with_the_commands_code(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_env_exec_streams_output_and_exits_with_the_commands_code(node_cluster, api_for) -> None:  # noqa: F811
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     user = as_user(stack, await stack.tenant("acme"))
@@ -137,7 +137,7 @@ async def test_env_exec_streams_output_and_exits_with_the_commands_code(node_clu
 
 
 @pytest.mark.req("ENV-1", "ENV-3", "ENV-5", "RST-2")
-async def test_lifecycle_flags_refuse_bad_values_naming_the_flag(api_stack) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_lifecycle_flags_refuse_bad_values_naming_the_flag(api_stack) -> None:  # noqa: F811
     stack: ApiStack = await api_stack()
     await stack.register_node("n1")
     user = as_user(stack, await stack.tenant("acme"))
@@ -166,7 +166,7 @@ async def test_lifecycle_flags_refuse_bad_values_naming_the_flag(api_stack) -> N
 
 
 @pytest.mark.req("ENV-1", "ENV-3", "CRD-5", "MET-1")
-async def test_env_create_with_policies_then_pause_resume_lifetime(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_env_create_with_policies_then_pause_resume_lifetime(node_cluster, api_for) -> None:  # noqa: F811
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     user = as_user(stack, await stack.tenant("acme"))

@@ -35,7 +35,7 @@ def new_record(node: str, tenant: str = "acme") -> EnvironmentRecord:
     )
 
 
-def seeder(node: str, count: int):  # type: ignore[no-untyped-def]
+def seeder(node: str, count: int):
     async def seed(url: str) -> list[EnvironmentRecord]:
         return await seed_environments(url, node, count)
 
@@ -53,7 +53,7 @@ async def seed_environments(url: str, node: str, count: int) -> list[Environment
     return records
 
 
-async def call(what: str, coro):  # type: ignore[no-untyped-def]
+async def call(what: str, coro):
     try:
         return await coro
     except grpc.aio.AioRpcError as exc:
@@ -67,7 +67,7 @@ async def register(stub: pb_grpc.CoordinatorStub, node: str) -> str:
 
 
 @pytest.mark.req("CRD-2", "CRD-4", "SEC-1")
-async def test_inspect_node_serves_the_loaded_catalog_to_its_own_node_only(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_inspect_node_serves_the_loaded_catalog_to_its_own_node_only(coordinator_cluster) -> None:
     cluster, seeded = await coordinator_cluster(before_start=seeder("n1", 3))
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
@@ -87,7 +87,7 @@ async def test_inspect_node_serves_the_loaded_catalog_to_its_own_node_only(coord
 
 
 @pytest.mark.req("SEC-1")
-async def test_a_caller_without_a_client_certificate_is_refused(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_caller_without_a_client_certificate_is_refused(coordinator_cluster) -> None:
     cluster, _ = await coordinator_cluster()
     ca = (cluster.certs / "ca.pem").read_bytes()
     async with grpc.aio.secure_channel(
@@ -98,7 +98,7 @@ async def test_a_caller_without_a_client_certificate_is_refused(coordinator_clus
 
 
 @pytest.mark.req("CRD-4")
-async def test_inspect_needs_an_unexpired_session_but_not_closed_admission(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_inspect_needs_an_unexpired_session_but_not_closed_admission(coordinator_cluster) -> None:
     cluster, _ = await coordinator_cluster(session_ttl=0.5)
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
@@ -122,7 +122,7 @@ async def test_inspect_needs_an_unexpired_session_but_not_closed_admission(coord
 
 
 @pytest.mark.req("CRD-2")
-async def test_catalog_is_served_from_cache_while_redis_is_down(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_catalog_is_served_from_cache_while_redis_is_down(coordinator_cluster) -> None:
     cluster, seeded = await coordinator_cluster(redis_timeout=1.0, before_start=seeder("n1", 2))
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
@@ -149,7 +149,7 @@ async def test_catalog_is_served_from_cache_while_redis_is_down(coordinator_clus
 
 
 @pytest.mark.req("CRD-2")
-async def test_uncertain_commit_invalidates_the_catalog_until_reloaded(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_uncertain_commit_invalidates_the_catalog_until_reloaded(coordinator_cluster) -> None:
     cluster, seeded = await coordinator_cluster(redis_timeout=0.3, before_start=seeder("n1", 1))
     channel, stub = cluster.stub("n1")
     session = await register(stub, "n1")
@@ -186,7 +186,7 @@ async def test_uncertain_commit_invalidates_the_catalog_until_reloaded(coordinat
     await channel.close()
 
 
-async def test_commit_result_checks_owner_version_and_fields(coordinator_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_commit_result_checks_owner_version_and_fields(coordinator_cluster) -> None:
     cluster, seeded = await coordinator_cluster(before_start=seeder("n1", 1))
     env = seeded[0]
     channel, stub = cluster.stub("n1")

@@ -108,7 +108,7 @@ def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
         EmbeddedPostgres(tmp_path, bin_dir=tmp_path)
 
 
-def test_session_servers_answer(redis_server, postgres_server) -> None:  # type: ignore[no-untyped-def]
+def test_session_servers_answer(redis_server, postgres_server) -> None:
     assert redis.Redis.from_url(redis_server.url).ping()
     with psycopg.connect(postgres_server.url) as conn:
         assert conn.execute("SELECT current_database()").fetchone() == ("adx",)

@@ -22,7 +22,7 @@ async def wait_deleted(client: adx.AsyncClient, env_id: str, within: float = 20)
 
 
 @pytest.mark.req("SEC-2", "SEC-4")
-async def test_create_run_files_delete_through_ingress_and_relay(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_create_run_files_delete_through_ingress_and_relay(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key_a, key_b = await stack.tenant("alpha"), await stack.tenant("beta")
@@ -89,7 +89,7 @@ async def test_create_run_files_delete_through_ingress_and_relay(node_cluster, a
 
 
 @pytest.mark.req("SEC-4")
-async def test_user_ports_are_proxied_into_the_sandbox_after_the_tenant_check(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_user_ports_are_proxied_into_the_sandbox_after_the_tenant_check(node_cluster, api_for) -> None:
     """A service listening on 127.0.0.1 inside the sandbox's own network namespace, reached through
     Ingress -> Relay (which connects from within that namespace)."""
     nc = await node_cluster()
@@ -127,7 +127,7 @@ async def test_user_ports_are_proxied_into_the_sandbox_after_the_tenant_check(no
         await wait_deleted(client, env.id)
 
 
-async def test_unreachable_relay_and_slow_starts_get_clear_503s(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_unreachable_relay_and_slow_starts_get_clear_503s(api_stack) -> None:
     stack: ApiStack = await api_stack(route_cache_seconds=0, start_wait_seconds=0.3)
     key = await stack.tenant("alpha")
     node = await stack.register_node("n1", relay_address="127.0.0.1:1")

@@ -21,7 +21,7 @@ async def eventually(predicate: Any, within: float = 5.0) -> None:
 
 
 @pytest.mark.req("CRD-1")
-async def test_a_delete_through_another_replica_drops_the_cached_route_at_once(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_a_delete_through_another_replica_drops_the_cached_route_at_once(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -48,7 +48,7 @@ async def test_a_delete_through_another_replica_drops_the_cached_route_at_once(n
 @pytest.mark.req("JRN-4", "CRD-1", "ENV-6")
 async def test_cached_routes_keep_serving_through_an_outage_and_pause_still_reaches_the_node(
     node_cluster, api_for
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     nc = await node_cluster(redis_timeout=1.0)
     stack = await api_for(nc.cluster, auth_cache_seconds=120)
     key = await stack.tenant("alpha")
@@ -91,7 +91,7 @@ async def test_cached_routes_keep_serving_through_an_outage_and_pause_still_reac
 
 
 @pytest.mark.req("JRN-4", "CRD-1")
-async def test_a_resync_reconciles_the_cache_instead_of_dropping_it(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_a_resync_reconciles_the_cache_instead_of_dropping_it(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")

@@ -12,7 +12,7 @@ import adx
 
 
 @pytest.mark.req("CRD-5", "ENV-4")
-async def test_a_paused_environment_woken_on_two_ingresses_at_once_resumes_once(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_a_paused_environment_woken_on_two_ingresses_at_once_resumes_once(node_cluster, api_for) -> None:
     nc = await node_cluster()
     first: ApiStack = await api_for(nc.cluster)
     second: ApiStack = await api_for(nc.cluster)  # a second, independent API server + Ingress (own HTTP server)

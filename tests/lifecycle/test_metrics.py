@@ -37,7 +37,7 @@ def for_env(metrics: dict[str, dict[tuple[tuple[str, str], ...], float]], name: 
 
 
 @pytest.mark.req("MET-1", "MET-3", "MET-4", "IDLE-7")
-async def test_running_environments_are_sampled_and_paused_ones_are_not(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_running_environments_are_sampled_and_paused_ones_are_not(node_cluster, api_for) -> None:
     nc = await node_cluster(metrics_interval=0.3, metrics_listen=True)
     agent = nc.nodes["n1"]
     stack: ApiStack = await api_for(nc.cluster)
@@ -99,7 +99,7 @@ async def test_running_environments_are_sampled_and_paused_ones_are_not(node_clu
 
 
 @pytest.mark.req("MET-1")
-async def test_stats_of_another_tenant_or_a_stopped_environment_are_refused(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_stats_of_another_tenant_or_a_stopped_environment_are_refused(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     alpha, beta = await stack.tenant("alpha"), await stack.tenant("beta")
@@ -118,7 +118,7 @@ async def test_stats_of_another_tenant_or_a_stopped_environment_are_refused(node
 
 
 @pytest.mark.req("MET-2", "MET-3")
-async def test_hanging_or_failing_stats_never_hold_or_change_the_lifecycle(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_hanging_or_failing_stats_never_hold_or_change_the_lifecycle(node_cluster, api_for) -> None:
     """sandboxd's Stats hangs (a fault injected into the runtime's Stats call): sampling rounds are stuck, yet
     creates and pauses go through. Then Stats fails: the Environment stays running, nothing restarts."""
     from adx.errors import UnavailableError
@@ -131,7 +131,7 @@ async def test_hanging_or_failing_stats_never_hold_or_change_the_lifecycle(node_
     in_flight = 0
     most = 0
 
-    async def hanging(execution):  # type: ignore[no-untyped-def]
+    async def hanging(execution):
         nonlocal in_flight, most
         in_flight += 1
         most = max(most, in_flight)
@@ -156,7 +156,7 @@ async def test_hanging_or_failing_stats_never_hold_or_change_the_lifecycle(node_
         assert time.monotonic() - started < 10 and second.state == "running" and first.state == "paused"
         assert 1 <= most <= MAX_CONCURRENT_STATS
 
-        async def failing(execution):  # type: ignore[no-untyped-def]
+        async def failing(execution):
             raise UnavailableError("sandboxd: stats failed (injected)")
 
         agent.driver.stats = failing

@@ -43,7 +43,7 @@ async def eventually(predicate: Any, within: float = 15.0) -> None:
 
 
 @pytest.mark.req("IDLE-5", "IDLE-6", "ENV-4", "CTL-6", "CRD-9")
-async def test_idle_pause_then_wake_three_cycles_lose_nothing(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_idle_pause_then_wake_three_cycles_lose_nothing(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -73,7 +73,7 @@ async def test_idle_pause_then_wake_three_cycles_lose_nothing(node_cluster, api_
 
 
 @pytest.mark.req("CRD-1", "CRD-5", "ENV-3")
-async def test_manual_pause_and_resume(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_manual_pause_and_resume(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -99,7 +99,7 @@ async def test_manual_pause_and_resume(node_cluster, api_for) -> None:  # type: 
 
 
 @pytest.mark.req("IDLE-6")
-async def test_requests_racing_the_automatic_pause_are_never_lost(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_requests_racing_the_automatic_pause_are_never_lost(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -119,7 +119,7 @@ async def test_requests_racing_the_automatic_pause_are_never_lost(node_cluster, 
 
 
 @pytest.mark.req("CRD-5", "CRD-6", "ENV-3")
-async def test_shared_checkpoint_resumes_on_another_node_when_its_node_is_gone(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_shared_checkpoint_resumes_on_another_node_when_its_node_is_gone(node_cluster, api_for) -> None:
     nc = await node_cluster(nodes=("n1", "n2"), shared_checkpoints=True, session_ttl=2.0)
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -142,7 +142,7 @@ async def test_shared_checkpoint_resumes_on_another_node_when_its_node_is_gone(n
 
 
 @pytest.mark.req("CRD-10", "CRD-6", "CRD-5")
-async def test_a_recovery_whose_target_node_is_lost_goes_on_to_another_node_by_itself(  # type: ignore[no-untyped-def]
+async def test_a_recovery_whose_target_node_is_lost_goes_on_to_another_node_by_itself(
     node_cluster, api_for, monkeypatch
 ) -> None:
     """Node A holding a paused (shared) Environment is lost; the first demand starts its recovery on B, and B is
@@ -201,7 +201,7 @@ async def test_a_recovery_whose_target_node_is_lost_goes_on_to_another_node_by_i
 
 
 @pytest.mark.req("ENV-3")
-async def test_shared_storage_is_refused_without_a_node_that_has_it(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_shared_storage_is_refused_without_a_node_that_has_it(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -213,7 +213,7 @@ async def test_shared_storage_is_refused_without_a_node_that_has_it(node_cluster
 
 
 @pytest.mark.req("ENV-3", "CRD-8", "CRD-9")
-async def test_ttl_expiry_deletes_checkpoint_and_environment_forever_keeps_them(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_ttl_expiry_deletes_checkpoint_and_environment_forever_keeps_them(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -240,7 +240,7 @@ async def test_ttl_expiry_deletes_checkpoint_and_environment_forever_keeps_them(
 
 
 @pytest.mark.req("CRD-8", "CRD-9")
-async def test_delete_racing_a_resume_never_leaves_it_running(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_delete_racing_a_resume_never_leaves_it_running(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -269,7 +269,7 @@ async def test_delete_racing_a_resume_never_leaves_it_running(node_cluster, api_
 
 
 @pytest.mark.req("NOD-1", "NOD-15", "CTL-6", "ENV-3")
-async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node_cluster, api_for) -> None:
     """The adxlet goes away during the capture of a pause (its tasks cancelled mid-call); its successor finds
     the Environment pausing with its execution frozen, and brings it back running (no pause was published).
     The capture sandboxd finished meanwhile is referenced by nothing: the successor's startup sweep deletes it."""
@@ -316,7 +316,7 @@ async def test_an_adxlet_stopped_mid_pause_recovers_without_losing_anything(node
 
 
 @pytest.mark.req("NOD-15", "CRD-9")
-async def test_the_sweep_deletes_only_on_the_coordinators_complete_reference_list(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_the_sweep_deletes_only_on_the_coordinators_complete_reference_list(node_cluster, api_for) -> None:
     """An artifact nothing references (captured, never committed) is deleted by the sweep, a referenced one
     is kept, and without a reference list from the Coordinator (an older one) nothing is deleted."""
     from adx.runtime._sandboxd import _ref
@@ -345,7 +345,7 @@ async def test_the_sweep_deletes_only_on_the_coordinators_complete_reference_lis
 
 
 @pytest.mark.req("CRD-7", "NOD-1")
-async def test_an_adxlet_stopped_mid_resume_cleans_the_half_restore_before_resuming(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_an_adxlet_stopped_mid_resume_cleans_the_half_restore_before_resuming(node_cluster, api_for) -> None:
     """The adxlet goes away while sandboxd restores a checkpoint (the restore's reply is never seen). Its
     successor finds the Environment resuming: the half-restored sandbox, recorded before the call, is deleted
     first, then the resume runs again. One sandbox is left for the Environment, and nothing is lost."""
@@ -389,7 +389,7 @@ async def test_an_adxlet_stopped_mid_resume_cleans_the_half_restore_before_resum
 
 
 @pytest.mark.req("CRD-7", "RST-7", "NOD-1")
-async def test_an_adxlet_stopped_mid_start_goes_on_with_the_same_execution(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_an_adxlet_stopped_mid_start_goes_on_with_the_same_execution(node_cluster, api_for) -> None:
     """The adxlet goes away while sandboxd creates the first execution (sandboxd is held with SIGSTOP so the
     create is in flight). A node crash is an infrastructure blip, not a failed start (issue 12: it never fails a
     user's create): the successor sends the same create again (same execution ID and secret), the runtime
@@ -436,7 +436,7 @@ async def test_an_adxlet_stopped_mid_start_goes_on_with_the_same_execution(node_
 @pytest.mark.req("CRD-5")
 async def test_no_capacity_on_the_original_node_resumes_a_shared_checkpoint_elsewhere(
     node_cluster, api_for, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     nc = await node_cluster(nodes=("n1", "n2"), shared_checkpoints=True)
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -468,7 +468,7 @@ async def test_no_capacity_on_the_original_node_resumes_a_shared_checkpoint_else
 @pytest.mark.req("CRD-5")
 async def test_a_resume_every_node_refused_is_asked_again_by_one_capacity_round(
     node_cluster, api_for, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """No node has room: the caller gets no_capacity with the round's retry-after (body and Retry-After header),
     callers meanwhile are told the round is due, ownership never moves, and once room is back the capacity round
     resumes the Environment on its node without anyone asking again."""
@@ -500,7 +500,7 @@ async def test_a_resume_every_node_refused_is_asked_again_by_one_capacity_round(
 
 
 @pytest.mark.req("ENV-6", "NOD-7", "CTL-6")
-async def test_a_pause_whose_commit_cannot_be_stored_is_never_reported_as_done(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_a_pause_whose_commit_cannot_be_stored_is_never_reported_as_done(node_cluster, api_for) -> None:
     """Redis dies during the capture: the node's result cannot be published; the public pause answers
     'temporarily unavailable: cluster publication pending', and the result is committed once Redis is back."""
     nc = await node_cluster(redis_timeout=1.0)

@@ -12,7 +12,7 @@ import adx
 
 
 @pytest.mark.req("CRD-1", "ENV-3")
-async def test_tmp_and_var_tmp_files_survive_pause_and_resume(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_tmp_and_var_tmp_files_survive_pause_and_resume(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")

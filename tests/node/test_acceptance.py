@@ -28,7 +28,7 @@ S = EnvironmentState
 
 
 @pytest.mark.req("RST-1", "RST-2", "NOD-1")
-async def test_backend_execution_deleted_out_of_band_restarts_with_a_new_execution_identity(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_backend_execution_deleted_out_of_band_restarts_with_a_new_execution_identity(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     agent = nc.nodes["n1"]
@@ -55,7 +55,7 @@ async def test_backend_execution_deleted_out_of_band_restarts_with_a_new_executi
 
 
 @pytest.mark.req("JRN-2", "JRN-4", "JRN-5", "NOD-17", "IDLE-5")
-async def test_coordinator_paused_during_an_idle_delete_journals_it_redis_keeps_the_old_state_and_replays_on_return(  # type: ignore[no-untyped-def]
+async def test_coordinator_paused_during_an_idle_delete_journals_it_redis_keeps_the_old_state_and_replays_on_return(
     process_cluster,
 ) -> None:
     """Seed 000: "Coordinator paused: the idle delete goes to SQLite, Redis keeps the old state, no false global
@@ -97,7 +97,7 @@ async def test_coordinator_paused_during_an_idle_delete_journals_it_redis_keeps_
 
 
 @pytest.mark.req("JRN-6", "JRN-7", "NOD-1", "NOD-18")
-async def test_adxlet_restarted_while_the_coordinator_is_paused_waits_for_it_and_keeps_running_instances(  # type: ignore[no-untyped-def]
+async def test_adxlet_restarted_while_the_coordinator_is_paused_waits_for_it_and_keeps_running_instances(
     process_cluster,
 ) -> None:
     cluster: ProcessCluster = process_cluster()
@@ -128,7 +128,7 @@ async def test_adxlet_restarted_while_the_coordinator_is_paused_waits_for_it_and
 
 
 @pytest.mark.req("RES-4", "RES-5", "RES-6")
-async def test_resource_source_unreachable_keeps_the_last_capacity_and_the_ledger(node_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_resource_source_unreachable_keeps_the_last_capacity_and_the_ledger(node_cluster, tmp_path: Path) -> None:
     """The sample source goes away: the last valid sample is kept until its own validity ends (not renewed),
     reservations are untouched and running instances keep running; once the sample expired admission is closed
     (RES-6 Decision) and it reopens when the source answers again."""
@@ -171,7 +171,7 @@ async def test_resource_source_unreachable_keeps_the_last_capacity_and_the_ledge
 
 
 @pytest.mark.req("NOD-4", "CTL-2")
-async def test_while_environment_a_is_blocked_b_creates_pauses_and_resumes_and_heartbeats_go_on(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_while_environment_a_is_blocked_b_creates_pauses_and_resumes_and_heartbeats_go_on(node_cluster) -> None:
     """Seed 001: A's backend hangs (its sandbox's processes are stopped, so its pause waits on execd); B is
     created, paused and resumed meanwhile, and the node's heartbeats keep their period."""
     import os
@@ -222,7 +222,7 @@ async def test_while_environment_a_is_blocked_b_creates_pauses_and_resumes_and_h
 @pytest.mark.req("NOD-13", "CRD-7", "NOD-1")
 async def test_an_orphan_whose_delete_fails_keeps_its_environment_closed_until_the_delete_is_confirmed(
     node_cluster,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """An execution no committed record references (a start cut short) whose cleanup the runtime refuses: its
     file stays as the persisted cleanup record, that Environment admits nothing, the others are served; the
     next rounds retry and the restriction lifts only once the delete is confirmed."""
@@ -246,7 +246,7 @@ async def test_an_orphan_whose_delete_fails_keeps_its_environment_closed_until_t
         real_stop = successor.driver.stop
         refusals = 0
 
-        async def refusing_stop(execution):  # type: ignore[no-untyped-def]
+        async def refusing_stop(execution):
             nonlocal refusals
             if execution.execution_id == "exe-orphan" and refusals < 4:
                 refusals += 1
@@ -287,7 +287,7 @@ async def test_an_orphan_whose_delete_fails_keeps_its_environment_closed_until_t
 
 
 @pytest.mark.req("NOD-6", "NOD-1")
-async def test_node_session_recovery_after_an_explicit_rejection_retakes_behind_a_barrier(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_node_session_recovery_after_an_explicit_rejection_retakes_behind_a_barrier(node_cluster) -> None:
     """Another process took the node's session (an explicit rejection): the node registers anew, keeps admission
     closed while it drains, reads the catalog and recovers, then opens it; running instances are untouched."""
     from adx.coordinator._store import CoordinatorStore
@@ -325,7 +325,7 @@ async def test_node_session_recovery_after_an_explicit_rejection_retakes_behind_
 
 
 @pytest.mark.req("NOD-1", "CRD-7", "NOD-7")
-async def test_a_start_whose_running_commit_was_cut_short_is_adopted_after_an_adxlet_restart(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_start_whose_running_commit_was_cut_short_is_adopted_after_an_adxlet_restart(node_cluster) -> None:
     """Found by the fault soak (seed 3): the start returned but its Running commit never landed (Redis down), then
     the adxlet stopped. The successor found a Starting record with a live execution and crashed at every start
     ('nothing running to adopt'). Now it adopts the execution once ready and commits Running."""
@@ -368,7 +368,7 @@ async def test_a_start_whose_running_commit_was_cut_short_is_adopted_after_an_ad
 
 
 @pytest.mark.req("NOD-6", "NOD-7", "NOD-8")
-async def test_an_adxlet_frozen_past_its_session_comes_back_and_finishes_what_it_admitted(process_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_an_adxlet_frozen_past_its_session_comes_back_and_finishes_what_it_admitted(process_cluster) -> None:
     """Found by the fault soak (seed 3): the adxlet SIGSTOPped longer than its session TTL while a start was in
     flight; the start's commit was refused with 'session expired', the Environment stayed pending for good and
     the node never recovered its session."""
@@ -399,7 +399,7 @@ async def test_an_adxlet_frozen_past_its_session_comes_back_and_finishes_what_it
 
 
 @pytest.mark.req("NOD-1", "CRD-7", "RST-7")
-async def test_a_start_cut_short_before_it_reached_the_runtime_goes_on_after_an_adxlet_restart(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_start_cut_short_before_it_reached_the_runtime_goes_on_after_an_adxlet_restart(node_cluster) -> None:
     """Found by the fault soak (seed 3): the adxlet died between committing Starting and recording the planned
     execution (recorded before every runtime call, so nothing was created). The successor left the Environment
     Starting for good. Now its start goes on under the same execution ID: no start failed (RST-7 does not
@@ -412,7 +412,7 @@ async def test_a_start_cut_short_before_it_reached_the_runtime_goes_on_after_an_
     real_save = agent.executions.save
     stuck = asyncio.Event()
 
-    def dies_here(execution):  # type: ignore[no-untyped-def]
+    def dies_here(execution):
         stuck.set()
         raise asyncio.CancelledError  # the process is gone at this point: nothing is written
 
@@ -439,7 +439,7 @@ async def test_a_start_cut_short_before_it_reached_the_runtime_goes_on_after_an_
 @pytest.mark.req("NOD-12", "NOD-14", "RST-5")
 async def test_ownership_revocation_cleans_the_old_execution_behind_admitted_operations_and_refuses_late_ones(
     node_cluster,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """Seed 001: a newer generation of an Environment arrives while this node's Controller still holds the old
     one's execution. The old Controller cleans that execution after what it admitted before, and refuses every
     later operation (a late restart or resume can never bring the old execution back); the new Controller acts

@@ -80,7 +80,7 @@ class Node:
 
 
 @pytest.fixture
-async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIterator[Node]:  # type: ignore[no-untyped-def]
+async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIterator[Node]:
     cluster, _ = await coordinator_cluster()
     channel, stub = cluster.stub("n1")
 

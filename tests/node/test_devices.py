@@ -19,7 +19,7 @@ GiB = 2**30
 
 
 @pytest.mark.req("RES-2", "RES-8")
-async def test_sandboxd_device_ids_reach_the_node_record(node_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_sandboxd_device_ids_reach_the_node_record(node_cluster, tmp_path: Path) -> None:
     devices_file = tmp_path / "devices.json"
     devices_file.write_text(json.dumps(["npu0"]))
     nc: Any = await node_cluster(
@@ -37,7 +37,7 @@ async def test_sandboxd_device_ids_reach_the_node_record(node_cluster, tmp_path:
 
 
 @pytest.mark.req("RES-8")
-async def test_a_capacity_file_may_list_devices(coordinator_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_capacity_file_may_list_devices(coordinator_cluster, tmp_path: Path) -> None:
     cluster, _ = await coordinator_cluster()
     channel, stub = cluster.stub("n1")
     path = tmp_path / "cap.json"

@@ -23,7 +23,7 @@ async def relay_url(api: Api, env_id: str, path: str) -> str:
 
 
 @pytest.mark.req("IDLE-2", "IDLE-5")
-async def test_idle_environment_is_deleted_after_the_window_not_before(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_idle_environment_is_deleted_after_the_window_not_before(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -41,7 +41,7 @@ async def test_idle_environment_is_deleted_after_the_window_not_before(node_clus
 
 
 @pytest.mark.req("IDLE-1")
-async def test_zero_idle_timeout_never_reclaims(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_zero_idle_timeout_never_reclaims(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -54,7 +54,7 @@ async def test_zero_idle_timeout_never_reclaims(node_cluster) -> None:  # type: 
 
 
 @pytest.mark.req("IDLE-2", "IDLE-3")
-async def test_an_open_stream_keeps_it_alive_a_left_background_command_does_not(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_an_open_stream_keeps_it_alive_a_left_background_command_does_not(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -80,7 +80,7 @@ async def test_an_open_stream_keeps_it_alive_a_left_background_command_does_not(
 
 
 @pytest.mark.req("ENV-2")
-async def test_pause_is_placed_only_on_a_node_that_can_checkpoint(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_pause_is_placed_only_on_a_node_that_can_checkpoint(node_cluster) -> None:
     """A node advertises checkpoint capability from its runtime; idleAction=pause is placed only there."""
     nc = await node_cluster()
     api = Api(nc)
@@ -94,7 +94,7 @@ async def test_pause_is_placed_only_on_a_node_that_can_checkpoint(node_cluster) 
 
 
 @pytest.mark.req("IDLE-4")
-async def test_a_broken_observation_stream_restarts_the_window(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_broken_observation_stream_restarts_the_window(node_cluster) -> None:
     """sandboxd (the runtime-control stream) goes away 1 s into a 2 s window for 3 s: nothing is reclaimed
     without fresh information, and the window starts again only once execd is observed again."""
     nc = await node_cluster()

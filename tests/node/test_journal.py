@@ -69,7 +69,7 @@ async def node_registered(api: Api, within: float = 60) -> None:
 
 
 @pytest.mark.req("JRN-1", "JRN-2", "JRN-3", "JRN-4", "JRN-5", "JRN-6", "JRN-7", "NOD-17", "ENV-6", "NOD-18")
-async def test_coordinator_sigstopped_idle_delete_and_pause_resume_journal_in_order_and_replay(process_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_coordinator_sigstopped_idle_delete_and_pause_resume_journal_in_order_and_replay(process_cluster) -> None:
     """Seed acceptance: "Coordinator paused during an idle delete" and "adxlet restarted while the Coordinator is
     away waits for it and keeps running instances", plus pause-then-resume replayed in order.
 

@@ -93,7 +93,7 @@ async def run_via_relay(nc: Any, relay: str, env_id: str, argv: list[str]) -> tu
     return "".join(f.get("data", "") for f in frames if f.get("stream") == "stdout"), frames[-1]["exitCode"]
 
 
-async def test_create_run_delete_through_coordinator_node_and_relay(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_create_run_delete_through_coordinator_node_and_relay(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -119,7 +119,7 @@ async def test_create_run_delete_through_coordinator_node_and_relay(node_cluster
 
 
 @pytest.mark.req("NOD-1")
-async def test_a_restarted_node_adopts_its_running_environment(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_restarted_node_adopts_its_running_environment(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -145,7 +145,7 @@ async def test_a_restarted_node_adopts_its_running_environment(node_cluster) -> 
 
 
 @pytest.mark.req("RES-4", "RES-6")
-async def test_placement_follows_capacity_across_two_nodes(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_placement_follows_capacity_across_two_nodes(node_cluster) -> None:
     nc = await node_cluster(nodes=("n1", "n2"), capacity={"cpuMillis": 1000, "memoryBytes": 4 * GiB})
     api = Api(nc)
     try:
@@ -162,7 +162,7 @@ async def test_placement_follows_capacity_across_two_nodes(node_cluster) -> None
 
 
 @pytest.mark.req("RES-4", "RES-6")
-async def test_zero_capacity_and_expired_samples_get_nothing(node_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_zero_capacity_and_expired_samples_get_nothing(node_cluster, tmp_path) -> None:
     nc = await node_cluster(
         nodes=("n1", "n2"), capacity={"cpuMillis": 4000, "memoryBytes": 8 * GiB}, capacity_valid_for=3.0
     )
@@ -194,7 +194,7 @@ async def test_zero_capacity_and_expired_samples_get_nothing(node_cluster, tmp_p
 
 
 @pytest.mark.req("NOD-3")
-async def test_routine_check_starts_a_pending_environment_the_node_never_heard_of(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_routine_check_starts_a_pending_environment_the_node_never_heard_of(node_cluster) -> None:
     """The Coordinator placed it but its admit call never reached the node: the catalog converges it."""
     nc = await node_cluster()
     api = Api(nc)
@@ -214,7 +214,7 @@ async def test_routine_check_starts_a_pending_environment_the_node_never_heard_o
 
 
 @pytest.mark.req("NOD-19", "ENV-3")
-async def test_a_shared_root_the_runtime_lacks_stops_the_start_naming_the_setting(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_shared_root_the_runtime_lacks_stops_the_start_naming_the_setting(node_cluster) -> None:
     """checkpoints.shared_root names a sandboxd storage; a name sandboxd does not have is a configuration error
     that stops the adxlet at once, before it registers or serves anything."""
     from adx.errors import InvalidInputError
@@ -232,7 +232,7 @@ async def test_a_shared_root_the_runtime_lacks_stops_the_start_naming_the_settin
         await NodeAgent(config).start()
 
 
-async def test_the_relay_keeps_an_idle_connection_longer_than_its_clients_do(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_the_relay_keeps_an_idle_connection_longer_than_its_clients_do(node_cluster) -> None:
     """The Ingress keeps idle connections to a Relay for 30 s; the Relay must not close them first, or the next
     request races the close ("Server disconnected without sending a response", seen in CI after a pause and
     resume left the connection idle past uvicorn's default 5 s). A real TLS connection idles 6 s and stays."""

@@ -17,7 +17,7 @@ S = EnvironmentState
 
 
 @pytest.mark.req("IDLE-6", "SBX-10")
-async def test_a_pause_cut_short_after_its_freeze_thaws_once_the_runtime_is_back(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_pause_cut_short_after_its_freeze_thaws_once_the_runtime_is_back(node_cluster) -> None:
     """The freeze is acknowledged (sandboxd wrote its paused record), then sandboxd is SIGKILLed before the
     capture: the pause is cancelled and the Environment runs on, so its thaw must be confirmed, retried until
     the restarted sandboxd answers. Before, the one thaw attempt failed against the dead socket and commands

@@ -107,7 +107,7 @@ def test_pressure_thresholds_are_typed_and_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.req("RES-7", "RES-5")
-async def test_disk_and_memory_pressure_close_and_reopen_admission(  # type: ignore[no-untyped-def]
+async def test_disk_and_memory_pressure_close_and_reopen_admission(
     small_fs: Path, node_cluster, tmp_path: Path
 ) -> None:
     """Disk pressure on the filesystem holding sandboxd's state directory (no ``disk_path`` configured)."""
@@ -188,7 +188,7 @@ async def test_disk_and_memory_pressure_close_and_reopen_admission(  # type: ign
 
 
 @pytest.mark.req("RES-7")
-async def test_disk_pressure_is_measured_on_sandboxds_state_directory(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_disk_pressure_is_measured_on_sandboxds_state_directory(node_cluster) -> None:
     """Without ``pressure.disk_path`` the node measures the filesystem of the state directory sandboxd names."""
     nc = await node_cluster()
     agent = nc.nodes["n1"]

@@ -20,7 +20,7 @@ S = EnvironmentState
 
 
 @pytest.mark.req("NOD-1", "NOD-18")
-async def test_executions_whose_files_were_lost_are_adopted_or_cleaned_at_the_next_start(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_executions_whose_files_were_lost_are_adopted_or_cleaned_at_the_next_start(node_cluster) -> None:
     """Two executions run in sandboxd with no file on the node: one is the committed execution of a Running
     Environment (its file was deleted while the adxlet was down), the other belongs to no Environment (a
     start whose file was lost). The next adxlet adopts the first under a new secret (same execution, same
@@ -70,7 +70,7 @@ async def test_executions_whose_files_were_lost_are_adopted_or_cleaned_at_the_ne
 
 
 @pytest.mark.req("NOD-1", "SBX-6", "RST-7")
-async def test_a_runtime_that_restarts_during_the_node_start_fails_nothing(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_runtime_that_restarts_during_the_node_start_fails_nothing(node_cluster) -> None:
     """sandboxd is SIGKILLed just after the restarting adxlet subscribed to it and read the catalog, so the
     recovery's query of the running execution gets no answer, and it comes back 2 s later. An unanswered query
     is no evidence of an exit: the Environment stays Running on the same execution, with no restart and no

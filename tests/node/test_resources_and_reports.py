@@ -132,7 +132,7 @@ def record(node: str) -> EnvironmentRecord:
 
 
 @pytest.mark.req("NOD-2", "RES-6")
-async def test_reports_keep_the_old_sample_until_its_validity_ends(coordinator_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_reports_keep_the_old_sample_until_its_validity_ends(coordinator_cluster, tmp_path: Path) -> None:
     cluster, _ = await coordinator_cluster()
     channel, stub = cluster.stub("n1")
     path = tmp_path / "cap.json"
@@ -177,7 +177,7 @@ async def test_reports_keep_the_old_sample_until_its_validity_ends(coordinator_c
 
 
 @pytest.mark.req("NOD-6")
-async def test_a_rejected_session_registers_again_and_unreachable_closes_admission(  # type: ignore[no-untyped-def]
+async def test_a_rejected_session_registers_again_and_unreachable_closes_admission(
     coordinator_cluster, tmp_path: Path
 ) -> None:
     cluster, _ = await coordinator_cluster()

@@ -43,7 +43,7 @@ def restarting(max_retries: int, backoff: float, script: str = "sleep 1; exit 3"
 
 
 @pytest.mark.req("RST-1", "RST-2", "RST-5")
-async def test_two_restarts_with_new_execution_ids_then_failed(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_two_restarts_with_new_execution_ids_then_failed(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -66,7 +66,7 @@ async def test_two_restarts_with_new_execution_ids_then_failed(node_cluster) -> 
 
 
 @pytest.mark.req("RST-4", "RST-7")
-async def test_delete_cancels_a_pending_restart(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_delete_cancels_a_pending_restart(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -90,7 +90,7 @@ async def test_delete_cancels_a_pending_restart(node_cluster) -> None:  # type: 
 
 
 @pytest.mark.req("RST-3")
-async def test_restart_counters_survive_an_adxlet_restart(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_restart_counters_survive_an_adxlet_restart(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -113,7 +113,7 @@ async def test_restart_counters_survive_an_adxlet_restart(node_cluster) -> None:
 
 
 @pytest.mark.req("MET-6", "CTL-6")
-async def test_a_failing_cleanup_backs_off_and_routine_checks_never_push_its_retry_later(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failing_cleanup_backs_off_and_routine_checks_never_push_its_retry_later(node_cluster) -> None:
     """sandboxd refuses the delete of an execution three times (a fault injected into the runtime's stop): the
     retries come after 1, 2 and 4 s, while the node's routine checks run every 0.5 s and neither retry sooner
     nor push a retry later; the delete is committed only after the cleanup is confirmed."""
@@ -125,7 +125,7 @@ async def test_a_failing_cleanup_backs_off_and_routine_checks_never_push_its_ret
     real_stop = agent.driver.stop
     attempts: list[float] = []
 
-    async def flaky_stop(execution):  # type: ignore[no-untyped-def]
+    async def flaky_stop(execution):
         attempts.append(time.monotonic())
         if len(attempts) <= 3:
             raise UnavailableError("sandboxd: delete failed (injected)")

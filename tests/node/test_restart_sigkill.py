@@ -21,7 +21,7 @@ S = EnvironmentState
 
 
 @pytest.mark.req("RST-2", "RST-3", "NOD-1")
-async def test_sigkilled_adxlet_between_restarts_keeps_the_counters(coordinator_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_sigkilled_adxlet_between_restarts_keeps_the_counters(coordinator_cluster, tmp_path: Path) -> None:
     from sbx_helpers import DaemonFactory
 
     cluster, _ = await coordinator_cluster()

@@ -53,7 +53,7 @@ async def pause(api: Api, env_id: str) -> EnvironmentRecord:
 
 
 @pytest.mark.req("NOD-16", "NOD-3")
-async def test_healthy_consistent_instances_are_only_compared(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_healthy_consistent_instances_are_only_compared(node_cluster) -> None:
     """Rounds of the routine check over a healthy Running Environment whose catalog record matches commit
     nothing, probe nothing (no readiness re-check, no runtime call), re-bind no route and reset no idle window."""
     nc = await node_cluster()
@@ -100,7 +100,7 @@ async def test_healthy_consistent_instances_are_only_compared(node_cluster) -> N
 
 
 @pytest.mark.req("NOD-9", "NOD-5")
-async def test_a_local_result_newer_than_the_catalog_is_not_overwritten_and_blocks_nothing(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_local_result_newer_than_the_catalog_is_not_overwritten_and_blocks_nothing(node_cluster) -> None:
     """The catalog read before a pause is published (so it still says Running at the older revision) reaches
     the routine check after the node paused the Environment: the node neither adopts the old record nor closes
     its admission, and a delete of another Environment goes through in that same round."""
@@ -150,7 +150,7 @@ async def test_a_local_result_newer_than_the_catalog_is_not_overwritten_and_bloc
 
 
 @pytest.mark.req("NOD-5")
-async def test_a_controller_admitted_while_the_catalog_is_read_is_not_judged_by_it(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_controller_admitted_while_the_catalog_is_read_is_not_judged_by_it(node_cluster) -> None:
     """The routine check's catalog read is held while a new Environment is admitted on the node and a paused one
     is resumed there: that catalog predates both, and the round neither deletes, adopts nor restricts the new
     Controller, nor puts the resumed one back to its old Paused record (an old catalog never overwrites a newer
@@ -211,7 +211,7 @@ async def test_a_controller_admitted_while_the_catalog_is_read_is_not_judged_by_
 
 
 @pytest.mark.req("NOD-11")
-async def test_a_failed_cleanup_restricts_only_that_environment_and_retries(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failed_cleanup_restricts_only_that_environment_and_retries(node_cluster) -> None:
     """The runtime refuses to stop one Environment's execution during its delete: that Environment alone waits
     (its delete is retried and lands once the runtime answers again); the node keeps admitting, and another
     Environment on it keeps serving and pauses meanwhile."""
@@ -256,7 +256,7 @@ async def test_a_failed_cleanup_restricts_only_that_environment_and_retries(node
 
 
 @pytest.mark.req("NOD-20")
-async def test_a_missing_local_controller_recovers_only_that_instance(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_missing_local_controller_recovers_only_that_instance(node_cluster) -> None:
     """One Environment's Controller disappears from the node (its execution still runs): the next routine check
     recovers that instance alone, adopting the same execution (no restart, no second execution); the other
     Environment's Controller is not touched and the node keeps admitting."""

@@ -17,7 +17,7 @@ S = EnvironmentState
 
 
 @pytest.mark.req("RST-6", "CTL-1", "RST-1")
-async def test_probe_failures_reaching_the_threshold_end_the_execution(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_probe_failures_reaching_the_threshold_end_the_execution(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -44,7 +44,7 @@ async def test_probe_failures_reaching_the_threshold_end_the_execution(node_clus
 
 
 @pytest.mark.req("CTL-7", "CTL-1")
-async def test_a_workload_checkpoint_request_is_captured_committed_and_acknowledged(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_a_workload_checkpoint_request_is_captured_committed_and_acknowledged(node_cluster) -> None:
     nc = await node_cluster()
     api = Api(nc)
     try:
@@ -81,7 +81,7 @@ async def test_a_workload_checkpoint_request_is_captured_committed_and_acknowled
 
 
 @pytest.mark.req("CTL-5", "CTL-3", "CTL-4")
-async def test_an_execd_reconnect_cancels_the_pending_confirmation(node_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_an_execd_reconnect_cancels_the_pending_confirmation(node_cluster) -> None:
     """sandboxd (which holds every execd's control connection) is SIGKILLed and kept down past the reconnect
     window: the observations are cleared, the backend cannot be confirmed (unknown is no evidence), so the
     Environment keeps running; once sandboxd is back and execd reconnected, nothing was ended."""

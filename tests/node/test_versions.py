@@ -16,7 +16,7 @@ S = EnvironmentState
 @pytest.mark.req("CTL-8")
 async def test_a_node_of_another_runtime_control_protocol_refuses_to_start_and_touches_nothing(
     node_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """The adxlet is upgraded alone (its runtime-control protocol moves on; the real sandboxd keeps the old
     one): its start fails at once with an error naming both versions and the fix, and the running Environment
     is untouched; the matching adxlet then starts and adopts it."""

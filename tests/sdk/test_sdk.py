@@ -102,7 +102,7 @@ def test_bad_input_is_refused_before_any_request(kwargs: dict[str, Any], field: 
     assert str(caught.value).startswith(field)
 
 
-async def test_sdk_create_get_list_delete_async_and_sync(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_sdk_create_get_list_delete_async_and_sync(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     await stack.register_node("n1")
@@ -143,7 +143,7 @@ async def test_sdk_create_get_list_delete_async_and_sync(api_stack) -> None:  # 
         assert deleted.state in ("deleting", "deleted")
 
 
-async def test_create_waits_until_running(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_create_waits_until_running(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     node = await stack.register_node("n1")
@@ -165,7 +165,7 @@ async def test_create_waits_until_running(api_stack) -> None:  # type: ignore[no
     await starter
 
 
-async def test_waiting_fails_clearly_on_timeout_and_on_failure(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_waiting_fails_clearly_on_timeout_and_on_failure(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     node = await stack.register_node("n1")
@@ -182,7 +182,7 @@ async def test_waiting_fails_clearly_on_timeout_and_on_failure(api_stack) -> Non
         assert failed.value.code == "environment_failed" and "image missing" in str(failed.value)
 
 
-async def test_http_errors_become_adx_errors(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_http_errors_become_adx_errors(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key_a, key_b = await stack.tenant("alpha"), await stack.tenant("beta")
     async with adx.AsyncClient(api_url=stack.url, api_key=key_a, retries=0) as a:
@@ -231,7 +231,7 @@ def test_client_finds_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert client._http.headers["authorization"] == "Bearer explicit"
 
 
-async def test_twenty_concurrent_sdk_creates_all_succeed(api_stack) -> None:  # type: ignore[no-untyped-def]
+async def test_twenty_concurrent_sdk_creates_all_succeed(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")
     await stack.register_node("n1", cpu_millis=20 * 250, memory_bytes=20 * 2**28)

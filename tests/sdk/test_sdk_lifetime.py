@@ -58,7 +58,7 @@ def test_lifetime_body_and_pause_call_timeout() -> None:
 
 
 @pytest.mark.req("ENV-1", "ENV-3", "CRD-3")
-async def test_lifetime_deletes_or_pauses_and_set_lifetime_moves_it(node_cluster, api_for) -> None:  # type: ignore[no-untyped-def]
+async def test_lifetime_deletes_or_pauses_and_set_lifetime_moves_it(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -30,17 +31,26 @@ def test_retry_delay_reads_seconds_caps_them_and_falls_back_on_anything_else() -
 
 @pytest.mark.req("ENV-5")
 async def test_a_create_no_node_admits_for_a_moment_is_retried_after_the_servers_retry_after(
-    node_cluster, api_for
-) -> None:  # type: ignore[no-untyped-def]
-    """The only node stops admitting (as under pressure), a create is refused 503 with Retry-After: 2; the
-    node admits again 1.5 s later. The SDK's own backoff would have spent its 3 retries within 1.4 s and
-    failed; following Retry-After, its second attempt lands and the create succeeds."""
-    nc = await node_cluster()
+    node_cluster, api_for, tmp_path: Path
+) -> None:
+    """The only node stops admitting under memory pressure (RES-7, read from the meminfo file it is configured
+    with), a create is refused 503 with Retry-After: 2; the pressure ends 1.5 s later and the node admits again
+    at its next report. The SDK's own backoff would have spent its 3 retries within 1.4 s and failed;
+    following Retry-After, a later attempt lands and the create succeeds."""
+    meminfo = tmp_path / "meminfo"
+
+    def memory_in_use(percent: int) -> None:
+        total = 16_000_000
+        available = total * (100 - percent) // 100
+        meminfo.write_text(f"MemTotal: {total} kB\nMemAvailable: {available} kB\n")
+
+    memory_in_use(10)
+    pressure = {"memory_high": 0.9, "memory_low": 0.8, "disk_high": 1.0, "disk_low": 0.99, "meminfo_path": meminfo}
+    nc = await node_cluster(node_config={"pressure": pressure})
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
-    agent = nc.nodes["n1"]
     coordinator = nc.cluster.coordinator.service
-    agent.reporter.tracker.pressure_closed = True
+    memory_in_use(97)
     deadline = time.monotonic() + 10
     while coordinator.cache.nodes["n1"].admission_open:
         assert time.monotonic() < deadline, "the Coordinator never saw the node close its admission"
@@ -48,7 +58,7 @@ async def test_a_create_no_node_admits_for_a_moment_is_retried_after_the_servers
 
     async def reopen() -> None:
         await asyncio.sleep(1.5)
-        agent.reporter.tracker.pressure_closed = False
+        memory_in_use(10)
 
     async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
         started = time.monotonic()
