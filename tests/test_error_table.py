@@ -24,6 +24,9 @@ from adx.errors import (
     error_type,
 )
 from adx.gateway import Unauthenticated, error_response
+from adx.sandboxd._client import _to_error as sandboxd_error
+from adx.sandboxd._errors import PermissionDeniedError
+from adx.sandboxd._http import _error_body as sandboxd_error_body
 from adx.sdk._errors import error_from_response
 
 TABLE = [
@@ -104,3 +107,13 @@ def test_unknown_codes_keep_the_family_and_the_code() -> None:
     assert isinstance(error_from_response("POST", 503, json.dumps(body).encode(), "x"), UnavailableError)
     pending = error_from_response("POST", 503, bytes(error_response(PublicationPendingError("later")).body), "x")
     assert type(pending) is PublicationPendingError
+
+
+@pytest.mark.parametrize("cls", [*TABLE, PermissionDeniedError], ids=lambda c: c.__name__)
+def test_sandboxd_answer_rebuilds_the_exact_class(cls: type[AdxError]) -> None:
+    """sandboxd's HTTP answers use the same table; its client rebuilds the exact class from the code."""
+    sent = _sample(cls)
+    status, reason, body = sandboxd_error_body(sent)
+    assert status == cls.http_status and reason
+    got = sandboxd_error(status, body)
+    assert type(got) is cls and got.message == sent.message

@@ -68,4 +68,4 @@ def test_public_exports_are_honest() -> None:
     for name in adx.errors.__all__:
         assert hasattr(adx.errors, name)
     public = {n for n, v in vars(adx.errors).items() if isinstance(v, type) and issubclass(v, AdxError)}
-    assert public | {"error_type", "rebuild_error"} == set(adx.errors.__all__)
+    assert public | {"error_for_http", "error_type", "rebuild_error"} == set(adx.errors.__all__)

@@ -26,6 +26,7 @@ __all__ = [
     "UnavailableError",
     "UncertainOutcomeError",
     "VersionMismatchError",
+    "error_for_http",
     "error_type",
     "rebuild_error",
 ]
@@ -207,3 +208,16 @@ def rebuild_error(family: type[AdxError], code: str, message: str, details: dict
     if code and code != cls.code:
         exc.code = code
     return exc
+
+
+def error_for_http(status: int, code: str, message: str, details: dict[str, Any]) -> AdxError:
+    """The error an ADX HTTP answer carries: the exact class its code names when the status agrees with it, else
+    the family whose status it is (keeping the server's code), else the root."""
+    known = _BY_CODE.get(code)
+    if known is not None and known.http_status == status:
+        return rebuild_error(known, code, message, details)
+    families = (InvalidInputError, NotFoundError, ConflictError, UnavailableError, UncertainOutcomeError)
+    family = next((f for f in families if f.http_status == status), AdxError)
+    if status == 400:  # a plain Bad Request is invalid input too
+        family = InvalidInputError
+    return rebuild_error(family, code, message, details)

@@ -83,7 +83,7 @@ async def test_per_sandbox_calls_check_owner_id_generation_and_token(sandboxd: D
             await c.get(SandboxRef(sandbox_id="sb-nope", generation=1, token=ref.token))
         # The server validates too (a client need not be this typed one); errors name the field.
         resp = await c.raw("Create", {"request_id": "c", "argv": ["x"], "cwd": "relative"})
-        assert resp.status_code == 400 and resp.json()["error"]["details"]["field"] == "cwd"
+        assert resp.status_code == 422 and resp.json()["error"]["details"]["field"] == "cwd"
         # Nothing above changed anything: both still run; the good credentials still work.
         assert (await c.get(ref)).state == "running"
         # Create is idempotent by request ID: the same request returns the same sandbox and token.

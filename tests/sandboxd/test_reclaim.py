@@ -137,13 +137,13 @@ async def test_reclaim_refusals_name_the_field_and_change_nothing(sandboxd: Daem
             ({"generation": 0}, "generation", "greater than or equal to 1"),
         ]:
             resp = await c.raw("Reclaim", {**valid, **changes})
-            assert resp.status_code == 400, (changes, resp.content)
+            assert resp.status_code == 422, (changes, resp.content)
             err = resp.json()["error"]
             assert err["code"] == "invalid_input" and err["details"]["field"] == field, err
             assert reason in err["details"]["reason"], err
         missing = {k: v for k, v in valid.items() if k != "token"}
         resp = await c.raw("Reclaim", missing)
-        assert resp.status_code == 400 and resp.json()["error"]["details"]["field"] == "token"
+        assert resp.status_code == 422 and resp.json()["error"]["details"]["field"] == "token"
         # Nothing changed: the original token still works, the record was never rewritten.
         assert (await c.get(ref)).reclaimed_at is None
         assert _persisted_token(d, ref.sandbox_id) == ref.token

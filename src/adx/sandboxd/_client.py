@@ -19,13 +19,10 @@ from pydantic import BaseModel
 
 from adx.errors import (
     AdxError,
-    ConflictError,
-    InvalidInputError,
-    NotFoundError,
     UnavailableError,
     UncertainOutcomeError,
+    error_for_http,
 )
-from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
@@ -53,14 +50,6 @@ __all__ = ["SandboxdClient", "ref_of"]
 
 M = TypeVar("M", bound=BaseModel)
 
-_SIMPLE: dict[str, type[AdxError]] = {
-    "not_found": NotFoundError,
-    "conflict": ConflictError,
-    "unavailable": UnavailableError,
-    "uncertain_outcome": UncertainOutcomeError,
-    "permission_denied": PermissionDeniedError,
-}
-
 
 def _to_error(status: int, body: bytes) -> AdxError:
     try:
@@ -68,10 +57,8 @@ def _to_error(status: int, body: bytes) -> AdxError:
         code, message, details = err.get("code", ""), err.get("message", ""), err.get("details") or {}
     except Exception:
         return UncertainOutcomeError(f"sandboxd answered {status} with an unreadable body")
-    if code in ("invalid_input", "invalid_config"):
-        return InvalidInputError(details.get("field", ""), details.get("reason", message), details=details)
-    family = _SIMPLE.get(code, AdxError)
-    return family(message, details=details)
+    # The exact class sandboxd raised (adx.errors' table), else the family of the status, keeping the code.
+    return error_for_http(status, str(code), str(message), dict(details))
 
 
 def ref_of(created: CreateResponse | ReclaimResponse) -> SandboxRef:

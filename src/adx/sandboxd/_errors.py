@@ -11,3 +11,5 @@ class PermissionDeniedError(AdxError):
     """Wrong peer UID, owner or sandbox token. Retrying with the same credentials fails again."""
 
     code = "permission_denied"
+    http_status = 403
+    grpc_status = "PERMISSION_DENIED"

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from pydantic import BaseModel, ValidationError
 
 from adx.errors import (
     AdxError,
-    ConflictError,
     InvalidInputError,
     NotFoundError,
     UnavailableError,
@@ -37,14 +37,6 @@ log = logging.getLogger("adx.sandboxd.api")
 
 MAX_BODY = 16 << 20
 IDLE_TIMEOUT = 300.0
-_STATUS: list[tuple[type[AdxError], int, str]] = [
-    (InvalidInputError, 400, "Bad Request"),
-    (PermissionDeniedError, 403, "Forbidden"),
-    (NotFoundError, 404, "Not Found"),
-    (ConflictError, 409, "Conflict"),
-    (UnavailableError, 503, "Service Unavailable"),
-    (UncertainOutcomeError, 504, "Gateway Timeout"),
-]
 
 Handler = Callable[[Any], Awaitable[BaseModel]]
 
@@ -58,11 +50,9 @@ class Route:
 
 
 def _error_body(exc: AdxError) -> tuple[int, str, bytes]:
-    status, reason = 500, "Internal Server Error"
-    for family, code, text in _STATUS:
-        if isinstance(exc, family):
-            status, reason = code, text
-            break
+    """The status its class declares (``adx.errors``' table), and the error as every ADX HTTP body carries it."""
+    status = exc.http_status
+    reason = HTTPStatus(status).phrase
     body = json.dumps({"error": {"code": exc.code, "message": exc.message, "details": exc.details}}, default=str)
     return status, reason, body.encode()
 
@@ -129,7 +119,7 @@ class ApiServer:
             return False
         parts = line.decode("latin-1").split()
         if len(parts) != 3:
-            await self._respond(writer, 400, "Bad Request", b'{"error":{"code":"invalid_input"}}', keep_alive=False)
+            await self._respond(writer, *_error_body(InvalidInputError("request", "malformed request line")), False)
             return False
         method, path, _version = parts
         headers: dict[str, str] = {}
