@@ -24,7 +24,7 @@ from execd_helpers import STEP, ExecdProcess, Subscriber
 from adx.execd import _protocol as P
 from adx.execd._activity import Activity
 from adx.execd._control import ControlClient
-from adx.execd._control_hub import ControlHub
+from adx.sandboxd._control_hub import ControlHub
 
 
 def async_client(execd: ExecdProcess, admin: bool = False) -> httpx.AsyncClient:

@@ -5,6 +5,6 @@ gate (IDLE-2/3/6) and reports Ready, probe failures, workload checkpoint request
 sandboxd over a per-sandbox control socket (CTL-1).
 
 This package's ``__init__`` stays empty on purpose: ``python -m adx.execd`` imports it inside every sandbox
-and its idle memory is paid per sandbox. sandboxd imports :mod:`adx.execd._protocol` and
-:mod:`adx.execd._control_hub`, both standard-library only.
+and its idle memory is paid per sandbox. sandboxd imports :mod:`adx.execd._protocol` (standard library only),
+the wire format its ControlHub (``adx.sandboxd._control_hub``) speaks with every execd.
 """

@@ -34,12 +34,12 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.execd._control_hub import ControlHub
 from adx.execd._launch import init_argv, install_runtime
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd import _checkpoint as ckpt
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._config import SandboxdConfig
+from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image

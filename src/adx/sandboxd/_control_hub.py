@@ -1,4 +1,4 @@
-"""Node-level runtime-control aggregation (CTL-2, CTL-3), to be mounted by sandboxd.
+"""Node-level runtime-control aggregation (CTL-2, CTL-3), mounted by sandboxd.
 
 - One listening Unix socket per sandbox (:meth:`ControlHub.add_sandbox`); that sandbox's execd connects to it
   and reports with the :mod:`adx.execd._protocol` format. The newest execd connection of a sandbox wins.
@@ -37,7 +37,7 @@ from adx.execd import _protocol as P
 
 __all__ = ["ControlHub"]
 
-log = logging.getLogger("adx.execd.control_hub")
+log = logging.getLogger("adx.sandboxd.control_hub")
 
 #: A subscriber or execd that does not accept our bytes within this long is disconnected.
 WRITE_TIMEOUT = 10.0
