@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from adx.api._schemas import EnvironmentList, EnvironmentView
 from adx.errors import (
     InvalidInputError,
     PublicationPendingError,
@@ -23,9 +22,11 @@ from adx.errors import (
 )
 from adx.gateway import ERRORS, Credentials, ErrorBody, environment_id_or_404, plane, read_json
 from adx.model import (
+    EnvironmentList,
     EnvironmentSpec,
     EnvironmentState,
     EnvironmentStats,
+    EnvironmentView,
     NetworkPolicy,
     parse_wire,
 )

@@ -25,6 +25,7 @@ from adx.model._states import (
     check_transition,
 )
 from adx.model._stats import EnvironmentStats
+from adx.model._view import EnvironmentList, EnvironmentView
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -37,10 +38,12 @@ __all__ = [
     "TERMINAL_STATES",
     "CheckpointRef",
     "CheckpointStorage",
+    "EnvironmentList",
     "EnvironmentRecord",
     "EnvironmentSpec",
     "EnvironmentState",
     "EnvironmentStats",
+    "EnvironmentView",
     "HealthProbe",
     "IdleAction",
     "Lifecycle",

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adx.errors import InvalidInputError, UncertainOutcomeError
-from adx.model import CheckpointRef, EnvironmentState, Lifecycle, Resources, parse_wire
+from adx.model import CheckpointRef, EnvironmentState, EnvironmentView, Lifecycle, Resources, parse_wire
 from adx.sdk._errors import BadResponseError
 
 
 class EnvironmentFields:
-    """The fields of an Environment as last read from the API. ``state`` compares equal to its string."""
+    """The fields of an Environment as last read from the API (parsed with the API's own model,
+    :class:`adx.model.EnvironmentView`). ``state`` compares equal to its string."""
 
     id: str
     state: EnvironmentState
@@ -32,6 +33,7 @@ class EnvironmentFields:
     checkpoint: CheckpointRef | None
     expires_at: float | None  # the lifetime deadline (Unix time), if any
     ownership_lost: bool  # paused, and its node is gone: the next resume places it elsewhere
+    recovery_pending: bool  # a recovery from a lost node is under way; it goes on by itself
     last_error: str | None
     # The Coordinator is away and this is the owning node's view: a result it finished is not yet stored by the
     # cluster (ENV-6); the state is what the node did, the cluster shows it once the Coordinator is back.
@@ -39,28 +41,11 @@ class EnvironmentFields:
 
     def _apply(self, data: Any) -> None:
         try:
-            self.id = str(data["id"])
-            self.state = EnvironmentState(data["state"])
-            self.node = data.get("node")
-            self.execution_id = data.get("executionId")
-            self.created_at = float(data["createdAt"])
-            self.updated_at = float(data.get("updatedAt", self.created_at))
-            self.image = str(data.get("image", "base"))
-            self.resources = parse_wire(Resources, data.get("resources") or {}, "resources")
-            self.entrypoint = data.get("entrypoint")
-            self.metadata = dict(data.get("metadata") or {})
-            self.lifecycle = parse_wire(Lifecycle, data.get("lifecycle") or {}, "lifecycle")
-            self.restart_attempts = int(data.get("restartAttempts", 0))
-            self.restart_pending = bool(data.get("restartPending", False))
-            checkpoint = data.get("checkpoint")
-            self.checkpoint = parse_wire(CheckpointRef, checkpoint, "checkpoint") if checkpoint else None
-            expires_at = data.get("expiresAt")
-            self.expires_at = float(expires_at) if expires_at is not None else None
-            self.ownership_lost = bool(data.get("ownershipLost", False))
-            self.last_error = data.get("lastError")
-            self.publication_pending = bool(data.get("publicationPending", False))
-        except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
+            view = parse_wire(EnvironmentView, data, "environment")
+        except InvalidInputError as exc:
             raise BadResponseError(f"unexpected Environment object from the API: {exc}") from None
+        for name in EnvironmentView.model_fields:
+            setattr(self, name, getattr(view, name))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, state={self.state.value!r}, node={self.node!r})"

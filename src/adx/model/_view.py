@@ -1,18 +1,24 @@
-"""The public HTTP shapes of the API (camelCase on the wire)."""
+"""An Environment as its tenant sees it over HTTP: what the API answers and what the SDK parses (one model)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState, Lifecycle, Resources
+from adx.model._lifecycle import Lifecycle
+from adx.model._records import CheckpointRef, EnvironmentRecord
+from adx.model._resources import Resources
+from adx.model._states import EnvironmentState
+
+__all__ = ["EnvironmentList", "EnvironmentView"]
 
 
-class _Wire(BaseModel):
+class _View(BaseModel):
+    # Unknown keys are ignored, not refused: an SDK keeps reading the answers of a newer server.
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
-class EnvironmentView(_Wire):
+class EnvironmentView(_View):
     """An Environment as a tenant sees it. Internal fields (tenant, revision, generation) and ``env`` values
     (they may hold secrets) are not echoed back."""
 
@@ -72,5 +78,5 @@ class EnvironmentView(_Wire):
         return self.model_dump(mode="json", by_alias=True)
 
 
-class EnvironmentList(_Wire):
+class EnvironmentList(_View):
     environments: list[EnvironmentView]
