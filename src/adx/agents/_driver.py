@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from adx._backoff import capped_exponential
 from adx.agents._canonical import digest, json_clone
 from adx.agents._errors import StaleFenceError
 from adx.agents._graph import (
@@ -454,7 +455,7 @@ class _Lease:
 
 
 def _backoff(options: DurableGraphDriverOptions, failures: int) -> float:
-    return float(min(options.max_retry_backoff_seconds, options.retry_backoff_seconds * (2 ** max(0, failures - 1))))
+    return capped_exponential(options.retry_backoff_seconds, options.max_retry_backoff_seconds, max(0, failures - 1))
 
 
 def _waits_json(waits: tuple[Interrupt | Timer, ...]) -> tuple[dict[str, Any], ...]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from adx._backoff import Backoff
 from adx._grpc_errors import abort_with
 from adx._grpc_tls import require_peer
 from adx._node_client import NodeClients
@@ -479,10 +480,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def _settle_later(self, env_id: str, *, within: float = 600.0) -> None:
         deadline = time.monotonic() + within
-        delay = 0.2
+        retry_delay = Backoff(0.2, 5.0)
         while env_id in self._unsettled and time.monotonic() < deadline:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            await retry_delay.sleep()
             record, idempotency = self._unsettled[env_id]
             if await self._retire_unstarted(record, idempotency, cached=False):
                 self._unsettled.pop(env_id, None)

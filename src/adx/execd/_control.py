@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from adx._backoff import Backoff
 from adx.execd import _protocol as P
 from adx.execd._activity import Activity
 
@@ -96,15 +97,14 @@ class ControlClient:
                 await self._task
 
     async def _run(self) -> None:
-        delay = RECONNECT_MIN
+        reconnect = Backoff(RECONNECT_MIN, RECONNECT_MAX)
         while True:
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path, limit=P.MAX_LINE), 5.0)
             except (OSError, TimeoutError):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX)
+                await reconnect.sleep()
                 continue
-            delay = RECONNECT_MIN
+            reconnect.reset()
             try:
                 await self._session(reader, writer)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, P.ProtocolError) as exc:

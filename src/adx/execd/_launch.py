@@ -25,6 +25,7 @@ __all__ = ["RUNTIME_MODULES", "init_argv", "install_runtime"]
 #: The files ``python -m adx.execd`` imports (relative to the directory that holds the ``adx`` package).
 RUNTIME_MODULES = (
     "adx/__init__.py",
+    "adx/_backoff.py",
     "adx/logs.py",
     "adx/execd/__init__.py",
     "adx/execd/__main__.py",

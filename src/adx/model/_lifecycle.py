@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from adx._backoff import capped_exponential
 from adx.model._base import ApiModel
 
 DEFAULT_RETENTION_TTL_SECONDS = 90_000
@@ -93,8 +94,7 @@ class RestartPolicy(ApiModel):
         """Delay before restart number ``attempt`` (1-based): initial * 2^(attempt-1), capped."""
         if attempt < 1:
             raise ValueError("attempt is 1-based")
-        exponent = min(attempt - 1, 64)
-        return float(min(self.initial_backoff_seconds * float(2**exponent), self.max_backoff_seconds))
+        return capped_exponential(self.initial_backoff_seconds, self.max_backoff_seconds, attempt - 1)
 
     def allows(self, attempts_so_far: int) -> bool:
         return attempts_so_far < self.max_retries

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from adx._backoff import Backoff
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -142,7 +143,7 @@ class PendingCheckpoint:
     deadline: float  # monotonic; set when first observed, never extended by duplicates
     checkpoint: CheckpointRef | None = None  # captured: later attempts commit/ack it without re-capturing
     committed: bool = False
-    delay: float = RETRY_MIN_SECONDS
+    retry_delay: Backoff = field(default_factory=lambda: Backoff(RETRY_MIN_SECONDS, RETRY_MAX_SECONDS))
 
 
 @dataclass
@@ -349,7 +350,7 @@ class Controller:
         if current != target:
             check_transition(current, target, env_id=self.env_id)
         update = {"state": target, **(changes or {})}
-        delay = self.timings.retry_min_seconds
+        retry_delay = Backoff(self.timings.retry_min_seconds, self.timings.retry_max_seconds)
         adopted = False
         journaled = False
         while True:
@@ -362,8 +363,7 @@ class Controller:
                 # The journal refuses writes: publish what it holds if the Coordinator is back, then commit.
                 await self._publish_journaled()
                 if self.unpublished:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.timings.retry_max_seconds)
+                    await retry_delay.sleep()
                 continue
             try:
                 committed = await self.sink.commit(self.record, update, release_reservation=release)
@@ -374,8 +374,7 @@ class Controller:
                 log.warning(
                     "commit of %s waits for the node's new session: %s", target.value, exc, extra=self._context()
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.timings.retry_max_seconds)
+                await retry_delay.sleep()
                 continue
             except ConflictError:
                 # The Coordinator may have changed fields this node does not own (a lifetime deadline, a
@@ -397,8 +396,7 @@ class Controller:
                 # NOD-7: the result stays pending here and is retried on this Controller's own deadline.
                 self.commit_retrying = True
                 log.warning("commit of %s pending: %s", target.value, exc, extra=self._context())
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.timings.retry_max_seconds)
+                await retry_delay.sleep()
                 latest = await self._latest_or_none()
                 if latest is not None and latest.revision > self.record.revision:
                     # An uncertain commit may have landed: continue from what the authority holds.
@@ -581,7 +579,7 @@ class Controller:
 
     async def _retry_until_done(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
         """Cleanup must be confirmed: retry with 1-32 s backoff (MET-6) until the runtime confirms."""
-        delay = self.timings.retry_min_seconds
+        retry_delay = Backoff(self.timings.retry_min_seconds, self.timings.retry_max_seconds)
         while True:
             try:
                 await action()
@@ -590,8 +588,7 @@ class Controller:
                 return
             except AdxError as exc:
                 log.warning("%s not confirmed yet: %s", what, exc, extra=self._context())
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.timings.retry_max_seconds)
+                await retry_delay.sleep()
 
     # -- operations --------------------------------------------------------------------------------
     async def _start(self, op: _Op) -> EnvironmentRecord:
@@ -678,18 +675,17 @@ class Controller:
         an infrastructure blip never fails a user's create. Repeating the call is safe: the execution ID and its
         secret are the caller's, so the runtime returns the execution a lost reply had created."""
         deadline = time.monotonic() + self.timings.ready_timeout_seconds
-        delay = 0.1
+        retry_delay = Backoff(0.1, 2.0)
         while True:
             try:
                 if restore is None:
                     return await self.driver.start(spec)
                 return await self.driver.restore(spec, self.places.locate(restore), restore.digest)
             except (UnavailableError, UncertainOutcomeError) as exc:
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + retry_delay.peek() > deadline:
                     raise
                 log.warning("runtime not answering, the start is retried: %s", exc, extra=self._context())
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await retry_delay.sleep()
 
     async def _running(self, execution: Execution, changes: dict[str, Any] | None = None) -> EnvironmentRecord:
         # Serve before the Coordinator announces Running: a client that sees the commit may call at once.
@@ -934,15 +930,14 @@ class Controller:
         """A cancelled pause may have frozen the execution before it failed (its freeze acknowledged, or its
         reply lost): it runs again only once the runtime confirms the thaw. Tried once, a thaw lost to a
         runtime restart left a frozen sandbox behind an Environment reported Running."""
-        delay = self.timings.retry_min_seconds
+        retry_delay = Backoff(self.timings.retry_min_seconds, self.timings.retry_max_seconds)
         while True:
             try:
                 await self.driver.thaw(execution)
                 return
             except (UnavailableError, UncertainOutcomeError) as exc:
                 log.warning("thaw after a cancelled pause not confirmed yet: %s", exc, extra=self._context())
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.timings.retry_max_seconds)
+                await retry_delay.sleep()
             except AdxError as exc:
                 # Gone or no longer pausable (exited meanwhile): nothing is frozen; the exit flow sees the rest.
                 log.info("no thaw after the cancelled pause: %s", exc, extra=self._context())
@@ -954,7 +949,10 @@ class Controller:
             return
         budget = float(self.record.spec.lifecycle.effective_pause_options.timeout_seconds)
         self.checkpoint_requests[operation_id] = PendingCheckpoint(
-            operation_id, execution_id, time.monotonic() + budget, delay=self.timings.retry_min_seconds
+            operation_id,
+            execution_id,
+            time.monotonic() + budget,
+            retry_delay=Backoff(self.timings.retry_min_seconds, self.timings.retry_max_seconds),
         )
         self.submit("workload_checkpoint", operation_id=operation_id)
 
@@ -1004,8 +1002,7 @@ class Controller:
     def _retry_checkpoint_request(self, item: PendingCheckpoint, exc: AdxError) -> None:
         """CTL-7: retry on this Controller's own backoff, with no new notification, until the deadline."""
         log.warning("checkpoint request %s not done: %s", item.operation_id, exc, extra=self._context())
-        delay = item.delay
-        item.delay = min(item.delay * 2, self.timings.retry_max_seconds)
+        delay = item.retry_delay.next()
 
         async def later() -> None:
             await asyncio.sleep(delay)

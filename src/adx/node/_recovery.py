@@ -16,6 +16,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from adx._backoff import Backoff
 from adx.errors import AdxError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentRecord, EnvironmentState
 from adx.node._journal import DegradationJournal, PendingResult
@@ -338,10 +339,9 @@ class Recovery:
     async def _recover_when_known(self, record: EnvironmentRecord, execution: Execution) -> None:
         """Ask the runtime again (backoff 0.2-2 s) until it answers, then recover ``record`` as at startup, unless
         its Controller moved on meanwhile (another record or execution: that one decides)."""
-        delay = 0.2
+        retry_delay = Backoff(0.2, 2.0)
         while not self.stop_event.is_set():
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await retry_delay.sleep()
             controller = self.controllers.get(record.id)
             current = controller.execution if controller is not None else None
             if controller is None or controller.record.revision != record.revision or current != execution:

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from adx._backoff import capped_exponential
 from adx.errors import AdxError, ConflictError, InvalidInputError
 from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
@@ -45,7 +46,7 @@ MAX_RETRY_AFTER = 10.0
 
 
 def backoff(attempt: int) -> float:
-    return float(min(0.2 * 2**attempt, 2.0))
+    return capped_exponential(0.2, 2.0, attempt)
 
 
 def retry_delay(attempt: int, response: httpx.Response | None) -> float:
