@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
@@ -156,7 +155,24 @@ async def coordinator_cluster(
 
     yield make
     for coordinator in running:
-        await coordinator.stop(grace=None)
+        await bounded_teardown("the Coordinator's stop", coordinator.stop(grace=None))
+
+
+TEARDOWN_SECONDS = 60.0
+
+
+async def bounded_teardown(what: str, stopping: Awaitable[object]) -> None:
+    """A fixture's stop, bounded: a stop that hangs fails its test within a minute, naming what hung and
+    printing the stacks of every pending task (a teardown that hung silently until pytest-timeout's 300 s
+    showed only an idle event loop)."""
+    try:
+        await asyncio.wait_for(stopping, TEARDOWN_SECONDS)
+    except TimeoutError:
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                print(f"--- pending task {task.get_name()}", file=sys.stderr)
+                task.print_stack(file=sys.stderr)
+        raise AssertionError(f"teardown: {what} did not finish within {TEARDOWN_SECONDS:g}s") from None
 
 
 @dataclass
@@ -275,12 +291,19 @@ async def node_cluster(
     # interpreter's exit (seen in CI).
     every = {id(agent): agent for agent in agents}
     every.update({id(agent): agent for nc in clusters for agent in nc.nodes.values()})
+    hung: list[AssertionError] = []
     for agent in every.values():
-        with contextlib.suppress(Exception):
-            await agent.stop()
+        try:
+            await bounded_teardown(f"adxlet {agent.name}'s stop", agent.stop())
+        except AssertionError as exc:
+            hung.append(exc)
+        except Exception:  # a successor already stopped it, or its start had failed: nothing to stop
+            pass
     factory.cleanup()
     for mount in mounts:
         await asyncio.to_thread(subprocess.run, ["umount", "--lazy", str(mount)], check=False)
+    if hung:
+        raise hung[0]
 
 
 _session_exit_status: int | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -264,3 +265,35 @@ async def test_the_relay_keeps_an_idle_connection_longer_than_its_clients_do(nod
         raise AssertionError(f"the Relay closed an idle connection after 6 s: {exc!r}") from None
     finally:
         writer.close()
+
+
+async def test_a_stop_is_bounded_when_a_loop_does_not_end(node_cluster, caplog, monkeypatch) -> None:
+    """A node loop that ignores its cancellation (fault injected: a task that swallows CancelledError) must not
+    hang the node's stop: the stop ends within its bound, stops the servers, and names what was left behind
+    (fresh-ci saw a node cluster's teardown hang until pytest-timeout's 300 s in an idle event loop)."""
+    import adx.node._agent as agent_module
+
+    monkeypatch.setattr(agent_module, "STOP_SECONDS", 1.0)
+    caplog.set_level(logging.ERROR, logger=agent_module.log.name)
+    nc = await node_cluster()
+    agent = nc.nodes["n1"]
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                continue  # the fault: cancellation ignored
+
+    task = asyncio.create_task(stubborn(), name="stubborn-loop")
+    await asyncio.sleep(0.1)  # inside its try: a task cancelled before its first step just ends
+    agent._tasks.append(task)
+    started = time.monotonic()
+    await agent.stop()
+    took = time.monotonic() - started
+    assert took < 8.0, took
+    assert not task.done()  # left behind, not waited for
+    assert any("stubborn-loop did not end" in r.getMessage() for r in caplog.records), caplog.text
+    release.set()
+    task.cancel()

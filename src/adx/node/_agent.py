@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import grpc
@@ -54,6 +55,9 @@ from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionRe
 from adx.sandboxd import RuntimeControlSubscription
 
 log = logging.getLogger("adx.node")
+
+#: How long a stop waits for the node's loops and Controllers to end once cancelled.
+STOP_SECONDS = 10.0
 S = EnvironmentState
 DELETED_MEMORY_SECONDS = 600.0
 #: How long the start waits for the runtime-control stream's first snapshot (which carries its protocol).
@@ -205,10 +209,9 @@ class NodeAgent(Recovery, RuntimeChecks):
         self.health.set_not_serving("stopping")
         for task in self._tasks:
             task.cancel()
-        # A loop that died of an error must not keep the servers below from stopping.
-        for outcome in await asyncio.gather(*self._tasks, return_exceptions=True):
-            if isinstance(outcome, Exception):
-                log.warning("node loop had failed before the stop: %r", outcome)
+        # A loop that died of an error, or one that does not end when cancelled, must not keep the servers
+        # below from stopping: a stop is bounded, and what did not end is named with where it was.
+        await self._await_bounded(self._tasks, "node loop")
         await self.watch.aclose()
         if self._server is not None:
             await self._server.stop(grace=2)
@@ -219,11 +222,29 @@ class NodeAgent(Recovery, RuntimeChecks):
         await self.relay.aclose()
         if self.control is not None:
             await self.control.close()
-        for controller in self.controllers.values():
-            await controller.close()
+        closing = [asyncio.create_task(c.close(), name=f"close-{c.env_id}") for c in self.controllers.values()]
+        await self._await_bounded(closing, "Controller close")
         if self._channel is not None:
             await self._channel.close(None)
         await self.driver.aclose()
+
+    async def _await_bounded(self, tasks: Collection[asyncio.Task[None]], what: str) -> None:
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=STOP_SECONDS)
+        for task in done:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.warning("%s %s had failed before the stop: %r", what, task.get_name(), error)
+        for task in pending:
+            where = "".join(f"{frame.f_code.co_filename}:{frame.f_lineno} " for frame in task.get_stack(limit=8))
+            log.error(
+                "%s %s did not end within %gs of the stop; left behind (at %s)",
+                what,
+                task.get_name(),
+                STOP_SECONDS,
+                where.strip(),
+                extra={"node": self.name},
+            )
 
     async def _find_shared_storage(self) -> None:
         """Where this host mounts the shared checkpoint storage; a name the runtime lacks is a configuration
