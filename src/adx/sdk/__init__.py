@@ -1,5 +1,5 @@
 """The Python SDK: ``adx.Client`` / ``adx.AsyncClient`` over the public HTTP API (imports only adx.model,
-adx.errors and httpx)."""
+adx.errors, adx._backoff (standard library only) and httpx)."""
 
 from adx.errors import AuthenticationError
 from adx.model import CheckpointStorage, EnvironmentState, EnvironmentStats, IdleAction
