@@ -69,3 +69,42 @@ def test_public_exports_are_honest() -> None:
         assert hasattr(adx.errors, name)
     public = {n for n, v in vars(adx.errors).items() if isinstance(v, type) and issubclass(v, AdxError)}
     assert public | {"error_for_http", "error_type", "rebuild_error"} == set(adx.errors.__all__)
+
+
+@pytest.fixture
+def loopback_http_url():
+    """A real HTTP server on loopback that answers 200 to every GET (what a health probe polls)."""
+    import http.server
+    import threading
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_client_requests_are_not_logged_at_info(restore_root_logger, loopback_http_url) -> None:
+    """`adx up` polled /healthz once a second and logged every poll ("HTTP Request: GET ... 200 OK") at info:
+    the HTTP client's per-request lines show at debug only."""
+    import httpx
+
+    stream = io.StringIO()
+    configure_logging("up", "info", "kv", stream=stream)
+    for _ in range(3):
+        assert httpx.get(f"{loopback_http_url}/healthz", timeout=5).status_code == 200
+    assert "HTTP Request" not in stream.getvalue()
+
+    configure_logging("up", "debug", "kv", stream=stream)
+    httpx.get(f"{loopback_http_url}/healthz", timeout=5)
+    assert "HTTP Request" in stream.getvalue()

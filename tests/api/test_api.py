@@ -255,3 +255,22 @@ def test_ingress_alone_serves_only_the_data_plane(tmp_path) -> None:
     assert {("POST", "/v1/environments"), ("POST", "/v1/environments/{environment_id}/commands")} <= both
     api_only = routes(create_app(config.model_copy(update={"ingress": False})))
     assert ("POST", "/v1/environments/{environment_id}/commands") not in api_only
+
+
+async def test_405_names_every_method_the_path_allows(api_stack) -> None:
+    """The schema fuzzer saw 405 answers with a wrong ``Allow`` header: the router answered with the methods of
+    the first route matching the path only (GET /v1/environments/{id} and DELETE on the same path are two
+    routes). The header lists every method of every route of that path."""
+    stack: ApiStack = await api_stack()
+    key = await stack.tenant("alpha")
+    async with stack.http(key) as http:
+        response = await http.request("PUT", f"/v1/environments/{new_id('env')}")
+        assert response.status_code == 405
+        assert response.json()["error"]["code"] == "method_not_allowed"
+        allowed = {method.strip() for method in response.headers["allow"].split(",")}
+        assert {"GET", "DELETE"} <= allowed and "PUT" not in allowed
+
+        response = await http.request("PATCH", "/v1/environments")
+        assert response.status_code == 405
+        allowed = {method.strip() for method in response.headers["allow"].split(",")}
+        assert {"GET", "POST"} <= allowed and "PATCH" not in allowed

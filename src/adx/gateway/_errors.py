@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from adx.errors import AdxError, AuthenticationError, InvalidInputError, NotFoundError
 from adx.model import field_path
@@ -68,6 +69,21 @@ def not_found(environment_id: str) -> NotFoundError:
     return NotFoundError(f"environment {environment_id} not found")
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this path takes. Starlette's 405 names only the methods of the first route
+    whose path matched, and one path is several routes here (GET and DELETE of an Environment). Each method
+    is tried against the router's routes through their public ``matches`` (included routers nest)."""
+    router = request.scope.get("router") or request.app.router
+    return [
+        method
+        for method in _HTTP_METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in router.routes)
+    ]
+
+
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def adx_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, AdxError)
@@ -78,10 +94,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         codes = {404: "not_found", 405: "method_not_allowed"}
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
         return JSONResponse(
             error_body(codes.get(exc.status_code, "http_error"), str(exc.detail)),
             status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
+            headers=headers,
         )
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
