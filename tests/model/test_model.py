@@ -142,10 +142,7 @@ def test_bad_spec_fields_name_the_field() -> None:
         (spec(entrypoint=["a\x00b"]), "entrypoint"),
         (spec(env={"1BAD": "x"}), "env"),
         (spec(image="Not/An/Image"), "image"),
-        (
-            spec(lifecycle={"restartPolicy": {"initialBackoffSeconds": 10, "maxBackoffSeconds": 1}}),
-            "lifecycle.restartPolicy",
-        ),
+        (spec(lifecycle={"restartPolicy": {"maxRetries": -1}}), "lifecycle.restartPolicy.maxRetries"),
         (spec(lifecycle={"idleTimeoutSeconds": -1}), "lifecycle.idleTimeoutSeconds"),
         (spec(extra=1), "extra"),
         ({}, "resources"),
@@ -160,9 +157,11 @@ def test_bad_spec_fields_name_the_field() -> None:
 @given(st.one_of(st.integers(), st.floats(), st.text(max_size=12), st.booleans(), st.none()))
 def test_any_cpu_value_is_accepted_only_as_a_positive_int(value: object) -> None:
     data = {"resources": {"cpuMillis": value, "memoryBytes": 1}}
-    good = type(value) is int and 0 < value <= MAX_QUANTITY  # type: ignore[operator]
+    # A JSON integer: an int, or a whole float (JSON Schema's integer includes 126.0); never a bool or a string.
+    whole = type(value) is int or (type(value) is float and value.is_integer())
+    good = whole and 0 < value <= MAX_QUANTITY  # type: ignore[operator]
     if good:
-        assert parse_wire(EnvironmentSpec, data).resources.cpu_millis == value
+        assert parse_wire(EnvironmentSpec, data).resources.cpu_millis == int(value)  # type: ignore[call-overload]
     else:
         with pytest.raises(InvalidInputError):
             parse_wire(EnvironmentSpec, data)
@@ -227,6 +226,10 @@ def test_restart_backoff_is_exponential_and_capped() -> None:
     assert policy.allows(9) and not policy.allows(10)
     with pytest.raises(ValueError):
         policy.backoff_seconds(0)
+    # The cap wins from the first delay: a maximum below the initial delay is valid (schemathesis sent one; it
+    # was refused although the published schema allowed it).
+    capped = parse_wire(RestartPolicy, {"initialBackoffSeconds": 10, "maxBackoffSeconds": 2})
+    assert [capped.backoff_seconds(n) for n in (1, 2, 5)] == [2, 2, 2]
 
 
 def test_transitions_are_checked() -> None:

@@ -171,15 +171,24 @@ def _stores(app: FastAPI) -> _Stores:
     return holder
 
 
+def _database_url(request: Request) -> str | None:
+    from adx.gateway import plane
+
+    return plane(request).config.agent_database_url or os.environ.get(DATABASE_ENV)
+
+
 async def _runs(request: Request) -> AgentRuns:
     from adx.agents import AgentRuns, AgentStore
 
     holder = _stores(request.app)
     async with holder.lock:
         if holder.store is None:
-            url = os.environ.get(DATABASE_ENV)
+            url = _database_url(request)
             if not url:
-                raise UnavailableError(f"agent runs are not configured on this API server (set {DATABASE_ENV})")
+                raise UnavailableError(
+                    "agent runs are not configured on this API server "
+                    f"(set agent_database_url in its configuration, or {DATABASE_ENV})"
+                )
             holder.store = await AgentStore.open(url, min_size=1, max_size=4, migrate=False, timeout=10)
     return AgentRuns(holder.store)
 

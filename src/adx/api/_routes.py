@@ -7,7 +7,7 @@ that tenant only; the Coordinator is the single authority, the API server keeps 
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
@@ -28,6 +28,7 @@ from adx.model import (
     EnvironmentStats,
     EnvironmentView,
     NetworkPolicy,
+    WholeNumber,
     parse_wire,
 )
 
@@ -47,17 +48,24 @@ def _idempotency_key(value: str | None) -> str | None:
 router = APIRouter(tags=["environments"])
 
 
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` of a route that reads its JSON body itself (``parse_wire``, so errors name the wire field):
+    the body is required and its schema is ``model``'s, published under components (``BODY_MODELS``)."""
+    BODY_MODELS[model.__name__] = model
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+#: Models of request bodies the routes read themselves; the app's OpenAPI document publishes each one.
+BODY_MODELS: dict[str, type[BaseModel]] = {}
+
+
 @router.post(
     "/v1/environments",
     status_code=201,
     response_model=EnvironmentView,
     responses={200: {"model": EnvironmentView, "description": "replay: the Idempotency-Key matched"}, **ERRORS},
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EnvironmentSpec"}}},
-        }
-    },
+    openapi_extra=json_body(EnvironmentSpec),
     summary="Create an Environment",
 )
 async def create_environment(
@@ -65,7 +73,11 @@ async def create_environment(
     credentials: Credentials,
     idempotency_key: Annotated[
         str | None,
-        Header(alias="Idempotency-Key", description="a retry with the same key returns the same Environment"),
+        Header(
+            alias="Idempotency-Key",
+            description="a retry with the same key returns the same Environment",
+            json_schema_extra={"pattern": f"^[!-~]{{1,{MAX_IDEMPOTENCY_KEY}}}$"},
+        ),
     ] = None,
 ) -> JSONResponse:
     p = plane(request)
@@ -182,16 +194,19 @@ async def resume_environment(request: Request, environment_id: str, credentials:
 
 
 class LifetimeRequest(BaseModel):
+    """The new lifetime deadline of a running Environment."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
-    seconds: int = Field(ge=1, le=30 * 86_400, strict=True, description="the new deadline is now + seconds")
+    seconds: WholeNumber = Field(ge=1, le=30 * 86_400, description="the new deadline is now + seconds")
     action: Literal["delete", "pause"] | None = Field(default=None, description="default: keep the current one")
 
 
 @router.post(
     "/v1/environments/{environment_id}/lifetime",
     response_model=EnvironmentView,
-    responses=ERRORS,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running or paused (e.g. deleted)"}},
+    openapi_extra=json_body(LifetimeRequest),
     summary="Move the lifetime deadline (and optionally its action: delete or pause)",
 )
 async def set_lifetime(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
@@ -207,7 +222,8 @@ async def set_lifetime(request: Request, environment_id: str, credentials: Crede
 @router.post(
     "/v1/environments/{environment_id}/network",
     response_model=EnvironmentView,
-    responses=ERRORS,
+    responses={**ERRORS, 409: {"model": ErrorBody, "description": "its state does not allow a change (e.g. deleted)"}},
+    openapi_extra=json_body(NetworkPolicy),
     summary="Replace the network policy (none, or egress with allow/deny lists); applied without a restart",
 )
 async def set_network(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:

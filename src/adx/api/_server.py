@@ -18,14 +18,14 @@ from adx._grpc_tls import channel_credentials
 from adx._node_client import NodeClients
 from adx.api._agent_routes import close_agent_store
 from adx.api._agent_routes import router as agent_router
-from adx.api._routes import router
+from adx.api._openapi_links import add_links
+from adx.api._routes import BODY_MODELS, router
 from adx.e2b import install as install_e2b
 from adx.errors import UnavailableError
 from adx.gateway import ApiConfig, CoordinatorClient, Plane, TenantAuth, install_error_handlers
 from adx.gateway._config import split_host_port
 from adx.ingress import Ingress
 from adx.ingress import router as ingress_router
-from adx.model import EnvironmentSpec
 
 log = logging.getLogger("adx.api")
 
@@ -38,11 +38,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    spec = EnvironmentSpec.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for name, definition in spec.pop("$defs", {}).items():
-        components.setdefault(name, definition)
-    components["EnvironmentSpec"] = spec
+    for name, model in BODY_MODELS.items():
+        body = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+        for nested, definition in body.pop("$defs", {}).items():
+            components.setdefault(nested, definition)
+        components[name] = body
+    add_links(schema)
     app.openapi_schema = schema
     return schema
 

@@ -137,7 +137,9 @@ async def _run(cfg: UpConfig) -> None:
             await _start(server, started)
         if not cfg.servers_only:
             redis_url = cfg.redis_url or _info_url(servers[0])
-            cluster = await asyncio.to_thread(plan_cluster, cfg, state_dir, redis_url)
+            postgres_url = cfg.postgres_url or _info_url(servers[-1])
+            await _migrate_agent_store(postgres_url)
+            cluster = await asyncio.to_thread(plan_cluster, cfg, state_dir, redis_url, postgres_url)
             for server in cluster.servers:
                 await _start(server, started)
             servers += cluster.servers
@@ -158,6 +160,15 @@ async def _run(cfg: UpConfig) -> None:
             with console.status(f"stopping {server.kind} ..."):
                 await asyncio.to_thread(server.stop)
             console.print(f"stopped {server.kind}")
+
+
+async def _migrate_agent_store(postgres_url: str) -> None:
+    """The agent runs' tables exist before the API server answers /v1/agent-runs (a worker would create them
+    on its first start; the API server never migrates)."""
+    from adx.agents import AgentStore
+
+    store = await AgentStore.open(postgres_url, min_size=1, max_size=1, migrate=True, timeout=30)
+    await store.close()
 
 
 async def _supervise(servers: list[ManagedServer], cfg: UpConfig, stop: asyncio.Event) -> None:

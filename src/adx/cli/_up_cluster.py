@@ -57,7 +57,7 @@ def _ensure_certs(directory: Path, node_name: str) -> None:
             issue(directory, identity)
 
 
-def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
+def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: str) -> Cluster:
     certs = state_dir / "certs"
     _ensure_certs(certs, cfg.node_name)
     api_credentials = channel_credentials(component_paths(certs, Identity("api", "main")))
@@ -114,6 +114,8 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "listen": f"{api_host or '127.0.0.1'}:{port}",
             "coordinator": coordinator_address(),
             "certs_dir": str(certs),
+            # The cluster's PostgreSQL holds the durable agent runs: /v1/agent-runs answers for them.
+            "agent_database_url": postgres_url,
         },
     )
     return Cluster(certs, sandboxd, coordinator, node, api)

@@ -52,6 +52,12 @@ class ApiConfig(StrictModel):
         default=300.0, gt=0, le=86_400, description="Ingress: idle read/write timeout towards the Relay"
     )
     max_body_bytes: int = Field(default=1 << 20, gt=0, le=1 << 30, description="largest JSON request body")
+    agent_database_url: str | None = Field(
+        default=None,
+        pattern=r"^postgres(ql)?://",
+        description="the durable agent runs' PostgreSQL (/v1/agent-runs; docs/agents.md); unset: the "
+        "ADX_AGENT_DATABASE_URL variable, else those routes answer 503",
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @field_validator("listen")

@@ -93,6 +93,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+            # FastAPI's "error parsing the body" (e.g. bytes that are not UTF-8): the same 422 naming the body
+            # as every route that reads its JSON itself answers.
+            return error_response(InvalidInputError("body", f"is not valid JSON: {exc.__cause__}"))
         codes = {404: "not_found", 405: "method_not_allowed"}
         headers = getattr(exc, "headers", None)
         if exc.status_code == 405:

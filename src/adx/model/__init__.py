@@ -1,5 +1,6 @@
 """Domain types shared by every ADX component. No I/O here."""
 
+from adx.model._base import WholeNumber
 from adx.model._ids import CHECKPOINT, ENVIRONMENT, EXECUTION, OPERATION, check_id, new_id
 from adx.model._lifecycle import (
     CheckpointStorage,
@@ -56,6 +57,7 @@ __all__ = [
     "ResumeIntent",
     "Retention",
     "RetentionPolicy",
+    "WholeNumber",
     "allocatable",
     "can_transition",
     "check_id",

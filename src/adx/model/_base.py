@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict
 from pydantic.alias_generators import to_camel
+
+
+def _integral(value: object) -> object:
+    # JSON Schema's "integer" includes 126.0 (RFC 8259 numbers have no int/float distinction): a whole float is
+    # that integer; 126.5, "126" and true stay what they are and are refused by the strict check.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: Turns a whole float into its int before the strict integer check (``Annotated[int, Strict(), <bounds>, INTEGRAL]``:
+#: bounds before it, so the published schema says ``minimum``/``maximum``, also inside ``X | None``).
+INTEGRAL = BeforeValidator(_integral)
+
+#: A JSON integer on the wire: whole numbers only (``126`` or ``126.0``), never a string or a boolean.
+WholeNumber = Annotated[int, Strict(), INTEGRAL]
 
 
 class ApiModel(BaseModel):

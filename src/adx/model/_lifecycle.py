@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, Strict, model_serializer, model_validator
 
 from adx._backoff import capped_exponential
-from adx.model._base import ApiModel
+from adx.model._base import INTEGRAL, ApiModel, WholeNumber
 
 DEFAULT_RETENTION_TTL_SECONDS = 90_000
 DEFAULT_PAUSE_TIMEOUT_SECONDS = 300
@@ -32,8 +32,16 @@ class RetentionPolicy(ApiModel):
     A TTL counts from the checkpoint's publication; ``forever`` lives until explicit delete or replacement.
     """
 
+    # The schema says what _ttl_matches_kind enforces: with kind 'forever', ttlSeconds is absent or null.
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"kind": {"const": "forever"}}, "required": ["kind"]},
+            "then": {"properties": {"ttlSeconds": {"type": "null"}}},
+        }
+    )
+
     kind: Literal["ttl", "forever"] = "ttl"
-    ttl_seconds: int | None = Field(default=None, gt=0, le=10 * 365 * 86_400, strict=True)
+    ttl_seconds: Annotated[int, Strict(), Field(gt=0, le=10 * 365 * 86_400), INTEGRAL] | None = None
 
     @model_validator(mode="after")
     def _ttl_matches_kind(self) -> RetentionPolicy:
@@ -68,7 +76,7 @@ class PauseOptions(ApiModel):
     """ENV-3. ``timeout_seconds`` bounds only the backend capture call; TTL counts from publication."""
 
     retention: RetentionPolicy = Field(default_factory=RetentionPolicy)
-    timeout_seconds: int = Field(default=DEFAULT_PAUSE_TIMEOUT_SECONDS, ge=1, le=3600, strict=True)
+    timeout_seconds: WholeNumber = Field(default=DEFAULT_PAUSE_TIMEOUT_SECONDS, ge=1, le=3600)
     storage: CheckpointStorage = CheckpointStorage.CONFIGURED
 
     @property
@@ -78,17 +86,13 @@ class PauseOptions(ApiModel):
 
 
 class RestartPolicy(ApiModel):
-    """RST-2: exponential backoff with a cumulative retry cap."""
+    """RST-2: exponential backoff with a cumulative retry cap. ``maxBackoffSeconds`` caps every delay, the first
+    included: with it below ``initialBackoffSeconds`` every restart waits ``maxBackoffSeconds`` (a valid request,
+    so that any two values the schema allows are accepted)."""
 
-    max_retries: int = Field(default=3, ge=0, le=1000, strict=True)
+    max_retries: WholeNumber = Field(default=3, ge=0, le=1000)
     initial_backoff_seconds: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
     max_backoff_seconds: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
-
-    @model_validator(mode="after")
-    def _max_not_below_initial(self) -> RestartPolicy:
-        if self.max_backoff_seconds < self.initial_backoff_seconds:
-            raise ValueError("maxBackoffSeconds must be at least initialBackoffSeconds")
-        return self
 
     def backoff_seconds(self, attempt: int) -> float:
         """Delay before restart number ``attempt`` (1-based): initial * 2^(attempt-1), capped."""
@@ -104,8 +108,18 @@ class HealthProbe(ApiModel):
     """CTL-1/RST-6: execd probes the workload (a command that exits 0, or a TCP port that accepts) and pushes
     explicit failures; with ``execdHealthFailureThreshold`` set, that many in a row end the execution."""
 
+    # The schema says what _one_kind enforces: exactly one of command and tcpPort is given (and not null).
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["command"], "properties": {"command": {"type": "string"}, "tcpPort": {"type": "null"}}},
+                {"required": ["tcpPort"], "properties": {"tcpPort": {"type": "integer"}, "command": {"type": "null"}}},
+            ]
+        }
+    )
+
     command: str | None = Field(default=None, min_length=1, max_length=4096)
-    tcp_port: int | None = Field(default=None, ge=1, le=65535, strict=True)
+    tcp_port: Annotated[int, Strict(), Field(ge=1, le=65535), INTEGRAL] | None = None
     interval_seconds: float = Field(default=5.0, gt=0, le=3600, allow_inf_nan=False)
     timeout_seconds: float = Field(default=2.0, gt=0, le=3600, allow_inf_nan=False)
 
@@ -119,16 +133,24 @@ class HealthProbe(ApiModel):
 class Lifecycle(ApiModel):
     """ENV-1. ``idle_timeout_seconds = 0`` never reclaims (IDLE-1)."""
 
-    idle_timeout_seconds: int = Field(default=0, ge=0, le=30 * 86_400, strict=True)
+    # The schema says what _pause_needs_a_window enforces: idleAction 'pause' needs idleTimeoutSeconds >= 1.
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"idleAction": {"const": "pause"}}, "required": ["idleAction"]},
+            "then": {"properties": {"idleTimeoutSeconds": {"minimum": 1}}, "required": ["idleTimeoutSeconds"]},
+        }
+    )
+
+    idle_timeout_seconds: WholeNumber = Field(default=0, ge=0, le=30 * 86_400)
     idle_action: IdleAction = IdleAction.DELETE
     pause_options: PauseOptions | None = None
     restart_policy: RestartPolicy | None = None
     # RST-6: omitted means health failures never trigger a restart.
-    execd_health_failure_threshold: int | None = Field(default=None, ge=1, le=1000, strict=True)
+    execd_health_failure_threshold: Annotated[int, Strict(), Field(ge=1, le=1000), INTEGRAL] | None = None
     health_probe: HealthProbe | None = None
     # An absolute lifetime from creation (E2B's ``timeout``); a running Environment can move it later. At
     # the deadline it is deleted or paused (``lifetime_action``). None: no deadline.
-    lifetime_seconds: int | None = Field(default=None, ge=1, le=30 * 86_400, strict=True)
+    lifetime_seconds: Annotated[int, Strict(), Field(ge=1, le=30 * 86_400), INTEGRAL] | None = None
     lifetime_action: IdleAction = IdleAction.DELETE
 
     @model_validator(mode="after")

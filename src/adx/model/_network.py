@@ -41,7 +41,20 @@ def _target(value: str) -> str:
     raise ValueError("not a CIDR or DNS name")
 
 
-Target = Annotated[str, AfterValidator(_target)]
+# The published schema's form of what _target accepts (a subset: a client following it is never refused):
+# an IPv4 address or CIDR, or a DNS name whose last label starts with a letter. IPv6 is accepted beyond it.
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_SCHEMA_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_SCHEMA_LAST_LABEL = r"[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+TARGET_SCHEMA_PATTERN = (
+    rf"^(({_OCTET}\.){{3}}{_OCTET}(/(3[0-2]|[12]?[0-9]))?|({_SCHEMA_LABEL}\.){{0,126}}{_SCHEMA_LAST_LABEL}\.?)$"
+)
+
+Target = Annotated[
+    str,
+    AfterValidator(_target),
+    Field(max_length=253, json_schema_extra={"pattern": TARGET_SCHEMA_PATTERN}),
+]
 
 
 class NetworkPolicy(ApiModel):

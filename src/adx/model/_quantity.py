@@ -9,8 +9,9 @@ from decimal import Decimal, InvalidOperation
 
 from adx.errors import InvalidInputError
 
-# Largest value any quantity may take: it must fit a signed 64-bit integer everywhere (Redis, SQLite, proto).
-MAX_QUANTITY = 2**63 - 1
+# Largest value any quantity may take: JSON's exact-integer range (2^53 - 1: every JSON parser reads it, or a
+# whole float on the wire, without rounding; 8 PiB of memory), inside a signed 64-bit integer everywhere.
+MAX_QUANTITY = 2**53 - 1
 
 # Byte units as people write them. SI (powers of 1000): Kubernetes' k/M/G and the everyday kB/MB/GB. Binary
 # (powers of 1024): Kubernetes' Ki/Mi/Gi and the IEC KiB/MiB/GiB (any case: "mib" is unambiguous).

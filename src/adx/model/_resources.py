@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from adx.model._base import ApiModel
+from adx.model._base import ApiModel, WholeNumber
 from adx.model._quantity import MAX_QUANTITY
 
 
 class Resources(ApiModel):
     """An amount of CPU (millicores), memory and disk (bytes). HTTP: ``cpuMillis``, ``memoryBytes``, ``diskBytes``."""
 
-    cpu_millis: int = Field(default=0, ge=0, le=MAX_QUANTITY, strict=True)
-    memory_bytes: int = Field(default=0, ge=0, le=MAX_QUANTITY, strict=True)
-    disk_bytes: int = Field(default=0, ge=0, le=MAX_QUANTITY, strict=True)
+    cpu_millis: WholeNumber = Field(default=0, ge=0, le=MAX_QUANTITY)
+    memory_bytes: WholeNumber = Field(default=0, ge=0, le=MAX_QUANTITY)
+    disk_bytes: WholeNumber = Field(default=0, ge=0, le=MAX_QUANTITY)
 
     def __add__(self, other: Resources) -> Resources:
         return Resources(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adx.errors import InvalidInputError
 from adx.model._base import ApiModel
@@ -16,13 +16,45 @@ from adx.model._resources import Resources
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 MAX_ARGS = 256
-MAX_ARG_BYTES = 32 * 1024
+MAX_ARG_CHARS = 8192  # at most 32 KiB in UTF-8: far inside the kernel's 128 KiB per argument
 MAX_ENV_VARS = 256
 MAX_METADATA = 64
 MAX_METADATA_VALUE = 1024
 
 
+def _spec_schema(schema: dict[str, Any]) -> None:
+    """The published JSON schema carries the rules the validators below enforce, so a client (or a schema-driven
+    fuzzer) that follows the schema is never refused. Kept beside the validators: change both together."""
+    props = schema["properties"]
+    props["image"]["pattern"] = _IMAGE_NAME.pattern
+    # ENV-5: some CPU and memory must be asked for (Resources alone allows 0: a capacity may be zero).
+    props["resources"] = {
+        "allOf": [props["resources"]],
+        "properties": {"cpuMillis": {"minimum": 1}, "memoryBytes": {"minimum": 1}},
+        "required": ["cpuMillis", "memoryBytes"],
+    }
+    no_nul = "^[^\\x00]*$"
+    props["entrypoint"]["anyOf"][0].update(
+        minItems=1,
+        maxItems=MAX_ARGS,
+        prefixItems=[{"type": "string", "minLength": 1, "pattern": no_nul}],
+        items={"type": "string", "pattern": no_nul, "maxLength": MAX_ARG_CHARS},
+    )
+    props["env"].update(
+        maxProperties=MAX_ENV_VARS,
+        propertyNames={"pattern": _ENV_NAME.pattern},
+        additionalProperties={"type": "string", "pattern": no_nul},
+    )
+    props["metadata"].update(
+        maxProperties=MAX_METADATA,
+        propertyNames={"minLength": 1, "maxLength": 128},
+        additionalProperties={"type": "string", "maxLength": MAX_METADATA_VALUE},
+    )
+
+
 class EnvironmentSpec(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(json_schema_extra=_spec_schema)
+
     image: str = Field(default="base", description="the root image (``base`` is the node's default image)")
     resources: Resources
     entrypoint: list[str] | None = Field(default=None, description="optional workload argv, started by execd")
@@ -52,8 +84,8 @@ class EnvironmentSpec(ApiModel):
         for arg in value:
             if "\x00" in arg:
                 raise ValueError("arguments must not contain NUL bytes")
-            if len(arg.encode()) > MAX_ARG_BYTES:
-                raise ValueError(f"an argument is longer than {MAX_ARG_BYTES} bytes")
+            if len(arg) > MAX_ARG_CHARS:
+                raise ValueError(f"an argument is longer than {MAX_ARG_CHARS} characters")
         if not value[0]:
             raise ValueError("the program (first element) must not be empty")
         return value
