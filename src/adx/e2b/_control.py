@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._envd import tokens_for
+from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import Plane, environment_id_or_404, plane, read_json, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
@@ -120,7 +121,14 @@ def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detai
     }
     if detail:
         view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
+        view["domain"] = _domain(p, request, record)
     return view
+
+
+def _domain(p: Plane, request: Request, record: EnvironmentRecord) -> str:
+    """The sandbox's ``domain``: the SDK's ``get_host(port)`` is ``{port}-{id}.{domain}`` (adx.e2b._hosts)."""
+    base = base_domain(p.config.e2b_domain, request.url.port)
+    return sandbox_domain(tokens_for(request.app), record.tenant, record.id, base)
 
 
 def created_view(request: Request, record: EnvironmentRecord) -> dict[str, Any]:
@@ -130,6 +138,7 @@ def created_view(request: Request, record: EnvironmentRecord) -> dict[str, Any]:
         "clientID": record.node or "adx",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": tokens_for(request.app).mint(record.tenant, record.id),
+        "domain": _domain(plane(request), request, record),
     }
 
 

@@ -72,7 +72,8 @@ async def _write(execd: Execd, path: str, content: AsyncIterator[bytes]) -> dict
     return {"name": posixpath.basename(path), "type": "file", "path": json.loads(body).get("path", path)}
 
 
-async def upload(execd: Execd, request: Request, home: str) -> Response:
+async def upload(execd: Execd, request: Request, home: str, *, only: str | None = None) -> Response:
+    """``only``: every file goes to this path (a signed URL's), whatever its part's file name says."""
     content_type = request.headers.get("content-type", "")
     query_path = request.query_params.get("path")
     written: list[dict[str, str]] = []
@@ -80,7 +81,7 @@ async def upload(execd: Execd, request: Request, home: str) -> Response:
         reader = MultipartReader(request.stream(), boundary_of(content_type))
         async for headers in reader.parts():
             params = disposition(headers)
-            target = params.get("filename") or query_path
+            target = only or params.get("filename") or query_path
             if params.get("name") != "file" or not target:
                 async for _ in reader.body():  # not a file: skipped
                     pass
