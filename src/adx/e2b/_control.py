@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
+from adx.e2b._network import network_policy
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import Plane, environment_id_or_404, plane, read_json, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
@@ -195,7 +196,9 @@ async def create_sandbox(request: Request) -> Response:
     auto_pause = body.get("autoPause", False)
     if not isinstance(auto_pause, bool):
         raise InvalidInputError("autoPause", "must be a boolean")
+    network = network_policy(body.get("allow_internet_access"), body.get("network"))
     wire = {
+        "network": network.model_dump(mode="json", by_alias=True, exclude_none=True),
         "image": template,
         "resources": {"cpuMillis": DEFAULT_CPU_MILLIS, "memoryBytes": DEFAULT_MEMORY_BYTES},
         "env": body.get("envVars") or {},
@@ -314,6 +317,20 @@ async def _expire_now(p: Plane, tenant: str, record: EnvironmentRecord) -> None:
 async def _set_lifetime(p: Plane, tenant: str, record: EnvironmentRecord, seconds: int) -> EnvironmentRecord:
     """The deadline becomes now + ``seconds``; its action (delete, or pause for autoPause) stays."""
     return await p.coordinator.set_lifetime(tenant, record.id, float(seconds))
+
+
+@router.put("/sandboxes/{sandbox_id}/network")
+@e2b_errors
+async def update_network(request: Request, sandbox_id: str) -> Response:
+    """``update_network``: the new options replace the sandbox's policy, applied in place by its node
+    (docs/network.md; a sandbox made without egress gets it at its next start or resume)."""
+    p = plane(request)
+    tenant = await _tenant(request)
+    body = _object(await read_json(request, p.config.max_body_bytes), "body")
+    network = network_policy(None, body, field="body")
+    record = await _visible(p, tenant, sandbox_id)
+    await p.coordinator.set_network(tenant, record.id, network)
+    return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")
