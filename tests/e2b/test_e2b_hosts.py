@@ -36,12 +36,14 @@ def test_a_host_name_the_api_did_not_hand_out_is_refused() -> None:
         parse_host(tokens, f"8000-{sandbox}.{forged[:-2]}.localhost:8080", "localhost")
     with pytest.raises(InvalidInputError):  # another API key
         parse_host(EnvdTokens(b"other key"), f"8000-{sandbox}.{domain}", "localhost")
-    for bad in (f"0-{sandbox}.{domain}", f"x-{sandbox}.{domain}", f"8000-env-zz.{domain}", "8000-a.localhost"):
+    for bad in (f"0-{sandbox}.{domain}", f"8000-env-zz.{domain}", f"8000-{sandbox}.localhost"):
         with pytest.raises(InvalidInputError):
             parse_host(tokens, bad, "localhost")
     # Not under the base: the API itself, not a sandbox.
     assert parse_host(tokens, "127.0.0.1:8080", "localhost") is None
     assert parse_host(tokens, "localhost:8080", "localhost") is None
+    assert parse_host(tokens, "api.localhost:8080", "localhost") is None
+    assert parse_host(tokens, f"x-{sandbox}.{domain}", "localhost") is None
     assert parse_host(tokens, f"8000-{sandbox}.{domain}", "sandboxes.example.com") is None
 
 

@@ -69,7 +69,9 @@ def parse_host(tokens: EnvdTokens, host: str, base: str) -> SandboxHost | None:
     labels = name[: -len(base_name) - 1].split(".")
     first, rest = labels[0], labels[1:]
     port, _, sandbox_id = first.partition("-")
-    if not rest or not port.isdigit() or not 1 <= int(port) <= 65535 or "-" not in rest[-1]:
+    if not port.isdigit() or not sandbox_id.startswith(f"{ENVIRONMENT}-"):
+        return None  # another name under the base (e.g. api.localhost): the API itself, not a sandbox
+    if not rest or not 1 <= int(port) <= 65535 or "-" not in rest[-1]:
         raise InvalidInputError("host", f"{host[:120]!r} is not PORT-SANDBOXID.DOMAIN")
     check_id("host", sandbox_id, ENVIRONMENT)
     last, _, proof = rest[-1].rpartition("-")
