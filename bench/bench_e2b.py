@@ -9,7 +9,10 @@ Figures:
 - ``adx_sdk_run_true`` (baseline): ``env.commands.run("true")`` (``/bin/sh -c true``) on ``/v1``.
 - ``adx_sdk_run_bash_login_true`` (baseline): the ADX SDK running the very argv the E2B SDK sends, so the
   ratio to it is the protocol's cost alone.
-- ``e2b_create`` / ``adx_create``: ``Sandbox.create()`` and ``environments.create()`` until usable.
+- ``e2b_create`` / ``adx_create``: ``Sandbox.create()`` and ``environments.create()`` until usable;
+  ``adx_create_egress`` (baseline): ``environments.create(network={"mode": "egress"})``, what an E2B sandbox
+  is by default (internet on: a veth pair and its nftables policy), so ``e2b_create`` compares to it like
+  for like.
 Target (issue 8): the E2B path within 1.5x of the ADX SDK's. Prints one JSON object; progress on stderr.
 """
 
@@ -47,6 +50,7 @@ def main() -> None:
                 progress(f"create x{args.creates} each")
                 e2b_create: list[float] = []
                 adx_create: list[float] = []
+                egress_create: list[float] = []
                 for _ in range(args.creates):
                     start = time.perf_counter()
                     made = Sandbox.create(**opts)
@@ -55,6 +59,10 @@ def main() -> None:
                     start = time.perf_counter()
                     env = client.environments.create(cpu=0.5, memory="512Mi")
                     adx_create.append(time.perf_counter() - start)
+                    env.delete()
+                    start = time.perf_counter()
+                    env = client.environments.create(cpu=0.5, memory="512Mi", network={"mode": "egress"})
+                    egress_create.append(time.perf_counter() - start)
                     env.delete()
 
                 sandbox = Sandbox.create(**opts)
@@ -78,6 +86,7 @@ def main() -> None:
     figures["adx_sdk_run_bash_login_true"] = summarize(bash_samples)
     figures["e2b_create"] = summarize(e2b_create)
     figures["adx_create"] = summarize(adx_create)
+    figures["adx_create_egress"] = summarize(egress_create)
     ratio = figures["e2b_sdk_run_true"]["p50_ms"] / figures["adx_sdk_run_true"]["p50_ms"]
     same_argv = figures["e2b_sdk_run_true"]["p50_ms"] / figures["adx_sdk_run_bash_login_true"]["p50_ms"]
     figures["targets"] = {

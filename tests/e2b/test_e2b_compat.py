@@ -66,7 +66,7 @@ def test_routes_not_served_answer_e2b_errors_the_sdk_raises_cleanly(adx_up: Up, 
         ("POST", "/v3/templates"),
         ("GET", "/volumes"),
         ("GET", "/snapshots"),
-        ("PUT", f"/sandboxes/{sandbox.sandbox_id}/network"),
+        ("POST", f"/sandboxes/{sandbox.sandbox_id}/refreshes"),  # (network is served: test_e2b_network.py)
         ("GET", f"/sandboxes/{sandbox.sandbox_id}/timeout"),  # a served path, another method
         ("GET", "/v2/sandboxes/nothing/here"),
         ("GET", "/sandboxes"),

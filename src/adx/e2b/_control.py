@@ -33,6 +33,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._envd import tokens_for
+from adx.e2b._hosts import base_domain, sandbox_domain
+from adx.e2b._network import network_policy
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import Plane, environment_id_or_404, plane, read_json, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
@@ -120,7 +122,14 @@ def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detai
     }
     if detail:
         view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
+        view["domain"] = _domain(p, request, record)
     return view
+
+
+def _domain(p: Plane, request: Request, record: EnvironmentRecord) -> str:
+    """The sandbox's ``domain``: the SDK's ``get_host(port)`` is ``{port}-{id}.{domain}`` (adx.e2b._hosts)."""
+    base = base_domain(p.config.e2b_domain, request.url.port)
+    return sandbox_domain(tokens_for(request.app), record.tenant, record.id, base)
 
 
 def created_view(request: Request, record: EnvironmentRecord) -> dict[str, Any]:
@@ -130,6 +139,7 @@ def created_view(request: Request, record: EnvironmentRecord) -> dict[str, Any]:
         "clientID": record.node or "adx",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": tokens_for(request.app).mint(record.tenant, record.id),
+        "domain": _domain(plane(request), request, record),
     }
 
 
@@ -186,7 +196,9 @@ async def create_sandbox(request: Request) -> Response:
     auto_pause = body.get("autoPause", False)
     if not isinstance(auto_pause, bool):
         raise InvalidInputError("autoPause", "must be a boolean")
+    network = network_policy(body.get("allow_internet_access"), body.get("network"))
     wire = {
+        "network": network.model_dump(mode="json", by_alias=True, exclude_none=True),
         "image": template,
         "resources": {"cpuMillis": DEFAULT_CPU_MILLIS, "memoryBytes": DEFAULT_MEMORY_BYTES},
         "env": body.get("envVars") or {},
@@ -305,6 +317,20 @@ async def _expire_now(p: Plane, tenant: str, record: EnvironmentRecord) -> None:
 async def _set_lifetime(p: Plane, tenant: str, record: EnvironmentRecord, seconds: int) -> EnvironmentRecord:
     """The deadline becomes now + ``seconds``; its action (delete, or pause for autoPause) stays."""
     return await p.coordinator.set_lifetime(tenant, record.id, float(seconds))
+
+
+@router.put("/sandboxes/{sandbox_id}/network")
+@e2b_errors
+async def update_network(request: Request, sandbox_id: str) -> Response:
+    """``update_network``: the new options replace the sandbox's policy, applied in place by its node
+    (docs/network.md; a sandbox made without egress gets it at its next start or resume)."""
+    p = plane(request)
+    tenant = await _tenant(request)
+    body = _object(await read_json(request, p.config.max_body_bytes), "body")
+    network = network_policy(None, body, field="body")
+    record = await _visible(p, tenant, sandbox_id)
+    await p.coordinator.set_network(tenant, record.id, network)
+    return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")

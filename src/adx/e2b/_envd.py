@@ -14,9 +14,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from adx.e2b import _signed as signed
 from adx.e2b._connect import HTTP_STATUS, RpcError, error_response, rpc_error
 from adx.e2b._files import HttpFailure, download, upload
 from adx.e2b._filesystem import FilesystemService
+from adx.e2b._hosts import SandboxHost, base_domain, parse_host
 from adx.e2b._process import ProcessService
 from adx.e2b._tokens import EnvdTokens
 from adx.e2b._upstream import Execd
@@ -73,21 +75,65 @@ class EnvdDataPlane:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not any(name == SANDBOX_HEADER for name, _ in scope["headers"]):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
-        response = await self.handle(request)
+        response = await self.dispatch(request)
+        if response is None:
+            await self.app(scope, receive, send)
+            return
         if response.status_code >= 400:
             await _discard_unread_body(request)
         await response(scope, receive, send)
 
-    async def handle(self, request: Request) -> Response:
+    async def dispatch(self, request: Request) -> Response | None:
+        """What a request is, by what it carries: the ``E2b-Sandbox-Id`` header (the SDK's calls at
+        ``E2B_SANDBOX_URL``), a sandbox host name (``PORT-ID.DOMAIN``: envd on 49983, else the sandbox's port),
+        or a signed ``/files`` URL at ``E2B_SANDBOX_URL``; None: not an E2B data-plane request."""
+        if any(name == SANDBOX_HEADER for name, _ in request.scope["headers"]):
+            sandbox_id = request.headers.get("e2b-sandbox-id", "")
+            return await self.handle(request, sandbox_id, request.headers.get("e2b-sandbox-port", ENVD_PORT), None)
+        app = request.scope["app"]
+        tokens = tokens_for(app)
+        config = cast(Plane, app.state.plane).config
+        try:
+            host = parse_host(tokens, request.headers.get("host", ""), base_domain(config.e2b_domain, None))
+        except InvalidInputError as exc:
+            return _http_error(404, f"no sandbox at this host name: {exc.message}")
+        if host is not None:
+            if str(host.port) != ENVD_PORT:
+                return await self.port(request, host)
+            return await self.handle(request, host.sandbox_id, ENVD_PORT, host.tenant)
+        if signed.is_signed(request):
+            try:
+                tenant, sandbox_id = signed.find(tokens, request)
+            except HttpFailure as exc:
+                return exc.response()
+            return await self.handle(request, sandbox_id, ENVD_PORT, tenant)
+        return None
+
+    async def port(self, request: Request, host: SandboxHost) -> Response:
+        """``get_host(port)`` traffic: the sandbox's port through the Ingress and the Relay, as the tenant the
+        host name proves (a paused sandbox is woken by it, as any data-plane request)."""
+        ingress = serving_ingress(request.scope["app"])
+        if ingress is None:
+            return _http_error(501, "this server does not serve the data plane (ingress = false)")
+        timeout = cast(Plane, request.scope["app"].state.plane).config.relay_timeout_seconds
+        path = f"/port/{host.port}{request.url.path}"
+        try:
+            return await ingress.forward(request, host.tenant, host.sandbox_id, path, read_timeout=timeout)
+        except AdxError as exc:
+            error = _unreachable(exc, host.sandbox_id)
+            return _http_error(502 if error.code == "unavailable" else HTTP_STATUS[error.code], error.message)
+
+    async def handle(self, request: Request, sandbox_id: str, port: str, tenant: str | None) -> Response:
+        """An envd call; ``tenant``: the one the URL names (host name or signature), still to be proven by the
+        access token or the signature."""
         path = request.url.path
         rpc = path.count("/") == 2 and "." in path.split("/")[1]
-        sandbox_id = request.headers.get("e2b-sandbox-id", "")
         try:
-            return await self._route(request, path, sandbox_id)
+            return await self._route(request, path, sandbox_id, port, tenant)
         except RpcError as exc:
             return error_response(request, exc) if rpc else _http_error(HTTP_STATUS[exc.code], exc.message)
         except HttpFailure as exc:
@@ -100,11 +146,10 @@ class EnvdDataPlane:
                 return _http_error(400, exc.message)
             return _http_error(502 if error.code == "unavailable" else HTTP_STATUS[error.code], error.message)
 
-    async def _route(self, request: Request, path: str, sandbox_id: str) -> Response:
+    async def _route(self, request: Request, path: str, sandbox_id: str, port: str, named: str | None) -> Response:
         app = request.scope["app"]
         plane = cast(Plane, app.state.plane)
-        tenant = tokens_for(app).tenant(request.headers.get("x-access-token"), sandbox_id)
-        port = request.headers.get("e2b-sandbox-port", ENVD_PORT)
+        tenant = _authenticate(tokens_for(app), request, sandbox_id, named)
         if port != ENVD_PORT:
             raise RpcError("unimplemented", f"port {port}: only envd's port {ENVD_PORT} is served")
         ingress = serving_ingress(app)
@@ -124,10 +169,12 @@ class EnvdDataPlane:
             if status != 200:
                 return _http_error(502, f"envd of sandbox {sandbox_id} is not healthy: {body[:200]!r}")
             return Response(status_code=204)
+        # A signed URL is for its own path only: an upload's part names no other target.
+        only = request.query_params.get("path") if signed.is_signed(request) else None
         if path == "/files" and request.method == "GET":
             return await download(execd, request, HOME)
         if path == "/files" and request.method == "POST":
-            return await upload(execd, request, HOME)
+            return await upload(execd, request, HOME, only=only)
         service, _, method = path.lstrip("/").partition("/")
         if request.method == "POST" and service == "process.Process" and "/" not in method:
             return await ProcessService(execd, HOME).dispatch(method, request)
@@ -136,6 +183,19 @@ class EnvdDataPlane:
         if path.count("/") == 2 and "." in service:
             raise RpcError("unimplemented", f"{service}/{method} is not implemented")
         raise HttpFailure(404, f"no route {request.method} {path}")
+
+
+def _authenticate(tokens: EnvdTokens, request: Request, sandbox_id: str, named: str | None) -> str:
+    """The tenant of an envd call: the access token's, or, for a signed ``/files`` URL without one, the tenant
+    the URL names once the signature proves it was made with that sandbox's token."""
+    token = request.headers.get("x-access-token")
+    if token or named is None or not signed.is_signed(request):
+        tenant = tokens.tenant(token, sandbox_id)
+        if named is not None and tenant != named:
+            raise RpcError("unauthenticated", "invalid X-Access-Token")
+        return tenant
+    signed.check(tokens, named, sandbox_id, request)
+    return named
 
 
 def _http_error(status: int, message: str) -> JSONResponse:

@@ -58,41 +58,77 @@ async def download(execd: Execd, request: Request, home: str) -> Response:
     return upstream
 
 
-async def _write(execd: Execd, path: str, content: AsyncIterator[bytes]) -> dict[str, str]:
+#: Where envd keeps a file's metadata: ``X-Metadata-<key>: value`` is the xattr ``user.e2b.<key>``.
+METADATA_HEADER = "x-metadata-"
+METADATA_XATTR = "user.e2b."
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789!#$%&'*+-.^_`|~")
+
+
+def upload_metadata(request: Request) -> dict[str, str]:
+    """The ``X-Metadata-*`` headers of an upload (keys lowercased, as envd), checked as the SDK checks them."""
+    metadata: dict[str, str] = {}
+    for name, value in request.headers.items():
+        if not name.lower().startswith(METADATA_HEADER):
+            continue
+        key = name[len(METADATA_HEADER) :].lower()
+        if not key or not set(key) <= _TOKEN_CHARS or len(METADATA_XATTR + key) > 255:
+            raise HttpFailure(400, f"X-Metadata-{key}: keys are 1-{255 - len(METADATA_XATTR)} HTTP token characters")
+        if not all(" " <= c <= "~" for c in value):
+            raise HttpFailure(400, f"X-Metadata-{key}: values must be printable US-ASCII")
+        metadata[key] = value
+    return metadata
+
+
+def metadata_of(described: dict[str, object]) -> dict[str, str]:
+    """The E2B metadata among execd's ``xattrs`` of an entry."""
+    xattrs = described.get("xattrs")
+    if not isinstance(xattrs, dict):
+        return {}
+    return {k.removeprefix(METADATA_XATTR): str(v) for k, v in xattrs.items() if k.startswith(METADATA_XATTR)}
+
+
+async def _write(execd: Execd, path: str, content: AsyncIterator[bytes], metadata: dict[str, str]) -> dict[str, object]:
     path = posixpath.normpath(path)
+    xattrs = {f"xattr.{METADATA_XATTR}{key}": value for key, value in metadata.items()}
     status, body = await execd.call(
         "PUT",
         "/v1/files",
-        query={"path": path, "mkdirs": "true"},
+        query={"path": path, "mkdirs": "true", **xattrs},
         content=content,
         content_type="application/octet-stream",
     )
     if status != 201:
         raise _failure(status, body)
-    return {"name": posixpath.basename(path), "type": "file", "path": json.loads(body).get("path", path)}
+    written: dict[str, object] = {"name": posixpath.basename(path), "type": "file"}
+    written["path"] = json.loads(body).get("path", path)
+    if metadata:
+        written["metadata"] = metadata
+    return written
 
 
-async def upload(execd: Execd, request: Request, home: str) -> Response:
+async def upload(execd: Execd, request: Request, home: str, *, only: str | None = None) -> Response:
+    """``only``: every file goes to this path (a signed URL's), whatever its part's file name says."""
     content_type = request.headers.get("content-type", "")
     query_path = request.query_params.get("path")
-    written: list[dict[str, str]] = []
+    written: list[dict[str, object]] = []
+    metadata = upload_metadata(request)
     if content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
         reader = MultipartReader(request.stream(), boundary_of(content_type))
         async for headers in reader.parts():
             params = disposition(headers)
-            target = params.get("filename") or query_path
+            target = only or params.get("filename") or query_path
             if params.get("name") != "file" or not target:
                 async for _ in reader.body():  # not a file: skipped
                     pass
                 continue
-            written.append(await _write(execd, resolve(target, home), reader.body()))
+            written.append(await _write(execd, resolve(target, home), reader.body(), metadata))
     else:
         if not query_path:
             raise HttpFailure(400, "path: required for an application/octet-stream upload")
         stream: AsyncIterator[bytes] = request.stream()
         if request.headers.get("content-encoding", "").lower() == "gzip":
             stream = _gunzip(stream)
-        written.append(await _write(execd, resolve(query_path, home), stream))
+        written.append(await _write(execd, resolve(query_path, home), stream, metadata))
     if not written:
         raise HttpFailure(400, "no file in the upload")
     return JSONResponse(written)

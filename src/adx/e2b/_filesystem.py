@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from adx.e2b._connect import RpcError, single_message
+from adx.e2b._files import metadata_of
 from adx.e2b._process import resolve
 from adx.e2b._upstream import Execd, rpc_error_of
 from adx.e2b._watch import WatchService, dispatch_watch
@@ -45,6 +46,8 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     }
     if described.get("mtime") is not None:
         entry["modifiedTime"] = timestamp(float(described["mtime"]))
+    if metadata := metadata_of(described):
+        entry["metadata"] = metadata
     if kind == "symlink":
         # As newer envd: ``type`` is what the link resolves to, ``isSymlink`` marks the link itself.
         entry["type"] = _TYPES.get(str(described.get("targetType")), "FILE_TYPE_SYMLINK")

@@ -13,6 +13,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections import OrderedDict
 
 from adx._certs import Identity, component_paths
 from adx.e2b._connect import RpcError
@@ -20,6 +21,31 @@ from adx.gateway import ApiConfig
 
 PREFIX = "e2b1"
 MAX_TOKEN = 1024
+#: How many (tenant, sandbox) pairs a signed URL without a sandbox in it is checked against (KnownSandboxes).
+KNOWN_SANDBOXES = 4096
+
+
+class KnownSandboxes:
+    """The sandboxes this API process handed a token out for or saw a valid token of, most recent last.
+
+    A signed file URL at ``E2B_SANDBOX_URL`` names no sandbox (only ``path`` and the signature made with the
+    sandbox's token); it can only be matched by trying the tokens of candidate sandboxes. Bounded, so a check
+    costs at most KNOWN_SANDBOXES hashes; a sandbox falls out when KNOWN_SANDBOXES others were used since.
+    """
+
+    def __init__(self, limit: int = KNOWN_SANDBOXES) -> None:
+        self._pairs: OrderedDict[str, str] = OrderedDict()  # sandbox -> tenant (IDs are never reused)
+        self._limit = limit
+
+    def remember(self, tenant: str, sandbox_id: str) -> None:
+        self._pairs[sandbox_id] = tenant
+        self._pairs.move_to_end(sandbox_id)
+        while len(self._pairs) > self._limit:
+            self._pairs.popitem(last=False)
+
+    def recent_first(self) -> list[tuple[str, str]]:
+        """(tenant, sandbox) pairs, the most recently used first."""
+        return [(tenant, sandbox) for sandbox, tenant in reversed(self._pairs.items())]
 
 
 def _b64(data: bytes) -> str:
@@ -33,6 +59,7 @@ def _unb64(text: str) -> bytes:
 class EnvdTokens:
     def __init__(self, key: bytes) -> None:
         self._key = hashlib.sha256(b"adx-e2b-envd-access-token\x00" + key).digest()
+        self.known = KnownSandboxes()
 
     @classmethod
     def from_config(cls, config: ApiConfig) -> EnvdTokens:
@@ -41,7 +68,16 @@ class EnvdTokens:
     def _mac(self, tenant: str, sandbox_id: str) -> bytes:
         return hmac.new(self._key, f"{tenant}\x00{sandbox_id}".encode(), hashlib.sha256).digest()
 
+    def proof(self, purpose: str, tenant: str, sandbox_id: str) -> bytes:
+        """A MAC for another use than the access token (``purpose`` keeps the two from ever being equal)."""
+        return hmac.new(self._key, f"{purpose}\x00{tenant}\x00{sandbox_id}".encode(), hashlib.sha256).digest()
+
     def mint(self, tenant: str, sandbox_id: str) -> str:
+        """The sandbox's token, handed out to a client (so the sandbox becomes a known one)."""
+        self.known.remember(tenant, sandbox_id)
+        return self.token(tenant, sandbox_id)
+
+    def token(self, tenant: str, sandbox_id: str) -> str:
         return f"{PREFIX}.{_b64(tenant.encode())}.{_b64(self._mac(tenant, sandbox_id))}"
 
     def tenant(self, token: str | None, sandbox_id: str) -> str:
@@ -58,4 +94,5 @@ class EnvdTokens:
             raise RpcError("unauthenticated", "invalid X-Access-Token") from None
         if not hmac.compare_digest(mac, self._mac(tenant, sandbox_id)):
             raise RpcError("unauthenticated", "invalid X-Access-Token")
+        self.known.remember(tenant, sandbox_id)
         return tenant

@@ -66,6 +66,8 @@ def _describe(name: str, st: os.stat_result, path: str | None = None) -> dict[st
         "mode": stat_mod.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
     }
+    if path is not None and (xattrs := _user_xattrs(path)):
+        described["xattrs"] = xattrs
     if path is not None and stat_mod.S_ISLNK(st.st_mode):
         described["target"] = os.path.realpath(path)
         with contextlib.suppress(OSError):
@@ -117,6 +119,32 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+#: Extended attributes a write may set (``?xattr.user.NAME=VALUE``): the ``user.`` namespace only.
+XATTR_PREFIX = "xattr."
+
+
+def _user_xattrs(path: str) -> dict[str, str]:
+    """The entry's ``user.*`` extended attributes (not followed; none where the filesystem has none)."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listxattr(path, follow_symlinks=False):
+            if name.startswith("user."):
+                with contextlib.suppress(OSError):
+                    found[name] = os.getxattr(path, name, follow_symlinks=False).decode("utf-8", "replace")
+    return found
+
+
+def _requested_xattrs(req: Request) -> dict[str, bytes]:
+    wanted: dict[str, bytes] = {}
+    for key, value in req.query.items():
+        if key.startswith(XATTR_PREFIX):
+            name = key.removeprefix(XATTR_PREFIX)
+            if not name.startswith("user.") or len(name) > 255:
+                raise invalid(key, "only user.* extended attributes (up to 255 characters) can be set")
+            wanted[name] = value.encode()
+    return wanted
+
+
 async def _write(req: Request, resp: Response, path: str) -> None:
     """Write temp file next to ``path`` -> fsync -> rename -> fsync dir: readers see old or new, never a mix."""
     raw_mode = req.query.get("mode", "644")
@@ -134,6 +162,7 @@ async def _write(req: Request, resp: Response, path: str) -> None:
             raise _os_error(exc, parent) from None
     if _is_dir(path):
         raise HttpError(409, "conflict", f"{path} is a directory", {"field": "path"})
+    xattrs = _requested_xattrs(req)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.execd-tmp.{os.urandom(4).hex()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
@@ -148,6 +177,11 @@ async def _write(req: Request, resp: Response, path: str) -> None:
                     view = view[os.write(fd, view) :]
                 size += len(chunk)
             os.fchmod(fd, mode)  # the umask must not narrow the requested mode
+            for name, value in xattrs.items():  # on the temp file: the file appears with them, or not at all
+                try:
+                    os.setxattr(fd, name, value)
+                except OSError as exc:
+                    raise HttpError(400, "invalid_input", f"{path}: cannot set {name}: {exc.strerror}") from None
             # fsync of a large file can take long: off the event loop so other requests keep flowing.
             await asyncio.to_thread(os.fsync, fd)
         finally:

@@ -41,6 +41,12 @@ class ApiConfig(StrictModel):
     e2b: bool = Field(
         default=True, description="serve the E2B-compatible API (control plane and envd data plane, docs/e2b.md)"
     )
+    e2b_domain: str = Field(
+        default="",
+        pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[0-9]{1,5})?)?$",
+        description="E2B: the domain of sandbox host names (get_host: PORT-ID.<proof>.DOMAIN); empty: localhost "
+        "with the API's port (docs/e2b.md)",
+    )
     start_wait_seconds: float = Field(
         default=30.0, ge=0, le=600, description="Ingress: how long a request waits for a pending/starting Environment"
     )

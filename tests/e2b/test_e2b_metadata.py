@@ -1,0 +1,54 @@
+"""File metadata through the real ``e2b`` SDK against ``adx up``: ``files.write(..., metadata=)`` stores it as
+the file's ``user.e2b.*`` extended attributes (as envd), and ``get_info``/``list`` read it back, also when set
+out-of-band inside the sandbox."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from e2b import AsyncSandbox, Sandbox
+
+if TYPE_CHECKING:
+    from conftest import Up
+
+pytestmark = pytest.mark.slow
+
+
+def test_metadata_written_is_read_back(adx_up: Up) -> None:
+    sandbox = Sandbox.create(**adx_up.opts())
+    try:
+        info = sandbox.files.write("/root/m.txt", "data", metadata={"Owner": "alice", "stage": "raw"})
+        assert info.metadata == {"owner": "alice", "stage": "raw"}  # keys lowercased, as envd
+        assert sandbox.files.get_info("/root/m.txt").metadata == {"owner": "alice", "stage": "raw"}
+        listed = {e.name: e.metadata for e in sandbox.files.list("/root")}
+        assert listed["m.txt"] == {"owner": "alice", "stage": "raw"}
+        # The same metadata on every file of a multi-file upload; none where none was given.
+        sandbox.files.write_files(
+            [{"path": "/root/a.txt", "data": "a"}, {"path": "/root/b.txt", "data": "b"}], metadata={"k": "v"}
+        )
+        assert sandbox.files.get_info("/root/b.txt").metadata == {"k": "v"}
+        sandbox.files.write("/root/plain.txt", "x")
+        assert sandbox.files.get_info("/root/plain.txt").metadata is None
+        # They are real extended attributes in the sandbox: seen there, and set there they are read back.
+        seen = sandbox.commands.run(
+            "python3 -c \"import os; print(os.getxattr('/root/m.txt', 'user.e2b.owner').decode())\""
+        )
+        assert seen.stdout.strip() == "alice"
+        sandbox.commands.run("python3 -c \"import os; os.setxattr('/root/plain.txt', 'user.e2b.by', b'hand')\"")
+        assert sandbox.files.get_info("/root/plain.txt").metadata == {"by": "hand"}
+        # A rewrite replaces the file, and its metadata with it (the write is atomic: a new file).
+        sandbox.files.write("/root/m.txt", "new")
+        assert sandbox.files.get_info("/root/m.txt").metadata is None
+    finally:
+        sandbox.kill()
+
+
+async def test_metadata_async(adx_up: Up) -> None:
+    sandbox = await AsyncSandbox.create(**adx_up.opts())
+    try:
+        info = await sandbox.files.write("m.txt", b"data", metadata={"a": "1"})
+        assert info.metadata == {"a": "1"}
+        assert (await sandbox.files.get_info("m.txt")).metadata == {"a": "1"}
+    finally:
+        await sandbox.kill()
