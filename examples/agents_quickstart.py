@@ -38,11 +38,16 @@ def append_line(line: str) -> None:
         os.close(fd)
 
 
+def paid(key: str) -> bool:
+    lines = PAYMENTS.read_text().splitlines() if PAYMENTS.exists() else []
+    return any(line.split(" ", 1)[0] == key for line in lines)
+
+
 async def find_payment(args: dict, call: ToolCall) -> Reconciled:
     # Asked only if a worker died mid-payment: did that payment happen? Look for its idempotency key.
-    lines = PAYMENTS.read_text().splitlines() if PAYMENTS.exists() else []
-    paid = any(line.split(" ", 1)[0] == call.idempotency_key for line in lines)
-    return Reconciled.done({"payment": call.idempotency_key}) if paid else Reconciled.not_done()
+    if await asyncio.to_thread(paid, call.idempotency_key):
+        return Reconciled.done({"payment": call.idempotency_key})
+    return Reconciled.not_done()
 
 
 @app.tool(idempotent=False, reconcile=find_payment)

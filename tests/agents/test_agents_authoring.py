@@ -18,10 +18,12 @@ from pydantic import BaseModel
 from adx.agents import (
     END,
     START,
+    AgentRuns,
     AgentStore,
     App,
     Client,
     DurableGraphDriverOptions,
+    DurableTenantSchedulerOptions,
     ExecutableGraphRegistry,
     Fail,
     Goto,
@@ -37,6 +39,8 @@ from adx.agents._catalog import publish_graphs
 from adx.agents._deploy import build_executables
 from adx.agents._loading import load_application
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Ticket(BaseModel):
@@ -267,3 +271,42 @@ def test_loading_names_the_module_the_path_and_the_fix(tmp_path: Path, monkeypat
     elsewhere.mkdir()
     (elsewhere / "by_path.py").write_text("from adx.agents import App\nx = App('x')\n")
     assert [app.name for app in load_application(os.path.join("sub", "by_path.py")).apps] == ["x"]
+
+
+async def test_seed_names_and_authoring_versions_of_the_quickstart_agree(
+    store: AgentStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two files bench/bench_authoring_loc.py counts implement the same workflow (so the count is fair)."""
+    repo = REPO
+    payments = tmp_path / "payments.log"
+    monkeypatch.setenv("REFUND_PAYMENTS", str(payments))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("refund_seed", "agents_quickstart"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    seed = build_executables(load_application(str(repo / "bench" / "authoring_loc" / "refund_seed.py")))
+    authored = build_executables(load_application(str(repo / "examples" / "agents_quickstart.py")))
+    await store.ensure_tenant("beta")
+    await publish_graphs(store, authored)
+    seed_runs = AgentRuns(store, seed)
+    client = Client(store, "beta")
+    outputs = []
+    for tenant, registry, submit in (
+        (TENANT, seed, lambda doc: seed_runs.submit(TENANT, "refund", "1", doc)),
+        ("beta", authored, lambda doc: client.submit("refund", doc, version=1)),
+    ):
+        run = await submit({"order_id": "A-1", "amount": 42})
+        rejected = await submit({"order_id": "A-2", "amount": 5000})
+        assert await seed_runs.resolve(tenant, run.run_id, "approve", {"by": "ann"}) is ResolveOutcome.STORED_EARLY
+        scheduler = make_scheduler(store, registry, options=DurableTenantSchedulerOptions(tenant_id=tenant))
+        for _ in range(50):
+            if all([(await seed_runs.get_run(tenant, r.run_id)).finished for r in (run, rejected)]):
+                break
+            await scheduler.tick()
+        for r in (run, rejected):
+            result = await seed_runs.wait(tenant, r.run_id, timeout=5)
+            assert result.status is RunStatus.SUCCEEDED, result.failure
+            outputs.append({**result.artifact, "payment": bool(result.artifact["payment"])})
+    assert outputs[:2] == outputs[2:]
+    assert outputs[0] == {"order_id": "A-1", "amount": 42, "status": "refunded", "approved_by": "ann", "payment": True}
+    assert outputs[1]["status"] == "rejected: over 1000" and outputs[1]["payment"] is False
+    assert len(payments.read_text().splitlines()) == 2
