@@ -218,6 +218,8 @@ def test_authoring_errors_name_the_field() -> None:
         app.add_node("first", first)
     with pytest.raises(InvalidInputError, match="version"):
         App("x", version=True)
+    with pytest.raises(InvalidInputError, match="'my app' is not a graph name"):
+        App("my app")
 
 
 async def test_a_node_returning_the_wrong_type_fails_the_run_naming_the_node(store: AgentStore) -> None:

@@ -224,3 +224,18 @@ def test_dev_names_the_module_the_path_and_the_fix_before_starting_anything(tmp_
     assert wrong.returncode == 2
     assert "no adx.agents.App named 'refund' (it has ['app'])" in " ".join(wrong.stderr.split())
     assert not (tmp_path / ".adx-dev").exists(), "no server may start for an application that does not load"
+
+
+async def test_dev_on_a_given_database_by_file_path_starts_no_server(tmp_path: Path, postgres_dsn: str) -> None:
+    shutil.copy(EXAMPLE, tmp_path / "agents_quickstart.py")
+    dev = Dev(tmp_path, "agents_quickstart.py", "--database-url", postgres_dsn)
+    try:
+        assert await dev.ready() == postgres_dsn
+        assert "(given with --database-url)" in dev.out.read_text()
+        dev.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(dev.proc.wait, 60) == 0, dev.text()
+    finally:
+        if dev.proc.poll() is None:
+            dev.proc.kill()
+            dev.proc.wait()
+    assert not (tmp_path / ".adx-dev").exists()

@@ -15,11 +15,12 @@ import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
 from adx.agents._graph import (
+    _NAME,
     END,
     Budget,
     ExecutableGraphRegistryBuilder,
@@ -41,7 +42,6 @@ __all__ = ["START", "App", "Goto", "apps_in", "registrations", "resolution"]
 
 START = "__start__"
 _OBJECT: dict[str, Any] = {"type": "object"}
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,6 @@ class Goto:
     update: Any = None
 
 
-State: TypeAlias = Any
 Step: TypeAlias = Callable[..., Awaitable[Any]]
 
 
@@ -112,6 +111,8 @@ class App:
         interrupts: Iterable[str] = (),
         budget: Budget | None = None,
     ) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InvalidInputError("name", f"{name!r} is not a graph name (a letter, then letters, digits, '_.-')")
         if isinstance(version, bool) or not isinstance(version, int | str):
             raise InvalidInputError("version", "must be an integer or a string")
         self.name = name

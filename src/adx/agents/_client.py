@@ -96,12 +96,12 @@ class Client:
     ) -> RunView:
         """Admit a run of ``graph`` (a name, or the :class:`App`) at ``version`` (default: the App's, else the
         newest published). ``input`` is a model or JSON; it is validated against the published input schema."""
+        if isinstance(version, bool) or not isinstance(version, int | str | None):
+            raise InvalidInputError("version", "must be an integer or a string")
         name = graph.name if isinstance(graph, App) else graph
         wanted: str | None = str(version) if version is not None else None
         if wanted is None and isinstance(graph, App):
             wanted = graph.version
-        if isinstance(version, bool):
-            raise InvalidInputError("version", "must be an integer or a string")
         document = input.model_dump(mode="json") if isinstance(input, BaseModel) else input
         registry = await published_registry(self.store, name, wanted)
         [executable] = registry.graphs()
