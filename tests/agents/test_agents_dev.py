@@ -47,6 +47,7 @@ class Dev:
             env=user_env(),
             stdout=self.out.open("ab"),
             stderr=self.err.open("ab"),
+            start_new_session=True,  # its own process group, as a terminal's foreground job
         )
 
     def text(self) -> str:
@@ -68,7 +69,7 @@ class Dev:
             await asyncio.sleep(0.1)
 
     async def interrupt(self, within: float = 60.0) -> int:
-        self.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        os.killpg(self.proc.pid, signal.SIGINT)  # what Ctrl-C sends: to the whole foreground process group
         return await asyncio.to_thread(self.proc.wait, within)
 
 
