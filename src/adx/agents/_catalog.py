@@ -56,7 +56,7 @@ async def publish_graphs(store: AgentStore, registry: ExecutableGraphRegistry) -
 
 
 async def published_registry(store: AgentStore, name: str, version: str | None) -> ExecutableGraphRegistry:
-    """A registry that admits runs of the newest published ``name@version`` (newest version when None).
+    """A registry that admits runs of the newest published ``name@version`` (when None: the graph's row published last).
 
     It holds the graph's contract only: no nodes, tools or models; it can submit, never drive."""
     query = (

@@ -95,7 +95,7 @@ class Client:
         deadline_seconds: float | None = None,
     ) -> RunView:
         """Admit a run of ``graph`` (a name, or the :class:`App`) at ``version`` (default: the App's, else the
-        newest published). ``input`` is a model or JSON; it is validated against the published input schema."""
+        one a worker published last). ``input`` is a model or JSON, validated against the published input schema."""
         if isinstance(version, bool) or not isinstance(version, int | str | None):
             raise InvalidInputError("version", "must be an integer or a string")
         name = graph.name if isinstance(graph, App) else graph
