@@ -95,6 +95,7 @@ async def drive(store: AgentStore, registry: ExecutableGraphRegistry, client: Cl
     raise AssertionError(f"run {run_id} did not settle: {view}")
 
 
+@pytest.mark.req("AGT-1", "AGT-2", "AGT-5")
 async def test_decorated_graph_with_model_state_goto_approval_and_tool(store: AgentStore) -> None:
     replies: list[str] = []
     app = support_app(replies)
@@ -168,6 +169,7 @@ async def test_langgraph_like_builder_with_dict_state_and_conditional_edges(stor
     assert failed.status is RunStatus.FAILED and "too large" in str(failed.failure)
 
 
+@pytest.mark.req("AGT-16")
 async def test_client_needs_only_the_catalog_and_names_what_is_wrong(store: AgentStore) -> None:
     client = Client(store, TENANT)
     with pytest.raises(NotFoundError, match="not published in this database: start a worker"):
