@@ -1,6 +1,6 @@
 """Lines of user code for issue 15's 4-step workflow (a side effect and an approval), before and after the
 authoring layer: bench/authoring_loc/refund_seed.py (+ its worker TOML) with the seed's names against
-examples/agents_quickstart.py. Counts code lines only: no blank lines, comments or docstrings.
+examples/agents/agents_quickstart.py. Counts code lines only: no blank lines, comments or docstrings.
 
 Each top-level statement is counted as "logic" (the steps, the tool and its reconcile hook, without their
 decorators), "state" (the state model or the JSON schemas), "submit" (the submitting script) or "wiring"
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = ROOT / "bench" / "authoring_loc" / "refund_seed.py"
 BEFORE_CONFIG = ROOT / "bench" / "authoring_loc" / "refund_seed.toml"
-AFTER = ROOT / "examples" / "agents_quickstart.py"
+AFTER = ROOT / "examples" / "agents" / "agents_quickstart.py"
 LOGIC = {"append_line", "paid", "find_payment", "pay", "check", "approve", "pay_out", "finish"}  # bodies only
 STATE = {"Refund", "register_schemas", "INPUT", "OUTPUT"}  # the state and its schemas
 SUBMIT = {"main"}  # submit, approve, wait, print

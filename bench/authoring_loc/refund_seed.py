@@ -1,6 +1,6 @@
 """The quickstart's refund workflow written with the seed's names only (for the lines-of-code comparison of
 issue 15; bench/bench_authoring_loc.py). Same four steps, same side effect and approval as
-examples/agents_quickstart.py. The worker runs it with ``adx agent worker --config refund_seed.toml``
+examples/agents/agents_quickstart.py. The worker runs it with ``adx agent worker --config refund_seed.toml``
 (registrations = "refund_seed", and PYTHONPATH pointing at this directory before the authoring layer)."""
 
 import asyncio

@@ -288,7 +288,7 @@ async def test_seed_names_and_authoring_versions_of_the_quickstart_agree(
     for name in ("refund_seed", "agents_quickstart"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     seed = build_executables(load_application(str(repo / "bench" / "authoring_loc" / "refund_seed.py")))
-    authored = build_executables(load_application(str(repo / "examples" / "agents_quickstart.py")))
+    authored = build_executables(load_application(str(repo / "examples" / "agents" / "agents_quickstart.py")))
     await store.ensure_tenant("beta")
     await publish_graphs(store, authored)
     seed_runs = AgentRuns(store, seed)

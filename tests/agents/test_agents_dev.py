@@ -22,7 +22,7 @@ from adx.embedded import EmbeddedPostgres
 from adx.embedded._process import proc_start_ticks
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "agents_quickstart.py"
+EXAMPLE = REPO / "examples" / "agents" / "agents_quickstart.py"
 DOC = REPO / "docs" / "agents-quickstart.md"
 ADX = [sys.executable, "-c", "from adx.cli import main; main()"]
 
