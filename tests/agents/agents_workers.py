@@ -66,3 +66,19 @@ async def stop(proc: subprocess.Popen[bytes], within: float = 30.0) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     return await asyncio.to_thread(proc.wait, within)
+
+
+class WorkerSet:
+    """Worker processes of one config and log, by pid; :meth:`spawn` returns once the new one logged its start."""
+
+    def __init__(self, config: Path, dsn: str, log: Path, *, start_within: float = 30.0, **env: str) -> None:
+        self.config, self.dsn, self.log, self.env = config, dsn, log, env
+        self.start_within = start_within
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._starts = 0
+
+    async def spawn(self) -> None:
+        proc = start_worker(self.config, self.dsn, self.log, **self.env)
+        await wait_started(proc, self.log, self._starts, self.start_within)
+        self._starts += 1
+        self.procs[proc.pid] = proc

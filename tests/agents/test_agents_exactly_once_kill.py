@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import agents_testapp
 import pytest
 from agents_helpers import TENANT, fetch
-from agents_workers import kill, start_worker, stop, tail, wait_started, write_config
+from agents_workers import WorkerSet, kill, stop, tail, write_config
 
 from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry, ResolveOutcome
 from adx.errors import ConflictError
@@ -70,15 +69,8 @@ async def test_sigkill_mid_tool_four_times_twenty_runs_exactly_twenty_effects(
             if not await approve_one():
                 await asyncio.sleep(0.05)
 
-    workers: dict[int, subprocess.Popen[bytes]] = {}
-    starts = 0
-
-    async def spawn() -> None:
-        nonlocal starts
-        proc = start_worker(config, postgres_dsn, log, **env)
-        await wait_started(proc, log, starts)
-        starts += 1
-        workers[proc.pid] = proc
+    pool = WorkerSet(config, postgres_dsn, log, **env)
+    workers, spawn = pool.procs, pool.spawn
 
     approving: asyncio.Task[None] | None = None
     kill_to_continue: list[float] = []

@@ -6,6 +6,8 @@ schemas, freeze them, register graphs into an executable registry and freeze it,
 """
 
 from adx.agents._api import AgentResult, AgentRuns, PendingWait, RunEvent, RunPage, RunView
+from adx.agents._authoring import START, App, Goto, resolution
+from adx.agents._client import Client, Finished
 from adx.agents._driver import (
     BudgetExceededError,
     DurableGraphDriverOptions,
@@ -73,6 +75,7 @@ __all__ = [
     "END",
     "GRAPH_DRIVER_EVENT_SCHEMA_ID",
     "GRAPH_LIFECYCLE_EVENT_SCHEMA_ID",
+    "START",
     "AgentMaintenance",
     "AgentMaintenanceHealth",
     "AgentMaintenanceOptions",
@@ -84,8 +87,10 @@ __all__ = [
     "AgentWorkerHealth",
     "AgentWorkerOptions",
     "AgentWorkerReadiness",
+    "App",
     "Budget",
     "BudgetExceededError",
+    "Client",
     "CommitHook",
     "DurableFairScheduler",
     "DurableGraphDriverOptions",
@@ -100,6 +105,8 @@ __all__ = [
     "ExecutedOutcome",
     "Fail",
     "FairnessPolicy",
+    "Finished",
+    "Goto",
     "GraphBuilder",
     "GraphLifecycleEvidenceProvider",
     "Interrupt",
@@ -139,6 +146,7 @@ __all__ = [
     "register_standard_agent_cancellation_event_schema",
     "register_standard_graph_driver_event_schema",
     "register_standard_graph_lifecycle_event_schema",
+    "resolution",
     "smooth_weighted_sequence",
     "starvation_bound",
 ]

@@ -10,7 +10,8 @@ from adx.config._base import LoggingConfig, StrictModel
 
 __all__ = ["AgentMaintenanceConfig", "AgentWorkerConfig", "FairnessConfig"]
 
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# A dotted module path, optionally ``:attribute`` naming one adx.agents.App in it.
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$")
 
 
 class FairnessConfig(StrictModel):
@@ -40,8 +41,9 @@ class AgentWorkerConfig(StrictModel):
     database_url: str = Field(description="PostgreSQL URL (postgresql://user@host:port/db)")
     tenant_id: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     registrations: str = Field(
-        description="import path of the application module defining register_graphs(executables) and optionally"
-        " register_schemas(schemas), evidence_provider() and readiness(store)"
+        description="import path of the application module: one defining adx.agents.App graphs (MODULE or"
+        " MODULE:APP), or register_graphs(executables) and optionally register_schemas(schemas),"
+        " evidence_provider() and readiness(store); the current directory is importable"
     )
     slots: int = Field(default=4, ge=1, le=1024)
     tick_deadline_seconds: float = Field(default=300.0, gt=0)
@@ -79,7 +81,7 @@ class AgentWorkerConfig(StrictModel):
     @classmethod
     def _module_path(cls, value: str) -> str:
         if not _MODULE.match(value):
-            raise ValueError("must be a dotted Python module path")
+            raise ValueError("must be a dotted Python module path (optionally MODULE:APP)")
         return value
 
     @field_validator("database_url")

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import json
 import logging
 import signal
 from types import ModuleType
 
+from adx.agents._catalog import publish_graphs
 from adx.agents._config import AgentWorkerConfig
 from adx.agents._driver import DurableGraphDriverOptions
 from adx.agents._fair import DurableFairScheduler, FairnessPolicy
 from adx.agents._graph import ExecutableGraphRegistry, ExecutableGraphRegistryBuilder
 from adx.agents._lifecycle import DurableGraphLifecycleOptions, GraphLifecycleEvidenceProvider
+from adx.agents._loading import load_application
 from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions
 from adx.agents._schemas import (
     JsonSchemaRegistryBuilder,
@@ -30,7 +31,6 @@ from adx.agents._worker import (
     AgentWorkerOptions,
     AgentWorkerReadiness,
 )
-from adx.errors import InvalidInputError
 
 __all__ = ["build_executables", "load_registrations", "run_worker"]
 
@@ -38,13 +38,8 @@ log = logging.getLogger("adx.agents.worker")
 
 
 def load_registrations(path: str) -> ModuleType:
-    try:
-        module = importlib.import_module(path)
-    except ImportError as exc:
-        raise InvalidInputError("registrations", f"cannot import {path!r}: {exc}") from None
-    if not callable(getattr(module, "register_graphs", None)):
-        raise InvalidInputError("registrations", f"{path!r} defines no register_graphs(executables)")
-    return module
+    """``MODULE`` (its register_graphs, or its adx.agents.App graphs), ``MODULE:APP`` or a ``.py`` file."""
+    return load_application(path, field="registrations")
 
 
 def build_executables(module: ModuleType) -> ExecutableGraphRegistry:
@@ -90,13 +85,16 @@ async def serve_health(worker: AgentWorker, host: str, port: int) -> asyncio.Ser
     return await asyncio.start_server(handle, host, port)
 
 
-async def run_worker(cfg: AgentWorkerConfig) -> AgentWorkerHealth:
-    """Run a tenant worker until SIGTERM/SIGINT; then drain and stop. Returns the final health."""
-    module = load_registrations(cfg.registrations)
+async def run_worker(cfg: AgentWorkerConfig, module: ModuleType | None = None) -> AgentWorkerHealth:
+    """Run a tenant worker until SIGTERM/SIGINT; then drain and stop. Returns the final health.
+
+    ``module``: registrations already loaded (else ``cfg.registrations`` is imported)."""
+    module = module if module is not None else load_registrations(cfg.registrations)
     executables = build_executables(module)
     store = await AgentStore.open(cfg.database_url, max_size=cfg.pool_max_size or cfg.slots + 2, migrate=cfg.migrate)
     extra_stores: list[AgentStore] = []
     try:
+        await publish_graphs(store, executables)  # submitters admit runs from it without this registry
         make_evidence = getattr(module, "evidence_provider", None)
 
         def tenant_scheduler(tenant_id: str, tenant_store: AgentStore) -> DurableTenantScheduler:

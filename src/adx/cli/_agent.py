@@ -1,4 +1,5 @@
-"""``adx agent worker`` (run a durable agent worker for one tenant) and ``adx agent runs ...`` (operate on runs)."""
+"""``adx agent worker`` (run a durable agent worker for one tenant), ``adx agent dev`` (an embedded PostgreSQL and a
+worker for one module) and ``adx agent runs ...`` (operate on runs)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,48 @@ def worker(
     except AdxError as exc:
         fail(exc)
     console.print(f"agent worker stopped: ticks={health.ticks} executed={health.executed}")
+
+
+@agent_app.command("dev")
+def dev(
+    target: Annotated[
+        str, typer.Argument(help="MODULE, MODULE:APP or path/to/app.py (the current directory is importable)")
+    ],
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="where the embedded PostgreSQL keeps its data")] = Path(
+        ".adx-dev"
+    ),
+    database_url: Annotated[
+        str | None, typer.Option("--database-url", help="use this PostgreSQL instead of starting an embedded one")
+    ] = None,
+    tenant: Annotated[str, typer.Option("--tenant", help="tenant the worker serves")] = "default",
+    port: Annotated[int, typer.Option("--port", help="embedded PostgreSQL's port (0: a free one)")] = 0,
+    slots: Annotated[int, typer.Option("--slots", help="runs driven at once")] = 4,
+) -> None:
+    """Develop an agent: embedded PostgreSQL, migrated, and a worker for MODULE's graphs, until Ctrl-C."""
+    from adx.agents._dev import run_dev
+
+    setup_logging("agent-dev")
+
+    def announce(text: str) -> None:
+        _print(text)
+        console.file.flush()
+
+    try:
+        health = asyncio.run(
+            run_dev(
+                target,
+                state_dir=state_dir,
+                announce=announce,
+                database_url=database_url,
+                tenant=tenant,
+                port=port,
+                slots=slots,
+            )
+        )
+    except AdxError as exc:
+        fail(exc)
+    runs = ", ".join(f"{n} {kind}" for kind, n in sorted(health.executed.items())) or "none"
+    _print(f"agent dev stopped (claims ended: {runs}); the database stopped, its data kept in {state_dir}\n")
 
 
 @agent_app.command("maintenance")
