@@ -14,6 +14,7 @@ from adx.agents._driver import (
     ShutdownSignal,
     ToolOutcomeUnknownError,
 )
+from adx.agents._environments import EnvironmentAccess, EnvironmentSpec, RunEnvironment
 from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
 from adx.agents._fair import DurableFairScheduler, FairnessPolicy, smooth_weighted_sequence, starvation_bound
 from adx.agents._graph import (
@@ -92,6 +93,8 @@ __all__ = [
     "DurableGraphLifecycleOptions",
     "DurableTenantScheduler",
     "DurableTenantSchedulerOptions",
+    "EnvironmentAccess",
+    "EnvironmentSpec",
     "EvidenceError",
     "EvidenceRequest",
     "ExecutableGraph",
@@ -118,6 +121,7 @@ __all__ = [
     "ReconcileOutcome",
     "Reconciled",
     "ResolveOutcome",
+    "RunEnvironment",
     "RunEvent",
     "RunKey",
     "RunPage",

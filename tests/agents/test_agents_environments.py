@@ -1,0 +1,191 @@
+"""``ctx.environment(...)``: ADX Environments from graph nodes, on a real stack.
+
+Real PostgreSQL, real ``adx agent worker`` processes (SIGKILLed), and a real Coordinator (on Redis), adxlet,
+sandboxd and API server that the workers reach over HTTP with a tenant API key from their config. The graph is
+``sandbox`` of agents_envapp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import agents_envapp
+import pytest
+from agents_helpers import TENANT, fetch, standard_schemas
+from agents_workers import kill, start_worker, stop, tail, wait_started
+
+import adx
+from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry, ExecutableGraphRegistryBuilder, RunStatus
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
+
+from apistack import ApiStack, api_for  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+STEP = 60.0
+
+
+def registry() -> ExecutableGraphRegistry:
+    schemas = standard_schemas()
+    agents_envapp.register_schemas(schemas)
+    executables = ExecutableGraphRegistryBuilder(schemas.build())
+    agents_envapp.register_graphs(executables)
+    return executables.build()
+
+
+async def environment_stack(store: AgentStore, node_cluster: Any, make_api: Any) -> tuple[ApiStack, str, AgentRuns]:
+    """A Coordinator, one real adxlet + sandboxd and the API server; the agent tenant's API key; run access."""
+    nc = await node_cluster()
+    stack: ApiStack = await make_api(nc.cluster)
+    return stack, await stack.tenant(TENANT), AgentRuns(store, registry())
+
+
+def worker_config(path: Path, dsn: str, api_url: str, api_key: str) -> Path:
+    path.write_text(
+        f'database_url = "{dsn}"\ntenant_id = "{TENANT}"\nregistrations = "agents_envapp"\n'
+        "slots = 2\nidle_poll_seconds = 0.05\ndrain_seconds = 5\nmax_node_attempts = 20\n"
+        f'[environments]\napi_url = "{api_url}"\napi_key = "{api_key}"\n'
+    )
+    return path
+
+
+async def until(what: str, check: Callable[[], Any], within: float = STEP, log: Path | None = None) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} within {within}s; worker log: {tail(log) if log else ''}"
+        await asyncio.sleep(0.05)
+
+
+async def run_environments(client: adx.AsyncClient, run_id: uuid.UUID) -> list[adx.AsyncEnvironment]:
+    """The live Environments the API lists for the run (by the label the runtime sets)."""
+    return [e for e in await client.environments.list() if e.metadata.get("adx-agent-run") == str(run_id)]
+
+
+async def environment_rows(store: AgentStore, run_id: uuid.UUID) -> list[dict[str, Any]]:
+    return await fetch(store, "SELECT * FROM adx_agent_environments WHERE run_id = %s ORDER BY name", run_id)
+
+
+@pytest.mark.req("AGT-16", "AGT-17")
+async def test_sigkill_after_the_create_reattaches_to_the_same_environment(
+    store: AgentStore,
+    postgres_dsn: str,
+    node_cluster: Any,
+    api_for: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A node creates an Environment and writes a file; its worker is SIGKILLed before that node commits, and the
+    next owner's worker is SIGKILLed in the next node: each new owner reattaches to the same Environment (the
+    file is there, exactly one Environment exists for the run), the run completes, the Environment is deleted."""
+    stack, key, runs = await environment_stack(store, node_cluster, api_for)
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    (holds / "make").touch()
+    (holds / "check").touch()
+    trace = tmp_path / "nodes.log"
+    env = {"AGENTS_ENV_HOLD_DIR": str(holds), "AGENTS_ENV_LOG": str(trace)}
+    config = worker_config(tmp_path / "worker.toml", postgres_dsn, stack.url, key)
+    log = tmp_path / "worker.log"
+    run_id = (await runs.submit(TENANT, "sandbox", "1", {})).run_id
+
+    async with adx.AsyncClient(stack.url, key) as client:
+        first = start_worker(config, postgres_dsn, log, **env)
+        await wait_started(first, log, 0)
+        await until("make reached its hold", (holds / "make.reached").exists, log=log)
+        # After the create (and the write), before the node committed: the ID is already recorded.
+        [row] = await environment_rows(store, run_id)
+        assert row["status"] == "active" and row["environment_id"], row
+        env_id = row["environment_id"]
+        assert (await (await client.environments.get(env_id)).files.read(agents_envapp.NOTE)).decode() == (
+            f"made by {run_id}\n"
+        )
+        await kill(first)
+        (holds / "make").unlink()
+
+        second = start_worker(config, postgres_dsn, log, **env)
+        await wait_started(second, log, 1)
+        await until("check reached its hold", (holds / "check.reached").exists, log=log)
+        assert (await runs.get_run(TENANT, run_id)).checkpoint_seq == 1  # make committed, check runs
+        await kill(second)
+        (holds / "check").unlink()
+
+        third = start_worker(config, postgres_dsn, log, **env)
+        await wait_started(third, log, 2)
+        result = await runs.wait(TENANT, run_id, timeout=STEP)
+        assert await stop(third) == 0
+
+        assert result.status == RunStatus.SUCCEEDED, result.failure
+        out = result.artifact
+        # make ran twice (killed once); the second execution found the first one's file in the same Environment.
+        assert out["env_id"] == out["check_env_id"] == env_id
+        assert out["found_before"] == f"made by {run_id}"
+        assert out["note"] == out["cat"] == f"made by {run_id}\n"
+        makes = [line for line in trace.read_text().splitlines() if line.startswith("make ")]
+        assert len(makes) == 2 and all(f"env={env_id}" in line for line in makes), makes
+        assert "before='absent'" in makes[0] and f"before='made by {run_id}'" in makes[1]
+
+        # Exactly one Environment was ever created for the run (the Coordinator's records, deleted ones
+        # included), and the run's end deleted it.
+        records = await stack.cluster.coordinator.store.load_all_environments()
+        assert [(r.id, r.spec.metadata["adx-agent-run"]) for r in records] == [(env_id, str(run_id))]
+        assert (await client.environments.get(env_id)).state in ("deleting", "deleted")
+        assert await run_environments(client, run_id) == []  # the list shows live Environments only
+    [row] = await environment_rows(store, run_id)
+    assert (row["status"], row["environment_id"], row["generation"]) == ("deleted", env_id, 1)
+
+
+@pytest.mark.req("AGT-5")
+async def test_a_waiting_runs_environment_is_paused_and_resumed_on_use(
+    store: AgentStore,
+    postgres_dsn: str,
+    node_cluster: Any,
+    api_for: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """While the run waits for an approval its Environment is paused (the file kept); the node after the wait
+    resumes it by using it; at the end it is deleted, while an Environment created with keep=True stays."""
+    stack, key, runs = await environment_stack(store, node_cluster, api_for)
+    config = worker_config(tmp_path / "worker.toml", postgres_dsn, stack.url, key)
+    log = tmp_path / "worker.log"
+    run_id = (await runs.submit(TENANT, "sandbox", "1", {"wait": True, "keep_spare": True})).run_id
+    worker = start_worker(config, postgres_dsn, log, AGENTS_ENV_LOG=str(tmp_path / "nodes.log"))
+    try:
+        await wait_started(worker, log, 0)
+        async with adx.AsyncClient(stack.url, key) as client:
+
+            async def waiting() -> bool:
+                return (await runs.get_run(TENANT, run_id)).status == RunStatus.WAITING
+
+            await until("the run waits", waiting, log=log)
+            rows = {r["name"]: r for r in await environment_rows(store, run_id)}
+            assert set(rows) == {"box", "spare"} and {r["status"] for r in rows.values()} == {"paused"}, rows
+            box = await client.environments.get(rows["box"]["environment_id"])
+            spare = await client.environments.get(rows["spare"]["environment_id"])
+            # Paused before the wait committed: nothing is left running while the run waits.
+            assert (box.state, spare.state) == ("paused", "paused")
+
+            await runs.resolve(TENANT, run_id, "approve", {"by": "ann"})
+            result = await runs.wait(TENANT, run_id, timeout=STEP)
+            assert result.status == RunStatus.SUCCEEDED, result.failure
+            assert result.artifact["after_env_id"] == box.id
+            assert result.artifact["after_cat"] == f"made by {run_id}\n"  # resumed with its file
+
+            assert (await box.refresh()).state in ("deleting", "deleted")
+            # keep=True: left to the application, as it was when the run ended (paused by the wait).
+            assert (await spare.refresh()).state == "paused"
+            assert [e.id for e in await run_environments(client, run_id)] == [spare.id]
+            rows = {r["name"]: r for r in await environment_rows(store, run_id)}
+            assert (rows["box"]["status"], rows["spare"]["status"]) == ("deleted", "paused")
+            await spare.delete()
+    finally:
+        assert await stop(worker) == 0, tail(log)
