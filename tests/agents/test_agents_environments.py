@@ -17,11 +17,21 @@ from typing import Any
 
 import agents_envapp
 import pytest
-from agents_helpers import TENANT, fetch, standard_schemas
+import redis.asyncio as aioredis
+from agents_helpers import TENANT, fetch, make_scheduler, standard_schemas
 from agents_workers import kill, start_worker, stop, tail, wait_started
 
 import adx
-from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry, ExecutableGraphRegistryBuilder, RunStatus
+from adx.agents import (
+    AgentRuns,
+    AgentStore,
+    DurableGraphDriverOptions,
+    EnvironmentAccess,
+    ExecutableGraphRegistry,
+    ExecutableGraphRegistryBuilder,
+    RunStatus,
+)
+from adx.errors import UncertainOutcomeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
 
@@ -189,3 +199,57 @@ async def test_a_waiting_runs_environment_is_paused_and_resumed_on_use(
             await spare.delete()
     finally:
         assert await stop(worker) == 0, tail(log)
+
+
+@pytest.mark.req("AGT-16")
+async def test_a_create_with_an_unknown_outcome_is_found_again_even_after_the_api_forgot_its_key(
+    store: AgentStore,
+    node_cluster: Any,
+    api_for: Any,  # noqa: F811
+) -> None:
+    """The owner's create reached the API, then recording the Environment's ID failed (the database connection
+    broke: the outcome is unknown to the runtime). The API's record of the create's Idempotency-Key is then
+    removed from Redis, as after its 24 h retention. The next owner finds the Environment by its label and
+    records it: one Environment for the run, the run completes on it."""
+    stack, key, runs = await environment_stack(store, node_cluster, api_for)
+    run_id = (await runs.submit(TENANT, "sandbox", "1", {})).run_id
+    options = DurableGraphDriverOptions(
+        lease_seconds=5.0, retry_backoff_seconds=0.05, environments=EnvironmentAccess(stack.url, key)
+    )
+    scheduler = make_scheduler(store, runs.executables, driver=options)
+    broker = scheduler.loop.driver.environments
+    assert broker is not None
+    record = broker._rows.update
+
+    async def lost(*args: Any, **kwargs: Any) -> None:
+        raise UncertainOutcomeError("record environment: database connection failed")
+
+    broker._rows.update = lost  # type: ignore[method-assign]
+    try:
+        assert (await scheduler.tick()).outcome is not None
+        [row] = await environment_rows(store, run_id)
+        assert (row["status"], row["environment_id"]) == ("creating", None)  # created, but not recorded
+        [created] = await stack.cluster.coordinator.store.load_all_environments()
+        assert created.spec.metadata["adx-agent-key"] == row["idempotency_key"]
+        redis = aioredis.from_url(stack.cluster.redis.read_info().url)
+        try:
+            forgotten = [k async for k in redis.scan_iter(match="adx:idem:*")]
+            assert len(forgotten) == 1
+            await redis.delete(*forgotten)
+        finally:
+            await redis.aclose()
+
+        broker._rows.update = record  # type: ignore[method-assign]
+        deadline = time.monotonic() + STEP
+        while not (await runs.get_run(TENANT, run_id)).finished:
+            assert time.monotonic() < deadline, "the run did not finish"
+            await scheduler.tick()
+            await asyncio.sleep(0.05)
+        result = await runs.wait(TENANT, run_id, timeout=STEP)
+        assert result.status == RunStatus.SUCCEEDED, result.failure
+        assert result.artifact["env_id"] == result.artifact["check_env_id"] == created.id
+        assert [r.id for r in await stack.cluster.coordinator.store.load_all_environments()] == [created.id]
+        [row] = await environment_rows(store, run_id)
+        assert (row["status"], row["environment_id"], row["generation"]) == ("deleted", created.id, 1)
+    finally:
+        await broker.close()

@@ -268,12 +268,14 @@ class EnvironmentBroker:
         arguments = spec.create_arguments(labels)
         wire = build_spec(**arguments)  # validated here: bad input fails before anything is recorded
         row = await self._rows.intend(claim, name, generation, keep, wire)
-        environment = await self._create(claim, row, spec)
+        environment = await self._create(claim, row, spec, recovering=False)
         return RunEnvironment(self, claim, row, environment)
 
-    async def _create(self, claim: Claim, row: _Row, spec: EnvironmentSpec) -> AsyncEnvironment:
+    async def _create(self, claim: Claim, row: _Row, spec: EnvironmentSpec, *, recovering: bool) -> AsyncEnvironment:
         labels = {LABEL_RUN: str(claim.key.run_id), LABEL_NAME: row.name, LABEL_KEY: row.idempotency_key}
-        environment = await self._find(row.idempotency_key)
+        # Recovering an unknown outcome: the label finds what an earlier create made even after the API forgot
+        # its key (24 h); a create still in flight is not listed yet, and the same key answers it instead.
+        environment = await self._find(row.idempotency_key) if recovering else None
         if environment is None:
             environment = await self.client.environments.create(
                 **spec.create_arguments(labels), wait=False, idempotency_key=row.idempotency_key
@@ -298,7 +300,7 @@ class EnvironmentBroker:
         """The recorded Environment, running; None when it is gone (the row is then marked deleted)."""
         if row.environment_id is None:
             # The create's outcome is unknown (the worker died before recording it): the same key again.
-            return await self._create(claim, row, spec)
+            return await self._create(claim, row, spec, recovering=True)
         try:
             environment = await self.client.environments.get(row.environment_id)
         except NotFoundError:
