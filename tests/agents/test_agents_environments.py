@@ -31,13 +31,14 @@ from adx.agents import (
     ExecutableGraphRegistryBuilder,
     RunStatus,
 )
+from adx.agents._config import AgentWorkerConfig
+from adx.config._base import ConfigError, load_model
 from adx.errors import UncertainOutcomeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
 
 from apistack import ApiStack, api_for  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.slow
 STEP = 60.0
 
 
@@ -86,6 +87,7 @@ async def environment_rows(store: AgentStore, run_id: uuid.UUID) -> list[dict[st
     return await fetch(store, "SELECT * FROM adx_agent_environments WHERE run_id = %s ORDER BY name", run_id)
 
 
+@pytest.mark.slow
 @pytest.mark.req("AGT-16", "AGT-17")
 async def test_sigkill_after_the_create_reattaches_to_the_same_environment(
     store: AgentStore,
@@ -154,6 +156,7 @@ async def test_sigkill_after_the_create_reattaches_to_the_same_environment(
     assert (row["status"], row["environment_id"], row["generation"]) == ("deleted", env_id, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.req("AGT-5")
 async def test_a_waiting_runs_environment_is_paused_and_resumed_on_use(
     store: AgentStore,
@@ -201,6 +204,7 @@ async def test_a_waiting_runs_environment_is_paused_and_resumed_on_use(
         assert await stop(worker) == 0, tail(log)
 
 
+@pytest.mark.slow
 @pytest.mark.req("AGT-16")
 async def test_a_create_with_an_unknown_outcome_is_found_again_even_after_the_api_forgot_its_key(
     store: AgentStore,
@@ -253,3 +257,37 @@ async def test_a_create_with_an_unknown_outcome_is_found_again_even_after_the_ap
         assert (row["status"], row["environment_id"], row["generation"]) == ("deleted", created.id, 1)
     finally:
         await broker.close()
+
+
+def test_the_worker_config_names_the_api_and_its_key(tmp_path: Path) -> None:
+    """[environments] is typed: the key may come from the override, is never shown, and bad input names its field."""
+    base = 'database_url = "postgresql://adx@127.0.0.1/adx"\nregistrations = "agents_envapp"\n[environments]\n'
+    path = tmp_path / "worker.toml"
+    path.write_text(base + 'api_url = "http://127.0.0.1:8080/"\n')
+    cfg = load_model(AgentWorkerConfig, "agent-worker", path, {"ADX_AGENT_WORKER__ENVIRONMENTS__API_KEY": "s3cret"})
+    assert cfg.environments is not None and cfg.environments.api_url == "http://127.0.0.1:8080"
+    assert cfg.environments.api_key.get_secret_value() == "s3cret" and "s3cret" not in repr(cfg)
+    assert (cfg.environments.timeout_seconds, cfg.environments.ready_timeout_seconds) == (30.0, 120.0)
+    with pytest.raises(ConfigError, match=r"environments\.api_key"):
+        load_model(AgentWorkerConfig, "agent-worker", path, {})
+    path.write_text(base + 'api_url = "127.0.0.1:8080"\napi_key = "k"\n')
+    with pytest.raises(ConfigError, match=r"environments\.api_url.*http://"):
+        load_model(AgentWorkerConfig, "agent-worker", path, {})
+
+
+async def test_a_node_asking_for_an_environment_where_no_api_is_configured_fails_naming_the_field(
+    store: AgentStore,
+) -> None:
+    runs = AgentRuns(store, registry())
+    run_id = (await runs.submit(TENANT, "sandbox", "1", {})).run_id
+    options = DurableGraphDriverOptions(lease_seconds=5.0, retry_backoff_seconds=0.01, max_node_attempts=2)
+    scheduler = make_scheduler(store, runs.executables, driver=options)
+    deadline = time.monotonic() + STEP
+    while not (await runs.get_run(TENANT, run_id)).finished:
+        assert time.monotonic() < deadline, "the run did not finish"
+        await scheduler.tick()
+        await asyncio.sleep(0.02)
+    result = await runs.wait(TENANT, run_id, timeout=STEP)
+    assert result.status == RunStatus.FAILED
+    assert "environments: this worker has no ADX API configured" in str(result.failure), result.failure
+    assert await environment_rows(store, run_id) == []
