@@ -291,3 +291,46 @@ async def test_a_node_asking_for_an_environment_where_no_api_is_configured_fails
     assert result.status == RunStatus.FAILED
     assert "environments: this worker has no ADX API configured" in str(result.failure), result.failure
     assert await environment_rows(store, run_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.req("AGT-5")
+async def test_an_environment_deleted_behind_the_runs_back_is_replaced_by_a_new_generation(
+    store: AgentStore,
+    node_cluster: Any,
+    api_for: Any,  # noqa: F811
+) -> None:
+    """While the run waits, someone deletes its Environment; the node after the wait gets a new one (the next
+    generation, a new idempotency key), which the run's end deletes in turn."""
+    stack, key, runs = await environment_stack(store, node_cluster, api_for)
+    run_id = (await runs.submit(TENANT, "sandbox", "1", {"wait": True})).run_id
+    options = DurableGraphDriverOptions(
+        lease_seconds=5.0, retry_backoff_seconds=0.05, environments=EnvironmentAccess(stack.url, key)
+    )
+    scheduler = make_scheduler(store, runs.executables, driver=options)
+    assert scheduler.loop.driver.environments is not None
+
+    async def drive_until(status: RunStatus) -> None:
+        deadline = time.monotonic() + STEP
+        while (await runs.get_run(TENANT, run_id)).status != status:
+            assert time.monotonic() < deadline, f"the run is not {status}"
+            await scheduler.tick()
+            await asyncio.sleep(0.05)
+
+    try:
+        await drive_until(RunStatus.WAITING)
+        [first] = await environment_rows(store, run_id)
+        assert (first["status"], first["generation"]) == ("paused", 1)
+        async with adx.AsyncClient(stack.url, key) as client:
+            await client.environments.delete(first["environment_id"])
+            await runs.resolve(TENANT, run_id, "approve", {"by": "ann"})
+            await drive_until(RunStatus.SUCCEEDED)
+            result = await runs.wait(TENANT, run_id, timeout=STEP)
+            [second] = await environment_rows(store, run_id)
+            assert result.artifact["after_env_id"] == second["environment_id"] != first["environment_id"]
+            assert result.artifact["after_cat"] == ""  # a new Environment: the old one's file is gone with it
+            assert (second["status"], second["generation"]) == ("deleted", 2)
+            assert second["idempotency_key"] == f"agent-env/{TENANT}/{run_id}/box/2"
+            assert (await client.environments.get(second["environment_id"])).state in ("deleting", "deleted")
+    finally:
+        await scheduler.loop.driver.environments.close()

@@ -305,11 +305,14 @@ class EnvironmentBroker:
             environment = await self.client.environments.get(row.environment_id)
         except NotFoundError:
             environment = None
-        if environment is None or environment.state in _GONE or environment.state is EnvironmentState.FAILED:
+        if environment is None or environment.state in _GONE or environment.state == EnvironmentState.FAILED:
             log.warning(
-                "recorded environment is gone; creating a new one",
+                "recorded environment is gone or failed; creating a new one",
                 extra={"run_id": str(claim.key.run_id), "env": row.name, "env_id": row.environment_id},
             )
+            if environment is not None and environment.state == EnvironmentState.FAILED:
+                with contextlib.suppress(AdxError):  # it holds no work we can use; do not leave it behind
+                    await environment.delete()
             await self._rows.update(claim, row.name, row.idempotency_key, status="deleted")
             return None
         if environment.state in (EnvironmentState.PAUSED, EnvironmentState.PAUSING):
