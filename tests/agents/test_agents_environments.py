@@ -57,6 +57,16 @@ async def environment_stack(store: AgentStore, node_cluster: Any, make_api: Any)
     return stack, await stack.tenant(TENANT), AgentRuns(store, registry())
 
 
+async def tick_until(scheduler: Any, runs: AgentRuns, run_id: uuid.UUID, *statuses: RunStatus) -> RunStatus:
+    """Drive the run with an in-process scheduler (one tick at a time) until it has one of ``statuses``."""
+    deadline = time.monotonic() + STEP
+    while (status := (await runs.get_run(TENANT, run_id)).status) not in statuses:
+        assert time.monotonic() < deadline, f"the run is {status}, not {statuses}"
+        await scheduler.tick()
+        await asyncio.sleep(0.05)
+    return status
+
+
 def worker_config(path: Path, dsn: str, api_url: str, api_key: str) -> Path:
     path.write_text(
         f'database_url = "{dsn}"\ntenant_id = "{TENANT}"\nregistrations = "agents_envapp"\n'
@@ -244,11 +254,7 @@ async def test_a_create_with_an_unknown_outcome_is_found_again_even_after_the_ap
             await redis.aclose()
 
         broker._rows.update = record  # type: ignore[method-assign]
-        deadline = time.monotonic() + STEP
-        while not (await runs.get_run(TENANT, run_id)).finished:
-            assert time.monotonic() < deadline, "the run did not finish"
-            await scheduler.tick()
-            await asyncio.sleep(0.05)
+        await tick_until(scheduler, runs, run_id, RunStatus.SUCCEEDED, RunStatus.FAILED)
         result = await runs.wait(TENANT, run_id, timeout=STEP)
         assert result.status == RunStatus.SUCCEEDED, result.failure
         assert result.artifact["env_id"] == result.artifact["check_env_id"] == created.id
@@ -282,11 +288,7 @@ async def test_a_node_asking_for_an_environment_where_no_api_is_configured_fails
     run_id = (await runs.submit(TENANT, "sandbox", "1", {})).run_id
     options = DurableGraphDriverOptions(lease_seconds=5.0, retry_backoff_seconds=0.01, max_node_attempts=2)
     scheduler = make_scheduler(store, runs.executables, driver=options)
-    deadline = time.monotonic() + STEP
-    while not (await runs.get_run(TENANT, run_id)).finished:
-        assert time.monotonic() < deadline, "the run did not finish"
-        await scheduler.tick()
-        await asyncio.sleep(0.02)
+    assert await tick_until(scheduler, runs, run_id, RunStatus.SUCCEEDED, RunStatus.FAILED) == RunStatus.FAILED
     result = await runs.wait(TENANT, run_id, timeout=STEP)
     assert result.status == RunStatus.FAILED
     assert "environments: this worker has no ADX API configured" in str(result.failure), result.failure
@@ -310,21 +312,14 @@ async def test_an_environment_deleted_behind_the_runs_back_is_replaced_by_a_new_
     scheduler = make_scheduler(store, runs.executables, driver=options)
     assert scheduler.loop.driver.environments is not None
 
-    async def drive_until(status: RunStatus) -> None:
-        deadline = time.monotonic() + STEP
-        while (await runs.get_run(TENANT, run_id)).status != status:
-            assert time.monotonic() < deadline, f"the run is not {status}"
-            await scheduler.tick()
-            await asyncio.sleep(0.05)
-
     try:
-        await drive_until(RunStatus.WAITING)
+        await tick_until(scheduler, runs, run_id, RunStatus.WAITING)
         [first] = await environment_rows(store, run_id)
         assert (first["status"], first["generation"]) == ("paused", 1)
         async with adx.AsyncClient(stack.url, key) as client:
             await client.environments.delete(first["environment_id"])
             await runs.resolve(TENANT, run_id, "approve", {"by": "ann"})
-            await drive_until(RunStatus.SUCCEEDED)
+            await tick_until(scheduler, runs, run_id, RunStatus.SUCCEEDED)
             result = await runs.wait(TENANT, run_id, timeout=STEP)
             [second] = await environment_rows(store, run_id)
             assert result.artifact["after_env_id"] == second["environment_id"] != first["environment_id"]
