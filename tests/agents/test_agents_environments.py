@@ -279,6 +279,13 @@ def test_the_worker_config_names_the_api_and_its_key(tmp_path: Path) -> None:
     path.write_text(base + 'api_url = "127.0.0.1:8080"\napi_key = "k"\n')
     with pytest.raises(ConfigError, match=r"environments\.api_url.*http://"):
         load_model(AgentWorkerConfig, "agent-worker", path, {})
+    # One API key is one ADX tenant: not offered to a worker that ticks several tenants.
+    path.write_text(
+        base.replace("[environments]", '[fairness]\npolicy = "p"\nweights = { acme = 1 }\n[environments]')
+        + 'api_url = "http://127.0.0.1:8080"\napi_key = "k"\n'
+    )
+    with pytest.raises(ConfigError, match="cannot be combined with fairness"):
+        load_model(AgentWorkerConfig, "agent-worker", path, {})
 
 
 async def test_a_node_asking_for_an_environment_where_no_api_is_configured_fails_naming_the_field(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
 
@@ -98,6 +98,13 @@ class AgentWorkerConfig(StrictModel):
         default=None, description="the ADX API for ctx.environment(...); without it a node asking for one fails"
     )
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _one_tenant_per_api_key(self) -> AgentWorkerConfig:
+        # One API key is one ADX tenant: a fair worker's tenants would all create Environments as that tenant.
+        if self.environments is not None and self.fairness is not None:
+            raise ValueError("environments cannot be combined with fairness yet (one API key serves one tenant)")
+        return self
 
     @field_validator("registrations")
     @classmethod
