@@ -16,6 +16,7 @@ from adx.agents._driver import (
     ShutdownSignal,
     ToolOutcomeUnknownError,
 )
+from adx.agents._environments import EnvironmentAccess, EnvironmentSpec, RunEnvironment
 from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
 from adx.agents._fair import DurableFairScheduler, FairnessPolicy, smooth_weighted_sequence, starvation_bound
 from adx.agents._graph import (
@@ -97,6 +98,8 @@ __all__ = [
     "DurableGraphLifecycleOptions",
     "DurableTenantScheduler",
     "DurableTenantSchedulerOptions",
+    "EnvironmentAccess",
+    "EnvironmentSpec",
     "EvidenceError",
     "EvidenceRequest",
     "ExecutableGraph",
@@ -125,6 +128,7 @@ __all__ = [
     "ReconcileOutcome",
     "Reconciled",
     "ResolveOutcome",
+    "RunEnvironment",
     "RunEvent",
     "RunKey",
     "RunPage",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
 
-__all__ = ["AgentMaintenanceConfig", "AgentWorkerConfig", "FairnessConfig"]
+__all__ = ["AgentEnvironmentsConfig", "AgentMaintenanceConfig", "AgentWorkerConfig", "FairnessConfig"]
 
 # A dotted module path, optionally ``:attribute`` naming one adx.agents.App in it.
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -35,6 +35,27 @@ class FairnessConfig(StrictModel):
             if not 1 <= weight <= 1_000_000:
                 raise ValueError(f"weight of {tenant!r} must be between 1 and 1000000")
         return value
+
+
+class AgentEnvironmentsConfig(StrictModel):
+    """The ADX API that nodes create Environments through (``ctx.environment``): its URL and a tenant API key."""
+
+    api_url: str = Field(description="URL of the ADX API server (http:// or https://)")
+    api_key: SecretStr = Field(
+        description="the tenant API key Environments are created with (`adx tenant create`); prefer the override"
+        " ADX_AGENT_WORKER__ENVIRONMENTS__API_KEY to writing it in the file"
+    )
+    timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="per API call")
+    ready_timeout_seconds: float = Field(
+        default=120.0, gt=0, le=3600, description="how long a create or a resume may take before the node fails"
+    )
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
 
 
 class AgentWorkerConfig(StrictModel):
@@ -75,7 +96,17 @@ class AgentWorkerConfig(StrictModel):
     fairness: FairnessConfig | None = Field(
         default=None, description="tick these tenants fairly (AGT-12) instead of tenant_id alone"
     )
+    environments: AgentEnvironmentsConfig | None = Field(
+        default=None, description="the ADX API for ctx.environment(...); without it a node asking for one fails"
+    )
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _one_tenant_per_api_key(self) -> AgentWorkerConfig:
+        # One API key is one ADX tenant: a fair worker's tenants would all create Environments as that tenant.
+        if self.environments is not None and self.fairness is not None:
+            raise ValueError("environments cannot be combined with fairness yet (one API key serves one tenant)")
+        return self
 
     @field_validator("registrations")
     @classmethod

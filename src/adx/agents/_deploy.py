@@ -12,6 +12,7 @@ from types import ModuleType
 from adx.agents._catalog import publish_graphs
 from adx.agents._config import AgentWorkerConfig
 from adx.agents._driver import DurableGraphDriverOptions
+from adx.agents._environments import EnvironmentAccess
 from adx.agents._fair import DurableFairScheduler, FairnessPolicy
 from adx.agents._graph import ExecutableGraphRegistry, ExecutableGraphRegistryBuilder
 from adx.agents._lifecycle import DurableGraphLifecycleOptions, GraphLifecycleEvidenceProvider
@@ -93,6 +94,16 @@ async def run_worker(cfg: AgentWorkerConfig, module: ModuleType | None = None) -
     executables = build_executables(module)
     store = await AgentStore.open(cfg.database_url, max_size=cfg.pool_max_size or cfg.slots + 2, migrate=cfg.migrate)
     extra_stores: list[AgentStore] = []
+    environments = (
+        EnvironmentAccess(
+            cfg.environments.api_url,
+            cfg.environments.api_key.get_secret_value(),
+            cfg.environments.timeout_seconds,
+            cfg.environments.ready_timeout_seconds,
+        )
+        if cfg.environments is not None
+        else None
+    )
     try:
         await publish_graphs(store, executables)  # submitters admit runs from it without this registry
         make_evidence = getattr(module, "evidence_provider", None)
@@ -108,6 +119,7 @@ async def run_worker(cfg: AgentWorkerConfig, module: ModuleType | None = None) -
                     node_timeout_seconds=cfg.node_timeout_seconds,
                     max_node_attempts=cfg.max_node_attempts,
                     max_nodes_per_claim=cfg.max_nodes_per_claim,
+                    environments=environments,
                 ),
                 DurableGraphLifecycleOptions(),
                 DurableTenantSchedulerOptions(tenant_id=tenant_id),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adx._backoff import capped_exponential
 from adx.agents._canonical import digest, json_clone
+from adx.agents._environments import EnvironmentAccess, EnvironmentBroker, EnvironmentSpec, RunEnvironment
 from adx.agents._errors import StaleFenceError
 from adx.agents._graph import (
     END,
@@ -88,6 +89,8 @@ class DurableGraphDriverOptions:
     retry_backoff_seconds: float = 1.0
     max_retry_backoff_seconds: float = 60.0
     max_nodes_per_claim: int = 64
+    #: The ADX API that ``ctx.environment(...)`` creates Environments through; None: not available.
+    environments: EnvironmentAccess | None = None
 
     def __post_init__(self) -> None:
         for name in ("lease_seconds", "node_timeout_seconds", "retry_backoff_seconds", "max_retry_backoff_seconds"):
@@ -196,8 +199,10 @@ class NodeContext:
         budget: Budget,
         usage: dict[str, int],
         wake: list[Wake] | None,
+        environments: EnvironmentBroker | None = None,
     ) -> None:
         self._store = store
+        self._environments = environments
         self._executables = executables
         self._claim = claim
         self.node = node
@@ -229,6 +234,18 @@ class NodeContext:
         connections) happens at every commit attempt, also one whose transaction then fails to commit, after which
         the node and its hook run again: use a tool with ``reconcile`` for those."""
         self._hooks.append(hook)
+
+    async def environment(
+        self, name: str = "main", spec: EnvironmentSpec | None = None, *, keep: bool = False
+    ) -> RunEnvironment:
+        """The run's ADX Environment ``name``, created from ``spec`` when the run has none of that name yet,
+        reattached (and resumed) when it has: after a crash, in a later node, after a wait. Its ID is committed
+        before the create is seen complete. Deleted when the run ends, unless ``keep``."""
+        if self._environments is None:
+            raise InvalidInputError(
+                "environments", "this worker has no ADX API configured for ctx.environment (its [environments])"
+            )
+        return await self._environments.open(self._claim, name, spec or EnvironmentSpec(), keep)
 
     def _call_key(self, kind: str, name: str) -> str:
         ordinal = self._ordinals.get(f"{kind}:{name}", 0)
@@ -497,6 +514,7 @@ class DurableGraphDriver:
         if GRAPH_DRIVER_EVENT_SCHEMA_ID not in schemas:
             raise InvalidInputError("schemas", f"the standard schema {GRAPH_DRIVER_EVENT_SCHEMA_ID} is not registered")
         self._schema = (GRAPH_DRIVER_EVENT_SCHEMA_ID, schemas.digest(GRAPH_DRIVER_EVENT_SCHEMA_ID))
+        self.environments = EnvironmentBroker(store, options.environments) if options.environments else None
 
     @contextlib.asynccontextmanager
     async def _leased(self, claim: Claim) -> AsyncIterator[_Lease]:
@@ -514,7 +532,28 @@ class DurableGraphDriver:
 
     async def drive(self, claim: Claim, shutdown: ShutdownSignal) -> Handoff:
         async with self._leased(claim) as lease:
-            return await self._drive(claim, shutdown, lease)
+            handoff = await self._drive(claim, shutdown, lease)
+            if self.environments is not None:
+                await self._settle_environments(handoff)
+            return handoff
+
+    async def _settle_environments(self, handoff: Handoff) -> None:
+        """Still under the lease, before the handoff commits: a waiting run's Environments are paused, a
+        finished run's deleted (a run that then fails to commit runs its node again, which resumes them)."""
+        assert self.environments is not None
+        ends = isinstance(handoff, SuccessHandoff | CancellationHandoff) or (
+            isinstance(handoff, FailureHandoff) and not handoff.in_flight
+        )
+        try:
+            if isinstance(handoff, WaitHandoff):
+                await self.environments.pause_all(handoff.claim)
+            elif ends:
+                await self.environments.delete_all(handoff.claim)
+        except AdxError as exc:
+            log.warning(
+                "could not settle the run's environments",
+                extra={"run_id": str(handoff.claim.key.run_id), "error": str(exc)},
+            )
 
     async def _drive(self, claim: Claim, shutdown: ShutdownSignal, lease: _Lease) -> Handoff:
         opts = self.options
@@ -576,6 +615,7 @@ class DurableGraphDriver:
                 budget=budget,
                 usage=usage,
                 wake=wake,
+                environments=self.environments,
             )
             try:
                 outcome = await self._run_node(graph, node, ctx, state, lease)

@@ -30,6 +30,7 @@ _REQUIRED_TABLES = (
     "adx_agent_workers",
     "adx_agent_early_resolutions",
     "adx_agent_run_actions",
+    "adx_agent_environments",
 )
 
 

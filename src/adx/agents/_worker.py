@@ -335,6 +335,9 @@ class AgentWorker:
             await asyncio.shield(self._done)
         if self._liveness is not None:
             await self._liveness.close()
+        for tenant_scheduler in self.binding.tenant_schedulers:
+            if tenant_scheduler.loop.driver.environments is not None:
+                await tenant_scheduler.loop.driver.environments.close()  # the ADX API client's connections
         self._state = "stopped"
 
     async def wait(self) -> None:
