@@ -36,12 +36,13 @@ def assert_capacity_503(response: httpx.Response) -> None:
     assert error["details"]["retry_after_seconds"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16: no CPU overcommit yet")
 @pytest.mark.req("RES-4")
 async def test_cpu_requests_may_exceed_capacity_by_the_node_overcommit_ratio(node_cluster, api_for) -> None:
     """A 2-CPU node with cpu_overcommit 4.0 takes 5 (and up to 16) Environments of 0.5 CPU; the 17th is refused
     with a retryable 503. Memory stays hard."""
-    nc = await node_cluster(capacity={"cpuMillis": 2000, "memoryBytes": 4 * GiB}, node_config={"cpu_overcommit": 4.0})
+    nc = await node_cluster(
+        capacity={"cpuMillis": 2000, "memoryBytes": 4 * GiB}, node_config={"cpu_overcommit": 4.0}, metrics_listen=True
+    )
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
     await wait_admitting(stack, "n1")
@@ -59,6 +60,19 @@ async def test_cpu_requests_may_exceed_capacity_by_the_node_overcommit_ratio(nod
     node = await stack.cluster.coordinator.store.get_node("n1")
     assert node.capacity.cpu_millis == 2000 and node.cpu_overcommit == 4.0
     assert node.cpu_limit_millis == 8000 and node.reserved.cpu_millis == 8000
+    assert node.allocatable.cpu_millis == 0 and node.allocatable.memory_bytes == 4 * GiB - 16 * 64 * 2**20
+    # The node's own metrics say the same: requested (reserved), capacity, limit and allocatable.
+    async with httpx.AsyncClient() as plain:
+        text = (await plain.get(f"http://127.0.0.1:{nc.nodes['n1'].metrics_port}/metrics")).text
+    for line in (
+        'adx_node_cpu_overcommit_ratio{node="n1"} 4.0',
+        'adx_node_reserved_cpu_millis{node="n1"} 8000.0',
+        'adx_node_capacity_cpu_millis{node="n1"} 2000.0',
+        'adx_node_limit_cpu_millis{node="n1"} 8000.0',
+        'adx_node_allocatable_cpu_millis{node="n1"} 0.0',
+        'adx_node_limit_memory_bytes{node="n1"} 4.294967296e+09',
+    ):
+        assert line in text, (line, [x for x in text.splitlines() if x.startswith("adx_node_")])
 
 
 @pytest.mark.req("RES-4")

@@ -103,6 +103,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "resource_source": {"kind": "sandboxd", "socket": str(sandboxd_socket)},
             "runtime": {"socket": str(sandboxd_socket)},
             "metrics_listen": cfg.node_metrics_listen,
+            "cpu_overcommit": cfg.node_cpu_overcommit,
         },
     )
     api_host, _, api_port = cfg.api_listen.rpartition(":")

@@ -177,6 +177,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 admission_open=request.admission_open,
                 admission_reason=request.admission_reason,
                 devices=list(request.devices),
+                cpu_overcommit=request.cpu_overcommit,
             )
             await self._refresh_node(request.node)
         except AdxError as exc:
