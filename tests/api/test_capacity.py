@@ -88,7 +88,6 @@ async def test_without_overcommit_requests_stay_within_capacity(node_cluster, ap
         assert_capacity_503(await create(http, HALF_CPU))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16: delete returns before the release")
 async def test_a_create_right_after_a_delete_is_never_refused_for_capacity(node_cluster, api_for) -> None:
     """The node is full; each delete's reply comes after the reservation is released, so the create that
     follows at once always finds room (issue 16: it was refused while the node still held the reservation)."""
@@ -122,7 +121,6 @@ async def wait_running(http: httpx.AsyncClient, env_id: str) -> None:
     raise AssertionError(f"{env_id} never ran")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16: the E2B edge's 503 has no Retry-After")
 async def test_the_e2b_edge_answers_a_capacity_refusal_with_503_and_retry_after(node_cluster, api_for) -> None:
     """E2B's create on a full node: 503 in E2B's error shape with Retry-After, so a client knows when to ask
     again (it had no Retry-After)."""

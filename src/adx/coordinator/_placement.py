@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from adx.model import NodeRecord, Resources
 
+#: How a refusal for want of room begins (the Lua admission says the same: ``_scripts._ADMIT``).
+NO_CAPACITY = "no capacity"
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -30,7 +33,7 @@ def eligibility(
     # CPU up to capacity x the node's overcommit ratio; memory and disk up to capacity (RES-4).
     short = need.shortfall(node.allocatable)
     if short:
-        return "no capacity: " + ",".join(short)
+        return f"{NO_CAPACITY}: " + ",".join(short)
     return None
 
 
