@@ -5,11 +5,14 @@ sandboxd and API server)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
 import pytest
 from apistack import ApiStack
+
+import adx
 
 GiB = 2**30
 HALF_CPU: dict[str, Any] = {"resources": {"cpuMillis": 500, "memoryBytes": 64 * 2**20}}
@@ -135,3 +138,41 @@ async def test_the_e2b_edge_answers_a_capacity_refusal_with_503_and_retry_after(
     assert refused.status_code == 503, refused.text
     assert refused.json()["code"] == 503 and "no capacity" in refused.json()["message"]
     assert int(refused.headers["retry-after"]) >= 1
+
+
+async def test_the_sdk_create_waits_for_capacity_when_asked(node_cluster, api_for) -> None:
+    """create(wait=SECONDS) sends a create refused for capacity again after Retry-After until room appears (a
+    delete meanwhile); a wait that runs out raises NoCapacityError saying so; wait=True refuses at once."""
+    nc = await node_cluster(capacity={"cpuMillis": 1000, "memoryBytes": 4 * GiB})
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("alpha")
+    await wait_admitting(stack, "n1")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as client:
+        first = await client.environments.create(cpu=1, memory="64Mi", wait_timeout=30)
+        started = time.monotonic()
+        with pytest.raises(adx.errors.NoCapacityError) as at_once:
+            await client.environments.create(cpu=1, memory="64Mi")
+        assert time.monotonic() - started < 2 and "within wait" not in at_once.value.message
+        # The sync twin, in a thread (this loop hosts the Coordinator): the wait runs out, nothing was created.
+        with adx.Client(api_url=stack.url, api_key=key) as sync:
+            started = time.monotonic()
+            with pytest.raises(adx.errors.NoCapacityError, match=r"within wait=0.5s \(nothing was created\)"):
+                await asyncio.to_thread(sync.environments.create, cpu=1, memory="64Mi", wait=0.5)
+            assert 0.5 <= time.monotonic() - started < 3
+            with pytest.raises(adx.errors.InvalidInputError) as bad:
+                sync.environments.create(cpu=1, memory="64Mi", wait=-1)
+            assert bad.value.field == "wait"
+
+        async def free_soon() -> None:
+            await asyncio.sleep(1.0)
+            await first.delete()
+
+        freeing = asyncio.create_task(free_soon())
+        started = time.monotonic()
+        second = await client.environments.create(cpu=1, memory="64Mi", wait=30, wait_timeout=30)
+        await freeing
+        assert second.state == "running" and 1.0 <= time.monotonic() - started < 30
+    assert (
+        len([r for r in await stack.cluster.coordinator.store.load_all_environments() if r.state.value != "deleted"])
+        == 1
+    )
