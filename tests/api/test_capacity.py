@@ -44,7 +44,11 @@ async def test_cpu_requests_may_exceed_capacity_by_the_node_overcommit_ratio(nod
     """A 2-CPU node with cpu_overcommit 4.0 takes 5 (and up to 16) Environments of 0.5 CPU; the 17th is refused
     with a retryable 503. Memory stays hard."""
     nc = await node_cluster(
-        capacity={"cpuMillis": 2000, "memoryBytes": 4 * GiB}, node_config={"cpu_overcommit": 4.0}, metrics_listen=True
+        capacity={"cpuMillis": 2000, "memoryBytes": 4 * GiB},
+        node_config={"cpu_overcommit": 4.0},
+        # sandboxd, the node's local backstop, admits as far (this machine has 2 CPUs or more).
+        sandboxd_config={"capacity": {"cpu_millis": 2000, "cpu_overcommit": 4.0}},
+        metrics_listen=True,
     )
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -54,6 +58,8 @@ async def test_cpu_requests_may_exceed_capacity_by_the_node_overcommit_ratio(nod
         assert [r.status_code for r in made] == [201] * 5, [r.text for r in made]
         made += [await create(http, HALF_CPU) for _ in range(11)]
         assert [r.status_code for r in made] == [201] * 16, [r.text for r in made]
+        for response in made:  # taken, and started: sandboxd admits them too
+            await wait_running(http, response.json()["id"])
         assert_capacity_503(await create(http, HALF_CPU))
         # Memory is never overcommitted: 5 GiB on a 4 GiB node is refused whatever the CPU ratio.
         big = {"resources": {"cpuMillis": 100, "memoryBytes": 5 * GiB}}

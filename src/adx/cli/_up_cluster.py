@@ -71,6 +71,8 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "state_dir": str(state_dir / "sandboxd" / "data"),
             "socket_path": str(sandboxd_socket),
             "cgroup_parent": cgroup_parent,
+            # sandboxd is the node's local backstop: it admits as far as the node's placement does.
+            "capacity": {"cpu_overcommit": cfg.node_cpu_overcommit},
         },
     )
     coordinator = CoordinatorDaemon(
