@@ -249,14 +249,12 @@ async def node_cluster(
                 mount.mkdir(exist_ok=True)
                 await asyncio.to_thread(subprocess.run, ["mount", "--bind", str(shared), str(mount)], check=True)
                 mounts.append(mount)
-                daemon = await asyncio.to_thread(
-                    factory, name, checkpoint_dirs={"shared": str(mount)}, **(sandboxd_config or {})
-                )
+                extra = {"checkpoint_dirs": {"shared": str(mount)}, **(sandboxd_config or {})}
             else:
-                # In a thread: sandboxd's start waits (time.sleep) until it is ready, seconds on a loaded machine,
-                # and a blocked loop starves the in-process Coordinator's 5 s leader lease (seen: lease lost, the
-                # Coordinator stopped serving, the node never registered and the test hung until its timeout).
-                daemon = await asyncio.to_thread(factory, name, **(sandboxd_config or {}))
+                extra = dict(sandboxd_config or {})
+            # Off the event loop: sandboxd's start is waited for synchronously, and on a loaded machine it takes
+            # longer than the in-process Coordinator's leader lease (5 s), which then expires unrenewed.
+            daemon = await asyncio.to_thread(factory, name, **extra)
             issue(cluster.certs, Identity("node", name))
             cap_file = tmp_path / f"{name}-capacity.json"
             cap_file.write_text(json.dumps(capacity or {"cpuMillis": 8000, "memoryBytes": 16 * 2**30}))

@@ -71,6 +71,8 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             "state_dir": str(state_dir / "sandboxd" / "data"),
             "socket_path": str(sandboxd_socket),
             "cgroup_parent": cgroup_parent,
+            # sandboxd is the node's local backstop: it admits as far as the node's placement does.
+            "capacity": {"cpu_overcommit": cfg.node_cpu_overcommit},
         },
     )
     coordinator = CoordinatorDaemon(
@@ -103,6 +105,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             "resource_source": {"kind": "sandboxd", "socket": str(sandboxd_socket)},
             "runtime": {"socket": str(sandboxd_socket)},
             "metrics_listen": cfg.node_metrics_listen,
+            "cpu_overcommit": cfg.node_cpu_overcommit,
         },
     )
     api_host, _, api_port = cfg.api_listen.rpartition(":")

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from adx.config._base import LoggingConfig, StrictModel
+from adx.model import MAX_CPU_OVERCOMMIT
 
 __all__ = ["PostgresServerConfig", "RedisServerConfig", "UpConfig"]
 
@@ -54,6 +55,13 @@ class UpConfig(StrictModel):
         default="",
         pattern=r"^$|^[^\s:]*:\d{1,5}$",
         description="host:port where the node serves Prometheus /metrics (MET-4); empty: not served",
+    )
+    node_cpu_overcommit: float = Field(
+        default=4.0,
+        ge=1.0,
+        le=MAX_CPU_OVERCOMMIT,
+        description="the node's cpu_overcommit: CPU requests may reach 4x this machine's CPUs (idle sandboxes use "
+        "little CPU; memory stays hard). docs/resources.md",
     )
     tenant: str = Field(default="default", description="the tenant whose API key `adx up` creates and prints")
     health_interval_seconds: float = Field(default=1.0, gt=0, le=60)

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel, join_targets
+from adx.model import MAX_CPU_OVERCOMMIT
 
 
 class AutoResourceSource(StrictModel):
@@ -104,6 +105,14 @@ class NodeConfig(StrictModel):
     capacity_file: Path | None = Field(default=None, description="legacy: a JSON capacity file instead of a source")
     capacity_file_valid_for_seconds: float = Field(
         default=30.0, gt=0, le=86_400, description="validity of a file sample"
+    )
+    cpu_overcommit: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=MAX_CPU_OVERCOMMIT,
+        description="RES-4: CPU reservations may reach the CPU capacity times this ratio (e.g. 4.0: a 2-CPU node "
+        "admits 8 CPUs of requests; each Environment keeps its own CPU limit). Memory and disk are never "
+        "overcommitted. docs/resources.md",
     )
     runtime: SandboxdRuntimeConfig = SandboxdRuntimeConfig()
     idle_check_interval_seconds: float = Field(

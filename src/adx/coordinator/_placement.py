@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adx.model import NodeRecord, Resources, allocatable
+from adx.model import NodeRecord, Resources
+
+#: How a refusal for want of room begins (the Lua admission says the same: ``_scripts._ADMIT``).
+NO_CAPACITY = "no capacity"
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,10 @@ def eligibility(
         return "node cannot checkpoint (idleAction pause needs it)"
     if needs_shared_storage and not node.shared_storage:
         return "node has no shared checkpoint storage (pauseOptions.storage 'shared' needs it)"
-    short = need.shortfall(allocatable(node.capacity, node.reserved))
+    # CPU up to capacity x the node's overcommit ratio; memory and disk up to capacity (RES-4).
+    short = need.shortfall(node.allocatable)
     if short:
-        return "no capacity: " + ",".join(short)
+        return f"{NO_CAPACITY}: " + ",".join(short)
     return None
 
 
@@ -41,7 +45,10 @@ def rank_nodes(
     needs_checkpoint: bool = False,
     needs_shared_storage: bool = False,
 ) -> tuple[list[NodeRecord], list[Refusal]]:
-    """Eligible nodes, the one with the most room left after placement first (spreads load); and refusals."""
+    """Eligible nodes, the one with the most room left after placement first (spreads load); and refusals.
+
+    Room is measured against each node's admission limit, so an overcommitted node's CPU counts as the share of
+    its limit that is left (a 4x node half full ranks like a 1x node half full)."""
     eligible: list[NodeRecord] = []
     refused: list[Refusal] = []
     for node in nodes:
@@ -54,8 +61,8 @@ def rank_nodes(
             refused.append(Refusal(node.name, reason))
 
     def headroom(node: NodeRecord) -> tuple[float, float, str]:
-        free = allocatable(node.capacity, node.reserved)
-        cpu = (free.cpu_millis - need.cpu_millis) / node.capacity.cpu_millis if node.capacity.cpu_millis else 0.0
+        free, limit = node.allocatable, node.limit
+        cpu = (free.cpu_millis - need.cpu_millis) / limit.cpu_millis if limit.cpu_millis else 0.0
         mem = (
             (free.memory_bytes - need.memory_bytes) / node.capacity.memory_bytes if node.capacity.memory_bytes else 0.0
         )

@@ -26,17 +26,19 @@ def fenced(script: str) -> str:
     return _FENCE + script
 
 
-# Shared fragment: would `need` fit the node's allocatable = max(capacity - reserved, 0)? (RES-4, RES-6)
+# Shared fragment: would `need` fit the node's allocatable = max(limit - reserved, 0)? The limit is the capacity,
+# with CPU times the node's overcommit ratio rounded down (adx.model.admission_limit: the same formula). (RES-4, RES-6)
 _ADMIT = """
 local function admit(node_key, now, cpu, mem, disk)
   local n = redis.call('HMGET', node_key, 'cap_cpu', 'cap_mem', 'cap_disk', 'cap_valid_until', 'admission',
-                       'session_expires_at', 'res_cpu', 'res_mem', 'res_disk')
+                       'session_expires_at', 'res_cpu', 'res_mem', 'res_disk', 'cpu_overcommit')
   if not n[1] then return 'unknown node' end
   if n[6] == false or tonumber(n[6]) < now then return 'node session expired' end
   if n[5] ~= '1' then return 'node admission closed' end
   if tonumber(n[4]) < now then return 'node capacity sample expired' end
+  local cpu_limit = math.floor(tonumber(n[1]) * (tonumber(n[10] or '1') or 1))
   local short = {}
-  if cpu > 0 and cpu > math.max(tonumber(n[1]) - tonumber(n[7]), 0) then table.insert(short, 'cpu') end
+  if cpu > 0 and cpu > math.max(cpu_limit - tonumber(n[7]), 0) then table.insert(short, 'cpu') end
   if mem > 0 and mem > math.max(tonumber(n[2]) - tonumber(n[8]), 0) then table.insert(short, 'memory') end
   if disk > 0 and disk > math.max(tonumber(n[3]) - tonumber(n[9]), 0) then table.insert(short, 'disk') end
   if #short > 0 then return 'no capacity: ' .. table.concat(short, ',') end
@@ -187,15 +189,18 @@ return {1, ''}
 """
 )
 
-# KEYS: node   ARGV: session, cpu, mem, disk, valid_until, admission ('1'/'0')
-# RES-4: a sample replaces capacity and its validity only; reservations are never touched here.
+# KEYS: node   ARGV: session, cpu, mem, disk, valid_until, admission ('1'/'0'), admission_reason, devices,
+#                    cpu_overcommit
+# RES-4: a sample replaces capacity, its validity and the node's CPU overcommit ratio; reservations are never
+# touched here.
 REPORT_CAPACITY = fenced(
     """
 local session = redis.call('HGET', KEYS[1], 'session')
 if not session then return {-1, 'unknown node'} end
 if session ~= ARGV[1] then return {-4, session} end
 redis.call('HSET', KEYS[1], 'cap_cpu', ARGV[2], 'cap_mem', ARGV[3], 'cap_disk', ARGV[4],
-           'cap_valid_until', ARGV[5], 'admission', ARGV[6], 'admission_reason', ARGV[7], 'devices', ARGV[8])
+           'cap_valid_until', ARGV[5], 'admission', ARGV[6], 'admission_reason', ARGV[7], 'devices', ARGV[8],
+           'cpu_overcommit', ARGV[9])
 return {1, ''}
 """
 )

@@ -19,7 +19,7 @@ from adx._grpc_tls import require_peer
 from adx._node_client import NodeClients
 from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lifecycle import LifecycleOps
-from adx.coordinator._placement import Refusal, rank_nodes
+from adx.coordinator._placement import NO_CAPACITY, Refusal, rank_nodes
 from adx.coordinator._store import CoordinatorStore, NoCapacity, retire_unstarted_environment
 from adx.errors import (
     AdxError,
@@ -89,6 +89,10 @@ _NOT_THE_SPECS_FAULT = frozenset({"credentials", "environment.node"})
 
 def _passing(reason: str) -> bool:
     return any(marker in reason for marker in _PASSING_REFUSALS)
+
+
+#: How long a delete's reply waits for the node to release the reservation (it usually takes milliseconds).
+DELETE_RELEASE_WAIT_SECONDS = 5.0
 
 
 class NotAdmitting(UnavailableError):
@@ -177,6 +181,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 admission_open=request.admission_open,
                 admission_reason=request.admission_reason,
                 devices=list(request.devices),
+                cpu_overcommit=request.cpu_overcommit,
             )
             await self._refresh_node(request.node)
         except AdxError as exc:
@@ -314,14 +319,25 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         when none takes it, the caller gets a retryable NotAdmitting and nothing of the create remains."""
         now = time.time()
         lifecycle = spec.lifecycle
-        ranked, refused = rank_nodes(
-            list(self.cache.nodes.values()),
-            spec.resources,
-            now,
-            needs_checkpoint=lifecycle.may_pause,
-            needs_shared_storage=lifecycle.pause_options is not None
-            and lifecycle.pause_options.storage is CheckpointStorage.SHARED,
-        )
+
+        def rank() -> tuple[list[NodeRecord], list[Refusal]]:
+            return rank_nodes(
+                list(self.cache.nodes.values()),
+                spec.resources,
+                now,
+                needs_checkpoint=lifecycle.may_pause,
+                needs_shared_storage=lifecycle.pause_options is not None
+                and lifecycle.pause_options.storage is CheckpointStorage.SHARED,
+            )
+
+        ranked, refused = rank()
+        if not ranked and any(r.reason.startswith(NO_CAPACITY) for r in refused):
+            # Cached reservations are refreshed by the nodes' reports, so they lag a release (a delete that just
+            # returned): ask the authority before refusing for capacity.
+            for refusal in refused:
+                if refusal.reason.startswith(NO_CAPACITY):
+                    await self._refresh_node(refusal.node)
+            ranked, refused = rank()
         for node in ranked:
             record = EnvironmentRecord(
                 id=new_id(ENVIRONMENT),
@@ -540,6 +556,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 except AdxError as exc:
                     # The node converges from its catalog (NOD-3); the delete intent is committed.
                     log.warning("node did not take the delete of %s yet: %s", env_id, exc, extra={"env_id": env_id})
+                    return record
+                record = await self._released(record, DELETE_RELEASE_WAIT_SECONDS)
+        return record
+
+    async def _released(self, record: EnvironmentRecord, within: float) -> EnvironmentRecord:
+        """The record once its node committed it Deleted (cgroup empty, reservation released: SBX-7), so a create
+        right after the delete's reply finds the room; still Deleting after ``within`` seconds (the reply says
+        so: the release follows)."""
+        deadline = time.monotonic() + within
+        while record.state is EnvironmentState.DELETING and (remaining := deadline - time.monotonic()) > 0:
+            # A short poll as well: an apply that lands between the read and the wait sets no new event.
+            await self.cache.wait_change(record.id, min(remaining, 0.05))
+            latest = self.cache.environments.get(record.id)
+            if latest is None:  # the cache drops a Deleted record: read it back from the authority
+                return await self.store.get_environment(record.id)
+            record = latest
         return record
 
     async def ResolveRoute(self, request: pb.EnvironmentRequest, context: Context) -> pb.RouteReply:

@@ -36,7 +36,7 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState, NodeRecord, Resources
+from adx.model import MAX_CPU_OVERCOMMIT, CheckpointRef, EnvironmentRecord, EnvironmentState, NodeRecord, Resources
 
 T = TypeVar("T")
 
@@ -483,7 +483,13 @@ class CoordinatorStore:
         admission_open: bool = True,
         admission_reason: str = "",
         devices: Sequence[str] = (),
+        cpu_overcommit: float = 1.0,
     ) -> None:
+        """Replace the node's capacity sample (RES-4). ``cpu_overcommit``: how far its CPU reservations may exceed
+        its CPU capacity (0: a node that does not say, i.e. one of an earlier version: 1.0, no overcommit)."""
+        ratio = cpu_overcommit or 1.0
+        if not 1.0 <= ratio <= MAX_CPU_OVERCOMMIT:  # also refuses NaN
+            raise InvalidInputError("cpuOvercommit", f"must be between 1 and {MAX_CPU_OVERCOMMIT:g}, got {ratio!r}")
         args: list[ScriptArg] = [
             session,
             capacity.cpu_millis,
@@ -493,6 +499,7 @@ class CoordinatorStore:
             "1" if admission_open else "0",
             admission_reason,
             json.dumps(list(devices)),
+            repr(ratio),
         ]
         status, detail = await self._script("report capacity", self._report_capacity, [node_key(name)], args)
         self._check_node_status(name, status, detail)
@@ -568,6 +575,7 @@ def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:
         ),
         checkpoint_capable=h.get("checkpoint_capable") == "1",
         shared_storage=h.get("shared_storage") == "1",
+        cpu_overcommit=float(h.get("cpu_overcommit") or 1.0),
     )
 
 

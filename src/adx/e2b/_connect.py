@@ -18,7 +18,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError, NotFoundError, UnavailableError
 from adx.gateway import Unauthenticated
 
 STREAM_TYPE = "application/connect+json"
@@ -68,6 +68,8 @@ def rpc_error(exc: AdxError) -> RpcError:
         return RpcError("invalid_argument", exc.message)
     if isinstance(exc, NotFoundError):
         return RpcError("not_found", exc.message)
+    if isinstance(exc, NoCapacityError):  # a conflict inside the cluster, "try again later" to a caller (503)
+        return RpcError("unavailable", exc.message)
     if isinstance(exc, ConflictError):
         return RpcError("failed_precondition", exc.message)
     if isinstance(exc, UnavailableError):

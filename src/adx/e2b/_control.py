@@ -36,7 +36,7 @@ from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import network_policy
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
-from adx.gateway import Plane, environment_id_or_404, plane, read_json, status_for
+from adx.gateway import Plane, environment_id_or_404, plane, read_json, retry_after_seconds, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
@@ -73,7 +73,9 @@ def e2b_errors(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Re
             return await fn(*args, **kwargs)
         except AdxError as exc:
             status = 400 if status_for(exc) == 422 else status_for(exc)
-            return JSONResponse({"code": status, "message": exc.message}, status_code=status)
+            # A 503 (no capacity, not admitting now) says when to ask again, as the native API does.
+            headers = {"Retry-After": str(retry_after_seconds(exc))} if status in (503, 504) else None
+            return JSONResponse({"code": status, "message": exc.message}, status_code=status, headers=headers)
         except Exception as exc:  # the SDK can only parse E2B's shape; ADX's own would crash it (KeyError)
             _log.exception("E2B control-plane call failed")
             return JSONResponse({"code": 500, "message": f"internal error: {type(exc).__name__}"}, status_code=500)

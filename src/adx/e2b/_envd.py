@@ -22,7 +22,7 @@ from adx.e2b._hosts import SandboxHost, base_domain, parse_host
 from adx.e2b._process import ProcessService
 from adx.e2b._tokens import EnvdTokens
 from adx.e2b._upstream import Execd
-from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError
+from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError, NotFoundError
 from adx.gateway import Plane, environment_id_or_404
 from adx.ingress import serving_ingress
 from adx.model import EnvironmentState
@@ -45,7 +45,7 @@ def tokens_for(app: Any) -> EnvdTokens:
 
 def _unreachable(exc: AdxError, sandbox_id: str) -> RpcError:
     """How the E2B edge answers for a sandbox it cannot reach: 'not found' makes the SDK say it is not running."""
-    if isinstance(exc, NotFoundError | ConflictError):
+    if isinstance(exc, NotFoundError | ConflictError) and not isinstance(exc, NoCapacityError):
         state = exc.details.get("state")
         suffix = f" (it is {state})" if state else ""
         return RpcError("unavailable", f"The sandbox {sandbox_id} was not found{suffix}")

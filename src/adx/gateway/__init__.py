@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         error_response,
         install_error_handlers,
         not_found,
+        retry_after_seconds,
         status_for,
     )
 
@@ -52,6 +53,7 @@ __all__ = [
     "not_found",
     "plane",
     "read_json",
+    "retry_after_seconds",
     "status_for",
 ]
 
@@ -71,6 +73,7 @@ _LAZY = {
     "error_response": "adx.gateway._errors",
     "install_error_handlers": "adx.gateway._errors",
     "not_found": "adx.gateway._errors",
+    "retry_after_seconds": "adx.gateway._errors",
     "status_for": "adx.gateway._errors",
 }
 

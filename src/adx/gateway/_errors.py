@@ -51,14 +51,19 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
     return {"error": {"code": code, "message": message, "details": jsonable_encoder(details or {})}}
 
 
+def retry_after_seconds(exc: AdxError) -> int:
+    """A 503/504's ``Retry-After``: RFC 9110 whole seconds; the cluster's own hint (a refused resume's capacity
+    round, a create no node admits now) when it gave one, else 1."""
+    return max(1, math.ceil(float(exc.details.get("retry_after_seconds", 1))))
+
+
 def error_response(exc: AdxError) -> JSONResponse:
     status = status_for(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     details = exc.details
     if status in (503, 504):
-        # RFC 9110: whole seconds; the cluster's own hint (a refused resume's capacity round, a create no node
-        # admits now) when it gave one. The body says the same, for clients that do not read headers.
-        retry_after = max(1, math.ceil(float(details.get("retry_after_seconds", 1))))
+        # The body says the same as the header, for clients that do not read headers.
+        retry_after = retry_after_seconds(exc)
         headers = {"Retry-After": str(retry_after)}
         details = {**details, "retry_after_seconds": details.get("retry_after_seconds", retry_after)}
     return JSONResponse(error_body(exc.code, exc.message, details), status_code=status, headers=headers)

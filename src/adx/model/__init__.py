@@ -15,7 +15,7 @@ from adx.model._lifecycle import (
 from adx.model._network import NetworkMode, NetworkPolicy
 from adx.model._quantity import MAX_QUANTITY, format_bytes, format_cpu, parse_bytes, parse_cpu_millis
 from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
-from adx.model._resources import Resources, allocatable
+from adx.model._resources import MAX_CPU_OVERCOMMIT, Resources, admission_limit, allocatable
 from adx.model._spec import EnvironmentSpec, field_path, parse_wire
 from adx.model._states import (
     ALLOWED_TRANSITIONS,
@@ -34,6 +34,7 @@ __all__ = [
     "DORMANT_STATES",
     "ENVIRONMENT",
     "EXECUTION",
+    "MAX_CPU_OVERCOMMIT",
     "MAX_QUANTITY",
     "OPERATION",
     "TERMINAL_STATES",
@@ -58,6 +59,7 @@ __all__ = [
     "Retention",
     "RetentionPolicy",
     "WholeNumber",
+    "admission_limit",
     "allocatable",
     "can_transition",
     "check_id",

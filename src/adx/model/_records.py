@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from adx.model._base import ApiModel
-from adx.model._resources import Resources
+from adx.model._resources import MAX_CPU_OVERCOMMIT, Resources, admission_limit, allocatable
 from adx.model._spec import EnvironmentSpec
 from adx.model._states import EnvironmentState
 
@@ -86,3 +86,20 @@ class NodeRecord(ApiModel):
     reserved: Resources = Field(default_factory=Resources)
     checkpoint_capable: bool = False
     shared_storage: bool = False
+    # RES-4: how far CPU reservations may exceed the CPU capacity (the node's ``cpu_overcommit``); memory and
+    # disk are never overcommitted.
+    cpu_overcommit: float = Field(default=1.0, ge=1.0, le=MAX_CPU_OVERCOMMIT)
+
+    @property
+    def limit(self) -> Resources:
+        """What placement admits reservations up to: capacity with its CPU times ``cpu_overcommit``."""
+        return admission_limit(self.capacity, self.cpu_overcommit)
+
+    @property
+    def cpu_limit_millis(self) -> int:
+        return self.limit.cpu_millis
+
+    @property
+    def allocatable(self) -> Resources:
+        """RES-4: ``max(limit - reserved, 0)``: what placement may still hand out on this node."""
+        return allocatable(self.limit, self.reserved)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field
 
 from adx.model._base import ApiModel, WholeNumber
 from adx.model._quantity import MAX_QUANTITY
+
+#: The largest CPU overcommit ratio a node may declare (a typo like 400 must not open a node without bound).
+MAX_CPU_OVERCOMMIT = 64.0
 
 
 class Resources(ApiModel):
@@ -53,3 +58,10 @@ class Resources(ApiModel):
 def allocatable(capacity: Resources, reserved: Resources) -> Resources:
     """RES-4: ``allocatable = max(capacity - reserved, 0)``, the one formula node and Coordinator share."""
     return capacity.minus_floor_zero(reserved)
+
+
+def admission_limit(capacity: Resources, cpu_overcommit: float = 1.0) -> Resources:
+    """What a node admits reservations up to: its CPU capacity times its overcommit ratio (rounded down, as the
+    Coordinator's Lua does), memory and disk exactly as sampled (never overcommitted: they cannot be shared)."""
+    cpu = min(math.floor(capacity.cpu_millis * cpu_overcommit), MAX_QUANTITY)
+    return capacity.model_copy(update={"cpu_millis": cpu})

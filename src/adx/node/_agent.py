@@ -165,6 +165,7 @@ class NodeAgent(Recovery, RuntimeChecks):
             checkpoint_capable=self.driver.capabilities().can_checkpoint,
             shared_storage=self.places.shared_root is not None,
             pressure=PressureMonitor(self.config.pressure, self._sandbox_disk_path),
+            cpu_overcommit=self.config.cpu_overcommit,
         )
         self.sink = CoordinatorSink(
             stub,
@@ -194,7 +195,11 @@ class NodeAgent(Recovery, RuntimeChecks):
     def _metrics_app(self) -> Starlette:
         registry = metrics_registry(
             NodeCollector(
-                self.metrics, lambda: self.reporter.admission_open, lambda: self.relay.streams.closed_admission
+                self.metrics,
+                lambda: self.reporter.admission_open,
+                lambda: self.relay.streams.closed_admission,
+                capacity=lambda: sample.capacity if (sample := self.reporter.tracker.sample) else None,
+                cpu_overcommit=self.config.cpu_overcommit,
             )
         )
 

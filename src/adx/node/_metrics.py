@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from adx.errors import AdxError, ConflictError, EnvironmentPausedError
-from adx.model import DORMANT_STATES, EnvironmentState, EnvironmentStats, Resources
+from adx.model import DORMANT_STATES, EnvironmentState, EnvironmentStats, Resources, admission_limit, allocatable
 from adx.node._controller import Controller
 from adx.runtime import ExecutionStats, RuntimeDriver
 
@@ -215,11 +215,18 @@ class NodeCollector(Collector):
     """MET-4: per-instance usage with its sample age, the node's reservations and admission flags."""
 
     def __init__(
-        self, sampler: MetricsSampler, admission_open: Callable[[], bool], closed_admission: Callable[[], set[str]]
+        self,
+        sampler: MetricsSampler,
+        admission_open: Callable[[], bool],
+        closed_admission: Callable[[], set[str]],
+        capacity: Callable[[], Resources | None] = lambda: None,
+        cpu_overcommit: float = 1.0,
     ) -> None:
         self.sampler = sampler
         self.admission_open = admission_open
         self.closed_admission = closed_admission
+        self.capacity = capacity  # the current capacity sample (None before the first)
+        self.cpu_overcommit = cpu_overcommit
 
     def collect(self) -> Iterator[Metric]:
         node = self.sampler.node
@@ -272,6 +279,7 @@ class NodeCollector(Collector):
             )
             family.add_metric([node], value)
             yield family
+        yield from self._capacity_families(node, reserved)
         by_state = GaugeMetricFamily("adx_node_environments", "Environments by state", labels=["node", "state"])
         for state, count in sorted(states.items()):
             by_state.add_metric([node, state], count)
@@ -286,6 +294,29 @@ class NodeCollector(Collector):
         )
         closed.add_metric([node], len(self.closed_admission()))
         yield closed
+
+    def _capacity_families(self, node: str, reserved: Resources) -> Iterator[Metric]:
+        """RES-4, honest about overcommit: the sampled capacity, the limit reservations may reach (CPU times the
+        ratio), and what is left of it (allocatable = max(limit - reserved, 0))."""
+        ratio = GaugeMetricFamily(
+            "adx_node_cpu_overcommit_ratio", "CPU reservations may reach capacity times this", labels=["node"]
+        )
+        ratio.add_metric([node], self.cpu_overcommit)
+        yield ratio
+        capacity = self.capacity()
+        if capacity is None:
+            return  # no sample yet: no figure rather than a false zero
+        limit = admission_limit(capacity, self.cpu_overcommit)
+        free = allocatable(limit, reserved)
+        for kind, amounts, text in (
+            ("capacity", capacity, "the node's capacity sample"),
+            ("limit", limit, "what reservations may reach: capacity, CPU times the overcommit ratio"),
+            ("allocatable", free, "what is left for new Environments: max(limit - reserved, 0)"),
+        ):
+            for name in ("cpu_millis", "memory_bytes", "disk_bytes"):
+                family = GaugeMetricFamily(f"adx_node_{kind}_{name}", text, labels=["node"])
+                family.add_metric([node], getattr(amounts, name))
+                yield family
 
 
 def metrics_registry(collector: NodeCollector) -> CollectorRegistry:

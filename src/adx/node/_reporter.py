@@ -54,8 +54,10 @@ class Reporter:
         checkpoint_capable: bool = False,
         shared_storage: bool = False,
         pressure: PressureMonitor | None = None,
+        cpu_overcommit: float = 1.0,
     ) -> None:
         self.stub = stub
+        self.cpu_overcommit = cpu_overcommit
         self.node = node
         self.address = address
         self.relay_address = relay_address
@@ -150,6 +152,7 @@ class Reporter:
                             admission_open=self.tracker.admission_open(),
                             admission_reason=self.tracker.closed_reason(),
                             devices=list(sample.devices),
+                            cpu_overcommit=self.cpu_overcommit,
                         ),
                         timeout=self.rpc_timeout,
                     ),

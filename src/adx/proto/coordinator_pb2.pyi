@@ -135,6 +135,7 @@ class ReportCapacityRequest(_message.Message):
     ADMISSION_OPEN_FIELD_NUMBER: _builtins.int
     ADMISSION_REASON_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
+    CPU_OVERCOMMIT_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     session: _builtins.str
     capacity_json: _builtins.str
@@ -143,6 +144,8 @@ class ReportCapacityRequest(_message.Message):
     admission_open: _builtins.bool
     admission_reason: _builtins.str
     """RES-7: why admission is closed ("" while open)"""
+    cpu_overcommit: _builtins.float
+    """RES-4: CPU reservations may reach capacity x this (0: unset, i.e. 1.0)"""
     @_builtins.property
     def devices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """RES-2/RES-8: whole-device IDs the node's resource source lists"""
@@ -157,10 +160,11 @@ class ReportCapacityRequest(_message.Message):
         admission_open: _builtins.bool = ...,
         admission_reason: _builtins.str = ...,
         devices: _abc.Iterable[_builtins.str] | None = ...,
+        cpu_overcommit: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "admission_reason", b"admission_reason", "capacity_json", b"capacity_json", "devices", b"devices", "node", b"node", "session", b"session", "valid_for_seconds", b"valid_for_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission_open", b"admission_open", "admission_reason", b"admission_reason", "capacity_json", b"capacity_json", "cpu_overcommit", b"cpu_overcommit", "devices", b"devices", "node", b"node", "session", b"session", "valid_for_seconds", b"valid_for_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
-from adx.model import NetworkPolicy
+from adx.model import MAX_CPU_OVERCOMMIT, NetworkPolicy
 from adx.sandboxd._devices import DEVICE_ID
 
 __all__ = ["CapacityConfig", "DefaultsConfig", "SandboxdConfig"]
@@ -24,6 +24,14 @@ class CapacityConfig(StrictModel):
     memory_bytes: int = Field(default=0, ge=0)
     disk_bytes: int = Field(default=0, ge=0)
     max_sandboxes: int = Field(default=1000, ge=1, le=100_000)
+    cpu_overcommit: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=MAX_CPU_OVERCOMMIT,
+        description="CPU reservations may reach cpu_millis times this (memory and disk never exceed theirs). The "
+        "node's own cpu_overcommit must not be larger, or sandboxd refuses what placement admitted (adx up sets "
+        "both). The Resource call still reports cpu_millis itself",
+    )
 
 
 class DefaultsConfig(StrictModel):

@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -834,8 +835,13 @@ class SandboxService:
         if len(self.records) + len(self.pending_reclaim) >= self.config.capacity.max_sandboxes:
             raise ConflictError("sandbox count limit reached", details={"limit": self.config.capacity.max_sandboxes})
         reserved = self._reserved()
+        # CPU is admitted up to capacity x cpu_overcommit (each sandbox still gets its own CPU limit); memory and
+        # disk up to capacity: the same formula as the node and the Coordinator (adx.model.admission_limit).
+        ratio = self.config.capacity.cpu_overcommit
         for name in ("cpu_millis", "memory_bytes", "disk_bytes"):
             want, have, used = getattr(res, name), getattr(self.capacity, name), getattr(reserved, name)
+            if name == "cpu_millis":
+                have = math.floor(have * ratio)
             if used + want > have:
                 raise ConflictError(
                     f"insufficient {name}: {want} requested, {have - used} of {have} free",

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from adx.errors import AdxError, InvalidInputError
+from adx.errors import AdxError, InvalidInputError, NoCapacityError
 from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._client import (
@@ -24,6 +24,7 @@ from adx.sdk._client import (
     POLL_MAX,
     RETRY_STATUSES,
     USER_AGENT,
+    CapacityWait,
     backoff,
     call_timeout,
     check_waitable,
@@ -136,11 +137,12 @@ class AsyncEnvironments:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
-        wait: bool = True,
+        wait: bool | float = True,
         wait_timeout: float = 120.0,
         idempotency_key: str | None = None,
     ) -> AsyncEnvironment:
-        """See ``Client.environments.create``."""
+        """See ``Client.environments.create`` (``wait=SECONDS`` also waits for capacity)."""
+        capacity = CapacityWait(wait)
         spec = build_spec(
             cpu=cpu,
             memory=memory,
@@ -159,16 +161,21 @@ class AsyncEnvironments:
             network=network,
         )
         key = idempotency_key or str(uuid.uuid4())
-        response = await self._client.request(
-            "POST",
-            "/v1/environments",
-            what="create environment",
-            idempotent=True,
-            json=spec,
-            headers={"Idempotency-Key": key},
-        )
+        while True:
+            try:
+                response = await self._client.request(
+                    "POST",
+                    "/v1/environments",
+                    what="create environment",
+                    idempotent=True,
+                    json=spec,
+                    headers={"Idempotency-Key": key},
+                )
+                break
+            except NoCapacityError as refused:
+                await asyncio.sleep(capacity.delay(refused))
         environment = AsyncEnvironment(self._client, response.json())
-        if wait:
+        if wait is not False:
             await environment.wait_until_running(wait_timeout)
         return environment
 

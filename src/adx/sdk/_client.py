@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 
 from adx._backoff import capped_exponential
-from adx.errors import AdxError, ConflictError, InvalidInputError
+from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError
 from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
@@ -61,6 +62,37 @@ def retry_delay(attempt: int, response: httpx.Response | None) -> float:
         if seconds >= 0:
             return min(seconds, MAX_RETRY_AFTER)
     return backoff(attempt)
+
+
+class CapacityWait:
+    """``create(wait=SECONDS)``: a create the cluster refuses for capacity (503 ``no_capacity``) is sent again,
+    after the server's ``Retry-After``, until SECONDS have passed. ``wait=True``/``False``: no such waiting."""
+
+    def __init__(self, wait: bool | float) -> None:
+        self.seconds: float | None = None
+        if not isinstance(wait, bool):
+            if not isinstance(wait, int | float) or not math.isfinite(wait) or wait < 0:
+                raise InvalidInputError("wait", f"must be True, False or a number of seconds >= 0, got {wait!r}")
+            self.seconds = float(wait)
+        self.started = time.monotonic()
+        self.attempt = 0
+
+    def delay(self, refused: NoCapacityError) -> float:
+        """Seconds to wait before sending the create again; raises when the wait is over (or was never asked
+        for): the refusal itself, or a NoCapacityError saying how long it waited."""
+        if self.seconds is None:
+            raise refused
+        remaining = self.started + self.seconds - time.monotonic()
+        if remaining <= 0:
+            raise NoCapacityError(
+                f"no capacity for this Environment within wait={self.seconds:g}s (nothing was created): "
+                f"{refused.message}",
+                details={**refused.details, "waited_seconds": self.seconds},
+            ) from refused
+        hint = refused.details.get("retry_after_seconds")
+        delay = float(hint) if isinstance(hint, int | float) and hint >= 0 else backoff(self.attempt)
+        self.attempt += 1
+        return min(delay, MAX_RETRY_AFTER, remaining)
 
 
 def call_timeout(seconds: float | None) -> Any:
@@ -175,15 +207,20 @@ class Environments:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
-        wait: bool = True,
+        wait: bool | float = True,
         wait_timeout: float = 120.0,
         idempotency_key: str | None = None,
     ) -> Environment:
-        """Create an Environment; with ``wait`` (default) return once it is running.
+        """Create an Environment; with ``wait`` (default) return once it is running (within ``wait_timeout``).
+
+        ``wait=SECONDS``: also wait up to SECONDS for capacity: a create no node has room for now (503
+        ``no_capacity``) is sent again after the server's ``Retry-After`` until then, and then raises
+        NoCapacityError saying so. Without it, a capacity refusal raises at once.
 
         The request carries an Idempotency-Key (a fresh one unless given), so the SDK's own retries after a
         lost reply can never create two Environments.
         """
+        capacity = CapacityWait(wait)
         spec = build_spec(
             cpu=cpu,
             memory=memory,
@@ -202,16 +239,21 @@ class Environments:
             network=network,
         )
         key = idempotency_key or str(uuid.uuid4())
-        response = self._client.request(
-            "POST",
-            "/v1/environments",
-            what="create environment",
-            idempotent=True,
-            json=spec,
-            headers={"Idempotency-Key": key},
-        )
+        while True:
+            try:
+                response = self._client.request(
+                    "POST",
+                    "/v1/environments",
+                    what="create environment",
+                    idempotent=True,
+                    json=spec,
+                    headers={"Idempotency-Key": key},
+                )
+                break
+            except NoCapacityError as refused:
+                time.sleep(capacity.delay(refused))
         environment = Environment(self._client, response.json())
-        if wait:
+        if wait is not False:
             environment.wait_until_running(wait_timeout)
         return environment
 

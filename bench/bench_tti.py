@@ -1,0 +1,173 @@
+"""Time to interactive, the ComputeSDK sandbox benchmark's method, against ``adx up`` (issue 16).
+
+    uv run python bench/bench_tti.py [--n 100] [--modes sequential,staggered,burst] [--sdks native,e2b]
+
+TTI is one create call to the first command's result: ``node -v`` when the sandbox image has node, else
+``python3 -V`` (the JSON's ``command`` and ``node_in_image`` say which). Deletes are not timed. Modes:
+
+- ``sequential``: n times create, run, delete, one after the other;
+- ``staggered``: a new create every ``--stagger-ms`` (200 ms), each in its own thread;
+- ``burst``: n creates at once.
+
+Each (SDK, mode) reports min, median, p95, p99 (ms) and the success rate. SDKs: the native ``adx`` SDK
+(``create(..., wait=--capacity-wait)``: a create refused for capacity waits for room, honouring Retry-After) and
+the real ``e2b`` SDK (``Sandbox.create()`` then ``commands.run``; it has no such wait). Baseline, same run: the
+same command spawned on the host (``subprocess.run``), n times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _harness import emit, percentile, progress
+from bench_api import start_cluster, stop_cluster
+from e2b import Sandbox
+
+import adx
+
+MODES = ("sequential", "staggered", "burst")
+SDKS = ("native", "e2b")
+
+
+def stats(samples: list[float], attempts: int) -> dict[str, Any]:
+    """The ComputeSDK figures: min, median, p95, p99 in ms over the successful runs, and the success rate."""
+    out: dict[str, Any] = {"n": attempts, "ok": len(samples), "success_rate": round(len(samples) / attempts, 4)}
+    if samples:
+        for name, q in (("median", 50), ("p95", 95), ("p99", 99)):
+            out[f"{name}_ms"] = round(percentile(samples, q) * 1e3, 1)
+        out["min_ms"] = round(min(samples) * 1e3, 1)
+    return out
+
+
+class Trial:
+    """One create-to-first-result measurement per call; failures are counted, with their first few messages."""
+
+    def __init__(self, tti: Callable[[], float]) -> None:
+        self.tti = tti
+        self.samples: list[float] = []
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+
+    def once(self) -> None:
+        try:
+            seconds = self.tti()
+        except Exception as exc:  # a failed create or command is a failed iteration, as in ComputeSDK's
+            with self.lock:
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            return
+        with self.lock:
+            self.samples.append(seconds)
+
+    def run(self, mode: str, n: int, stagger: float) -> dict[str, Any]:
+        if mode == "sequential":
+            for _ in range(n):
+                self.once()
+        else:
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                start = time.monotonic()
+                for i in range(n):
+                    if mode == "staggered":
+                        time.sleep(max(0.0, start + i * stagger - time.monotonic()))
+                    pool.submit(self.once)
+        figures = stats(self.samples, n)
+        if self.errors:
+            figures["errors"] = sorted(set(self.errors))[:5]
+        return figures
+
+
+def native_tti(client: adx.Client, argv: list[str], cpu: float, capacity_wait: float) -> Callable[[], float]:
+    def tti() -> float:
+        start = time.perf_counter()
+        env = client.environments.create(cpu=cpu, memory="256Mi", wait=capacity_wait)
+        try:
+            result = env.commands.run(argv)
+            elapsed = time.perf_counter() - start
+            if result.exit_code != 0:
+                raise RuntimeError(f"{argv} exited {result.exit_code}: {result.stderr[:200]!r}")
+            return elapsed
+        finally:
+            env.delete()
+
+    return tti
+
+
+def e2b_tti(opts: dict[str, str], command: str) -> Callable[[], float]:
+    def tti() -> float:
+        start = time.perf_counter()
+        sandbox = Sandbox.create(**opts)
+        try:
+            sandbox.commands.run(command)  # raises on a non-zero exit
+            return time.perf_counter() - start
+        finally:
+            sandbox.kill()
+
+    return tti
+
+
+def host_baseline(argv: list[str], n: int) -> dict[str, Any]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True)
+        samples.append(time.perf_counter() - start)
+    return stats(samples, n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=100, help="iterations per SDK and mode")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--sdks", default=",".join(SDKS))
+    parser.add_argument("--stagger-ms", type=float, default=200.0)
+    parser.add_argument("--cpu", type=float, default=0.5, help="native SDK's CPU request (E2B's default is 0.5)")
+    parser.add_argument("--capacity-wait", type=float, default=120.0, help="native create(wait=...), seconds")
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    sdks = [s for s in args.sdks.split(",") if s]
+    if bad := [m for m in modes if m not in MODES] + [s for s in sdks if s not in SDKS]:
+        parser.error(f"unknown mode or SDK: {bad}")
+    figures: dict[str, Any] = {"n": args.n, "stagger_ms": args.stagger_ms, "cpu": args.cpu}
+    with tempfile.TemporaryDirectory(prefix="adx-bench-tti-", dir="/tmp") as tmp:
+        progress("starting adx up")
+        proc, url, key = start_cluster(Path(tmp))
+        opts = {"api_url": url, "sandbox_url": url, "api_key": key}
+        try:
+            with adx.Client(api_url=url, api_key=key) as client:
+                probe = client.environments.create(cpu=args.cpu, memory="256Mi")
+                has_node = probe.commands.run(["/bin/sh", "-c", "command -v node"]).exit_code == 0
+                probe.delete()
+                command = "node -v" if has_node else "python3 -V"
+                argv = shlex.split(command)
+                figures["command"], figures["node_in_image"] = command, has_node
+                progress(f"TTI to `{command}`; host baseline x{args.n}")
+                if shutil.which(argv[0]):
+                    figures["baseline_host_spawn"] = host_baseline(argv, args.n)
+                else:
+                    figures["baseline_host_spawn"] = f"{argv[0]} is not on the host"
+                for sdk in sdks:
+                    for mode in modes:
+                        progress(f"{sdk} {mode} x{args.n}")
+                        tti = (
+                            native_tti(client, argv, args.cpu, args.capacity_wait)
+                            if sdk == "native"
+                            else e2b_tti(opts, command)
+                        )
+                        figures[f"{sdk}_{mode}"] = Trial(tti).run(mode, args.n, args.stagger_ms / 1e3)
+                        progress(f"  {figures[f'{sdk}_{mode}']}")
+        finally:
+            stop_cluster(proc)
+    emit("tti", figures)
+
+
+if __name__ == "__main__":
+    main()
