@@ -137,6 +137,13 @@ async def test_mount_table_inside_shows_no_host_path(sandboxd: DaemonFactory, tm
         table = out["mounts"]
         assert str(tmp_path) not in table, table  # the state dir, the images, the bind source
         assert "lowerdir+=/," in table and "upperdir=upper,workdir=ovlwork" in table, table
+        # mountinfo also names each mount's root within its filesystem: "/" for the overlays (the root, and
+        # the ro_binds), no host path. Known exception: the run dir at /run/adx (and an execd sandbox's control
+        # dir) are binds of dirs in the state dir, shared with the host, whose root field is that path.
+        lines = out["mountinfo"].splitlines()
+        shared = [line for line in lines if line.split()[4] in ("/run/adx", "/run/adx-control")]
+        assert [line for line in lines if str(tmp_path) in line and line not in shared] == [], lines
+        assert any(line.split()[3:5] == ["/", "/opt/hostdir"] for line in lines), lines
         await c.delete(ref_of(created))
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "move_mount",
     "peer_credentials",
     "pivot_root",
+    "set_dumpable",
     "set_loopback_up",
     "set_process_args",
     "sethostname",
@@ -216,7 +217,9 @@ def detached_bind(path: str, attrs: int = 0, userns_fd: int | None = None, recur
     return fd
 
 
-def detached_overlay(lower_fds: list[int], upper: str, work: str, options: dict[str, str], attrs: int) -> int:
+def detached_overlay(
+    lower_fds: list[int], upper: str | None, work: str | None, options: dict[str, str], attrs: int
+) -> int:
     """An overlay mount, detached (fsopen/fsconfig/fsmount): its descriptor (CLOEXEC).
 
     Layers are given so that no host path lands in the mount's options (what /proc/mounts shows inside): each
@@ -233,8 +236,9 @@ def detached_overlay(lower_fds: list[int], upper: str, work: str, options: dict[
 
         for fd in lower_fds:
             config(_FSCONFIG_SET_FD, "lowerdir+", None, fd)
-        config(_FSCONFIG_SET_STRING, "upperdir", os.fsencode(upper), 0)
-        config(_FSCONFIG_SET_STRING, "workdir", os.fsencode(work), 0)
+        if upper is not None and work is not None:  # else read-only (two lowers at least)
+            config(_FSCONFIG_SET_STRING, "upperdir", os.fsencode(upper), 0)
+            config(_FSCONFIG_SET_STRING, "workdir", os.fsencode(work), 0)
         for key, value in options.items():
             config(_FSCONFIG_SET_STRING, key, value.encode(), 0)
         _check(
@@ -338,6 +342,13 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 
+def set_dumpable() -> None:
+    """PR_SET_DUMPABLE 1: a uid change (the init becoming its user namespace's root) made this process
+    non-dumpable, which makes its /proc files host root's; an execve would reset it, an in-process execd has none.
+    """
+    _check(_libc.prctl(4, 1, 0, 0, 0), "dumpable")
+
+
 def drop_bounding_set() -> None:
     """Shrink this process's bounding set to KEEP_CAPABILITIES. Its effective and permitted sets are untouched,
     and its children inherit the shrunk set (a supervisor does this before it clones the sandbox's init)."""
@@ -389,7 +400,9 @@ def set_loopback_up() -> None:
 
 
 # -- seccomp -------------------------------------------------------------------------------------------------
-# Without a user namespace the sandbox's root is host uid 0. Capabilities already stop mount, modules, reboot,
+# Kept with user namespaces on (sandboxd's user_namespace): the sandbox's namespace is cloned by its supervisor
+# before this filter exists, and its root must still not reach the kernel surface a namespace of its own would
+# open. Without one (user_namespace = "off") the sandbox's root is host uid 0. Capabilities stop mount, reboot,
 # raw I/O...; this filter closes what capabilities do not: the uid-0 kernel keyring (keyctl/add_key/
 # request_key, shared with the host's root), new user namespaces (full capabilities inside a fresh userns,
 # a large kernel attack surface), unprivileged bpf/perf/userfaultfd, and the new mount API. clone3 gets

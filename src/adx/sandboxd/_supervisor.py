@@ -128,6 +128,7 @@ def _in_namespace_setup(
             os.setresgid(0, 0, 0)
             os.setgroups([])
             os.setresuid(0, 0, 0)
+            lx.set_dumpable()
         for (target, _, _), fd in zip(_mount_plan(spec)[1:], fds[1:], strict=True):
             path = f"{root}{target}"
             os.makedirs(path, exist_ok=True)  # a missing mount point lands in the upper layer (an empty dir)
@@ -250,6 +251,8 @@ def _build_mounts(spec: dict[str, Any], pid: int) -> list[int]:
         for _, source, kind in _mount_plan(spec):
             if kind == "overlay":
                 fds.append(_build_overlay(spec, uns_fd))
+            elif kind == "ro":
+                fds.append(_read_only_overlay(spec, source, uns_fd))
             else:
                 fds.append(lx.detached_bind(source, _ATTRS[kind], uns_fd if kind != "run" else None))
     except BaseException:
@@ -284,6 +287,21 @@ def _build_overlay(spec: dict[str, Any], uns_fd: int | None) -> int:
         )
     finally:
         os.chdir("/")
+        for fd in lowers:
+            os.close(fd)
+
+
+def _read_only_overlay(spec: dict[str, Any], source: str, uns_fd: int | None) -> int:
+    """A host dir (``ro_binds``: execd's runtime, an operator's dirs) as a read-only overlay of it and an empty
+    dir (the sandbox's rootfs mount point, empty on the host): a filesystem of its own, so the mount table
+    inside shows ``/`` where a bind would show the host path of its source. Files only: a Unix socket is not
+    reachable through overlayfs (the control dir stays a bind)."""
+    lowers: list[int] = []
+    try:
+        for layer in (source, f"{spec['sandbox_dir']}/rootfs"):
+            lowers.append(lx.detached_bind(layer, lx.MOUNT_ATTR_RDONLY, uns_fd, recursive=False))
+        return lx.detached_overlay(lowers, None, None, {}, _ATTRS["ro"])
+    finally:
         for fd in lowers:
             os.close(fd)
 
@@ -468,7 +486,8 @@ def _become_execd(spec: dict[str, Any], argv: list[str], err_fd: int, first_free
 
 
 # Without a user namespace the sandbox's root is uid 0, and many /proc/sys files check only the uid: a write to
-# kernel/core_pattern would run a host command as root. These stay read-only; kernel-internals are masked.
+# kernel/core_pattern would run a host command as root. These stay read-only; kernel-internals are masked
+# (with a user namespace too: defence in depth, the same table either way).
 _PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 _PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "kmsg")
 
