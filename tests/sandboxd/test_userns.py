@@ -9,10 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from sbx_helpers import DaemonFactory, wait_until
 
+from adx.errors import ConflictError
 from adx.sandboxd import CreateRequest, RestoreRequest, ref_of
-from adx.sandboxd._userns import IDS_PER_SANDBOX
+from adx.sandboxd._config import SandboxdConfig
+from adx.sandboxd._userns import IDS_PER_SANDBOX, allocate
 
 PROBE = r"""
 import json, os
@@ -201,3 +204,44 @@ async def test_user_namespace_off_keeps_host_ids(sandboxd: DaemonFactory) -> Non
         assert (upper / "work/own.txt").stat().st_uid == 0
         assert "upperdir=upper,workdir=ovlwork" in out["mounts"]  # no host path either way
         await c.delete(ref_of(created))
+
+
+@pytest.mark.req("SBX-10")
+async def test_slices_survive_a_sigkill_restart_and_are_never_handed_out_twice(sandboxd: DaemonFactory) -> None:
+    d = sandboxd()
+    async with d.client() as c:
+        kept = await c.create(CreateRequest(request_id="k", argv=["sleep", "1000"]))
+        gone = await c.create(CreateRequest(request_id="g", argv=["sleep", "1000"]))
+        bases = [kept.sandbox.id_base, gone.sandbox.id_base]
+        assert bases[0] is not None and bases[1] == bases[0] + IDS_PER_SANDBOX  # the lowest free slices
+        await c.delete(ref_of(gone))  # its slice is free again once reclaimed
+    procs = d.settled_procs(kept.sandbox.sandbox_id, count=1)
+    d.kill()  # SIGKILL: the record is what the next daemon knows
+    d.start()
+    async with d.client() as c:
+        info = await c.get(ref_of(kept))
+        assert info.id_base == kept.sandbox.id_base
+        assert all(_status_ids(pid) == (info.id_base, info.id_base) for pid in procs)
+        fresh = [await c.create(CreateRequest(request_id=f"n{i}", argv=["sleep", "1000"])) for i in range(2)]
+        # The lowest free slices: the deleted sandbox's, then the next; never the running one's.
+        assert {f.sandbox.id_base for f in fresh} == {gone.sandbox.id_base, max(bases) + IDS_PER_SANDBOX}
+        assert info.id_base not in {f.sandbox.id_base for f in fresh}
+        for x in fresh:
+            await c.delete(ref_of(x))
+        await c.delete(ref_of(kept))
+
+
+def test_id_range_is_validated_and_exhaustion_is_a_clear_conflict() -> None:
+    with pytest.raises(ValidationError, match="multiple of 65536"):
+        SandboxdConfig.model_validate({"id_range": {"start": 1 << 20, "count": 65536 + 1}})
+    with pytest.raises(ValidationError, match="largest uid"):
+        SandboxdConfig.model_validate({"id_range": {"start": 0xFFFF0000, "count": 1 << 20}})
+    with pytest.raises(ValidationError, match="user_namespace"):
+        SandboxdConfig.model_validate({"user_namespace": "yes"})
+    start = 1 << 20
+    assert allocate([], start, 2 * IDS_PER_SANDBOX) == start
+    assert allocate([start], start, 2 * IDS_PER_SANDBOX, prefer=start) == start + IDS_PER_SANDBOX
+    assert allocate([], start, 2 * IDS_PER_SANDBOX, prefer=start + IDS_PER_SANDBOX) == start + IDS_PER_SANDBOX
+    assert allocate([], start, 2 * IDS_PER_SANDBOX, prefer=start + 5) == start  # not a slice: ignored
+    with pytest.raises(ConflictError, match="exhausted"):
+        allocate([start, start + IDS_PER_SANDBOX], start, 2 * IDS_PER_SANDBOX)

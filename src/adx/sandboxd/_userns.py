@@ -75,8 +75,9 @@ def shift_tree(root: str, old: int | None, new: int | None) -> int:
     """Re-own every entry under ``root`` (itself included, symlinks not followed) from the slice at ``old`` to
     the one at ``new`` (None: no user namespace, IDs as they are inside). Returns how many entries changed.
 
-    A chown clears setuid/setgid bits and file capabilities: they are put back (mode by chmod; the
-    ``security.capability`` xattr is v2 here, which names no namespace root and is kept as is)."""
+    A chown clears setuid/setgid bits and file capabilities: they are put back (mode by chmod, the
+    ``security.capability`` xattr as it was). Capabilities set inside a user namespace are stored as v3 naming
+    the old slice's root, and then apply to no process of the new one: a known limit (rare in a layer)."""
     changed = 0
     if old == new:
         return changed
