@@ -10,6 +10,9 @@ Figures (targets from issue 3):
 - create and delete with execd as PID 1 (``CreateRequest.execd``: socket activation, control socket), beside
   the plain create above;
 - peer: ``runc run`` of an equivalent bundle (same image via read-only /usr bind, same namespaces).
+- user namespaces (issue 13): create p50 with ``user_namespace`` off, on, and on with disk quota and egress
+  (``disk_quota = "btrfs"``, ``network = "veth"`` with the default egress policy) vs. the bare ``clone3``
+  spawn, each from a fresh daemon in this run: target p50 <= 15 ms and <= 6x the bare spawn.
 
 Needs root, cgroups, overlayfs; runc from ``scripts/install_sandbox_deps.sh`` for the peer figure.
 Usage: ``uv run python bench/bench_sandboxd.py [--n 100]``.
@@ -83,14 +86,15 @@ def cleanup_cgroups(parent: str) -> None:
             base.rmdir()
 
 
-def start_daemon(work: Path, parent: str) -> tuple[subprocess.Popen[bytes], Path]:
+def start_daemon(work: Path, parent: str, top: str = "", defaults: str = "") -> tuple[subprocess.Popen[bytes], Path]:
+    """``top``, ``defaults``: further TOML lines for the top level and the [defaults] table."""
     state = work / "state"
     sock = work / "api" / "s.sock"
     cfg = work / "sandboxd.toml"
     cfg.write_text(
-        f'state_dir = "{state}"\nsocket_path = "{sock}"\ncgroup_parent = "{parent}"\n'
+        f'state_dir = "{state}"\nsocket_path = "{sock}"\ncgroup_parent = "{parent}"\n{top}'
         "[capacity]\ncpu_millis = 10000000\nmax_sandboxes = 10000\n"
-        "[defaults]\ncpu_millis = 100\nmemory_bytes = 67108864\n"
+        f"[defaults]\ncpu_millis = 100\nmemory_bytes = 67108864\n{defaults}"
     )
     log = open(work / "sandboxd.log", "wb")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen([sys.executable, "-m", "adx", "sandboxd", "--config", str(cfg)], stdout=log, stderr=log)
@@ -197,11 +201,71 @@ async def bench_daemon(sock: Path, n: int, work: Path) -> dict[str, Any]:
     return out
 
 
+async def bench_creates(sock: Path, n: int) -> dict[str, Any]:
+    """Create p50 only (``n`` sandboxes kept running, then deleted), after 5 warm-up creates."""
+    async with SandboxdClient(sock) as c:
+        for i in range(5):
+            await c.delete(ref_of(await c.create(CreateRequest(request_id=f"warm{i}", argv=["sleep", "1000"]))))
+        creates, refs = [], []
+        for i in range(n):
+            t = time.perf_counter()
+            created = await c.create(CreateRequest(request_id=f"c{i}", argv=["sleep", "1000"]))
+            creates.append(time.perf_counter() - t)
+            refs.append(ref_of(created))
+        health = await c.health()
+        for ref in refs:
+            await c.delete(ref)
+    return {"create_to_running_ms": summary_ms(creates), "user_namespace": health.user_namespace}
+
+
+def bench_userns(n: int, bare_p50: float) -> dict[str, Any]:
+    """Create p50 with user namespaces off, on, and on with disk quota and egress: a fresh daemon each."""
+    variants = {
+        "off": ('user_namespace = "off"\n', ""),
+        "on": ('user_namespace = "on"\n', ""),
+        "on_quota_egress": ('user_namespace = "on"\ndisk_quota = "btrfs"\n', 'network = "veth"\n'),
+    }
+    out: dict[str, Any] = {}
+    for name, (top, defaults) in variants.items():
+        parent = f"adx-bench-{uuid.uuid4().hex[:8]}"
+        work = Path(tempfile.mkdtemp(prefix="adxbench-", dir="/tmp"))
+        proc = None
+        try:
+            proc, sock = start_daemon(work, parent, top, defaults)
+            out[name] = asyncio.run(bench_creates(sock, n))
+            out[name]["p50_over_bare_clone3"] = round(out[name]["create_to_running_ms"]["p50"] / bare_p50, 2)
+        except SystemExit as exc:
+            out[name] = {"error": str(exc)[-500:]}
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
+            cleanup_cgroups(parent)
+            if "quota" in name:
+                subprocess.run(["umount", str(work / "state.storage")], capture_output=True, check=False)
+            shutil.rmtree(work, ignore_errors=True)  # the pool's image file lies in it, beside state/
+    full = out.get("on_quota_egress", {}).get("create_to_running_ms")
+    out["targets"] = {"on_quota_egress_create_p50_ms": 15, "on_quota_egress_over_bare_clone3": 6}
+    out["meets_targets"] = None if full is None else full["p50"] <= 15 and full["p50"] <= 6 * bare_p50
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--runc-n", type=int, default=20)
+    parser.add_argument("--userns-only", action="store_true", help="only the user namespace figures")
     args = parser.parse_args()
+    if args.userns_only:
+        bare = summary_ms(
+            json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", BARE, str(args.n)], capture_output=True, check=True, text=True
+                ).stdout
+            )
+        )
+        print(json.dumps({"baseline_bare_clone3_true_ms": bare, "user_namespaces": bench_userns(args.n, bare["p50"])}))
+        return
     parent = f"adx-bench-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="adxbench-", dir="/tmp"))
     proc = None
@@ -213,12 +277,14 @@ def main() -> None:
         proc, sock = start_daemon(work, parent)
         result = asyncio.run(bench_daemon(sock, args.n, work))
         runc = bench_runc(work, work / "state" / "images" / "default" / "root", parent, args.runc_n)
+        userns = bench_userns(args.n, bare["p50"])
         create = result["create_to_running_ms"]
         figures = {
             **result,
             "baseline_bare_clone3_true_ms": bare,
             "create_p50_over_baseline_p50": round(create["p50"] / bare["p50"], 2),
             "peer_runc": runc,
+            "user_namespaces": userns,
             "targets": {
                 "create_p50_ms": 25,
                 "create_p50_over_baseline": 5,

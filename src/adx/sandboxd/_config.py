@@ -12,7 +12,7 @@ from adx.config._base import LoggingConfig, StrictModel
 from adx.model import MAX_CPU_OVERCOMMIT, NetworkPolicy
 from adx.sandboxd._devices import DEVICE_ID
 
-__all__ = ["CapacityConfig", "DefaultsConfig", "SandboxdConfig"]
+__all__ = ["CapacityConfig", "DefaultsConfig", "IdRange", "SandboxdConfig"]
 
 MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
 
@@ -53,6 +53,21 @@ class DefaultsConfig(StrictModel):
         description="the node default for Environments that give no network: {mode='egress', allow=[...], "
         "deny=[...]}; unset: veth sandboxes reach every destination but other sandboxes and the node",
     )
+
+
+class IdRange(StrictModel):
+    """Host IDs sandboxd gives to sandboxes (like a line of /etc/subuid, for uids and gids alike): 65536 each."""
+
+    start: int = Field(default=1 << 28, ge=65536, description="first host uid/gid of the range (above host accounts)")
+    count: int = Field(default=1 << 28, ge=65536, description="how many IDs: a multiple of 65536, one slice each")
+
+    @model_validator(mode="after")
+    def _fits(self) -> IdRange:
+        if self.count % 65536:
+            raise ValueError(f"count {self.count} must be a multiple of 65536 (one slice per sandbox)")
+        if self.start + self.count > 0xFFFFFFFF:
+            raise ValueError(f"start + count = {self.start + self.count} exceeds the largest uid (4294967294)")
+        return self
 
 
 class SandboxdConfig(StrictModel):
@@ -100,6 +115,12 @@ class SandboxdConfig(StrictModel):
         ge=1 << 30,
         description="size of that (sparse) btrfs image: only written bytes take host disk",
     )
+    user_namespace: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="sandbox root is an unprivileged host ID slice of id_range (a user namespace each); 'auto': "
+        "on where the host supports it, 'on': refuse to start where it does not, 'off': sandbox root is host root",
+    )
+    id_range: IdRange = IdRange()
     capacity: CapacityConfig = CapacityConfig()
     defaults: DefaultsConfig = DefaultsConfig()
     max_record_bytes: int = Field(default=1 << 20, ge=4096, description="larger registry files are refused")

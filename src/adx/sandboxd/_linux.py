@@ -21,6 +21,7 @@ __all__ = [
     "CLONE_NEWNET",
     "CLONE_NEWNS",
     "CLONE_NEWPID",
+    "CLONE_NEWUSER",
     "CLONE_NEWUTS",
     "MNT_DETACH",
     "MS_BIND",
@@ -34,22 +35,28 @@ __all__ = [
     "add_default_route",
     "clone3",
     "configure_interface",
+    "detached_bind",
+    "detached_overlay",
     "drop_bounding_set",
     "drop_capabilities",
     "install_seccomp",
     "listen_unix",
     "mount",
+    "move_mount",
     "peer_credentials",
     "pivot_root",
+    "set_dumpable",
     "set_loopback_up",
     "set_process_args",
     "sethostname",
     "umount2",
+    "write_id_maps",
 ]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_INTO_CGROUP = 0x200000000
@@ -148,6 +155,126 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     _check(result, f"mount {source} on {target}")
 
 
+# -- the new mount API: detached mounts built by the (host-root) supervisor, moved into place by the init ----------
+# One syscall number on every architecture for these (they came after the tables were unified).
+_NR_OPEN_TREE, _NR_MOVE_MOUNT, _NR_FSOPEN, _NR_FSCONFIG, _NR_FSMOUNT, _NR_MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
+_OPEN_TREE_CLONE = 1
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
+_FSCONFIG_SET_STRING = 1
+_FSCONFIG_SET_FD = 5
+_FSCONFIG_CMD_CREATE = 6
+_MOVE_MOUNT_F_EMPTY_PATH = 4
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_NOEXEC = 0x8
+_MOUNT_ATTR_IDMAP = 0x100000
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _sys(nr: int, *args: Any) -> int:
+    return int(_libc.syscall(ctypes.c_long(nr), *args))
+
+
+def detached_bind(path: str, attrs: int = 0, userns_fd: int | None = None, recursive: bool = True) -> int:
+    """A detached copy of the mount tree at ``path`` (``open_tree(OPEN_TREE_CLONE)``): its descriptor (CLOEXEC).
+
+    ``attrs`` (MOUNT_ATTR_*) are only ever *added* (a bind remount by mount(2) inside a user namespace must
+    repeat every flag the host's mount has locked); with ``userns_fd`` the copy is idmapped through that user
+    namespace: a file the filesystem says host uid N owns appears as N mapped into the namespace (host root's
+    files are the sandbox root's), and what the sandbox creates through it is stored unmapped.
+    """
+    flags = _OPEN_TREE_CLONE | os.O_CLOEXEC | (_AT_RECURSIVE if recursive else 0)
+    fd = _check(
+        _sys(_NR_OPEN_TREE, ctypes.c_int(_AT_FDCWD), os.fsencode(path), ctypes.c_uint(flags)), f"open_tree {path}"
+    )
+    try:
+        if attrs or userns_fd is not None:
+            attr = _MountAttr(attrs | (_MOUNT_ATTR_IDMAP if userns_fd is not None else 0), 0, 0, userns_fd or 0)
+            at = _AT_EMPTY_PATH | (_AT_RECURSIVE if recursive else 0)
+            result = _sys(
+                _NR_MOUNT_SETATTR,
+                ctypes.c_int(fd),
+                b"",
+                ctypes.c_uint(at),
+                ctypes.byref(attr),
+                ctypes.c_size_t(ctypes.sizeof(attr)),
+            )
+            _check(result, f"mount_setattr {path}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def detached_overlay(
+    lower_fds: list[int], upper: str | None, work: str | None, options: dict[str, str], attrs: int
+) -> int:
+    """An overlay mount, detached (fsopen/fsconfig/fsmount): its descriptor (CLOEXEC).
+
+    Layers are given so that no host path lands in the mount's options (what /proc/mounts shows inside): each
+    lower as a descriptor (``lowerdir+``, shown as ``/``: kernel >= 6.8), upper and work dirs as the caller's
+    relative paths (shown as given; the caller chdir()s to their parent)."""
+    fs = _check(_sys(_NR_FSOPEN, b"overlay", ctypes.c_uint(1)), "fsopen overlay")  # FSOPEN_CLOEXEC
+    try:
+
+        def config(cmd: int, key: str, value: bytes | None, aux: int) -> None:
+            _check(
+                _sys(_NR_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(cmd), key.encode(), value, ctypes.c_int(aux)),
+                f"overlay option {key}",
+            )
+
+        for fd in lower_fds:
+            config(_FSCONFIG_SET_FD, "lowerdir+", None, fd)
+        if upper is not None and work is not None:  # else read-only (two lowers at least)
+            config(_FSCONFIG_SET_STRING, "upperdir", os.fsencode(upper), 0)
+            config(_FSCONFIG_SET_STRING, "workdir", os.fsencode(work), 0)
+        for key, value in options.items():
+            config(_FSCONFIG_SET_STRING, key, value.encode(), 0)
+        _check(
+            _sys(_NR_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None, ctypes.c_int(0)),
+            "overlay create",
+        )
+        return _check(_sys(_NR_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(1), ctypes.c_uint(attrs)), "fsmount overlay")
+    finally:
+        os.close(fs)
+
+
+def move_mount(fd: int, target: str) -> None:
+    """Attach the detached mount ``fd`` at ``target`` (in the caller's mount namespace)."""
+    result = _sys(
+        _NR_MOVE_MOUNT,
+        ctypes.c_int(fd),
+        b"",
+        ctypes.c_int(_AT_FDCWD),
+        os.fsencode(target),
+        ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+    )
+    _check(result, f"move_mount to {target}")
+
+
+def write_id_maps(pid: int, base: int, size: int) -> None:
+    """Map uids and gids 0..size-1 of ``pid``'s (fresh) user namespace to host ``base``.. (each map is written
+    once, by a process privileged in the parent namespace: sandboxd's supervisor)."""
+    line = f"0 {base} {size}\n".encode()
+    for name in ("uid_map", "gid_map"):
+        fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
 def umount2(target: str, flags: int) -> None:
     _check(_libc.umount2(target.encode(), flags), f"umount {target}")
 
@@ -215,6 +342,13 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 
+def set_dumpable() -> None:
+    """PR_SET_DUMPABLE 1: a uid change (the init becoming its user namespace's root) made this process
+    non-dumpable, which makes its /proc files host root's; an execve would reset it, an in-process execd has none.
+    """
+    _check(_libc.prctl(4, 1, 0, 0, 0), "dumpable")
+
+
 def drop_bounding_set() -> None:
     """Shrink this process's bounding set to KEEP_CAPABILITIES. Its effective and permitted sets are untouched,
     and its children inherit the shrunk set (a supervisor does this before it clones the sandbox's init)."""
@@ -266,7 +400,9 @@ def set_loopback_up() -> None:
 
 
 # -- seccomp -------------------------------------------------------------------------------------------------
-# Without a user namespace the sandbox's root is host uid 0. Capabilities already stop mount, modules, reboot,
+# Kept with user namespaces on (sandboxd's user_namespace): the sandbox's namespace is cloned by its supervisor
+# before this filter exists, and its root must still not reach the kernel surface a namespace of its own would
+# open. Without one (user_namespace = "off") the sandbox's root is host uid 0. Capabilities stop mount, reboot,
 # raw I/O...; this filter closes what capabilities do not: the uid-0 kernel keyring (keyctl/add_key/
 # request_key, shared with the host's root), new user namespaces (full capabilities inside a fresh userns,
 # a large kernel attack surface), unprivileged bpf/perf/userfaultfd, and the new mount API. clone3 gets

@@ -149,6 +149,9 @@ class SandboxRecord(_Model):
     restored_from: str | None = None
     net_index: int | None = Field(default=None, description="veth mode: the /30 of the node's pool in use")
     net_policy: NetworkPolicy | None = Field(default=None, description="veth mode: the egress policy in force")
+    id_base: int | None = Field(
+        default=None, description="user namespace: host uid/gid of the sandbox's root (65536 IDs from there)"
+    )
     execd: ExecdOptions | None = None
     reclaimed_at: float | None = Field(
         default=None, description="when the owner last replaced the token (Reclaim); the create's token is void"
@@ -272,6 +275,10 @@ class SandboxInfo(_Model):
     network_policy: NetworkPolicy | None = Field(default=None, description="veth mode: the egress policy in force")
     observation_error: str | None = Field(default=None, description="native query failed; state is the last stored")
     reclaimed_at: float | None = Field(default=None, description="when the owner last replaced the token (Reclaim)")
+    id_base: int | None = Field(
+        default=None,
+        description="user namespace: the host uid/gid of the sandbox's root; uid n inside is id_base + n on the host",
+    )
 
 
 class CreateResponse(_Model):
@@ -378,6 +385,12 @@ class Health(_Model):
     )
     artifact_roots: dict[str, str] = Field(
         default_factory=dict, description="checkpoint storage name -> its directory on this host"
+    )
+    user_namespace: bool = Field(
+        default=False, description="sandboxes get a user namespace each (their root is not host root)"
+    )
+    user_namespace_note: str | None = Field(
+        default=None, description="why user namespaces are off (configured off, or what this host lacks)"
     )
 
 

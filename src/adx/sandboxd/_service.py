@@ -90,6 +90,8 @@ from adx.sandboxd._supervisor import (
     SUPERVISOR_LOG,
     boot_id,
 )
+from adx.sandboxd._userns import IDS_PER_SANDBOX, shift_tree, unsupported_reason
+from adx.sandboxd._userns import allocate as allocate_ids
 
 __all__ = ["SandboxService"]
 
@@ -195,6 +197,8 @@ class SandboxService:
         self._image: dict[str, Any] = {}
         self._image_root = Path()
         self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
+        self._userns = False  # sandboxes get a user namespace each (decided at start: config and host)
+        self._userns_note: str | None = None
         self._next_net = 0
         self.netfilter = NetFilter(config.state_dir, config.veth_pool)
         self._resource: ResourceInfo | None = None
@@ -381,7 +385,19 @@ class SandboxService:
         elif not (runtime / "adx" / "execd" / "__main__.py").is_file():
             raise UnavailableError(f"execd_runtime_dir {runtime} holds no execd runtime (install_runtime)")
         self.spawner.execd_python = self._execd_python()
+        self._decide_userns()
         self._measure_capacity()
+
+    def _decide_userns(self) -> None:
+        """``user_namespace``: 'off', 'on' (refuse to start without support) or 'auto' (on where supported)."""
+        mode = self.config.user_namespace
+        reason = unsupported_reason() if mode != "off" else "user_namespace = 'off' in the configuration"
+        if reason is not None and mode == "on":
+            raise UnavailableError(f"user_namespace = 'on' but {reason}")
+        self._userns, self._userns_note = reason is None, reason
+        if mode == "auto" and reason is not None:
+            log.warning("sandboxes run without user namespaces (their root is host root): %s", reason)
+        self.spawner.userns = self._userns
 
     def _under_image_binds(self, path: str) -> bool:
         """True when ``path`` inside a sandbox is the host's same path (a read-only bind of the image)."""
@@ -544,6 +560,7 @@ class SandboxService:
             network_policy=rec.net_policy,
             observation_error=observation_error,
             reclaimed_at=rec.reclaimed_at,
+            id_base=rec.id_base,
         )
 
     @staticmethod
@@ -749,7 +766,7 @@ class SandboxService:
                 log.warning("sandbox %s: cgroup was replaced by another; not touching it", sandbox_id)
             if rec.net_index is not None:
                 self.netfilter.remove(self._host_if(rec))  # the veth died with the namespace; now its rules
-            tomb = self.registry.write_tombstone(rec, {"cgroup": where, "reason": "deleted"})
+            tomb = self.registry.write_tombstone(rec, {"cgroup": where, "reason": "deleted", "id_base": rec.id_base})
             _fault("delete.after_tombstone")
             self.pending_reclaim[sandbox_id] = tomb
             if where in ("ours", "vanished") or native is None:
@@ -875,6 +892,7 @@ class SandboxService:
             expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
             restored_from=restore[1]["checkpoint_id"] if restore else None,
             net_index=self._allocate_net() if network == "veth" else None,
+            id_base=self._allocate_ids(restore[1]["spec"].get("id_base") if restore else None),
         )
         self.records[sandbox_id] = rec  # reserved from here on
         self.by_request[req.request_id] = sandbox_id
@@ -903,6 +921,15 @@ class SandboxService:
             workload=workload,
             extra=extra,
         )
+
+    def _allocate_ids(self, prefer: int | None) -> int | None:
+        """The new sandbox's slice of ``id_range`` (None without user namespaces). Taken: every record's, and a
+        deleted sandbox's until its reclaim is done (a process of it may live on until then)."""
+        if not self._userns:
+            return None
+        used = {r.id_base for r in self.records.values() if r.id_base is not None}
+        used |= {int(t.data["id_base"]) for t in self.pending_reclaim.values() if t.data.get("id_base") is not None}
+        return allocate_ids(used, self.config.id_range.start, self.config.id_range.count, prefer)
 
     def _allocate_net(self) -> int:
         """Next free /30 of the pool, round robin: a just-freed subnet is reused last, after its veth is gone."""
@@ -1014,6 +1041,14 @@ class SandboxService:
             return self._pool.upper(sandbox_id)
         return self.registry.sandbox_dir(sandbox_id) / "upper"
 
+    def _shift_restored(self, rec: SandboxRecord, manifest: dict[str, Any]) -> None:
+        """A restored layer's files carry the checkpointed sandbox's host IDs: re-own them to this one's slice
+        when it got another (usually it gets the same back: nothing to do)."""
+        old = manifest["spec"].get("id_base")
+        if old != rec.id_base:
+            changed = shift_tree(str(self._upper(rec.sandbox_id)), old, rec.id_base)
+            log.info("restored layer re-owned", extra={"sandbox_id": rec.sandbox_id, "entries": changed})
+
     def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
         env = {"PATH": _SANDBOX_PATH, "HOME": "/root"}
@@ -1042,6 +1077,7 @@ class SandboxService:
             "veth": self._veth(rec),
             "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
             "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
+            "userns": {"base": rec.id_base, "size": IDS_PER_SANDBOX} if rec.id_base is not None else None,
             # PID 1 runs execd in process when it would exec the very interpreter the spawner runs.
             "execd_inproc": rec.execd is not None
             and self.spawner.execd_python is not None
@@ -1090,9 +1126,10 @@ class SandboxService:
             error = UnavailableError("the checkpoint is a btrfs snapshot and this sandboxd has no disk_quota pool")
         if self._pool is not None and error is None:
             try:
-                if snapshot is not None:
+                if snapshot is not None and restore is not None:
                     # A writable snapshot of the checkpoint: metadata, however many bytes the layer holds.
                     await asyncio.to_thread(self._pool.restore, *snapshot, rec.sandbox_id, rec.resources.disk_bytes)
+                    await asyncio.to_thread(self._shift_restored, rec, restore[1])
                     restore = None
                 else:
                     await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
@@ -1106,6 +1143,7 @@ class SandboxService:
 
             def extract() -> None:
                 ckpt.verify_and_extract(artifact, manifest, sdir / ".layer", self._upper(rec.sandbox_id))
+                self._shift_restored(rec, manifest)
                 _fault("restore.after_extract", delay=0.3)  # the delay: the overlapping commit lands first
 
             try:
@@ -1362,6 +1400,8 @@ class SandboxService:
             deferred_errors=list(self.deferred_errors),
             runtime_control_socket=str(self.config.runtime_control_socket),
             artifact_roots={name: str(path) for name, path in self.config.artifact_roots().items()},
+            user_namespace=self._userns,
+            user_namespace_note=self._userns_note,
         )
 
     async def set_network(self, req: SetNetworkRequest) -> SandboxInfo:
@@ -1450,6 +1490,8 @@ class SandboxService:
                     "network_policy": rec.net_policy.to_wire() if rec.net_policy else None,
                     "resources": rec.resources.model_dump(),
                     "metadata": rec.metadata,
+                    # The host IDs the layer's files carry (None: no user namespace): a restore shifts them.
+                    "id_base": rec.id_base,
                 },
             }
 

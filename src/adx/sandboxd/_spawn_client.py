@@ -37,6 +37,7 @@ class SpawnerProcess:
 
     def __init__(self) -> None:
         self.execd_python: str | None = None
+        self.userns = False  # prepared inits get a user namespace of their own (sandboxd's user_namespace)
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: asyncio.StreamReader | None = None
@@ -49,6 +50,8 @@ class SpawnerProcess:
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [sys.executable, "-m", "adx.sandboxd._spawner", str(theirs.fileno())]
+        if self.userns:
+            argv.append("--userns")
         env = None
         if self.execd_python is not None:
             # The room: PID 1 rewrites its argv and environ areas (copies of these) to execd's own.

@@ -16,6 +16,9 @@ execd in process instead of exec'ing a fresh interpreter (``_supervisor._become_
 sandbox's spec in its memory. Every other spec goes to a zygote forked here (smaller: no execd imported), with
 ``execd_inproc`` cleared, as does an execd spec when the template is gone.
 
+With ``--userns`` (sandboxd's ``user_namespace`` is on) a prepared init is cloned into a user namespace of its
+own; the supervisor writes its ID maps once the spec names the sandbox's range.
+
 Protocol: request ``{"req": n, "spec": {...}}``; reply ``{"req": n, "ok": bool, ...}``. EOF on the control
 socket ends the spawner (it never outlives its daemon).
 """
@@ -38,6 +41,9 @@ from adx.sandboxd._supervisor import SUPERVISOR_LOG, PreparedInit, prepare_init,
 
 __all__ = ["main"]
 
+#: ``--userns``: prepared inits get a user namespace of their own (set once in main, before any fork).
+_USERNS = False
+
 
 @dataclass
 class _Zygote:
@@ -53,7 +59,7 @@ def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout, prepare: bool
     code = 1
     try:
         _detach(keep=(spec_r, result_w))  # while idle: none of this waits for a spec
-        init = prepare_init(close=(spec_r, result_w)) if prepare else None
+        init = prepare_init(close=(spec_r, result_w), userns=_USERNS) if prepare else None
         chunks = []
         while chunk := os.read(spec_r, 1 << 16):
             chunks.append(chunk)
@@ -227,7 +233,9 @@ class _Idle:
 
 
 def main() -> int:
+    global _USERNS
     ctrl_fd = int(sys.argv[1])
+    _USERNS = "--userns" in sys.argv[2:]
     os.set_blocking(ctrl_fd, True)
     layout = detect_layout()
     # Before any request: nothing of any sandbox's is in the template.

@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def _in_namespace_setup(
     log_fd: int,
     err_fd: int,
     go_fd: int,
+    mounts_fd: int,
     listen_fds: tuple[int, ...] = (),
     prepared: bool = False,
 ) -> None:
@@ -83,6 +85,10 @@ def _in_namespace_setup(
 
     ``prepared``: this child was cloned before its spec existed (:func:`prepare_init`), which made its mounts
     private and brought ``lo`` up already.
+
+    ``mounts_fd``: the supervisor sends the sandbox's root and host binds here, built as detached mounts
+    (:func:`_build_mounts`: idmapped for a user namespace, whose ID maps it wrote first; no host path in their
+    options). We become the namespace's root (a host ID of the sandbox's range) and move them into place.
 
     ``listen_fds`` (execd sandboxes): listening sockets bound by the supervisor at host-only paths; they become
     descriptors 3, 4, ... of the exec'd init, which only accepts on them.
@@ -105,31 +111,42 @@ def _in_namespace_setup(
     try:
         sdir = spec["sandbox_dir"]
         root = f"{sdir}/rootfs"
+        userns = spec.get("userns") is not None
         if not prepared:
             # Nothing we mount may propagate back to the host's mount namespace.
             lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
-        # xino=off, index=off: no inode-number composition or index bookkeeping (measurably faster mounts);
-        # the layers share one filesystem here, so (st_dev, st_ino) stay unique anyway.
-        lx.mount(
-            "overlay",
-            root,
-            "overlay",
-            lx.MS_NODEV,
-            f"lowerdir={spec['image_root']},upperdir={spec.get('upper_dir') or f'{sdir}/upper'},"
-            f"workdir={spec.get('work_dir') or f'{sdir}/ovlwork'},xino=off,index=off",
-        )
-        for host_dir in spec["image_binds"]:
-            target = f"{root}{host_dir}"
-            lx.mount(host_dir, target, None, lx.MS_BIND | lx.MS_REC)
-            lx.mount(None, target, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NODEV)
+        fds = _receive_mounts(mounts_fd)
+        # The root first, while we are still host uid 0 (the sandbox dir's path is host root's, mode 0700);
+        # then everything relative to it, from inside it.
+        lx.move_mount(fds[0], root)
+        os.close(fds[0])
+        os.chdir(root)
+        root = "."
+        if userns:
+            # The maps are written (before the mounts were sent): from here on we are the namespace's root, a
+            # host ID of the sandbox's range, with capabilities only over what that namespace owns.
+            os.setresgid(0, 0, 0)
+            os.setgroups([])
+            os.setresuid(0, 0, 0)
+            lx.set_dumpable()
+        for (target, _, _), fd in zip(_mount_plan(spec)[1:], fds[1:], strict=True):
+            path = f"{root}{target}"
+            os.makedirs(path, exist_ok=True)  # a missing mount point lands in the upper layer (an empty dir)
+            lx.move_mount(fd, path)
+            os.close(fd)
         lx.mount("proc", f"{root}/proc", "proc", lx.MS_NOSUID | lx.MS_NODEV | lx.MS_NOEXEC)
         _harden_proc(f"{root}/proc")
         dev = f"{root}/dev"
         lx.mount("tmpfs", dev, "tmpfs", lx.MS_NOSUID | lx.MS_NOEXEC, "mode=755,size=256k")
         for name, (major, minor) in _DEVICES.items():
-            # mknod (CAP_MKNOD is still held here) is cheaper than a bind mount per node.
-            os.mknod(f"{dev}/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-            os.chmod(f"{dev}/{name}", 0o666)
+            if userns:
+                # No device node can be made in a user namespace: the host's, bound.
+                os.close(os.open(f"{dev}/{name}", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+                lx.mount(f"/dev/{name}", f"{dev}/{name}", None, lx.MS_BIND)
+            else:
+                # mknod (CAP_MKNOD is still held here) is cheaper than a bind mount per node.
+                os.mknod(f"{dev}/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+                os.chmod(f"{dev}/{name}", 0o666)
         os.mkdir(f"{dev}/pts")
         os.mkdir(f"{dev}/shm", 0o1777)
         lx.mount("devpts", f"{dev}/pts", "devpts", lx.MS_NOSUID | lx.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
@@ -140,21 +157,6 @@ def _in_namespace_setup(
             os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
         # /tmp and /var/tmp are plain directories of the overlay (the image makes them 1777): their files live in
         # the sandbox's upper layer, so a checkpoint keeps them like /work's. A tmpfs here lost them on pause.
-        if spec.get("run_dir"):
-            lx.mount(spec["run_dir"], f"{root}/run/adx", None, lx.MS_BIND)
-        if spec.get("control_dir"):
-            # Read-only: the sandbox can connect to the hub's socket but never replace it (sockets are exempt
-            # from EROFS on connect); only sandboxd, on the host, (re)binds it.
-            target = f"{root}{CONTROL_DIR_INSIDE}"
-            os.makedirs(target, exist_ok=True)
-            lx.mount(spec["control_dir"], target, None, lx.MS_BIND)
-            flags = lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV | lx.MS_NOEXEC
-            lx.mount(None, target, None, flags)
-        for inside, host_dir in spec.get("ro_binds", {}).items():
-            target = f"{root}{inside}"
-            os.makedirs(target, exist_ok=True)  # the mount point lands in the upper layer (an empty dir)
-            lx.mount(host_dir, target, None, lx.MS_BIND | lx.MS_REC)
-            lx.mount(None, target, None, lx.MS_REMOUNT | lx.MS_BIND | lx.MS_RDONLY | lx.MS_NOSUID | lx.MS_NODEV)
         if spec["network"] in ("none", "veth") and not prepared:
             lx.set_loopback_up()
         if spec["network"] == "veth":
@@ -163,7 +165,6 @@ def _in_namespace_setup(
             lx.configure_interface("eth0", veth["sandbox_ip"], veth["prefix"])
             lx.add_default_route(veth["host_ip"])  # egress goes through the node (nftables policy + NAT)
         lx.sethostname(spec["hostname"])
-        os.chdir(root)
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.
         lx.pivot_root(".", ".")
         lx.umount2(".", lx.MNT_DETACH)
@@ -200,6 +201,143 @@ def _in_namespace_setup(
         os._exit(127)
 
 
+#: Mount kinds of :func:`_mount_plan`, and the attributes of each (only ever added to the host mount's).
+_RO = lx.MOUNT_ATTR_RDONLY | lx.MOUNT_ATTR_NOSUID | lx.MOUNT_ATTR_NODEV
+_ATTRS = {
+    "image": lx.MOUNT_ATTR_RDONLY | lx.MOUNT_ATTR_NODEV,  # the image's host dirs (/usr): setuid sudo works
+    "ro": _RO,
+    "control": _RO | lx.MOUNT_ATTR_NOEXEC,
+    "run": lx.MOUNT_ATTR_NOSUID | lx.MOUNT_ATTR_NODEV,
+}
+
+
+def _mount_plan(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(target inside, host source, kind)`` of every mount the supervisor builds detached, in order (the
+    root first). The same list on both sides: the init moves the n-th descriptor it receives to the n-th target.
+    """
+    plan = [("", "", "overlay")]
+    plan += [(host_dir, host_dir, "image") for host_dir in spec["image_binds"]]
+    if spec.get("run_dir"):
+        plan.append(("/run/adx", spec["run_dir"], "run"))
+    if spec.get("control_dir"):
+        # Read-only: the sandbox can connect to the hub's socket but never replace it (sockets are exempt
+        # from EROFS on connect); only sandboxd, on the host, (re)binds it.
+        plan.append((CONTROL_DIR_INSIDE, spec["control_dir"], "control"))
+    plan += [(inside, host_dir, "ro") for inside, host_dir in spec.get("ro_binds", {}).items()]
+    return plan
+
+
+def _build_mounts(spec: dict[str, Any], pid: int) -> list[int]:
+    """The sandbox's mounts as detached mount descriptors, in :func:`_mount_plan` order (here, as host root:
+    an idmapped mount and the overlay over it need privilege over the host's filesystems, which the init in
+    its user namespace lacks). With a user namespace, first its ID maps (the init waits for the mounts, so
+    it never runs unmapped), and the sandbox's own dirs (upper layer, run dir) become its root's.
+
+    Read-only host trees (image layers, image binds, ro_binds, the control dir) are idmapped: host root's files
+    are the sandbox root's. The upper layer and run dir are not: their files are stored with the sandbox's host
+    IDs, which its namespace maps to its own.
+    """
+    userns = spec.get("userns")
+    uns_fd = None
+    fds: list[int] = []
+    try:
+        if userns is not None:
+            base, size = int(userns["base"]), int(userns["size"])
+            lx.write_id_maps(pid, base, size)
+            uns_fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+            for own in (spec["upper_dir"], spec.get("run_dir")):
+                if own and os.stat(own).st_uid == 0:  # fresh (a restored layer was shifted by sandboxd)
+                    os.chown(own, base, base)
+        for _, source, kind in _mount_plan(spec):
+            if kind == "overlay":
+                fds.append(_build_overlay(spec, uns_fd))
+            elif kind == "ro":
+                fds.append(_read_only_overlay(spec, source, uns_fd))
+            else:
+                fds.append(lx.detached_bind(source, _ATTRS[kind], uns_fd if kind != "run" else None))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    finally:
+        if uns_fd is not None:
+            os.close(uns_fd)
+    return fds
+
+
+def _build_overlay(spec: dict[str, Any], uns_fd: int | None) -> int:
+    """The sandbox's root: an overlay of the image's read-only layers (``image_root``, colon-joined) and its
+    own upper layer, detached. Lowers go by descriptor, upper and work dir by names relative to their common
+    parent (our cwd meanwhile): /proc/mounts inside shows ``lowerdir+=/,upperdir=upper,workdir=ovlwork``."""
+    upper = spec.get("upper_dir") or f"{spec['sandbox_dir']}/upper"
+    work = spec.get("work_dir") or f"{spec['sandbox_dir']}/ovlwork"
+    parent = os.path.dirname(upper)
+    if os.path.dirname(work) != parent:
+        raise OSError(f"upper and work dir must share a parent: {upper}, {work}")
+    lowers: list[int] = []
+    try:
+        for layer in spec["image_root"].split(":"):
+            lowers.append(lx.detached_bind(layer, lx.MOUNT_ATTR_RDONLY, uns_fd, recursive=False))
+        os.chdir(parent)
+        # xino=off, index=off: no inode-number composition or index bookkeeping (measurably faster mounts);
+        # the layers share one filesystem here, so (st_dev, st_ino) stay unique anyway.
+        options = {"xino": "off", "index": "off"}
+        return lx.detached_overlay(
+            lowers, os.path.basename(upper), os.path.basename(work), options, lx.MOUNT_ATTR_NODEV
+        )
+    finally:
+        os.chdir("/")
+        for fd in lowers:
+            os.close(fd)
+
+
+def _read_only_overlay(spec: dict[str, Any], source: str, uns_fd: int | None) -> int:
+    """A host dir (``ro_binds``: execd's runtime, an operator's dirs) as a read-only overlay of it and an empty
+    dir (the sandbox's rootfs mount point, empty on the host): a filesystem of its own, so the mount table
+    inside shows ``/`` where a bind would show the host path of its source. Files only: a Unix socket is not
+    reachable through overlayfs (the control dir stays a bind)."""
+    lowers: list[int] = []
+    try:
+        for layer in (source, f"{spec['sandbox_dir']}/rootfs"):
+            lowers.append(lx.detached_bind(layer, lx.MOUNT_ATTR_RDONLY, uns_fd, recursive=False))
+        return lx.detached_overlay(lowers, None, None, {}, _ATTRS["ro"])
+    finally:
+        for fd in lowers:
+            os.close(fd)
+
+
+def _send_mounts(sock_fd: int, spec: dict[str, Any], pid: int) -> str | None:
+    """Build the mounts and send them to the init (closing ``sock_fd``); the error, if that failed (the init
+    then gets none and fails its setup)."""
+    error = None
+    fds: list[int] = []
+    try:
+        fds = _build_mounts(spec, pid)
+    except OSError as exc:
+        error = f"preparing the sandbox's mounts failed: {exc}"
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        socket.send_fds(sock, [b"1" if error is None else b"0"], fds)
+    except OSError as exc:
+        error = error or f"handing the mounts to the sandbox's init failed: {exc}"
+    finally:
+        sock.close()
+        for fd in fds:
+            os.close(fd)
+    return error
+
+
+def _receive_mounts(sock_fd: int) -> list[int]:
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, 1, 64)
+    finally:
+        sock.close()
+    if msg != b"1":
+        raise OSError("the supervisor could not prepare the sandbox's mounts")
+    return fds
+
+
 @dataclass
 class PreparedInit:
     """A sandbox's init cloned by an idle zygote before any spec (:func:`prepare_init`): it waits for one."""
@@ -208,13 +346,15 @@ class PreparedInit:
     spec_w: int  # the spec goes here (then closed); EOF without one makes the init exit
     go_w: int
     err_r: int
+    mounts_w: int  # its mounts go here (one message, :func:`_send_mounts`)
+    userns: bool  # cloned into a user namespace of its own
 
 
 #: What a prepared init's namespaces suit: none of execd's pre-bound sockets, a network namespace of its own.
 _PREPARED_FLAGS = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC | lx.CLONE_NEWNET
 
 
-def prepare_init(close: tuple[int, ...]) -> PreparedInit | None:
+def prepare_init(close: tuple[int, ...], userns: bool = False) -> PreparedInit | None:
     """Clone the next sandbox's init while its zygote is idle (None if that fails: the start clones then).
 
     The clone (~1 ms: namespaces, a copy of this process), private mount propagation, ``lo`` up and the
@@ -226,27 +366,33 @@ def prepare_init(close: tuple[int, ...]) -> PreparedInit | None:
     spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    mounts_r, mounts_w = _mounts_pair()
     try:
-        pid = lx.clone3(_PREPARED_FLAGS)
+        pid = lx.clone3(_PREPARED_FLAGS | (lx.CLONE_NEWUSER if userns else 0))
     except OSError as exc:
         print(f"preparing an init failed (the start clones one): {exc}", flush=True)
-        for fd in (spec_r, spec_w, go_r, go_w, err_r, err_w):
+        for fd in (spec_r, spec_w, go_r, go_w, err_r, err_w, mounts_r, mounts_w):
             os.close(fd)
         return None
     if pid == 0:
         code = 127
         try:
-            for fd in (*close, spec_w, go_w, err_r):
+            for fd in (*close, spec_w, go_w, err_r, mounts_w):
                 os.close(fd)
-            code = _prepared_init_main(spec_r, go_r, err_w)
+            code = _prepared_init_main(spec_r, go_r, err_w, mounts_r)
         finally:
             os._exit(code)
-    for fd in (spec_r, go_r, err_w):
+    for fd in (spec_r, go_r, err_w, mounts_r):
         os.close(fd)
-    return PreparedInit(pid, spec_w, go_w, err_r)
+    return PreparedInit(pid, spec_w, go_w, err_r, mounts_w, userns)
 
 
-def _prepared_init_main(spec_r: int, go_r: int, err_w: int) -> int:
+def _mounts_pair() -> tuple[int, int]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    return a.detach(), b.detach()  # close-on-exec, as every socket Python makes
+
+
+def _prepared_init_main(spec_r: int, go_r: int, err_w: int, mounts_r: int) -> int:
     """A prepared init: the spec-independent setup, then its spec, then :func:`_in_namespace_setup`."""
     try:
         lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
@@ -265,7 +411,7 @@ def _prepared_init_main(spec_r: int, go_r: int, err_w: int) -> int:
         with contextlib.suppress(BaseException):
             os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
         return 127
-    _in_namespace_setup(spec, log_fd, err_w, go_r, prepared=True)  # never returns
+    _in_namespace_setup(spec, log_fd, err_w, go_r, mounts_r, prepared=True)  # never returns
     return 127
 
 
@@ -274,7 +420,11 @@ def _hand_to_prepared(init: PreparedInit | None, spec: dict[str, Any]) -> Prepar
     prepared one, unusable or gone, is ended)."""
     if init is None:
         return None
-    if spec["network"] in ("none", "veth") and not spec.get("execd_sockets"):
+    if (
+        spec["network"] in ("none", "veth")
+        and not spec.get("execd_sockets")
+        and init.userns == bool(spec.get("userns"))
+    ):
         data = json.dumps(spec).encode()
         try:
             while data:
@@ -291,6 +441,7 @@ def _hand_to_prepared(init: PreparedInit | None, spec: dict[str, Any]) -> Prepar
         os.waitpid(init.pid, 0)
     os.close(init.go_w)
     os.close(init.err_r)
+    os.close(init.mounts_w)
     return None
 
 
@@ -335,7 +486,8 @@ def _become_execd(spec: dict[str, Any], argv: list[str], err_fd: int, first_free
 
 
 # Without a user namespace the sandbox's root is uid 0, and many /proc/sys files check only the uid: a write to
-# kernel/core_pattern would run a host command as root. These stay read-only; kernel-internals are masked.
+# kernel/core_pattern would run a host command as root. These stay read-only; kernel-internals are masked
+# (with a user namespace too: defence in depth, the same table either way).
 _PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 _PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "kmsg")
 
@@ -387,6 +539,7 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
 
     # First: the prepared init mounts the sandbox's root while the rest is done here.
     prepared = _hand_to_prepared(init, spec)
+    mount_error = _send_mounts(prepared.mounts_w, spec, prepared.pid) if prepared is not None else None
     res = spec["resources"]
     cgroup = SandboxCgroup(layout, spec["cgroup_parent"], spec["sandbox_id"])
     try:
@@ -424,11 +577,17 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
         # The dir is the sandbox's (sandboxd made it before asking): files made in it before the commit are
         # reclaimed with it if the commit never happens. A spare dir brings the log.
         log_fd = os.open(os.path.join(sdir, OUTPUT_LOG), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT, 0o600)
-        pid, go_w, err_r = _clone_init(spec, cgroup, log_fd)
+        pid, go_w, err_r, mounts_w = _clone_init(spec, cgroup, log_fd)
         if pid < 0:
             report({"ok": False, "error": f"starting the sandbox's init failed: {os.strerror(-pid)}"})
             return 1
+        mount_error = _send_mounts(mounts_w, spec, pid)
         ok = _join(cgroup, res, pid, create_v1=defer_v1, v2=False)
+    if mount_error is not None:
+        _abandon(pid, go_w, cgroup)
+        os.close(err_r)
+        report({"ok": False, "error": mount_error})
+        return 1
 
     # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
     # intent check below decides.
@@ -506,12 +665,15 @@ def _abandon(pid: int, go_w: int, cgroup: SandboxCgroup | None) -> None:
             print(f"removing the cgroup of a refused start failed: {exc}", flush=True)
 
 
-def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fd: int) -> tuple[int, int, int]:
-    """Clone the sandbox's init now (into its cgroup2 dir): ``(pid, go_w, err_r)``; ``pid`` is ``-errno`` when
-    that failed. Closes ``log_fd`` (the init's)."""
+def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fd: int) -> tuple[int, int, int, int]:
+    """Clone the sandbox's init now (into its cgroup2 dir): ``(pid, go_w, err_r, mounts_w)``; ``pid`` is
+    ``-errno`` when that failed. Closes ``log_fd`` (the init's)."""
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    mounts_r, mounts_w = _mounts_pair()
     flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
+    if spec.get("userns"):
+        flags |= lx.CLONE_NEWUSER  # here, before the init's seccomp filter (which refuses it) exists
     if spec["network"] in ("none", "veth"):
         flags |= lx.CLONE_NEWNET
     listen_fds: tuple[int, ...] = ()
@@ -522,18 +684,20 @@ def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fd: int) -> tup
         cg_fd = os.open(cgroup.v2_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2_dir else None
         pid = lx.clone3(flags, cg_fd)
     except OSError as exc:
-        for fd in (go_r, go_w, err_r, err_w, log_fd, *listen_fds, *([cg_fd] if cg_fd is not None else [])):
+        cg = [cg_fd] if cg_fd is not None else []
+        for fd in (go_r, go_w, err_r, err_w, log_fd, mounts_r, mounts_w, *listen_fds, *cg):
             os.close(fd)
-        return -(exc.errno or 1), -1, -1
+        return -(exc.errno or 1), -1, -1, -1
     if pid == 0:
         os.close(err_r)
         os.close(go_w)
-        _in_namespace_setup(spec, log_fd, err_w, go_r, listen_fds)  # never returns
+        os.close(mounts_w)
+        _in_namespace_setup(spec, log_fd, err_w, go_r, mounts_r, listen_fds)  # never returns
     for fd in listen_fds:
         os.close(fd)  # PID 1 owns the listeners now: they live exactly as long as the sandbox's init
-    for fd in (err_w, go_r, log_fd, *([cg_fd] if cg_fd is not None else [])):
+    for fd in (err_w, go_r, log_fd, mounts_r, *([cg_fd] if cg_fd is not None else [])):
         os.close(fd)
-    return pid, go_w, err_r
+    return pid, go_w, err_r, mounts_w
 
 
 def _join(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create_v1: bool, v2: bool) -> bool:
