@@ -43,6 +43,7 @@ from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image
+from adx.sandboxd._logs import LogStore
 from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
@@ -196,6 +197,7 @@ class SandboxService:
         self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
         self._next_net = 0
         self.netfilter = NetFilter(config.state_dir, config.veth_pool)
+        self.logs = LogStore(config.state_dir / "logs")  # workload output, per group (_output, _logs)
         self._resource: ResourceInfo | None = None
         self._resource_error: str | None = None
         self.hub: ControlHub | None = None
@@ -864,6 +866,7 @@ class SandboxService:
             net_policy=policy if network == "veth" else None,
             resources=res,
             metadata=req.metadata,
+            log_group=req.log_group,
             created_at=now,
             updated_at=now,
             expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
@@ -1034,6 +1037,9 @@ class SandboxService:
             "upper_dir": str(self._upper(rec.sandbox_id)),
             "work_dir": str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
             "veth": self._veth(rec),
+            "log_dir": str(self.logs.group_dir(rec.log_group or rec.sandbox_id)),
+            "log_segment_bytes": self.config.logs_segment_bytes,
+            "log_max_bytes": self.config.logs_max_bytes,
             "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
             "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
             # PID 1 runs execd in process when it would exec the very interpreter the spawner runs.
@@ -1549,6 +1555,7 @@ class SandboxService:
             # The Environment's current policy (it may have changed while paused), else the checkpointed one.
             network_policy=req.network_policy
             or (NetworkPolicy.model_validate(spec["network_policy"]) if spec.get("network_policy") else None),
+            log_group=req.log_group,
         )
         return await self.create(create, restore=(artifact, manifest))
 
