@@ -11,6 +11,7 @@ from adx.model._lifecycle import (
     Retention,
     RetentionPolicy,
 )
+from adx.model._logs import MAX_LOG_LINES, MAX_LOG_WAIT_SECONDS, EnvironmentLogs, LogEntry
 from adx.model._network import NetworkMode, NetworkPolicy
 from adx.model._quantity import MAX_QUANTITY, format_bytes, format_cpu, parse_bytes, parse_cpu_millis
 from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
@@ -33,12 +34,15 @@ __all__ = [
     "DORMANT_STATES",
     "ENVIRONMENT",
     "EXECUTION",
+    "MAX_LOG_LINES",
+    "MAX_LOG_WAIT_SECONDS",
     "MAX_QUANTITY",
     "OPERATION",
     "TERMINAL_STATES",
     "CheckpointRef",
     "CheckpointStorage",
     "EnvironmentList",
+    "EnvironmentLogs",
     "EnvironmentRecord",
     "EnvironmentSpec",
     "EnvironmentState",
@@ -47,6 +51,7 @@ __all__ = [
     "HealthProbe",
     "IdleAction",
     "Lifecycle",
+    "LogEntry",
     "NetworkMode",
     "NetworkPolicy",
     "NodeRecord",
