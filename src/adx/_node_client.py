@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from adx._grpc_errors import from_rpc_error
-from adx.model import EnvironmentRecord, EnvironmentStats
+from adx.model import EnvironmentLogs, EnvironmentRecord, EnvironmentStats
 from adx.proto import node_pb2 as pb
 from adx.proto import node_pb2_grpc as pb_grpc
 
@@ -87,6 +87,34 @@ class NodeClients:
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, f"stats of {environment_id} on {address}") from None
         return EnvironmentStats.model_validate_json(reply.stats_json)
+
+    async def logs(
+        self,
+        address: str,
+        tenant: str,
+        environment_id: str,
+        *,
+        cursor: str = "",
+        tail: int | None = None,
+        since: str = "",
+        limit: int = 0,
+        wait_seconds: float = 0.0,
+    ) -> EnvironmentLogs:
+        """The workload output the node keeps for an Environment (waits up to ``wait_seconds`` for a line)."""
+        request = pb.EnvironmentLogsRequest(
+            environment_id=environment_id,
+            tenant=tenant,
+            cursor=cursor,
+            tail=tail,
+            since=since,
+            limit=limit,
+            wait_seconds=wait_seconds,
+        )
+        try:
+            reply = await self._stub(address).EnvironmentLogs(request, timeout=self.rpc_timeout + wait_seconds)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"logs of {environment_id} on {address}") from None
+        return EnvironmentLogs.model_validate_json(reply.logs_json)
 
     async def describe(self, address: str, tenant: str, environment_id: str) -> NodeView:
         """The node's own view of an Environment it holds (JRN-4: the answer while the Coordinator is away)."""

@@ -18,6 +18,7 @@ from adx._grpc_tls import channel_credentials
 from adx._node_client import NodeClients
 from adx.api._agent_routes import close_agent_store
 from adx.api._agent_routes import router as agent_router
+from adx.api._logs_routes import logs_router
 from adx.api._openapi_links import add_links
 from adx.api._routes import BODY_MODELS, router
 from adx.e2b import install as install_e2b
@@ -85,6 +86,7 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
     app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
     if api:
         app.include_router(router)
+        app.include_router(logs_router)
         app.include_router(agent_router)
     if with_ingress:
         app.include_router(ingress_router)

@@ -54,6 +54,8 @@ COMMANDS: dict[str, CommandEntry] = {
         "_sandboxd", "Run sandboxd: process sandboxes on this node, with a private registry that survives restarts."
     ),
     "image": CommandEntry("_sandboxd", "Sandbox images (the read-only lower layer every sandbox shares)."),
+    "sandbox": CommandEntry("_prune_cmd", "Sandboxes on this host, below the cluster: find and remove orphans."),
+    "down": CommandEntry("_down", "Stop the `adx up` cluster and delete or pause its Environments."),
     "execd": CommandEntry(
         "_execd", "Run execd (PID 1 of a sandbox): commands, files and activity over HTTP on a Unix socket."
     ),

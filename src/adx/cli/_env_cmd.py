@@ -465,3 +465,6 @@ def exec_(
     # Killed by a signal: the shell convention 128 + signal number.
     number = result.signal if isinstance(result.signal, int) else getattr(signal, str(result.signal), 9)
     raise typer.Exit(128 + int(number))
+
+
+from adx.cli import _logs_cmd  # noqa: E402,F401 - registers `adx env logs` on env_app (it imports this module)

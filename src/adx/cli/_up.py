@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -17,7 +18,9 @@ import psycopg
 import redis
 import typer
 
+from adx._fs import atomic_write_json
 from adx.cli._app import app, console, fail, setup_logging
+from adx.cli._down import UP_FILE
 from adx.cli._up_cluster import credentials_file, ensure_tenant_key, plan_cluster, record_cluster
 from adx.config import UpConfig, load_model
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedServer, ServerState
@@ -119,6 +122,8 @@ def _print_endpoints(servers: list[ManagedServer], external: dict[str, str], sta
 async def _run(cfg: UpConfig) -> None:
     state_dir = cfg.state_dir.absolute()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # `adx down` finds this process here (to stop it as Ctrl-C does); removed when it stops.
+    atomic_write_json(state_dir / UP_FILE, {"pid": os.getpid()}, mode=0o600)
     external = {kind: url for kind, url in (("redis", cfg.redis_url), ("postgres", cfg.postgres_url)) if url}
     for kind, url in external.items():
         await asyncio.to_thread(_check_external, kind, url)
@@ -160,6 +165,8 @@ async def _run(cfg: UpConfig) -> None:
             with console.status(f"stopping {server.kind} ..."):
                 await asyncio.to_thread(server.stop)
             console.print(f"stopped {server.kind}")
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / UP_FILE).unlink()
 
 
 async def _migrate_agent_store(postgres_url: str) -> None:

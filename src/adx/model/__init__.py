@@ -12,6 +12,7 @@ from adx.model._lifecycle import (
     Retention,
     RetentionPolicy,
 )
+from adx.model._logs import MAX_LOG_LINES, MAX_LOG_WAIT_SECONDS, EnvironmentLogs, LogEntry
 from adx.model._network import NetworkMode, NetworkPolicy
 from adx.model._quantity import MAX_QUANTITY, format_bytes, format_cpu, parse_bytes, parse_cpu_millis
 from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
@@ -35,12 +36,15 @@ __all__ = [
     "ENVIRONMENT",
     "EXECUTION",
     "MAX_CPU_OVERCOMMIT",
+    "MAX_LOG_LINES",
+    "MAX_LOG_WAIT_SECONDS",
     "MAX_QUANTITY",
     "OPERATION",
     "TERMINAL_STATES",
     "CheckpointRef",
     "CheckpointStorage",
     "EnvironmentList",
+    "EnvironmentLogs",
     "EnvironmentRecord",
     "EnvironmentSpec",
     "EnvironmentState",
@@ -49,6 +53,7 @@ __all__ = [
     "HealthProbe",
     "IdleAction",
     "Lifecycle",
+    "LogEntry",
     "NetworkMode",
     "NetworkPolicy",
     "NodeRecord",

@@ -41,6 +41,7 @@ from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._idle import IdleDetector
 from adx.node._journal import DegradationJournal, PendingResult
+from adx.node._logs import WorkloadLogs
 from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
 from adx.node._pressure import PressureMonitor
 from adx.node._recovery import Recovery
@@ -97,6 +98,13 @@ class NodeAgent(Recovery, RuntimeChecks):
             call_timeout=config.rpc_timeout_seconds,
         )
         self._metrics_server: RelayServer | None = None
+        # MET-5: the workload output of every Environment held here (and of unconfirmed cleanups) is kept.
+        self.logs = WorkloadLogs(
+            self.driver,
+            lambda: {*self.controllers, *self._orphan_envs()},
+            node=config.name,
+            interval=config.report_interval_seconds,
+        )
         # CTL-2/CTL-4: each Environment's runtime checks run on its own task, woken by its own events.
         self.watch = EnvironmentWatch(
             self._check_environment, self._sandbox_owner, safety_interval=config.idle_check_interval_seconds
@@ -184,6 +192,7 @@ class NodeAgent(Recovery, RuntimeChecks):
         for env_id in list(self.controllers):
             self.watch.watch(env_id)
         self._tasks.append(asyncio.create_task(self.metrics.run(self.stop_event), name="metrics-loop"))
+        self._tasks.append(asyncio.create_task(self.logs.run(self.stop_event), name="log-reclaim"))  # MET-5
         if self.config.metrics_listen:
             self._metrics_server = await serve_asgi(self._metrics_app(), self.config.metrics_listen, None, "metrics")
         log.info("node serving", extra={"node": self.name, "port": self.port, "relay": self.reporter.relay_address})

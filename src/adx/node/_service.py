@@ -99,6 +99,30 @@ class NodeService(node_pb2_grpc.NodeServicer):
             journaled=controller.unpublished > 0,
         )
 
+    async def EnvironmentLogs(
+        self, request: node_pb2.EnvironmentLogsRequest, context: Context
+    ) -> node_pb2.EnvironmentLogsResponse:
+        await require_peer(context, "api")
+        try:
+            self._held(request.environment_id, request.tenant)
+            logs = await self.agent.logs.read(
+                request.environment_id,
+                cursor=request.cursor,
+                tail=request.tail if request.HasField("tail") else None,
+                since=request.since,
+                limit=request.limit,
+                wait_seconds=request.wait_seconds,
+            )
+        except AdxError as exc:
+            await abort_with(context, exc)
+        return node_pb2.EnvironmentLogsResponse(logs_json=logs.model_dump_json(by_alias=True))
+
+    def _held(self, env_id: str, tenant: str) -> None:
+        """NotFoundError unless this node holds ``env_id`` for ``tenant`` (another tenant's is not found)."""
+        controller = self.agent.controllers.get(env_id)
+        if controller is None or controller.record.tenant != tenant:
+            raise NotFoundError(f"environment {env_id} is not on node {self.agent.name}")
+
 
 def _record_arg(text: str) -> EnvironmentRecord:
     try:

@@ -275,3 +275,70 @@ class DescribeEnvironmentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeEnvironmentResponse: _TypeAlias = DescribeEnvironmentResponse  # noqa: Y015
+
+@_typing.final
+class EnvironmentLogsRequest(_message.Message):
+    """An Environment's workload output as this node keeps it (stdout/stderr of every execution, MET-5)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
+    TAIL_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    environment_id: _builtins.str
+    tenant: _builtins.str
+    """the caller's tenant: another tenant's Environment is not found"""
+    cursor: _builtins.str
+    """continue after an earlier answer ("" : from the oldest kept line)"""
+    tail: _builtins.int
+    """without cursor: only the last N lines"""
+    since: _builtins.str
+    """RFC 3339; only lines read at or after it ("" : all)"""
+    limit: _builtins.int
+    """at most this many lines (0: the default)"""
+    wait_seconds: _builtins.float
+    """wait this long for a first new line (follow); never wakes a paused one"""
+    def __init__(
+        self,
+        *,
+        environment_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        cursor: _builtins.str = ...,
+        tail: _builtins.int | None = ...,
+        since: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        wait_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tail", b"_tail", "tail", b"tail"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tail", b"_tail", "cursor", b"cursor", "environment_id", b"environment_id", "limit", b"limit", "since", b"since", "tail", b"tail", "tenant", b"tenant", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tail: _TypeAlias = _typing.Literal["tail"]  # noqa: Y015
+    _WhichOneofArgType__tail: _TypeAlias = _typing.Literal["_tail", b"_tail"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tail) -> _WhichOneofReturnType__tail | None: ...
+
+Global___EnvironmentLogsRequest: _TypeAlias = EnvironmentLogsRequest  # noqa: Y015
+
+@_typing.final
+class EnvironmentLogsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOGS_JSON_FIELD_NUMBER: _builtins.int
+    logs_json: _builtins.str
+    """adx.model.EnvironmentLogs"""
+    def __init__(
+        self,
+        *,
+        logs_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logs_json", b"logs_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvironmentLogsResponse: _TypeAlias = EnvironmentLogsResponse  # noqa: Y015

@@ -64,6 +64,11 @@ class NodeStub:
                 request_serializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentResponse.FromString,
                 _registered_method=True)
+        self.EnvironmentLogs = channel.unary_unary(
+                '/adx.node.v1.Node/EnvironmentLogs',
+                request_serializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -110,6 +115,13 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EnvironmentLogs(self, request, context):
+        """The workload output the node keeps for an Environment it holds (running, paused or failed here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +154,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.DescribeEnvironment,
                     request_deserializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentRequest.FromString,
                     response_serializer=adx_dot_proto_dot_node__pb2.DescribeEnvironmentResponse.SerializeToString,
+            ),
+            'EnvironmentLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnvironmentLogs,
+                    request_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +323,33 @@ class Node:
             '/adx.node.v1.Node/DescribeEnvironment',
             adx_dot_proto_dot_node__pb2.DescribeEnvironmentRequest.SerializeToString,
             adx_dot_proto_dot_node__pb2.DescribeEnvironmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnvironmentLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.node.v1.Node/EnvironmentLogs',
+            adx_dot_proto_dot_node__pb2.EnvironmentLogsRequest.SerializeToString,
+            adx_dot_proto_dot_node__pb2.EnvironmentLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,8 @@ class NodeStub:
     EnvironmentStats: _grpc.UnaryUnaryMultiCallable[_node_pb2.EnvironmentStatsRequest, _node_pb2.EnvironmentStatsResponse]
     """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
     DescribeEnvironment: _grpc.UnaryUnaryMultiCallable[_node_pb2.DescribeEnvironmentRequest, _node_pb2.DescribeEnvironmentResponse]
+    EnvironmentLogs: _grpc.UnaryUnaryMultiCallable[_node_pb2.EnvironmentLogsRequest, _node_pb2.EnvironmentLogsResponse]
+    """The workload output the node keeps for an Environment it holds (running, paused or failed here)."""
 
 @_typing.type_check_only
 class NodeAsyncStub(NodeStub):
@@ -59,6 +61,8 @@ class NodeAsyncStub(NodeStub):
     EnvironmentStats: _aio.UnaryUnaryMultiCallable[_node_pb2.EnvironmentStatsRequest, _node_pb2.EnvironmentStatsResponse]  # type: ignore[assignment]
     """The usage of a running Environment from the node's last sample (MET-1); never wakes a paused one."""
     DescribeEnvironment: _aio.UnaryUnaryMultiCallable[_node_pb2.DescribeEnvironmentRequest, _node_pb2.DescribeEnvironmentResponse]  # type: ignore[assignment]
+    EnvironmentLogs: _aio.UnaryUnaryMultiCallable[_node_pb2.EnvironmentLogsRequest, _node_pb2.EnvironmentLogsResponse]  # type: ignore[assignment]
+    """The workload output the node keeps for an Environment it holds (running, paused or failed here)."""
 
 class NodeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -107,5 +111,13 @@ class NodeServicer(metaclass=_abc_1.ABCMeta):
         request: _node_pb2.DescribeEnvironmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_node_pb2.DescribeEnvironmentResponse, _abc.Awaitable[_node_pb2.DescribeEnvironmentResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EnvironmentLogs(
+        self,
+        request: _node_pb2.EnvironmentLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_pb2.EnvironmentLogsResponse, _abc.Awaitable[_node_pb2.EnvironmentLogsResponse]]:
+        """The workload output the node keeps for an Environment it holds (running, paused or failed here)."""
 
 def add_NodeServicer_to_server(servicer: NodeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -38,6 +38,8 @@ from adx.sandboxd import (
     CreateRequest,
     CreateResponse,
     ExecdOptions,
+    LogsRequest,
+    LogsResponse,
     ProbeOptions,
     ReclaimRequest,
     ResourcesSpec,
@@ -116,6 +118,8 @@ class SandboxdDriver:
             "metadata": {META_ENV: spec.env_id, META_EXECUTION: spec.execution_id},
             # None: the node's default (sandboxd's defaults.network / defaults.network_policy).
             "network_policy": env_spec.network,
+            # Every execution of the Environment writes to one log group: restarts and resumes continue it.
+            "log_group": spec.env_id,
         }
 
     @staticmethod
@@ -293,6 +297,19 @@ class SandboxdDriver:
             cpu_millis=info.cpu_cores * 1000, memory_bytes=info.memory_bytes, disk_bytes=info.storage_free_bytes
         )
         return capacity, tuple(info.device_ids)
+
+    async def logs(self, request: LogsRequest) -> LogsResponse:
+        """Workload output of a log group (an Environment's ID: every execution of it)."""
+        return await self.client.logs(request)
+
+    async def log_groups(self) -> list[str]:
+        """The log groups the runtime keeps (MET-5 reclaims those of Environments the node no longer knows)."""
+        return [g.group for g in (await self.client.list_logs()).groups]
+
+    async def delete_logs(self, group: str) -> None:
+        """Remove a log group (idempotent: a missing one counts as removed)."""
+        with contextlib.suppress(NotFoundError):
+            await self.client.delete_logs(group)
 
     async def state_dir(self) -> Path | None:
         """sandboxd's state directory (its health names it): where sandbox data lives, for disk pressure."""

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from adx.sandboxd._control_client import AdmissionResult, RuntimeControlEvent, RuntimeControlSubscription
     from adx.sandboxd._daemon import run
     from adx.sandboxd._errors import PermissionDeniedError
+    from adx.sandboxd._logs import LogLine, LogsRequest, LogsResponse
     from adx.sandboxd._models import (
         CheckpointInfo,
         CreateRequest,
@@ -50,6 +51,9 @@ __all__ = [
     "ExecdOptions",
     "ExitStatus",
     "Health",
+    "LogLine",
+    "LogsRequest",
+    "LogsResponse",
     "PermissionDeniedError",
     "ProbeOptions",
     "ReclaimRequest",
@@ -86,6 +90,9 @@ _WHERE = {
     "SandboxdConfig": "_config",
     "PermissionDeniedError": "_errors",
     "State": "_states",
+    "LogLine": "_logs",
+    "LogsRequest": "_logs",
+    "LogsResponse": "_logs",
 }
 
 

@@ -23,6 +23,7 @@ from adx.errors import (
     UncertainOutcomeError,
     error_for_http,
 )
+from adx.sandboxd._logs import LogGroupRequest, LogGroups, LogsRequest, LogsResponse
 from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
@@ -237,6 +238,17 @@ class SandboxdClient:
 
     async def restore(self, request: RestoreRequest, call_timeout: float = 600.0) -> CreateResponse:
         return await self._call("Restore", request, CreateResponse, call_timeout=call_timeout)
+
+    async def logs(self, request: LogsRequest) -> LogsResponse:
+        """A log group's workload output after ``request.cursor`` (waits up to ``wait_seconds`` for a line)."""
+        return await self._call("Logs", request, LogsResponse, call_timeout=self._timeout + request.wait_seconds)
+
+    async def list_logs(self) -> LogGroups:
+        return await self._call("ListLogs", None, LogGroups)
+
+    async def delete_logs(self, group: str) -> LogGroups:
+        """Remove a group's output (NotFoundError when there is none)."""
+        return await self._call("DeleteLogs", LogGroupRequest(group=group), LogGroups)
 
     async def raw(self, name: str, payload: dict[str, Any]) -> RawResponse:
         """Low-level call (tests use it to send requests the typed models would refuse)."""

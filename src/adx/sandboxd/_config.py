@@ -131,6 +131,14 @@ class SandboxdConfig(StrictModel):
     max_wait_seconds: float = Field(default=3600.0, gt=0, le=86400)
     maintenance_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
     resource_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
+    logs_max_bytes: int = Field(
+        default=8 << 20,
+        ge=64 << 10,
+        description="workload output kept per log group (an Environment: all its executions); oldest segments go",
+    )
+    logs_segment_bytes: int = Field(
+        default=1 << 20, ge=4 << 10, description="a log segment ends (rotation) past this size; <= logs_max_bytes"
+    )
     devices: list[str] = Field(
         default_factory=list, description="whole-device IDs this host offers (RES-2), e.g. 'gpu0'; never probed"
     )

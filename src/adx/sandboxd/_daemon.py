@@ -14,6 +14,7 @@ from adx.errors import ConflictError
 from adx.sandboxd._cgroups import detect_layout
 from adx.sandboxd._config import SandboxdConfig
 from adx.sandboxd._http import ApiServer, Route
+from adx.sandboxd._logs import LogGroupRequest, LogsRequest
 from adx.sandboxd._models import (
     CheckpointRef,
     CheckpointRequest,
@@ -75,6 +76,10 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
         ),
         "Restore": Route(RestoreRequest, service.restore, config.checkpoint_timeout_seconds + t, shield=True),
         "ListCheckpoints": Route(ListCheckpointsRequest, service.list_checkpoints, t, shield=False),
+        # Logs bounds itself (wait_seconds <= 60); reads never change anything.
+        "Logs": Route(LogsRequest, service.logs.read, 60 + t, shield=False),
+        "ListLogs": Route(None, lambda _: service.logs.list(), t, shield=False),
+        "DeleteLogs": Route(LogGroupRequest, service.logs.delete, t, shield=True),
     }
 
 

@@ -49,6 +49,9 @@ __all__ = [
 ]
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+#: A log group names a directory under ``<state_dir>/logs``: no separators, no dot files.
+LOG_GROUP_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+LogGroup = Annotated[str | None, Field(pattern=LOG_GROUP_PATTERN)]
 
 
 class _Model(BaseModel):
@@ -156,6 +159,7 @@ class SandboxRecord(_Model):
     reclaimed_at: float | None = Field(
         default=None, description="when the owner last replaced the token (Reclaim); the create's token is void"
     )
+    log_group: str | None = Field(default=None, description="where the workload's output is kept; None: the ID")
 
 
 #: A sandbox's secret chosen by the caller of Create or Restore, so a lost reply leaves the sandbox addressable
@@ -186,6 +190,11 @@ class CreateRequest(_Model):
     network_policy: NetworkPolicy | None = Field(
         default=None,
         description="egress: a veth with this allow/deny policy (nftables); none: lo only; unset: the defaults",
+    )
+    log_group: LogGroup = Field(
+        default=None,
+        description="the workload's output is kept under this name (e.g. the Environment, across its executions); "
+        "default: the sandbox ID",
     )
 
     @field_validator("sandbox_id")
@@ -452,6 +461,7 @@ class RestoreRequest(_Model):
     network_policy: NetworkPolicy | None = Field(
         default=None, description="default: the checkpointed sandbox's network and policy"
     )
+    log_group: LogGroup = Field(default=None, description="as CreateRequest.log_group (not taken from the checkpoint)")
 
 
 # == runtime control (the subscription's observations; camelCase on the wire) ==========================

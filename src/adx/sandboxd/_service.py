@@ -44,6 +44,7 @@ from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image
+from adx.sandboxd._logs import LogStore
 from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
@@ -201,6 +202,7 @@ class SandboxService:
         self._userns_note: str | None = None
         self._next_net = 0
         self.netfilter = NetFilter(config.state_dir, config.veth_pool)
+        self.logs = LogStore(config.state_dir / "logs")  # workload output, per group (_output, _logs)
         self._resource: ResourceInfo | None = None
         self._resource_error: str | None = None
         self.hub: ControlHub | None = None
@@ -887,6 +889,7 @@ class SandboxService:
             net_policy=policy if network == "veth" else None,
             resources=res,
             metadata=req.metadata,
+            log_group=req.log_group,
             created_at=now,
             updated_at=now,
             expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
@@ -1075,6 +1078,9 @@ class SandboxService:
             "upper_dir": str(self._upper(rec.sandbox_id)),
             "work_dir": str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
             "veth": self._veth(rec),
+            "log_dir": str(self.logs.group_dir(rec.log_group or rec.sandbox_id)),
+            "log_segment_bytes": self.config.logs_segment_bytes,
+            "log_max_bytes": self.config.logs_max_bytes,
             "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
             "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
             "userns": {"base": rec.id_base, "size": IDS_PER_SANDBOX} if rec.id_base is not None else None,
@@ -1597,6 +1603,7 @@ class SandboxService:
             # The Environment's current policy (it may have changed while paused), else the checkpointed one.
             network_policy=req.network_policy
             or (NetworkPolicy.model_validate(spec["network_policy"]) if spec.get("network_policy") else None),
+            log_group=req.log_group,
         )
         return await self.create(create, restore=(artifact, manifest))
 

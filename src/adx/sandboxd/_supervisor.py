@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 from adx._fs import fsync_dir
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
+from adx.sandboxd._output import finish_pump, open_write_ends, start_pump
 
 __all__ = [
     "CONTROL_DIR_INSIDE",
@@ -74,7 +75,7 @@ CONTROL_DIR_INSIDE = "/run/adx-control"
 
 def _in_namespace_setup(
     spec: dict[str, Any],
-    log_fd: int,
+    log_fds: tuple[int, int],
     err_fd: int,
     go_fd: int,
     mounts_fd: int,
@@ -179,8 +180,8 @@ def _in_namespace_setup(
         wait_go()
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
+        os.dup2(log_fds[0], 1)  # the output pump's FIFOs (_output): stream-tagged, rotated logs
+        os.dup2(log_fds[1], 2)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
@@ -405,13 +406,12 @@ def _prepared_init_main(spec_r: int, go_r: int, err_w: int, mounts_r: int) -> in
         if not chunks:
             return 0  # the zygote is gone without a spec
         spec = json.loads(b"".join(chunks))
-        log_flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        log_fd = os.open(f"{spec['sandbox_dir']}/{OUTPUT_LOG}", log_flags, 0o600)
+        log_fds = open_write_ends(spec["sandbox_dir"], spec["output_pipes"])
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
         return 127
-    _in_namespace_setup(spec, log_fd, err_w, go_r, mounts_r, prepared=True)  # never returns
+    _in_namespace_setup(spec, log_fds, err_w, go_r, mounts_r, prepared=True)  # never returns
     return 127
 
 
@@ -537,6 +537,9 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
         with contextlib.suppress(OSError):
             os.close(result_fd)
 
+    # The output pump reads the FIFOs the init's stdout/stderr open: it exists before any init has the spec.
+    pump = start_pump(spec)
+    spec["output_pipes"] = pump is not None
     # First: the prepared init mounts the sandbox's root while the rest is done here.
     prepared = _hand_to_prepared(init, spec)
     mount_error = _send_mounts(prepared.mounts_w, spec, prepared.pid) if prepared is not None else None
@@ -575,9 +578,8 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
         ok = _join(cgroup, res, pid, create_v1=defer_v1, v2=True)
     else:
         # The dir is the sandbox's (sandboxd made it before asking): files made in it before the commit are
-        # reclaimed with it if the commit never happens. A spare dir brings the log.
-        log_fd = os.open(os.path.join(sdir, OUTPUT_LOG), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT, 0o600)
-        pid, go_w, err_r, mounts_w = _clone_init(spec, cgroup, log_fd)
+        # reclaimed with it if the commit never happens.
+        pid, go_w, err_r, mounts_w = _clone_init(spec, cgroup, open_write_ends(sdir, pump is not None))
         if pid < 0:
             report({"ok": False, "error": f"starting the sandbox's init failed: {os.strerror(-pid)}"})
             return 1
@@ -641,6 +643,7 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
         except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
             continue
     code = os.waitstatus_to_exitcode(status) if status != -1 else None
+    finish_pump(pump)  # the output is complete when the exit is recorded
     if code is None:
         _record_exit(sdir, None, None, cgroup, lock_fd=lock_fd)
     elif code < 0:
@@ -665,9 +668,9 @@ def _abandon(pid: int, go_w: int, cgroup: SandboxCgroup | None) -> None:
             print(f"removing the cgroup of a refused start failed: {exc}", flush=True)
 
 
-def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fd: int) -> tuple[int, int, int, int]:
+def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fds: tuple[int, int]) -> tuple[int, int, int, int]:
     """Clone the sandbox's init now (into its cgroup2 dir): ``(pid, go_w, err_r, mounts_w)``; ``pid`` is
-    ``-errno`` when that failed. Closes ``log_fd`` (the init's)."""
+    ``-errno`` when that failed. Closes ``log_fds`` (the init's stdout and stderr)."""
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     mounts_r, mounts_w = _mounts_pair()
@@ -685,17 +688,17 @@ def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fd: int) -> tup
         pid = lx.clone3(flags, cg_fd)
     except OSError as exc:
         cg = [cg_fd] if cg_fd is not None else []
-        for fd in (go_r, go_w, err_r, err_w, log_fd, mounts_r, mounts_w, *listen_fds, *cg):
+        for fd in (go_r, go_w, err_r, err_w, *log_fds, mounts_r, mounts_w, *listen_fds, *cg):
             os.close(fd)
         return -(exc.errno or 1), -1, -1, -1
     if pid == 0:
         os.close(err_r)
         os.close(go_w)
         os.close(mounts_w)
-        _in_namespace_setup(spec, log_fd, err_w, go_r, mounts_r, listen_fds)  # never returns
+        _in_namespace_setup(spec, log_fds, err_w, go_r, mounts_r, listen_fds)  # never returns
     for fd in listen_fds:
         os.close(fd)  # PID 1 owns the listeners now: they live exactly as long as the sandbox's init
-    for fd in (err_w, go_r, log_fd, mounts_r, *([cg_fd] if cg_fd is not None else [])):
+    for fd in (err_w, go_r, *log_fds, mounts_r, *([cg_fd] if cg_fd is not None else [])):
         os.close(fd)
     return pid, go_w, err_r, mounts_w
 

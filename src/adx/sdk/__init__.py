@@ -2,7 +2,7 @@
 adx.errors, adx._backoff (standard library only) and httpx)."""
 
 from adx.errors import AuthenticationError
-from adx.model import CheckpointStorage, EnvironmentState, EnvironmentStats, IdleAction
+from adx.model import CheckpointStorage, EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry
 from adx.sdk._async import AsyncClient, AsyncCommandStream, AsyncEnvironment
 from adx.sdk._client import Client, CommandStream, Environment
 from adx.sdk._errors import BadResponseError, WaitTimeoutError
@@ -21,9 +21,11 @@ __all__ = [
     "CommandResult",
     "CommandStream",
     "Environment",
+    "EnvironmentLogs",
     "EnvironmentState",
     "EnvironmentStats",
     "IdleAction",
+    "LogEntry",
     "OutputChunk",
     "PausePolicy",
     "RestartPolicy",

@@ -8,13 +8,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import httpx
 
 from adx.errors import AdxError, InvalidInputError, NoCapacityError
-from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
+from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._client import (
     DEFAULT_TIMEOUT,
@@ -31,6 +32,7 @@ from adx.sdk._client import (
     retry_delay,
 )
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
+from adx.sdk._logs import FOLLOW_WAIT_SECONDS, logs_params
 from adx.sdk._models import (
     CommandResult,
     EnvironmentFields,
@@ -275,6 +277,35 @@ class AsyncEnvironment(EnvironmentFields):
             "GET", f"/v1/environments/{self.id}/stats", what=f"stats of {self.id}", idempotent=True
         )
         return EnvironmentStats.model_validate(response.json())
+
+    async def logs(
+        self,
+        *,
+        tail: int | None = None,
+        since: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 1000,
+        wait_seconds: float = 0.0,
+    ) -> EnvironmentLogs:
+        """See ``Environment.logs``."""
+        params = logs_params(tail=tail, since=since, cursor=cursor, limit=limit, wait_seconds=wait_seconds)
+        response = await self._client.request(
+            "GET",
+            f"/v1/environments/{self.id}/logs",
+            what=f"logs of {self.id}",
+            idempotent=True,
+            params=params,
+            timeout=self._client.timeout + wait_seconds,
+        )
+        return EnvironmentLogs.model_validate(response.json())
+
+    async def follow_logs(self, *, tail: int | None = None, since: datetime | None = None) -> AsyncIterator[LogEntry]:
+        """See ``Environment.follow_logs``."""
+        page = await self.logs(tail=tail, since=since)
+        while True:
+            for line in page.lines:
+                yield line
+            page = await self.logs(cursor=page.cursor or None, since=since, wait_seconds=FOLLOW_WAIT_SECONDS)
 
     # The same parameter names as the sync twin: the SDK's two clients read the same.
     async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -15,9 +16,10 @@ import httpx
 
 from adx._backoff import capped_exponential
 from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError
-from adx.model import EnvironmentState, EnvironmentStats, IdleAction, PauseOptions
+from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
+from adx.sdk._logs import FOLLOW_WAIT_SECONDS, logs_params
 from adx.sdk._models import (
     CommandResult,
     EnvironmentFields,
@@ -356,6 +358,38 @@ class Environment(EnvironmentFields):
             "GET", f"/v1/environments/{self.id}/stats", what=f"stats of {self.id}", idempotent=True
         )
         return EnvironmentStats.model_validate(response.json())
+
+    def logs(
+        self,
+        *,
+        tail: int | None = None,
+        since: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 1000,
+        wait_seconds: float = 0.0,
+    ) -> EnvironmentLogs:
+        """One page of the workload's stdout and stderr (every execution: a restart continues the log), oldest
+        first: from the oldest kept line, the last ``tail`` lines, lines read since ``since``, or those after
+        ``cursor`` (from an earlier page). ``wait_seconds``: wait that long for a new line. A paused Environment's
+        logs are read without waking it."""
+        params = logs_params(tail=tail, since=since, cursor=cursor, limit=limit, wait_seconds=wait_seconds)
+        response = self._client.request(
+            "GET",
+            f"/v1/environments/{self.id}/logs",
+            what=f"logs of {self.id}",
+            idempotent=True,
+            params=params,
+            timeout=self._client.timeout + wait_seconds,
+        )
+        return EnvironmentLogs.model_validate(response.json())
+
+    def follow_logs(self, *, tail: int | None = None, since: datetime | None = None) -> Iterator[LogEntry]:
+        """Every line as it is written (``tail``/``since`` choose where to start), until the caller stops
+        iterating. Long polls with the page cursor: a dropped connection loses and repeats nothing."""
+        page = self.logs(tail=tail, since=since)
+        while True:
+            yield from page.lines
+            page = self.logs(cursor=page.cursor or None, since=since, wait_seconds=FOLLOW_WAIT_SECONDS)
 
     def wait_until_running(self, timeout: float = 120.0) -> Environment:
         """Poll until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted."""
