@@ -53,7 +53,7 @@ COMMANDS: dict[str, CommandEntry] = {
     "sandboxd": CommandEntry(
         "_sandboxd", "Run sandboxd: process sandboxes on this node, with a private registry that survives restarts."
     ),
-    "image": CommandEntry("_sandboxd", "Sandbox images (the read-only lower layer every sandbox shares)."),
+    "image": CommandEntry("_image_cmd", "Sandbox images: build from a Dockerfile, list, remove."),
     "execd": CommandEntry(
         "_execd", "Run execd (PID 1 of a sandbox): commands, files and activity over HTTP on a Unix socket."
     ),

@@ -27,6 +27,8 @@ from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
     CheckpointRequest,
+    CommitLayerRequest,
+    CommitLayerResponse,
     CreateRequest,
     CreateResponse,
     DeleteResponse,
@@ -34,6 +36,7 @@ from adx.sandboxd._models import (
     ListCheckpointsRequest,
     ListCheckpointsResponse,
     ListResponse,
+    OutputResponse,
     ReclaimRequest,
     ReclaimResponse,
     ResourceInfo,
@@ -237,6 +240,14 @@ class SandboxdClient:
 
     async def restore(self, request: RestoreRequest, call_timeout: float = 600.0) -> CreateResponse:
         return await self._call("Restore", request, CreateResponse, call_timeout=call_timeout)
+
+    async def commit_layer(self, request: CommitLayerRequest, call_timeout: float = 600.0) -> CommitLayerResponse:
+        """An ended sandbox's writable layer becomes image store layer ``request.digest`` (image builds)."""
+        return await self._call("CommitLayer", request, CommitLayerResponse, call_timeout=call_timeout)
+
+    async def output(self, ref: SandboxRef) -> OutputResponse:
+        """The tail of a sandbox's PID 1 output (sandboxes without execd)."""
+        return await self._call("Output", ref, OutputResponse)
 
     async def raw(self, name: str, payload: dict[str, Any]) -> RawResponse:
         """Low-level call (tests use it to send requests the typed models would refuse)."""

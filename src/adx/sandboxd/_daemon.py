@@ -17,6 +17,7 @@ from adx.sandboxd._http import ApiServer, Route
 from adx.sandboxd._models import (
     CheckpointRef,
     CheckpointRequest,
+    CommitLayerRequest,
     CreateRequest,
     ListCheckpointsRequest,
     ReclaimRequest,
@@ -75,6 +76,10 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
         ),
         "Restore": Route(RestoreRequest, service.restore, config.checkpoint_timeout_seconds + t, shield=True),
         "ListCheckpoints": Route(ListCheckpointsRequest, service.list_checkpoints, t, shield=False),
+        "CommitLayer": Route(
+            CommitLayerRequest, service.commit_layer, config.checkpoint_timeout_seconds + t, shield=True
+        ),
+        "Output": Route(SandboxRef, service.output, t, shield=False),
     }
 
 
