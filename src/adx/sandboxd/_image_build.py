@@ -4,7 +4,9 @@ Every step has a cache key: ``layer_digest(previous key, the step's canonical te
 chained from the FROM image's layers. ``RUN`` runs in a real sandbox of sandboxd (no execd: PID 1 is the step's
 shell) on the layers so far; once it exits 0 its upper layer becomes the step's layer (``CommitLayer``). ``COPY``
 and a ``WORKDIR`` that must create its directory assemble their small layer directly. ``ENV``, ``ARG``, ``USER``
-and ``WORKDIR`` change the manifest and the keys of the steps after them. A step whose key is a layer of the store
+and ``WORKDIR`` change the manifest and the keys of the steps after them. Steps run as root until a ``USER``
+step, whatever the base image's user (E2B's templates build so); the image keeps the base's user unless a
+``USER`` step names another. A step whose key is a layer of the store
 is reused ("cached"): changing one step rebuilds from that step on, and an unchanged Dockerfile builds nothing.
 """
 
@@ -67,7 +69,8 @@ class _State:
     layers: list[str]
     env: dict[str, str]
     workdir: str
-    user: str
+    user: str  # RUN steps run as this account: root until a USER step (E2B's templates build as root)
+    runtime_user: str  # the manifest's: the base image's until a USER step
     args: dict[str, str]
     history: list[str]
 
@@ -234,7 +237,8 @@ async def build_image(
                 layers=list(base.layers),
                 env=dict(base.env),
                 workdir=base.workdir,
-                user=base.user,
+                user="root",
+                runtime_user=base.user,
                 args={},
                 history=[*base.history, text],
             )
@@ -249,7 +253,7 @@ async def build_image(
                 state.key = layer_digest(state.key, text)
                 event = StepEvent(index, total, text, "config")
             elif ins.op is Op.USER:
-                state.user = substitute(ins.args[0], vars_)
+                state.user = state.runtime_user = substitute(ins.args[0], vars_)
                 text = f"USER {state.user}"
                 state.key = layer_digest(state.key, text)
                 event = StepEvent(index, total, text, "config")
@@ -304,7 +308,7 @@ async def build_image(
         layers=state.layers,
         env=state.env,
         workdir=state.workdir,
-        user=state.user,
+        user=state.runtime_user,
         created_at=time.time(),
         history=state.history,
     )

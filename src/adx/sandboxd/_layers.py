@@ -10,11 +10,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from adx.images import ImageStore, LayerInfo
+from adx.images import ImageStore, LayerInfo, layer_digest
 
-__all__ = ["OUTPUT_TAIL_BYTES", "commit_upper", "output_tail"]
+__all__ = ["OUTPUT_TAIL_BYTES", "commit_upper", "ensure_mountpoints", "output_tail"]
 
 OUTPUT_TAIL_BYTES = 64 * 1024
+
+#: Directories sandboxd mounts on (proc, dev, execd's runtime and sockets, /work). Images need not have them
+#: (mmdebstrap empties /run; an imported image may lack /work): this layer sits *below* every store image, so
+#: it only adds what the image lacks and the image's own owner and mode win where it has the directory.
+_MOUNTPOINTS = ("proc", "dev", "tmp", "run/adx", "run/adx-control", "opt/adx", "work")
+_MOUNTPOINTS_STEP = f"adx mount points v1: {' '.join(_MOUNTPOINTS)}"
+
+
+def ensure_mountpoints(store: ImageStore) -> str:
+    """The mount-point layer's digest, made when the store lacks it (a few empty directories)."""
+    digest = layer_digest(None, _MOUNTPOINTS_STEP)
+    if not store.has_layer(digest):
+        staging = store.staging()
+        for rel in _MOUNTPOINTS:
+            (staging / "tree" / rel).mkdir(parents=True, mode=0o755, exist_ok=True)
+        os.chmod(staging / "tree" / "tmp", 0o1777)
+        store.commit_layer(staging, digest, None, _MOUNTPOINTS_STEP)
+    return digest
 
 
 def commit_upper(store: ImageStore, upper: Path, digest: str, parent: str | None, step: str) -> LayerInfo:

@@ -182,7 +182,7 @@ class CreateRequest(_Model):
     init_argv: list[str] | None = Field(default=None, description="PID 1 of the sandbox; default argv")
     execd: ExecdOptions | None = Field(default=None, description="execd as PID 1 (then init_argv must be unset)")
     env: dict[str, str] = Field(default_factory=dict)
-    cwd: str = "/work"
+    cwd: str | None = Field(default=None, description="default: the image's workdir, else /work")
     resources: ResourcesSpec = ResourcesSpec()
     metadata: dict[str, str] = Field(default_factory=dict)
     ttl_seconds: float | None = Field(default=None, gt=0)
@@ -227,8 +227,8 @@ class CreateRequest(_Model):
 
     @field_validator("cwd")
     @classmethod
-    def _cwd(cls, value: str) -> str:
-        if not value.startswith("/"):
+    def _cwd(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
             raise ValueError("must be an absolute path")
         return value
 

@@ -44,7 +44,7 @@ from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image
-from adx.sandboxd._layers import commit_upper, output_tail
+from adx.sandboxd._layers import commit_upper, ensure_mountpoints, output_tail
 from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
@@ -109,6 +109,8 @@ CONTROL_DIR = "control"
 CONTROL_SOCKET = "control.sock"
 #: Every sandbox dir's subdirs (execd sandboxes add SOCKETS_DIR and CONTROL_DIR), pre-made in spare dirs.
 _SPARE_NAMES = ["upper", "ovlwork", "rootfs", "run"]
+#: The upper dir's mode is the sandbox root's ("/"): 0700 would lock every non-root user out of everything.
+_WORLD_READABLE = ("run", "upper")
 #: ... and the files a create makes (the record's temp file; the supervisor's log, workload output and identity
 #: temp file), pre-made empty in spare dirs: each is then an open, not an inode creation.
 _SPARE_FILES = [RECORD_TEMP, SUPERVISOR_LOG, OUTPUT_LOG, NATIVE_TEMP]
@@ -859,12 +861,8 @@ class SandboxService:
         elif network == "veth":
             policy = d.network_policy or NetworkPolicy(mode=NetworkMode.EGRESS)
         layers, manifest, user = self._resolve_image(req, restore)
-        env = req.env
-        cwd = req.cwd
-        if manifest is not None:
-            env = {**manifest.env, **req.env}
-            if "cwd" not in req.model_fields_set:
-                cwd = manifest.workdir
+        env = {**manifest.env, **req.env} if manifest is not None else req.env
+        cwd = req.cwd or (manifest.workdir if manifest is not None else "/work")
         now = time.time()
         rec = SandboxRecord(
             sandbox_id=sandbox_id,
@@ -901,26 +899,34 @@ class SandboxService:
         self, req: CreateRequest, restore: tuple[Path, dict[str, Any]] | None
     ) -> tuple[list[str] | None, ImageManifest | None, str | None]:
         """(store layers bottom first, or None for the host-derived skeleton; the manifest; the user execd runs
-        commands as). A restore mounts the very layers its checkpoint was taken on, whatever the name means now."""
+        commands as). A restore mounts the very layers its checkpoint was taken on, whatever the name means now.
+        Store images get sandboxd's mount-point layer below their own (``_layers.ensure_mountpoints``)."""
+        manifest = None
+        user = None
         if restore is not None:
-            spec = restore[1]["spec"]
-            layers = spec.get("image_layers")
-            if layers is not None:
-                self._check_layers(layers, "image")
-            return layers, None, spec.get("image_user")
-        if req.image_layers is not None:
-            self._check_layers(req.image_layers, "image_layers")
-            return list(req.image_layers), None, None
-        name = req.image or "base"
-        manifest = None if name == "host" else self.images.find(name)
-        if manifest is None:
-            if name in ("base", "host"):
-                return None, None, None  # the node's host-derived default image
-            raise InvalidInputError(
-                "image", f"no image named {name!r} on this node (adx image list shows them)", details={"image": name}
-            )
-        self._check_layers(manifest.layers, "image")
-        return list(manifest.layers), manifest, None if manifest.user == "root" else manifest.user
+            layers = restore[1]["spec"].get("image_layers")
+            user = restore[1]["spec"].get("image_user")
+            field = "image"
+        elif req.image_layers is not None:
+            layers, field = list(req.image_layers), "image_layers"
+        else:
+            name = req.image or "base"
+            manifest = None if name == "host" else self.images.find(name)
+            if manifest is None:
+                if name in ("base", "host"):
+                    return None, None, None  # the node's host-derived default image
+                raise InvalidInputError(
+                    "image", f"no image named {name!r} on this node (see adx image list)", details={"image": name}
+                )
+            layers, field = list(manifest.layers), "image"
+            user = None if manifest.user in ("root", "0") else manifest.user
+        if layers is None:
+            return None, None, None
+        base = ensure_mountpoints(self.images)  # a few empty dirs: made on first need, found after
+        if layers[:1] != [base]:
+            layers.insert(0, base)
+        self._check_layers(layers, field)
+        return layers, manifest, user
 
     def _check_layers(self, layers: list[str], field: str) -> None:
         missing = [d for d in layers if not self.images.has_layer(d)]
@@ -1010,7 +1016,7 @@ class SandboxService:
         lock_fd = spare[1] if spare is not None else None
         try:
             for name in names:
-                (sdir / name).mkdir(mode=0o755 if name == "run" else 0o700)
+                (sdir / name).mkdir(mode=0o755 if name in _WORLD_READABLE else 0o700)
             if lock_fd is None:
                 lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
@@ -1084,6 +1090,7 @@ class SandboxService:
             # overlayfs lower layers, topmost first (a store image), or the host-derived skeleton and its binds.
             "image_root": self.images.lowerdir_of(rec.image_layers) if rec.image_layers else str(self._image_root),
             "image_binds": [] if rec.image_layers else self._image["binds"],
+            "allow_setuid": bool(rec.image_layers),  # store images: sudo works (see _supervisor)
             "init_argv": rec.init_argv,
             "env": env,
             "cwd": rec.cwd,
