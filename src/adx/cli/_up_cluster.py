@@ -114,6 +114,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "listen": f"{api_host or '127.0.0.1'}:{port}",
             "coordinator": coordinator_address(),
             "certs_dir": str(certs),
+            "images_dir": str(state_dir / "sandboxd" / "data" / "images"),  # sandboxd's: unknown images are 422
         },
     )
     return Cluster(certs, sandboxd, coordinator, node, api)

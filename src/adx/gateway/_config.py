@@ -52,6 +52,11 @@ class ApiConfig(StrictModel):
         default=300.0, gt=0, le=86_400, description="Ingress: idle read/write timeout towards the Relay"
     )
     max_body_bytes: int = Field(default=1 << 20, gt=0, le=1 << 30, description="largest JSON request body")
+    images_dir: Path | None = Field(
+        default=None,
+        description="the nodes' image store (sandboxd's images_dir, shared): creates naming an image it lacks get "
+        "422 (field image / templateID) at once; unset: the node refuses them when it starts the Environment",
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @field_validator("listen")
