@@ -19,7 +19,7 @@ import pytest
 from sbx_helpers import Daemon, DaemonFactory
 from test_runtime_control import execd_call, run
 
-from adx.errors import ImageBuildError, InvalidInputError
+from adx.errors import ImageBuildError, InvalidInputError, UnavailableError
 from adx.images import ImageStore, ensure_debian_image
 from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RestoreRequest, SandboxdClient, SandboxRef, ref_of
 from adx.sandboxd._image_build import build_image
@@ -213,3 +213,60 @@ async def test_files_everywhere_and_an_apt_installed_deb_survive_three_pause_res
             assert code == 0, out
             assert out == expected + "hello from a deb\nStatus: install ok installed\nuser\n", out
         await c.delete(ref)
+
+
+async def test_base_image_debian_makes_the_default_image_debian(
+    sandboxd: DaemonFactory, debian_store: ImageStore
+) -> None:
+    """``base_image = "debian"``: an Environment that names no image (or ``base``) gets the Debian image."""
+    d = sandboxd("d1", images_dir=str(CACHE), base_image="debian")
+    async with d.client() as c:
+        async with asyncio.timeout(60):  # the store has the layer: the builder only writes the 'base' manifest
+            while True:
+                try:
+                    created = await c.create(_execd_request("dflt", "base"))
+                    break
+                except UnavailableError:
+                    await asyncio.sleep(0.2)
+        socket = created.sandbox.execd_socket
+        assert socket is not None
+        await _exec_ready(socket)
+        out, code = await run(socket, "id -un; pwd; cat /etc/debian_version")
+        assert code == 0 and out.startswith("user\n/home/user\n12."), out
+        await c.delete(ref_of(created))
+    assert debian_store.get("base").layers == debian_store.get("debian").layers
+
+
+def _adx(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "adx", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+async def test_adx_image_build_list_rm_commands(
+    sandboxd: DaemonFactory, debian_store: ImageStore, tmp_path: Path
+) -> None:
+    """The CLI on a running sandboxd (its --config names the socket and the store): build shows each step and
+    whether it was cached, list shows the image, rm removes it."""
+    d = _daemon(sandboxd)
+    tag = uuid.uuid4().hex[:8]
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(f"FROM debian\nENV TAG={tag}\nRUN echo $TAG > /etc/tag\n")
+    name = f"cli-{tag}"
+    first = await asyncio.to_thread(_adx, "image", "build", "-f", str(dockerfile), name, "--config", str(d.config_path))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "[3/3]" in first.stdout and "built" in first.stdout and "1 steps built, 0 cached" in first.stdout
+    again = await asyncio.to_thread(_adx, "image", "build", "-f", str(dockerfile), name, "--config", str(d.config_path))
+    assert again.returncode == 0 and "0 steps built, 1 cached" in again.stdout, again.stdout
+    listed = await asyncio.to_thread(_adx, "image", "list", "--config", str(d.config_path))
+    assert listed.returncode == 0 and name in listed.stdout and "debian" in listed.stdout, listed.stdout
+    bad = tmp_path / "Bad"
+    bad.write_text("FROM debian\nEXPOSE 80\n")
+    refused = await asyncio.to_thread(_adx, "image", "build", "-f", str(bad), "x", "--config", str(d.config_path))
+    assert refused.returncode == 2 and "line 2" in refused.stdout + refused.stderr
+    removed = await asyncio.to_thread(_adx, "image", "rm", name, "--config", str(d.config_path))
+    assert removed.returncode == 0 and debian_store.find(name) is None, removed.stdout + removed.stderr

@@ -1,4 +1,4 @@
-"""``adx image build|list|rm|base|init``: the node's image store (docs/images.md).
+"""``adx image build|import|list|rm|base|init``: the node's image store (docs/images.md).
 
 Which node: ``--config`` (sandboxd's TOML: its socket and images dir), else the cluster ``adx up`` recorded
 (``--cluster`` / ``$ADX_CLUSTER``): its sandboxd. ``build`` needs that sandboxd running (each RUN step is one of
@@ -51,6 +51,13 @@ def _store(cfg: SandboxdConfig) -> ImageStore:
     return ImageStore(cfg.images_root / "store").ensure()
 
 
+def _open_store(config: Path | None, cluster: str | None) -> ImageStore:
+    try:
+        return _store(_sandboxd_config(config, cluster))
+    except AdxError as exc:
+        fail(exc)
+
+
 def _build_args(values: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for value in values:
@@ -83,6 +90,7 @@ def image_build(
     cluster: Annotated[str | None, _CLUSTER] = None,
 ) -> None:
     """Build NAME from a Dockerfile (FROM RUN COPY ENV WORKDIR USER ARG); unchanged steps come from the cache."""
+    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from adx.sandboxd import SandboxdClient
@@ -98,7 +106,7 @@ def image_build(
     except (AdxError, OSError) as exc:
         fail(exc if isinstance(exc, AdxError) else InvalidInputError("--file", str(exc)))
     t0 = time.monotonic()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=Console()) as bar:
         task = bar.add_task("starting", total=None)
 
         def on_step(e: StepEvent) -> None:
@@ -149,10 +157,7 @@ def image_list(
     """The images of the node's store (name, layers, size, user, workdir)."""
     from rich.table import Table
 
-    try:
-        store = _store(_sandboxd_config(config, cluster))
-    except AdxError as exc:
-        fail(exc)
+    store = _open_store(config, cluster)
     table = Table("NAME", "LAYERS", "SIZE", "USER", "WORKDIR", "CREATED")
     for m in store.list_images():
         size = sum(store.layer_info(d).size_bytes for d in m.layers if store.has_layer(d))
@@ -169,8 +174,9 @@ def image_rm(
     cluster: Annotated[str | None, _CLUSTER] = None,
 ) -> None:
     """Remove an image; layers no other image or live sandbox uses are deleted."""
+    store = _open_store(config, cluster)
     try:
-        removed = _store(_sandboxd_config(config, cluster)).rm(name, force=force)
+        removed = store.rm(name, force=force)
     except AdxError as exc:
         fail(exc)
     console.print(f"removed image {name} ({len(removed)} unused layers deleted)", highlight=False)
@@ -182,18 +188,41 @@ def image_base(
     config: Annotated[Path | None, _CONFIG] = None,
     cluster: Annotated[str | None, _CLUSTER] = None,
 ) -> None:
-    """Build the Debian base image (bookworm, mmdebstrap) unless the store has it; ~2 min the first time."""
+    """Build the Debian base image (bookworm, mmdebstrap) unless the store has it; minutes the first time."""
     from adx.images import ensure_debian_image
 
+    store = _open_store(config, cluster)
+    t0 = time.monotonic()
     try:
-        store = _store(_sandboxd_config(config, cluster))
-        t0 = time.monotonic()
         with console.status("building the Debian base image ...") as status:
             manifest, built = ensure_debian_image(store, name, progress=lambda line: status.update(line[:110]))
     except AdxError as exc:
         fail(exc)
     how = f"built in {time.monotonic() - t0:.0f}s" if built else "already in the store"
     console.print(f"image {manifest.name}: {how}", highlight=False)
+
+
+@image_app.command("import")
+def image_import(
+    source: Annotated[Path, typer.Argument(help="OCI layout (dir or tar) or `docker save` tarball", exists=True)],
+    name: Annotated[str, typer.Argument(help="image name")],
+    config: Annotated[Path | None, _CONFIG] = None,
+    cluster: Annotated[str | None, _CLUSTER] = None,
+) -> None:
+    """Import an OCI layout or a `docker save` tarball as NAME (its layers, Env, WorkingDir and User)."""
+    from adx.images._import import import_image
+
+    store = _open_store(config, cluster)
+    t0 = time.monotonic()
+    try:
+        manifest = import_image(store, source, name, progress=lambda line: console.print(line, highlight=False))
+    except AdxError as exc:
+        fail(exc)
+    console.print(
+        f"image {manifest.name}: {len(manifest.layers)} layers, user {manifest.user}, workdir {manifest.workdir}, "
+        f"{time.monotonic() - t0:.1f}s",
+        highlight=False,
+    )
 
 
 @image_app.command("init")

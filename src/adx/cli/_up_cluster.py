@@ -71,6 +71,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str) -> Cluster:
             "state_dir": str(state_dir / "sandboxd" / "data"),
             "socket_path": str(sandboxd_socket),
             "cgroup_parent": cgroup_parent,
+            "base_image": cfg.base_image,
         },
     )
     coordinator = CoordinatorDaemon(

@@ -7,12 +7,18 @@ next step, so the upper directory is committed as is (moved, or ``cp -a`` across
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
 from pathlib import Path
 
-from adx.images import ImageStore, LayerInfo, layer_digest
+from adx.errors import UnavailableError
+from adx.images import TYPICAL_BUILD_SECONDS, ImageStore, LayerInfo, ensure_debian_image, layer_digest
 
-__all__ = ["OUTPUT_TAIL_BYTES", "commit_upper", "ensure_mountpoints", "output_tail"]
+__all__ = ["OUTPUT_TAIL_BYTES", "BaseImageBuilder", "commit_upper", "ensure_mountpoints", "output_tail"]
+
+log = logging.getLogger("adx.sandboxd.images")
 
 OUTPUT_TAIL_BYTES = 64 * 1024
 
@@ -54,3 +60,50 @@ def output_tail(path: Path) -> tuple[str, bool]:
     except FileNotFoundError:
         return "", False
     return data.decode(errors="replace"), size > OUTPUT_TAIL_BYTES
+
+
+class BaseImageBuilder:
+    """``base_image = "debian"``: the store's ``base`` is the Debian image, built in a thread at start when the
+    store lacks it (the daemon serves meanwhile; creates of ``base`` get a 503 saying how far it is)."""
+
+    def __init__(self, store: ImageStore) -> None:
+        self.store = store
+        self.error: str | None = None
+        self.last_line = "starting"
+        self.started = 0.0
+        self._done = threading.Event()
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        threading.Thread(target=self._run, name="base-image", daemon=True).start()
+
+    def _progress(self, line: str) -> None:
+        self.last_line = line
+        log.info("base image: %s", line)
+
+    def _run(self) -> None:
+        try:
+            if self.store.find("base") is None or self.store.find("debian") is None:
+                log.warning(
+                    "building the Debian base image (first start with base_image = 'debian'; usually ~%ds); "
+                    "creates of 'base' wait for it",
+                    TYPICAL_BUILD_SECONDS,
+                )
+            manifest, _ = ensure_debian_image(self.store, "debian", progress=self._progress)
+            self.store.put(manifest.model_copy(update={"name": "base"}))
+        except Exception as exc:  # reported by every create of base, and in the log
+            self.error = str(exc)
+            log.error("the Debian base image could not be built: %s", exc)
+        finally:
+            self._done.set()
+
+    def check_ready(self) -> None:
+        if not self._done.is_set():
+            elapsed = time.monotonic() - self.started
+            raise UnavailableError(
+                f"the base image is being built ({elapsed:.0f}s of usually ~{TYPICAL_BUILD_SECONDS}s: "
+                f"{self.last_line}); retry later",
+                details={"retry_after_seconds": 10},
+            )
+        if self.error is not None:
+            raise UnavailableError(f"the Debian base image could not be built: {self.error}")

@@ -44,7 +44,7 @@ from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image
-from adx.sandboxd._layers import commit_upper, ensure_mountpoints, output_tail
+from adx.sandboxd._layers import BaseImageBuilder, commit_upper, ensure_mountpoints, output_tail
 from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
@@ -202,6 +202,7 @@ class SandboxService:
         self._image_root = Path()
         # Named images and their layers (``adx image``); the host-derived skeleton above stays the fallback.
         self.images = ImageStore(config.images_root / "store")
+        self.base_builder = BaseImageBuilder(self.images) if config.base_image == "debian" else None
         self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
         self._next_net = 0
         self.netfilter = NetFilter(config.state_dir, config.veth_pool)
@@ -241,6 +242,8 @@ class SandboxService:
         self.records = dict(loaded.records)
         # Layer references of sandboxes deleted while no daemon ran: their layers may be collected now.
         self.images.release_all_but(set(self.records))
+        # Below every store image: held by the daemon itself ('_' is never in a sandbox ID), so no GC takes it.
+        self.images.hold("_mountpoints", [ensure_mountpoints(self.images)])
         self.tombstoned = set(loaded.tombstones) | set(loaded.uncommitted)
         self.by_request = {r.request_id: r.sandbox_id for r in self.records.values()}
         self._next_net = 1 + max((r.net_index for r in self.records.values() if r.net_index is not None), default=-1)
@@ -365,6 +368,8 @@ class SandboxService:
         self._image = load_image(image)
         self._image_root = image / "root"
         self.images.ensure()
+        if self.base_builder is not None:
+            self.base_builder.start()  # a thread: minutes on a cold store, and the API must come up meanwhile
         if self.config.disk_quota == "btrfs":
             image_file, mount = pool_paths(self.config.state_dir)
             self._pool = StoragePool(image_file, mount, self.config.storage_image_bytes)
@@ -911,10 +916,12 @@ class SandboxService:
             layers, field = list(req.image_layers), "image_layers"
         else:
             name = req.image or "base"
-            manifest = None if name == "host" else self.images.find(name)
+            if name == "host" or (name == "base" and self.base_builder is None):
+                return None, None, None  # the host-derived skeleton
+            if name == "base" and self.base_builder is not None:
+                self.base_builder.check_ready()  # 503 with the build's progress until the Debian base exists
+            manifest = self.images.find(name)
             if manifest is None:
-                if name in ("base", "host"):
-                    return None, None, None  # the node's host-derived default image
                 raise InvalidInputError(
                     "image", f"no image named {name!r} on this node (see adx image list)", details={"image": name}
                 )
