@@ -17,7 +17,6 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Command", "OutputQueue", "ProcessTable", "RingBuffer", "SpawnError"]
@@ -286,15 +285,18 @@ class Command:
             self.table._finished(self)
 
 
-@dataclass(frozen=True)
 class Identity:
-    """The account commands and the workload run as (execd itself stays root: PID 1 and its sockets)."""
+    """The account commands and the workload run as (execd itself stays root: PID 1 and its sockets).
+    A plain class: execd's start-up imports stay lean (tests/execd/test_footprint.py), no dataclasses."""
 
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-    home: str
+    __slots__ = ("gid", "groups", "home", "name", "uid")
+
+    def __init__(self, name: str, uid: int, gid: int, groups: tuple[int, ...], home: str) -> None:
+        self.name = name
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+        self.home = home
 
 
 def run_as(user: str) -> Identity:
