@@ -43,5 +43,6 @@ fi
 export UV_PYTHON_DOWNLOADS=never
 export UV_PYTHON="$PYTHON"
 ADX_UV="$PYTHON -m uv"
-$ADX_UV sync --frozen --quiet
+# The server extra: this checkout runs the daemons and the tests (a client-only install is `pip install .`).
+$ADX_UV sync --frozen --quiet --extra server
 export ADX_UV

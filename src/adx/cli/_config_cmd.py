@@ -33,3 +33,20 @@ def check(
         console.print_json(config.model_dump_json())
     else:
         console.print(f"{file}: valid {component} configuration", highlight=False, soft_wrap=True)
+
+
+@config_app.command("reference")
+def reference(
+    component: Annotated[
+        list[str] | None,
+        typer.Option("--component", "-c", help=f"only these components: {', '.join(sorted(COMPONENTS))}"),
+    ] = None,
+) -> None:
+    """Print every configuration key of every component (type, default, bounds, description) as Markdown."""
+    from adx.cli._config_reference import configuration_reference
+
+    try:
+        text = configuration_reference(component)
+    except AdxError as exc:
+        fail(exc)
+    typer.echo(text, nl=False)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 import signal
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -67,12 +69,23 @@ def _print_access(api_url: str, tenant: str, api_key: str, created: bool, record
         soft_wrap=True,
         highlight=False,
     )
-    console.print(
-        '\n  python3 -c \'import adx; env = adx.Client().environments.create(cpu=1, memory="512Mi"); '
-        'print(env.commands.run("echo hello").stdout); env.delete()\'',
-        soft_wrap=True,
-        highlight=False,
+    for line in client_snippet():
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def client_snippet() -> list[str]:
+    """What `adx up` prints for trying the SDK: runnable as printed (this interpreter has adx), and how to get
+    the client into another project (the client alone, without the server stack)."""
+    code = (
+        'import adx; env = adx.Client().environments.create(cpu=1, memory="512Mi"); '
+        'print(env.commands.run("echo hello").stdout); env.delete()'
     )
+    lines = [f"\n  {shlex.quote(sys.executable)} -c {shlex.quote(code)}"]
+    checkout = Path(__file__).resolve().parents[3]
+    if (checkout / "pyproject.toml").is_file():
+        where = shlex.quote(str(checkout))
+        lines.append(f"  From your own project's environment: pip install {where}  (the SDK and CLI client only)")
+    return lines
 
 
 def _check_external(kind: str, url: str) -> None:

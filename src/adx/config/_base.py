@@ -28,7 +28,9 @@ class StrictModel(BaseModel):
 
 
 class LoggingConfig(StrictModel):
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="the least severe level logged"
+    )
     format: Literal["kv", "json"] = Field(default="kv", description="kv: key=value pairs; json: one object a line")
 
 

@@ -19,9 +19,13 @@ class CoordinatorConfig(StrictModel):
         "/service_name[/db] (follows the Sentinel-promoted primary; docs/high-availability.md)",
     )
     certs_dir: Path = Field(default=Path(".adx/certs"), description="holds ca.pem and coordinator-<name>.pem/.key")
-    session_ttl_seconds: float = Field(default=15.0, gt=0, le=3600)
-    redis_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
-    node_rpc_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    session_ttl_seconds: float = Field(
+        default=15.0, gt=0, le=3600, description="a node whose heartbeat is older than this loses its session"
+    )
+    redis_timeout_seconds: float = Field(default=5.0, gt=0, le=60, description="bound of each Redis command")
+    node_rpc_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="bound of each call to a node (admit, pause, delete, ...)"
+    )
     scan_interval_seconds: float = Field(
         default=1.0, gt=0, le=3600, description="CRD-3: retention expiry, lifetime deadlines, stalled resumes"
     )

@@ -19,10 +19,10 @@ __all__ = ["ExecdConfig", "ProbeConfig", "to_argv"]
 class ProbeConfig(StrictModel):
     """Health probe of the workload: exactly one of ``command`` (exit 0 = healthy) or ``tcp_port``."""
 
-    command: str | None = Field(default=None, min_length=1)
-    tcp_port: int | None = Field(default=None, ge=1, le=65535)
-    interval_seconds: float = Field(default=5.0, gt=0, le=3600)
-    timeout_seconds: float = Field(default=2.0, gt=0, le=3600)
+    command: str | None = Field(default=None, min_length=1, description="a shell command; exit 0 = healthy")
+    tcp_port: int | None = Field(default=None, ge=1, le=65535, description="healthy when it accepts a connection")
+    interval_seconds: float = Field(default=5.0, gt=0, le=3600, description="time between probes")
+    timeout_seconds: float = Field(default=2.0, gt=0, le=3600, description="a probe slower than this failed")
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
@@ -39,13 +39,13 @@ class ExecdConfig(StrictModel):
     admin_socket: Path | None = Field(default=None, description="privileged socket: activity and admission")
     admin_socket_fd: int | None = Field(default=None, ge=0, description="inherited listening admin socket")
     control_socket: Path | None = Field(default=None, description="sandboxd's per-sandbox control socket")
-    sandbox_id: str = ""
-    execution_id: str | None = None
+    sandbox_id: str = Field(default="", description="the sandbox execd serves (reported to sandboxd)")
+    execution_id: str | None = Field(default=None, description="the execution it runs, if sandboxd set one")
     socket_mode: str = Field(default="600", pattern=r"^[0-7]{3,4}$", description="octal mode of the sockets")
     workload: list[str] = Field(default_factory=list, description="argv of the Environment's entrypoint")
-    workload_cwd: str | None = None
+    workload_cwd: str | None = Field(default=None, description="working directory of the entrypoint")
     exit_with_workload: bool = Field(default=True, description="execd (the sandbox) exits with the workload")
-    probe: ProbeConfig | None = None
+    probe: ProbeConfig | None = Field(default=None, description="health probe of the entrypoint; unset: none")
     grace_seconds: float = Field(default=5.0, ge=0, le=3600, description="SIGTERM -> SIGKILL at shutdown")
     ring_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30, description="kept output per background stream")
     coalesce_seconds: float = Field(default=0.05, ge=0, le=60, description="min interval of activity reports")
