@@ -35,11 +35,15 @@ from adx.sandboxd import CreateRequest, ResourcesSpec, RestoreRequest, SandboxdC
 from adx.sandboxd._storage import StoragePool, pool_paths
 
 
-def start_daemon(work: Path, parent: str, quota: bool) -> tuple[subprocess.Popen[bytes], Path]:
+def start_daemon(
+    work: Path, parent: str, quota: bool, images_dir: Path | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
     state = work / "state"
     sock = work / "api" / "s.sock"
     cfg = work / "sandboxd.toml"
     extra = 'disk_quota = "btrfs"\nstorage_image_bytes = 17179869184\n' if quota else ""
+    if images_dir is not None:
+        extra += f'images_dir = "{images_dir}"\n'
     cfg.write_text(
         f'state_dir = "{state}"\nsocket_path = "{sock}"\ncgroup_parent = "{parent}"\n{extra}'
         "checkpoint_timeout_seconds = 600\n"

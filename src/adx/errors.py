@@ -147,6 +147,15 @@ class NoCapacityError(ConflictError):
     http_status = 503
 
 
+class ImageBuildError(ConflictError):
+    """An image build step failed (its command exited non-zero or did not finish); ``details["line"]`` names the
+    Dockerfile line. The image keeps its previous manifest; the layers of the steps before stay cached."""
+
+    code = "image_build_failed"
+    http_status = 422
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class EnvironmentPausedError(ConflictError):
     """The Environment is pausing, paused or resuming: business traffic wakes it (ENV-4) through the
     Coordinator's resume entry; the Relay answers with this code and the Ingress wakes it and asks again."""

@@ -85,6 +85,7 @@ async def create_environment(
     key = _idempotency_key(idempotency_key)
     # ENV-5: the whole spec is validated here, before anything is sent anywhere; 422 names the field.
     spec = parse_wire(EnvironmentSpec, await read_json(request, p.config.max_body_bytes))
+    p.check_image(spec.image, "image")
     record, created = await p.coordinator.create_environment(tenant, spec, key)
     log.info("environment created" if created else "create replayed", extra={"env_id": record.id, "tenant": tenant})
     return JSONResponse(

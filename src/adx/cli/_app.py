@@ -53,7 +53,7 @@ COMMANDS: dict[str, CommandEntry] = {
     "sandboxd": CommandEntry(
         "_sandboxd", "Run sandboxd: process sandboxes on this node, with a private registry that survives restarts."
     ),
-    "image": CommandEntry("_sandboxd", "Sandbox images (the read-only lower layer every sandbox shares)."),
+    "image": CommandEntry("_image_cmd", "Sandbox images: build from a Dockerfile, list, remove."),
     "sandbox": CommandEntry("_prune_cmd", "Sandboxes on this host, below the cluster: find and remove orphans."),
     "down": CommandEntry("_down", "Stop the `adx up` cluster and delete or pause its Environments."),
     "execd": CommandEntry(

@@ -119,6 +119,27 @@ def _print_endpoints(servers: list[ManagedServer], external: dict[str, str], sta
         console.print(f"  {server.kind:<11} {info.url}  (pid {info.pid}, {how})", soft_wrap=True, highlight=False)
 
 
+async def _wait_base_image(state_dir: Path, stop: asyncio.Event) -> None:
+    """sandboxd builds the Debian base image in the background on a first start: show it, with the usual time."""
+    from adx.images import TYPICAL_BUILD_SECONDS, ImageStore
+
+    store = ImageStore(state_dir / "sandboxd" / "data" / "images" / "store")
+    if store.find("base") is not None:
+        return
+    t0 = time.monotonic()
+    with console.status("") as status:
+        while store.find("base") is None and not stop.is_set() and time.monotonic() - t0 < 1800:
+            status.update(
+                f"sandboxd is building the Debian base image from Debian's packages: {time.monotonic() - t0:.0f}s "
+                f"(usually ~{TYPICAL_BUILD_SECONDS}s; once per machine; its log has the steps)"
+            )
+            await asyncio.sleep(1)
+    if store.find("base") is not None:
+        console.print(f"base image built in {time.monotonic() - t0:.0f}s", highlight=False)
+    else:
+        console.print("[yellow]the base image is not built yet: see sandboxd's log[/yellow]")
+
+
 async def _run(cfg: UpConfig) -> None:
     state_dir = cfg.state_dir.absolute()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -151,6 +172,8 @@ async def _run(cfg: UpConfig) -> None:
             api_url = _info_url(cluster.api).replace("0.0.0.0", "127.0.0.1")
             api_key, created = await asyncio.to_thread(ensure_tenant_key, cluster, state_dir, cfg.tenant, api_url)
             recorded = await asyncio.to_thread(record_cluster, cluster, state_dir, redis_url, cfg.tenant, api_url)
+            if cfg.base_image == "debian":
+                await _wait_base_image(state_dir, stop)
         _print_endpoints(servers, external, state_dir)
         if not cfg.servers_only:
             _print_access(api_url, cfg.tenant, api_key, created, recorded[-1])

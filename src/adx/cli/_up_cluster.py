@@ -73,6 +73,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             "cgroup_parent": cgroup_parent,
             # sandboxd is the node's local backstop: it admits as far as the node's placement does.
             "capacity": {"cpu_overcommit": cfg.node_cpu_overcommit},
+            "base_image": cfg.base_image,
         },
     )
     coordinator = CoordinatorDaemon(
@@ -119,6 +120,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             "certs_dir": str(certs),
             # The cluster's PostgreSQL holds the durable agent runs: /v1/agent-runs answers for them.
             "agent_database_url": postgres_url,
+            "images_dir": str(state_dir / "sandboxd" / "data" / "images"),  # sandboxd's: unknown images are 422
         },
     )
     return Cluster(certs, sandboxd, coordinator, node, api)

@@ -64,5 +64,10 @@ class UpConfig(StrictModel):
         "little CPU; memory stays hard). docs/resources.md",
     )
     tenant: str = Field(default="default", description="the tenant whose API key `adx up` creates and prints")
+    base_image: Literal["host", "debian"] = Field(
+        default="host",
+        description="the default image: 'host' (host-derived, host /usr read-only) or 'debian' (Debian 12 made by "
+        "mmdebstrap on first start, ~2.5-4 min, with a user account and sudo; docs/images.md)",
+    )
     health_interval_seconds: float = Field(default=1.0, gt=0, le=60)
     max_restarts_per_minute: int = Field(default=5, ge=0, le=100)

@@ -211,6 +211,7 @@ async def create_sandbox(request: Request) -> Response:
         },
     }
     spec = parse_wire(EnvironmentSpec, wire)
+    p.check_image(spec.image, "templateID")
     key = request.headers.get("idempotency-key") or None
     record, _ = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)

@@ -39,7 +39,7 @@ from adx.execd._activity import Activity, AdmissionClosed
 from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
 from adx.execd._http import HttpError, Request, Response, invalid, serve_connection
-from adx.execd._procs import Command, ProcessTable, SpawnError, set_window_size
+from adx.execd._procs import Command, ProcessTable, SpawnError, run_as, set_window_size
 from adx.execd._watch import Watchers, handle_watchers
 
 __all__ = ["Execd", "ExecdOptions"]
@@ -92,6 +92,7 @@ class ExecdOptions:
         ring_bytes: int = 1 << 20,
         coalesce_seconds: float = 0.05,
         unset_env: list[str] | None = None,
+        user: str | None = None,
     ) -> None:
         self.socket = socket
         self.socket_fd = socket_fd  # socket activation: a listening socket inherited from the supervisor
@@ -112,6 +113,7 @@ class ExecdOptions:
         self.ring_bytes = ring_bytes
         self.coalesce_seconds = coalesce_seconds
         self.unset_env = unset_env or []
+        self.user = user
 
 
 def _unlink(path: str) -> None:
@@ -164,6 +166,11 @@ class Execd:
         # The environment of the workload and of commands: execd's own, minus what only execd needed (e.g. the
         # PYTHONPATH that points at execd's modules inside the sandbox).
         self.base_env = {k: v for k, v in os.environ.items() if k not in set(options.unset_env)}
+        if options.user is not None:
+            # The image's account (E2B's ``user``): resolved here, inside, from the image's own /etc/passwd.
+            account = run_as(options.user)
+            self.procs.identity = account
+            self.base_env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
         self.started_at = time.time()
         self.ready = False
         self.workload: Command | None = None

@@ -70,6 +70,7 @@ def _options() -> list[tuple[str, Any, Any, str, dict[str, Any]]]:
         ("--execution-id", str, None, "execution identity sent in the control hello", {}),
         ("--socket-mode", _octal, 0o600, "mode of the sockets (default 600)", {}),
         ("--workload-cwd", str, None, "working directory of the workload", {}),
+        ("--user", str, None, "run the workload and commands as this account of the image (name or uid)", {}),
         (
             "--keep-running-after-workload-exit",
             _FLAG,
@@ -207,6 +208,7 @@ def options_from_args(argv: list[str]) -> tuple[ExecdOptions, SimpleNamespace]:
         ring_bytes=args.ring_bytes,
         coalesce_seconds=args.coalesce_seconds,
         unset_env=args.unset_env,
+        user=args.user,
     )
     return options, args
 

@@ -285,6 +285,32 @@ class Command:
             self.table._finished(self)
 
 
+class Identity:
+    """The account commands and the workload run as (execd itself stays root: PID 1 and its sockets).
+    A plain class: execd's start-up imports stay lean (tests/execd/test_footprint.py), no dataclasses."""
+
+    __slots__ = ("gid", "groups", "home", "name", "uid")
+
+    def __init__(self, name: str, uid: int, gid: int, groups: tuple[int, ...], home: str) -> None:
+        self.name = name
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+        self.home = home
+
+
+def run_as(user: str) -> Identity:
+    """``user`` (a name or a numeric uid) looked up in the sandbox's /etc/passwd and /etc/group."""
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except (KeyError, ValueError):
+        raise SpawnError("user", f"no account {user!r} in this sandbox's /etc/passwd") from None
+    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    return Identity(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir or "/")
+
+
 class ProcessTable:
     """All processes execd started, plus the reaper that also collects orphans (PID 1 duty)."""
 
@@ -295,6 +321,7 @@ class ProcessTable:
         self.commands: dict[str, Command] = {}  # client-visible commands (not the workload or probes)
         self._finished_ids: deque[str] = deque()
         self.orphans_reaped = 0
+        self.identity: Identity | None = None  # None: as execd (root)
         self.on_finished: list[Callable[[Command], None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -358,6 +385,9 @@ class ProcessTable:
                 start_new_session=True,  # own process group: kill/timeout reach grandchildren too
                 close_fds=True,
                 preexec_fn=_controlling_terminal if slave is not None else None,
+                user=ident.uid if (ident := self.identity) is not None else None,
+                group=ident.gid if ident is not None else None,
+                extra_groups=list(ident.groups) if ident is not None else None,
             )
         except FileNotFoundError as exc:
             raise SpawnError("argv", f"executable not found: {exc.filename or argv[0]}") from None

@@ -64,6 +64,11 @@ class ApiConfig(StrictModel):
         description="the durable agent runs' PostgreSQL (/v1/agent-runs; docs/agents.md); unset: the "
         "ADX_AGENT_DATABASE_URL variable, else those routes answer 503",
     )
+    images_dir: Path | None = Field(
+        default=None,
+        description="the nodes' image store (sandboxd's images_dir, shared): creates naming an image it lacks get "
+        "422 (field image / templateID) at once; unset: the node refuses them when it starts the Environment",
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @field_validator("listen")

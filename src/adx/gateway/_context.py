@@ -91,6 +91,17 @@ class Plane:
             return None
         return await self.nodes.describe(cached.node_address, tenant, env_id)
 
+    def check_image(self, name: str, field: str) -> None:
+        """422 naming ``field`` when the configured image store lacks image ``name`` (``base``/``host``: the
+        nodes' default, always there)."""
+        images = self.config.images_dir
+        if images is None or name in ("base", "host"):
+            return
+        from adx.images import ImageStore
+
+        if ImageStore(images / "store").find(name) is None:
+            raise InvalidInputError(field, f"no image named {name!r} (adx image list shows the images)")
+
     def forget_route(self, tenant: str, env_id: str) -> None:
         ingress = self.routes
         if ingress is not None:

@@ -152,6 +152,7 @@ class SandboxdDriver:
         request = CreateRequest(
             argv=list(spec.spec.entrypoint or []),  # execd's workload (none: execd alone keeps it running)
             execd=self._execd(spec),
+            image=spec.spec.image,  # a restore mounts the layers its checkpoint recorded instead
             **self._placement(spec),
         )
         return self._execution(spec, await self.client.create(request))

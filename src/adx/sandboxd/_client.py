@@ -28,6 +28,8 @@ from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
     CheckpointRequest,
+    CommitLayerRequest,
+    CommitLayerResponse,
     CreateRequest,
     CreateResponse,
     DeleteResponse,
@@ -35,6 +37,7 @@ from adx.sandboxd._models import (
     ListCheckpointsRequest,
     ListCheckpointsResponse,
     ListResponse,
+    OutputResponse,
     ReclaimRequest,
     ReclaimResponse,
     ResourceInfo,
@@ -249,6 +252,14 @@ class SandboxdClient:
     async def delete_logs(self, group: str) -> LogGroups:
         """Remove a group's output (NotFoundError when there is none)."""
         return await self._call("DeleteLogs", LogGroupRequest(group=group), LogGroups)
+
+    async def commit_layer(self, request: CommitLayerRequest, call_timeout: float = 600.0) -> CommitLayerResponse:
+        """An ended sandbox's writable layer becomes image store layer ``request.digest`` (image builds)."""
+        return await self._call("CommitLayer", request, CommitLayerResponse, call_timeout=call_timeout)
+
+    async def output(self, ref: SandboxRef) -> OutputResponse:
+        """The tail of a sandbox's PID 1 output (sandboxes without execd)."""
+        return await self._call("Output", ref, OutputResponse)
 
     async def raw(self, name: str, payload: dict[str, Any]) -> RawResponse:
         """Low-level call (tests use it to send requests the typed models would refuse)."""

@@ -101,6 +101,12 @@ class SandboxdConfig(StrictModel):
         description="execd sandboxes whose python is the host's (default image, own execd runtime): PID 1 runs "
         "execd in process, forked from a template that imported it, instead of exec'ing a fresh interpreter",
     )
+    base_image: Literal["host", "debian"] = Field(
+        default="host",
+        description="what 'base' (the default image) is: 'host', the host-derived skeleton with the host's /usr "
+        "bound read-only; 'debian', the store's Debian image (mmdebstrap; built in the background on first start, "
+        "~2.5-4 min, creates of 'base' wait with a 503 meanwhile; docs/images.md)",
+    )
     runtime_control_socket_path: Path | None = Field(
         default=None,
         description="node-level runtime-control subscription socket (CTL-2); default next to the API socket",

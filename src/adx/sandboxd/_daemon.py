@@ -18,6 +18,7 @@ from adx.sandboxd._logs import LogGroupRequest, LogsRequest
 from adx.sandboxd._models import (
     CheckpointRef,
     CheckpointRequest,
+    CommitLayerRequest,
     CreateRequest,
     ListCheckpointsRequest,
     ReclaimRequest,
@@ -80,6 +81,10 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
         "Logs": Route(LogsRequest, service.logs.read, 60 + t, shield=False),
         "ListLogs": Route(None, lambda _: service.logs.list(), t, shield=False),
         "DeleteLogs": Route(LogGroupRequest, service.logs.delete, t, shield=True),
+        "CommitLayer": Route(
+            CommitLayerRequest, service.commit_layer, config.checkpoint_timeout_seconds + t, shield=True
+        ),
+        "Output": Route(SandboxRef, service.output, t, shield=False),
     }
 
 

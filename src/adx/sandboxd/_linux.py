@@ -365,9 +365,10 @@ def _bounding_set_dropped() -> bool:
     return False
 
 
-def drop_capabilities() -> None:
+def drop_capabilities(*, no_new_privs: bool = True) -> None:
     """Shrink the bounding set to KEEP_CAPABILITIES (unless that is done: one read), clear ambient/inheritable,
-    set no_new_privs."""
+    set no_new_privs (``no_new_privs=False``: setuid programs such as sudo work; the seccomp filter must then be
+    installed before, while CAP_SYS_ADMIN is still held)."""
     if not _bounding_set_dropped():
         drop_bounding_set()
     _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
@@ -387,7 +388,8 @@ def drop_capabilities() -> None:
     data = ctypes.create_string_buffer(struct.pack("6I", *values))
     hdr = ctypes.create_string_buffer(header)
     _check(_libc.syscall(ctypes.c_long(126 if _MACHINE == "x86_64" else 91), hdr, data), "capset")
-    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if no_new_privs:
+        _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
 def set_loopback_up() -> None:

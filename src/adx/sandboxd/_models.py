@@ -21,6 +21,8 @@ __all__ = [
     "CheckpointRef",
     "CheckpointRequest",
     "CheckpointRequestObservation",
+    "CommitLayerRequest",
+    "CommitLayerResponse",
     "CreateRequest",
     "CreateResponse",
     "DeleteResponse",
@@ -31,6 +33,7 @@ __all__ = [
     "ListCheckpointsResponse",
     "ListResponse",
     "NativeIdentity",
+    "OutputResponse",
     "ProbeObservation",
     "ProbeOptions",
     "ReclaimRequest",
@@ -52,6 +55,8 @@ SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 #: A log group names a directory under ``<state_dir>/logs``: no separators, no dot files.
 LOG_GROUP_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 LogGroup = Annotated[str | None, Field(pattern=LOG_GROUP_PATTERN)]
+_IMAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class _Model(BaseModel):
@@ -160,6 +165,11 @@ class SandboxRecord(_Model):
         default=None, description="when the owner last replaced the token (Reclaim); the create's token is void"
     )
     log_group: str | None = Field(default=None, description="where the workload's output is kept; None: the ID")
+    image: str | None = Field(default=None, description="the image name asked for (None: the node's default)")
+    image_layers: list[str] | None = Field(
+        default=None, description="the store layers mounted, bottom first (None: the host-derived skeleton)"
+    )
+    image_user: str | None = Field(default=None, description="execd runs commands and the workload as this user")
 
 
 #: A sandbox's secret chosen by the caller of Create or Restore, so a lost reply leaves the sandbox addressable
@@ -179,7 +189,7 @@ class CreateRequest(_Model):
     init_argv: list[str] | None = Field(default=None, description="PID 1 of the sandbox; default argv")
     execd: ExecdOptions | None = Field(default=None, description="execd as PID 1 (then init_argv must be unset)")
     env: dict[str, str] = Field(default_factory=dict)
-    cwd: str = "/work"
+    cwd: str | None = Field(default=None, description="default: the image's workdir, else /work")
     resources: ResourcesSpec = ResourcesSpec()
     metadata: dict[str, str] = Field(default_factory=dict)
     ttl_seconds: float | None = Field(default=None, gt=0)
@@ -196,6 +206,29 @@ class CreateRequest(_Model):
         description="the workload's output is kept under this name (e.g. the Environment, across its executions); "
         "default: the sandbox ID",
     )
+    image: str | None = Field(
+        default=None,
+        description="image of the image store (its env, workdir and user apply); unset or 'base': the node's default",
+    )
+    image_layers: list[str] | None = Field(
+        default=None,
+        max_length=128,
+        description="explicit store layers, bottom first, instead of a named image (image builds, restores)",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE_NAME_RE.match(value):
+            raise ValueError("must be 1-63 lowercase letters, digits, '.', '_' or '-'")
+        return value
+
+    @field_validator("image_layers")
+    @classmethod
+    def _layers(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not all(_DIGEST_RE.match(d) for d in value):
+            raise ValueError("must be sha256 hex digests of store layers")
+        return value
 
     @field_validator("sandbox_id")
     @classmethod
@@ -206,8 +239,8 @@ class CreateRequest(_Model):
 
     @field_validator("cwd")
     @classmethod
-    def _cwd(cls, value: str) -> str:
-        if not value.startswith("/"):
+    def _cwd(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
             raise ValueError("must be an absolute path")
         return value
 
@@ -250,6 +283,27 @@ class SandboxRef(_Model):
     generation: int
     token: str
     owner: str | None = None
+
+
+class CommitLayerRequest(_Model):
+    """Turn an ended sandbox's writable (upper) layer into store layer ``digest`` (an image build step)."""
+
+    ref: SandboxRef
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    parent: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    step: str = Field(max_length=1 << 16, description="the step text the digest covers")
+
+
+class CommitLayerResponse(_Model):
+    digest: str
+    size_bytes: int
+
+
+class OutputResponse(_Model):
+    """The tail of what the sandbox's PID 1 wrote to stdout/stderr (sandboxes without execd)."""
+
+    output: str
+    truncated: bool
 
 
 class SandboxInfo(_Model):

@@ -292,7 +292,8 @@ class Registry:
         path.mkdir(mode=0o700)
         try:
             for name in names:
-                (path / name).mkdir(mode=0o755 if name == "run" else 0o700)
+                # "upper": its mode is the sandbox's "/" (the sandbox dir itself stays 0700).
+                (path / name).mkdir(mode=0o755 if name in ("run", "upper") else 0o700)
             for name in files:
                 os.close(os.open(path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
             lock_fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -36,6 +36,7 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.execd._launch import init_argv, install_runtime
+from adx.images import ImageManifest, ImageStore
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd import _checkpoint as ckpt
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
@@ -44,11 +45,14 @@ from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._image import ensure_default_image, load_image
+from adx.sandboxd._layers import BaseImageBuilder, commit_upper, ensure_mountpoints, output_tail
 from adx.sandboxd._logs import LogStore
 from adx.sandboxd._models import (
     CheckpointInfo,
     CheckpointRef,
     CheckpointRequest,
+    CommitLayerRequest,
+    CommitLayerResponse,
     CreateRequest,
     CreateResponse,
     DeleteResponse,
@@ -60,6 +64,7 @@ from adx.sandboxd._models import (
     ListCheckpointsResponse,
     ListResponse,
     NativeIdentity,
+    OutputResponse,
     ReclaimRequest,
     ReclaimResponse,
     ResourceInfo,
@@ -108,6 +113,8 @@ CONTROL_DIR = "control"
 CONTROL_SOCKET = "control.sock"
 #: Every sandbox dir's subdirs (execd sandboxes add SOCKETS_DIR and CONTROL_DIR), pre-made in spare dirs.
 _SPARE_NAMES = ["upper", "ovlwork", "rootfs", "run"]
+#: The upper dir's mode is the sandbox root's ("/"): 0700 would lock every non-root user out of everything.
+_WORLD_READABLE = ("run", "upper")
 #: ... and the files a create makes (the record's temp file; the supervisor's log, workload output and identity
 #: temp file), pre-made empty in spare dirs: each is then an open, not an inode creation.
 _SPARE_FILES = [RECORD_TEMP, SUPERVISOR_LOG, OUTPUT_LOG, NATIVE_TEMP]
@@ -197,6 +204,9 @@ class SandboxService:
         self._alloc_lock: asyncio.Lock | None = None
         self._image: dict[str, Any] = {}
         self._image_root = Path()
+        # Named images and their layers (``adx image``); the host-derived skeleton above stays the fallback.
+        self.images = ImageStore(config.images_root / "store")
+        self.base_builder = BaseImageBuilder(self.images) if config.base_image == "debian" else None
         self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
         self._userns = False  # sandboxes get a user namespace each (decided at start: config and host)
         self._userns_note: str | None = None
@@ -237,6 +247,10 @@ class SandboxService:
         self._fill_spares()
         self.spawner.start()
         self.records = dict(loaded.records)
+        # Layer references of sandboxes deleted while no daemon ran: their layers may be collected now.
+        self.images.release_all_but(set(self.records))
+        # Below every store image: held by the daemon itself ('_' is never in a sandbox ID), so no GC takes it.
+        self.images.hold("_mountpoints", [ensure_mountpoints(self.images)])
         self.tombstoned = set(loaded.tombstones) | set(loaded.uncommitted)
         self.by_request = {r.request_id: r.sandbox_id for r in self.records.values()}
         self._next_net = 1 + max((r.net_index for r in self.records.values() if r.net_index is not None), default=-1)
@@ -360,6 +374,9 @@ class SandboxService:
         image = ensure_default_image(self.config.images_root)
         self._image = load_image(image)
         self._image_root = image / "root"
+        self.images.ensure()
+        if self.base_builder is not None:
+            self.base_builder.start()  # a thread: minutes on a cold store, and the API must come up meanwhile
         if self.config.disk_quota == "btrfs":
             image_file, mount = pool_paths(self.config.state_dir)
             self._pool = StoragePool(image_file, mount, self.config.storage_image_bytes)
@@ -798,6 +815,7 @@ class SandboxService:
 
     async def _finish_delete(self, rec: SandboxRecord, reason: str) -> None:
         await asyncio.to_thread(self._delete_native, rec)
+        self.images.release(rec.sandbox_id)  # one unlink: its layers may be collected from now on
         self._forget(rec, reason)
 
     # == API ========================================================================================
@@ -872,6 +890,9 @@ class SandboxService:
             network = "veth" if policy.mode is NetworkMode.EGRESS else "none"
         elif network == "veth":
             policy = d.network_policy or NetworkPolicy(mode=NetworkMode.EGRESS)
+        layers, manifest, user = self._resolve_image(req, restore)
+        env = {**manifest.env, **req.env} if manifest is not None else req.env
+        cwd = req.cwd or (manifest.workdir if manifest is not None else "/work")
         now = time.time()
         rec = SandboxRecord(
             sandbox_id=sandbox_id,
@@ -881,10 +902,12 @@ class SandboxService:
             request_id=req.request_id,
             request_digest=digest,
             argv=req.argv,
-            init_argv=self._execd_argv(sandbox_id, req.argv, req.execd) if req.execd else (req.init_argv or req.argv),
+            init_argv=self._execd_argv(sandbox_id, req.argv, req.execd, user)
+            if req.execd
+            else (req.init_argv or req.argv),
             execd=req.execd,
-            env=req.env,
-            cwd=req.cwd,
+            env=env,
+            cwd=cwd,
             network=network,
             net_policy=policy if network == "veth" else None,
             resources=res,
@@ -896,14 +919,63 @@ class SandboxService:
             restored_from=restore[1]["checkpoint_id"] if restore else None,
             net_index=self._allocate_net() if network == "veth" else None,
             id_base=self._allocate_ids(restore[1]["spec"].get("id_base") if restore else None),
+            image=req.image,
+            image_layers=layers,
+            image_user=user,
         )
         self.records[sandbox_id] = rec  # reserved from here on
         self.by_request[req.request_id] = sandbox_id
         return rec
 
+    def _resolve_image(
+        self, req: CreateRequest, restore: tuple[Path, dict[str, Any]] | None
+    ) -> tuple[list[str] | None, ImageManifest | None, str | None]:
+        """(store layers bottom first, or None for the host-derived skeleton; the manifest; the user execd runs
+        commands as). A restore mounts the very layers its checkpoint was taken on, whatever the name means now.
+        Store images get sandboxd's mount-point layer below their own (``_layers.ensure_mountpoints``)."""
+        manifest = None
+        user = None
+        if restore is not None:
+            layers = restore[1]["spec"].get("image_layers")
+            user = restore[1]["spec"].get("image_user")
+            field = "image"
+        elif req.image_layers is not None:
+            layers, field = list(req.image_layers), "image_layers"
+        else:
+            name = req.image or "base"
+            if name == "host" or (name == "base" and self.base_builder is None):
+                return None, None, None  # the host-derived skeleton
+            if name == "base" and self.base_builder is not None:
+                self.base_builder.check_ready()  # 503 with the build's progress until the Debian base exists
+            manifest = self.images.find(name)
+            if manifest is None:
+                raise InvalidInputError(
+                    "image", f"no image named {name!r} on this node (see adx image list)", details={"image": name}
+                )
+            layers, field = list(manifest.layers), "image"
+            user = None if manifest.user in ("root", "0") else manifest.user
+        if layers is None:
+            return None, None, None
+        base = ensure_mountpoints(self.images)  # a few empty dirs: made on first need, found after
+        if layers[:1] != [base]:
+            layers.insert(0, base)
+        self._check_layers(layers, field)
+        return layers, manifest, user
+
+    def _check_layers(self, layers: list[str], field: str) -> None:
+        missing = [d for d in layers if not self.images.has_layer(d)]
+        if missing:
+            raise InvalidInputError(
+                field,
+                f"layers missing from this node's image store: {', '.join(d[:12] for d in missing)}",
+                details={"missing": missing},
+            )
+
     @staticmethod
-    def _execd_argv(sandbox_id: str, workload: list[str], opts: ExecdOptions) -> list[str]:
+    def _execd_argv(sandbox_id: str, workload: list[str], opts: ExecdOptions, user: str | None = None) -> list[str]:
         extra = ["--grace-seconds", str(opts.grace_seconds)]
+        if user is not None:
+            extra += ["--user", user]
         if not workload or not opts.exit_with_workload:
             extra.append("--keep-running-after-workload-exit")
         if opts.probe is not None:
@@ -987,7 +1059,7 @@ class SandboxService:
         lock_fd = spare[1] if spare is not None else None
         try:
             for name in names:
-                (sdir / name).mkdir(mode=0o755 if name == "run" else 0o700)
+                (sdir / name).mkdir(mode=0o755 if name in _WORLD_READABLE else 0o700)
             if lock_fd is None:
                 lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
@@ -1032,6 +1104,8 @@ class SandboxService:
         which checks the record under that lock, may start), then the directory fsyncs (awaited before any
         reply): the ID survives a crash. Raises UncertainOutcomeError when storage failed (the flag is set)."""
         try:
+            if rec.image_layers:
+                self.images.hold(rec.sandbox_id, rec.image_layers)  # before the record: never an unheld mount
             self.registry.commit_created(rec, before_rename=lambda: _fault("create.before_commit", delay=0.3))
             _fault("create.after_commit", delay=0.3)
         finally:
@@ -1064,8 +1138,10 @@ class SandboxService:
         return {
             "sandbox_id": rec.sandbox_id,
             "sandbox_dir": str(sdir),
-            "image_root": str(self._image_root),
-            "image_binds": self._image["binds"],
+            # overlayfs lower layers, topmost first (a store image), or the host-derived skeleton and its binds.
+            "image_root": self.images.lowerdir_of(rec.image_layers) if rec.image_layers else str(self._image_root),
+            "image_binds": [] if rec.image_layers else self._image["binds"],
+            "allow_setuid": bool(rec.image_layers),  # store images: sudo works (see _supervisor)
             "init_argv": rec.init_argv,
             "env": env,
             "cwd": rec.cwd,
@@ -1086,6 +1162,7 @@ class SandboxService:
             "userns": {"base": rec.id_base, "size": IDS_PER_SANDBOX} if rec.id_base is not None else None,
             # PID 1 runs execd in process when it would exec the very interpreter the spawner runs.
             "execd_inproc": rec.execd is not None
+            and not rec.image_layers  # a store image's python is its own, not the spawner's
             and self.spawner.execd_python is not None
             and self._resolve_in_image(rec.execd.python, env["PATH"]) == self.spawner.execd_python,
         }
@@ -1222,6 +1299,29 @@ class SandboxService:
                 raise self._deleted(rec.sandbox_id)
             rec, err = await self._reconcile(rec.sandbox_id)
             return self._info(rec, err)
+
+    async def commit_layer(self, req: CommitLayerRequest) -> CommitLayerResponse:
+        """An image build step: the ended sandbox's upper layer becomes store layer ``req.digest`` (moved, not
+        copied, when on one filesystem). The sandbox must have exited; it keeps an empty upper layer."""
+        rec = self._auth(req.ref)
+        async with self._lock(rec.sandbox_id):
+            if self._current(req.ref) is None:
+                raise self._deleted(rec.sandbox_id)
+            rec, _ = await self._reconcile(rec.sandbox_id)
+            if rec.state != State.TERMINATED:
+                raise ConflictError(
+                    f"sandbox {rec.sandbox_id} is {rec.state}; only an ended sandbox's layer can be committed",
+                    details={"state": str(rec.state)},
+                )
+            upper = self._upper(rec.sandbox_id)
+            info = await asyncio.to_thread(commit_upper, self.images, upper, req.digest, req.parent, req.step)
+            return CommitLayerResponse(digest=info.digest, size_bytes=info.size_bytes)
+
+    async def output(self, ref: SandboxRef) -> OutputResponse:
+        """The tail of PID 1's stdout/stderr (a build step's output)."""
+        rec = self._auth(ref)
+        text, truncated = await asyncio.to_thread(output_tail, self.registry.sandbox_dir(rec.sandbox_id) / OUTPUT_LOG)
+        return OutputResponse(output=text, truncated=truncated)
 
     async def reclaim(self, req: ReclaimRequest) -> ReclaimResponse:
         """Owner-level: give a sandbox a new token (``req.token``) when its holder lost the old one.
@@ -1498,6 +1598,9 @@ class SandboxService:
                     "metadata": rec.metadata,
                     # The host IDs the layer's files carry (None: no user namespace): a restore shifts them.
                     "id_base": rec.id_base,
+                    "image": rec.image,
+                    "image_layers": rec.image_layers,
+                    "image_user": rec.image_user,
                 },
             }
 

@@ -175,8 +175,15 @@ def _in_namespace_setup(
         in_process = bool(spec.get("execd_inproc")) and argv[1:3] == ["-m", "adx.execd"]
         if in_process:
             lx.set_process_args(argv, spec["env"])
-        lx.drop_capabilities()
-        lx.install_seccomp()  # last: it forbids mount/pivot_root, which the setup above needed
+        if spec.get("allow_setuid"):
+            # Store images (E2B-like: ``sudo``): no no_new_privs, so setuid programs work; what they gain is
+            # bounded by the same trimmed capability set. Seccomp goes first: without no_new_privs installing
+            # it needs CAP_SYS_ADMIN, which the drop removes (the filter allows prctl and capset).
+            lx.install_seccomp()
+            lx.drop_capabilities(no_new_privs=False)
+        else:
+            lx.drop_capabilities()
+            lx.install_seccomp()  # last: it forbids mount/pivot_root, which the setup above needed
         wait_go()
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)

@@ -1,0 +1,334 @@
+"""``adx image build``: a Dockerfile subset, one content-addressed layer per filesystem step.
+
+Every step has a cache key: ``layer_digest(previous key, the step's canonical text [, digest of copied files])``,
+chained from the FROM image's layers. ``RUN`` runs in a real sandbox of sandboxd (no execd: PID 1 is the step's
+shell) on the layers so far; once it exits 0 its upper layer becomes the step's layer (``CommitLayer``). ``COPY``
+and a ``WORKDIR`` that must create its directory assemble their small layer directly. ``ENV``, ``ARG``, ``USER``
+and ``WORKDIR`` change the manifest and the keys of the steps after them. Steps run as root until a ``USER``
+step, whatever the base image's user (E2B's templates build so); the image keeps the base's user unless a
+``USER`` step names another. A step whose key is a layer of the store
+is reused ("cached"): changing one step rebuilds from that step on, and an unchanged Dockerfile builds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from adx.errors import ImageBuildError, InvalidInputError
+from adx.images import ImageManifest, ImageStore, Instruction, Op, ensure_debian_image, layer_digest
+from adx.images._dockerfile import parse_dockerfile, substitute
+from adx.sandboxd._client import SandboxdClient, ref_of
+from adx.sandboxd._models import CommitLayerRequest, CreateRequest, ResourcesSpec, SandboxRef
+
+__all__ = ["BuildResult", "StepEvent", "build_image"]
+
+#: FROM names built from Debian's packages on first use when the store lacks them.
+_DEBIAN_NAMES = ("debian",)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One step's progress: ``status`` is ``running``, ``built``, ``cached`` or ``config`` (no layer)."""
+
+    index: int
+    total: int
+    text: str
+    status: str
+    seconds: float = 0.0
+    layer: str | None = None
+    output: str = ""
+
+
+@dataclass
+class BuildResult:
+    manifest: ImageManifest
+    steps: list[StepEvent] = field(default_factory=list)
+
+    @property
+    def built(self) -> int:
+        return sum(1 for s in self.steps if s.status == "built")
+
+    @property
+    def cached(self) -> int:
+        return sum(1 for s in self.steps if s.status == "cached")
+
+
+@dataclass
+class _State:
+    key: str
+    layers: list[str]
+    env: dict[str, str]
+    workdir: str
+    user: str  # RUN steps run as this account: root until a USER step (E2B's templates build as root)
+    runtime_user: str  # the manifest's: the base image's until a USER step
+    args: dict[str, str]
+    history: list[str]
+
+
+def _content_digest(context: Path, sources: list[str], line: int) -> tuple[str, list[Path]]:
+    """sha256 over the names, modes and bytes of every file ``sources`` name (inside ``context`` only)."""
+    root = context.resolve()
+    paths: list[Path] = []
+    h = hashlib.sha256()
+    for src in sources:
+        path = (root / src).resolve()
+        if path != root and root not in path.parents:
+            raise InvalidInputError("dockerfile", f"line {line}: COPY source {src!r} is outside the build context")
+        if not path.exists():
+            raise InvalidInputError("dockerfile", f"line {line}: COPY source {src!r} does not exist in the context")
+        paths.append(path)
+        walk = [path] if not path.is_dir() else sorted(p for p in path.rglob("*"))
+        for p in walk:
+            st = p.lstat()
+            h.update(f"{p.relative_to(root)}\0{st.st_mode:o}\0".encode())
+            if p.is_symlink():
+                h.update(os.readlink(p).encode())
+            elif p.is_file():
+                with open(p, "rb") as f:
+                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):  # type: ignore[misc]
+                        h.update(chunk)
+    return h.hexdigest(), paths
+
+
+def _copy_into(tree: Path, paths: list[Path], dest: str) -> None:
+    """Docker's COPY: a directory's contents go into ``dest``; files go into ``dest/`` when it ends with ``/`` or
+    several sources are given, else become ``dest``. Owned by root."""
+    into_dir = dest.endswith("/") or len(paths) > 1
+    target = tree / dest.lstrip("/")
+    for path in paths:
+        if path.is_dir():
+            shutil.copytree(path, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            out = target / path.name if into_dir else target
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, out, follow_symlinks=False)
+    for dirpath, dirs, files in os.walk(tree):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(dirpath, name), 0, 0)
+
+
+def _mkdir(rel: str, tree: Path) -> None:
+    (tree / rel).mkdir(parents=True)
+
+
+def _exists_in_layers(store: ImageStore, layers: list[str], path: str) -> bool:
+    rel = path.strip("/")
+    return any((store.layer_tree(d) / rel).is_dir() for d in layers)
+
+
+def _run_argv(ins: Instruction, user: str) -> list[str]:
+    argv = ["/bin/sh", "-c", ins.args[0]] if ins.shell else list(ins.args)
+    if user in ("root", "0"):
+        return argv
+    # setpriv (util-linux, essential in Debian) needs no PAM session; the group is looked up inside.
+    drop = 'exec setpriv --reuid="$0" --regid="$(id -g "$0")" --init-groups -- "$@"'
+    return ["/bin/sh", "-c", drop, user, *argv]
+
+
+async def _run_step(
+    client: SandboxdClient,
+    state: _State,
+    ins: Instruction,
+    key: str,
+    text: str,
+    *,
+    network: str | None,
+    memory_bytes: int,
+    step_timeout: float,
+) -> str:
+    """Run one RUN step in a sandbox on ``state.layers``; commit its upper layer as ``key``. Returns its output."""
+    argv = _run_argv(ins, state.user)
+    env = {**state.env, **state.args}
+    created = await client.create(
+        CreateRequest(
+            request_id=f"image-build-{uuid.uuid4().hex}",
+            argv=argv,
+            env=env,
+            cwd=state.workdir,
+            image_layers=state.layers,
+            network=network,  # type: ignore[arg-type]
+            resources=ResourcesSpec(memory_bytes=memory_bytes),
+            metadata={"adx.image-build": text[:200]},
+        )
+    )
+    ref: SandboxRef = ref_of(created)
+    try:
+        waited = await client.wait(ref, timeout_seconds=step_timeout)
+        output = (await client.output(ref)).output
+        if not waited.done:
+            raise ImageBuildError(f"line {ins.line}: step did not finish within {step_timeout:.0f}s: {text}\n{output}")
+        status = waited.sandbox.exit
+        code = status.exit_code if status is not None else None
+        if code != 0:
+            how = f"exit code {code}" if code is not None else f"signal {status.signal if status else '?'}"
+            raise ImageBuildError(
+                f"line {ins.line}: {text} failed ({how})\n{output}", details={"line": ins.line, "exitCode": code}
+            )
+        parent = state.layers[-1] if state.layers else None
+        await client.commit_layer(CommitLayerRequest(ref=ref, digest=key, parent=parent, step=text))
+        return output
+    finally:
+        await client.delete(ref)
+
+
+async def build_image(
+    client: SandboxdClient,
+    store: ImageStore,
+    dockerfile: str,
+    name: str,
+    *,
+    context: Path,
+    build_args: dict[str, str] | None = None,
+    network: str | None = None,
+    memory_bytes: int = 1 << 30,
+    step_timeout: float = 3600.0,
+    progress: Callable[[StepEvent], None] | None = None,
+    base_progress: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Build image ``name`` from ``dockerfile`` (text) with ``context`` for COPY; returns the manifest and what
+    each step did. The manifest is written only when every step succeeded."""
+    from adx.images import validate_image_name
+
+    validate_image_name(name, "name")
+    steps = parse_dockerfile(dockerfile)
+    given = dict(build_args or {})
+    report = progress or (lambda _e: None)
+    result = BuildResult(manifest=ImageManifest(name=name, layers=[]))
+    global_args: dict[str, str] = {}
+    state: _State | None = None
+    total = len(steps)
+    for index, ins in enumerate(steps, 1):
+        t0 = time.monotonic()
+        if ins.op is Op.ARG:
+            scope = state.args if state is not None else global_args
+            for arg, default in zip(ins.args[::2], ins.args[1::2], strict=True):
+                scope[arg] = given.get(arg, substitute(default, {**global_args, **scope}))
+            text = f"ARG {json.dumps({k: scope[k] for k in ins.args[::2]}, sort_keys=True)}"
+            if state is not None:
+                state.key = layer_digest(state.key, text)
+                state.history.append(text)
+            event = StepEvent(index, total, text, "config")
+        elif ins.op is Op.FROM:
+            base_name = substitute(ins.args[0], global_args)
+            if base_name == "scratch":
+                base = ImageManifest(name="scratch", layers=[])
+            else:
+                base_or_none = store.find(base_name)
+                if base_or_none is None and base_name in _DEBIAN_NAMES:
+                    base_or_none, _ = ensure_debian_image(store, base_name, progress=base_progress)
+                if base_or_none is None:
+                    raise InvalidInputError(
+                        "dockerfile", f"line {ins.line}: FROM {base_name}: no such image in the store (adx image list)"
+                    )
+                base = base_or_none
+            text = f"FROM {base_name}"
+            state = _State(
+                key=layer_digest(None, f"FROM {json.dumps(base.layers)}"),
+                layers=list(base.layers),
+                env=dict(base.env),
+                workdir=base.workdir,
+                user="root",
+                runtime_user=base.user,
+                args={},
+                history=[*base.history, text],
+            )
+            event = StepEvent(index, total, text, "config")
+        else:
+            assert state is not None  # the parser puts FROM first
+            vars_ = {**global_args, **state.env, **state.args}
+            if ins.op is Op.ENV:
+                for key_, value in zip(ins.args[::2], ins.args[1::2], strict=True):
+                    state.env[key_] = substitute(value, vars_)
+                text = f"ENV {json.dumps(state.env, sort_keys=True)}"
+                state.key = layer_digest(state.key, text)
+                event = StepEvent(index, total, text, "config")
+            elif ins.op is Op.USER:
+                state.user = state.runtime_user = substitute(ins.args[0], vars_)
+                text = f"USER {state.user}"
+                state.key = layer_digest(state.key, text)
+                event = StepEvent(index, total, text, "config")
+            elif ins.op is Op.WORKDIR:
+                state.workdir = posixpath.normpath(posixpath.join(state.workdir, substitute(ins.args[0], vars_)))
+                text = f"WORKDIR {state.workdir}"
+                state.key = layer_digest(state.key, text)
+                if _exists_in_layers(store, state.layers, state.workdir):
+                    event = StepEvent(index, total, text, "config")
+                else:
+                    workdir = state.workdir.lstrip("/")
+                    event = _direct_layer(store, state, text, partial(_mkdir, workdir))
+            elif ins.op is Op.COPY:
+                srcs = [substitute(a, vars_) for a in ins.args[:-1]]
+                dest = substitute(ins.args[-1], vars_)
+                if not dest.startswith("/"):
+                    dest = posixpath.join(state.workdir, dest) + ("/" if dest.endswith("/") else "")
+                content, paths = _content_digest(context, srcs, ins.line)
+                text = f"COPY {json.dumps([*srcs, dest])}"
+                state.key = layer_digest(state.key, text, content)
+                event = _direct_layer(store, state, text, partial(_copy_into, paths=paths, dest=dest))
+            else:  # RUN
+                text = ins.text()
+                state.key = layer_digest(state.key, text, json.dumps([state.user, state.workdir]))
+                if store.has_layer(state.key):
+                    state.layers.append(state.key)
+                    event = StepEvent(index, total, text, "cached", layer=state.key)
+                else:
+                    report(StepEvent(index, total, text, "running"))
+                    output = await _run_step(
+                        client,
+                        state,
+                        ins,
+                        state.key,
+                        text,
+                        network=network,
+                        memory_bytes=memory_bytes,
+                        step_timeout=step_timeout,
+                    )
+                    state.layers.append(state.key)
+                    event = StepEvent(
+                        index, total, text, "built", time.monotonic() - t0, layer=state.key, output=output
+                    )
+            state.history.append(text)
+        if event.status != "built":  # direct layers and config steps: their index and whole time here
+            event = StepEvent(index, total, event.text, event.status, time.monotonic() - t0, event.layer)
+        result.steps.append(event)
+        report(event)
+    assert state is not None
+    manifest = ImageManifest(
+        name=name,
+        layers=state.layers,
+        env=state.env,
+        workdir=state.workdir,
+        user=state.runtime_user,
+        created_at=time.time(),
+        history=state.history,
+    )
+    store.put(manifest)
+    result.manifest = manifest
+    return result
+
+
+def _direct_layer(store: ImageStore, state: _State, text: str, fill: Callable[[Path], object]) -> StepEvent:
+    """A layer assembled without a sandbox (COPY, WORKDIR's mkdir), cached by key like any other."""
+    t0 = time.monotonic()
+    status = "cached"
+    if not store.has_layer(state.key):
+        staging = store.staging()
+        try:
+            fill(staging / "tree")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        store.commit_layer(staging, state.key, state.layers[-1] if state.layers else None, text)
+        status = "built"
+    state.layers.append(state.key)
+    return StepEvent(0, 0, text, status, time.monotonic() - t0, layer=state.key)
