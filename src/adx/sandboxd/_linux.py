@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 
 # Imported here, not lazily: a module first imported in a freshly cloned sandbox child costs milliseconds.
 import fcntl
@@ -217,6 +218,11 @@ def detached_bind(path: str, attrs: int = 0, userns_fd: int | None = None, recur
     return fd
 
 
+#: Whether this kernel takes overlay layers by descriptor (``lowerdir+``, 6.8+); learnt on the first overlay.
+#: A one-element list so the fallback can be forced in tests.
+LOWER_BY_DESCRIPTOR = [True]
+
+
 def detached_overlay(
     lower_fds: list[int], upper: str | None, work: str | None, options: dict[str, str], attrs: int
 ) -> int:
@@ -234,8 +240,22 @@ def detached_overlay(
                 f"overlay option {key}",
             )
 
-        for fd in lower_fds:
-            config(_FSCONFIG_SET_FD, "lowerdir+", None, fd)
+        if LOWER_BY_DESCRIPTOR[0]:
+            try:
+                for fd in lower_fds:
+                    config(_FSCONFIG_SET_FD, "lowerdir+", None, fd)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                LOWER_BY_DESCRIPTOR[0] = False  # kernel < 6.8: this context is unusable, start again below
+                stale, fs = fs, -1
+                os.close(stale)
+                fs = _check(_sys(_NR_FSOPEN, b"overlay", ctypes.c_uint(1)), "fsopen overlay")
+        if not LOWER_BY_DESCRIPTOR[0]:
+            # Older kernels: the layers by path, through our descriptors (/proc/self/fd/N resolves to the
+            # detached mount), so the options still name no host directory.
+            lowers = ":".join(f"/proc/self/fd/{fd}" for fd in lower_fds)
+            config(_FSCONFIG_SET_STRING, "lowerdir", lowers.encode(), 0)
         if upper is not None and work is not None:  # else read-only (two lowers at least)
             config(_FSCONFIG_SET_STRING, "upperdir", os.fsencode(upper), 0)
             config(_FSCONFIG_SET_STRING, "workdir", os.fsencode(work), 0)
@@ -247,7 +267,8 @@ def detached_overlay(
         )
         return _check(_sys(_NR_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(1), ctypes.c_uint(attrs)), "fsmount overlay")
     finally:
-        os.close(fs)
+        if fs >= 0:
+            os.close(fs)
 
 
 def move_mount(fd: int, target: str) -> None:
