@@ -139,6 +139,15 @@ class AuthenticationError(InvalidInputError):
     exit_code = 7
 
 
+class ForbiddenError(AuthenticationError):
+    """A valid credential that may not do this: e.g. a tenant API key on an admin route (HTTP 403). The fix is the
+    right credential, which the message names."""
+
+    code = "forbidden"
+    http_status = 403
+    grpc_status = "PERMISSION_DENIED"
+
+
 class NoCapacityError(ConflictError):
     """No node can take the Environment now (capacity, an expired sample, closed admission). A conflict inside
     the cluster, but to an API caller "try again later": HTTP 503 with ``details["retry_after_seconds"]``."""

@@ -1,5 +1,18 @@
 """Domain types shared by every ADX component. No I/O here."""
 
+from adx.model._admin import (
+    ADMIN_KEY_PREFIX,
+    TENANT_KEY_PREFIX,
+    AdminIdentity,
+    ClusterStatus,
+    DrainEvent,
+    DrainStep,
+    IssuedKey,
+    KeyInfo,
+    NodeHealth,
+    NodeInfo,
+    TenantInfo,
+)
 from adx.model._ids import CHECKPOINT, ENVIRONMENT, EXECUTION, OPERATION, check_id, new_id
 from adx.model._lifecycle import (
     CheckpointStorage,
@@ -28,6 +41,7 @@ from adx.model._stats import EnvironmentStats
 from adx.model._view import EnvironmentList, EnvironmentView
 
 __all__ = [
+    "ADMIN_KEY_PREFIX",
     "ALLOWED_TRANSITIONS",
     "CHECKPOINT",
     "DORMANT_STATES",
@@ -35,9 +49,14 @@ __all__ = [
     "EXECUTION",
     "MAX_QUANTITY",
     "OPERATION",
+    "TENANT_KEY_PREFIX",
     "TERMINAL_STATES",
+    "AdminIdentity",
     "CheckpointRef",
     "CheckpointStorage",
+    "ClusterStatus",
+    "DrainEvent",
+    "DrainStep",
     "EnvironmentList",
     "EnvironmentRecord",
     "EnvironmentSpec",
@@ -46,9 +65,13 @@ __all__ = [
     "EnvironmentView",
     "HealthProbe",
     "IdleAction",
+    "IssuedKey",
+    "KeyInfo",
     "Lifecycle",
     "NetworkMode",
     "NetworkPolicy",
+    "NodeHealth",
+    "NodeInfo",
     "NodeRecord",
     "PauseOptions",
     "Resources",
@@ -56,6 +79,7 @@ __all__ = [
     "ResumeIntent",
     "Retention",
     "RetentionPolicy",
+    "TenantInfo",
     "allocatable",
     "can_transition",
     "check_id",

@@ -86,3 +86,4 @@ class NodeRecord(ApiModel):
     reserved: Resources = Field(default_factory=Resources)
     checkpoint_capable: bool = False
     shared_storage: bool = False
+    cordoned: bool = False  # an admin closed its admission (``adx node cordon``) until it is uncordoned
