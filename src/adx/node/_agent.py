@@ -194,7 +194,10 @@ class NodeAgent(Recovery, RuntimeChecks):
     def _metrics_app(self) -> Starlette:
         registry = metrics_registry(
             NodeCollector(
-                self.metrics, lambda: self.reporter.admission_open, lambda: self.relay.streams.closed_admission
+                self.metrics,
+                lambda: self.reporter.admission_open,
+                lambda: self.relay.streams.closed_admission,
+                lambda: sample.capacity if (sample := self.reporter.tracker.sample) is not None else None,
             )
         )
 

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from adx.errors import AdxError, ConflictError, EnvironmentPausedError
-from adx.model import DORMANT_STATES, EnvironmentState, EnvironmentStats, Resources
+from adx.model import DORMANT_STATES, EnvironmentState, EnvironmentStats, Resources, allocatable
 from adx.node._controller import Controller
 from adx.runtime import ExecutionStats, RuntimeDriver
 
@@ -215,11 +215,16 @@ class NodeCollector(Collector):
     """MET-4: per-instance usage with its sample age, the node's reservations and admission flags."""
 
     def __init__(
-        self, sampler: MetricsSampler, admission_open: Callable[[], bool], closed_admission: Callable[[], set[str]]
+        self,
+        sampler: MetricsSampler,
+        admission_open: Callable[[], bool],
+        closed_admission: Callable[[], set[str]],
+        capacity: Callable[[], Resources | None] = lambda: None,
     ) -> None:
         self.sampler = sampler
         self.admission_open = admission_open
         self.closed_admission = closed_admission
+        self.capacity = capacity  # the node's last capacity sample (None before the first)
 
     def collect(self) -> Iterator[Metric]:
         node = self.sampler.node
@@ -272,6 +277,18 @@ class NodeCollector(Collector):
             )
             family.add_metric([node], value)
             yield family
+        capacity = self.capacity()
+        if capacity is not None:
+            # RES-4's formula, as placement applies it: what the node may still admit.
+            free = allocatable(capacity, reserved)
+            for kind, values, text in (
+                ("capacity", capacity, "the node's capacity (its last sample)"),
+                ("allocatable", free, "max(capacity - reserved, 0): what the node may still admit"),
+            ):
+                for name in ("cpu_millis", "memory_bytes", "disk_bytes"):
+                    family = GaugeMetricFamily(f"adx_node_{kind}_{name}", text, labels=["node"])
+                    family.add_metric([node], getattr(values, name))
+                    yield family
         by_state = GaugeMetricFamily("adx_node_environments", "Environments by state", labels=["node", "state"])
         for state, count in sorted(states.items()):
             by_state.add_metric([node, state], count)
