@@ -92,3 +92,27 @@ def test_cordon_and_uncordon_through_the_cli(up_cluster: UpCluster) -> None:  # 
     finally:
         assert up_cluster.adx("node", "uncordon", name).returncode == 0
     assert re.search(r"\bopen\b", up_cluster.adx("node", "list").stdout.splitlines()[1])
+
+
+def test_drain_through_the_cli_on_a_real_cluster(up_cluster: UpCluster) -> None:  # noqa: F811
+    """`adx node drain` on `adx up` (every daemon a real process): the running Environment is paused with its
+    files; its checkpoint is local (one node), which its line says; after the uncordon it resumes there."""
+    made = up_cluster.adx("env", "create", "--cpu", "250m", "--memory", "128Mi", "--json")
+    assert made.returncode == 0, made.stderr
+    env = json.loads(made.stdout)
+    wrote = up_cluster.adx("env", "exec", env["id"], "--", "sh", "-c", "echo drained-ok > /work/f")
+    assert wrote.returncode == 0, wrote.stderr
+    drained = up_cluster.adx("node", "drain", env["node"])
+    try:
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        lines = drained.stdout.splitlines()
+        assert lines[0].startswith("cordoned") and lines[-1].startswith("done")
+        paused = next(line for line in lines if line.startswith("paused ") and env["id"] in line)
+        assert "it resumes only there (uncordon it)" in paused
+        state = json.loads(up_cluster.adx("env", "get", env["id"], "--json").stdout)["state"]
+        assert state == "paused"
+    finally:
+        assert up_cluster.adx("node", "uncordon", env["node"]).returncode == 0
+    read = up_cluster.adx("env", "exec", env["id"], "--", "cat", "/work/f")
+    assert read.returncode == 0 and read.stdout.strip() == "drained-ok", read.stderr
+    up_cluster.adx("env", "delete", env["id"])
