@@ -17,6 +17,7 @@ __all__ = [
     "ConflictError",
     "EnvironmentPausedError",
     "EnvironmentPausingError",
+    "ForbiddenError",
     "InvalidInputError",
     "NoCapacityError",
     "NotFoundError",
