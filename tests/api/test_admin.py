@@ -176,4 +176,6 @@ async def test_admin_routes_are_in_the_openapi_schema(api_stack) -> None:
     body = paths["/v1/admin/tenants"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["$ref"].endswith("CreateTenantBody")
     assert "AdminKey" in schema["components"]["securitySchemes"]
+    drain = paths["/v1/admin/nodes/{node}/drain"]["post"]["responses"]["200"]["content"]["application/x-ndjson"]
+    assert "$ref" not in json.dumps(drain) and "cordoned" in drain["schema"]["properties"]["step"]["enum"]
     await asyncio.sleep(0)

@@ -236,6 +236,18 @@ async def uncordon_node(request: Request, node: str, who: Admin) -> NodeInfo:
     return await _cordon(request, node, False, who)
 
 
+def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its ``$defs`` put in place: a schema inside an OpenAPI document cannot point
+    at ``#/$defs/...`` (that resolves against the document's root)."""
+    schema = model.model_json_schema(by_alias=True)
+    defs = schema.pop("$defs", {})
+    for prop in schema.get("properties", {}).values():
+        ref = prop.pop("$ref", None)
+        if ref is not None:
+            prop.update(defs[ref.rsplit("/", 1)[-1]])
+    return schema
+
+
 @router.post(
     "/nodes/{node}/drain",
     summary="Drain a node: cordon it, then pause every running Environment of it (they resume elsewhere)",
@@ -244,7 +256,7 @@ async def uncordon_node(request: Request, node: str, who: Admin) -> NodeInfo:
         200: {
             "description": "progress, one DrainEvent JSON object per line (application/x-ndjson); the last has "
             "step 'done'",
-            "content": {"application/x-ndjson": {"schema": DrainEvent.model_json_schema(by_alias=True)}},
+            "content": {"application/x-ndjson": {"schema": _inline_schema(DrainEvent)}},
         }
     },
 )
