@@ -17,6 +17,7 @@ __all__ = [
     "ConflictError",
     "EnvironmentPausedError",
     "EnvironmentPausingError",
+    "ForbiddenError",
     "InvalidInputError",
     "NoCapacityError",
     "NotFoundError",
@@ -137,6 +138,15 @@ class AuthenticationError(InvalidInputError):
     http_status = 401
     grpc_status = "UNAUTHENTICATED"
     exit_code = 7
+
+
+class ForbiddenError(AuthenticationError):
+    """A valid credential that may not do this: e.g. a tenant API key on an admin route (HTTP 403). The fix is the
+    right credential, which the message names."""
+
+    code = "forbidden"
+    http_status = 403
+    grpc_status = "PERMISSION_DENIED"
 
 
 class NoCapacityError(ConflictError):

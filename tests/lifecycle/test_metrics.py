@@ -67,6 +67,10 @@ async def test_running_environments_are_sampled_and_paused_ones_are_not(node_clu
         # Paused: nothing sampled, its reservation released, the node admits.
         assert for_env(metrics, "adx_environment_memory_bytes", sleeper.id) is None
         assert metrics["adx_node_reserved_cpu_millis"] == {(("node", "n1"),): 500}
+        # Capacity (the node's sample: node_cluster's capacity file) and allocatable = capacity - reserved.
+        assert metrics["adx_node_capacity_cpu_millis"] == {(("node", "n1"),): 8000}
+        assert metrics["adx_node_allocatable_cpu_millis"] == {(("node", "n1"),): 7500}
+        assert metrics["adx_node_allocatable_memory_bytes"] == {(("node", "n1"),): (16 << 30) - (256 << 20)}
         assert metrics["adx_node_admission_open"] == {(("node", "n1"),): 1}
         by_state = {dict(labels)["state"]: v for labels, v in metrics["adx_node_environments"].items()}
         assert by_state["running"] == 1 and by_state["paused"] == 1

@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from adx._certs import Identity, component_paths
 from adx._grpc_tls import channel_credentials
 from adx._node_client import NodeClients
+from adx.api._admin_routes import router as admin_router
 from adx.api._agent_routes import close_agent_store
 from adx.api._agent_routes import router as agent_router
 from adx.api._logs_routes import logs_router
@@ -88,6 +89,7 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
         app.include_router(router)
         app.include_router(logs_router)
         app.include_router(agent_router)
+        app.include_router(admin_router)
     if with_ingress:
         app.include_router(ingress_router)
     if config.e2b:

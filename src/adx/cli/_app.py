@@ -37,6 +37,8 @@ COMMANDS: dict[str, CommandEntry] = {
     "up": CommandEntry("_up", "Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."),
     "env": CommandEntry("_env_cmd", "Environments: create, list, get, exec, pause, resume, lifetime, delete."),
     "tenant": CommandEntry("_tenant_cmd", "Tenants and their API keys."),
+    "key": CommandEntry("_tenant_cmd", "Tenants' API keys: create, revoke, rotate."),
+    "cluster": CommandEntry("_node_cmd", "The cluster's status: nodes, Environments by state, Coordinator leader."),
     "certs": CommandEntry("_certs_cmd", "Create the cluster CA and component certificates (mutual TLS)."),
     "config": CommandEntry("_config_cmd", "Inspect and validate configuration files."),
     "agent": CommandEntry("_agent", "Durable agent runtime."),
@@ -48,7 +50,7 @@ COMMANDS: dict[str, CommandEntry] = {
     ),
     "coordinator": CommandEntry("_coordinator_cmd", "Run the Coordinator (gRPC with mutual TLS; state in Redis)."),
     "node": CommandEntry(
-        "_node_cmd", "Run the node agent: Controllers for this node's Environments, the node API and the Relay."
+        "_node_cmd", "Run the node agent (`adx node --config FILE`), or list, cordon, uncordon and drain nodes."
     ),
     "sandboxd": CommandEntry(
         "_sandboxd", "Run sandboxd: process sandboxes on this node, with a private registry that survives restarts."

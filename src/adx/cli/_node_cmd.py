@@ -1,19 +1,24 @@
-"""``adx node``: the node agent (adxlet)."""
+"""``adx node``: the node agent (adxlet, ``adx node --config FILE``) and the node admin commands (``adx node
+list|cordon|uncordon|drain``, ``adx cluster status``, through the admin API)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from adx.cli._app import GlobalOptions, app, fail, setup_logging
+from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, Json, check_name
+from adx.cli._app import GlobalOptions, app, console, fail, setup_logging
 from adx.cli._cluster import ClusterInfo, fill_from_cluster, log_joined
 from adx.config import NodeConfig, load_model
-from adx.errors import AdxError
+from adx.errors import AdxError, ConflictError, InvalidInputError
 
 
 async def _run(config: NodeConfig) -> None:
@@ -36,11 +41,33 @@ _FROM_CLUSTER: dict[str, Callable[[ClusterInfo], object]] = {
 }
 
 
-@app.command()
+node_app = typer.Typer(
+    help="Run the node agent (`adx node --config FILE`), or list, cordon, uncordon and drain nodes.",
+    invoke_without_command=True,
+)
+app.add_typer(node_app, name="node")
+cluster_app = typer.Typer(help="The cluster's status: nodes, Environments by state, Coordinator leader.")
+app.add_typer(cluster_app, name="cluster")
+
+NodeName = Annotated[str, typer.Argument(help="the node's name (`adx node list` shows them)")]
+
+
+@node_app.callback()
 def node(
-    config: Annotated[Path, typer.Option("--config", help="TOML file (component 'node')", dir_okay=False)],
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML file (component 'node'): run the agent", dir_okay=False)
+    ] = None,
 ) -> None:
-    """Run the node agent: Controllers for this node's Environments, the node API and the Relay."""
+    """Run the node agent: Controllers for this node's Environments, the node API and the Relay (--config).
+    The subcommands administer the cluster's nodes through the admin API."""
+    if ctx.invoked_subcommand is not None:
+        if config is not None:
+            fail(InvalidInputError("--config", f"runs the node agent; `adx node {ctx.invoked_subcommand}` takes none"))
+        return
+    if config is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
     try:
         cfg, cluster = fill_from_cluster(load_model(NodeConfig, "node", config), _FROM_CLUSTER, GlobalOptions.cluster)
     except AdxError as exc:
@@ -51,3 +78,126 @@ def node(
         asyncio.run(_run(cfg))
     except AdxError as exc:
         fail(exc)
+
+
+def _res(free: int, total: int, fmt: Callable[[int], str]) -> str:
+    return f"{fmt(free)}/{fmt(total)}"
+
+
+def _admission(n: dict[str, Any]) -> str:
+    if n["cordoned"]:
+        return "cordoned"
+    if n["admissionOpen"]:
+        return "open"
+    return "closed" + (f" ({n['admissionReason']})" if n["admissionReason"] else "")
+
+
+def _heartbeat(at: float, now: float) -> str:
+    from adx.cli._human import format_duration
+
+    return "never" if at <= 0 else f"{format_duration(max(now - at, 0.0))} ago"
+
+
+def _envs(states: dict[str, int]) -> str:
+    return ",".join(f"{count} {state}" for state, count in states.items()) or "-"
+
+
+def nodes_table(nodes: list[dict[str, Any]], now: float) -> str:
+    from adx.cli._human import table
+    from adx.model import format_bytes, format_cpu
+
+    rows = [
+        (
+            n["name"],
+            n["health"],
+            _admission(n),
+            _res(n["allocatable"]["cpuMillis"], n["capacity"]["cpuMillis"], format_cpu),
+            _res(n["allocatable"]["memoryBytes"], n["capacity"]["memoryBytes"], format_bytes),
+            _res(n["allocatable"]["diskBytes"], n["capacity"]["diskBytes"], format_bytes),
+            f"{format_cpu(n['reserved']['cpuMillis'])}, {format_bytes(n['reserved']['memoryBytes'])}",
+            _heartbeat(n["lastHeartbeatAt"], now),
+            _envs(n["environments"]),
+        )
+        for n in nodes
+    ]
+    header = ("NAME", "HEALTH", "ADMISSION", "CPU FREE/CAP", "MEMORY FREE/CAP", "DISK FREE/CAP", "RESERVED")
+    return table((*header, "HEARTBEAT", "ENVIRONMENTS"), rows)
+
+
+@node_app.command("list")
+def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """List nodes: health, admission, allocatable/capacity, reservations, last heartbeat, Environments."""
+    try:
+        nodes = AdminHttp.find(api_url, admin_key).request("GET", "/v1/admin/nodes", "list nodes")
+    except AdxError as exc:
+        fail(exc)
+    if as_json:
+        console.print_json(json.dumps(nodes))
+        return
+    sys.stdout.write(nodes_table(nodes, time.time()))
+
+
+def _cordon(name: str, cordoned: bool, api_url: str | None, admin_key: str | None) -> None:
+    verb = "cordon" if cordoned else "uncordon"
+    try:
+        AdminHttp.find(api_url, admin_key).request(
+            "POST", f"/v1/admin/nodes/{check_name('node', name)}/{verb}", f"{verb} node {name}"
+        )
+    except AdxError as exc:
+        fail(exc)
+    if cordoned:
+        console.print(f"node {name} cordoned: it admits no new or resumed Environment; running ones go on")
+    else:
+        console.print(f"node {name} uncordoned: it admits again")
+
+
+@node_app.command("cordon")
+def cordon(name: NodeName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Cordon NODE: it admits no new or resumed Environment (its running ones go on)."""
+    _cordon(name, True, api_url, admin_key)
+
+
+@node_app.command("uncordon")
+def uncordon(name: NodeName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Let a cordoned NODE admit again."""
+    _cordon(name, False, api_url, admin_key)
+
+
+@node_app.command("drain")
+def drain(name: NodeName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Drain NODE: cordon it, then pause every running Environment of it (each resumes on another node on its
+    next use when its checkpoint is on shared storage). Paused ones stay paused. Prints each step."""
+    failed = 0
+    try:
+        http = AdminHttp.find(api_url, admin_key)
+        for event in http.stream(f"/v1/admin/nodes/{check_name('node', name)}/drain", f"drain node {name}"):
+            step, env = event["step"], event.get("environmentId") or ""
+            failed += step == "failed"
+            what = f"{env} ({event['tenant']}, {event['state']})" if env else f"node {name}"
+            message = f": {event['message']}" if event.get("message") else ""
+            console.print(f"{step:<9} {what}{message}", soft_wrap=True, highlight=False, markup=False)
+    except AdxError as exc:
+        fail(exc)
+    if failed:
+        fail(ConflictError(f"node {name}: {failed} Environment(s) could not be paused (see above); drain again"))
+
+
+@cluster_app.command("status")
+def status(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """The cluster: its nodes, every tenant's Environments by state, and the Coordinator leader."""
+    try:
+        http = AdminHttp.find(api_url, admin_key)
+        answer = http.request("GET", "/v1/admin/cluster", "cluster status")
+    except AdxError as exc:
+        fail(exc)
+    if as_json:
+        console.print_json(json.dumps(answer))
+        return
+    nodes = answer["nodes"]
+    ready = sum(n["health"] == "ready" for n in nodes)
+    out = sys.stdout
+    out.write(f"API          {http.api_url}\n")
+    out.write(f"Coordinator  {answer['leader']}\n")
+    out.write(f"Nodes        {len(nodes)} ({ready} ready, {sum(n['cordoned'] for n in nodes)} cordoned)\n")
+    out.write(f"Environments {_envs(answer['environments'])}\n\n")
+    out.write(nodes_table(nodes, answer["servedAt"]))

@@ -1,19 +1,30 @@
-"""``adx tenant create NAME``: a tenant API key, made by the Coordinator (talks to it with an api certificate)."""
+"""``adx tenant create|list|disable|enable`` and ``adx key create|revoke|rotate``.
+
+``tenant create`` talks to the Coordinator with the API server's certificate (it works before any admin key
+exists); the others go through the admin API with the admin key (``_admin_http``)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from adx.cli._admin import admin_config
+from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, Json, check_name
 from adx.cli._app import app, console, err_console, fail
 from adx.errors import AdxError, UnavailableError
 
 tenant_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
+key_app = typer.Typer(help="Tenants' API keys: create, revoke, rotate.", no_args_is_help=True)
+app.add_typer(key_app, name="key")
+
+TenantName = Annotated[str, typer.Argument(help="the tenant's name")]
+KeyId = Annotated[str, typer.Argument(help="the key's ID (key_...; `adx tenant list` shows them)")]
 
 
 @tenant_app.command("create")
@@ -56,3 +67,102 @@ def create(
     # The key alone on stdout (scripts capture it); the advice on stderr.
     console.print(key, soft_wrap=True, highlight=False, markup=False)
     err_console.print(f"tenant {name}: new API key (use it as ADX_API_KEY; it is not shown again)", highlight=False)
+
+
+@tenant_app.command("list")
+def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """List tenants: created, enabled or disabled, their keys' IDs."""
+    from adx.cli._human import format_time, table
+
+    try:
+        tenants = AdminHttp.find(api_url, admin_key).request("GET", "/v1/admin/tenants", "list tenants")
+    except AdxError as exc:
+        fail(exc)
+    if as_json:
+        console.print_json(json.dumps(tenants))
+        return
+    rows = [
+        (
+            t["name"],
+            "disabled" if t["disabled"] else "enabled",
+            format_time(t["createdAt"]),
+            ",".join(k["id"] for k in t["keys"]) or "-",
+        )
+        for t in tenants
+    ]
+    sys.stdout.write(table(("NAME", "STATUS", "CREATED", "KEYS"), rows))
+
+
+def _set_disabled(name: str, disabled: bool, api_url: str | None, admin_key: str | None) -> None:
+    verb = "disable" if disabled else "enable"
+    try:
+        AdminHttp.find(api_url, admin_key).request(
+            "POST", f"/v1/admin/tenants/{check_name('name', name)}/{verb}", f"{verb} tenant {name}"
+        )
+    except AdxError as exc:
+        fail(exc)
+    if disabled:
+        console.print(f"tenant {name} disabled: its API keys are refused; its Environments are left as they are")
+    else:
+        console.print(f"tenant {name} enabled: its API keys work again")
+
+
+@tenant_app.command("disable")
+def disable(name: TenantName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Disable tenant NAME: its API keys are refused (401); its Environments are left as they are."""
+    _set_disabled(name, True, api_url, admin_key)
+
+
+@tenant_app.command("enable")
+def enable(name: TenantName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Enable a disabled tenant again."""
+    _set_disabled(name, False, api_url, admin_key)
+
+
+def _print_issued(issued: dict[str, str], what: str) -> None:
+    # The key alone on stdout (scripts capture it); the rest on stderr.
+    console.print(issued["apiKey"], soft_wrap=True, highlight=False, markup=False)
+    err_console.print(
+        f"tenant {issued['owner']}: {what} {issued['keyId']} (use it as ADX_API_KEY; it is not shown again)",
+        highlight=False,
+    )
+
+
+@key_app.command("create")
+def key_create(tenant: TenantName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Add an API key to TENANT and print it (shown once)."""
+    try:
+        issued = AdminHttp.find(api_url, admin_key).request(
+            "POST", f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys", f"create a key of {tenant}"
+        )
+    except AdxError as exc:
+        fail(exc)
+    _print_issued(issued, "new API key")
+
+
+@key_app.command("revoke")
+def key_revoke(tenant: TenantName, key_id: KeyId, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Revoke KEY_ID of TENANT: refused from now on."""
+    try:
+        AdminHttp.find(api_url, admin_key).request(
+            "DELETE",
+            f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys/{check_name('key_id', key_id)}",
+            f"revoke key {key_id}",
+        )
+    except AdxError as exc:
+        fail(exc)
+    console.print(f"tenant {tenant}: key {key_id} revoked")
+
+
+@key_app.command("rotate")
+def key_rotate(tenant: TenantName, key_id: KeyId, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
+    """Replace KEY_ID of TENANT with a new key (printed once); the old one is refused from then on."""
+    try:
+        issued = AdminHttp.find(api_url, admin_key).request(
+            "POST",
+            f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys/{check_name('key_id', key_id)}/rotate",
+            f"rotate key {key_id}",
+        )
+    except AdxError as exc:
+        fail(exc)
+    _print_issued(issued, f"key {key_id} replaced by")

@@ -21,7 +21,14 @@ import typer
 from adx._fs import atomic_write_json
 from adx.cli._app import app, console, fail, setup_logging
 from adx.cli._down import UP_FILE
-from adx.cli._up_cluster import credentials_file, ensure_tenant_key, plan_cluster, record_cluster
+from adx.cli._up_cluster import (
+    admin_credentials_file,
+    credentials_file,
+    ensure_admin_key,
+    ensure_tenant_key,
+    plan_cluster,
+    record_cluster,
+)
 from adx.config import UpConfig, load_model
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedServer, ServerState
 from adx.errors import AdxError, UnavailableError
@@ -89,6 +96,17 @@ def client_snippet() -> list[str]:
         where = shlex.quote(str(checkout))
         lines.append(f"  From your own project's environment: pip install {where}  (the SDK and CLI client only)")
     return lines
+
+
+def _print_admin(admin_key: str, created: bool, state_dir: Path) -> None:
+    # Shown in full only when it is new: a restart must not spray the cluster's admin credential into logs again.
+    saved = f"saved to {state_dir / 'admin.json'} and {admin_credentials_file()}"
+    shown = admin_key if created else "(unchanged)"
+    console.print(
+        f"[bold]Admin key[/bold] {shown}  ({saved}; `adx node list`, `adx tenant list` ... use it)",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 def _check_external(kind: str, url: str) -> None:
@@ -171,12 +189,14 @@ async def _run(cfg: UpConfig) -> None:
             servers += cluster.servers
             api_url = _info_url(cluster.api).replace("0.0.0.0", "127.0.0.1")
             api_key, created = await asyncio.to_thread(ensure_tenant_key, cluster, state_dir, cfg.tenant, api_url)
+            admin_key, admin_created = await asyncio.to_thread(ensure_admin_key, cluster, state_dir, api_url)
             recorded = await asyncio.to_thread(record_cluster, cluster, state_dir, redis_url, cfg.tenant, api_url)
             if cfg.base_image == "debian":
                 await _wait_base_image(state_dir, stop)
         _print_endpoints(servers, external, state_dir)
         if not cfg.servers_only:
             _print_access(api_url, cfg.tenant, api_key, created, recorded[-1])
+            _print_admin(admin_key, admin_created, state_dir)
             if cfg.node_metrics_listen:
                 console.print(
                     f"node metrics  http://{cfg.node_metrics_listen}/metrics", soft_wrap=True, highlight=False

@@ -23,6 +23,7 @@ from adx.config import UpConfig
 from adx.embedded import ManagedServer
 from adx.embedded._adx_daemons import ApiDaemon, CoordinatorDaemon, NodeDaemon, SandboxdDaemon
 from adx.embedded._process import pick_free_port
+from adx.model import IssuedKey
 from adx.proto import coordinator_pb2, coordinator_pb2_grpc
 
 
@@ -146,6 +147,48 @@ def ensure_tenant_key(cluster: Cluster, state_dir: Path, tenant: str, api_url: s
     atomic_write_json(saved, {"tenant": tenant, "api_key": reply.api_key})
     _write_user_credentials(api_url, reply.api_key)
     return reply.api_key, True
+
+
+ADMIN_FILE = "admin.json"
+
+
+def admin_credentials_file() -> Path:
+    """Where the CLI finds the admin key: ``$XDG_CONFIG_HOME/adx/admin.json``, beside the tenant credentials."""
+    return credentials_file().with_name(ADMIN_FILE)
+
+
+def ensure_admin_key(cluster: Cluster, state_dir: Path, api_url: str) -> tuple[str, bool]:
+    """The cluster's admin key: created once (only its hash is in the Coordinator's store), kept in
+    ``state_dir/admin.json`` and the user's ``admin.json`` (0600). A saved key the store no longer knows (a new
+    Redis) is replaced. Returns (key, created)."""
+    saved = state_dir / ADMIN_FILE
+    info = cluster.coordinator.read_info()
+    assert info is not None
+    credentials = channel_credentials(component_paths(cluster.certs, Identity("api", "main")))
+    with grpc.secure_channel(f"localhost:{info.port}", credentials) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorAdminStub(channel)
+        key = None
+        if saved.exists():
+            key = json.loads(saved.read_text()).get("admin_key")
+            try:
+                stub.AuthenticateAdmin(coordinator_pb2.AuthenticateAdminRequest(api_key=key), timeout=10)
+            except grpc.RpcError as exc:
+                if exc.code() is not grpc.StatusCode.NOT_FOUND:
+                    raise from_rpc_error(exc, "check the admin key") from None  # type: ignore[arg-type]
+                key = None
+        created = key is None
+        if key is None:
+            try:
+                reply = stub.CreateAdminKey(coordinator_pb2.CreateAdminKeyRequest(name="admin"), timeout=10)
+            except grpc.RpcError as exc:
+                raise from_rpc_error(exc, "create the admin key") from None  # type: ignore[arg-type]
+            key = IssuedKey.model_validate_json(reply.json).api_key
+    record = {"api_url": api_url, "admin_key": key}
+    atomic_write_json(saved, record, mode=0o600)
+    user_file = admin_credentials_file()
+    user_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write_json(user_file, record, mode=0o600)
+    return str(key), created
 
 
 def _write_user_credentials(api_url: str, api_key: str) -> None:

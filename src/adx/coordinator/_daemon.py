@@ -27,6 +27,7 @@ from adx._grpc_tls import channel_credentials, server_credentials
 from adx._health import HealthServicer
 from adx._node_client import NodeClients
 from adx.config import CoordinatorConfig
+from adx.coordinator._admin_service import CoordinatorAdminService
 from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lease import LeaderLease
 from adx.coordinator._service import CoordinatorService
@@ -153,6 +154,8 @@ async def start_coordinator(config: CoordinatorConfig, *, lease: LeaderLease | N
     health = HealthServicer("coordinator")
     server = grpc.aio.server(interceptors=[_ActiveOnly(lease)], options=SERVER_OPTIONS)
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(service, server)
+    leader = f"replica {lease.replica_id} ({config.name}, {config.listen}, term {lease.value})"
+    coordinator_pb2_grpc.add_CoordinatorAdminServicer_to_server(CoordinatorAdminService(service, leader=leader), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         port = server.add_secure_port(config.listen, credentials)

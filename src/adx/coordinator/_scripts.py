@@ -11,6 +11,8 @@ daemon). A script whose lease value does not match returns ``{FENCED, holder}`` 
 from __future__ import annotations
 
 FENCED = -9
+#: Why a cordoned node admits nothing (the placement reads it as the node's closed admission).
+CORDONED_REASON = "cordoned by an admin"
 
 _FENCE = """
 local fence = ARGV[#ARGV]
@@ -194,13 +196,20 @@ return {1, ''}
 # RES-4: a sample replaces capacity, its validity and the node's CPU overcommit ratio; reservations are never
 # touched here.
 REPORT_CAPACITY = fenced(
+    f"local CORDONED_REASON = '{CORDONED_REASON}'\n"
     """
 local session = redis.call('HGET', KEYS[1], 'session')
 if not session then return {-1, 'unknown node'} end
 if session ~= ARGV[1] then return {-4, session} end
 redis.call('HSET', KEYS[1], 'cap_cpu', ARGV[2], 'cap_mem', ARGV[3], 'cap_disk', ARGV[4],
-           'cap_valid_until', ARGV[5], 'admission', ARGV[6], 'admission_reason', ARGV[7], 'devices', ARGV[8],
+           'cap_valid_until', ARGV[5], 'node_admission', ARGV[6], 'node_admission_reason', ARGV[7], 'devices', ARGV[8],
            'cpu_overcommit', ARGV[9])
+-- A cordoned node (SET_NODE_CORDONED) stays closed whatever it reports; its own view is kept for the uncordon.
+if redis.call('HGET', KEYS[1], 'cordoned') == '1' then
+  redis.call('HSET', KEYS[1], 'admission', '0', 'admission_reason', CORDONED_REASON)
+else
+  redis.call('HSET', KEYS[1], 'admission', ARGV[6], 'admission_reason', ARGV[7])
+end
 return {1, ''}
 """
 )
@@ -236,13 +245,79 @@ return {1, ''}
 """
 )
 
-# SEC-2: a tenant and one more API key of it (only the key's hash is stored).
-# KEYS: tenant, tenant set, api key   ARGV: created_at, name
+# SEC-2: a tenant and one more API key of it (only the key's hash is stored, also in the tenant's key index so
+# an admin can list, revoke and rotate it).
+# KEYS: tenant, tenant set, api key, tenant's key index   ARGV: created_at, name, key hash
 CREATE_TENANT = fenced(
     """
 redis.call('HSETNX', KEYS[1], 'created_at', ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[3], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[1])
+return {1, ''}
+"""
+)
+
+
+# ---- administration (``_admin_store``) ----------------------------------------------------------------------
+
+# One more key of an existing tenant. KEYS: tenant, api key, tenant's key index   ARGV: created_at, name, key hash
+CREATE_KEY = fenced(
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 'unknown tenant'} end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
+return {1, ''}
+"""
+)
+
+# Revoke one key, or rotate it (KEYS[3]/ARGV[3..4] given: the new key is stored in the same step, so there is no
+# moment with neither or both). KEYS: tenant's key index, old api key[, new api key]
+# ARGV: old hash, tenant[, new hash, created_at]
+REVOKE_KEY = fenced(
+    """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-1, 'unknown key'} end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+if #KEYS == 4 then
+  redis.call('SET', KEYS[3], ARGV[2])
+  redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+end
+return {1, ''}
+"""
+)
+
+# KEYS: tenant   ARGV: '1' disabled | '0' enabled
+SET_TENANT_DISABLED = fenced(
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 'unknown tenant'} end
+redis.call('HSET', KEYS[1], 'disabled', ARGV[1])
+return {1, ''}
+"""
+)
+
+# KEYS: admin key, admin key index   ARGV: name, created_at, key hash
+CREATE_ADMIN_KEY = fenced(
+    """
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[1] .. ' ' .. ARGV[2])
+return {1, ''}
+"""
+)
+
+# Cordon: the node's admission flag (which placement and every reservation script already honour) is held closed
+# until the uncordon, which restores what the node last reported. KEYS: node   ARGV: '1' cordon | '0' uncordon
+SET_NODE_CORDONED = fenced(
+    f"local CORDONED_REASON = '{CORDONED_REASON}'\n"
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 'unknown node'} end
+if ARGV[1] == '1' then
+  redis.call('HSET', KEYS[1], 'cordoned', '1', 'admission', '0', 'admission_reason', CORDONED_REASON)
+else
+  local own = redis.call('HMGET', KEYS[1], 'node_admission', 'node_admission_reason')
+  redis.call('HDEL', KEYS[1], 'cordoned')
+  redis.call('HSET', KEYS[1], 'admission', own[1] or '0', 'admission_reason', own[2] or '')
+end
 return {1, ''}
 """
 )

@@ -17,6 +17,7 @@ from adx._backoff import Backoff
 from adx._grpc_errors import abort_with
 from adx._grpc_tls import require_peer
 from adx._node_client import NodeClients
+from adx.coordinator._admin_store import AdminStore
 from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lifecycle import LifecycleOps
 from adx.coordinator._placement import NO_CAPACITY, Refusal, rank_nodes
@@ -113,6 +114,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         resume_retry_seconds: float = 30.0,
     ) -> None:
         self.store = store
+        self.admin = AdminStore(store)
         self.cache = cache
         self.nodes = nodes
         self.session_ttl = session_ttl
@@ -298,9 +300,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         await require_peer(context, "api")
         try:
             tenant = await self.store.authenticate(request.api_key)
+            disabled = await self.admin.tenant_disabled(tenant)
         except AdxError as exc:
             await abort_with(context, exc)
-        return pb.AuthenticateResponse(tenant=tenant)
+        return pb.AuthenticateResponse(tenant=tenant, disabled=disabled)
 
     async def CreateEnvironment(self, request: pb.CreateEnvironmentRequest, context: Context) -> pb.EnvironmentReply:
         await require_peer(context, "api")

@@ -55,6 +55,22 @@ def tenant_index_key(tenant: str) -> str:
     return f"adx:tenant-envs:{tenant}"
 
 
+def tenant_key(name: str) -> str:
+    return f"adx:tenant:{name}"
+
+
+TENANT_SET = "adx:tenants"
+
+
+def tenant_keys_key(name: str) -> str:
+    """The tenant's key index: key hash -> created_at (admin list, revoke, rotate)."""
+    return f"adx:tenant-keys:{name}"
+
+
+def api_key_key(digest: str) -> str:
+    return f"adx:apikey:{digest}"
+
+
 def node_key(name: str) -> str:
     return f"adx:node:{name}"
 
@@ -216,14 +232,15 @@ class CoordinatorStore:
         api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
         now = time.time()
 
-        keys = [f"adx:tenant:{name}", "adx:tenants", f"adx:apikey:{hash_api_key(api_key)}"]
-        await self._script("create tenant", self._create_tenant, keys, [repr(now), name])
+        digest = hash_api_key(api_key)
+        keys = [tenant_key(name), TENANT_SET, api_key_key(digest), tenant_keys_key(name)]
+        await self._script("create tenant", self._create_tenant, keys, [repr(now), name, digest])
         return api_key
 
     async def authenticate(self, api_key: str) -> str:
         """The tenant owning ``api_key``; NotFoundError for an unknown key (no detail on why)."""
         tenant = await self._call(
-            "authenticate", lambda: self._redis.get(f"adx:apikey:{hash_api_key(api_key)}"), writes=False
+            "authenticate", lambda: self._redis.get(api_key_key(hash_api_key(api_key))), writes=False
         )
         if tenant is None:
             raise NotFoundError("unknown API key")
@@ -576,6 +593,7 @@ def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:
         checkpoint_capable=h.get("checkpoint_capable") == "1",
         shared_storage=h.get("shared_storage") == "1",
         cpu_overcommit=float(h.get("cpu_overcommit") or 1.0),
+        cordoned=h.get("cordoned") == "1",
     )
 
 

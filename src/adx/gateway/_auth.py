@@ -25,6 +25,11 @@ class TenantAuth:
         self._ttl = ttl
         self._cache: dict[bytes, tuple[str, float]] = {}
 
+    def forget_all(self) -> None:
+        """Drop every cached answer: an admin revoked a key or disabled a tenant through this process, which
+        then refuses it at once (other replicas within ``ttl``)."""
+        self._cache.clear()
+
     async def tenant(self, authorization: str | None) -> str:
         if not authorization:
             raise Unauthenticated("missing 'Authorization: Bearer <API key>'")

@@ -13,7 +13,7 @@ from adx._certs import Identity, component_paths
 from adx._coordinator_channel import coordinator_channel
 from adx._grpc_errors import from_rpc_error
 from adx._grpc_tls import channel_credentials
-from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
+from adx.errors import AdxError, AuthenticationError, UnavailableError, UncertainOutcomeError
 from adx.gateway._config import ApiConfig
 from adx.model import EnvironmentRecord, EnvironmentSpec, NetworkPolicy, parse_wire
 from adx.proto import coordinator_pb2 as pb
@@ -83,6 +83,15 @@ class CoordinatorClient:
                 error = UnavailableError(error.message)
             raise error from None
 
+    @property
+    def admin(self) -> pb_grpc.CoordinatorAdminAsyncStub:
+        """The admin service on the same channel (adx.api's admin routes)."""
+        return pb_grpc.CoordinatorAdminStub(self._channel)
+
+    async def call(self, what: str, call: Callable[[], Awaitable[R]], *, reads: bool) -> R:
+        """One call with this client's error translation (for the admin stub's calls)."""
+        return await self._call(what, call, reads=reads)
+
     async def create_tenant(self, name: str) -> str:
         reply = await self._call(
             "create tenant",
@@ -92,11 +101,16 @@ class CoordinatorClient:
         return str(reply.api_key)
 
     async def authenticate(self, api_key: str) -> str:
+        """The key's tenant; AuthenticationError when that tenant is disabled (NotFoundError: unknown key)."""
         reply = await self._call(
             "authenticate",
             lambda: self._stub.Authenticate(pb.AuthenticateRequest(api_key=api_key), timeout=self._timeout),
             reads=True,
         )
+        if reply.disabled:
+            raise AuthenticationError(
+                "Authorization", f"tenant {reply.tenant} is disabled; an admin can enable it (`adx tenant enable`)"
+            )
         return str(reply.tenant)
 
     async def create_environment(

@@ -1,5 +1,18 @@
 """Domain types shared by every ADX component. No I/O here."""
 
+from adx.model._admin import (
+    ADMIN_KEY_PREFIX,
+    TENANT_KEY_PREFIX,
+    AdminIdentity,
+    ClusterStatus,
+    DrainEvent,
+    DrainStep,
+    IssuedKey,
+    KeyInfo,
+    NodeHealth,
+    NodeInfo,
+    TenantInfo,
+)
 from adx.model._base import WholeNumber
 from adx.model._ids import CHECKPOINT, ENVIRONMENT, EXECUTION, OPERATION, check_id, new_id
 from adx.model._lifecycle import (
@@ -30,6 +43,7 @@ from adx.model._stats import EnvironmentStats
 from adx.model._view import EnvironmentList, EnvironmentView
 
 __all__ = [
+    "ADMIN_KEY_PREFIX",
     "ALLOWED_TRANSITIONS",
     "CHECKPOINT",
     "DORMANT_STATES",
@@ -40,9 +54,14 @@ __all__ = [
     "MAX_LOG_WAIT_SECONDS",
     "MAX_QUANTITY",
     "OPERATION",
+    "TENANT_KEY_PREFIX",
     "TERMINAL_STATES",
+    "AdminIdentity",
     "CheckpointRef",
     "CheckpointStorage",
+    "ClusterStatus",
+    "DrainEvent",
+    "DrainStep",
     "EnvironmentList",
     "EnvironmentLogs",
     "EnvironmentRecord",
@@ -52,10 +71,14 @@ __all__ = [
     "EnvironmentView",
     "HealthProbe",
     "IdleAction",
+    "IssuedKey",
+    "KeyInfo",
     "Lifecycle",
     "LogEntry",
     "NetworkMode",
     "NetworkPolicy",
+    "NodeHealth",
+    "NodeInfo",
     "NodeRecord",
     "PauseOptions",
     "Resources",
@@ -63,6 +86,7 @@ __all__ = [
     "ResumeIntent",
     "Retention",
     "RetentionPolicy",
+    "TenantInfo",
     "WholeNumber",
     "admission_limit",
     "allocatable",

@@ -86,6 +86,7 @@ class NodeRecord(ApiModel):
     reserved: Resources = Field(default_factory=Resources)
     checkpoint_capable: bool = False
     shared_storage: bool = False
+    cordoned: bool = False  # an admin closed its admission (``adx node cordon``) until it is uncordoned
     # RES-4: how far CPU reservations may exceed the CPU capacity (the node's ``cpu_overcommit``); memory and
     # disk are never overcommitted.
     cpu_overcommit: float = Field(default=1.0, ge=1.0, le=MAX_CPU_OVERCOMMIT)

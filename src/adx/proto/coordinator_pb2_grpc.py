@@ -829,3 +829,560 @@ class Coordinator:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CoordinatorAdminStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CreateAdminKey = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/CreateAdminKey',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.CreateAdminKeyRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.AuthenticateAdmin = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/AuthenticateAdmin',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.AuthenticateAdminRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.CreateTenant = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/CreateTenant',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.TenantRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/ListTenants',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.AdminEmpty.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminListReply.FromString,
+                _registered_method=True)
+        self.SetTenantDisabled = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/SetTenantDisabled',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.SetTenantDisabledRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.CreateKey = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/CreateKey',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.TenantRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.RevokeKey = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/RevokeKey',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.KeyRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.RotateKey = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/RotateKey',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.KeyRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/ListNodes',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.AdminEmpty.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminListReply.FromString,
+                _registered_method=True)
+        self.SetNodeCordoned = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/SetNodeCordoned',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.SetNodeCordonedRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/adx.coordinator.v1.CoordinatorAdmin/ClusterStatus',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.AdminEmpty.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_stream(
+                '/adx.coordinator.v1.CoordinatorAdmin/DrainNode',
+                request_serializer=adx_dot_proto_dot_coordinator__pb2.NodeRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+                _registered_method=True)
+
+
+class CoordinatorAdminServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def CreateAdminKey(self, request, context):
+        """IssuedKey
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuthenticateAdmin(self, request, context):
+        """AdminIdentity
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateTenant(self, request, context):
+        """IssuedKey (a new tenant's first key)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenants(self, request, context):
+        """TenantInfo
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetTenantDisabled(self, request, context):
+        """TenantInfo
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateKey(self, request, context):
+        """IssuedKey
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeKey(self, request, context):
+        """TenantInfo
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateKey(self, request, context):
+        """IssuedKey
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNodes(self, request, context):
+        """NodeInfo
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetNodeCordoned(self, request, context):
+        """NodeInfo
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClusterStatus(self, request, context):
+        """ClusterStatus
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """DrainEvent, one per step
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CoordinatorAdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CreateAdminKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAdminKey,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.CreateAdminKeyRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'AuthenticateAdmin': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuthenticateAdmin,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.AuthenticateAdminRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'CreateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTenant,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.TenantRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminEmpty.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminListReply.SerializeToString,
+            ),
+            'SetTenantDisabled': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenantDisabled,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.SetTenantDisabledRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'CreateKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateKey,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.TenantRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'RevokeKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeKey,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.KeyRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'RotateKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateKey,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.KeyRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminEmpty.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminListReply.SerializeToString,
+            ),
+            'SetNodeCordoned': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetNodeCordoned,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.SetNodeCordonedRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.AdminEmpty.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_stream_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=adx_dot_proto_dot_coordinator__pb2.NodeRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_coordinator__pb2.AdminReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'adx.coordinator.v1.CoordinatorAdmin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('adx.coordinator.v1.CoordinatorAdmin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class CoordinatorAdmin:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def CreateAdminKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/CreateAdminKey',
+            adx_dot_proto_dot_coordinator__pb2.CreateAdminKeyRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuthenticateAdmin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/AuthenticateAdmin',
+            adx_dot_proto_dot_coordinator__pb2.AuthenticateAdminRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/CreateTenant',
+            adx_dot_proto_dot_coordinator__pb2.TenantRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/ListTenants',
+            adx_dot_proto_dot_coordinator__pb2.AdminEmpty.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminListReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenantDisabled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/SetTenantDisabled',
+            adx_dot_proto_dot_coordinator__pb2.SetTenantDisabledRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/CreateKey',
+            adx_dot_proto_dot_coordinator__pb2.TenantRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/RevokeKey',
+            adx_dot_proto_dot_coordinator__pb2.KeyRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/RotateKey',
+            adx_dot_proto_dot_coordinator__pb2.KeyRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/ListNodes',
+            adx_dot_proto_dot_coordinator__pb2.AdminEmpty.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminListReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetNodeCordoned(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/SetNodeCordoned',
+            adx_dot_proto_dot_coordinator__pb2.SetNodeCordonedRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/ClusterStatus',
+            adx_dot_proto_dot_coordinator__pb2.AdminEmpty.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/adx.coordinator.v1.CoordinatorAdmin/DrainNode',
+            adx_dot_proto_dot_coordinator__pb2.NodeRequest.SerializeToString,
+            adx_dot_proto_dot_coordinator__pb2.AdminReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -214,3 +214,160 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         """API-facing: store a new network policy (a mutable spec field, NOD-10); the owning node applies it in place."""
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class CoordinatorAdminStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> CoordinatorAdminAsyncStub: ...
+    CreateAdminKey: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.CreateAdminKeyRequest, _coordinator_pb2.AdminReply]
+    """IssuedKey"""
+    AuthenticateAdmin: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AuthenticateAdminRequest, _coordinator_pb2.AdminReply]
+    """AdminIdentity"""
+    CreateTenant: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.TenantRequest, _coordinator_pb2.AdminReply]
+    """IssuedKey (a new tenant's first key)"""
+    ListTenants: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AdminEmpty, _coordinator_pb2.AdminListReply]
+    """TenantInfo"""
+    SetTenantDisabled: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.SetTenantDisabledRequest, _coordinator_pb2.AdminReply]
+    """TenantInfo"""
+    CreateKey: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.TenantRequest, _coordinator_pb2.AdminReply]
+    """IssuedKey"""
+    RevokeKey: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.KeyRequest, _coordinator_pb2.AdminReply]
+    """TenantInfo"""
+    RotateKey: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.KeyRequest, _coordinator_pb2.AdminReply]
+    """IssuedKey"""
+    ListNodes: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AdminEmpty, _coordinator_pb2.AdminListReply]
+    """NodeInfo"""
+    SetNodeCordoned: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.SetNodeCordonedRequest, _coordinator_pb2.AdminReply]
+    """NodeInfo"""
+    ClusterStatus: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AdminEmpty, _coordinator_pb2.AdminReply]
+    """ClusterStatus"""
+    DrainNode: _grpc.UnaryStreamMultiCallable[_coordinator_pb2.NodeRequest, _coordinator_pb2.AdminReply]
+    """DrainEvent, one per step"""
+
+@_typing.type_check_only
+class CoordinatorAdminAsyncStub(CoordinatorAdminStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    CreateAdminKey: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CreateAdminKeyRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """IssuedKey"""
+    AuthenticateAdmin: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AuthenticateAdminRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """AdminIdentity"""
+    CreateTenant: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.TenantRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """IssuedKey (a new tenant's first key)"""
+    ListTenants: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AdminEmpty, _coordinator_pb2.AdminListReply]  # type: ignore[assignment]
+    """TenantInfo"""
+    SetTenantDisabled: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.SetTenantDisabledRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """TenantInfo"""
+    CreateKey: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.TenantRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """IssuedKey"""
+    RevokeKey: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.KeyRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """TenantInfo"""
+    RotateKey: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.KeyRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """IssuedKey"""
+    ListNodes: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AdminEmpty, _coordinator_pb2.AdminListReply]  # type: ignore[assignment]
+    """NodeInfo"""
+    SetNodeCordoned: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.SetNodeCordonedRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """NodeInfo"""
+    ClusterStatus: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AdminEmpty, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """ClusterStatus"""
+    DrainNode: _aio.UnaryStreamMultiCallable[_coordinator_pb2.NodeRequest, _coordinator_pb2.AdminReply]  # type: ignore[assignment]
+    """DrainEvent, one per step"""
+
+class CoordinatorAdminServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def CreateAdminKey(
+        self,
+        request: _coordinator_pb2.CreateAdminKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """IssuedKey"""
+
+    @_abc_1.abstractmethod
+    def AuthenticateAdmin(
+        self,
+        request: _coordinator_pb2.AuthenticateAdminRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """AdminIdentity"""
+
+    @_abc_1.abstractmethod
+    def CreateTenant(
+        self,
+        request: _coordinator_pb2.TenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """IssuedKey (a new tenant's first key)"""
+
+    @_abc_1.abstractmethod
+    def ListTenants(
+        self,
+        request: _coordinator_pb2.AdminEmpty,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminListReply, _abc.Awaitable[_coordinator_pb2.AdminListReply]]:
+        """TenantInfo"""
+
+    @_abc_1.abstractmethod
+    def SetTenantDisabled(
+        self,
+        request: _coordinator_pb2.SetTenantDisabledRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """TenantInfo"""
+
+    @_abc_1.abstractmethod
+    def CreateKey(
+        self,
+        request: _coordinator_pb2.TenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """IssuedKey"""
+
+    @_abc_1.abstractmethod
+    def RevokeKey(
+        self,
+        request: _coordinator_pb2.KeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """TenantInfo"""
+
+    @_abc_1.abstractmethod
+    def RotateKey(
+        self,
+        request: _coordinator_pb2.KeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """IssuedKey"""
+
+    @_abc_1.abstractmethod
+    def ListNodes(
+        self,
+        request: _coordinator_pb2.AdminEmpty,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminListReply, _abc.Awaitable[_coordinator_pb2.AdminListReply]]:
+        """NodeInfo"""
+
+    @_abc_1.abstractmethod
+    def SetNodeCordoned(
+        self,
+        request: _coordinator_pb2.SetNodeCordonedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """NodeInfo"""
+
+    @_abc_1.abstractmethod
+    def ClusterStatus(
+        self,
+        request: _coordinator_pb2.AdminEmpty,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AdminReply, _abc.Awaitable[_coordinator_pb2.AdminReply]]:
+        """ClusterStatus"""
+
+    @_abc_1.abstractmethod
+    def DrainNode(
+        self,
+        request: _coordinator_pb2.NodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_coordinator_pb2.AdminReply], _abc.AsyncIterator[_coordinator_pb2.AdminReply]]:
+        """DrainEvent, one per step"""
+
+def add_CoordinatorAdminServicer_to_server(servicer: CoordinatorAdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

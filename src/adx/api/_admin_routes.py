@@ -1,0 +1,297 @@
+"""Admin routes (``/v1/admin/...``): tenants and their keys, nodes (list, cordon, drain) and the cluster's status.
+
+They authenticate the admin key (``adx up`` prints it once and saves it as ``admin.json`` beside the tenant
+credentials); a tenant's API key is refused with 403 saying so. The Coordinator's ``CoordinatorAdmin`` service
+does the work; this module checks the caller and translates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Request, Security
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from adx.errors import AdxError, ForbiddenError, NotFoundError
+from adx.gateway import ErrorBody, Plane, Unauthenticated, plane
+from adx.model import ADMIN_KEY_PREFIX, AdminIdentity, ClusterStatus, DrainEvent, IssuedKey, NodeInfo, TenantInfo
+from adx.proto import coordinator_pb2 as pb
+
+log = logging.getLogger("adx.api")
+
+M = TypeVar("M", bound=BaseModel)
+
+admin_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="AdminKey",
+    description="the admin key (`adx up` prints it once and saves it in STATE_DIR/admin.json); not a tenant key",
+)
+AdminCredentials = Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)]
+
+ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or unknown admin key"},
+    403: {"model": ErrorBody, "description": "a tenant's API key: admin routes need the admin key"},
+    404: {"model": ErrorBody, "description": "no such tenant, key or node"},
+    409: {"model": ErrorBody, "description": "conflict, e.g. the tenant exists"},
+    422: {"model": ErrorBody, "description": "invalid input; details.field names it"},
+    503: {"model": ErrorBody, "description": "the Coordinator is unavailable"},
+}
+
+#: A drain waits for every pause (each bounded by its Environment's pause timeout).
+DRAIN_TIMEOUT_SECONDS = 3700.0
+
+ADMIN_KEY_FIX = "use the admin key: `adx up` saved it in STATE_DIR/admin.json (the adx CLI reads it by itself)"
+
+
+async def admin(request: Request, credentials: AdminCredentials) -> AdminIdentity:
+    """The admin behind the request; 401 for no or an unknown key, 403 for a tenant's key."""
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise Unauthenticated(f"missing 'Authorization: Bearer <admin key>'; {ADMIN_KEY_FIX}")
+    key = credentials.credentials.strip()
+    p = plane(request)
+    try:
+        reply = await p.coordinator.call(
+            "authenticate admin",
+            lambda: p.coordinator.admin.AuthenticateAdmin(
+                pb.AuthenticateAdminRequest(api_key=key), timeout=p.config.coordinator_timeout_seconds
+            ),
+            reads=True,
+        )
+    except NotFoundError:
+        pass
+    else:
+        return AdminIdentity.model_validate_json(reply.json)
+    if not key.startswith(ADMIN_KEY_PREFIX):
+        # Tell a tenant key apart from garbage, so the caller learns which credential to use instead.
+        try:
+            tenant = await p.coordinator.authenticate(key)
+        except (NotFoundError, AdxError):
+            tenant = None
+        if tenant is not None:
+            raise ForbiddenError(
+                "Authorization", f"this is an API key of tenant {tenant}, not the admin key; {ADMIN_KEY_FIX}"
+            )
+    raise Unauthenticated(f"unknown admin key; {ADMIN_KEY_FIX}")
+
+
+Admin = Annotated[AdminIdentity, Depends(admin)]
+
+router = APIRouter(tags=["admin"], prefix="/v1/admin", responses=ADMIN_ERRORS)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class CreateTenantBody(_Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="the tenant's name")
+
+
+async def _one(p: Plane, what: str, model: type[M], call: Callable[[], Awaitable[pb.AdminReply]]) -> M:
+    reply = await p.coordinator.call(what, call, reads=False)
+    return model.model_validate_json(reply.json)
+
+
+def _timeout(p: Plane) -> float:
+    return p.config.coordinator_timeout_seconds
+
+
+@router.post("/tenants", status_code=201, response_model=IssuedKey, summary="Create a tenant and its first API key")
+async def create_tenant(request: Request, body: CreateTenantBody, who: Admin) -> IssuedKey:
+    p = plane(request)
+    issued = await _one(
+        p,
+        "create tenant",
+        IssuedKey,
+        lambda: p.coordinator.admin.CreateTenant(pb.TenantRequest(name=body.name), timeout=_timeout(p)),
+    )
+    log.info("admin: tenant created", extra={"tenant": body.name, "admin": who.name})
+    return issued
+
+
+@router.get("/tenants", response_model=list[TenantInfo], summary="List tenants with their keys' IDs")
+async def list_tenants(request: Request, who: Admin) -> list[TenantInfo]:
+    p = plane(request)
+    reply = await p.coordinator.call(
+        "list tenants", lambda: p.coordinator.admin.ListTenants(pb.AdminEmpty(), timeout=_timeout(p)), reads=True
+    )
+    return [TenantInfo.model_validate_json(item) for item in reply.json]
+
+
+async def _set_disabled(request: Request, name: str, disabled: bool, who: AdminIdentity) -> TenantInfo:
+    p = plane(request)
+    tenant = await _one(
+        p,
+        "disable tenant" if disabled else "enable tenant",
+        TenantInfo,
+        lambda: p.coordinator.admin.SetTenantDisabled(
+            pb.SetTenantDisabledRequest(name=name, disabled=disabled), timeout=_timeout(p)
+        ),
+    )
+    p.auth.forget_all()  # this replica refuses the tenant's keys from now on
+    log.info("admin: tenant %s", "disabled" if disabled else "enabled", extra={"tenant": name, "admin": who.name})
+    return tenant
+
+
+@router.post(
+    "/tenants/{name}/disable",
+    response_model=TenantInfo,
+    summary="Disable a tenant: its keys are refused; its Environments are left as they are",
+)
+async def disable_tenant(request: Request, name: str, who: Admin) -> TenantInfo:
+    return await _set_disabled(request, name, True, who)
+
+
+@router.post("/tenants/{name}/enable", response_model=TenantInfo, summary="Enable a disabled tenant again")
+async def enable_tenant(request: Request, name: str, who: Admin) -> TenantInfo:
+    return await _set_disabled(request, name, False, who)
+
+
+@router.post("/tenants/{name}/keys", status_code=201, response_model=IssuedKey, summary="Add an API key to a tenant")
+async def create_key(request: Request, name: str, who: Admin) -> IssuedKey:
+    p = plane(request)
+    issued = await _one(
+        p,
+        "create key",
+        IssuedKey,
+        lambda: p.coordinator.admin.CreateKey(pb.TenantRequest(name=name), timeout=_timeout(p)),
+    )
+    log.info("admin: key created", extra={"tenant": name, "key_id": issued.key_id, "admin": who.name})
+    return issued
+
+
+@router.delete(
+    "/tenants/{name}/keys/{key_id}", response_model=TenantInfo, summary="Revoke an API key (refused from now on)"
+)
+async def revoke_key(request: Request, name: str, key_id: str, who: Admin) -> TenantInfo:
+    p = plane(request)
+    tenant = await _one(
+        p,
+        "revoke key",
+        TenantInfo,
+        lambda: p.coordinator.admin.RevokeKey(pb.KeyRequest(tenant=name, key_id=key_id), timeout=_timeout(p)),
+    )
+    p.auth.forget_all()
+    log.info("admin: key revoked", extra={"tenant": name, "key_id": key_id, "admin": who.name})
+    return tenant
+
+
+@router.post(
+    "/tenants/{name}/keys/{key_id}/rotate",
+    response_model=IssuedKey,
+    summary="Replace an API key with a new one in one step (the old one is refused from then on)",
+)
+async def rotate_key(request: Request, name: str, key_id: str, who: Admin) -> IssuedKey:
+    p = plane(request)
+    issued = await _one(
+        p,
+        "rotate key",
+        IssuedKey,
+        lambda: p.coordinator.admin.RotateKey(pb.KeyRequest(tenant=name, key_id=key_id), timeout=_timeout(p)),
+    )
+    p.auth.forget_all()
+    log.info("admin: key rotated", extra={"tenant": name, "key_id": key_id, "admin": who.name})
+    return issued
+
+
+# -- nodes and the cluster ------------------------------------------------------------------------------
+@router.get("/nodes", response_model=list[NodeInfo], summary="List nodes: capacity, allocatable, admission, health")
+async def list_nodes(request: Request, who: Admin) -> list[NodeInfo]:
+    p = plane(request)
+    reply = await p.coordinator.call(
+        "list nodes", lambda: p.coordinator.admin.ListNodes(pb.AdminEmpty(), timeout=_timeout(p)), reads=True
+    )
+    return [NodeInfo.model_validate_json(item) for item in reply.json]
+
+
+async def _cordon(request: Request, node: str, cordoned: bool, who: AdminIdentity) -> NodeInfo:
+    p = plane(request)
+    info = await _one(
+        p,
+        "cordon node" if cordoned else "uncordon node",
+        NodeInfo,
+        lambda: p.coordinator.admin.SetNodeCordoned(
+            pb.SetNodeCordonedRequest(node=node, cordoned=cordoned), timeout=_timeout(p)
+        ),
+    )
+    log.info("admin: node %s", "cordoned" if cordoned else "uncordoned", extra={"node": node, "admin": who.name})
+    return info
+
+
+@router.post(
+    "/nodes/{node}/cordon", response_model=NodeInfo, summary="Cordon a node: it admits no new or resumed Environment"
+)
+async def cordon_node(request: Request, node: str, who: Admin) -> NodeInfo:
+    return await _cordon(request, node, True, who)
+
+
+@router.post("/nodes/{node}/uncordon", response_model=NodeInfo, summary="Let a cordoned node admit again")
+async def uncordon_node(request: Request, node: str, who: Admin) -> NodeInfo:
+    return await _cordon(request, node, False, who)
+
+
+def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its ``$defs`` put in place: a schema inside an OpenAPI document cannot point
+    at ``#/$defs/...`` (that resolves against the document's root)."""
+    schema = model.model_json_schema(by_alias=True)
+    defs = schema.pop("$defs", {})
+    for prop in schema.get("properties", {}).values():
+        ref = prop.pop("$ref", None)
+        if ref is not None:
+            prop.update(defs[ref.rsplit("/", 1)[-1]])
+    return schema
+
+
+@router.post(
+    "/nodes/{node}/drain",
+    summary="Drain a node: cordon it, then pause every running Environment of it (they resume elsewhere)",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "progress, one DrainEvent JSON object per line (application/x-ndjson); the last has "
+            "step 'done'",
+            "content": {"application/x-ndjson": {"schema": _inline_schema(DrainEvent)}},
+        }
+    },
+)
+async def drain_node(request: Request, node: str, who: Admin) -> StreamingResponse:
+    p = plane(request)
+    stream = p.coordinator.admin.DrainNode(pb.NodeRequest(node=node), timeout=DRAIN_TIMEOUT_SECONDS)
+    events = aiter(stream)
+    # The first event (the cordon) before answering: an unknown node is a 404, not a stream.
+    first = await p.coordinator.call("drain node", lambda: anext(events), reads=False)
+    log.info("admin: node drain started", extra={"node": node, "admin": who.name})
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield first.json.encode() + b"\n"
+        try:
+            while True:
+                try:
+                    reply = await p.coordinator.call("drain node", lambda: anext(events), reads=False)
+                except StopAsyncIteration:
+                    return
+                yield reply.json.encode() + b"\n"
+        except AdxError as exc:
+            # The answer has started: the failure is the last line, in the error body's shape.
+            yield (
+                json.dumps({"error": {"code": exc.code, "message": str(exc), "details": exc.details}}).encode() + b"\n"
+            )
+        finally:
+            stream.cancel()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.get("/cluster", response_model=ClusterStatus, summary="The cluster: nodes, Environments by state, leader")
+async def cluster_status(request: Request, who: Admin) -> ClusterStatus:
+    p = plane(request)
+    reply = await p.coordinator.call(
+        "cluster status", lambda: p.coordinator.admin.ClusterStatus(pb.AdminEmpty(), timeout=_timeout(p)), reads=True
+    )
+    return ClusterStatus.model_validate_json(reply.json)
