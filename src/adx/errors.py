@@ -18,6 +18,7 @@ __all__ = [
     "EnvironmentPausedError",
     "EnvironmentPausingError",
     "ForbiddenError",
+    "ImageBuildError",
     "InvalidInputError",
     "NoCapacityError",
     "NotFoundError",
