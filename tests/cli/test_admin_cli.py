@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import re
 
-from test_cluster_cli import UpCluster, up_cluster  # noqa: F401  (the module's own `adx up`)
+from cli_helpers import UpCluster
 
 
-def test_up_makes_the_admin_key_once_and_saves_it_beside_the_credentials(up_cluster: UpCluster) -> None:  # noqa: F811
+def test_up_makes_the_admin_key_once_and_saves_it_beside_the_credentials(up_cluster: UpCluster) -> None:
     saved = json.loads((up_cluster.state / "admin.json").read_text())
     user = json.loads((up_cluster.config_home / "adx" / "admin.json").read_text())
     assert saved == user and saved["admin_key"].startswith("adxa_")
@@ -20,7 +20,7 @@ def test_up_makes_the_admin_key_once_and_saves_it_beside_the_credentials(up_clus
     assert f"Admin key {saved['admin_key']}" in printed
 
 
-def test_must_show_tenant_node_and_cluster_commands_with_no_flag(up_cluster: UpCluster) -> None:  # noqa: F811
+def test_must_show_tenant_node_and_cluster_commands_with_no_flag(up_cluster: UpCluster) -> None:
     created = up_cluster.adx("tenant", "create", "alice")
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip().startswith("adxk_")
@@ -44,7 +44,7 @@ def test_must_show_tenant_node_and_cluster_commands_with_no_flag(up_cluster: UpC
     assert node["name"] in status.stdout
 
 
-def test_tenants_and_keys_through_the_cli(up_cluster: UpCluster) -> None:  # noqa: F811
+def test_tenants_and_keys_through_the_cli(up_cluster: UpCluster) -> None:
     key = up_cluster.adx("tenant", "create", "dora").stdout.strip()
     listed = up_cluster.adx("tenant", "list")
     assert listed.returncode == 0, listed.stderr
@@ -78,7 +78,7 @@ def test_tenants_and_keys_through_the_cli(up_cluster: UpCluster) -> None:  # noq
     assert "tenant dora, not the admin key" in wrong.stderr and "admin.json" in wrong.stderr
 
 
-def test_cordon_and_uncordon_through_the_cli(up_cluster: UpCluster) -> None:  # noqa: F811
+def test_cordon_and_uncordon_through_the_cli(up_cluster: UpCluster) -> None:
     name = json.loads(up_cluster.adx("node", "list", "--json").stdout)[0]["name"]
     cordoned = up_cluster.adx("node", "cordon", name)
     assert cordoned.returncode == 0, cordoned.stderr
@@ -94,7 +94,7 @@ def test_cordon_and_uncordon_through_the_cli(up_cluster: UpCluster) -> None:  # 
     assert re.search(r"\bopen\b", up_cluster.adx("node", "list").stdout.splitlines()[1])
 
 
-def test_drain_through_the_cli_on_a_real_cluster(up_cluster: UpCluster) -> None:  # noqa: F811
+def test_drain_through_the_cli_on_a_real_cluster(up_cluster: UpCluster) -> None:
     """`adx node drain` on `adx up` (every daemon a real process): the running Environment is paused with its
     files; its checkpoint is local (one node), which its line says; after the uncordon it resumes there."""
     made = up_cluster.adx("env", "create", "--cpu", "250m", "--memory", "128Mi", "--json")
