@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from adx.cli._components import COMPONENTS, component_model
 from adx.cli._config_reference import configuration_reference
@@ -41,3 +45,25 @@ def test_the_command_prints_it_and_refuses_an_unknown_component() -> None:
     bad = subprocess.run([*run[:-1], "nosuch"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "unknown component 'nosuch'" in bad.stderr
+
+
+def _keys_without_description(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for key, field in model.model_fields.items():
+        nested = [a for a in _members(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if nested:
+            for sub in nested:
+                yield from _keys_without_description(sub, f"{prefix}{key}.")
+        elif not field.description:
+            yield f"{prefix}{key}"
+
+
+def _members(annotation: object) -> Iterator[object]:
+    yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _members(arg)
+
+
+def test_every_key_has_a_description() -> None:
+    """The reference is for people: a key without a description is a question in an operator's head."""
+    missing = {name: list(_keys_without_description(component_model(name))) for name in COMPONENTS}
+    assert not any(missing.values()), {name: keys for name, keys in missing.items() if keys}

@@ -60,16 +60,28 @@ class AgentEnvironmentsConfig(StrictModel):
 
 class AgentWorkerConfig(StrictModel):
     database_url: str = Field(description="PostgreSQL URL (postgresql://user@host:port/db)")
-    tenant_id: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    tenant_id: str = Field(
+        default="default",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$",
+        description="the tenant whose runs this worker executes (unless fairness names several)",
+    )
     registrations: str = Field(
         description="import path of the application module: one defining adx.agents.App graphs (MODULE or"
         " MODULE:APP), or register_graphs(executables) and optionally register_schemas(schemas),"
         " evidence_provider() and readiness(store); the current directory is importable"
     )
-    slots: int = Field(default=4, ge=1, le=1024)
-    tick_deadline_seconds: float = Field(default=300.0, gt=0)
-    drain_seconds: float = Field(default=30.0, gt=0)
-    idle_poll_seconds: float = Field(default=0.5, gt=0)
+    slots: int = Field(default=4, ge=1, le=1024, description="runs this worker executes at the same time")
+    tick_deadline_seconds: float = Field(
+        default=300.0, gt=0, description="longest one scheduler tick (claim and drive) may take before it is abandoned"
+    )
+    drain_seconds: float = Field(
+        default=30.0, gt=0, description="on stop, how long in-flight runs may take to reach a checkpoint"
+    )
+    idle_poll_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="how long an idle worker waits before it looks for work again (a notification wakes it sooner)",
+    )
     lease_seconds: float = Field(
         default=30.0,
         gt=0,
@@ -84,10 +96,18 @@ class AgentWorkerConfig(StrictModel):
         description="a dead worker's runs are claimable this long after its last heartbeat, once its database"
         " session is gone (0 turns this off: only lease expiry then; needed behind transaction-pooling proxies)",
     )
-    node_timeout_seconds: float = Field(default=120.0, gt=0)
-    max_node_attempts: int = Field(default=5, ge=1)
-    max_nodes_per_claim: int = Field(default=64, ge=1)
-    pool_max_size: int | None = Field(default=None, ge=1, le=1000)
+    node_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="longest one graph node may run; a slower one counts as a failed attempt"
+    )
+    max_node_attempts: int = Field(default=5, ge=1, description="failed attempts of one node before its run fails")
+    max_nodes_per_claim: int = Field(
+        default=64,
+        ge=1,
+        description="nodes one claim runs before the worker releases the run (other runs get their turn)",
+    )
+    pool_max_size: int | None = Field(
+        default=None, ge=1, le=1000, description="PostgreSQL connections of this worker; unset: slots + 2"
+    )
     migrate: bool = Field(default=True, description="apply missing migrations at start (advisory-locked)")
     health_host: str = Field(default="127.0.0.1", description="address of the health endpoint")
     health_port: int | None = Field(

@@ -21,18 +21,32 @@ class RedisServerConfig(StrictModel):
     appendfsync: Literal["always", "everysec", "no"] = Field(
         default="always", description="AOF fsync policy; 'always' makes every acknowledged write durable"
     )
-    start_timeout_seconds: float = Field(default=15.0, gt=0, le=600)
-    stop_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    start_timeout_seconds: float = Field(
+        default=15.0, gt=0, le=600, description="how long the server may take to answer after it is started"
+    )
+    stop_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="how long a clean stop may take before the process is killed"
+    )
 
 
 class PostgresServerConfig(StrictModel):
     host: str = Field(default="127.0.0.1", description="TCP address to listen on")
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
-    database: str = Field(default="adx", min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    database: str = Field(
+        default="adx",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the database adx up creates and uses",
+    )
     fsync: bool = Field(default=True, description="PostgreSQL's fsync; never turn off outside throwaway tests")
-    max_connections: int = Field(default=200, ge=10, le=10000)
-    start_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
-    stop_timeout_seconds: float = Field(default=20.0, gt=0, le=600)
+    max_connections: int = Field(default=200, ge=10, le=10000, description="PostgreSQL's max_connections")
+    start_timeout_seconds: float = Field(
+        default=60.0, gt=0, le=600, description="how long the server may take to answer after it is started"
+    )
+    stop_timeout_seconds: float = Field(
+        default=20.0, gt=0, le=600, description="how long a clean stop may take before the process is killed"
+    )
 
 
 class UpConfig(StrictModel):
@@ -50,7 +64,11 @@ class UpConfig(StrictModel):
     )
     servers_only: bool = Field(default=False, description="start only Redis and PostgreSQL, not the ADX daemons")
     api_listen: str = Field(default="127.0.0.1:8080", description="host:port of the API server and Ingress")
-    node_name: str = Field(default="local", pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$")
+    node_name: str = Field(
+        default="local",
+        pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$",
+        description="the name of the one node (its certificate is issued for it)",
+    )
     node_metrics_listen: str = Field(
         default="",
         pattern=r"^$|^[^\s:]*:\d{1,5}$",
@@ -69,5 +87,12 @@ class UpConfig(StrictModel):
         description="the default image: 'host' (host-derived, host /usr read-only) or 'debian' (Debian 12 made by "
         "mmdebstrap on first start, ~2.5-4 min, with a user account and sudo; docs/images.md)",
     )
-    health_interval_seconds: float = Field(default=1.0, gt=0, le=60)
-    max_restarts_per_minute: int = Field(default=5, ge=0, le=100)
+    health_interval_seconds: float = Field(
+        default=1.0, gt=0, le=60, description="how often adx up checks each of its servers (a crashed one is restarted)"
+    )
+    max_restarts_per_minute: int = Field(
+        default=5,
+        ge=0,
+        le=100,
+        description="a server restarted this often within a minute is left stopped and reported",
+    )

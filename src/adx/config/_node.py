@@ -14,17 +14,27 @@ from adx.model import MAX_CPU_OVERCOMMIT
 class AutoResourceSource(StrictModel):
     """RES-3: read this machine (cgroup-aware CPU and memory, free space on ``disk_path``)."""
 
-    kind: Literal["auto"] = "auto"
-    disk_path: Path = Path("/")
-    valid_for_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    kind: Literal["auto"] = Field(default="auto", description="measure this machine")
+    disk_path: Path = Field(default=Path("/"), description="the filesystem whose free space is the disk capacity")
+    valid_for_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="a capacity sample older than this is stale: the node then admits nothing new",
+    )
 
 
 class SandboxdResourceSource(StrictModel):
     """RES-2: ask sandboxd's Resource call over its Unix socket, after a passing health call."""
 
-    kind: Literal["sandboxd"] = "sandboxd"
-    socket: Path
-    valid_for_seconds: float = Field(default=30.0, gt=0, le=86_400)
+    kind: Literal["sandboxd"] = Field(default="sandboxd", description="the node's sandboxd")
+    socket: Path = Field(description="sandboxd's API socket")
+    valid_for_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="a capacity sample older than this is stale: the node then admits nothing new",
+    )
 
 
 ResourceSource = Annotated[AutoResourceSource | SandboxdResourceSource, Field(discriminator="kind")]
@@ -33,8 +43,8 @@ ResourceSource = Annotated[AutoResourceSource | SandboxdResourceSource, Field(di
 class SandboxdRuntimeConfig(StrictModel):
     """The node's runtime: a local sandboxd (execd is each sandbox's PID 1, mounted from sandboxd's ro_binds)."""
 
-    kind: Literal["sandboxd"] = "sandboxd"
-    socket: Path = Path("/var/lib/adx/sandboxd/api/sandboxd.sock")
+    kind: Literal["sandboxd"] = Field(default="sandboxd", description="the node's sandboxd")
+    socket: Path = Field(default=Path("/var/lib/adx/sandboxd/api/sandboxd.sock"), description="sandboxd's API socket")
     python: str = Field(default="python3", description="the interpreter inside sandboxes that runs execd")
     ready_timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="create -> execd answers")
 
@@ -66,9 +76,19 @@ class PressureConfig(StrictModel):
 
     enabled: bool = Field(default=True, description="false: pressure never closes admission")
     memory_high: float = Field(default=0.95, gt=0, le=1, description="memory in use (1 - MemAvailable/MemTotal)")
-    memory_low: float = Field(default=0.90, gt=0, le=1)
+    memory_low: float = Field(
+        default=0.90,
+        gt=0,
+        le=1,
+        description="memory in use at or below which admission reopens (with disk below disk_low)",
+    )
     disk_high: float = Field(default=0.90, gt=0, le=1, description="blocks in use on the sandbox filesystem")
-    disk_low: float = Field(default=0.85, gt=0, le=1)
+    disk_low: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description="disk in use at or below which admission reopens (with memory below memory_low)",
+    )
     meminfo_path: Path = Field(default=Path("/proc/meminfo"), description="where memory is read (meminfo format)")
     disk_path: Path | None = Field(
         default=None,
@@ -94,11 +114,22 @@ class NodeConfig(StrictModel):
         description="host:port of the Coordinator; with several replicas (HA) a list, or one string "
         "'a:7401,b:7401' (dial it with adx._coordinator_channel.coordinator_channel)",
     )
-    certs_dir: Path = Path(".adx/certs")
-    state_dir: Path = Path(".adx/node")
-    report_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
-    rpc_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
-    runtime_ready_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    certs_dir: Path = Field(
+        default=Path(".adx/certs"), description="holds ca.pem and node-<name>.pem/.key (adx certs issue)"
+    )
+    state_dir: Path = Field(
+        default=Path(".adx/node"), description="the node's own files (its session, the degradation journal by default)"
+    )
+    report_interval_seconds: float = Field(
+        default=5.0, gt=0, le=3600, description="how often the node heartbeats and reports capacity to the Coordinator"
+    )
+    rpc_timeout_seconds: float = Field(default=5.0, gt=0, le=600, description="bound of each call to the Coordinator")
+    runtime_ready_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="how long one round of waiting for sandboxd's health lasts (rounds repeat until it answers)",
+    )
     resource_source: ResourceSource | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     pressure: PressureConfig = Field(default_factory=PressureConfig)

@@ -53,7 +53,9 @@ class ApiConfig(StrictModel):
     wake_timeout_seconds: float = Field(
         default=60.0, gt=0, le=3600, description="how long a request to a paused Environment waits for its resume"
     )
-    relay_connect_timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    relay_connect_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=120, description="how long connecting to a node's Relay may take"
+    )
     relay_timeout_seconds: float = Field(
         default=300.0, gt=0, le=86_400, description="Ingress: idle read/write timeout towards the Relay"
     )

@@ -61,6 +61,17 @@ class NetworkPolicy(ApiModel):
     """``allow``: when given, only these destinations are reachable (plus DNS); ``deny`` wins over ``allow``.
     DNS names are resolved by sandboxd when the policy is applied (create, change, resume), not per packet."""
 
-    mode: NetworkMode = NetworkMode.NONE
-    allow: list[Target] | None = Field(default=None, max_length=MAX_NETWORK_TARGETS)
-    deny: list[Target] = Field(default_factory=list, max_length=MAX_NETWORK_TARGETS)
+    mode: NetworkMode = Field(
+        default=NetworkMode.NONE,
+        description="none: only lo; egress: reach destinations through the node (NAT), filtered by allow and deny",
+    )
+    allow: list[Target] | None = Field(
+        default=None,
+        max_length=MAX_NETWORK_TARGETS,
+        description="when given, only these CIDRs and DNS names are reachable (plus DNS)",
+    )
+    deny: list[Target] = Field(
+        default_factory=list,
+        max_length=MAX_NETWORK_TARGETS,
+        description="CIDRs and DNS names never reachable; wins over allow",
+    )

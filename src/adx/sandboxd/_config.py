@@ -20,10 +20,12 @@ MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the NUL
 class CapacityConfig(StrictModel):
     """What this node may reserve for sandboxes; 0 means "measure the host at start"."""
 
-    cpu_millis: int = Field(default=0, ge=0)
-    memory_bytes: int = Field(default=0, ge=0)
-    disk_bytes: int = Field(default=0, ge=0)
-    max_sandboxes: int = Field(default=1000, ge=1, le=100_000)
+    cpu_millis: int = Field(default=0, ge=0, description="CPU for sandboxes, in millicores; 0: the host's")
+    memory_bytes: int = Field(default=0, ge=0, description="memory for sandboxes; 0: the host's")
+    disk_bytes: int = Field(
+        default=0, ge=0, description="disk for sandboxes; 0: the free space of the state directory's filesystem"
+    )
+    max_sandboxes: int = Field(default=1000, ge=1, le=100_000, description="sandboxes this sandboxd runs at most")
     cpu_overcommit: float = Field(
         default=1.0,
         ge=1.0,
@@ -37,17 +39,23 @@ class CapacityConfig(StrictModel):
 class DefaultsConfig(StrictModel):
     """Resources of a sandbox whose request leaves them out."""
 
-    cpu_millis: int = Field(default=1000, ge=10)
-    memory_bytes: int = Field(default=512 << 20, ge=8 << 20)
-    pids_max: int = Field(default=1024, ge=8)
-    disk_bytes: int = Field(default=1 << 30, ge=0)
+    cpu_millis: int = Field(default=1000, ge=10, description="CPU of a sandbox that asks for none, in millicores")
+    memory_bytes: int = Field(default=512 << 20, ge=8 << 20, description="memory of a sandbox that asks for none")
+    pids_max: int = Field(default=1024, ge=8, description="processes and threads a sandbox may have (pids.max)")
+    disk_bytes: int = Field(
+        default=1 << 30, ge=0, description="disk of a sandbox that asks for none (enforced with disk_quota)"
+    )
     tmp_bytes: int | None = Field(
         default=None,
         ge=1 << 20,
         description="obsolete, enforces nothing (accepted so older configs still load; a warning at start): /tmp "
         "is no longer a tmpfs but part of the sandbox's writable layer, which checkpoints keep",
     )
-    network: Literal["none", "host", "veth"] = "none"
+    network: Literal["none", "host", "veth"] = Field(
+        default="none",
+        description="none: only lo; veth: a veth pair with egress through the node under the network policy; "
+        "host: the host's network namespace",
+    )
     network_policy: NetworkPolicy | None = Field(
         default=None,
         description="the node default for Environments that give no network: {mode='egress', allow=[...], "
@@ -130,13 +138,38 @@ class SandboxdConfig(StrictModel):
     capacity: CapacityConfig = CapacityConfig()
     defaults: DefaultsConfig = DefaultsConfig()
     max_record_bytes: int = Field(default=1 << 20, ge=4096, description="larger registry files are refused")
-    create_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
-    delete_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
-    checkpoint_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
-    request_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
-    max_wait_seconds: float = Field(default=3600.0, gt=0, le=86400)
-    maintenance_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
-    resource_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
+    create_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="longest a create (or restore) may take until its sandbox runs"
+    )
+    delete_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="how long a delete waits for a sandbox's processes to be gone before it reports failure "
+        "(maintenance retries it)",
+    )
+    checkpoint_timeout_seconds: float = Field(
+        default=300.0, gt=0, le=3600, description="longest a checkpoint, restore or layer commit may take"
+    )
+    request_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="bound of every other call, added to the timeouts above for theirs"
+    )
+    max_wait_seconds: float = Field(
+        default=3600.0, gt=0, le=86400, description="longest a Wait call may wait for a sandbox's state"
+    )
+    maintenance_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="how often pending deletes and reclaims are retried and expired sandboxes removed",
+    )
+    resource_refresh_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="how often the Resource report (capacity, devices) is refreshed; health calls it stale "
+        "after 3 periods",
+    )
     logs_max_bytes: int = Field(
         default=8 << 20,
         ge=64 << 10,
