@@ -108,3 +108,16 @@ def test_http_client_requests_are_not_logged_at_info(restore_root_logger, loopba
     configure_logging("up", "debug", "kv", stream=stream)
     httpx.get(f"{loopback_http_url}/healthz", timeout=5)
     assert "HTTP Request" in stream.getvalue()
+
+
+def test_a_librarys_terminal_colouring_is_not_context(restore_root_logger) -> None:
+    """uvicorn passes its ANSI-coloured copy of a message as extra "color_message"; it leaked into every line
+    (seen in adx up's output: color_message="Finished server process [\\u001b[36m%d\\u001b[0m]")."""
+    out = io.StringIO()
+    configure_logging("api", "info", "kv", stream=out)
+    logging.getLogger("uvicorn.error").info(
+        "Finished server process [%d]", 42, extra={"color_message": "Finished server process [\x1b[36m%d\x1b[0m]"}
+    )
+    text = out.getvalue()
+    assert 'msg="Finished server process [42]"' in text
+    assert "color_message" not in text and "\x1b" not in text

@@ -18,7 +18,8 @@ __all__ = ["LogFormat", "configure_logging"]
 LogFormat = Literal["json", "kv"]
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=`` and is structured context.
-_STANDARD_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+# "color_message" is uvicorn's ANSI-coloured copy of the message for terminals: not context.
+_STANDARD_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "color_message"}
 
 
 def _context_fields(record: logging.LogRecord) -> dict[str, Any]:
