@@ -36,11 +36,12 @@ def _server_extra() -> list[str]:
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     venv = tmp_path_factory.mktemp("client") / "venv"
-    # uv as scripts/bootstrap.sh runs it (ADX_UV), else from the base interpreter it was installed into. The
-    # project's locked versions, without the server extra and the dev group, from uv's cache (offline); the
-    # project itself built as a wheel, not linked to the checkout. What `pip install CHECKOUT` resolves is the
-    # same set: the wheel's own Requires-Dist (checked below).
-    uv = shlex.split(os.environ.get("ADX_UV") or f"{Path(sys.base_prefix) / 'bin' / 'python3'} -m uv")
+    # uv from the interpreter scripts/bootstrap.sh installed it into (this venv's base): not ADX_UV's "python3",
+    # which under `uv run` is this venv's own python (no uv in it; fresh-ci failed on that). The project's
+    # locked versions, without the server extra and the dev group, from uv's cache (offline); the project
+    # itself built as a wheel, not linked to the checkout. What `pip install CHECKOUT` resolves is the same
+    # set: the wheel's own Requires-Dist (checked below).
+    uv = [str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "uv"]
     sync = [*uv, "sync", "--quiet", "--frozen", "--offline", "--no-dev", "--no-editable", "--project", str(CHECKOUT)]
     env = {
         **os.environ,
