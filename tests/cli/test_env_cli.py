@@ -151,7 +151,8 @@ async def test_lifecycle_flags_refuse_bad_values_naming_the_flag(api_stack) -> N
         (("env", "create", "--storage", "nfs"), "--storage: "),
         (("env", "create", "--pause-timeout", "0"), "--pause-timeout: "),
         (("env", "create", "--backoff", "0"), "--backoff: "),
-        (("env", "create", "--backoff", "5", "--max-backoff", "1"), "--max-backoff: "),
+        # A cap below the initial delay is valid (the cap wins: RestartPolicy); a cap of 0 is not.
+        (("env", "create", "--max-backoff", "0"), "--max-backoff: "),
         (("env", "create", "--max-retries", "-1"), "--max-retries: "),
         (("env", "create", "--lifetime", "0"), "--lifetime: "),
         (("env", "create", "--lifetime", "60", "--lifetime-action", "sleep"), "--lifetime-action: must be one of"),
