@@ -115,7 +115,8 @@ def test_a_librarys_terminal_colouring_is_not_context(restore_root_logger) -> No
     (seen in adx up's output: color_message="Finished server process [\\u001b[36m%d\\u001b[0m]")."""
     out = io.StringIO()
     configure_logging("api", "info", "kv", stream=out)
-    logging.getLogger("uvicorn.error").info(
+    # A logger of our own: the point is the formatter (uvicorn.error may be quieted by other tests' servers).
+    logging.getLogger("adx.test.uvicorn_like").info(
         "Finished server process [%d]", 42, extra={"color_message": "Finished server process [\x1b[36m%d\x1b[0m]"}
     )
     text = out.getvalue()
