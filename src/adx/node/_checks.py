@@ -11,6 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from adx._backoff import Backoff
 from adx.errors import AdxError, UnavailableError
 from adx.model import EnvironmentState, IdleAction
 from adx.runtime import Execution, ExecutionState, ExitInfo
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from adx.sandboxd import RuntimeControlSubscription
 
 log = logging.getLogger("adx.node")
+
+#: How long a reopened gate keeps asking an unconnected runtime-control subscription (a sandboxd restarting).
+REOPEN_ADMISSION_SECONDS = 30.0
 S = EnvironmentState
 
 #: CTL-5: the execd reconnect window without a health threshold (with one: threshold x this).
@@ -183,10 +187,27 @@ class RuntimeChecks:
             await asyncio.sleep(0.01)
 
     async def reopen_admission(self, env_id: str, execution: Execution) -> None:
+        """Open both gates again. execd's stays closed until it hears so, and after a sandboxd restart (a pause cut
+        short by it) the runtime-control subscription reconnects only after a moment: an unconnected one is
+        retried with backoff for up to REOPEN_ADMISSION_SECONDS, so a thawed Environment does not keep refusing
+        every command as "pausing". Any other refusal (the sandbox is gone) ends it."""
         self.relay.streams.open_admission(env_id)
-        if self.control is not None:
-            with contextlib.suppress(AdxError):
-                await self.control.open_admission(str(execution.native["sandbox_id"]))
+        if self.control is None:
+            return
+        sandbox_id = str(execution.native["sandbox_id"])
+        deadline = time.monotonic() + REOPEN_ADMISSION_SECONDS
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                await self.control.open_admission(sandbox_id)
+                return
+            except UnavailableError as exc:
+                if time.monotonic() + backoff.peek() > deadline:
+                    log.warning("execd's admission of %s stays closed: %s", sandbox_id, exc, extra={"env_id": env_id})
+                    return
+                await backoff.sleep()
+            except AdxError:
+                return
 
     async def _resume_unpublished(self, env_id: str) -> None:
         """Demand for an Environment paused here whose pause the cluster has not stored yet (the Coordinator was
