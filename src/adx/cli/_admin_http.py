@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from adx.cli._app import GlobalOptions
+from adx.cli._app import GlobalOptions, fail
 from adx.cli._cluster import NO_CLUSTER_FIX, find_cluster, user_cluster_file
 from adx.errors import AdxError, AuthenticationError, InvalidInputError, NotFoundError, UnavailableError
 
@@ -129,3 +129,11 @@ def check_name(field: str, value: str) -> str:
     if not value or len(value) > 64 or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in value):
         raise InvalidInputError(field, "must be 1-64 letters, digits, '-', '_' or '.'")
     return value
+
+
+def admin_call(api_url: str | None, admin_key: str | None, method: str, path: str, what: str) -> Any:
+    """One admin request of a command: its answer, or the command ends with the error (and its exit status)."""
+    try:
+        return AdminHttp.find(api_url, admin_key).request(method, path, what)
+    except AdxError as exc:
+        fail(exc)

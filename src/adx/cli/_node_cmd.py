@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, Json, check_name
+from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, Json, admin_call, check_name
 from adx.cli._app import GlobalOptions, app, console, fail, setup_logging
 from adx.cli._cluster import ClusterInfo, fill_from_cluster, log_joined
 from adx.config import NodeConfig, load_model
@@ -127,10 +127,7 @@ def nodes_table(nodes: list[dict[str, Any]], now: float) -> str:
 @node_app.command("list")
 def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """List nodes: health, admission, allocatable/capacity, reservations, last heartbeat, Environments."""
-    try:
-        nodes = AdminHttp.find(api_url, admin_key).request("GET", "/v1/admin/nodes", "list nodes")
-    except AdxError as exc:
-        fail(exc)
+    nodes = admin_call(api_url, admin_key, "GET", "/v1/admin/nodes", "list nodes")
     if as_json:
         console.print_json(json.dumps(nodes))
         return
@@ -139,12 +136,7 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = N
 
 def _cordon(name: str, cordoned: bool, api_url: str | None, admin_key: str | None) -> None:
     verb = "cordon" if cordoned else "uncordon"
-    try:
-        AdminHttp.find(api_url, admin_key).request(
-            "POST", f"/v1/admin/nodes/{check_name('node', name)}/{verb}", f"{verb} node {name}"
-        )
-    except AdxError as exc:
-        fail(exc)
+    admin_call(api_url, admin_key, "POST", f"/v1/admin/nodes/{check_name('node', name)}/{verb}", f"{verb} node {name}")
     if cordoned:
         console.print(f"node {name} cordoned: it admits no new or resumed Environment; running ones go on")
     else:

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from adx.cli._admin import admin_config
-from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, Json, check_name
+from adx.cli._admin_http import AdminKey, ApiUrl, Json, admin_call, check_name
 from adx.cli._app import app, console, err_console, fail
 from adx.errors import AdxError, UnavailableError
 
@@ -74,10 +74,7 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = N
     """List tenants: created, enabled or disabled, their keys' IDs."""
     from adx.cli._human import format_time, table
 
-    try:
-        tenants = AdminHttp.find(api_url, admin_key).request("GET", "/v1/admin/tenants", "list tenants")
-    except AdxError as exc:
-        fail(exc)
+    tenants = admin_call(api_url, admin_key, "GET", "/v1/admin/tenants", "list tenants")
     if as_json:
         console.print_json(json.dumps(tenants))
         return
@@ -95,12 +92,9 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = N
 
 def _set_disabled(name: str, disabled: bool, api_url: str | None, admin_key: str | None) -> None:
     verb = "disable" if disabled else "enable"
-    try:
-        AdminHttp.find(api_url, admin_key).request(
-            "POST", f"/v1/admin/tenants/{check_name('name', name)}/{verb}", f"{verb} tenant {name}"
-        )
-    except AdxError as exc:
-        fail(exc)
+    admin_call(
+        api_url, admin_key, "POST", f"/v1/admin/tenants/{check_name('name', name)}/{verb}", f"{verb} tenant {name}"
+    )
     if disabled:
         console.print(f"tenant {name} disabled: its API keys are refused; its Environments are left as they are")
     else:
@@ -131,38 +125,37 @@ def _print_issued(issued: dict[str, str], what: str) -> None:
 @key_app.command("create")
 def key_create(tenant: TenantName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """Add an API key to TENANT and print it (shown once)."""
-    try:
-        issued = AdminHttp.find(api_url, admin_key).request(
-            "POST", f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys", f"create a key of {tenant}"
-        )
-    except AdxError as exc:
-        fail(exc)
+    issued = admin_call(
+        api_url,
+        admin_key,
+        "POST",
+        f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys",
+        f"create a key of {tenant}",
+    )
     _print_issued(issued, "new API key")
 
 
 @key_app.command("revoke")
 def key_revoke(tenant: TenantName, key_id: KeyId, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """Revoke KEY_ID of TENANT: refused from now on."""
-    try:
-        AdminHttp.find(api_url, admin_key).request(
-            "DELETE",
-            f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys/{check_name('key_id', key_id)}",
-            f"revoke key {key_id}",
-        )
-    except AdxError as exc:
-        fail(exc)
+    admin_call(
+        api_url,
+        admin_key,
+        "DELETE",
+        f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys/{check_name('key_id', key_id)}",
+        f"revoke key {key_id}",
+    )
     console.print(f"tenant {tenant}: key {key_id} revoked")
 
 
 @key_app.command("rotate")
 def key_rotate(tenant: TenantName, key_id: KeyId, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """Replace KEY_ID of TENANT with a new key (printed once); the old one is refused from then on."""
-    try:
-        issued = AdminHttp.find(api_url, admin_key).request(
-            "POST",
-            f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys/{check_name('key_id', key_id)}/rotate",
-            f"rotate key {key_id}",
-        )
-    except AdxError as exc:
-        fail(exc)
+    issued = admin_call(
+        api_url,
+        admin_key,
+        "POST",
+        f"/v1/admin/tenants/{check_name('tenant', tenant)}/keys/{check_name('key_id', key_id)}/rotate",
+        f"rotate key {key_id}",
+    )
     _print_issued(issued, f"key {key_id} replaced by")
