@@ -46,14 +46,18 @@ async def test_running_environments_are_sampled_and_paused_ones_are_not(node_clu
         busy = await client.environments.create(cpu=0.5, memory="256Mi")
         sleeper = await client.environments.create(cpu=0.25, memory="128Mi")
         await busy.commands.run(BURN + " head -c 8388608 /dev/zero > /work/blob")
+        burning_since = time.monotonic()
         await sleeper.pause()
 
-        # MET-1: the sampler finds the running one by itself; its CPU rate is over two of its own samples.
+        # MET-1: the sampler finds the running one by itself; its CPU rate is over two of its own samples. A rate
+        # whose two samples straddle (or precede) the loop's start reads low, down to 0.0 when both were taken
+        # before it: the full suite made that happen. So the rate read is one sampled 2 s after the loop began.
         deadline = time.monotonic() + 15
         while True:
             metrics = await scrape(agent.metrics_port)
             percent = for_env(metrics, "adx_environment_cpu_percent", busy.id)
-            if percent is not None:
+            age = for_env(metrics, "adx_environment_sample_age_seconds", busy.id)
+            if percent is not None and age is not None and time.monotonic() - age >= burning_since + 2:
                 break
             assert time.monotonic() < deadline, "no CPU rate was sampled"
             await asyncio.sleep(0.2)
