@@ -86,10 +86,16 @@ class ProcessCluster:
     async def run_when_served(
         self, node: str, env_id: str, argv: list[str], within: float = 30
     ) -> tuple[int, str, str]:
-        """``run``, asked again while the node answers 503 (it is still recovering after a restart)."""
+        """``run``, asked again while the node answers 503 or its Relay does not listen yet (it is still
+        recovering after a restart: on a loaded machine the Relay listens seconds after the catalog is back)."""
         deadline = time.monotonic() + within
         while True:
-            status, stdout, body = await self.run(node, env_id, argv)
+            try:
+                status, stdout, body = await self.run(node, env_id, argv)
+            except httpx.ConnectError:
+                if time.monotonic() > deadline:
+                    raise
+                status, stdout, body = 503, "", "the Relay does not listen yet"
             if status != 503 or time.monotonic() > deadline:
                 return status, stdout, body
             await asyncio.sleep(0.2)

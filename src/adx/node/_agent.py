@@ -443,10 +443,12 @@ class NodeAgent(Recovery, RuntimeChecks):
                 controller.submit("resume", record=record)  # a lost resume hand-over (CRD-5)
             elif (
                 record.network_revision > controller.record.network_applied_revision
-                and record.revision > controller.record.revision
+                and record.revision >= controller.record.revision
                 and not controller.restricted
             ):
-                # NOD-10: state and revision first: only a newer record changes the network policy in place.
+                # NOD-10: state and revision first: only a record at least as new changes the network policy in
+                # place. The same revision counts: a commit of this node that met the newer policy adopted its
+                # record without applying it (a policy stored while the sandbox was starting).
                 controller.submit("network", record=record)
             elif controller.restricted and record.revision >= controller.record.revision:
                 controller.submit("adopt", record=record)  # NOD-10: the authoritative check this one waits for

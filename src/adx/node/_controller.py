@@ -210,6 +210,9 @@ class Controller:
         # NOD-10/NOD-11: a journaled result the Coordinator refused; only this Controller waits for the routine
         # check to bring the authority's record.
         self.restricted = False
+        # NOD-10: the newest network revision the running execution cannot take in place (no veth); its next
+        # start or resume applies it, so the routine check does not ask the runtime again every round.
+        self.network_deferred_revision = 0
         # The Coordinator retired this Environment's placement before anything ran here (the node forgets it).
         self.retired = False
         # NOD-12: a newer generation took this Environment over; this Controller only cleaned its execution.
@@ -407,6 +410,9 @@ class Controller:
         self.commit_retrying = False
         previous = self.record
         self.record = committed
+        if committed.state is S.RUNNING and committed.network_revision > committed.network_applied_revision:
+            # NOD-10: the commit met a policy stored meanwhile (adopted above): apply it in place now, after this.
+            self.submit("network", record=committed)
         if self.on_transition is not None:
             self.on_transition(self.env_id)
         log.info(
@@ -542,11 +548,18 @@ class Controller:
 
     async def _set_network(self, op: _Op) -> EnvironmentRecord:
         """NOD-10: the Coordinator stored a new network policy (a mutable spec field). Only a record newer than
-        ours with the same ownership, state and execution is taken; an old catalog copy is no conflict and
-        changes nothing. A running execution gets the policy in place, then its revision is published; a paused
-        one takes the record and gets the policy when it resumes."""
+        ours with the same ownership, state and execution is taken, or ours when it holds a policy not applied
+        yet; an old catalog copy is no conflict and changes nothing. A running execution gets the policy in
+        place, then its revision is published; a paused one takes the record and gets the policy when it
+        resumes."""
         incoming: EnvironmentRecord = op.payload["record"]
-        if not self._same_ownership(incoming) or incoming.network_revision <= self.record.network_applied_revision:
+        if incoming.revision <= self.record.revision:
+            # Ours is as new (a commit adopted the policy without applying it) or newer: it holds every policy
+            # stored up to its revision, so apply from it and never go back to an older copy.
+            incoming = self.record
+        elif not self._same_ownership(incoming):
+            return self.record
+        if incoming.network_revision <= max(self.record.network_applied_revision, self.network_deferred_revision):
             return self.record
         previous, self.record = self.record, incoming
         execution = self.execution
@@ -555,7 +568,9 @@ class Controller:
         try:
             await self.driver.set_network(execution, incoming.spec.network)
         except ConflictError:
-            raise  # not changeable in place (no veth): the record stays; the next start or resume applies it
+            # Not changeable in place (no veth): the record stays; the next start or resume applies it.
+            self.network_deferred_revision = incoming.network_revision
+            raise
         except AdxError:
             self.record = previous  # e.g. sandboxd unavailable: the next routine check tries again
             raise
