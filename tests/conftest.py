@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from fake_internet import fake_internet  # noqa: F401  (the network tests' test host, a fixture for every directory)
 from psycopg import sql
 
 from adx._certs import Identity, init_ca, issue
@@ -29,11 +30,6 @@ from adx.config import CoordinatorConfig, PostgresServerConfig, RedisServerConfi
 from adx.coordinator._daemon import RunningCoordinator, start_coordinator
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ServerInfo
 from adx.proto import coordinator_pb2_grpc
-
-# The sandboxd test helpers (real daemons, cgroup cleanup) serve every test that needs a real node.
-sys.path.insert(0, str(Path(__file__).resolve().parent / "sandboxd"))
-# Real daemon processes (start, SIGKILL, SIGSTOP) for the node, Coordinator and fault tests.
-sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 
 @pytest.fixture(scope="session")

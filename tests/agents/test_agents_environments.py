@@ -8,7 +8,6 @@ sandboxd and API server that the workers reach over HTTP with a tenant API key f
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 from agents_helpers import TENANT, fetch, make_scheduler, standard_schemas
 from agents_workers import kill, start_worker, stop, tail, wait_started
+from apistack import ApiStack, api_for  # noqa: F401  (fixtures)
 
 import adx
 from adx.agents import (
@@ -34,10 +34,6 @@ from adx.agents import (
 from adx.agents._config import AgentWorkerConfig
 from adx.config._base import ConfigError, load_model
 from adx.errors import UncertainOutcomeError
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
-
-from apistack import ApiStack, api_for  # noqa: F401  (fixtures)
 
 STEP = 60.0
 

@@ -1,20 +1,16 @@
 """Agent runs over HTTP on the real API server (``/v1/agent-runs``): tenant-authenticated, typed, documented.
 
-The API server runs under uvicorn with a real Coordinator on a real Redis (tests/api/apistack.py) for the
+The API server runs under uvicorn with a real Coordinator on a real Redis (tests/helpers/apistack.py) for the
 tenant API keys, and reads runs from a real PostgreSQL through ADX_AGENT_DATABASE_URL.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from agents_helpers import TENANT, make_scheduler
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
 from apistack import api_stack  # noqa: F401 (fixture)
 
 from adx.agents import AgentRuns, AgentStore, ExecutableGraphRegistry

@@ -8,12 +8,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
-
 from apistack import ApiStack, api_for, api_stack  # noqa: F401  (fixtures)
 
 ADX = [sys.executable, "-m", "adx"]

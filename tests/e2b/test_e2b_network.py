@@ -1,6 +1,7 @@
 """E2B's network options through the real ``e2b`` SDK against ``adx up``, enforced by ADX's network policy
 (docs/network.md): a test host in a network namespace this module creates stands in for the internet (the
-``fake_internet`` fixture of tests/sandboxd), reached by the sandbox through the node's forwarding and NAT."""
+``fake_internet`` fixture of tests/helpers/fake_internet.py), reached by the sandbox through the node's
+forwarding and NAT."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from e2b import AsyncSandbox, Sandbox
 from e2b.exceptions import InvalidArgumentException, SandboxException
 from e2b.sandbox.network import ALL_TRAFFIC
-from test_netpolicy import PROBE, FakeInternet, fake_internet  # noqa: F401  (fixture)
+from fake_internet import PROBE, FakeInternet
 
 if TYPE_CHECKING:
     from conftest import Up
@@ -33,7 +34,7 @@ def _probe_new(adx_up: Up, host: FakeInternet, **options: object) -> str:
         sandbox.kill()
 
 
-def test_internet_access_and_allow_deny_lists(adx_up: Up, fake_internet: FakeInternet) -> None:  # noqa: F811
+def test_internet_access_and_allow_deny_lists(adx_up: Up, fake_internet: FakeInternet) -> None:
     host = fake_internet
     # E2B's default: internet on.
     assert _probe_new(adx_up, host).startswith("ok")
@@ -50,7 +51,7 @@ def test_internet_access_and_allow_deny_lists(adx_up: Up, fake_internet: FakeInt
     assert not_listed.startswith("refused")
 
 
-def test_update_network_applies_to_the_running_sandbox(adx_up: Up, fake_internet: FakeInternet) -> None:  # noqa: F811
+def test_update_network_applies_to_the_running_sandbox(adx_up: Up, fake_internet: FakeInternet) -> None:
     host = fake_internet
     sandbox = Sandbox.create(**adx_up.opts())
     try:
@@ -83,7 +84,7 @@ def test_options_adx_cannot_enforce_are_refused_naming_the_field(adx_up: Up) -> 
     assert "network.denyOut[0]" in str(bad.value)
 
 
-async def test_internet_access_async(adx_up: Up, fake_internet: FakeInternet) -> None:  # noqa: F811
+async def test_internet_access_async(adx_up: Up, fake_internet: FakeInternet) -> None:
     host = fake_internet
     sandbox = await AsyncSandbox.create(allow_internet_access=False, **adx_up.opts())
     try:

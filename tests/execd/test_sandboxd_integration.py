@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,6 @@ from adx._fs import ShortUnixPath
 if os.geteuid() != 0:
     pytest.skip("sandboxes need root", allow_module_level=True)
 
-# Read-only reuse of sandboxd's own test helpers: real daemon, unique cgroup parent, cleanup on failure.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandboxd"))
 from sbx_helpers import DaemonFactory
 
 from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RuntimeControlSubscription, ref_of

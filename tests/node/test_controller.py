@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -14,8 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sandboxd"))
 from sbx_helpers import Daemon, DaemonFactory
 
 from adx._fs import ShortUnixPath

@@ -3,18 +3,14 @@ applies it in place on the running sandbox (no restart) and publishes the applie
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))  # the API stack helpers
 from apistack import start_api
+from fake_internet import PROBE, FakeInternet
 from process_cluster import record_of, wait_for
-from test_netpolicy import PROBE, FakeInternet, fake_internet  # noqa: F401  (fixture)
 
 import adx
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, NetworkPolicy, Resources
@@ -42,7 +38,7 @@ async def _probe(cluster: Any, env_id: str, host: FakeInternet) -> str:
 @pytest.mark.req("NOD-10")
 async def test_policy_switch_through_the_api_takes_effect_on_the_running_environment(
     process_cluster: Any,
-    fake_internet: FakeInternet,  # noqa: F811 (the fixture imported above)
+    fake_internet: FakeInternet,
 ) -> None:
     cluster = process_cluster()
     api = await start_api(SimpleNamespace(certs=cluster.certs, target=cluster.coordinator_address))

@@ -6,15 +6,12 @@ HTTP server inside; the sandbox reaches it only through the node (forwarding + N
 
 from __future__ import annotations
 
-import secrets
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fake_internet import PROBE, FakeInternet, sh
 from sbx_helpers import Daemon, DaemonFactory, wait_until
 
 from adx.errors import ConflictError, InvalidInputError
@@ -27,66 +24,9 @@ pytestmark = pytest.mark.skipif(
     reason="needs nft (Debian's nftables package; scripts/bootstrap.sh installs it)",
 )
 
-#: What a sandbox runs to probe a TCP destination: prints ok, refused (with the seconds it took) or timeout.
-PROBE = """
-import socket, sys, time
-t = time.monotonic()
-try:
-    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
-    s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
-    print("ok", s.recv(64).split(b"\\r\\n")[0].decode(), flush=True)
-except ConnectionRefusedError:
-    print("refused", round(time.monotonic() - t, 3), flush=True)
-except OSError as exc:
-    print("error", type(exc).__name__, round(time.monotonic() - t, 3), flush=True)
-"""
-
-
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), capture_output=True, text=True, check=check)
-
-
-@dataclass
-class FakeInternet:
-    netns: str
-    address: str
-    port: int
-
-
-@pytest.fixture
-def fake_internet() -> Iterator[FakeInternet]:
-    """A network namespace with a veth pair to the host and an HTTP server inside (removed even on failure)."""
-    tag = secrets.token_hex(3)
-    netns, host_if, third = f"adxt-{tag}", f"adxt{tag}", 100 + secrets.randbelow(100)
-    outer, inner = f"10.251.{third}.1", f"10.251.{third}.2"
-    server: subprocess.Popen[bytes] | None = None
-    try:
-        _sh("ip", "netns", "add", netns)
-        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", netns)
-        _sh("ip", "addr", "add", f"{outer}/30", "dev", host_if)
-        _sh("ip", "link", "set", host_if, "up")
-        _sh("ip", "-n", netns, "addr", "add", f"{inner}/30", "dev", "eth0")
-        _sh("ip", "-n", netns, "link", "set", "eth0", "up")
-        _sh("ip", "-n", netns, "link", "set", "lo", "up")
-        _sh("ip", "-n", netns, "route", "add", "default", "via", outer)
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", netns, sys.executable, "-m", "http.server", "8080", "--bind", inner],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        probe = ["ip", "netns", "exec", netns, sys.executable, "-c", PROBE, inner, "8080"]
-        wait_until(lambda: _sh(*probe).stdout.startswith("ok"), timeout=15)
-        yield FakeInternet(netns, inner, 8080)
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        _sh("ip", "link", "del", host_if, check=False)
-        _sh("ip", "netns", "del", netns, check=False)
-
 
 def _table_exists(state_dir: Path) -> bool:
-    return _sh("nft", "list", "table", "inet", table_name(state_dir), check=False).returncode == 0
+    return sh("nft", "list", "table", "inet", table_name(state_dir), check=False).returncode == 0
 
 
 def _probe_argv(host: FakeInternet) -> list[str]:
@@ -192,7 +132,7 @@ async def test_policy_changes_on_a_running_sandbox_without_a_restart(
             await c.set_network(SetNetworkRequest(**ref.model_dump(), policy=_egress(allow=["no-such-host.invalid"])))
         await c.delete(ref)
     # The sandbox's chain goes with it.
-    chains = _sh("nft", "list", "table", "inet", table_name(d.state_dir)).stdout
+    chains = sh("nft", "list", "table", "inet", table_name(d.state_dir)).stdout
     assert "sb_adxv" not in chains
 
 
