@@ -346,7 +346,7 @@ def main() -> None:
             import asyncio
 
             progress("sandboxes")
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sandboxd"))
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
             sandbox = asyncio.run(sandbox_figures(args.sandboxes, tmp))
         emit(
             "execd",

@@ -4,7 +4,7 @@
 
 Real parts, started as ``tests/conftest.py``'s ``node_cluster`` fixture does: a Coordinator (in-process gRPC
 server, mutual TLS) on a real Redis, one in-process ``NodeAgent`` (report interval ``--interval``) on a real
-sandboxd (``tests/sandboxd/sbx_helpers.DaemonFactory``), ``--environments`` Running Environments created through
+sandboxd (``tests/helpers/sbx_helpers.DaemonFactory``), ``--environments`` Running Environments created through
 the Coordinator's CreateEnvironment (api certificate).
 
 The Coordinator's side is observed: every Heartbeat call of the node is time-stamped on arrival (a wrapper
@@ -55,7 +55,7 @@ from adx.model import EnvironmentRecord, EnvironmentState
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sandboxd"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 
 NODE = "n1"
 TENANT = "acme"
