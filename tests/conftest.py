@@ -42,7 +42,12 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInf
 
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("session-pg"))
+    """The session's PostgreSQL; ADX_TEST_POSTGRES_MAJOR=17 runs the tests on PostgreSQL 17 (scripts/test's
+    second pass over tests/agents, AGT-18)."""
+    major = int(os.environ.get("ADX_TEST_POSTGRES_MAJOR", "16"))
+    server = EmbeddedPostgres(
+        tmp_path_factory.mktemp("session-pg"), PostgresServerConfig.model_validate({"major": major})
+    )
     info = server.start()
     yield info
     server.stop()

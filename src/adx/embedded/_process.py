@@ -322,7 +322,11 @@ class ManagedServer:
             url=url,
             started_at=time.time(),
         )
-        self._after_first_healthy(url)
+        try:
+            self._after_first_healthy(url)
+        except BaseException:
+            self._terminate(proc.pid)  # a server refused after its start is not left running unrecorded
+            raise
         atomic_write_json(self.info_path, asdict(info))
         log.info("%s started", self.kind, extra={"pid": proc.pid, "url": url})
         return info
