@@ -11,8 +11,8 @@ PYTHON="${PYTHON:-python3}"
 
 # System tools the runtime uses (installed only if missing): unshare/setpriv (util-linux), ip (iproute2),
 # GNU tar + zstd (sandbox checkpoints), chattr (e2fsprogs), mkfs.btrfs (btrfs-progs: sandboxd's enforced disk),
-# nft (nftables: sandbox network policy), mmdebstrap (the Debian base image), chromium (tests/ui). runc is only bench/bench_sandboxd.py's peer
-# figure: scripts/install_sandbox_deps.sh installs it.
+# nft (nftables: sandbox network policy), mmdebstrap (the Debian base image), chromium (the dashboard's browser
+# tests). runc is only bench/bench_sandboxd.py's peer figure: scripts/install_sandbox_deps.sh installs it.
 missing=()
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v setpriv >/dev/null || missing+=(util-linux)
