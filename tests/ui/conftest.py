@@ -1,11 +1,14 @@
 """Fixtures of the dashboard tests: a real ``adx up`` (tests/cli/cli_helpers.py: every daemon a real process) and
 Debian's chromium driven headless by Playwright (``executable_path``: Playwright downloads no browser).
 
-Screenshots of every test go to one temporary directory, printed at the end of the run."""
+Screenshots of every test go to one temporary directory, printed at the end of the run, or to
+``$ADX_UI_SCREENSHOTS`` when set (pytest removes all but its last three temporary roots, which other runs on a
+shared machine may turn over)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -35,7 +38,9 @@ class Dashboard:
 @pytest.fixture(scope="module")
 def dashboard(up_cluster: UpCluster, tmp_path_factory: pytest.TempPathFactory) -> Dashboard:
     state = up_cluster.state
-    shots = tmp_path_factory.mktemp("ui-screenshots")
+    chosen = os.environ.get("ADX_UI_SCREENSHOTS")
+    shots = Path(chosen) if chosen else tmp_path_factory.mktemp("ui-screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
     _ARTIFACTS.append(shots)
     return Dashboard(
         url=json.loads((state / "cluster.json").read_text())["api_url"],

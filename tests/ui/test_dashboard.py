@@ -6,11 +6,18 @@ script error or CSP violation in the page."""
 
 from __future__ import annotations
 
+import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from cli_helpers import ADX, UpCluster
 from conftest import Dashboard
 from playwright.sync_api import Browser, Page, expect
 
@@ -179,10 +186,105 @@ def test_a_tenant_sees_agent_runs_and_is_told_nodes_need_the_admin(page: Page, d
     sign_in(page, dashboard.tenant_key)
     page.click('#nav a[data-page="runs"]')
     expect(page.locator("#page-runs")).to_be_visible()
-    # `adx up` gives the API server its agent store: the list answers (no run yet), not 'not available'.
-    expect(page.locator("#runs-empty")).to_be_visible()
+    # `adx up` gives the API server its agent store: the list answers, not 'not available'.
+    expect(page.locator("#runs")).to_be_visible()
     expect(page.locator("#runs-unavailable")).to_be_hidden()
     expect(page.locator("#runs-error")).to_be_hidden()
     shot(page, dashboard, "agent-runs")
     page.click('#nav a[data-page="nodes"]')
     expect(page.locator("#nodes-unavailable")).to_be_visible()
+
+
+AGENT_APP = """
+from adx.agents import App
+
+app = App("ui-hello", version=1)
+
+
+@app.node
+async def greet(state: dict) -> dict:
+    return {"greeting": "hello " + state["name"]}
+
+
+@app.node
+async def finish(state: dict) -> dict:
+    return {"done": True}
+"""
+
+SUBMIT = """
+import asyncio, sys
+from adx.agents import Client
+
+
+async def main() -> None:
+    async with await Client.connect(sys.argv[1], tenant="default") as client:
+        run = await client.submit("ui-hello", {"name": "ann"}, version=1)
+        done = await client.wait(run, timeout=90)
+        print(run.run_id, done.status)
+
+
+asyncio.run(main())
+"""
+
+
+def _postgres_url(state: Path) -> str:
+    for info in state.rglob("server.json"):
+        record = json.loads(info.read_text())
+        if record.get("kind") == "postgres":
+            return str(record["url"])
+    raise AssertionError(f"no PostgreSQL server.json under {state}")
+
+
+@pytest.fixture
+def agent_run(up_cluster: UpCluster, tmp_path: Path) -> Iterator[str]:
+    """One finished run of the default tenant on the cluster's own PostgreSQL: a real worker (`adx agent dev` on
+    that database) runs a two-node graph that a client submitted; the run ID."""
+    url = _postgres_url(up_cluster.state)
+    (tmp_path / "ui_agent.py").write_text(AGENT_APP)
+    (tmp_path / "submit.py").write_text(SUBMIT)
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [*ADX, "agent", "dev", "ui_agent", "--database-url", url, "--tenant", "default", "--state-dir", "dev"],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=up_cluster.env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "serving" not in (tmp_path / "worker.log").read_text():
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+            time.sleep(0.2)
+        submitted = subprocess.run(
+            [sys.executable, "submit.py", url], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        run_id, status = submitted.stdout.split()
+        assert status == "succeeded", submitted.stdout
+        yield run_id
+    finally:
+        worker.send_signal(signal.SIGINT)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        log.close()
+
+
+def test_agent_runs_list_and_history(page: Page, dashboard: Dashboard, agent_run: str) -> None:
+    sign_in(page, dashboard.tenant_key)
+    page.click('#nav a[data-page="runs"]')
+    row = page.locator(f'#runs tr[data-run="{agent_run}"]')
+    expect(row).to_be_visible()
+    expect(row).to_contain_text("ui-hello@1")
+    expect(row.locator(".status")).to_have_text("succeeded")
+    row.locator("button").click()
+    history = page.locator("#run-history")
+    expect(history).to_be_visible()
+    expect(page.locator("#run-history-id")).to_have_text(agent_run)
+    events = history.locator("tbody tr")
+    expect(events.last).to_contain_text("succeeded")
+    expect(history).to_contain_text("node_committed")
+    shot(page, dashboard, "agent-run-history")
