@@ -11,8 +11,8 @@ PYTHON="${PYTHON:-python3}"
 
 # System tools the runtime uses (installed only if missing): unshare/setpriv (util-linux), ip (iproute2),
 # GNU tar + zstd (sandbox checkpoints), chattr (e2fsprogs), mkfs.btrfs (btrfs-progs: sandboxd's enforced disk),
-# nft (nftables: sandbox network policy), mmdebstrap (the Debian base image). runc is only bench/bench_sandboxd.py's peer
-# figure: scripts/install_sandbox_deps.sh installs it.
+# nft (nftables: sandbox network policy), mmdebstrap (the Debian base image), chromium (the dashboard's browser
+# tests). runc is only bench/bench_sandboxd.py's peer figure: scripts/install_sandbox_deps.sh installs it.
 missing=()
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v setpriv >/dev/null || missing+=(util-linux)
@@ -23,6 +23,8 @@ command -v chattr >/dev/null || missing+=(e2fsprogs)
 command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs) # sandboxd's disk_quota = "btrfs"
 command -v nft >/dev/null || missing+=(nftables)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap) # the Debian base image (adx image, docs/images.md)
+# The dashboard's browser tests (tests/ui) drive Debian's chromium through Playwright: no browser download.
+command -v chromium >/dev/null || missing+=(chromium)
 if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   echo "bootstrap: installing ${missing[*]}" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
