@@ -32,6 +32,19 @@ from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ServerInfo
 from adx.proto import coordinator_pb2_grpc
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A run on another PostgreSQL version (ADX_TEST_POSTGRES_MAJOR, scripts/test's second pass) keeps only the
+    tests whose database is the session server: the rest start their own PostgreSQL 16 (adx up, adx agent dev)
+    and would only repeat the first pass."""
+    if os.environ.get("ADX_TEST_POSTGRES_MAJOR", "16") == "16":
+        return
+    kept = [item for item in items if "postgres_server" in getattr(item, "fixturenames", ())]
+    deselected = [item for item in items if "postgres_server" not in getattr(item, "fixturenames", ())]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
     server = EmbeddedRedis(tmp_path_factory.mktemp("session-redis"))
