@@ -43,6 +43,7 @@ from adx.node._idle import IdleDetector
 from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._logs import WorkloadLogs
 from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
+from adx.node._operations import Adopt, After, Delete, Pause, Resume, Revoke, SetNetwork, Start
 from adx.node._pressure import PressureMonitor
 from adx.node._recovery import Recovery
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_relay
@@ -405,11 +406,11 @@ class NodeAgent(Recovery, RuntimeChecks):
                 if record.state is S.PENDING:
                     # NOD-8/NOD-20: a placed Environment starts when this node admits; until then it waits.
                     if self.reporter.admission_open:
-                        self._controller(record).submit("start")
+                        self._controller(record).submit(Start())
                 elif record.state is S.DELETING:
-                    self._controller(record).submit("delete")
+                    self._controller(record).submit(Delete())
                 elif record.state is S.RESUMING:
-                    self._controller(record).submit("resume", record=record)
+                    self._controller(record).submit(Resume(record))
                 elif record.state is not S.DELETED and record.id not in self._deleted:
                     # NOD-20: a missing local Controller recovers only that instance, as at startup (adopted if
                     # its execution runs, through the exit flow if not); nothing else on the node waits.
@@ -434,13 +435,13 @@ class NodeAgent(Recovery, RuntimeChecks):
                 continue  # NOD-5: an old catalog never overwrites a newer local state
             if record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
                 # NOD-12: queued behind what this Controller admitted before; it adopts the record in its queue.
-                controller.submit("delete", record=record)
+                controller.submit(Delete(record))
             elif (
                 record.state is S.RESUMING
                 and controller.state in (S.PAUSED, S.RESUMING)
                 and record.revision > controller.record.revision
             ):
-                controller.submit("resume", record=record)  # a lost resume hand-over (CRD-5)
+                controller.submit(Resume(record))  # a lost resume hand-over (CRD-5)
             elif (
                 record.network_revision > controller.record.network_applied_revision
                 and record.revision >= controller.record.revision
@@ -449,9 +450,9 @@ class NodeAgent(Recovery, RuntimeChecks):
                 # NOD-10: state and revision first: only a record at least as new changes the network policy in
                 # place. The same revision counts: a commit of this node that met the newer policy adopted its
                 # record without applying it (a policy stored while the sandbox was starting).
-                controller.submit("network", record=record)
+                controller.submit(SetNetwork(record))
             elif controller.restricted and record.revision >= controller.record.revision:
-                controller.submit("adopt", record=record)  # NOD-10: the authoritative check this one waits for
+                controller.submit(Adopt(record))  # NOD-10: the authoritative check this one waits for
         now = time.monotonic()
         for env_id, controller in list(self.controllers.items()):
             if controller.publication_pending:
@@ -498,7 +499,7 @@ class NodeAgent(Recovery, RuntimeChecks):
         if record.id in self._orphan_envs():
             raise UnavailableError(f"environment {record.id}: an earlier execution's cleanup is not confirmed yet")
         controller = self._controller(record)
-        controller.submit("start")
+        controller.submit(Start())
         return controller.record
 
     def delete(self, record: EnvironmentRecord) -> EnvironmentRecord:
@@ -507,12 +508,12 @@ class NodeAgent(Recovery, RuntimeChecks):
         controller = self.controllers.get(record.id) or self._controller(record)
         if controller.record.revision < record.revision:
             controller.record = record
-        controller.submit("delete")
+        controller.submit(Delete())
         return controller.record
 
     async def pause(self, record: EnvironmentRecord, within: float) -> EnvironmentRecord:
         controller = self._owned_controller(record)
-        done = controller.submit("pause")
+        done = controller.submit(Pause())
         deadline = time.monotonic() + within
         while not done.done():
             if controller.commit_retrying:
@@ -542,7 +543,7 @@ class NodeAgent(Recovery, RuntimeChecks):
         if record.state is not S.RESUMING:
             raise ConflictError(f"environment {record.id} is {record.state.value}, not resuming")
         controller = self._owned_controller(record)
-        controller.submit("resume", record=record)
+        controller.submit(Resume(record))
         return record
 
     def _owned_controller(self, record: EnvironmentRecord) -> Controller:
@@ -563,11 +564,11 @@ class NodeAgent(Recovery, RuntimeChecks):
             old.record.generation,
             extra={"node": self.name, "env_id": record.id, "generation": record.generation},
         )
-        revoked = old.submit("revoke")
+        revoked = old.submit(Revoke())
         self.controllers.pop(record.id, None)
         revoked.add_done_callback(lambda _: self._spawn_close(old))
         controller = self._controller(record, execution)
-        controller.submit("after", prior=revoked)
+        controller.submit(After(revoked))
         return controller
 
     def _spawn_close(self, controller: Controller) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from adx._backoff import Backoff
 from adx.errors import AdxError, UnavailableError
 from adx.model import EnvironmentState, IdleAction
+from adx.node._operations import Delete, Exited, Pause, ResumeLocal
 from adx.runtime import Execution, ExecutionState, ExitInfo
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class RuntimeChecks:
         log.warning("ending execution: %s", reason, extra={"env_id": controller.env_id})
         self._ended[controller.env_id] = execution.execution_id
         self._disconnected.pop(controller.env_id, None)
-        controller.submit("exited", execution_id=execution.execution_id, info=ExitInfo(reason=reason))
+        controller.submit(Exited(execution.execution_id, ExitInfo(reason=reason)))
 
     async def _ack_checkpoint(self, execution: Execution, operation_id: str) -> None:
         if self.control is None:
@@ -149,10 +150,10 @@ class RuntimeChecks:
             # IDLE-6: both gates are closed; demand that meets them from now on is recorded by the gate, and
             # the pause re-checks it before capture.
             log.info("idle for %ss: pausing", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
-            controller.submit("pause", auto=True)
+            controller.submit(Pause(auto=True))
             return None
         log.info("idle for %ss: deleting", lifecycle.idle_timeout_seconds, extra={"env_id": controller.env_id})
-        controller.submit("delete")
+        controller.submit(Delete())
         return None
 
     async def _close_admission_if_unchanged(self, env_id: str, sandbox_id: str) -> bool:
@@ -215,7 +216,7 @@ class RuntimeChecks:
         controller = self.controllers.get(env_id)
         if controller is None or controller.state is not S.PAUSED or not controller.unpublished:
             return
-        done = controller.submit("resume_local")
+        done = controller.submit(ResumeLocal())
         with contextlib.suppress(AdxError, TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), LOCAL_RESUME_WAIT_SECONDS)
 

@@ -38,6 +38,26 @@ from adx.model import (
 )
 from adx.node._coordinator_client import wire_changes
 from adx.node._journal import DegradationJournal, NewResult, spec_digest
+from adx.node._operations import (
+    Adopt,
+    After,
+    CancelPause,
+    ContinueStart,
+    Delete,
+    Exited,
+    FinishStart,
+    Noop,
+    Operation,
+    Pause,
+    Replay,
+    Restart,
+    Resume,
+    ResumeLocal,
+    Revoke,
+    SetNetwork,
+    Start,
+    WorkloadCheckpoint,
+)
 from adx.node._replay import ReplayEnd, WireCommitter, replay
 from adx.runtime import Artifact, Execution, ExecutionSpec, ExitInfo, RuntimeDriver
 
@@ -147,10 +167,9 @@ class PendingCheckpoint:
 
 
 @dataclass
-class _Op:
-    kind: str
+class _Queued:
+    operation: Operation
     done: asyncio.Future[EnvironmentRecord]
-    payload: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,7 +211,7 @@ class Controller:
         self.pause_gate: PauseGate | None = None
         self.ack_checkpoint = ack_checkpoint
         self.checkpoint_requests: dict[str, PendingCheckpoint] = {}
-        self._queue: asyncio.Queue[_Op] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._exit_watch: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -238,13 +257,13 @@ class Controller:
         one pending)."""
         if self.unpublished and not self._replay_queued and not self.closed_for_good:
             self._replay_queued = True
-            self.submit("replay")
+            self.submit(Replay())
 
     async def drained(self) -> None:
         """Wait until every operation admitted so far has run (a barrier's drain, NOD-1/NOD-6)."""
         if self.closed_for_good:
             return
-        marker = self.submit("noop")
+        marker = self.submit(Noop())
         await asyncio.shield(marker)
 
     @property
@@ -279,57 +298,76 @@ class Controller:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def submit(self, kind: str, **payload: Any) -> asyncio.Future[EnvironmentRecord]:
-        op = _Op(kind, asyncio.get_running_loop().create_future(), payload)
+    def submit(self, operation: Operation) -> asyncio.Future[EnvironmentRecord]:
+        queued = _Queued(operation, asyncio.get_running_loop().create_future())
         # Many submitters never await the result (routine checks, timers): the failure is logged by _run.
-        op.done.add_done_callback(_mark_retrieved)
-        self._queue.put_nowait(op)
-        return op.done
+        queued.done.add_done_callback(_mark_retrieved)
+        self._queue.put_nowait(queued)
+        return queued.done
 
     # -- the serial loop ---------------------------------------------------------------------------
     async def _run(self) -> None:
-        handlers: dict[str, Callable[[_Op], Awaitable[EnvironmentRecord]]] = {
-            "start": self._start,
-            "delete": self._delete,
-            "exited": self._exited,
-            "restart": self._restart,
-            "pause": self._pause,
-            "resume": self._resume,
-            "cancel_pause": self._recover_pausing,
-            "workload_checkpoint": self._workload_checkpoint,
-            "replay": self._replay,
-            "noop": self._noop,
-            "finish_start": self._finish_start,
-            "continue_start": self._continue_start,
-            "revoke": self._revoke,
-            "after": self._after,
-            "adopt": self._adopt,
-            "resume_local": self._resume_local,
-            "network": self._set_network,
-        }
         while True:
-            op = await self._queue.get()
+            queued = await self._queue.get()
+            op = queued.operation
             try:
-                if self.revoked and op.kind not in ("noop", "revoke"):
+                if self.revoked and not isinstance(op, Noop | Revoke):
                     # NOD-12: nothing that arrives after the revocation acts on the old ownership.
                     raise ConflictError(f"environment {self.env_id}: generation {self.record.generation} was revoked")
-                result = await handlers[op.kind](op)
+                result = await self._dispatch(op)
             except asyncio.CancelledError:
-                if not op.done.done():
-                    op.done.set_exception(UnavailableError(f"environment {self.env_id}: controller stopped"))
+                if not queued.done.done():
+                    queued.done.set_exception(UnavailableError(f"environment {self.env_id}: controller stopped"))
                 raise
             except AdxError as exc:
                 log.warning("operation %s failed: %s", op.kind, exc, extra=self._context())
-                if not op.done.done():
-                    op.done.set_exception(exc)
+                if not queued.done.done():
+                    queued.done.set_exception(exc)
                 continue
             except Exception as exc:
                 log.exception("operation %s crashed", op.kind, extra=self._context())
-                if not op.done.done():
-                    op.done.set_exception(exc)
+                if not queued.done.done():
+                    queued.done.set_exception(exc)
                 continue
-            if not op.done.done():
-                op.done.set_result(result)
+            if not queued.done.done():
+                queued.done.set_result(result)
+
+    async def _dispatch(self, op: Operation) -> EnvironmentRecord:
+        match op:
+            case Start():
+                return await self._start()
+            case ContinueStart():
+                return await self._continue_start()
+            case FinishStart():
+                return await self._finish_start()
+            case Delete(record=record):
+                return await self._delete(record)
+            case Exited(execution_id=execution_id, info=info):
+                return await self._exited(execution_id, info)
+            case Restart():
+                return await self._restart()
+            case Pause(auto=auto):
+                return await self._pause(auto)
+            case CancelPause():
+                return await self._recover_pausing()
+            case Resume(record=record):
+                return await self._resume(record)
+            case ResumeLocal():
+                return await self._resume_local()
+            case WorkloadCheckpoint(operation_id=operation_id):
+                return await self._workload_checkpoint(operation_id)
+            case Replay():
+                return await self._replay()
+            case Noop():
+                return self.record
+            case Revoke():
+                return await self._revoke()
+            case After(prior=prior):
+                return await self._after(prior)
+            case Adopt(record=record):
+                return await self._adopt(record)
+            case SetNetwork(record=record):
+                return await self._set_network(record)
 
     def _context(self) -> dict[str, Any]:
         return {
@@ -412,7 +450,7 @@ class Controller:
         self.record = committed
         if committed.state is S.RUNNING and committed.network_revision > committed.network_applied_revision:
             # NOD-10: the commit met a policy stored meanwhile (adopted above): apply it in place now, after this.
-            self.submit("network", record=committed)
+            self.submit(SetNetwork(committed))
         if self.on_transition is not None:
             self.on_transition(self.env_id)
         log.info(
@@ -455,7 +493,7 @@ class Controller:
         self.unpublished += 1
         return local
 
-    async def _replay(self, op: _Op) -> EnvironmentRecord:
+    async def _replay(self) -> EnvironmentRecord:
         """NOD-17/JRN-5: publish this Environment's journaled results, in order, from its own queue."""
         self._replay_queued = False
         return await self._publish_journaled()
@@ -485,7 +523,7 @@ class Controller:
         )
         return self.record
 
-    async def _finish_start(self, op: _Op) -> EnvironmentRecord:
+    async def _finish_start(self) -> EnvironmentRecord:
         """After a node restart: the execution of a Starting record runs (the start returned, its Running commit
         was cut short). Adopt it once ready (never kill what runs); if it does not become ready, the start
         failed like any other (RST-7)."""
@@ -498,7 +536,7 @@ class Controller:
             return await self._start_failed(execution.execution_id, f"not ready after a node restart: {exc}")
         return await self._running(execution)
 
-    async def _revoke(self, op: _Op) -> EnvironmentRecord:
+    async def _revoke(self) -> EnvironmentRecord:
         """NOD-12: the Coordinator gave this Environment a newer generation: behind every operation admitted
         before, retire the routes and clean this generation's execution (confirmed), then refuse everything."""
         self.serving = False
@@ -513,20 +551,15 @@ class Controller:
         log.info("generation revoked: its execution is cleaned", extra=self._context())
         return self.record
 
-    async def _after(self, op: _Op) -> EnvironmentRecord:
+    async def _after(self, prior: asyncio.Future[EnvironmentRecord]) -> EnvironmentRecord:
         """Wait for another Controller's operation (the revoked generation's cleanup, RST-5) before going on."""
-        prior: asyncio.Future[EnvironmentRecord] = op.payload["prior"]
         with contextlib.suppress(Exception):
             await asyncio.shield(prior)
         return self.record
 
-    async def _noop(self, op: _Op) -> EnvironmentRecord:
-        return self.record
-
-    async def _adopt(self, op: _Op) -> EnvironmentRecord:
+    async def _adopt(self, incoming: EnvironmentRecord) -> EnvironmentRecord:
         """NOD-10: the authoritative check a restricted Controller waits for: its record is adopted when it
         describes what this node really runs (same generation and execution)."""
-        incoming: EnvironmentRecord = op.payload["record"]
         local_execution = self.execution.execution_id if self.execution is not None else None
         if (
             self.restricted
@@ -546,13 +579,12 @@ class Controller:
             )
         return self.record
 
-    async def _set_network(self, op: _Op) -> EnvironmentRecord:
+    async def _set_network(self, incoming: EnvironmentRecord) -> EnvironmentRecord:
         """NOD-10: the Coordinator stored a new network policy (a mutable spec field). Only a record newer than
         ours with the same ownership, state and execution is taken, or ours when it holds a policy not applied
         yet; an old catalog copy is no conflict and changes nothing. A running execution gets the policy in
         place, then its revision is published; a paused one takes the record and gets the policy when it
         resumes."""
-        incoming: EnvironmentRecord = op.payload["record"]
         if incoming.revision <= self.record.revision:
             # Ours is as new (a commit adopted the policy without applying it) or newer: it holds every policy
             # stored up to its revision, so apply from it and never go back to an older copy.
@@ -606,7 +638,7 @@ class Controller:
                 await retry_delay.sleep()
 
     # -- operations --------------------------------------------------------------------------------
-    async def _start(self, op: _Op) -> EnvironmentRecord:
+    async def _start(self) -> EnvironmentRecord:
         if self.record.state is not S.PENDING:
             raise ConflictError(f"environment {self.env_id} is {self.record.state.value}, not pending")
         execution_id = new_id("exe")
@@ -637,7 +669,7 @@ class Controller:
             self._spawn(self._cleanup(leftover), f"cleanup-{execution_id}")
         return failed
 
-    async def _continue_start(self, op: _Op) -> EnvironmentRecord:
+    async def _continue_start(self) -> EnvironmentRecord:
         """After a node restart: a Starting record whose execution never came up here, because the node stopped
         before asking the runtime (no planned address) or while the runtime was creating it (only planned). No
         start failed, so this is neither a failure nor a restart: the same create goes on under the same
@@ -744,13 +776,13 @@ class Controller:
 
         async def later() -> None:
             await asyncio.sleep(delay)
-            self.submit("restart")
+            self.submit(Restart())
 
         if self._restart_timer is not None:
             self._restart_timer.cancel()
         self._restart_timer = asyncio.create_task(later(), name=f"restart-timer-{self.env_id}")
 
-    async def _restart(self, op: _Op) -> EnvironmentRecord:
+    async def _restart(self) -> EnvironmentRecord:
         if self.record.state is not S.FAILED or not self.record.restart_pending:
             return self.record  # deleted or replaced meanwhile (RST-4)
         execution_id = new_id("exe")
@@ -797,7 +829,7 @@ class Controller:
                 except AdxError:
                     info = ExitInfo(reason="the runtime lost the execution")
                     break
-            self.submit("exited", execution_id=execution.execution_id, info=info)
+            self.submit(Exited(execution.execution_id, info))
 
         self._exit_watch = asyncio.create_task(watch(), name=f"exit-watch-{execution.execution_id}")
 
@@ -805,8 +837,7 @@ class Controller:
         if self.on_route_change is not None:
             await self.on_route_change(self.record, self.execution if self.record.state is S.RUNNING else None)
 
-    async def _delete(self, op: _Op) -> EnvironmentRecord:
-        incoming: EnvironmentRecord | None = op.payload.get("record")
+    async def _delete(self, incoming: EnvironmentRecord | None) -> EnvironmentRecord:
         if (
             incoming is not None
             and incoming.generation == self.record.generation
@@ -832,13 +863,13 @@ class Controller:
         self.closed = True
         return deleted
 
-    async def _exited(self, op: _Op) -> EnvironmentRecord:
+    async def _exited(self, exited_id: str, info: ExitInfo | None) -> EnvironmentRecord:
         execution = self.execution
-        if execution is None or execution.execution_id != op.payload["execution_id"]:
+        if execution is None or execution.execution_id != exited_id:
             return self.record  # a late notice of an execution this Controller no longer runs
         if self.record.state not in (S.RUNNING, S.STARTING, S.PAUSING):
             return self.record
-        info: ExitInfo = op.payload["info"] or ExitInfo(reason="the execution ended while the node was away")
+        info = info or ExitInfo(reason="the execution ended while the node was away")
         log.info("execution exited: %s", info.describe(), extra=self._context())
         # RST-1: retire routes, confirm the old execution's cleanup, then mark Failed, in that order.
         self.serving = False
@@ -860,9 +891,9 @@ class Controller:
             self.pause_gate.settle(serve)
             self.pause_gate = None
 
-    async def _pause(self, op: _Op) -> EnvironmentRecord:
+    async def _pause(self, auto: bool) -> EnvironmentRecord:
         try:
-            return await self._pause_steps(op)
+            return await self._pause_steps(auto)
         except BaseException:
             # Whatever stopped the pause, an Environment that still serves must admit again.
             if self.serving and self.execution is not None and self.admission is not None:
@@ -872,7 +903,7 @@ class Controller:
         finally:
             self.drop_pause_gate(serve=self.serving)
 
-    async def _pause_steps(self, op: _Op) -> EnvironmentRecord:
+    async def _pause_steps(self, auto: bool) -> EnvironmentRecord:
         if self.record.state is S.PAUSED:
             return self.record
         execution = self.execution
@@ -884,7 +915,7 @@ class Controller:
         options = self.record.spec.lifecycle.effective_pause_options
         kind, storage = self.places.resolve(options.storage)
         gate = self.open_pause_gate()
-        if not op.payload.get("auto") and self.admission is not None:
+        if not auto and self.admission is not None:
             await self.admission.close_admission(self.env_id, execution)
         await self._transition(S.PAUSING)
         if gate.demand:
@@ -969,10 +1000,10 @@ class Controller:
             time.monotonic() + budget,
             retry_delay=Backoff(self.timings.retry_min_seconds, self.timings.retry_max_seconds),
         )
-        self.submit("workload_checkpoint", operation_id=operation_id)
+        self.submit(WorkloadCheckpoint(operation_id))
 
-    async def _workload_checkpoint(self, op: _Op) -> EnvironmentRecord:
-        item = self.checkpoint_requests.get(op.payload["operation_id"])
+    async def _workload_checkpoint(self, operation_id: str) -> EnvironmentRecord:
+        item = self.checkpoint_requests.get(operation_id)
         execution = self.execution
         if item is None:
             return self.record
@@ -996,7 +1027,7 @@ class Controller:
                 # CTL-7: an uncertain capture goes to cleanup and failure.
                 del self.checkpoint_requests[item.operation_id]
                 info = ExitInfo(reason=f"workload checkpoint {item.operation_id} uncertain: {exc}")
-                self.submit("exited", execution_id=execution.execution_id, info=info)
+                self.submit(Exited(execution.execution_id, info))
                 return self.record
             self._retry_checkpoint_request(item, exc)
             return self.record
@@ -1021,7 +1052,7 @@ class Controller:
 
         async def later() -> None:
             await asyncio.sleep(delay)
-            self.submit("workload_checkpoint", operation_id=item.operation_id)
+            self.submit(WorkloadCheckpoint(item.operation_id))
 
         self._spawn(later(), f"checkpoint-retry-{item.operation_id}")
 
@@ -1040,7 +1071,7 @@ class Controller:
             expires_at=published + ttl if ttl is not None else None,
         )
 
-    async def _recover_pausing(self, op: _Op) -> EnvironmentRecord:
+    async def _recover_pausing(self) -> EnvironmentRecord:
         """After a node restart mid-pause (no published result): the execution runs on (NOD-1)."""
         execution = self.execution
         if self.record.state is not S.PAUSING or execution is None:
@@ -1050,7 +1081,7 @@ class Controller:
         await self._publish_route()
         return running
 
-    async def _resume_local(self, op: _Op) -> EnvironmentRecord:
+    async def _resume_local(self) -> EnvironmentRecord:
         """Demand for an Environment whose pause is done here but not yet published (JRN-3, JRN-4): the cluster
         still has it running on this node under this generation, so this node resumes it itself and journals
         the resume behind the pause; both replay in order."""
@@ -1061,10 +1092,9 @@ class Controller:
                 f"environment {self.env_id} is {self.record.state.value}; it resumes on demand"
             )
         await self._transition(S.RESUMING)
-        return await self._resume(op)
+        return await self._resume(None)
 
-    async def _resume(self, op: _Op) -> EnvironmentRecord:
-        incoming: EnvironmentRecord | None = op.payload.get("record")
+    async def _resume(self, incoming: EnvironmentRecord | None) -> EnvironmentRecord:
         if incoming is not None and incoming.revision > self.record.revision:
             self.record = incoming
         if self.record.state is S.RUNNING:

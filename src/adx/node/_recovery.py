@@ -20,6 +20,7 @@ from adx._backoff import Backoff
 from adx.errors import AdxError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentRecord, EnvironmentState
 from adx.node._journal import DegradationJournal, PendingResult
+from adx.node._operations import CancelPause, ContinueStart, Delete, Exited, FinishStart, Resume, Start
 from adx.node._replay import ReplayEnd, replay
 from adx.runtime import Execution, ExecutionState, ExitInfo, InventoryItem
 
@@ -293,26 +294,26 @@ class Recovery:
     async def _recover(self, record: EnvironmentRecord, execution: Execution | None) -> None:
         controller = self._controller(record, execution)
         if record.state is S.PENDING:
-            controller.submit("start")
+            controller.submit(Start())
         elif record.state is S.DELETING:
-            controller.submit("delete")
+            controller.submit(Delete())
         elif record.state is S.FAILED and record.restart_pending:
             controller.schedule_pending_restart()  # RST-3: the counters came back with the record
         elif record.state is S.RESUMING:
-            controller.submit("resume")  # a half-done restore left nothing referenced: it was cleaned above
+            controller.submit(Resume())  # a half-done restore left nothing referenced: it was cleaned above
         elif record.state is S.STARTING and execution is None:
-            controller.submit("continue_start")
+            controller.submit(ContinueStart())
         elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
             if execution.execd_socket is None and record.state is S.STARTING:
                 # Only planned: the node stopped while the runtime was creating it. A crash of the node is not a
                 # failed start: the same create (same execution ID and secret, so the runtime returns what it
                 # made, never a second one) goes on; a real failure of it fails the start as usual (RST-7).
-                controller.submit("continue_start")
+                controller.submit(ContinueStart())
                 return
             if execution.execd_socket is None:
                 # Only planned, under any other state: whatever the call made is cleaned by the exit flow.
                 info = ExitInfo(reason="the node stopped while the execution was starting")
-                controller.submit("exited", execution_id=execution.execution_id, info=info)
+                controller.submit(Exited(execution.execution_id, info))
                 return
             state = await self.driver.observe(execution)
             if state is ExecutionState.UNKNOWN:
@@ -328,13 +329,13 @@ class Recovery:
                 )
                 return
             if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
-                controller.submit("cancel_pause")  # the pause was not published: the execution runs on
+                controller.submit(CancelPause())  # the pause was not published: the execution runs on
             elif state is ExecutionState.RUNNING and record.state is S.STARTING:
-                controller.submit("finish_start")  # it started; only its Running commit was cut short
+                controller.submit(FinishStart())  # it started; only its Running commit was cut short
             elif state is ExecutionState.RUNNING:
                 controller.adopt_running()
             else:
-                controller.submit("exited", execution_id=execution.execution_id, info=None)
+                controller.submit(Exited(execution.execution_id, None))
 
     async def _recover_when_known(self, record: EnvironmentRecord, execution: Execution) -> None:
         """Ask the runtime again (backoff 0.2-2 s) until it answers, then recover ``record`` as at startup, unless
