@@ -60,7 +60,8 @@ def test_first_use_creates_user_in_the_writable_layer_only(sandboxed: ExecdProce
                                                             "/home/user user"]  # fmt: skip
         # Looked up again (not created twice): one entry in each file.
         run(client, command="true", user="user")
-        frames, _ = run(client, command="grep -c '^user:' /etc/passwd /etc/group /etc/shadow; stat -c '%U %a' /home/user")
+        check = "grep -c '^user:' /etc/passwd /etc/group /etc/shadow; stat -c '%U %a' /home/user"
+        frames, _ = run(client, command=check)
         assert joined(frames, "stdout").split() == ["/etc/passwd:1", "/etc/group:1", "/etc/shadow:1", "user", "755"]
     upper = short_dir / "up"
     assert "user:x:1000:1000::/home/user:" in (upper / "passwd").read_text()

@@ -1,0 +1,135 @@
+"""E2B's ``user`` account through the real ``e2b`` SDK against ``adx up``: commands run as ``user`` in
+``/home/user`` with HOME set, relative file paths resolve there, written files belong to ``user`` and entries
+report owner and group; ``user="root"`` acts as root in ``/root``. The default image has no ``user``: execd makes
+it on first use in the sandbox's own writable ``/etc`` (the host's account files stay as they were)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
+from e2b import AsyncSandbox, CommandExitException, Sandbox
+from e2b.sandbox.filesystem.filesystem import FileType
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sandbox(adx_up: Up) -> Iterator[Sandbox]:
+    made = Sandbox.create(**adx_up.opts())
+    yield made
+    made.kill()
+
+
+def _host_accounts() -> str:
+    return hashlib.sha256(b"".join(Path(p).read_bytes() for p in ("/etc/passwd", "/etc/group"))).hexdigest()
+
+
+def test_commands_run_as_user_in_its_home(sandbox: Sandbox) -> None:
+    host_before = _host_accounts()
+    out = sandbox.commands.run("whoami; id -u; id -g; id -gn; pwd; echo $HOME; echo $USER").stdout.split()
+    assert out == ["user", "1000", "1000", "user", "/home/user", "/home/user", "user"]
+    assert sandbox.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+    sandbox.files.make_dir("sub")
+    assert sandbox.commands.run("pwd", cwd="sub").stdout == "/home/user/sub\n"  # a relative cwd: in the home
+    # The home is the user's own: it can write there, and not where only root may.
+    sandbox.commands.run("echo mine > ~/mine.txt")
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run("touch /etc/not-mine")
+    # A background command and a PTY run as the user too.
+    assert sandbox.commands.run("whoami", background=True).wait().stdout == "user\n"
+    assert _host_accounts() == host_before, "the account was made inside the sandbox, not on the host"
+
+
+def test_relative_paths_and_ownership_of_written_files(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("notes/today.txt", "written by the SDK")
+    assert (info.name, info.path) == ("today.txt", "/home/user/notes/today.txt")
+    assert sandbox.commands.run("cat /home/user/notes/today.txt").stdout == "written by the SDK"
+    assert sandbox.files.read("notes/today.txt") == "written by the SDK"
+    assert sandbox.files.read("~/notes/today.txt") == "written by the SDK"
+    assert sandbox.commands.run("stat -c '%U:%G' notes notes/today.txt").stdout.split() == ["user:user"] * 2
+    # The user can change what it was given: it owns it.
+    sandbox.commands.run("echo more >> notes/today.txt")
+
+    entry = sandbox.files.get_info("notes/today.txt")
+    assert (entry.path, entry.owner, entry.group, entry.type) == (
+        "/home/user/notes/today.txt",
+        "user",
+        "user",
+        FileType.FILE,
+    )
+    listed = {e.name: e for e in sandbox.files.list(".")}
+    assert (listed["notes"].owner, listed["notes"].group, listed["notes"].path) == ("user", "user", "/home/user/notes")
+    root_owned = {e.name: e for e in sandbox.files.list("/")}["etc"]
+    assert (root_owned.owner, root_owned.group) == ("root", "root")
+
+    assert sandbox.files.make_dir("made/deeper") is True
+    assert sandbox.files.get_info("made/deeper").owner == "user"
+    moved = sandbox.files.rename("notes/today.txt", "made/deeper/moved.txt")
+    assert (moved.path, moved.owner) == ("/home/user/made/deeper/moved.txt", "user")
+    assert sandbox.files.exists("made/deeper/moved.txt") and not sandbox.files.exists("notes/today.txt")
+    sandbox.files.remove("made")
+    assert not sandbox.files.exists("/home/user/made")
+    sandbox.files.write_files([{"path": "a.txt", "data": "a"}, {"path": "/tmp/b.txt", "data": "b"}])
+    assert sandbox.commands.run("stat -c '%U' ~/a.txt /tmp/b.txt").stdout.split() == ["user", "user"]
+
+
+def test_user_root_still_works(sandbox: Sandbox) -> None:
+    out = sandbox.commands.run("whoami; pwd; echo $HOME", user="root").stdout.split()
+    assert out == ["root", "/root", "/root"]
+    info = sandbox.files.write("by-root.txt", "r", user="root")
+    assert info.path == "/root/by-root.txt"
+    entry = sandbox.files.get_info("by-root.txt", user="root")
+    assert (entry.owner, entry.group) == ("root", "root")
+    assert sandbox.files.read("/root/by-root.txt", user="root") == "r"
+    assert sandbox.commands.run("touch /etc/by-root && stat -c %U /etc/by-root", user="root").stdout == "root\n"
+    # The default stays E2B's ``user`` after a root call.
+    assert sandbox.commands.run("whoami").stdout == "user\n"
+
+
+def test_sudo_when_the_image_has_it(sandbox: Sandbox) -> None:
+    """E2B's ``user`` has passwordless sudo where the image has sudo (the host-derived image may have none)."""
+    if sandbox.commands.run("command -v sudo || true").stdout.strip() == "":
+        pytest.skip("this image has no sudo (docs/images.md: the debian image has it)")
+    assert sandbox.commands.run("sudo -n id -u").stdout == "0\n"
+    assert sandbox.commands.run("sudo -n cat /etc/sudoers.d/user").stdout.startswith("user ALL=")
+
+
+def test_watch_dir_of_a_relative_path(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("watched")
+    handle = sandbox.files.watch_dir("watched")
+    sandbox.files.write("watched/new.txt", "x")
+    deadline, names = time.monotonic() + 15, set()
+    while "new.txt" not in names:
+        assert time.monotonic() < deadline, names
+        names |= {e.name for e in handle.get_new_events() if e.type in (FilesystemEventType.CREATE,
+                                                                         FilesystemEventType.WRITE)}  # fmt: skip
+        time.sleep(0.2)
+    handle.stop()
+
+
+def test_async_sdk_is_user_in_home_too(adx_up: Up) -> None:
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(**adx_up.opts())
+        try:
+            result = await sandbox.commands.run("whoami; pwd; echo $HOME")
+            assert result.stdout.split() == ["user", "/home/user", "/home/user"]
+            info = await sandbox.files.write("async.txt", "a")
+            assert info.path == "/home/user/async.txt"
+            entry = await sandbox.files.get_info("async.txt")
+            assert (entry.owner, entry.group) == ("user", "user")
+            root = await sandbox.commands.run("whoami; pwd", user="root")
+            assert root.stdout.split() == ["root", "/root"]
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
