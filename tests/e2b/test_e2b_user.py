@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
-
-if TYPE_CHECKING:
-    from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
 from e2b import AsyncSandbox, CommandExitException, Sandbox
 from e2b.sandbox.filesystem.filesystem import FileType
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+from e2b_up import Up, running_up
+
+from adx.images import ImageStore, ensure_debian_image
 
 pytestmark = pytest.mark.slow
+IMAGE_CACHE = Path(os.environ.get("ADX_TEST_IMAGE_CACHE", "/var/tmp/adx-test-images"))
 
 
 @pytest.fixture
@@ -96,12 +99,40 @@ def test_user_root_still_works(sandbox: Sandbox) -> None:
     assert sandbox.commands.run("whoami").stdout == "user\n"
 
 
-def test_sudo_when_the_image_has_it(sandbox: Sandbox) -> None:
-    """E2B's ``user`` has passwordless sudo where the image has sudo (the host-derived image may have none)."""
-    if sandbox.commands.run("command -v sudo || true").stdout.strip() == "":
-        pytest.skip("this image has no sudo (docs/images.md: the debian image has it)")
-    assert sandbox.commands.run("sudo -n id -u").stdout == "0\n"
-    assert sandbox.commands.run("sudo -n cat /etc/sudoers.d/user").stdout.startswith("user ALL=")
+@pytest.fixture(scope="module")
+def debian_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """``adx up`` whose ``base`` is the Debian image (its own ``user`` account and sudo). The image comes from the
+    cache tests/sandboxd/test_images.py builds (built here when missing: ~4 min once per machine) and is
+    hard-linked into this ``adx up``'s store, so its sandboxd does not build it again."""
+    cache = ImageStore(IMAGE_CACHE / "store").ensure()
+    if shutil.which("mmdebstrap") is None and cache.find("debian") is None:
+        pytest.skip("building the Debian image needs mmdebstrap")
+    manifest, _ = ensure_debian_image(cache, progress=print)
+    root = tmp_path_factory.mktemp("e2b-debian")
+    store = ImageStore(root / "state" / "sandboxd" / "data" / "images" / "store").ensure()
+    for digest in manifest.layers:
+        subprocess.run(["cp", "-al", str(cache.layers_dir / digest), str(store.layers_dir / digest)], check=True)
+    store.put(manifest)
+    store.put(manifest.model_copy(update={"name": "base"}))
+    with running_up(root, base_image="debian") as up:
+        yield up
+
+
+def test_sudo_and_the_images_own_user_on_the_debian_image(debian_up: Up) -> None:
+    sandbox = Sandbox.create(**debian_up.opts())
+    try:
+        out = sandbox.commands.run("whoami; id -u; pwd; echo $HOME; sudo -n id -u").stdout.split()
+        assert out == ["user", "1000", "/home/user", "/home/user", "0"]
+        assert sandbox.commands.run(
+            "echo via-sudo | sudo -n tee /etc/by-sudo >/dev/null && cat /etc/by-sudo"
+        ).stdout == ("via-sudo\n")
+        info = sandbox.files.write("deb.txt", "d")
+        assert info.path == "/home/user/deb.txt"
+        entry = sandbox.files.get_info("deb.txt")
+        assert (entry.owner, entry.group) == ("user", "user")
+        assert sandbox.commands.run("whoami; pwd", user="root").stdout.split() == ["root", "/root"]
+    finally:
+        sandbox.kill()
 
 
 def test_watch_dir_of_a_relative_path(sandbox: Sandbox) -> None:
