@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox
+from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox
 from e2b.sandbox.filesystem.filesystem import FileType
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 from e2b_up import Up, running_up
@@ -50,6 +50,11 @@ def test_commands_run_as_user_in_its_home(sandbox: Sandbox) -> None:
         sandbox.commands.run("touch /etc/not-mine")
     # A background command and a PTY run as the user too.
     assert sandbox.commands.run("whoami", background=True).wait().stdout == "user\n"
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.send_stdin(terminal.pid, b"echo who-$(whoami)-at-$(pwd)-home-$HOME; exit\n")
+    seen = bytearray()
+    terminal.wait(on_pty=seen.extend)
+    assert b"who-user-at-/home/user-home-/home/user" in seen, bytes(seen)
     assert _host_accounts() == host_before, "the account was made inside the sandbox, not on the host"
 
 
