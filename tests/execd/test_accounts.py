@@ -28,7 +28,7 @@ def _digests() -> dict[str, str]:
     return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in ACCOUNT_FILES if os.path.exists(p)}
 
 
-def _sandboxed(short_dir: Path, *, sudo: bool = False) -> list[str]:
+def _sandboxed(short_dir: Path, *, sudo: bool = False, read_only_etc: bool = False) -> list[str]:
     """The prefix that makes execd a sandbox's init: own PID and mount namespaces, /etc on an overlay whose
     upper layer is ``short_dir/up`` (``sudo``: a ``/usr/bin/sudo`` exists, on an overlay of /usr/bin too)."""
     for d in ("up", "work", "binup", "binwork"):
@@ -37,6 +37,8 @@ def _sandboxed(short_dir: Path, *, sudo: bool = False) -> list[str]:
         f"mount -t overlay overlay -o lowerdir=/etc,upperdir={short_dir}/up,workdir={short_dir}/work /etc && "
         "mount -t tmpfs tmpfs /home && "
     )
+    if read_only_etc:
+        script += "mount -o remount,ro /etc && "
     if sudo:
         script += (
             f"mount -t overlay overlay -o lowerdir=/usr/bin,upperdir={short_dir}/binup,workdir={short_dir}/binwork "
@@ -142,6 +144,17 @@ def test_watcher_as_user_watches_a_path_in_its_home(sandboxed: ExecdProcess) -> 
             events = client.get(f"/v1/watchers/{made.json()['id']}/events", params={"wait": "1"}).json()["events"]
             names |= {e["name"] for e in events}
         assert "f" in names
+
+
+def test_an_image_whose_etc_cannot_be_written_gets_a_clear_error(
+    execd_factory: Callable[..., ExecdProcess], short_dir: Path
+) -> None:
+    execd = execd_factory(prefix=_sandboxed(short_dir, read_only_etc=True))
+    with execd.client() as client:
+        resp = client.post("/v1/commands", json={"command": "true", "user": "user"})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["details"]["field"] == "user" and "Read-only file system" in error["message"], error
 
 
 def test_an_execd_that_is_not_pid1_never_creates_accounts(execd: ExecdProcess) -> None:

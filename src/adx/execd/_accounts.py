@@ -75,7 +75,10 @@ def ensure_account(user: str, field: str = "user") -> Identity:
         raise AccountError(
             user, f"no account {user!r} here, and execd creates it only as a sandbox's PID 1 (not on a host)", field
         )
-    _create_default_account()
+    try:
+        _create_default_account()
+    except OSError as exc:  # e.g. an image whose /etc is read-only: the request fails, naming why
+        raise AccountError(user, f"cannot create account {user!r}: {exc.filename}: {exc.strerror}", field) from None
     made = lookup(user)
     if made is None:  # the files were written but NSS does not read them (an image without files in nsswitch)
         raise AccountError(user, f"account {user!r} was added to /etc/passwd but cannot be looked up", field)
