@@ -149,23 +149,24 @@ def test_set_timeout_zero_async(adx_up: Up) -> None:
 
 
 def test_remove_missing_is_a_noop_symlinks_and_proc_files(sandbox: Sandbox) -> None:
-    sandbox.files.remove("/work/never-existed")  # envd: no error
-    sandbox.files.remove("/work/never/existed/either")
+    sandbox.files.remove("/home/user/never-existed")  # envd: no error
+    sandbox.files.remove("/home/user/never/existed/either")
 
-    sandbox.files.write("/work/target.txt", "pointed at")
-    sandbox.commands.run("ln -s /work/target.txt /work/link && ln -s /work /work/dirlink && ln -s /nope /work/dangling")
-    link = sandbox.files.get_info("/work/link")
+    sandbox.files.write("/home/user/target.txt", "pointed at")
+    # Made by the commands' user (E2B's ``user``) in its home, where it may write.
+    sandbox.commands.run("ln -s ~/target.txt ~/link && ln -s ~ ~/dirlink && ln -s /nope ~/dangling")
+    link = sandbox.files.get_info("/home/user/link")
     assert (link.name, link.path, link.type, link.symlink_target) == (
         "link",
-        "/work/link",
+        "/home/user/link",
         FileType.SYMLINK,
-        "/work/target.txt",
+        "/home/user/target.txt",
     )
-    assert sandbox.files.get_info("/work/target.txt").symlink_target is None
-    assert sandbox.files.get_info("/work/dirlink").symlink_target == "/work"
-    assert sandbox.files.get_info("/work/dangling").symlink_target == "/nope"
-    listed = {e.name: e for e in sandbox.files.list("/work")}
-    assert listed["link"].type == FileType.SYMLINK and listed["link"].symlink_target == "/work/target.txt"
+    assert sandbox.files.get_info("/home/user/target.txt").symlink_target is None
+    assert sandbox.files.get_info("/home/user/dirlink").symlink_target == "/home/user"
+    assert sandbox.files.get_info("/home/user/dangling").symlink_target == "/nope"
+    listed = {e.name: e for e in sandbox.files.list("/home/user")}
+    assert listed["link"].type == FileType.SYMLINK and listed["link"].symlink_target == "/home/user/target.txt"
 
     status = sandbox.files.read("/proc/self/status")  # stat says 0 bytes; the content is there
     assert "Name:" in status and "Pid:" in status

@@ -18,28 +18,28 @@ pytestmark = pytest.mark.slow
 def test_metadata_written_is_read_back(adx_up: Up) -> None:
     sandbox = Sandbox.create(**adx_up.opts())
     try:
-        info = sandbox.files.write("/root/m.txt", "data", metadata={"Owner": "alice", "stage": "raw"})
+        info = sandbox.files.write("/home/user/m.txt", "data", metadata={"Owner": "alice", "stage": "raw"})
         assert info.metadata == {"owner": "alice", "stage": "raw"}  # keys lowercased, as envd
-        assert sandbox.files.get_info("/root/m.txt").metadata == {"owner": "alice", "stage": "raw"}
-        listed = {e.name: e.metadata for e in sandbox.files.list("/root")}
+        assert sandbox.files.get_info("/home/user/m.txt").metadata == {"owner": "alice", "stage": "raw"}
+        listed = {e.name: e.metadata for e in sandbox.files.list("/home/user")}
         assert listed["m.txt"] == {"owner": "alice", "stage": "raw"}
         # The same metadata on every file of a multi-file upload; none where none was given.
         sandbox.files.write_files(
-            [{"path": "/root/a.txt", "data": "a"}, {"path": "/root/b.txt", "data": "b"}], metadata={"k": "v"}
+            [{"path": "/home/user/a.txt", "data": "a"}, {"path": "/home/user/b.txt", "data": "b"}], metadata={"k": "v"}
         )
-        assert sandbox.files.get_info("/root/b.txt").metadata == {"k": "v"}
-        sandbox.files.write("/root/plain.txt", "x")
-        assert sandbox.files.get_info("/root/plain.txt").metadata is None
+        assert sandbox.files.get_info("/home/user/b.txt").metadata == {"k": "v"}
+        sandbox.files.write("/home/user/plain.txt", "x")
+        assert sandbox.files.get_info("/home/user/plain.txt").metadata is None
         # They are real extended attributes in the sandbox: seen there, and set there they are read back.
         seen = sandbox.commands.run(
-            "python3 -c \"import os; print(os.getxattr('/root/m.txt', 'user.e2b.owner').decode())\""
+            "python3 -c \"import os; print(os.getxattr('/home/user/m.txt', 'user.e2b.owner').decode())\""
         )
         assert seen.stdout.strip() == "alice"
-        sandbox.commands.run("python3 -c \"import os; os.setxattr('/root/plain.txt', 'user.e2b.by', b'hand')\"")
-        assert sandbox.files.get_info("/root/plain.txt").metadata == {"by": "hand"}
+        sandbox.commands.run("python3 -c \"import os; os.setxattr('/home/user/plain.txt', 'user.e2b.by', b'hand')\"")
+        assert sandbox.files.get_info("/home/user/plain.txt").metadata == {"by": "hand"}
         # A rewrite replaces the file, and its metadata with it (the write is atomic: a new file).
-        sandbox.files.write("/root/m.txt", "new")
-        assert sandbox.files.get_info("/root/m.txt").metadata is None
+        sandbox.files.write("/home/user/m.txt", "new")
+        assert sandbox.files.get_info("/home/user/m.txt").metadata is None
     finally:
         sandbox.kill()
 

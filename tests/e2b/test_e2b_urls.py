@@ -153,8 +153,8 @@ def test_signed_urls_in_the_host_name_form(adx_up: Up, sandbox: Sandbox) -> None
 def test_get_host_reaches_a_server_in_the_sandbox_also_after_pause(adx_up: Up, sandbox: Sandbox) -> None:
     host = sandbox.get_host(8000)
     assert host.startswith(f"8000-{sandbox.sandbox_id}.") and ".localhost:" in host, host
-    sandbox.files.write("/root/www/index.html", "served from the sandbox")
-    sandbox.commands.run("cd /root/www && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
+    sandbox.files.write("/home/user/www/index.html", "served from the sandbox")
+    sandbox.commands.run("cd /home/user/www && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
     url = f"http://{host}/index.html"
     target, headers = _via_host(url, adx_up)
     got = _get_until_served(target, headers)
@@ -174,7 +174,7 @@ def test_get_host_reaches_a_server_in_the_sandbox_also_after_pause(adx_up: Up, s
     woke = httpx.get(target, headers=headers, timeout=120)
     assert woke.status_code in (200, 502), woke.text
     assert sandbox.is_running()
-    sandbox.commands.run("cd /root/www && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
+    sandbox.commands.run("cd /home/user/www && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
     got = _get_until_served(target, headers)
     assert got.text == "served from the sandbox"
 
@@ -182,8 +182,8 @@ def test_get_host_reaches_a_server_in_the_sandbox_also_after_pause(adx_up: Up, s
 async def test_get_host_async(adx_up: Up) -> None:
     sandbox = await AsyncSandbox.create(**adx_up.opts())
     try:
-        await sandbox.files.write("/root/www/a.txt", "async port")
-        await sandbox.commands.run("cd /root/www && python3 -m http.server 8001 --bind 127.0.0.1", background=True)
+        await sandbox.files.write("/home/user/www/a.txt", "async port")
+        await sandbox.commands.run("cd /home/user/www && python3 -m http.server 8001 --bind 127.0.0.1", background=True)
         target, headers = _via_host(f"http://{sandbox.get_host(8001)}/a.txt", adx_up)
         async with httpx.AsyncClient() as client:
             for _ in range(100):

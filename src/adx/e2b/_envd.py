@@ -22,6 +22,7 @@ from adx.e2b._hosts import SandboxHost, base_domain, parse_host
 from adx.e2b._process import ProcessService
 from adx.e2b._tokens import EnvdTokens
 from adx.e2b._upstream import Execd
+from adx.e2b._user import envd_user
 from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError, NotFoundError
 from adx.gateway import Plane, environment_id_or_404
 from adx.ingress import serving_ingress
@@ -30,8 +31,6 @@ from adx.model import EnvironmentState
 SANDBOX_HEADER = b"e2b-sandbox-id"
 _ON_ITS_WAY = frozenset({EnvironmentState.PENDING, EnvironmentState.STARTING, EnvironmentState.RESUMING})
 ENVD_PORT = "49983"
-#: Where relative paths resolve (envd: the user's home). Sandboxes run as root with HOME=/root.
-HOME = "/root"
 
 
 def tokens_for(app: Any) -> EnvdTokens:
@@ -171,15 +170,16 @@ class EnvdDataPlane:
             return Response(status_code=204)
         # A signed URL is for its own path only: an upload's part names no other target.
         only = request.query_params.get("path") if signed.is_signed(request) else None
+        user = envd_user(request)  # E2B's ``user`` unless the SDK names another account
         if path == "/files" and request.method == "GET":
-            return await download(execd, request, HOME)
+            return await download(execd, request, user)
         if path == "/files" and request.method == "POST":
-            return await upload(execd, request, HOME, only=only)
+            return await upload(execd, request, user, only=only)
         service, _, method = path.lstrip("/").partition("/")
         if request.method == "POST" and service == "process.Process" and "/" not in method:
-            return await ProcessService(execd, HOME).dispatch(method, request)
+            return await ProcessService(execd, user).dispatch(method, request)
         if request.method == "POST" and service == "filesystem.Filesystem" and "/" not in method:
-            return await FilesystemService(execd, HOME).dispatch(method, request)
+            return await FilesystemService(execd, user).dispatch(method, request)
         if path.count("/") == 2 and "." in service:
             raise RpcError("unimplemented", f"{service}/{method} is not implemented")
         raise HttpFailure(404, f"no route {request.method} {path}")

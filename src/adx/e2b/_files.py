@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from adx.e2b._multipart import MultipartReader, boundary_of, disposition
-from adx.e2b._process import resolve
 from adx.e2b._upstream import Execd, execd_error, read_all
 from adx.errors import InvalidInputError
 
@@ -48,11 +47,12 @@ async def _gunzip(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         raise InvalidInputError("body", f"is not valid gzip: {exc}") from None
 
 
-async def download(execd: Execd, request: Request, home: str) -> Response:
+async def download(execd: Execd, request: Request, user: str) -> Response:
+    """``user``: the account whose home a relative path is in (:mod:`adx.e2b._user`)."""
     path = request.query_params.get("path")
     if not path:
         raise HttpFailure(400, "path: required")
-    upstream = await execd.open("GET", "/v1/files", query={"path": resolve(path, home)}, read_timeout=300.0)
+    upstream = await execd.open("GET", "/v1/files", query={"path": path, "user": user}, read_timeout=300.0)
     if upstream.status_code != 200:
         raise _failure(upstream.status_code, await read_all(upstream))
     return upstream
@@ -87,26 +87,28 @@ def metadata_of(described: dict[str, object]) -> dict[str, str]:
     return {k.removeprefix(METADATA_XATTR): str(v) for k, v in xattrs.items() if k.startswith(METADATA_XATTR)}
 
 
-async def _write(execd: Execd, path: str, content: AsyncIterator[bytes], metadata: dict[str, str]) -> dict[str, object]:
-    path = posixpath.normpath(path)
+async def _write(
+    execd: Execd, path: str, user: str, content: AsyncIterator[bytes], metadata: dict[str, str]
+) -> dict[str, object]:
+    """Written as ``user`` (its file, in its home when ``path`` is relative), parents made as needed."""
     xattrs = {f"xattr.{METADATA_XATTR}{key}": value for key, value in metadata.items()}
     status, body = await execd.call(
         "PUT",
         "/v1/files",
-        query={"path": path, "mkdirs": "true", **xattrs},
+        query={"path": path, "user": user, "mkdirs": "true", **xattrs},
         content=content,
         content_type="application/octet-stream",
     )
     if status != 201:
         raise _failure(status, body)
-    written: dict[str, object] = {"name": posixpath.basename(path), "type": "file"}
-    written["path"] = json.loads(body).get("path", path)
+    where = str(json.loads(body).get("path", path))  # execd's: absolute, in the user's home if given relative
+    written: dict[str, object] = {"name": posixpath.basename(where), "type": "file", "path": where}
     if metadata:
         written["metadata"] = metadata
     return written
 
 
-async def upload(execd: Execd, request: Request, home: str, *, only: str | None = None) -> Response:
+async def upload(execd: Execd, request: Request, user: str, *, only: str | None = None) -> Response:
     """``only``: every file goes to this path (a signed URL's), whatever its part's file name says."""
     content_type = request.headers.get("content-type", "")
     query_path = request.query_params.get("path")
@@ -121,14 +123,14 @@ async def upload(execd: Execd, request: Request, home: str, *, only: str | None 
                 async for _ in reader.body():  # not a file: skipped
                     pass
                 continue
-            written.append(await _write(execd, resolve(target, home), reader.body(), metadata))
+            written.append(await _write(execd, target, user, reader.body(), metadata))
     else:
         if not query_path:
             raise HttpFailure(400, "path: required for an application/octet-stream upload")
         stream: AsyncIterator[bytes] = request.stream()
         if request.headers.get("content-encoding", "").lower() == "gzip":
             stream = _gunzip(stream)
-        written.append(await _write(execd, resolve(query_path, home), stream, metadata))
+        written.append(await _write(execd, query_path, user, stream, metadata))
     if not written:
         raise HttpFailure(400, "no file in the upload")
     return JSONResponse(written)

@@ -1,6 +1,6 @@
-"""envd's ``filesystem.Filesystem`` service on execd's files API (``/v1/files/stat|list|mkdir``, ``DELETE``).
-
-``Move`` runs ``mv`` through execd's commands (execd has no rename); the watch RPCs are :mod:`adx.e2b._watch`.
+"""envd's ``filesystem.Filesystem`` service on execd's files API (``/v1/files/stat|list|mkdir|rename``,
+``DELETE``), every call as the account the SDK names (:mod:`adx.e2b._user`): relative paths are in its home and
+what it creates is its own. The watch RPCs are :mod:`adx.e2b._watch`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from starlette.responses import JSONResponse, Response
 
 from adx.e2b._connect import RpcError, single_message
 from adx.e2b._files import metadata_of
-from adx.e2b._process import resolve
 from adx.e2b._upstream import Execd, rpc_error_of
 from adx.e2b._watch import WatchService, dispatch_watch
 
@@ -43,6 +42,8 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
         "size": str(int(described.get("size") or 0)),  # int64: a string in proto3 JSON
         "mode": mode,
         "permissions": stat.filemode(_TYPE_BITS.get(kind, 0) | mode),
+        "owner": str(described.get("owner") or ""),
+        "group": str(described.get("group") or ""),
     }
     if described.get("mtime") is not None:
         entry["modifiedTime"] = timestamp(float(described["mtime"]))
@@ -57,23 +58,27 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def _path(message: dict[str, Any], field: str, home: str) -> str:
+def _path(message: dict[str, Any], field: str) -> str:
+    """The path as given: absolute, or relative to the user's home (execd resolves it, ``~/`` too)."""
     value = message.get(field)
     if not isinstance(value, str) or not value:
         raise RpcError("invalid_argument", f"{field}: required")
-    return posixpath.normpath(resolve(value, home))
+    return posixpath.normpath(value) if value.startswith("/") else value
 
 
 @dataclass
 class FilesystemService:
     execd: Execd
-    home: str
+    user: str
+
+    def _query(self, path: str, **extra: str) -> dict[str, str]:
+        return {"path": path, "user": self.user, **extra}
 
     async def dispatch(self, method: str, request: Request) -> Response:
-        watch = WatchService(self.execd)
+        watch = WatchService(self.execd, self.user)
         if method in ("WatchDir", "CreateWatcher"):
             message = await single_message(request)
-            path = _path(message, "path", self.home)
+            path = _path(message, "path")
             if method == "WatchDir":
                 return await watch.watch_dir(path, message)
             return await watch.create_watcher(path, message)
@@ -92,26 +97,28 @@ class FilesystemService:
         return await handler(await single_message(request))
 
     async def _stat(self, path: str) -> dict[str, Any]:
-        status, body = await self.execd.call("GET", "/v1/files/stat", query={"path": path})
+        status, body = await self.execd.call("GET", "/v1/files/stat", query=self._query(path))
         if status != 200:
             raise rpc_error_of(status, body)
-        return entry_info(path, json.loads(body))
+        described = json.loads(body)
+        return entry_info(str(described["path"]), described)
 
     async def stat(self, message: dict[str, Any]) -> Response:
-        return JSONResponse({"entry": await self._stat(_path(message, "path", self.home))})
+        return JSONResponse({"entry": await self._stat(_path(message, "path"))})
 
     async def _list(self, path: str, depth: int, out: list[dict[str, Any]]) -> None:
-        status, body = await self.execd.call("GET", "/v1/files/list", query={"path": path})
+        status, body = await self.execd.call("GET", "/v1/files/list", query=self._query(path))
         if status != 200:
             raise rpc_error_of(status, body)
-        for described in json.loads(body)["entries"]:
-            child = posixpath.join(path, described["name"])
+        listed = json.loads(body)
+        for described in listed["entries"]:
+            child = posixpath.join(listed["path"], described["name"])
             out.append(entry_info(child, described))
             if depth > 1 and described.get("type") == "directory":
                 await self._list(child, depth - 1, out)
 
     async def list_dir(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path", self.home)
+        path = _path(message, "path")
         depth = message.get("depth") or 1
         if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise RpcError("invalid_argument", f"depth: must be 1-{MAX_DEPTH}")
@@ -121,34 +128,29 @@ class FilesystemService:
 
     async def make_dir(self, message: dict[str, Any]) -> Response:
         """Parents are made as needed; an existing path is ``already_exists`` (envd's answer)."""
-        path = _path(message, "path", self.home)
-        status, body = await self.execd.call("POST", "/v1/files/mkdir", query={"path": path})
+        path = _path(message, "path")
+        status, body = await self.execd.call("POST", "/v1/files/mkdir", query=self._query(path))
         if status == 404:  # a missing parent: make the whole chain
-            status, body = await self.execd.call("POST", "/v1/files/mkdir", query={"path": path, "parents": "true"})
+            query = self._query(path, parents="true")
+            status, body = await self.execd.call("POST", "/v1/files/mkdir", query=query)
         if status != 201:
             raise rpc_error_of(status, body, conflict="already_exists")
-        now = datetime.now(UTC).timestamp()
-        described = {"name": posixpath.basename(path), "type": "directory", "mode": 0o755, "mtime": now}
-        return JSONResponse({"entry": entry_info(path, described)})
+        return JSONResponse({"entry": await self._stat(str(json.loads(body)["path"]))})
 
     async def remove(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path", self.home)
-        status, body = await self.execd.call("DELETE", "/v1/files", query={"path": path, "recursive": "true"})
+        path = _path(message, "path")
+        query = self._query(path, recursive="true")
+        status, body = await self.execd.call("DELETE", "/v1/files", query=query)
         if status != 204 and status != 404:  # a missing path: nothing to remove, no error (as envd)
             raise rpc_error_of(status, body)
         return JSONResponse({})
 
     async def move(self, message: dict[str, Any]) -> Response:
-        source = _path(message, "source", self.home)
-        destination = _path(message, "destination", self.home)
-        await self._stat(source)  # a missing source is not_found, as envd answers
-        command = {"argv": ["mv", "-T", "--", source, destination], "encoding": "utf-8"}
-        status, body = await self.execd.call("POST", "/v1/commands", json_body=command)
+        """``rename(2)``, as envd's Move (a missing source is ``not_found``; missing parents of the destination
+        are made, the user's)."""
+        source, destination = _path(message, "source"), _path(message, "destination")
+        query = self._query(source, to=destination)
+        status, body = await self.execd.call("POST", "/v1/files/rename", query=query)
         if status != 200:
             raise rpc_error_of(status, body)
-        frames = [json.loads(line) for line in body.splitlines() if line.strip()]
-        end = frames[-1] if frames else {}
-        if end.get("exitCode") != 0:
-            errors = "".join(f.get("data", "") for f in frames if f.get("stream") == "stderr").strip()
-            raise RpcError("failed_precondition", errors or f"mv {source} {destination} failed")
-        return JSONResponse({"entry": await self._stat(destination)})
+        return JSONResponse({"entry": await self._stat(str(json.loads(body)["path"]))})

@@ -200,7 +200,7 @@ async def _start_events(pump: _Pump, keepalive: float | None) -> AsyncIterator[b
 @dataclass
 class ProcessService:
     execd: Execd
-    home: str
+    user: str  # the account a started process runs as (E2B's ``user`` by default), in its home
 
     async def dispatch(self, method: str, request: Request) -> Response:
         handler = {
@@ -232,11 +232,11 @@ class ProcessService:
             raise RpcError("invalid_argument", "process.args: must be a list of strings")
         if not isinstance(envs, dict):
             raise RpcError("invalid_argument", "process.envs: must be an object")
-        body: dict[str, Any] = {"argv": [cmd, *args], "encoding": "base64"}
+        body: dict[str, Any] = {"argv": [cmd, *args], "encoding": "base64", "user": self.user}
         if envs:
             body["env"] = envs
         if cwd:
-            body["cwd"] = resolve(str(cwd), self.home)
+            body["cwd"] = str(cwd)  # a relative one is in the user's home: execd resolves it
         if message.get("pty") is not None:
             body["pty"] = _window_size(message["pty"])
         elif message.get("stdin"):
@@ -421,12 +421,3 @@ def _window_size(pty: Any) -> dict[str, int]:
             raise RpcError("invalid_argument", f"pty.size.{key}: must be an integer 1-65535")
         out[key] = value
     return out
-
-
-def resolve(path: str, home: str) -> str:
-    """envd resolves relative paths against the user's home directory."""
-    if path.startswith("/"):
-        return path
-    if path == "~" or path.startswith("~/"):
-        path = path[2:]
-    return f"{home.rstrip('/')}/{path}" if path else home

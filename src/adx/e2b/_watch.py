@@ -38,12 +38,14 @@ def _events(body: bytes) -> list[dict[str, Any]]:
 @dataclass
 class WatchService:
     execd: Execd
+    user: str  # a relative path is in this account's home
 
     async def _create(self, path: str, message: dict[str, Any]) -> str:
         recursive = message.get("recursive", False)
         if not isinstance(recursive, bool):
             raise RpcError("invalid_argument", "recursive: must be a boolean")
-        status, body = await self.execd.call("POST", "/v1/watchers", json_body={"path": path, "recursive": recursive})
+        watch = {"path": path, "recursive": recursive, "user": self.user}
+        status, body = await self.execd.call("POST", "/v1/watchers", json_body=watch)
         if status != 201:
             raise rpc_error_of(status, body)
         return str(json.loads(body)["id"])

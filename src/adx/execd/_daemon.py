@@ -4,14 +4,15 @@ Client socket routes (each is a *client operation*: counted in activity and subj
 ``/v1/health`` and the workload's ``/v1/checkpoint-requests``):
 
 - ``GET  /v1/health``
-- ``POST /v1/commands`` run; foreground streams NDJSON frames, ``"background": true`` returns an ID
+- ``POST /v1/commands`` run; foreground streams NDJSON frames, ``"background": true`` returns an ID;
+  ``"user"``: as that account, with its HOME, in its home unless ``cwd`` says otherwise
 - ``GET  /v1/commands`` list; ``GET /v1/commands/{id}``; ``DELETE /v1/commands/{id}`` (finished only)
 - ``GET  /v1/commands/{id}/output?stream=stdout|stderr&offset=N&limit=N`` (background ring buffer)
 - ``POST /v1/commands/{id}/stdin[?close=true]`` raw body; ``POST /v1/commands/{id}/kill`` ``{"signal":..}``;
   ``POST /v1/commands/{id}/resize`` ``{"rows","cols"}`` (a command run with ``"pty": {"rows","cols"}``)
 - ``GET|PUT|DELETE /v1/files?path=``; ``GET /v1/files/stat?path=``; ``GET /v1/files/list?path=``;
-  ``POST /v1/files/mkdir?path=``
-- ``POST /v1/watchers`` ``{"path", "recursive"?}`` -> ``{"id"}``; ``GET /v1/watchers/{id}/events?wait=s``
+  ``POST /v1/files/mkdir?path=``; ``POST /v1/files/rename?path=&to=``; each with an optional ``&user=``
+- ``POST /v1/watchers`` ``{"path", "recursive"?, "user"?}`` -> ``{"id"}``; ``GET /v1/watchers/{id}/events?wait=s``
   (long-poll, drains the queue); ``DELETE /v1/watchers/{id}`` (inotify, :mod:`adx.execd._watch`)
 - ``POST /v1/checkpoint-requests`` ``{"operationId"?, "reason"?}`` (the workload asks for a checkpoint)
 
@@ -35,11 +36,12 @@ import time
 from typing import Any
 
 from adx.execd import _protocol as P
+from adx.execd._accounts import AccountError, Identity, ensure_account, under_home
 from adx.execd._activity import Activity, AdmissionClosed
 from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
-from adx.execd._http import HttpError, Request, Response, invalid, serve_connection
-from adx.execd._procs import Command, ProcessTable, SpawnError, run_as, set_window_size
+from adx.execd._http import HttpError, Request, Response, account, invalid, serve_connection
+from adx.execd._procs import Command, ProcessTable, SpawnError, set_window_size
 from adx.execd._watch import Watchers, handle_watchers
 
 __all__ = ["Execd", "ExecdOptions"]
@@ -63,6 +65,7 @@ RUN_FIELDS = frozenset(
         "background",
         "encoding",
         "pty",
+        "user",
     }
 )
 
@@ -140,6 +143,10 @@ def _window_size(value: Any, field: str) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+def _account_env(who: Identity) -> dict[str, str]:
+    return {"HOME": who.home, "USER": who.name, "LOGNAME": who.name}
+
+
 def _strict_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
     for key in body:
         if key not in allowed:
@@ -168,9 +175,12 @@ class Execd:
         self.base_env = {k: v for k, v in os.environ.items() if k not in set(options.unset_env)}
         if options.user is not None:
             # The image's account (E2B's ``user``): resolved here, inside, from the image's own /etc/passwd.
-            account = run_as(options.user)
-            self.procs.identity = account
-            self.base_env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
+            try:
+                who = ensure_account(options.user)
+            except AccountError as exc:
+                raise SpawnError("user", exc.reason) from None
+            self.procs.identity = who
+            self.base_env.update(_account_env(who))
         self.started_at = time.time()
         self.ready = False
         self.workload: Command | None = None
@@ -437,7 +447,13 @@ class Execd:
             return await handle_watchers(self.watchers, req, resp, parts[2:])
         elif parts[:2] == ["v1", "files"]:
             action = parts[2] if len(parts) == 3 else "content"
-            allowed = {"content": ("GET", "PUT", "DELETE"), "stat": ("GET",), "list": ("GET",), "mkdir": ("POST",)}
+            allowed = {
+                "content": ("GET", "PUT", "DELETE"),
+                "stat": ("GET",),
+                "list": ("GET",),
+                "mkdir": ("POST",),
+                "rename": ("POST",),
+            }
             if len(parts) <= 3 and req.method in allowed.get(action, ()):
                 return await handle_files(req, resp, action)
         raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
@@ -485,7 +501,10 @@ class Execd:
             if not isinstance(command, str) or not command.strip():
                 raise invalid("command", "must be a non-empty string")
             argv = ["/bin/sh", "-c", command]
+        who = account(body["user"]) if body.get("user") is not None else None
         env = dict(self.base_env)
+        if who is not None:
+            env.update(_account_env(who))
         extra = body.get("env", {})
         if not isinstance(extra, dict):
             raise invalid("env", "must be an object of string values")
@@ -494,8 +513,14 @@ class Execd:
                 raise invalid(f"env.{key}", "must be a string value with a name without '=' or NUL")
             env[key] = value
         cwd = body.get("cwd")
+        if who is not None:
+            # As envd: in the account's home unless told otherwise; a relative cwd is in that home too.
+            if cwd is None:
+                cwd = who.home if os.path.isdir(who.home) else None
+            elif isinstance(cwd, str) and cwd:
+                cwd = under_home(cwd, who)
         if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
-            raise invalid("cwd", "must be an absolute path")
+            raise invalid("cwd", "must be an absolute path (or relative to the home of the command's user)")
         timeout = body.get("timeoutSeconds")
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT
@@ -527,6 +552,7 @@ class Execd:
             if background:
                 raise invalid("pty", "a PTY is streamed to its client: not with background")
         return {
+            "identity": who,
             "pty": pty,
             "argv": argv,
             "env": env,
@@ -561,6 +587,7 @@ class Execd:
                 stdin=spec["stdin"] is not None or spec["keep_open"],
                 timeout=spec["timeout"],
                 pty=spec["pty"],
+                identity=spec["identity"],
             )
         except SpawnError as exc:
             raise invalid(exc.field, exc.reason) from None

@@ -1,4 +1,8 @@
-"""File operations inside the sandbox: streamed read, atomic streamed write, list, stat, remove, mkdir.
+"""File operations inside the sandbox: streamed read, atomic streamed write, list, stat, remove, mkdir, rename.
+
+``?user=NAME`` acts for that account (E2B's ``user`` is created on first use, :mod:`adx.execd._accounts`):
+a relative path is in its home, and the files and directories a write, mkdir or rename creates are its own.
+Entries report their owner and group (names and ids).
 
 Memory stays bounded by one chunk per transfer whatever the file size: reads go file -> socket chunk by
 chunk with ``drain()`` backpressure, writes go socket -> temp file chunk by chunk.
@@ -13,20 +17,41 @@ import os
 import stat as stat_mod
 from typing import Any
 
-from adx.execd._http import CHUNK, HttpError, Request, Response, invalid
+from adx.execd._accounts import Identity, Names, under_home
+from adx.execd._http import CHUNK, HttpError, Request, Response, account, invalid
 
 __all__ = ["handle_files"]
 
 
-def _path(req: Request) -> str:
-    path = req.query.get("path")
+def _who(req: Request) -> Identity | None:
+    user = req.query.get("user")
+    return None if user is None else account(user)
+
+
+def _path(req: Request, who: Identity | None, name: str = "path") -> str:
+    path = req.query.get(name)
     if not path:
-        raise invalid("path", "required query parameter")
-    if not path.startswith("/"):
-        raise invalid("path", f"must be absolute, got {path!r}")
+        raise invalid(name, "required query parameter")
     if "\x00" in path:
-        raise invalid("path", "must not contain NUL")
+        raise invalid(name, "must not contain NUL")
+    if who is not None:
+        path = under_home(path, who)
+    elif not path.startswith("/"):
+        raise invalid(name, f"must be absolute (or relative to the home of a ?user=), got {path!r}")
     return os.path.normpath(path)
+
+
+def _make_dirs(path: str, who: Identity | None) -> None:
+    """``mkdir -p path``; the directories it creates belong to ``who`` (their parents keep their owners)."""
+    missing: list[str] = []
+    probe = path
+    while probe not in ("/", "") and not os.path.lexists(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    os.makedirs(path, exist_ok=True)
+    if who is not None:
+        for made in missing:
+            os.chown(made, who.uid, who.gid)
 
 
 def _flag(req: Request, name: str) -> bool:
@@ -56,7 +81,7 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-def _describe(name: str, st: os.stat_result, path: str | None = None) -> dict[str, Any]:
+def _describe(name: str, st: os.stat_result, names: Names, path: str | None = None) -> dict[str, Any]:
     """The entry itself (never followed); a symlink also names where it resolves (``target``, absolute) and
     what is there (``targetType``, absent when the link dangles), given its ``path``."""
     described: dict[str, Any] = {
@@ -65,6 +90,10 @@ def _describe(name: str, st: os.stat_result, path: str | None = None) -> dict[st
         "size": st.st_size,
         "mode": stat_mod.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "owner": names.user(st.st_uid),
+        "group": names.group(st.st_gid),
     }
     if path is not None and (xattrs := _user_xattrs(path)):
         described["xattrs"] = xattrs
@@ -145,7 +174,7 @@ def _requested_xattrs(req: Request) -> dict[str, bytes]:
     return wanted
 
 
-async def _write(req: Request, resp: Response, path: str) -> None:
+async def _write(req: Request, resp: Response, path: str, who: Identity | None) -> None:
     """Write temp file next to ``path`` -> fsync -> rename -> fsync dir: readers see old or new, never a mix."""
     raw_mode = req.query.get("mode", "644")
     try:
@@ -157,7 +186,7 @@ async def _write(req: Request, resp: Response, path: str) -> None:
     parent = os.path.dirname(path) or "/"
     if _flag(req, "mkdirs"):
         try:
-            os.makedirs(parent, exist_ok=True)
+            _make_dirs(parent, who)
         except OSError as exc:
             raise _os_error(exc, parent) from None
     if _is_dir(path):
@@ -176,6 +205,8 @@ async def _write(req: Request, resp: Response, path: str) -> None:
                 while view:
                     view = view[os.write(fd, view) :]
                 size += len(chunk)
+            if who is not None:  # before the mode: chown clears setuid/setgid bits
+                os.fchown(fd, who.uid, who.gid)
             os.fchmod(fd, mode)  # the umask must not narrow the requested mode
             for name, value in xattrs.items():  # on the temp file: the file appears with them, or not at all
                 try:
@@ -201,13 +232,33 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path)
 
 
+async def _rename(req: Request, resp: Response, path: str, who: Identity | None) -> None:
+    """``rename(2)`` of ``path`` to ``?to=`` (replacing a file there, as envd's Move); missing parents of the
+    destination are made (``who``'s)."""
+    target = _path(req, who, "to")
+    try:
+        os.lstat(path)
+    except OSError as exc:
+        raise _os_error(exc, path) from None
+    try:
+        _make_dirs(os.path.dirname(target), who)
+        os.rename(path, target)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            reason = f"{path} -> {target}: not on the same filesystem"
+            raise HttpError(409, "conflict", reason, {"field": "to"}) from None
+        raise _os_error(exc, target) from None
+    await resp.send_json(200, {"path": target})
+
+
 async def handle_files(req: Request, resp: Response, action: str) -> None:
-    path = _path(req)
+    who = _who(req)
+    path = _path(req, who)
     if action == "content":
         if req.method == "GET":
             await _read(req, resp, path)
         elif req.method == "PUT":
-            await _write(req, resp, path)
+            await _write(req, resp, path, who)
         elif req.method == "DELETE":
             recursive = _flag(req, "recursive")
             try:
@@ -228,14 +279,16 @@ async def handle_files(req: Request, resp: Response, action: str) -> None:
             st = os.lstat(path)
         except OSError as exc:
             raise _os_error(exc, path) from None
-        await resp.send_json(200, {"path": path, **_describe(os.path.basename(path), st, path)})
+        await resp.send_json(200, {"path": path, **_describe(os.path.basename(path), st, Names(), path)})
     elif action == "list":
+        names = Names()
         try:
             entries = []
             with os.scandir(path) as it:
                 for entry in it:
                     with contextlib.suppress(FileNotFoundError):  # removed while listing
-                        entries.append(_describe(entry.name, entry.stat(follow_symlinks=False), entry.path))
+                        st = entry.stat(follow_symlinks=False)
+                        entries.append(_describe(entry.name, st, names, entry.path))
         except OSError as exc:
             raise _os_error(exc, path) from None
         entries.sort(key=lambda e: e["name"])
@@ -243,9 +296,13 @@ async def handle_files(req: Request, resp: Response, action: str) -> None:
     elif action == "mkdir":
         try:
             if _flag(req, "parents"):
-                os.makedirs(path, exist_ok=True)
+                _make_dirs(path, who)
             else:
                 os.mkdir(path)
+                if who is not None:
+                    os.chown(path, who.uid, who.gid)
         except OSError as exc:
             raise _os_error(exc, path) from None
         await resp.send_json(201, {"path": path})
+    elif action == "rename":
+        await _rename(req, resp, path, who)

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from adx.execd._accounts import AccountError, Identity, ensure_account
+
 __all__ = ["BodyReader", "HttpError", "Request", "Response", "serve_connection"]
 
 log = logging.getLogger("adx.execd.http")
@@ -65,6 +67,16 @@ class HttpError(Exception):
 def invalid(field: str, reason: str) -> HttpError:
     """400 naming the offending field, shaped like :class:`adx.errors.InvalidInputError`."""
     return HttpError(400, "invalid_input", f"{field}: {reason}", {"field": field, "reason": reason})
+
+
+def account(user: Any, field: str = "user") -> Identity:
+    """The account a request names (E2B's ``user`` is created on its first use): else a 400 naming ``field``."""
+    if not isinstance(user, str):
+        raise invalid(field, "must be an account name or a numeric uid")
+    try:
+        return ensure_account(user, field)
+    except AccountError as exc:
+        raise invalid(field, exc.reason) from None
 
 
 class BodyReader:

@@ -31,6 +31,7 @@ RUNTIME_MODULES = (
     "adx/execd/__main__.py",
     "adx/execd/_main.py",
     "adx/execd/_daemon.py",
+    "adx/execd/_accounts.py",
     "adx/execd/_http.py",
     "adx/execd/_files.py",
     "adx/execd/_procs.py",

@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from adx.execd._accounts import Identity
+
 __all__ = ["Command", "OutputQueue", "ProcessTable", "RingBuffer", "SpawnError"]
 
 log = logging.getLogger("adx.execd.procs")
@@ -285,32 +287,6 @@ class Command:
             self.table._finished(self)
 
 
-class Identity:
-    """The account commands and the workload run as (execd itself stays root: PID 1 and its sockets).
-    A plain class: execd's start-up imports stay lean (tests/execd/test_footprint.py), no dataclasses."""
-
-    __slots__ = ("gid", "groups", "home", "name", "uid")
-
-    def __init__(self, name: str, uid: int, gid: int, groups: tuple[int, ...], home: str) -> None:
-        self.name = name
-        self.uid = uid
-        self.gid = gid
-        self.groups = groups
-        self.home = home
-
-
-def run_as(user: str) -> Identity:
-    """``user`` (a name or a numeric uid) looked up in the sandbox's /etc/passwd and /etc/group."""
-    import pwd
-
-    try:
-        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-    except (KeyError, ValueError):
-        raise SpawnError("user", f"no account {user!r} in this sandbox's /etc/passwd") from None
-    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
-    return Identity(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir or "/")
-
-
 class ProcessTable:
     """All processes execd started, plus the reaper that also collects orphans (PID 1 duty)."""
 
@@ -361,8 +337,11 @@ class ProcessTable:
         stdin: bool = False,
         timeout: float | None = None,
         pty: tuple[int, int] | None = None,
+        identity: Identity | None = None,
     ) -> Command:
-        """Start ``argv`` in a new session. ``capture``: pipe stdout/stderr (else inherit execd's)."""
+        """Start ``argv`` in a new session. ``capture``: pipe stdout/stderr (else inherit execd's).
+        ``identity``: the account to run as (default: the table's, i.e. execd's ``--user``, else root)."""
+        ident = identity or self.identity
         if cwd is not None and not os.path.isdir(cwd):
             raise SpawnError("cwd", f"{cwd!r} is not an existing directory")
         cid = os.urandom(6).hex()
@@ -385,7 +364,7 @@ class ProcessTable:
                 start_new_session=True,  # own process group: kill/timeout reach grandchildren too
                 close_fds=True,
                 preexec_fn=_controlling_terminal if slave is not None else None,
-                user=ident.uid if (ident := self.identity) is not None else None,
+                user=ident.uid if ident is not None else None,
                 group=ident.gid if ident is not None else None,
                 extra_groups=list(ident.groups) if ident is not None else None,
             )

@@ -25,7 +25,8 @@ import struct
 from collections import deque
 from typing import Any
 
-from adx.execd._http import HttpError, Request, Response, invalid
+from adx.execd._accounts import under_home
+from adx.execd._http import HttpError, Request, Response, account, invalid
 
 __all__ = ["MAX_DIRS", "MAX_EVENTS", "MAX_WATCHERS", "Watchers", "handle_watchers"]
 
@@ -240,10 +241,16 @@ async def handle_watchers(watchers: Watchers, req: Request, resp: Response, rest
     """``POST /v1/watchers``, ``GET /v1/watchers/{id}/events?wait=s``, ``DELETE /v1/watchers/{id}``."""
     if not rest and req.method == "POST":
         body = await req.body.json()
-        unknown = set(body) - {"path", "recursive"}
+        unknown = set(body) - {"path", "recursive", "user"}
         if unknown:
             raise invalid(sorted(unknown)[0], "unknown field")
-        wid = watchers.create(body.get("path"), body.get("recursive", False))
+        path = body.get("path")
+        if body.get("user") is not None:
+            # As the account: a relative path is in its home (which a first use of E2B's ``user`` creates).
+            if not isinstance(path, str) or not path:
+                raise invalid("path", "required")
+            path = under_home(path, account(body["user"]))
+        wid = watchers.create(path, body.get("recursive", False))
         return await resp.send_json(201, {"id": wid})
     if len(rest) == 1 and req.method == "DELETE":
         watchers.remove(rest[0])

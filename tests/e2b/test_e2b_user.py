@@ -1,0 +1,171 @@
+"""E2B's ``user`` account through the real ``e2b`` SDK against ``adx up``: commands run as ``user`` in
+``/home/user`` with HOME set, relative file paths resolve there, written files belong to ``user`` and entries
+report owner and group; ``user="root"`` acts as root in ``/root``. The default image has no ``user``: execd makes
+it on first use in the sandbox's own writable ``/etc`` (the host's account files stay as they were)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox
+from e2b.sandbox.filesystem.filesystem import FileType
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+from e2b_up import Up, running_up
+
+from adx.images import ImageStore, ensure_debian_image
+
+pytestmark = pytest.mark.slow
+IMAGE_CACHE = Path(os.environ.get("ADX_TEST_IMAGE_CACHE", "/var/tmp/adx-test-images"))
+
+
+@pytest.fixture
+def sandbox(adx_up: Up) -> Iterator[Sandbox]:
+    made = Sandbox.create(**adx_up.opts())
+    yield made
+    made.kill()
+
+
+def _host_accounts() -> str:
+    return hashlib.sha256(b"".join(Path(p).read_bytes() for p in ("/etc/passwd", "/etc/group"))).hexdigest()
+
+
+def test_commands_run_as_user_in_its_home(sandbox: Sandbox) -> None:
+    host_before = _host_accounts()
+    out = sandbox.commands.run("whoami; id -u; id -g; id -gn; pwd; echo $HOME; echo $USER").stdout.split()
+    assert out == ["user", "1000", "1000", "user", "/home/user", "/home/user", "user"]
+    assert sandbox.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+    sandbox.files.make_dir("sub")
+    assert sandbox.commands.run("pwd", cwd="sub").stdout == "/home/user/sub\n"  # a relative cwd: in the home
+    # The home is the user's own: it can write there, and not where only root may.
+    sandbox.commands.run("echo mine > ~/mine.txt")
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run("touch /etc/not-mine")
+    # A background command and a PTY run as the user too.
+    assert sandbox.commands.run("whoami", background=True).wait().stdout == "user\n"
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.send_stdin(terminal.pid, b"echo who-$(whoami)-at-$(pwd)-home-$HOME; exit\n")
+    seen = bytearray()
+    terminal.wait(on_pty=seen.extend)
+    assert b"who-user-at-/home/user-home-/home/user" in seen, bytes(seen)
+    assert _host_accounts() == host_before, "the account was made inside the sandbox, not on the host"
+
+
+def test_relative_paths_and_ownership_of_written_files(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("notes/today.txt", "written by the SDK")
+    assert (info.name, info.path) == ("today.txt", "/home/user/notes/today.txt")
+    assert sandbox.commands.run("cat /home/user/notes/today.txt").stdout == "written by the SDK"
+    assert sandbox.files.read("notes/today.txt") == "written by the SDK"
+    assert sandbox.files.read("~/notes/today.txt") == "written by the SDK"
+    assert sandbox.commands.run("stat -c '%U:%G' notes notes/today.txt").stdout.split() == ["user:user"] * 2
+    # The user can change what it was given: it owns it.
+    sandbox.commands.run("echo more >> notes/today.txt")
+
+    entry = sandbox.files.get_info("notes/today.txt")
+    assert (entry.path, entry.owner, entry.group, entry.type) == (
+        "/home/user/notes/today.txt",
+        "user",
+        "user",
+        FileType.FILE,
+    )
+    listed = {e.name: e for e in sandbox.files.list(".")}
+    assert (listed["notes"].owner, listed["notes"].group, listed["notes"].path) == ("user", "user", "/home/user/notes")
+    root_owned = {e.name: e for e in sandbox.files.list("/")}["etc"]
+    assert (root_owned.owner, root_owned.group) == ("root", "root")
+
+    assert sandbox.files.make_dir("made/deeper") is True
+    assert sandbox.files.get_info("made/deeper").owner == "user"
+    moved = sandbox.files.rename("notes/today.txt", "made/deeper/moved.txt")
+    assert (moved.path, moved.owner) == ("/home/user/made/deeper/moved.txt", "user")
+    assert sandbox.files.exists("made/deeper/moved.txt") and not sandbox.files.exists("notes/today.txt")
+    sandbox.files.remove("made")
+    assert not sandbox.files.exists("/home/user/made")
+    sandbox.files.write_files([{"path": "a.txt", "data": "a"}, {"path": "/tmp/b.txt", "data": "b"}])
+    assert sandbox.commands.run("stat -c '%U' ~/a.txt /tmp/b.txt").stdout.split() == ["user", "user"]
+
+
+def test_user_root_still_works(sandbox: Sandbox) -> None:
+    out = sandbox.commands.run("whoami; pwd; echo $HOME", user="root").stdout.split()
+    assert out == ["root", "/root", "/root"]
+    info = sandbox.files.write("by-root.txt", "r", user="root")
+    assert info.path == "/root/by-root.txt"
+    entry = sandbox.files.get_info("by-root.txt", user="root")
+    assert (entry.owner, entry.group) == ("root", "root")
+    assert sandbox.files.read("/root/by-root.txt", user="root") == "r"
+    assert sandbox.commands.run("touch /etc/by-root && stat -c %U /etc/by-root", user="root").stdout == "root\n"
+    # The default stays E2B's ``user`` after a root call.
+    assert sandbox.commands.run("whoami").stdout == "user\n"
+
+
+@pytest.fixture(scope="module")
+def debian_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """``adx up`` whose ``base`` is the Debian image (its own ``user`` account and sudo). The image comes from the
+    cache tests/sandboxd/test_images.py builds (built here when missing: ~4 min once per machine) and is
+    hard-linked into this ``adx up``'s store, so its sandboxd does not build it again."""
+    cache = ImageStore(IMAGE_CACHE / "store").ensure()
+    if shutil.which("mmdebstrap") is None and cache.find("debian") is None:
+        pytest.skip("building the Debian image needs mmdebstrap")
+    manifest, _ = ensure_debian_image(cache, progress=print)
+    root = tmp_path_factory.mktemp("e2b-debian")
+    store = ImageStore(root / "state" / "sandboxd" / "data" / "images" / "store").ensure()
+    for digest in manifest.layers:
+        subprocess.run(["cp", "-al", str(cache.layers_dir / digest), str(store.layers_dir / digest)], check=True)
+    store.put(manifest)
+    store.put(manifest.model_copy(update={"name": "base"}))
+    with running_up(root, base_image="debian") as up:
+        yield up
+
+
+def test_sudo_and_the_images_own_user_on_the_debian_image(debian_up: Up) -> None:
+    sandbox = Sandbox.create(**debian_up.opts())
+    try:
+        out = sandbox.commands.run("whoami; id -u; pwd; echo $HOME; sudo -n id -u").stdout.split()
+        assert out == ["user", "1000", "/home/user", "/home/user", "0"]
+        assert sandbox.commands.run(
+            "echo via-sudo | sudo -n tee /etc/by-sudo >/dev/null && cat /etc/by-sudo"
+        ).stdout == ("via-sudo\n")
+        info = sandbox.files.write("deb.txt", "d")
+        assert info.path == "/home/user/deb.txt"
+        entry = sandbox.files.get_info("deb.txt")
+        assert (entry.owner, entry.group) == ("user", "user")
+        assert sandbox.commands.run("whoami; pwd", user="root").stdout.split() == ["root", "/root"]
+    finally:
+        sandbox.kill()
+
+
+def test_watch_dir_of_a_relative_path(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("watched")
+    handle = sandbox.files.watch_dir("watched")
+    sandbox.files.write("watched/new.txt", "x")
+    deadline, names = time.monotonic() + 15, set()
+    while "new.txt" not in names:
+        assert time.monotonic() < deadline, names
+        names |= {e.name for e in handle.get_new_events() if e.type in (FilesystemEventType.CREATE,
+                                                                         FilesystemEventType.WRITE)}  # fmt: skip
+        time.sleep(0.2)
+    handle.stop()
+
+
+def test_async_sdk_is_user_in_home_too(adx_up: Up) -> None:
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(**adx_up.opts())
+        try:
+            result = await sandbox.commands.run("whoami; pwd; echo $HOME")
+            assert result.stdout.split() == ["user", "/home/user", "/home/user"]
+            info = await sandbox.files.write("async.txt", "a")
+            assert info.path == "/home/user/async.txt"
+            entry = await sandbox.files.get_info("async.txt")
+            assert (entry.owner, entry.group) == ("user", "user")
+            root = await sandbox.commands.run("whoami; pwd", user="root")
+            assert root.stdout.split() == ["root", "/root"]
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
