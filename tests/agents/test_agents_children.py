@@ -4,6 +4,8 @@ settlement), driven step by step in-process on a real PostgreSQL with a real sch
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -246,3 +248,35 @@ async def test_children_over_http(
         assert (await http.get(f"/v1/agent-runs/{uuid.uuid4()}/children")).status_code == 404
     async with stack.http(other) as http:  # another tenant cannot see the run or its children
         assert (await http.get(f"/v1/agent-runs/{parent.run_id}/children")).status_code == 404
+
+
+async def test_children_in_the_cli(store: AgentStore, family: ExecutableGraphRegistry, postgres_dsn: str) -> None:
+    """``adx agent runs children`` lists a run's children; ``runs get`` shows the parent and the child count."""
+    runs = AgentRuns(store, family)
+    parent = await runs.submit(
+        TENANT, "family", "1", {"kids": [{"value": 1, "mode": "ok"}, {"value": 2, "mode": "hold"}]}
+    )
+    await _drain(make_scheduler(store, family))
+    kids = (await runs.children(TENANT, parent.run_id)).runs
+    base = [sys.executable, "-c", "from adx.cli import main; main()", "agent", "runs"]
+    where = ["--database-url", postgres_dsn, "--tenant", TENANT]
+
+    def call(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *args, *where], capture_output=True, text=True, timeout=60, check=False)
+
+    listed = await asyncio.to_thread(call, "children", str(parent.run_id))
+    assert listed.returncode == 0, listed.stderr
+    assert all(str(k.run_id) in listed.stdout for k in kids) and "kid@1" in listed.stdout
+    assert "succeeded" in listed.stdout and "waiting" in listed.stdout
+    paged = await asyncio.to_thread(call, "children", str(parent.run_id), "--limit", "1")
+    assert (
+        str(kids[0].run_id) in paged.stdout and str(kids[1].run_id) not in paged.stdout and "--cursor" in paged.stdout
+    )
+    shown = await asyncio.to_thread(call, "get", str(parent.run_id))
+    assert shown.returncode == 0 and "children     2" in shown.stdout and "join 'kids'" in shown.stdout
+    child = await asyncio.to_thread(call, "get", str(kids[0].run_id))
+    assert f"parent       {parent.run_id}" in child.stdout
+    none = await asyncio.to_thread(call, "children", str(kids[0].run_id))
+    assert none.returncode == 0 and "no children" in none.stdout
+    unknown = await asyncio.to_thread(call, "children", str(uuid.uuid4()))
+    assert unknown.returncode != 0 and "does not exist" in unknown.stderr
