@@ -88,7 +88,8 @@ def dev(
 def maintenance(
     config: Annotated[Path, typer.Option("--config", help="TOML file (component 'agent-maintenance')", dir_okay=False)],
 ) -> None:
-    """Run the maintenance role (deadline cancellation) for 1-128 tenants until SIGTERM/SIGINT."""
+    """Run the maintenance role (deadlines, child-run cancellation and settlement, joins, failure convergence)
+    for 1-128 tenants until SIGTERM/SIGINT."""
     from adx.agents._config import AgentMaintenanceConfig
     from adx.agents._maintenance import run_maintenance
 
@@ -103,6 +104,8 @@ def maintenance(
         fail(exc)
     console.print(
         f"agent maintenance stopped: ticks={health.ticks} cancelled={health.deadline_cancellations}"
+        f" child_cancellations={health.child_cancellations} joins={health.joins_published}"
+        f" convergences={health.failure_convergences} settled={health.children_settled}"
         f" item_errors={health.item_errors}"
     )
 
