@@ -61,9 +61,28 @@ def register_graphs(executables: ExecutableGraphRegistryBuilder) -> None:
     family.terminal(lambda state: {"results": state["results"]})
 
 
+async def _spawn_then_crash(ctx: NodeContext, state: dict[str, Any]) -> Next | NodeWaits:
+    for wake in ctx.wake or []:
+        if wake.kind is WaitKind.JOIN and wake.resolved:
+            return Next(update={"results": [{"status": c.status.value} for c in wake.children]})
+    first = await ctx.spawn("kid", {"value": 1, "mode": "ok"})
+    second = await ctx.spawn("kid", {"value": 2, "mode": "ok"}, key="second")
+    if ctx.attempt == 1:  # the node dies after spawning, before its wait committed
+        raise RuntimeError("crash after spawn")
+    return NodeWaits((Join("kids", (first, second)),))
+
+
+def register_crashing(executables: ExecutableGraphRegistryBuilder) -> None:
+    g = executables.graph("crashing_family", "1", entry="fan_out", input_schema=OBJECT, output_schema=OBJECT)
+    g.node("fan_out", _spawn_then_crash)
+    g.edge("fan_out", "__end__")
+    g.terminal(lambda state: {"results": state["results"]})
+
+
 def build() -> ExecutableGraphRegistry:
     schemas = standard_schemas()
     register_schemas(schemas)
     executables = ExecutableGraphRegistryBuilder(schemas.build())
     register_graphs(executables)
+    register_crashing(executables)
     return executables.build()

@@ -128,6 +128,31 @@ async def test_spawn_is_idempotent_per_step_and_fenced(store: AgentStore, family
     ] == [2]
 
 
+async def test_a_node_that_runs_again_after_spawning_gets_the_same_children(
+    store: AgentStore, family: ExecutableGraphRegistry
+) -> None:
+    runs = AgentRuns(store, family)
+    parent = await runs.submit(TENANT, "crashing_family", "1", {})
+    scheduler = make_scheduler(store, family)
+    maintenance = _maintenance(store)
+    for _ in range(10):  # the first attempt fails after its spawns and is retried (backoff 50 ms)
+        await _drain(scheduler)
+        await maintenance.tick()
+        if (await runs.get_run(TENANT, parent.run_id)).finished:
+            break
+        await asyncio.sleep(0.1)
+    result = await runs.get_result(TENANT, parent.run_id)
+    assert result is not None and result.status is RunStatus.SUCCEEDED, result
+    assert result.artifact == {"results": [{"status": "succeeded"}] * 2}
+    attempts = await fetch(
+        store, "SELECT status FROM adx_agent_attempts WHERE run_id = %s AND kind = 'node' ORDER BY started_at",
+        parent.run_id,
+    )  # fmt: skip
+    assert [a["status"] for a in attempts][:2] == ["failed", "completed"]  # it did run twice
+    assert (await runs.get_run(TENANT, parent.run_id)).children == 2
+    assert len((await runs.children(TENANT, parent.run_id)).runs) == 2
+
+
 def test_join_registrations_are_checked() -> None:
     child = ChildRun(uuid.uuid4(), "kid", "1")
     with pytest.raises(InvalidInputError, match=r"waits\.children"):
