@@ -1,8 +1,5 @@
-"""Maintenance, first task: deadline cancellation with per-tenant cursors and poisoned-item skipping.
-
-These tests prove part of the maintenance and readiness requirements only (no child runs, joins or failure
-convergence yet), so they carry no requirement markers for them: the requirement list stays "not yet proven".
-"""
+"""Maintenance, deadline cancellation: per-tenant cursors and poisoned-item skipping (the child-run tasks are
+tests/agents/test_agents_children.py and, with real processes, test_agents_children_kill.py)."""
 
 from __future__ import annotations
 
@@ -58,7 +55,10 @@ async def test_deadlines_cancel_skip_a_poisoned_row_and_resume_from_the_cursor(s
     assert (await runs.get_run(TENANT, late.run_id)).cancel_requested
     assert await second.tick() == 0  # both tenants' passes end here; cursors go back to the start
     assert await second.tick() == 1  # the next pass revisits the poisoned row
-    cursors = await fetch(store, "SELECT tenant_id, passes FROM adx_agent_maintenance_cursors ORDER BY 1")
+    cursors = await fetch(
+        store,
+        "SELECT tenant_id, passes FROM adx_agent_maintenance_cursors WHERE task = 'deadline_cancellation' ORDER BY 1",
+    )
     assert [(c["tenant_id"], c["passes"] >= 1) for c in cursors] == [("acme", True), ("other", True)]
     health = second.health()
     assert health.deadline_cancellations == 1 and health.item_errors == 1 and health.tenants == 2
@@ -139,7 +139,9 @@ async def test_maintenance_process_resumes_after_sigkill(store: AgentStore, post
         first.send_signal(signal.SIGKILL)
         await asyncio.to_thread(first.wait)
     at_kill = await requested()
-    [cursor] = await fetch(store, "SELECT after_id FROM adx_agent_maintenance_cursors")
+    [cursor] = await fetch(
+        store, "SELECT after_id FROM adx_agent_maintenance_cursors WHERE task = %s", "deadline_cancellation"
+    )
     assert 20 <= at_kill < 200 and cursor["after_id"] is not None  # killed mid-pass, its cursor persisted
     second = start()
     try:

@@ -35,7 +35,7 @@ async def test_concurrent_starters_apply_each_migration_once(postgres_dsn: str) 
     stores = await asyncio.gather(*(AgentStore.open(postgres_dsn, max_size=2) for _ in range(4)))
     try:
         rows = await fetch(stores[0], "SELECT version, name FROM adx_agent_migrations ORDER BY version")
-        assert [r["version"] for r in rows] == [m.version for m in load_migrations()] == [1, 2, 3, 4, 5, 6, 7, 8]
+        assert [r["version"] for r in rows] == [m.version for m in load_migrations()] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
         assert rows[0] == {"version": 1, "name": "runtime"}
         assert await stores[0].migrate() == []  # nothing left to apply
     finally:

@@ -22,12 +22,15 @@ from adx.agents._fair import DurableFairScheduler, FairnessPolicy, smooth_weight
 from adx.agents._graph import (
     END,
     Budget,
+    ChildRun,
     ExecutableGraph,
     ExecutableGraphRegistry,
     ExecutableGraphRegistryBuilder,
     Fail,
     GraphBuilder,
     Interrupt,
+    Join,
+    JoinPolicy,
     ModelChunk,
     ModelProvider,
     Next,
@@ -60,7 +63,7 @@ from adx.agents._schemas import (
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
-from adx.agents._status import RunStatus, WaitKind, Wake
+from adx.agents._status import ChildOutcome, RunStatus, WaitKind, Wake
 from adx.agents._store import AgentStore
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall
 from adx.agents._worker import (
@@ -91,6 +94,8 @@ __all__ = [
     "App",
     "Budget",
     "BudgetExceededError",
+    "ChildOutcome",
+    "ChildRun",
     "Client",
     "CommitHook",
     "DurableFairScheduler",
@@ -113,6 +118,8 @@ __all__ = [
     "GraphBuilder",
     "GraphLifecycleEvidenceProvider",
     "Interrupt",
+    "Join",
+    "JoinPolicy",
     "JsonSchemaRegistry",
     "JsonSchemaRegistryBuilder",
     "LifecycleEvidence",

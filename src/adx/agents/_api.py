@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from adx.agents._admission import build_admission
 from adx.agents._canonical import json_clone
-from adx.agents._graph import Budget, ExecutableGraphRegistry
+from adx.agents._children import list_children
+from adx.agents._graph import ExecutableGraphRegistry
 from adx.agents._pg import check_tenant
 from adx.agents._rows import ResolveOutcome, RunKey
 from adx.agents._status import RunStatus, WaitKind
@@ -54,6 +56,9 @@ class RunView:
     finished_at: datetime | None
     usage: dict[str, int]
     waits: tuple[PendingWait, ...]
+    parent_run_id: uuid.UUID | None = None  # set for a child run (spawned by a node of that run)
+    children: int = 0  # child runs this run spawned
+    children_settled: bool = False  # finished, and so are all its children (maintenance settled them)
 
     @property
     def finished(self) -> bool:
@@ -109,6 +114,9 @@ def _view(row: dict[str, Any]) -> RunView:
             )
             for w in row["waits"]
         ),
+        parent_run_id=row.get("parent_run_id"),
+        children=int(row.get("children") or 0),
+        children_settled=row.get("children_settled_at") is not None,
     )
 
 
@@ -178,39 +186,14 @@ class AgentRuns:
         if deadline_seconds is not None and not 0 < deadline_seconds <= 366 * 86400:
             raise InvalidInputError("deadline_seconds", "must be positive and at most a year")
         check_tenant(tenant_id)
-        executable = self.executables.get(graph, version)
-        try:
-            request_input = json_clone(input)
-        except ValueError as exc:
-            raise InvalidInputError("input", str(exc)) from None
-        self.executables.schemas.validate(executable.input_schema, request_input)
-        resolved = Budget.resolve(executable.budget, budget)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= _MAX_KEY
         ):
             raise InvalidInputError("idempotency_key", f"must be 1-{_MAX_KEY} characters")
-        schemas = self.executables.schemas
-        descriptor = {
-            "agent": executable.name,
-            "graph": executable.name,
-            "graph_version": executable.version,
-            "graph_digest": executable.digest,
-            "input_schema": {"id": executable.input_schema, "digest": schemas.digest(executable.input_schema)},
-            "output_schema": {"id": executable.output_schema, "digest": schemas.digest(executable.output_schema)},
-        }
-        if executable.interrupts:
-            descriptor["interrupts"] = list(executable.interrupts)
-        request = {"input": request_input}
-        initial_state = request_input if isinstance(request_input, dict) else {"input": request_input}
+        admission = build_admission(self.executables, graph, version, input, budget)
         new_id, _ = await self.store.admit(
             RunKey(tenant_id, run_id or uuid.uuid4()),
-            graph_name=executable.name,
-            graph_version=executable.version,
-            descriptor=descriptor,
-            request=request,
-            budget=resolved.to_json(),
-            initial_state=initial_state,
-            entry=executable.entry,
+            admission,
             idempotency_key=idempotency_key,
             deadline_s=deadline_seconds,
         )
@@ -292,6 +275,22 @@ class AgentRuns:
             status=status.value if status is not None else None,
             graph=graph,
             before=_parse_cursor(cursor) if cursor else None,
+            limit=limit + 1,
+        )
+        views = tuple(_view(r) for r in rows[:limit])
+        return RunPage(views, _cursor(views[-1]) if len(rows) > limit else None)
+
+    async def children(
+        self, tenant_id: str, run_id: uuid.UUID | str, *, limit: int = 100, cursor: str | None = None
+    ) -> RunPage:
+        """A run's child runs (spawned by its nodes), oldest first; page with ``cursor``."""
+        check_tenant(tenant_id)
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidInputError("limit", "must be between 1 and 1000")
+        rows = await list_children(
+            self.store,
+            RunKey(tenant_id, _parse_run_id(run_id)),
+            after=_parse_cursor(cursor) if cursor else None,
             limit=limit + 1,
         )
         views = tuple(_view(r) for r in rows[:limit])

@@ -26,6 +26,7 @@ from adx.agents._graph import (
     ExecutableGraphRegistryBuilder,
     Fail,
     Interrupt,
+    Join,
     ModelProvider,
     Next,
     NodeWaits,
@@ -296,7 +297,7 @@ class App:
             out = await (node.fn(ctx, value) if node.wants_ctx else node.fn(value))
             if isinstance(out, Goto):
                 return Next(_dump(out.update, where), goto=out.node)
-            if isinstance(out, Interrupt | Timer):
+            if isinstance(out, Interrupt | Timer | Join):
                 return NodeWaits((out,))
             if isinstance(out, Next):
                 return Next(_dump(out.update, where), goto=out.goto)

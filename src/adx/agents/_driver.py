@@ -18,15 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from adx._backoff import capped_exponential
 from adx.agents._canonical import digest, json_clone
+from adx.agents._children import join_json, spawn_child
 from adx.agents._environments import EnvironmentAccess, EnvironmentBroker, EnvironmentSpec, RunEnvironment
 from adx.agents._errors import StaleFenceError
 from adx.agents._graph import (
     END,
     Budget,
+    ChildRun,
     ExecutableGraph,
     ExecutableGraphRegistry,
     Fail,
     Interrupt,
+    Join,
     ModelChunk,
     Next,
     NodeOutcome,
@@ -246,6 +249,36 @@ class NodeContext:
                 "environments", "this worker has no ADX API configured for ctx.environment (its [environments])"
             )
         return await self._environments.open(self._claim, name, spec or EnvironmentSpec(), keep)
+
+    async def spawn(
+        self,
+        graph: str,
+        input: Any,
+        *,
+        version: str | None = None,
+        key: str | None = None,
+        budget: dict[str, Any] | None = None,
+        deadline_seconds: float | None = None,
+    ) -> ChildRun:
+        """Admit a child run of ``graph`` (this worker's registry; ``version`` may be omitted when it has one
+        version) with ``input``; wait for children with a :class:`Join`. The child's ID is derived from this run,
+        step and ``key`` (default: the graph name and the spawn's ordinal in this node), so this node running
+        again after a crash gets the same child back instead of a second one. The spawn is fenced: a worker
+        that lost this run spawns nothing (StaleFenceError)."""
+        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 128):
+            raise InvalidInputError("key", "must be 1-128 characters")
+        return await spawn_child(
+            self._store,
+            self._executables,
+            self._claim,
+            step=self.step,
+            call_key=self._call_key("spawn", graph) if key is None else f"spawn-key:{key}",
+            graph=graph,
+            version=version,
+            input=input,
+            budget=budget,
+            deadline_seconds=deadline_seconds,
+        )
 
     def _call_key(self, kind: str, name: str) -> str:
         ordinal = self._ordinals.get(f"{kind}:{name}", 0)
@@ -475,18 +508,23 @@ def _backoff(options: DurableGraphDriverOptions, failures: int) -> float:
     return capped_exponential(options.retry_backoff_seconds, options.max_retry_backoff_seconds, max(0, failures - 1))
 
 
-def _waits_json(waits: tuple[Interrupt | Timer, ...]) -> tuple[dict[str, Any], ...]:
+def _waits_json(waits: tuple[Interrupt | Timer | Join, ...]) -> tuple[dict[str, Any], ...]:
     if not waits:
         raise InvalidInputError("waits", "a NodeWaits needs at least one wait")
     seen: set[str] = set()
-    out = []
+    out: list[dict[str, Any]] = []
     for wait in waits:
-        if not isinstance(wait, Interrupt | Timer):
-            raise InvalidInputError("waits", f"{wait!r} is not an Interrupt or Timer")
+        if not isinstance(wait, Interrupt | Timer | Join):
+            raise InvalidInputError("waits", f"{wait!r} is not an Interrupt, Timer or Join")
         if not wait.wait_id or len(wait.wait_id) > 128 or wait.wait_id in seen:
             raise InvalidInputError("waits.wait_id", f"{wait.wait_id!r} is empty, too long or repeated")
         seen.add(wait.wait_id)
-        if isinstance(wait, Timer):
+        if isinstance(wait, Join):
+            # One join per wait set: maintenance walks joins by (registration time, run), one item per run.
+            if any(w["kind"] == "join" for w in out):
+                raise InvalidInputError("waits", "a NodeWaits may hold at most one Join")
+            out.append(join_json(wait))
+        elif isinstance(wait, Timer):
             if not (0 <= wait.seconds <= 365 * 86400):
                 raise InvalidInputError("waits.seconds", "must be between 0 and one year")
             out.append(

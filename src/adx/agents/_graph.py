@@ -10,8 +10,10 @@ scheduler may claim any run.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -26,12 +28,15 @@ if TYPE_CHECKING:
 __all__ = [
     "END",
     "Budget",
+    "ChildRun",
     "ExecutableGraph",
     "ExecutableGraphRegistry",
     "ExecutableGraphRegistryBuilder",
     "Fail",
     "GraphBuilder",
     "Interrupt",
+    "Join",
+    "JoinPolicy",
     "ModelChunk",
     "ModelProvider",
     "Next",
@@ -95,13 +100,38 @@ class Timer:
 
 
 @dataclass(frozen=True, slots=True)
+class ChildRun:
+    """A child run a node spawned (:meth:`NodeContext.spawn`): same tenant, its own graph, input and budget."""
+
+    run_id: uuid.UUID
+    graph: str
+    version: str
+
+
+class JoinPolicy(StrEnum):
+    ALL = "all"  # wait until every child finished; failed or cancelled children are reported, nothing else
+    FAIL_FAST = "fail_fast"  # a failed or cancelled child gets its live siblings cancelled (then published)
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """Wait until every child in ``children`` finished. The maintenance role publishes the join (the wait is
+    resolved with each child's outcome, read as ``wake.children``) once all are terminal; ``policy`` says how a
+    child failure converges. At most one Join per :class:`NodeWaits`."""
+
+    wait_id: str
+    children: tuple[ChildRun | uuid.UUID, ...]
+    policy: JoinPolicy = JoinPolicy.ALL
+
+
+@dataclass(frozen=True, slots=True)
 class NodeWaits:
     """Suspend the run until any of ``waits`` fires; then run ``resume_at`` (default: the same node again).
 
     Waits carry no registration timestamps: the wait edge registers them with database time (AGT-5).
     """
 
-    waits: tuple[Interrupt | Timer, ...]
+    waits: tuple[Interrupt | Timer | Join, ...]
     update: JSON = None
     resume_at: str | None = None
 

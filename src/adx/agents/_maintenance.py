@@ -1,16 +1,26 @@
-"""AGT-15 maintenance (first task: deadline cancellation). Never model or tool work.
+"""AGT-15 maintenance: deadline cancellation, child-run cancellation propagation and settlement, join
+publication and failure convergence. Never model or tool work.
 
-One bounded loop over 1-128 distinct tenants. Each tick walks, per tenant, one keyset page of the task's
-order from the tenant's persisted cursor, acts on every item, and commits the cursor past the page. An item
-whose action fails is counted and skipped: it never blocks the rest of its page. A page shorter than the page
-size ends a pass: the cursor goes back to the start, so skipped items are revisited by the next pass (and a
-restarted maintenance process resumes from the persisted cursor). Ticks run only while readiness evidence is
-fresh (AGT-19); a tick past its limit is abandoned and the loop stops (AGT-15: discovery errors and tick
-timeouts stop and drain).
+One bounded loop over 1-128 distinct tenants. Each tick walks, per tenant and task, one keyset page of the
+task's order from the tenant's persisted cursor for that task, acts on every item, and commits the cursor past
+the page. An item whose action fails is counted and skipped: it never blocks the rest of its page. A page
+shorter than the page size ends a pass: the cursor goes back to the start, so skipped items are revisited by the
+next pass (and a restarted maintenance process resumes from the persisted cursor). Ticks run only while
+readiness evidence is fresh (AGT-19); a tick past its limit is abandoned and the loop stops (AGT-15: discovery
+errors and tick timeouts stop and drain).
 
-Deadline cancellation: a live run whose ``deadline_at`` passed (database time) gets a cancellation request; a
-worker confirms it like any other (AGT-8). Child-run propagation, join publication and failure convergence
-are not built (no child runs or joins exist in the public API yet).
+Tasks, each acting through one transaction per item (several replicas rely on those being idempotent):
+
+- ``deadline_cancellation``: a live run whose ``deadline_at`` passed (database time) gets a cancellation
+  request; a worker confirms it like any other (AGT-8).
+- ``child_cancellation``: a live child of a parent that was asked to cancel, or that ended failed or cancelled,
+  gets a cancellation request (propagation; a worker confirms it).
+- ``child_settlement``: a finished parent whose children are all finished is marked settled
+  (``children_settled``): a cancelled parent's tree is then cancelled and confirmed.
+- ``join_publication``: a waiting run's join whose children are all finished is resolved with their outcomes;
+  the run wakes.
+- ``failure_convergence``: under a ``fail_fast`` join, a failed or cancelled child gets its live siblings
+  cancelled, so the join converges (and is then published).
 """
 
 from __future__ import annotations
@@ -25,8 +35,8 @@ from datetime import datetime
 
 from adx.agents._config import AgentMaintenanceConfig
 from adx.agents._driver import ShutdownSignal
+from adx.agents._maintenance_tasks import MaintenanceTask, act, discover
 from adx.agents._pg import check_tenant
-from adx.agents._rows import RunKey
 from adx.agents._store import AgentStore
 from adx.agents._worker import AgentWorkerReadiness
 from adx.errors import AdxError, InvalidInputError, UnavailableError
@@ -34,8 +44,6 @@ from adx.errors import AdxError, InvalidInputError, UnavailableError
 __all__ = ["AgentMaintenance", "AgentMaintenanceHealth", "AgentMaintenanceOptions", "run_maintenance"]
 
 log = logging.getLogger("adx.agents.maintenance")
-
-DEADLINES = "deadline_cancellation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,10 @@ class AgentMaintenanceHealth:
     tenants: int
     ticks: int
     deadline_cancellations: int
+    child_cancellations: int
+    failure_convergences: int
+    joins_published: int
+    children_settled: int
     item_errors: int
     passes: int
     ready: bool
@@ -69,10 +81,9 @@ class AgentMaintenanceHealth:
 @dataclass
 class _Counters:
     ticks: int = 0
-    cancelled: int = 0
     item_errors: int = 0
     passes: int = 0
-    failed_items: set[tuple[str, uuid.UUID]] = field(default_factory=set)
+    acted: dict[MaintenanceTask, int] = field(default_factory=lambda: dict.fromkeys(MaintenanceTask, 0))
 
 
 class AgentMaintenance:
@@ -100,28 +111,21 @@ class AgentMaintenance:
         self._state = "created"
         self._signal = ShutdownSignal()
 
-    async def _page(self, tenant: str) -> tuple[list[dict[str, object]], bool]:
-        async with self.store.connection("maintenance: deadline page") as conn:
+    async def _cursor(self, tenant: str, task: MaintenanceTask) -> tuple[datetime, uuid.UUID] | None:
+        async with self.store.connection("maintenance: cursor") as conn:
             cur = await conn.execute(
                 "SELECT after_at, after_id FROM adx_agent_maintenance_cursors WHERE tenant_id = %s AND task = %s",
-                (tenant, DEADLINES),
+                (tenant, task.value),
             )
-            cursor = await cur.fetchone()
-            after_at = cursor["after_at"] if cursor else None
-            after_id = cursor["after_id"] if cursor else None
-            cur = await conn.execute(
-                "SELECT run_id, deadline_at FROM adx_agent_runs WHERE tenant_id = %(t)s AND deadline_at IS NOT NULL"
-                " AND status IN ('queued', 'running', 'waiting') AND cancel_requested_at IS NULL"
-                " AND deadline_at <= now()"
-                " AND (%(at)s::timestamptz IS NULL OR (deadline_at, run_id) > (%(at)s, %(id)s))"
-                " ORDER BY deadline_at, run_id LIMIT %(n)s",
-                {"t": tenant, "at": after_at, "id": after_id, "n": self.options.page_size},
-            )
-            rows = [dict(r) for r in await cur.fetchall()]
-        return rows, len(rows) < self.options.page_size
+            row = await cur.fetchone()
+        if row is None or row["after_at"] is None or row["after_id"] is None:
+            return None
+        return row["after_at"], row["after_id"]
 
-    async def _save_cursor(self, tenant: str, after: tuple[datetime, uuid.UUID] | None, exhausted: bool) -> None:
-        async with self.store.transaction("maintenance: cursor") as conn:
+    async def _save_cursor(
+        self, tenant: str, task: MaintenanceTask, after: tuple[datetime, uuid.UUID] | None, exhausted: bool
+    ) -> None:
+        async with self.store.transaction("maintenance: cursor", single_statement=True) as conn:
             await conn.execute(
                 "INSERT INTO adx_agent_maintenance_cursors (tenant_id, task, after_at, after_id, passes)"
                 " VALUES (%(t)s, %(task)s, %(at)s, %(id)s, %(p)s) ON CONFLICT (tenant_id, task) DO UPDATE SET"
@@ -129,41 +133,39 @@ class AgentMaintenance:
                 " passes = adx_agent_maintenance_cursors.passes + EXCLUDED.passes, updated_at = now()",
                 {
                     "t": tenant,
-                    "task": DEADLINES,
+                    "task": task.value,
                     "at": None if exhausted or after is None else after[0],
                     "id": None if exhausted or after is None else after[1],
                     "p": 1 if exhausted else 0,
                 },
             )
 
-    async def _deadlines(self, tenant: str) -> int:
-        rows, exhausted = await self._page(tenant)
+    async def _run_task(self, tenant: str, task: MaintenanceTask) -> int:
+        """One page of one task for one tenant, from its cursor; the cursor then moves past the page (or back
+        to the start when the page ended the pass). Returns the page's item errors."""
+        after = await self._cursor(tenant, task)
+        items = await discover(self.store, task, tenant, after, self.options.page_size)
+        exhausted = len(items) < self.options.page_size
         errors = 0
-        last: tuple[datetime, uuid.UUID] | None = None
-        for row in rows:
-            run_id = row["run_id"]
-            assert isinstance(run_id, uuid.UUID) and isinstance(row["deadline_at"], datetime)
-            last = (row["deadline_at"], run_id)
+        for item in items:
             try:
-                await self.store.request_cancellation(RunKey(tenant, run_id))
-                self._counters.cancelled += 1
-                self._counters.failed_items.discard((tenant, run_id))
+                self._counters.acted[task] += await act(self.store, task, tenant, item)
             except AdxError as exc:  # one failing item never blocks the rest of its page
                 errors += 1
                 self._counters.item_errors += 1
-                self._counters.failed_items.add((tenant, run_id))
-                log.warning("maintenance item failed", extra={"task": DEADLINES, "error": type(exc).__name__})
+                log.warning("maintenance item failed", extra={"task": task.value, "error": type(exc).__name__})
         if exhausted:
             self._counters.passes += 1
-        await self._save_cursor(tenant, last, exhausted)
+        await self._save_cursor(tenant, task, (items[-1].at, items[-1].run_id) if items else after, exhausted)
         return errors
 
     async def tick(self) -> int:
-        """One bounded pass step over every tenant; returns the number of item errors."""
+        """One bounded step of every task over every tenant; returns the number of item errors."""
         self._counters.ticks += 1
         errors = 0
         for tenant in self.tenants:
-            errors += await self._deadlines(tenant)
+            for task in MaintenanceTask:
+                errors += await self._run_task(tenant, task)
         return errors
 
     async def _ready(self) -> bool:
@@ -210,7 +212,11 @@ class AgentMaintenance:
             state=self._state,
             tenants=len(self.tenants),
             ticks=c.ticks,
-            deadline_cancellations=c.cancelled,
+            deadline_cancellations=c.acted[MaintenanceTask.DEADLINES],
+            child_cancellations=c.acted[MaintenanceTask.CHILD_CANCELLATION],
+            failure_convergences=c.acted[MaintenanceTask.FAILURE_CONVERGENCE],
+            joins_published=c.acted[MaintenanceTask.JOIN_PUBLICATION],
+            children_settled=c.acted[MaintenanceTask.CHILD_SETTLEMENT],
             item_errors=c.item_errors,
             passes=c.passes,
             ready=time.monotonic() < self._ready_until,

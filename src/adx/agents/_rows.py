@@ -17,6 +17,7 @@ __all__ = [
     "Checkpoint",
     "Claim",
     "NodeCommitResult",
+    "ParentClaim",
     "ResolveOutcome",
     "RunKey",
     "usage_of",
@@ -74,6 +75,15 @@ class Claim:
     usage: dict[str, int]
     node_attempt_id: uuid.UUID | None
     prior_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParentClaim:
+    """The run spawning a child, as its worker holds it (the spawn is fenced like any worker write)."""
+
+    run_id: uuid.UUID
+    fence: int
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,7 +240,7 @@ _WAIT = {
     "required": ["wait_id", "kind"],
     "properties": {
         "wait_id": {"type": "string", "minLength": 1, "maxLength": 128},
-        "kind": {"enum": ["interrupt", "timer"]},
+        "kind": {"enum": ["interrupt", "timer", "join"]},
         "timer_ms": {"type": "integer", "minimum": 0},
     },
     "additionalProperties": False,

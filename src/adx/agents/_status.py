@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["RunStatus", "WaitKind", "Wake"]
+__all__ = ["ChildOutcome", "RunStatus", "WaitKind", "Wake"]
 
 
 class RunStatus(StrEnum):
@@ -27,12 +28,29 @@ class RunStatus(StrEnum):
 class WaitKind(StrEnum):
     INTERRUPT = "interrupt"
     TIMER = "timer"
+    JOIN = "join"  # child runs (ctx.spawn) finishing; the maintenance role publishes it
+
+
+@dataclass(frozen=True, slots=True)
+class ChildOutcome:
+    """How one child run of a published join ended: its status, and its artifact or failure."""
+
+    run_id: uuid.UUID
+    graph: str
+    status: RunStatus
+    artifact: Any
+    failure: Any
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status is RunStatus.SUCCEEDED
 
 
 @dataclass(frozen=True, slots=True)
 class Wake:
     """One wait of the wait set a node resumes from: ``resolved`` (an interrupt was answered with
-    ``resolution``) or ``fired`` (a timer came due by database time); neither when another wait woke the run."""
+    ``resolution``, or a join was published: every child finished) or ``fired`` (a timer came due by database
+    time); neither when another wait woke the run."""
 
     wait_id: str
     kind: WaitKind
@@ -50,4 +68,20 @@ class Wake:
             resolved=bool(row["resolved"]),
             fired=bool(row["fired"]),
             resolution=row["resolution"],
+        )
+
+    @property
+    def children(self) -> tuple[ChildOutcome, ...]:
+        """A published join's child outcomes, in the order the join named them (empty for other waits)."""
+        if self.kind is not WaitKind.JOIN or not self.resolved or not isinstance(self.resolution, dict):
+            return ()
+        return tuple(
+            ChildOutcome(
+                run_id=uuid.UUID(c["run_id"]),
+                graph=c["graph"],
+                status=RunStatus(c["status"]),
+                artifact=c.get("artifact"),
+                failure=c.get("failure"),
+            )
+            for c in self.resolution.get("children", ())
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from adx.agents._admission import Admission
 from adx.agents._errors import StaleFenceError
 from adx.agents._migrations import check_schema, migrate
 from adx.agents._pg import CommitHook, Conn, Database, check_tenant, open_pool
@@ -26,6 +27,7 @@ from adx.agents._rows import (
     Checkpoint,
     Claim,
     NodeCommitResult,
+    ParentClaim,
     ResolveOutcome,
     RunKey,
     usage_of,
@@ -88,43 +90,49 @@ class AgentStore(Database):
     async def admit(
         self,
         key: RunKey,
+        admission: Admission,
         *,
-        graph_name: str,
-        graph_version: str,
-        descriptor: dict[str, Any],
-        request: dict[str, Any],
-        budget: dict[str, Any],
-        initial_state: Any,
-        entry: str,
         idempotency_key: str | None,
         deadline_s: float | None = None,
+        parent: ParentClaim | None = None,
     ) -> tuple[uuid.UUID, bool]:
         """Admit a run atomically (row, usage, initial checkpoint). Returns (run_id, created).
 
         ``deadline_s``: the maintenance role cancels the run once it is not finished this long after admission
-        (database time)."""
+        (database time). ``parent``: a child run spawned by a node of that run; the parent's fence and owner are
+        checked (a stale worker spawns nothing) and its child count goes up in the same transaction."""
         async with self.transaction("admit run") as conn:
             cur = await conn.execute("SELECT 1 FROM adx_agent_tenants WHERE tenant_id = %s", (key.tenant_id,))
             if await cur.fetchone() is None:
                 raise NotFoundError(f"tenant {key.tenant_id!r} does not exist")
             cur = await conn.execute(
                 "INSERT INTO adx_agent_runs (tenant_id, run_id, graph_name, graph_version, status, descriptor,"
-                " request, budget, idempotency_key, deadline_at) VALUES (%s, %s, %s, %s, 'queued', %s, %s, %s, %s,"
-                " now() + make_interval(secs => %s::double precision))"
+                " request, budget, idempotency_key, deadline_at, parent_run_id) VALUES (%s, %s, %s, %s, 'queued',"
+                " %s, %s, %s, %s, now() + make_interval(secs => %s::double precision), %s)"
                 " ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING run_id",
                 (
                     key.tenant_id,
                     key.run_id,
-                    graph_name,
-                    graph_version,
-                    Jsonb(descriptor),
-                    Jsonb(request),
-                    Jsonb(budget),
+                    admission.graph_name,
+                    admission.graph_version,
+                    Jsonb(admission.descriptor),
+                    Jsonb(admission.request),
+                    Jsonb(admission.budget),
                     idempotency_key,
                     deadline_s,
+                    parent.run_id if parent is not None else None,
                 ),
             )
-            if await cur.fetchone() is None:
+            created = await cur.fetchone() is not None
+            if parent is not None:
+                cur = await conn.execute(
+                    "UPDATE adx_agent_runs SET children = children + %s WHERE tenant_id = %s AND run_id = %s"
+                    " AND fence = %s AND lease_owner = %s RETURNING 1",
+                    (1 if created else 0, key.tenant_id, parent.run_id, parent.fence, parent.owner),
+                )
+                if await cur.fetchone() is None:
+                    raise StaleFenceError(f"run {parent.run_id}: fence {parent.fence} is no longer held")
+            if not created:
                 # Duplicate submission: the same idempotency key returns the first run if it asked the same.
                 cur = await conn.execute(
                     "SELECT run_id, request, descriptor FROM adx_agent_runs"
@@ -133,7 +141,7 @@ class AgentStore(Database):
                 )
                 row = await cur.fetchone()
                 assert row is not None
-                if row["request"] != request or row["descriptor"] != descriptor:
+                if row["request"] != admission.request or row["descriptor"] != admission.descriptor:
                     raise ConflictError("idempotency_key was already used for a different request")
                 return row["run_id"], False
             await conn.execute(
@@ -142,7 +150,7 @@ class AgentStore(Database):
             await conn.execute(
                 "INSERT INTO adx_agent_checkpoints (tenant_id, run_id, seq, kind, next_node, state, fence)"
                 " VALUES (%s, %s, 0, 'initial', %s, %s, 0)",
-                (key.tenant_id, key.run_id, entry, Jsonb(initial_state)),
+                (key.tenant_id, key.run_id, admission.entry, Jsonb(admission.initial_state)),
             )
         return key.run_id, True
 

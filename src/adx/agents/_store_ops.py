@@ -122,7 +122,8 @@ async def retry_run(store: AgentStore, key: RunKey) -> None:
         )
         await conn.execute(
             "UPDATE adx_agent_runs SET status = 'queued', checkpoint_seq = %(new)s, revision = revision + 1,"
-            " terminal_event_id = NULL, finished_at = NULL, wake_at = NULL, available_at = now(),"
+            " terminal_event_id = NULL, finished_at = NULL, children_settled_at = NULL, wake_at = NULL,"
+            " available_at = now(),"
             " queue_seq = nextval('adx_agent_queue_seq'), updated_at = now()"
             " WHERE tenant_id = %(t)s AND run_id = %(r)s",
             params,

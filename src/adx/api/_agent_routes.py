@@ -1,4 +1,4 @@
-"""Durable agent runs over HTTP: list, get, history, cancel, resolve, retry (``/v1/agent-runs``).
+"""Durable agent runs over HTTP: list, get, children, history, cancel, resolve, retry (``/v1/agent-runs``).
 
 Tenant-authenticated like every ``/v1`` route: the API key names the tenant, and a run of another tenant is
 the same 404 as a missing one (SEC-2). The API server reads the agent store's PostgreSQL URL from
@@ -51,7 +51,7 @@ STATUSES = ("queued", "running", "waiting", "succeeded", "failed", "cancelled")
 
 class AgentWaitView(_Wire):
     wait_id: str
-    kind: str = Field(description="interrupt or timer")
+    kind: str = Field(description="interrupt, timer or join")
     payload: Any = None
     registered_at: datetime
     due_at: datetime | None = None
@@ -88,11 +88,21 @@ class AgentRunView(_Wire):
     usage: AgentUsage
     waits: list[AgentWaitView] = Field(default_factory=list, description="pending waits (status waiting)")
     result: AgentResultView | None = Field(default=None, description="once finished (GET of one run)")
+    parent_run_id: uuid.UUID | None = Field(default=None, description="the run that spawned this one (a child)")
+    children: int = Field(default=0, description="child runs this run spawned (GET /v1/agent-runs/{id}/children)")
+    children_settled: bool = Field(
+        default=False, description="finished, and so are all its children (set by the maintenance role)"
+    )
 
 
 class AgentRunList(_Wire):
     runs: list[AgentRunView]
     next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next (older) page")
+
+
+class AgentRunChildren(_Wire):
+    runs: list[AgentRunView] = Field(description="the run's children, oldest first")
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page")
 
 
 class AgentRunEventView(_Wire):
@@ -152,6 +162,9 @@ def _view(view: RunView, result: AgentResult | None = None) -> AgentRunView:
             if result is not None
             else None
         ),
+        parent_run_id=view.parent_run_id,
+        children=view.children,
+        children_settled=view.children_settled,
     )
 
 
@@ -248,6 +261,28 @@ async def list_agent_runs(
 async def get_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
     tenant = await _tenant(request, credentials)
     return await _one(await _runs(request), tenant, _run_id(run_id))
+
+
+@router.get(
+    "/{run_id}/children",
+    response_model=AgentRunChildren,
+    response_model_by_alias=True,
+    summary="The child runs a run spawned, oldest first",
+)
+async def agent_run_children(
+    request: Request,
+    run_id: str,
+    credentials: Credentials,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> AgentRunChildren:
+    tenant = await _tenant(request, credentials)
+    key = _run_id(run_id)
+    try:
+        page = await (await _runs(request)).children(tenant, key, limit=limit, cursor=cursor)
+    except NotFoundError:
+        raise NotFoundError(f"run {key} not found") from None
+    return AgentRunChildren(runs=[_view(v) for v in page.runs], next_cursor=page.next_cursor)
 
 
 @router.get(

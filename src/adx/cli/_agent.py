@@ -88,7 +88,8 @@ def dev(
 def maintenance(
     config: Annotated[Path, typer.Option("--config", help="TOML file (component 'agent-maintenance')", dir_okay=False)],
 ) -> None:
-    """Run the maintenance role (deadline cancellation) for 1-128 tenants until SIGTERM/SIGINT."""
+    """Run the maintenance role (deadlines, child-run cancellation and settlement, joins, failure convergence)
+    for 1-128 tenants until SIGTERM/SIGINT."""
     from adx.agents._config import AgentMaintenanceConfig
     from adx.agents._maintenance import run_maintenance
 
@@ -103,6 +104,8 @@ def maintenance(
         fail(exc)
     console.print(
         f"agent maintenance stopped: ticks={health.ticks} cancelled={health.deadline_cancellations}"
+        f" child_cancellations={health.child_cancellations} joins={health.joins_published}"
+        f" convergences={health.failure_convergences} settled={health.children_settled}"
         f" item_errors={health.item_errors}"
     )
 
@@ -185,6 +188,11 @@ def _show_run(view: RunView) -> None:
         ("finished", _when(view.finished_at)),
         ("usage", ", ".join(f"{k}={v}" for k, v in view.usage.items())),
     ]
+    if view.parent_run_id is not None:
+        lines.append(("parent", str(view.parent_run_id)))
+    if view.children:
+        settled = " (all finished, settled)" if view.children_settled else ""
+        lines.append(("children", f"{view.children}{settled}: adx agent runs children {view.run_id}"))
     for wait in view.waits:
         state = "resolved" if wait.resolved else f"due {_when(wait.due_at)}" if wait.due_at else "pending"
         lines.append(("waits on", f"{wait.kind.value} {wait.wait_id!r} ({state})"))
@@ -214,6 +222,40 @@ def runs_list(
             for v in page.runs
         ]
         _print(table(("RUN", "GRAPH", "STATUS", "STEP", "CREATED"), rows))
+        if page.next_cursor:
+            _print(f"more: --cursor {page.next_cursor}\n")
+
+    _operate(config, database_url, tenant, action)
+
+
+@runs_app.command("children")
+def runs_children(
+    run_id: RunArg,
+    config: ConfigOpt = None,
+    database_url: DatabaseOpt = None,
+    tenant: TenantOpt = None,
+    limit: Annotated[int, typer.Option(help="runs per page (1-1000)")] = 100,
+    cursor: Annotated[str | None, typer.Option(help="the next-page cursor a previous call printed")] = None,
+) -> None:
+    """List the child runs a run spawned (ctx.spawn), oldest first."""
+    from adx.cli._human import table
+
+    async def action(runs: AgentRuns, tenant_id: str) -> None:
+        page = await runs.children(tenant_id, run_id, limit=limit, cursor=cursor)
+        if not page.runs:
+            _print("no children\n")
+            return
+        rows = [
+            (
+                str(v.run_id),
+                f"{v.graph}@{v.graph_version}",
+                v.status.value + (" (cancel requested)" if v.cancel_requested and not v.finished else ""),
+                str(v.checkpoint_seq),
+                _when(v.finished_at),
+            )
+            for v in page.runs
+        ]
+        _print(table(("RUN", "GRAPH", "STATUS", "STEP", "FINISHED"), rows))
         if page.next_cursor:
             _print(f"more: --cursor {page.next_cursor}\n")
 
