@@ -9,12 +9,12 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import agents_childapp
 import pytest
 from agents_helpers import TENANT, claim_next, fetch, make_scheduler
+from apistack import api_stack  # noqa: F401 (fixture)
 
 from adx.agents import (
     AgentRuns,
@@ -33,9 +33,6 @@ from adx.agents._children import spawn_child
 from adx.agents._driver import _waits_json
 from adx.agents._maintenance import AgentMaintenance, AgentMaintenanceOptions
 from adx.errors import InvalidInputError
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
-from apistack import api_stack  # noqa: F401 (fixture)
 
 
 @pytest.fixture
