@@ -23,6 +23,7 @@ command -v chattr >/dev/null || missing+=(e2fsprogs)
 command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs) # sandboxd's disk_quota = "btrfs"
 command -v nft >/dev/null || missing+=(nftables)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap) # the Debian base image (adx image, docs/images.md)
+command -v systemd-analyze >/dev/null || missing+=(systemd) # tests/deploy: verifies deploy/systemd units
 if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   echo "bootstrap: installing ${missing[*]}" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
