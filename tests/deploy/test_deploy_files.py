@@ -122,3 +122,42 @@ def test_the_configuration_files_are_valid(component: str, tmp_path: Path, monke
     _check_config(component, (DEPLOY / "config" / f"{component}.toml").read_text(), tmp_path, monkeypatch)
     configmap = next(doc for _, doc in _documents() if doc["kind"] == "ConfigMap")
     _check_config(component, configmap["data"][f"{component}.toml"], tmp_path, monkeypatch)  # type: ignore[index]
+
+
+def test_the_deployment_page_shows_what_the_three_machine_test_runs() -> None:
+    """tests/deploy/test_three_machines.py follows docs/deploy.md: the commands and per-machine values it uses
+    are the page's."""
+    page = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    for shown in (
+        "adx certs init --dir ca",
+        "adx certs issue main --kind coordinator --host 10.0.0.21 --host 10.0.0.22 --dir ca",
+        "adx certs issue main --kind api --host 10.0.0.31 --host 10.0.0.32 --dir ca",
+        "adx certs issue m1 --kind node --host 10.0.0.41 --dir ca",
+        "replicaof 10.0.0.11 6379",
+        "sentinel monitor adx 10.0.0.11 6379 2",
+        "ADX_COORDINATOR__LISTEN=10.0.0.21:7401",
+        "ADX_API__LISTEN=10.0.0.31:8080",
+        "ADX_NODE__NAME=m1\nADX_NODE__LISTEN=10.0.0.41:7402\nADX_NODE__RELAY_LISTEN=10.0.0.41:7403",
+        "adx key admin --config /etc/adx/api.toml",
+        "adx tenant create alice --config /etc/adx/api.toml",
+        "adx node list",
+        "adx cluster status",
+        "adx node drain m1",
+    ):
+        assert shown in page, shown
+    for name in ("coordinator", "api", "sandboxd", "node"):
+        assert f"deploy/config/{name}.toml" in page, name
+
+
+def test_key_admin_names_the_field_it_refuses(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADX_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path)
+    bad = subprocess.run([_adx(), "key", "admin", "--name", "no spaces"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "--name" in bad.stderr, bad.stderr
+    lost = subprocess.run(
+        [_adx(), "key", "admin", "--coordinator", "127.0.0.1:9", "--certs-dir", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert lost.returncode == 3 and "ca.pem not found" in lost.stderr and "--certs-dir" in lost.stderr, lost.stderr
