@@ -135,6 +135,7 @@ def start_redis(lab: NetLab, ctl: Machine) -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.req("CRD-2", "CRD-5")  # the standby loads everything from Redis; resume picks another machine
 def test_three_machines_from_the_documented_steps(lab: NetLab) -> None:
     # -- the machines of docs/deploy.md -----------------------------------------------------------------------
     ctl = lab.machine("ctl", *REDIS, *COORDINATORS.values(), *APIS.values())
