@@ -138,6 +138,7 @@ def test_the_deployment_page_shows_what_the_three_machine_test_runs() -> None:
         "ADX_COORDINATOR__LISTEN=10.0.0.21:7401",
         "ADX_API__LISTEN=10.0.0.31:8080",
         "ADX_NODE__NAME=m1\nADX_NODE__LISTEN=10.0.0.41:7402\nADX_NODE__RELAY_LISTEN=10.0.0.41:7403",
+        "adx config check /etc/adx/node.toml --component node",
         "adx key admin --config /etc/adx/api.toml",
         "adx tenant create alice --config /etc/adx/api.toml",
         "adx node list",

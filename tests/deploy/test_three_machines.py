@@ -65,13 +65,10 @@ def lab() -> Iterator[NetLab]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def adx(machine: Machine, *args: str, env: dict[str, str] | None = None, ok: bool = True) -> str:
+def adx(machine: Machine, *args: str, env: dict[str, str] | None = None) -> str:
     """``adx ARGS`` on ``machine``; its stdout (a failure shows both streams)."""
     result = machine.run(ADX, *args, env=env)
-    if ok:
-        assert result.returncode == 0, (
-            f"adx {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
-        )
+    assert result.returncode == 0, f"adx {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
 
@@ -205,6 +202,8 @@ def test_three_machines_from_the_documented_steps(lab: NetLab) -> None:
                 "ADX_NODE__RELAY_LISTEN": f"{address}:7403",
             },
         )
+        node_env = machine.env_file("/etc/adx/node.env")
+        adx(machine, "config", "check", str(machine.path("/etc/adx/node.toml")), "--component", "node", env=node_env)
         start_daemon(machine, "sandboxd")
         start_daemon(machine, "node")
 
