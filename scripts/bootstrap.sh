@@ -25,6 +25,7 @@ command -v nft >/dev/null || missing+=(nftables)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap) # the Debian base image (adx image, docs/images.md)
 # The dashboard's browser tests (tests/ui) drive Debian's chromium through Playwright: no browser download.
 command -v chromium >/dev/null || missing+=(chromium)
+command -v systemd-analyze >/dev/null || missing+=(systemd) # tests/deploy: verifies deploy/systemd units
 if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   echo "bootstrap: installing ${missing[*]}" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

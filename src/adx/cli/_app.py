@@ -37,7 +37,7 @@ COMMANDS: dict[str, CommandEntry] = {
     "up": CommandEntry("_up", "Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."),
     "env": CommandEntry("_env_cmd", "Environments: create, list, get, exec, pause, resume, lifetime, delete."),
     "tenant": CommandEntry("_tenant_cmd", "Tenants and their API keys."),
-    "key": CommandEntry("_tenant_cmd", "Tenants' API keys: create, revoke, rotate."),
+    "key": CommandEntry("_tenant_cmd", "API keys: a tenant's (create, revoke, rotate) and admin keys (admin)."),
     "cluster": CommandEntry("_node_cmd", "The cluster's status: nodes, Environments by state, Coordinator leader."),
     "certs": CommandEntry("_certs_cmd", "Create the cluster CA and component certificates (mutual TLS)."),
     "config": CommandEntry("_config_cmd", "Inspect and validate configuration files."),

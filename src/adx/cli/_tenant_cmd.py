@@ -1,7 +1,7 @@
-"""``adx tenant create|list|disable|enable`` and ``adx key create|revoke|rotate``.
+"""``adx tenant create|list|disable|enable`` and ``adx key create|revoke|rotate|admin``.
 
-``tenant create`` talks to the Coordinator with the API server's certificate (it works before any admin key
-exists); the others go through the admin API with the admin key (``_admin_http``)."""
+``tenant create`` and ``key admin`` talk to the Coordinator with the API server's certificate (they work before
+any admin key exists); the others go through the admin API with the admin key (``_admin_http``)."""
 
 from __future__ import annotations
 
@@ -20,27 +20,34 @@ from adx.errors import AdxError, UnavailableError
 
 tenant_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
-key_app = typer.Typer(help="Tenants' API keys: create, revoke, rotate.", no_args_is_help=True)
+key_app = typer.Typer(
+    help="API keys: a tenant's (create, revoke, rotate) and admin keys (admin).", no_args_is_help=True
+)
 app.add_typer(key_app, name="key")
 
 TenantName = Annotated[str, typer.Argument(help="the tenant's name")]
 KeyId = Annotated[str, typer.Argument(help="the key's ID (key_...; `adx tenant list` shows them)")]
 
 
+CoordinatorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--coordinator",
+        help="host:port of the Coordinator; several replicas: a:7401,b:7401 (default: the config's)",
+    ),
+]
+CertsDirOption = Annotated[
+    Path | None, typer.Option("--certs-dir", help="holds ca.pem and api-<name>.pem/.key", file_okay=False)
+]
+ApiConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML file of the API server ('api')")]
+
+
 @tenant_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="tenant name: 1-64 letters, digits, '-' or '_'")],
-    coordinator: Annotated[
-        str | None,
-        typer.Option(
-            "--coordinator",
-            help="host:port of the Coordinator; several replicas: a:7401,b:7401 (default: the config's)",
-        ),
-    ] = None,
-    certs_dir: Annotated[
-        Path | None, typer.Option("--certs-dir", help="holds ca.pem and api-<name>.pem/.key", file_okay=False)
-    ] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="TOML file of the API server ('api')")] = None,
+    coordinator: CoordinatorOption = None,
+    certs_dir: CertsDirOption = None,
+    config: ApiConfigOption = None,
 ) -> None:
     """Create tenant NAME (or add a key to it) and print its new API key (shown once; only its hash is kept).
 
@@ -159,3 +166,48 @@ def key_rotate(tenant: TenantName, key_id: KeyId, api_url: ApiUrl = None, admin_
         f"rotate key {key_id}",
     )
     _print_issued(issued, f"key {key_id} replaced by")
+
+
+@key_app.command("admin")
+def key_admin(
+    name: Annotated[str, typer.Option("--name", help="names the admin key (1-64 letters, digits, '-', '_')")] = "admin",
+    coordinator: CoordinatorOption = None,
+    certs_dir: CertsDirOption = None,
+    config: ApiConfigOption = None,
+) -> None:
+    """Create an admin key and print it (shown once; only its hash is kept): for a cluster not started by
+    `adx up` (docs/deploy.md). Like `tenant create`, it talks to the Coordinator with the API server's
+    certificate, so it works before any admin key exists; use the key as ADX_ADMIN_KEY."""
+    from adx.gateway import CoordinatorClient
+    from adx.model import IssuedKey
+    from adx.proto import coordinator_pb2 as pb
+
+    try:
+        check_name("--name", name)
+        cfg = admin_config(coordinator, certs_dir, config)
+
+        async def make() -> IssuedKey:
+            client = CoordinatorClient.from_config(cfg.api)
+            try:
+                reply = await client.call(
+                    "create admin key",
+                    lambda: client.admin.CreateAdminKey(
+                        pb.CreateAdminKeyRequest(name=name), timeout=cfg.api.coordinator_timeout_seconds
+                    ),
+                    reads=False,
+                )
+            finally:
+                await client.close()
+            return IssuedKey.model_validate_json(reply.json)
+
+        try:
+            issued = asyncio.run(make())
+        except UnavailableError as exc:
+            raise UnavailableError(f"{exc}; {cfg.reach_fix}", details=exc.details) from None
+    except AdxError as exc:
+        fail(exc)
+    console.print(issued.api_key, soft_wrap=True, highlight=False, markup=False)
+    err_console.print(
+        f"admin {issued.owner}: new admin key {issued.key_id} (use it as ADX_ADMIN_KEY; it is not shown again)",
+        highlight=False,
+    )
