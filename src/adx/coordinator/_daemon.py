@@ -32,8 +32,9 @@ from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lease import LeaderLease
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._store import CoordinatorStore
+from adx.coordinator._token_service import CoordinatorTokensService
 from adx.errors import UnavailableError
-from adx.proto import coordinator_pb2_grpc, health_pb2_grpc
+from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, tokens_pb2_grpc
 
 log = logging.getLogger("adx.coordinator")
 
@@ -156,6 +157,7 @@ async def start_coordinator(config: CoordinatorConfig, *, lease: LeaderLease | N
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(service, server)
     leader = f"replica {lease.replica_id} ({config.name}, {config.listen}, term {lease.value})"
     coordinator_pb2_grpc.add_CoordinatorAdminServicer_to_server(CoordinatorAdminService(service, leader=leader), server)
+    tokens_pb2_grpc.add_CoordinatorTokensServicer_to_server(CoordinatorTokensService(service), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         port = server.add_secure_port(config.listen, credentials)
