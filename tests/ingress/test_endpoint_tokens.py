@@ -12,6 +12,8 @@ import pytest
 from apistack import ApiStack
 
 import adx
+from adx.gateway import CoordinatorClient
+from adx.proto import coordinator_pb2 as pb
 
 #: A workload that answers every GET with what reached it: its path and query, and any Cookie or Authorization
 #: header (the Ingress must forward none of the token's carriers).
@@ -210,7 +212,7 @@ async def test_revoking_a_token_reaches_another_ingress_through_the_route_stream
 
 
 @pytest.mark.req("SEC-4")
-async def test_an_expired_token_is_refused_and_no_longer_listed(node_cluster, api_for) -> None:
+async def test_an_expired_token_or_a_disabled_tenants_token_is_refused(node_cluster, api_for) -> None:
     nc = await node_cluster()
     stack: ApiStack = await api_for(nc.cluster)
     key = await stack.tenant("alpha")
@@ -229,4 +231,14 @@ async def test_an_expired_token_is_refused_and_no_longer_listed(node_cluster, ap
         assert [t.id for t in await env.tokens.list()] == [lasting.id]
         async with stack.http(lasting.token) as holder:
             assert (await holder.post(url, json={"command": "true"})).status_code == 200
+        unused = await env.tokens.create()
         await env.delete()
+    # A disabled tenant's tokens are refused too (checked with the token, before anything else).
+    coordinator = CoordinatorClient.from_config(stack.config)
+    try:
+        await coordinator.admin.SetTenantDisabled(pb.SetTenantDisabledRequest(name="alpha", disabled=True), timeout=10)
+    finally:
+        await coordinator.close()
+    async with stack.http(unused.token) as holder:
+        code, kind, message = error(await holder.post(url, json={"command": "true"}))
+        assert (code, kind) == (401, "unauthenticated") and "its tenant alpha is disabled" in message

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
-from adx._grpc_errors import abort_with
-from adx._grpc_tls import require_peer
+from adx.coordinator._admin_service import CoordinatorAdminService
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._token_store import TokenStore
-from adx.errors import AdxError, AuthenticationError, InvalidInputError
+from adx.errors import InvalidInputError, NotFoundError
 from adx.model import EndpointTokenRequest, TokenGrant, is_endpoint_token_id, parse_wire
 from adx.proto import tokens_pb2 as pb
 from adx.proto import tokens_pb2_grpc as pb_grpc
@@ -30,14 +28,8 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
         self.service = service
         self.tokens = TokenStore(service.store)
 
-    @staticmethod
-    async def _serve(context: Context, work: Callable[[], Awaitable[T]]) -> T:
-        """Every call: an API server's certificate, then the work, its ADX errors as gRPC statuses."""
-        await require_peer(context, "api")
-        try:
-            return await work()
-        except AdxError as exc:
-            await abort_with(context, exc)
+    # Every call: an API server's certificate, then the work, its ADX errors as gRPC statuses (as admin calls).
+    _serve = staticmethod(CoordinatorAdminService._serve)
 
     async def _owned(self, tenant: str, env_id: str) -> None:
         # Another tenant's Environment is indistinguishable from none (SEC-2).
@@ -85,7 +77,9 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
         async def work() -> TokenGrant:
             grant = await self.tokens.check(request.token)
             if await self.service.admin.tenant_disabled(grant.tenant):
-                raise AuthenticationError("Authorization", f"tenant {grant.tenant} is disabled")
+                # NOT_FOUND, like an unknown token (the Ingress answers 401): an UNAUTHENTICATED status would read
+                # as the Coordinator refusing the API server's own certificate.
+                raise NotFoundError(f"endpoint token {grant.token_id}: its tenant {grant.tenant} is disabled")
             return grant
 
         grant = await self._serve(context, work)
