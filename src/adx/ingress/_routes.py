@@ -36,6 +36,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 EnvId = Annotated[str, Path(description="the Environment's ID")]
 DATA_ERRORS = {
     **ERRORS,
+    403: {"description": "an endpoint token of another Environment, or of another port (code forbidden)"},
     409: {"description": "the Environment is not running (code not_running)"},
     502: {"description": "the node's Relay failed"},
 }
