@@ -16,13 +16,14 @@ from adx.gateway import CoordinatorClient
 from adx.proto import coordinator_pb2 as pb
 
 #: A workload that answers every GET with what reached it: its path and query, and any Cookie or Authorization
-#: header (the Ingress must forward none of the token's carriers).
+#: or Referer header (the Ingress must forward none of the token's carriers).
 ECHO = """
 import http.server
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = ("path=" + self.path + " cookie=" + self.headers.get("Cookie", "")
-                + " auth=" + self.headers.get("Authorization", "")).encode()
+                + " auth=" + self.headers.get("Authorization", "")
+                + " referer=" + self.headers.get("Referer", "")).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -130,7 +131,7 @@ async def test_a_port_scoped_token_reaches_that_port_only_by_header_query_or_coo
             served = await until_served(http, port_url, headers=bearer(token.token), params={"q": "1"})
             assert served.status_code == 200, served.text
             # The workload sees its own query, and neither the token nor the tenant's credentials.
-            assert served.text == "path=/page?q=1 cookie= auth="
+            assert served.text == "path=/page?q=1 cookie= auth= referer="
             # Other ports and the rest of the data plane: 403 naming the port it does reach.
             other_port = await http.get(f"/v1/environments/{env.id}/ports/8001/", headers=bearer(token.token))
             code, kind, message = error(other_port)
@@ -149,13 +150,16 @@ async def test_a_port_scoped_token_reaches_that_port_only_by_header_query_or_coo
         assert link.startswith(f"{stack.url}/v1/environments/{env.id}/ports/8000/page?adx_token=")
         async with httpx.AsyncClient(timeout=10) as browser:
             first = await browser.get(link)
-            assert first.status_code == 200 and first.text == "path=/page cookie= auth=", first.text
+            assert first.status_code == 200 and first.text == "path=/page cookie= auth= referer=", first.text
             cookie = first.headers["set-cookie"]
             assert cookie.startswith(f"adx_token={token.token};")
             assert f"Path=/v1/environments/{env.id}/ports/8000/" in cookie and "HttpOnly" in cookie
+            assert first.headers["referrer-policy"] == "no-referrer"
             # The page's next request carries only the cookie (which the workload does not see either).
-            again = await browser.get(f"{stack.url}/v1/environments/{env.id}/ports/8000/next?a=b")
-            assert again.status_code == 200 and again.text == "path=/next?a=b cookie= auth=", again.text
+            again = await browser.get(
+                f"{stack.url}/v1/environments/{env.id}/ports/8000/next?a=b", headers={"Referer": link}
+            )
+            assert again.status_code == 200 and again.text == "path=/next?a=b cookie= auth= referer=", again.text
             assert "set-cookie" not in again.headers
         # The cookie alone does not open another port: the scope is checked at the Ingress, not by the path.
         async with stack.http(None) as http:
@@ -166,9 +170,9 @@ async def test_a_port_scoped_token_reaches_that_port_only_by_header_query_or_coo
             # With the tenant's key in the header, a stray token cookie is not what counts.
             owner = await http.get(
                 f"/v1/environments/{env.id}/ports/8000/x",
-                headers={"Cookie": "adx_token=adxt_garbage", **bearer(key)},
+                headers={"Cookie": "adx_token=adxt_garbage", "Referer": "http://example/a", **bearer(key)},
             )
-            assert owner.status_code == 200 and owner.text == "path=/x cookie= auth="
+            assert owner.status_code == 200 and owner.text == "path=/x cookie= auth= referer=http://example/a"
         await env.delete()
 
 

@@ -34,7 +34,7 @@ from adx.errors import (
 )
 from adx.gateway import ApiConfig, CoordinatorClient, Route, not_found
 from adx.ingress._tokens import TokenCache, TokenClient, without_token_query
-from adx.model import DORMANT_STATES, EnvironmentState
+from adx.model import DORMANT_STATES, ENDPOINT_TOKEN_QUERY, EnvironmentState
 from adx.proto import coordinator_pb2 as pb
 
 log = logging.getLogger("adx.ingress")
@@ -328,7 +328,7 @@ class Ingress:
         # A buffered body gets its own Content-Length from httpx; a streamed one keeps the caller's (if any), so
         # it is not re-encoded as chunked on the way.
         drop = _HOP | {"content-length"} if body is not None else _HOP
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop and not _carries_token(k, v)]
         timeout = httpx.Timeout(
             self._config.relay_timeout_seconds, connect=self._config.relay_connect_timeout_seconds, read=read_timeout
         )
@@ -353,6 +353,11 @@ class Ingress:
                 raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc!r}") from None
             return upstream
         raise AssertionError("unreachable")
+
+
+def _carries_token(name: str, value: str) -> bool:
+    """A Referer of a page opened with ``?adx_token=``: the token must not reach the workload that way either."""
+    return name.lower() == "referer" and ENDPOINT_TOKEN_QUERY in value
 
 
 def _response_headers(upstream: httpx.Response) -> dict[str, str]:

@@ -85,6 +85,8 @@ def set_token_cookie(response: Response, request: Request, presented: PresentedT
     """A token that came in the query is kept by the browser for the pages it reaches (only those paths)."""
     if presented.source is not TokenSource.QUERY:
         return
+    # The page's URL holds the token: its links and subresources must not send it on in a Referer.
+    response.headers["Referrer-Policy"] = "no-referrer"
     path = f"/v1/environments/{grant.environment_id}/"
     if grant.port is not None:
         path += f"ports/{grant.port}/"
