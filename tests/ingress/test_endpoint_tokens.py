@@ -105,7 +105,13 @@ async def test_a_token_reaches_its_environment_data_plane_and_nothing_else(node_
         listed = await env.tokens.list()
         assert [t.id for t in listed] == [token.id] and not hasattr(listed[0], "token")
         async with stack.http(key) as owner:
-            for body, field in [({"port": 0}, "port"), ({"ttlSeconds": -1}, "ttlSeconds"), ({"x": 1}, "x")]:
+            for body, field in [
+                ({"port": 0}, "port"),
+                ({"port": "8000"}, "port"),
+                ({"ttlSeconds": -1}, "ttlSeconds"),
+                ({"ttlSeconds": True}, "ttlSeconds"),
+                ({"x": 1}, "x"),
+            ]:
                 bad = await owner.post(f"/v1/environments/{env.id}/tokens", json=body)
                 assert bad.status_code == 422 and bad.json()["error"]["details"]["field"] == field, bad.text
             assert (await owner.delete(f"/v1/environments/{env.id}/tokens/nope")).status_code == 422

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, Strict
 
 from adx.model._base import INTEGRAL, ApiModel
 
@@ -26,7 +26,7 @@ MAX_ENDPOINT_TOKEN_TTL_SECONDS = 365 * 86_400
 #: How many live tokens one Environment may have (bounded storage per Environment).
 MAX_ENDPOINT_TOKENS = 1000
 
-Port = Annotated[int, Field(ge=1, le=65535), INTEGRAL]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535), INTEGRAL]
 
 
 def endpoint_token_id(digest: str) -> str:
@@ -49,9 +49,9 @@ class EndpointTokenRequest(ApiModel):
     port: Port | None = Field(
         default=None, description="only this port's proxy (/ports/{port}/...); absent: the whole data plane"
     )
-    ttl_seconds: Annotated[float, Field(gt=0, le=MAX_ENDPOINT_TOKEN_TTL_SECONDS)] | None = Field(
-        default=None, description="expires this many seconds after creation; absent: until revoked"
-    )
+    ttl_seconds: (
+        Annotated[float, Strict(), Field(gt=0, le=MAX_ENDPOINT_TOKEN_TTL_SECONDS, allow_inf_nan=False)] | None
+    ) = Field(default=None, description="expires this many seconds after creation; absent: until revoked")
 
 
 class EndpointTokenInfo(ApiModel):
