@@ -12,6 +12,7 @@ import pytest
 from apistack import ApiStack
 
 import adx
+from adx.coordinator._token_store import TokenStore, env_tokens_key
 from adx.gateway import CoordinatorClient
 from adx.proto import coordinator_pb2 as pb
 
@@ -118,8 +119,25 @@ async def test_a_token_reaches_its_environment_data_plane_and_nothing_else(node_
             assert (await owner.delete(f"/v1/environments/{env.id}/tokens/tok_000000000000")).status_code == 404
             missing = await owner.post("/v1/environments/env-aaaaaaaaaaaaaaaaaaaaaaaaaa/tokens", json={})
             assert missing.status_code == 404
-        await env.delete()
         await sibling.delete()
+        await env.delete()
+        deadline = time.monotonic() + 20
+        while (await client.environments.get(env.id)).state != "deleted":
+            assert time.monotonic() < deadline, "the Environment was not deleted in time"
+            await asyncio.sleep(0.05)
+    # A deleted Environment's tokens are reclaimed by the Coordinator's sweep (every minute; run at once here), and
+    # revoked on the route stream like any other: the Ingress that cached this one refuses it.
+    store = nc.cluster.coordinator.store
+    assert await TokenStore(store).sweep() == 1
+    assert not await store._redis.exists(env_tokens_key(env.id))
+    async with stack.http(token.token) as holder:
+        deadline = time.monotonic() + 5
+        while True:
+            answer = await holder.post(f"/v1/environments/{env.id}/commands", json={"command": "true"})
+            if answer.status_code == 401 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        assert error(answer)[:2] == (401, "unauthenticated")
 
 
 @pytest.mark.req("SEC-4")

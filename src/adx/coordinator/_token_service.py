@@ -3,6 +3,8 @@ tokens for a tenant they authenticated; Ingresses check a request's token (and c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from typing import TypeVar
@@ -12,7 +14,7 @@ import grpc
 from adx.coordinator._admin_service import CoordinatorAdminService
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._token_store import TokenStore
-from adx.errors import InvalidInputError, NotFoundError
+from adx.errors import AdxError, InvalidInputError, NotFoundError
 from adx.model import EndpointTokenRequest, TokenGrant, is_endpoint_token_id, parse_wire
 from adx.proto import tokens_pb2 as pb
 from adx.proto import tokens_pb2_grpc as pb_grpc
@@ -20,6 +22,8 @@ from adx.proto import tokens_pb2_grpc as pb_grpc
 log = logging.getLogger("adx.coordinator")
 
 Context = grpc.aio.ServicerContext[object, object]
+#: How often the tokens of deleted Environments are reclaimed (a SCAN of the token indexes).
+TOKEN_SWEEP_SECONDS = 60.0
 T = TypeVar("T")
 
 
@@ -84,3 +88,18 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
 
         grant = await self._serve(context, work)
         return pb.TokenReply(json=grant.model_dump_json(by_alias=True))
+
+    async def run_sweeps(self, interval: float, stop: asyncio.Event) -> None:
+        """Reclaim deleted Environments' tokens every ``interval`` seconds until ``stop``."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
+            try:
+                reclaimed = await self.tokens.sweep()
+            except AdxError as exc:
+                log.warning("endpoint token sweep skipped: %s", exc)
+                continue
+            if reclaimed:
+                log.info("endpoint tokens of deleted Environments reclaimed", extra={"count": reclaimed})

@@ -4,7 +4,8 @@ Keys: ``adx:etoken:<hash>`` (a hash: id, tenant, env, port, created_at, expires_
 ``adx:env-tokens:<env>`` (token ID -> hash, for list and revoke). A token with an expiry also gets a Redis
 expiry a day after it, so expired tokens are reclaimed by Redis while a late use still hears "expired" rather than
 "unknown". A revocation is published on the route channel in the same script, so every Ingress following the
-Coordinator's route stream drops the token from its cache at once.
+Coordinator's route stream drops the token from its cache at once. The tokens of a deleted Environment are
+reclaimed by ``sweep`` (the Coordinator runs it every minute): revoked in the same way, their keys gone.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from functools import partial
 from typing import Any
 
 from adx.coordinator._scripts import fenced
-from adx.coordinator._store import ROUTES_CHANNEL, CoordinatorStore, env_key, hash_api_key
+from adx.coordinator._store import ROUTES_CHANNEL, CoordinatorStore, ScriptArg, env_key, hash_api_key
 from adx.errors import ConflictError, NotFoundError
 from adx.model import (
     ENDPOINT_TOKEN_PREFIX,
@@ -71,6 +73,25 @@ return {1, ''}
 )
 
 
+# The tokens of a deleted (or vanished) Environment, all at once.
+# KEYS: environment, the Environment's token index, its tokens...   ARGV: one route-channel message per token
+FORGET_TOKENS = fenced(
+    """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state and state ~= 'deleted' then return {-1, state} end
+redis.call('DEL', KEYS[2])
+for i = 3, #KEYS - 1 do
+  redis.call('DEL', KEYS[i])
+  redis.call('PUBLISH', '"""
+    + ROUTES_CHANNEL
+    + """', ARGV[i - 2])
+end
+return {1, tostring(#KEYS - 3)}
+"""
+)
+ENV_TOKENS_PATTERN = "adx:env-tokens:*"
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -91,6 +112,7 @@ class TokenStore:
         self._redis = store._redis
         self._create = self._redis.register_script(CREATE_TOKEN)
         self._revoke = self._redis.register_script(REVOKE_TOKEN)
+        self._forget = self._redis.register_script(FORGET_TOKENS)
 
     async def create(self, tenant: str, env_id: str, request: EndpointTokenRequest) -> IssuedEndpointToken:
         token = ENDPOINT_TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -197,3 +219,36 @@ class TokenStore:
             port=info.port,
             expires_at=info.expires_at,
         )
+
+    async def sweep(self) -> int:
+        """Reclaim the tokens of every deleted (or vanished) Environment; how many were reclaimed."""
+
+        async def indexes() -> list[str]:
+            return [_text(key) async for key in self._redis.scan_iter(match=ENV_TOKENS_PATTERN, count=500)]
+
+        reclaimed = 0
+        for index in await self._store._call("scan endpoint tokens", indexes, writes=False):
+            env_id = index.removeprefix(ENV_TOKENS_PATTERN[:-1])
+            state = await self._store._call(
+                "environment state", partial(self._redis.hget, env_key(env_id), "state"), writes=False
+            )
+            if state is None or _text(state) == "deleted":
+                reclaimed += await self.forget_environment(env_id)
+        return reclaimed
+
+    async def forget_environment(self, env_id: str) -> int:
+        """Revoke every token of a deleted Environment (refused if it is not deleted); how many there were."""
+        tokens = await self._store._call(
+            "environment tokens", lambda: self._redis.hgetall(env_tokens_key(env_id)), writes=False
+        )
+        ids = [_text(token_id) for token_id in tokens]
+        messages: list[ScriptArg] = [
+            json.dumps({REVOKED_FIELD: i, "environment": env_id}, separators=(",", ":")) for i in ids
+        ]
+        status, _ = await self._store._script(
+            "forget endpoint tokens",
+            self._forget,
+            [env_key(env_id), env_tokens_key(env_id), *(token_key(_text(tokens[k])) for k in tokens)],
+            messages,
+        )
+        return len(ids) if status == 1 else 0
