@@ -127,10 +127,12 @@ async def test_a_token_reaches_its_environment_data_plane_and_nothing_else(node_
             await asyncio.sleep(0.05)
     # A deleted Environment's tokens are reclaimed by the Coordinator's sweep (every minute; run at once here), and
     # revoked on the route stream like any other: the Ingress that cached this one refuses it.
-    store = nc.cluster.coordinator.store
-    assert await TokenStore(store).sweep() == 1
-    assert not await store._redis.exists(env_tokens_key(env.id))
     async with stack.http(token.token) as holder:
+        before = await holder.post(f"/v1/environments/{env.id}/commands", json={"command": "true"})
+        assert error(before)[:2] == (409, "not_running")  # as for anyone, until the sweep
+        store = nc.cluster.coordinator.store
+        assert await TokenStore(store).sweep() == 1
+        assert not await store._redis.exists(env_tokens_key(env.id))
         deadline = time.monotonic() + 5
         while True:
             answer = await holder.post(f"/v1/environments/{env.id}/commands", json={"command": "true"})
