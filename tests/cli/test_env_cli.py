@@ -6,30 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 
 import pytest
-from apistack import ApiStack, api_for, api_stack  # noqa: F401  (fixtures)
-
-ADX = [sys.executable, "-m", "adx"]
-
-
-async def adx_cli(*args: str, env: dict[str, str] | None = None, limit: float = 60) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *ADX,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), limit)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def as_user(stack: ApiStack, key: str) -> dict[str, str]:
-    return {"ADX_API_URL": stack.url, "ADX_API_KEY": key, "XDG_CONFIG_HOME": "/nonexistent"}
+from apistack import ADX, ApiStack, adx_cli, api_for, api_stack, as_user  # noqa: F401  (fixtures)
 
 
 async def test_tenant_create_then_env_create_list_get_delete(api_stack) -> None:  # noqa: F811

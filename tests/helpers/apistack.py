@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -222,3 +223,24 @@ def write_api_config(path: Path, cluster: Any, port: int, **extra: Any) -> Path:
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+#: The `adx` command as a user runs it: a real subprocess of this interpreter.
+ADX = [sys.executable, "-m", "adx"]
+
+
+async def adx_cli(*args: str, env: dict[str, str] | None = None, limit: float = 60) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *ADX,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), limit)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def as_user(stack: ApiStack, key: str) -> dict[str, str]:
+    return {"ADX_API_URL": stack.url, "ADX_API_KEY": key, "XDG_CONFIG_HOME": "/nonexistent"}

@@ -30,6 +30,7 @@ SOURCES: dict[str, tuple[Source, ...]] = {
         Source("post", "/v1/environments", "201", "$response.body#/id"),
         Source("get", "/v1/environments", "200", "$response.body#/environments/0/id"),
     ),
+    "token_id": (Source("post", "/v1/environments/{environment_id}/tokens", "201", "$response.body#/id"),),
     "run_id": (Source("get", "/v1/agent-runs", "200", "$response.body#/runs/0/runId"),),
     "wait_id": (Source("get", "/v1/agent-runs/{run_id}", "200", "$response.body#/waits/0/waitId"),),
 }

@@ -22,6 +22,7 @@ from adx.api._agent_routes import router as agent_router
 from adx.api._logs_routes import logs_router
 from adx.api._openapi_links import add_links
 from adx.api._routes import BODY_MODELS, router
+from adx.api._token_routes import token_router
 from adx.api._ui import ui_router
 from adx.e2b import install as install_e2b
 from adx.errors import UnavailableError
@@ -91,6 +92,7 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
         app.include_router(logs_router)
         app.include_router(agent_router)
         app.include_router(admin_router)
+        app.include_router(token_router)
         app.include_router(ui_router)  # the web dashboard at /ui (docs/dashboard.md)
     if with_ingress:
         app.include_router(ingress_router)

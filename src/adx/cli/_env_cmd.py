@@ -467,4 +467,5 @@ def exec_(
     raise typer.Exit(128 + int(number))
 
 
-from adx.cli import _logs_cmd  # noqa: E402,F401 - registers `adx env logs` on env_app (it imports this module)
+# Each registers its commands on env_app (and imports this module).
+from adx.cli import _logs_cmd, _token_cmd  # noqa: E402,F401

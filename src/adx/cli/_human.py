@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
 
 def format_time(unix: float) -> str:
@@ -45,3 +48,12 @@ def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n"
         for row in (header, *rows)
     )
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of ``45s``, ``10m``, ``1h30m`` or ``2d``; None when the text is not such a duration."""
+    match = _DURATION.match(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        return None
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return days * 86_400 + hours * 3600 + minutes * 60 + seconds

@@ -6,7 +6,6 @@ prefixes each line with the time the node read it; ``--json`` prints one JSON ob
 from __future__ import annotations
 
 import json
-import re
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
@@ -15,21 +14,18 @@ import typer
 
 from adx.cli._app import fail
 from adx.cli._env_cmd import ApiKey, ApiUrl, EnvId, Json, _client, env_app
+from adx.cli._human import parse_duration
 from adx.errors import AdxError, InvalidInputError
 
 if TYPE_CHECKING:
     from adx.model import LogEntry
 
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
-
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
     """``10m``, ``1h30m``, ``45s``, ``2d`` (that long ago) or an RFC 3339 time (no zone: UTC)."""
-    match = _DURATION.match(text.strip())
-    if text.strip() and match and any(match.groups()):
-        days, hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-        ago = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-        return (now or datetime.now(UTC)) - ago
+    ago = parse_duration(text)
+    if ago is not None:
+        return (now or datetime.now(UTC)) - timedelta(seconds=ago)
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -32,8 +32,9 @@ from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lease import LeaderLease
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._store import CoordinatorStore
+from adx.coordinator._token_service import TOKEN_SWEEP_SECONDS, CoordinatorTokensService
 from adx.errors import UnavailableError
-from adx.proto import coordinator_pb2_grpc, health_pb2_grpc
+from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, tokens_pb2_grpc
 
 log = logging.getLogger("adx.coordinator")
 
@@ -94,14 +95,17 @@ class RunningCoordinator:
     stop_scans: asyncio.Event
     lease: LeaderLease
     keeper: asyncio.Task[None]
+    token_sweeps: asyncio.Task[None] | None = None  # SEC-4: deleted Environments' endpoint tokens reclaimed
 
     async def stop(self, grace: float | None = 5.0, *, release: bool = True) -> None:
         """End this term. ``release``: give the lease up so a standby takes over at once (a clean stop)."""
         self.health.set_not_serving("stopping")
         self.stop_scans.set()
-        self.scans.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.scans
+        for task in (self.scans, self.token_sweeps):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.server.stop(grace)
         if self.service.nodes is not None:
             await self.service.nodes.close()
@@ -156,6 +160,8 @@ async def start_coordinator(config: CoordinatorConfig, *, lease: LeaderLease | N
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(service, server)
     leader = f"replica {lease.replica_id} ({config.name}, {config.listen}, term {lease.value})"
     coordinator_pb2_grpc.add_CoordinatorAdminServicer_to_server(CoordinatorAdminService(service, leader=leader), server)
+    tokens = CoordinatorTokensService(service)
+    tokens_pb2_grpc.add_CoordinatorTokensServicer_to_server(tokens, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         port = server.add_secure_port(config.listen, credentials)
@@ -169,7 +175,8 @@ async def start_coordinator(config: CoordinatorConfig, *, lease: LeaderLease | N
     stop_scans = asyncio.Event()
     scans = asyncio.create_task(service.lifecycle.run_scans(config.scan_interval_seconds, stop_scans), name="scans")
     log.info("coordinator active", extra={"listen": config.listen, "port": port, "token": lease.value})
-    return RunningCoordinator(server, store, service, health, port, scans, stop_scans, lease, keeper)
+    sweeps = asyncio.create_task(tokens.run_sweeps(TOKEN_SWEEP_SECONDS, stop_scans), name="token-sweeps")
+    return RunningCoordinator(server, store, service, health, port, scans, stop_scans, lease, keeper, sweeps)
 
 
 async def run_coordinator(config: CoordinatorConfig) -> None:

@@ -22,6 +22,7 @@ from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lifecycle import LifecycleOps
 from adx.coordinator._placement import NO_CAPACITY, Refusal, rank_nodes
 from adx.coordinator._store import CoordinatorStore, NoCapacity, retire_unstarted_environment
+from adx.coordinator._token_store import REVOKED_FIELD
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -660,6 +661,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     await abort_with(context, route)
                 if route is None:
                     return
+                if REVOKED_FIELD in route:  # SEC-4: Ingresses drop a revoked endpoint token from their caches
+                    yield pb.RouteEvent(revoked_token=str(route[REVOKED_FIELD]))
+                    continue
                 node = self.cache.nodes.get(route.get("node") or "")
                 yield pb.RouteEvent(
                     environment_id=str(route["id"]),

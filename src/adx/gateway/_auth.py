@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import time
 
-from adx.errors import NotFoundError
+from adx.errors import ForbiddenError, NotFoundError
 from adx.gateway._coordinator import CoordinatorClient
 from adx.gateway._errors import Unauthenticated
+from adx.model import ENDPOINT_TOKEN_PREFIX
 
 MAX_KEY_LENGTH = 512
 MAX_CACHED = 10_000
@@ -39,6 +40,13 @@ class TenantAuth:
             raise Unauthenticated("expected 'Authorization: Bearer <API key>'")
         if len(key) > MAX_KEY_LENGTH:
             raise Unauthenticated("unknown API key")
+        if key.startswith(ENDPOINT_TOKEN_PREFIX):
+            # SEC-4: said plainly, not "unknown API key": the credential is real, the route is not its own.
+            raise ForbiddenError(
+                "Authorization",
+                "an endpoint token reaches only its Environment's data plane (commands, files, ports); "
+                "this route needs the tenant's API key",
+            )
         digest = hashlib.sha256(key.encode()).digest()
         now = time.monotonic()
         hit = self._cache.get(digest)

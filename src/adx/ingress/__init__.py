@@ -9,5 +9,16 @@ from adx.ingress._ingress import (
     serving_ingress,
 )
 from adx.ingress._routes import router
+from adx.ingress._tokens import TokenCache, TokenClient
 
-__all__ = ["Ingress", "NotRunning", "RelayTimeout", "RelayUnavailable", "StillStarting", "router", "serving_ingress"]
+__all__ = [
+    "Ingress",
+    "NotRunning",
+    "RelayTimeout",
+    "RelayUnavailable",
+    "StillStarting",
+    "TokenCache",
+    "TokenClient",
+    "router",
+    "serving_ingress",
+]

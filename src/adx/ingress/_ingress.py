@@ -1,9 +1,9 @@
 """The Ingress: the data plane's edge. Tenant check first (SEC-4), then the owning node's Relay over mutual TLS.
 
-Flow of a request: authenticate the tenant key -> resolve the Environment's route *as that tenant* (another
-tenant's Environment is a 404, SEC-2; nothing is woken or forwarded) -> forward to
-``https://<relay>/<environment_id>/<execd path>`` presenting the API's ``api:<name>`` certificate, streaming
-the request and the response bodies both ways.
+Flow of a request: authenticate the tenant key, or check the endpoint token and its scope (``_tokens``) ->
+resolve the Environment's route *as that tenant* (another tenant's Environment is a 404, SEC-2; nothing is woken
+or forwarded) -> forward to ``https://<relay>/<environment_id>/<execd path>`` presenting the API's ``api:<name>``
+certificate, streaming the request and the response bodies both ways.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.gateway import ApiConfig, CoordinatorClient, Route, not_found
-from adx.model import DORMANT_STATES, EnvironmentState
+from adx.ingress._tokens import TokenCache, TokenClient, without_token_query
+from adx.model import DORMANT_STATES, ENDPOINT_TOKEN_QUERY, EnvironmentState
 from adx.proto import coordinator_pb2 as pb
 
 log = logging.getLogger("adx.ingress")
@@ -109,6 +110,12 @@ class Ingress:
         # live long; without it they expire after route_cache_seconds.
         self.following = False
         self._follower: asyncio.Task[None] | None = None
+        # SEC-4: checked endpoint tokens; revocations arrive on the route stream and drop them at once.
+        self.tokens = TokenCache(
+            TokenClient(coordinator, timeout=config.coordinator_timeout_seconds),
+            followed_ttl=config.auth_cache_seconds,
+            unfollowed_ttl=config.route_cache_seconds,
+        )
 
     @classmethod
     def from_config(cls, config: ApiConfig, coordinator: CoordinatorClient) -> Ingress:
@@ -149,7 +156,11 @@ class Ingress:
             delay = min(delay * 2, 5.0)
 
     def _apply(self, event: pb.RouteEvent) -> None:
+        if event.revoked_token:
+            self.tokens.revoked(event.revoked_token)
+            return
         if event.resync:
+            self.tokens.forget_all()  # revocations may have been missed while the stream was down
             # Events may have been missed while the stream was down: check every cached route against the
             # Coordinator (drop the gone, update the moved) instead of dropping them all.
             self.following = True
@@ -317,11 +328,11 @@ class Ingress:
         # A buffered body gets its own Content-Length from httpx; a streamed one keeps the caller's (if any), so
         # it is not re-encoded as chunked on the way.
         drop = _HOP | {"content-length"} if body is not None else _HOP
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop and not _carries_token(k, v)]
         timeout = httpx.Timeout(
             self._config.relay_timeout_seconds, connect=self._config.relay_connect_timeout_seconds, read=read_timeout
         )
-        query = request.url.query
+        query = without_token_query(request.url.query)  # an endpoint token never reaches the workload
         for attempt in (1, 2):
             url = f"https://{address}/{environment_id}{execd_path}" + (f"?{query}" if query else "")
             upstream_request = self._http.build_request(
@@ -342,6 +353,11 @@ class Ingress:
                 raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc!r}") from None
             return upstream
         raise AssertionError("unreachable")
+
+
+def _carries_token(name: str, value: str) -> bool:
+    """A Referer of a page opened with ``?adx_token=``: the token must not reach the workload that way either."""
+    return name.lower() == "referer" and ENDPOINT_TOKEN_QUERY in value
 
 
 def _response_headers(upstream: httpx.Response) -> dict[str, str]:

@@ -669,6 +669,7 @@ class RouteEvent(_message.Message):
     RELAY_ADDRESS_FIELD_NUMBER: _builtins.int
     RESYNC_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    REVOKED_TOKEN_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.str
     tenant: _builtins.str
     node: _builtins.str
@@ -680,6 +681,8 @@ class RouteEvent(_message.Message):
     """the stream (re)started or lost events: drop every cached route"""
     heartbeat: _builtins.bool
     """nothing happened: the stream and its replica are alive (sent every second)"""
+    revoked_token: _builtins.str
+    """SEC-4: this endpoint token ID was revoked: drop it from every token cache"""
     def __init__(
         self,
         *,
@@ -691,10 +694,11 @@ class RouteEvent(_message.Message):
         relay_address: _builtins.str = ...,
         resync: _builtins.bool = ...,
         heartbeat: _builtins.bool = ...,
+        revoked_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "heartbeat", b"heartbeat", "node", b"node", "relay_address", b"relay_address", "resync", b"resync", "revision", b"revision", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "heartbeat", b"heartbeat", "node", b"node", "relay_address", b"relay_address", "resync", b"resync", "revision", b"revision", "revoked_token", b"revoked_token", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

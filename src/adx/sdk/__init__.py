@@ -9,11 +9,13 @@ from adx.sdk._errors import BadResponseError, WaitTimeoutError
 from adx.sdk._models import CommandResult, OutputChunk
 from adx.sdk._settings import credentials_path, read_credentials, resolve, write_credentials
 from adx.sdk._spec import PausePolicy, RestartPolicy, Retention, build_spec
+from adx.sdk._tokens import AsyncTokens, Tokens
 
 __all__ = [
     "AsyncClient",
     "AsyncCommandStream",
     "AsyncEnvironment",
+    "AsyncTokens",
     "AuthenticationError",
     "BadResponseError",
     "CheckpointStorage",
@@ -30,6 +32,7 @@ __all__ = [
     "PausePolicy",
     "RestartPolicy",
     "Retention",
+    "Tokens",
     "WaitTimeoutError",
     "build_spec",
     "credentials_path",

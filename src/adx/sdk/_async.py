@@ -44,6 +44,7 @@ from adx.sdk._models import (
 )
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
+from adx.sdk._tokens import AsyncTokens
 
 
 class AsyncClient:
@@ -204,6 +205,7 @@ class AsyncEnvironment(EnvironmentFields):
         self._apply(data)
         self.commands = AsyncCommands(client, self)
         self.files = AsyncFiles(client, self)
+        self.tokens = AsyncTokens(client, self.id)
 
     async def refresh(self) -> AsyncEnvironment:
         response = await self._client.request(

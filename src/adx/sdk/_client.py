@@ -31,6 +31,7 @@ from adx.sdk._models import (
 )
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
+from adx.sdk._tokens import Tokens
 
 USER_AGENT = "adx-python/0.1"
 DEFAULT_TIMEOUT = 30.0
@@ -284,6 +285,7 @@ class Environment(EnvironmentFields):
         self._apply(data)
         self.commands = Commands(client, self)
         self.files = Files(client, self)
+        self.tokens = Tokens(client, self.id)
 
     def refresh(self) -> Environment:
         response = self._client.request("GET", f"/v1/environments/{self.id}", what=f"get {self.id}", idempotent=True)

@@ -1,0 +1,111 @@
+"""Endpoint tokens (SEC-4): ``POST|GET /v1/environments/{id}/tokens`` and ``DELETE .../tokens/{token_id}``.
+
+A tenant (with its API key; an endpoint token cannot mint tokens) issues a token that reaches one Environment's
+data plane, or one port of it, optionally until an expiry; the holder uses it at the Ingress. Revoking takes
+effect at once on this process and, through the Coordinator's route stream, on every other Ingress.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from adx.api._routes import BODY_MODELS
+from adx.errors import InvalidInputError
+from adx.gateway import ERRORS, Credentials, environment_id_or_404, plane
+from adx.ingress import TokenClient, serving_ingress
+from adx.model import (
+    EndpointTokenInfo,
+    EndpointTokenList,
+    EndpointTokenRequest,
+    IssuedEndpointToken,
+    parse_wire,
+)
+
+__all__ = ["token_router"]
+
+token_router = APIRouter(tags=["endpoint tokens"])
+
+#: A token request is a tiny document: no reason to read more.
+MAX_TOKEN_BODY_BYTES = 4096
+
+BODY_MODELS[EndpointTokenRequest.__name__] = EndpointTokenRequest
+_BODY = {
+    "requestBody": {
+        "required": False,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{EndpointTokenRequest.__name__}"}}},
+    }
+}
+
+
+async def _token_request(request: Request) -> EndpointTokenRequest:
+    """The body, or no body at all (a token for the whole data plane that never expires)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_TOKEN_BODY_BYTES:
+            raise InvalidInputError("body", f"is larger than {MAX_TOKEN_BODY_BYTES} bytes")
+    if not body.strip():
+        return EndpointTokenRequest()
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise InvalidInputError("body", f"is not valid JSON: {exc}") from None
+    return parse_wire(EndpointTokenRequest, data)
+
+
+def _client(request: Request) -> TokenClient:
+    p = plane(request)
+    return TokenClient(p.coordinator, timeout=p.config.coordinator_timeout_seconds)
+
+
+@token_router.post(
+    "/v1/environments/{environment_id}/tokens",
+    status_code=201,
+    response_model=IssuedEndpointToken,
+    responses=ERRORS,
+    openapi_extra=_BODY,
+    summary="Issue an endpoint token: its holder reaches this Environment's data plane (or one port), nothing else",
+)
+async def create_token(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    env_id = environment_id_or_404(environment_id)
+    spec = await _token_request(request)
+    issued = await _client(request).create(tenant, env_id, spec)
+    return JSONResponse(
+        issued.to_wire(),
+        status_code=201,
+        headers={"Location": f"/v1/environments/{env_id}/tokens/{issued.id}", "Cache-Control": "no-store"},
+    )
+
+
+@token_router.get(
+    "/v1/environments/{environment_id}/tokens",
+    response_model=EndpointTokenList,
+    responses=ERRORS,
+    summary="The Environment's live endpoint tokens (never their secrets)",
+)
+async def list_tokens(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+    tenant = await plane(request).tenant(credentials)
+    env_id = environment_id_or_404(environment_id)
+    tokens = await _client(request).list(tenant, env_id)
+    return JSONResponse(EndpointTokenList(tokens=tokens).to_wire())
+
+
+@token_router.delete(
+    "/v1/environments/{environment_id}/tokens/{token_id}",
+    response_model=EndpointTokenInfo,
+    responses=ERRORS,
+    summary="Revoke an endpoint token (refused by every Ingress from now on)",
+)
+async def revoke_token(request: Request, environment_id: str, token_id: str, credentials: Credentials) -> JSONResponse:
+    tenant = await plane(request).tenant(credentials)
+    env_id = environment_id_or_404(environment_id)
+    revoked = await _client(request).revoke(tenant, env_id, token_id)
+    ingress = serving_ingress(request.app)
+    if ingress is not None:
+        ingress.tokens.revoked(revoked.id)  # this process refuses it at once, before the route stream says so
+    return JSONResponse(revoked.to_wire())

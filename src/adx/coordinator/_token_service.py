@@ -1,0 +1,105 @@
+"""The Coordinator's endpoint-token gRPC service (``CoordinatorTokens``, SEC-4): API servers create, list and revoke
+tokens for a tenant they authenticated; Ingresses check a request's token (and cache the answer briefly)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import TypeVar
+
+import grpc
+
+from adx.coordinator._admin_service import CoordinatorAdminService
+from adx.coordinator._service import CoordinatorService
+from adx.coordinator._token_store import TokenStore
+from adx.errors import AdxError, InvalidInputError, NotFoundError
+from adx.model import EndpointTokenRequest, TokenGrant, is_endpoint_token_id, parse_wire
+from adx.proto import tokens_pb2 as pb
+from adx.proto import tokens_pb2_grpc as pb_grpc
+
+log = logging.getLogger("adx.coordinator")
+
+Context = grpc.aio.ServicerContext[object, object]
+#: How often the tokens of deleted Environments are reclaimed (a SCAN of the token indexes).
+TOKEN_SWEEP_SECONDS = 60.0
+T = TypeVar("T")
+
+
+class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
+    def __init__(self, service: CoordinatorService) -> None:
+        self.service = service
+        self.tokens = TokenStore(service.store)
+
+    # Every call: an API server's certificate, then the work, its ADX errors as gRPC statuses (as admin calls).
+    _serve = staticmethod(CoordinatorAdminService._serve)
+
+    async def _owned(self, tenant: str, env_id: str) -> None:
+        # Another tenant's Environment is indistinguishable from none (SEC-2).
+        await self.service.store.get_tenant_environment(tenant, env_id)
+
+    async def CreateToken(self, request: pb.CreateTokenRequest, context: Context) -> pb.TokenReply:
+        async def work() -> str:
+            try:
+                body = json.loads(request.request_json or "{}")
+            except ValueError as exc:
+                raise InvalidInputError("body", f"is not valid JSON: {exc}") from None
+            spec = parse_wire(EndpointTokenRequest, body, root="")
+            issued = await self.tokens.create(request.tenant, request.environment_id, spec)
+            log.info(
+                "endpoint token created",
+                extra={"tenant": request.tenant, "env_id": request.environment_id, "token_id": issued.id},
+            )
+            return issued.model_dump_json(by_alias=True)
+
+        return pb.TokenReply(json=await self._serve(context, work))
+
+    async def ListTokens(self, request: pb.EnvironmentTokensRequest, context: Context) -> pb.TokenListReply:
+        async def work() -> list[str]:
+            await self._owned(request.tenant, request.environment_id)
+            tokens = await self.tokens.list(request.environment_id)
+            return [t.model_dump_json(by_alias=True) for t in tokens]
+
+        return pb.TokenListReply(json=await self._serve(context, work))
+
+    async def RevokeToken(self, request: pb.RevokeTokenRequest, context: Context) -> pb.TokenReply:
+        async def work() -> str:
+            if not is_endpoint_token_id(request.token_id):
+                raise InvalidInputError("tokenId", "must look like tok_0123456789ab (listing the tokens shows them)")
+            await self._owned(request.tenant, request.environment_id)
+            revoked = await self.tokens.revoke(request.environment_id, request.token_id)
+            log.info(
+                "endpoint token revoked",
+                extra={"tenant": request.tenant, "env_id": request.environment_id, "token_id": revoked.id},
+            )
+            return revoked.model_dump_json(by_alias=True)
+
+        return pb.TokenReply(json=await self._serve(context, work))
+
+    async def CheckToken(self, request: pb.CheckTokenRequest, context: Context) -> pb.TokenReply:
+        async def work() -> TokenGrant:
+            grant = await self.tokens.check(request.token)
+            if await self.service.admin.tenant_disabled(grant.tenant):
+                # NOT_FOUND, like an unknown token (the Ingress answers 401): an UNAUTHENTICATED status would read
+                # as the Coordinator refusing the API server's own certificate.
+                raise NotFoundError(f"endpoint token {grant.token_id}: its tenant {grant.tenant} is disabled")
+            return grant
+
+        grant = await self._serve(context, work)
+        return pb.TokenReply(json=grant.model_dump_json(by_alias=True))
+
+    async def run_sweeps(self, interval: float, stop: asyncio.Event) -> None:
+        """Reclaim deleted Environments' tokens every ``interval`` seconds until ``stop``."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
+            try:
+                reclaimed = await self.tokens.sweep()
+            except AdxError as exc:
+                log.warning("endpoint token sweep skipped: %s", exc)
+                continue
+            if reclaimed:
+                log.info("endpoint tokens of deleted Environments reclaimed", extra={"count": reclaimed})
