@@ -237,7 +237,6 @@ class SandboxService:
         self.registry.initialize(loaded)
         log.info("registry open", extra={"owner": self.owner, "records": len(loaded.records)})
         self._preflight()
-        self._start_netfilter()
         if self.config.defaults.tmp_bytes is not None:
             log.warning(
                 "defaults.tmp_bytes is set but bounds nothing: /tmp is part of each sandbox's writable layer "
@@ -247,6 +246,10 @@ class SandboxService:
         self._fill_spares()
         self.spawner.start()
         self.records = dict(loaded.records)
+        # After the records: the fresh table must hold the policy of every veth sandboxd that outlived the last
+        # daemon (set up before them, it held none and their egress was open), and before any delete below
+        # (removing a chain needs the table).
+        self._start_netfilter()
         # Layer references of sandboxes deleted while no daemon ran: their layers may be collected now.
         self.images.release_all_but(set(self.records))
         # Below every store image: held by the daemon itself ('_' is never in a sandbox ID), so no GC takes it.
@@ -524,19 +527,16 @@ class SandboxService:
             log.warning("nftables table not removed: %s", exc)
 
     def _start_netfilter(self) -> None:
-        """A fresh table, then every live veth sandbox's policy again (names resolved anew)."""
-        self.netfilter.setup()
-        if not self.netfilter.ready:
-            return
-        for rec in self.records.values():
-            if rec.net_policy is None or rec.net_index is None or rec.state in (State.STOPPING, State.FAILED):
-                continue
-            try:
-                self.netfilter.apply(self._host_if(rec), rec.net_policy)
-            except AdxError as exc:
-                # Fail closed: the sandbox keeps running but its veth refuses everything until a new policy.
-                log.error("network policy of %s not re-applied (%s): egress refused", rec.sandbox_id, exc)
-                self.netfilter.apply(self._host_if(rec), NetworkPolicy(mode=NetworkMode.NONE))
+        """A fresh table holding every live veth sandbox's policy again (names resolved anew), in one step."""
+        self.netfilter.setup(
+            {
+                self._host_if(rec): rec.net_policy
+                for rec in self.records.values()
+                if rec.net_policy is not None
+                and rec.net_index is not None
+                and rec.state not in (State.STOPPING, State.FAILED)
+            }
+        )
 
     # == helpers ====================================================================================
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
