@@ -37,7 +37,7 @@ from adx._fs import atomic_write_json, fsync_dir
 from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._models import SANDBOX_ID_RE, Resources, SandboxRecord
-from adx.sandboxd._supervisor import EXIT_FILE, LOCK_FILE, NATIVE_FILE, RECORD_FILE, TOMBSTONE_FILE
+from adx.sandboxd._sandbox_layout import EXIT_FILE, LOCK_FILE, NATIVE_FILE, RECORD_FILE, TOMBSTONE_FILE
 
 __all__ = ["LoadedRegistry", "Registry", "RegistryError", "Tombstone"]
 

@@ -81,21 +81,25 @@ from adx.sandboxd._models import (
 )
 from adx.sandboxd._netpolicy import NetFilter
 from adx.sandboxd._registry import RECORD_TEMP, LoadedRegistry, Registry, Tombstone
-from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
-from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
-from adx.sandboxd._storage import StoragePool, pool_paths
-from adx.sandboxd._supervisor import (
+from adx.sandboxd._sandbox_layout import (
+    CONTROL_DIR,
     CONTROL_DIR_INSIDE,
+    CONTROL_SOCKET,
     EXECD_ADMIN_SOCKET_FD,
+    EXECD_MOUNT,
     EXECD_SOCKET_FD,
     EXECD_SOCKET_NAMES,
     EXIT_FILE,
     LOCK_FILE,
     NATIVE_TEMP,
     OUTPUT_LOG,
+    SOCKETS_DIR,
     SUPERVISOR_LOG,
     boot_id,
 )
+from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
+from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
+from adx.sandboxd._storage import StoragePool, pool_paths
 from adx.sandboxd._userns import IDS_PER_SANDBOX, shift_tree, unsupported_reason
 from adx.sandboxd._userns import allocate as allocate_ids
 
@@ -105,12 +109,6 @@ log = logging.getLogger("adx.sandboxd")
 
 #: A sandbox's default PATH.
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Where an execd sandbox finds execd's modules (sandboxd's execd runtime, read-only).
-EXECD_MOUNT = "/opt/adx"
-#: Host-only per-sandbox dirs (never mounted into the sandbox): execd's listening sockets; the hub's socket.
-SOCKETS_DIR = "sockets"
-CONTROL_DIR = "control"
-CONTROL_SOCKET = "control.sock"
 #: Every sandbox dir's subdirs (execd sandboxes add SOCKETS_DIR and CONTROL_DIR), pre-made in spare dirs.
 _SPARE_NAMES = ["upper", "ovlwork", "rootfs", "run"]
 #: The upper dir's mode is the sandbox root's ("/"): 0700 would lock every non-root user out of everything.

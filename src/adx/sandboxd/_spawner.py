@@ -4,7 +4,7 @@ sandboxd is an asyncio daemon with executor threads; forking (let alone raw ``cl
 process copies locks held by other threads. So sandboxd execs this small process at start (before anything
 else), and asks it over a socketpair — newline-delimited JSON — to start sandboxes. For each request the
 spawner hands the spec to a pre-forked idle child (a "zygote", in its own session) that becomes the sandbox's
-supervisor (a plain zygote has cloned that sandbox's init while idle: ``_supervisor.prepare_init``), and
+supervisor (a plain zygote has cloned that sandbox's init while idle: ``_prepared_init.prepare_init``), and
 forks the next zygote once that one has reported. Supervisors survive the spawner's and sandboxd's
 exit (orphans are re-parented to init; the spawner reaps those that exit before it). A supervisor reports its
 start result over a pipe that the spawner forwards, tagged with the request number.
@@ -12,7 +12,7 @@ start result over a pipe that the spawner forwards, tagged with the request numb
 With ``--execd`` (sandboxd starts the spawner with the interpreter execd sandboxes would exec), the spawner
 forks, before it reads any request, a *template* that imports execd. A spec marked ``execd_inproc`` goes to a
 zygote forked from that pristine copy, so its supervisor — and the sandbox's PID 1 it clones, which then runs
-execd in process instead of exec'ing a fresh interpreter (``_supervisor._become_execd``) — never holds another
+execd in process instead of exec'ing a fresh interpreter (``_in_namespace._become_execd``) — never holds another
 sandbox's spec in its memory. Every other spec goes to a zygote forked here (smaller: no execd imported), with
 ``execd_inproc`` cleared, as does an execd spec when the template is gone.
 
@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
-from adx.sandboxd._supervisor import SUPERVISOR_LOG, PreparedInit, prepare_init, run_supervisor
+from adx.sandboxd._prepared_init import PreparedInit, prepare_init
+from adx.sandboxd._sandbox_layout import SUPERVISOR_LOG
+from adx.sandboxd._supervisor import run_supervisor
 
 __all__ = ["main"]
 
