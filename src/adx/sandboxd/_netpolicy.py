@@ -33,7 +33,7 @@ __all__ = ["NetFilter", "ResolvedPolicy", "table_name"]
 
 log = logging.getLogger("adx.sandboxd")
 
-#: Every sandboxd's host-side veth names start with this (see SandboxService._veth).
+#: Every sandboxd's host-side veth names start with this (see _veth.host_if).
 VETH_PREFIX = "adxv"
 _IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 

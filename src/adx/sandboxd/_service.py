@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -20,7 +19,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,8 +40,9 @@ from adx.sandboxd import _checkpoint as ckpt
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._config import SandboxdConfig
 from adx.sandboxd._control_hub import ControlHub
-from adx.sandboxd._devices import device_inventory
 from adx.sandboxd._errors import PermissionDeniedError
+from adx.sandboxd._faults import fault
+from adx.sandboxd._host_resources import measure_capacity, read_resource, tree_bytes
 from adx.sandboxd._image import ensure_default_image, load_image
 from adx.sandboxd._layers import BaseImageBuilder, commit_upper, ensure_mountpoints, output_tail
 from adx.sandboxd._logs import LogStore
@@ -56,7 +55,6 @@ from adx.sandboxd._models import (
     CreateRequest,
     CreateResponse,
     DeleteResponse,
-    DeviceInfo,
     ExecdOptions,
     ExitStatus,
     Health,
@@ -80,7 +78,8 @@ from adx.sandboxd._models import (
     WaitResponse,
 )
 from adx.sandboxd._netpolicy import NetFilter
-from adx.sandboxd._registry import RECORD_TEMP, LoadedRegistry, Registry, Tombstone
+from adx.sandboxd._registry import LoadedRegistry, Registry, Tombstone
+from adx.sandboxd._sandbox_dirs import SpareDirs
 from adx.sandboxd._sandbox_layout import (
     CONTROL_DIR,
     CONTROL_DIR_INSIDE,
@@ -91,17 +90,16 @@ from adx.sandboxd._sandbox_layout import (
     EXECD_SOCKET_NAMES,
     EXIT_FILE,
     LOCK_FILE,
-    NATIVE_TEMP,
     OUTPUT_LOG,
     SOCKETS_DIR,
-    SUPERVISOR_LOG,
     boot_id,
 )
-from adx.sandboxd._spawn_client import FAULTS_ENV, SpawnerProcess
+from adx.sandboxd._spawn_client import SpawnerProcess
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State, check_transition
 from adx.sandboxd._storage import StoragePool, pool_paths
 from adx.sandboxd._userns import IDS_PER_SANDBOX, shift_tree, unsupported_reason
 from adx.sandboxd._userns import allocate as allocate_ids
+from adx.sandboxd._veth import VethPool, host_if
 
 __all__ = ["SandboxService"]
 
@@ -109,27 +107,6 @@ log = logging.getLogger("adx.sandboxd")
 
 #: A sandbox's default PATH.
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Every sandbox dir's subdirs (execd sandboxes add SOCKETS_DIR and CONTROL_DIR), pre-made in spare dirs.
-_SPARE_NAMES = ["upper", "ovlwork", "rootfs", "run"]
-#: The upper dir's mode is the sandbox root's ("/"): 0700 would lock every non-root user out of everything.
-_WORLD_READABLE = ("run", "upper")
-#: ... and the files a create makes (the record's temp file; the supervisor's log, workload output and identity
-#: temp file), pre-made empty in spare dirs: each is then an open, not an inode creation.
-_SPARE_FILES = [RECORD_TEMP, SUPERVISOR_LOG, OUTPUT_LOG, NATIVE_TEMP]
-_SPARES = 2
-
-
-def _fault(point: str, delay: float = 0.0) -> None:
-    """Test-only fault points named in $ADX_SANDBOXD_FAULTS: ``<point>`` SIGKILLs the daemon right there (no
-    cleanup code runs; after ``delay`` seconds, for the other side of a race to get there first); ``<point>:fail``
-    makes the step fail as an unavailable native runtime would."""
-    faults = os.environ.get(FAULTS_ENV, "").split(",")
-    if point in faults:
-        time.sleep(delay)
-        log.warning("fault injection: SIGKILL at %s", point)
-        os.kill(os.getpid(), 9)
-    if f"{point}:fail" in faults:
-        raise UnavailableError(f"injected fault at {point}")
 
 
 def _lock_held(path: Path) -> bool:
@@ -145,44 +122,6 @@ def _lock_held(path: Path) -> bool:
     finally:
         os.close(fd)  # closing drops our lock at once if we got it
     return False
-
-
-def _meminfo_total() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def _whole_device(dev: int) -> str:
-    major, minor = os.major(dev), os.minor(dev)
-    sysdir = Path(f"/sys/dev/block/{major}:{minor}")
-    if (sysdir / "partition").exists():
-        with contextlib.suppress(OSError):
-            return (sysdir.resolve().parent / "dev").read_text().strip()
-    return f"{major}:{minor}"
-
-
-def _tree_bytes(root: Path) -> int:
-    """Allocated bytes under ``root`` (like du; hard links counted once), without following symlinks."""
-    total, seen, stack = 0, set(), [root]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_blocks * 512
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
-    return total
 
 
 class SandboxService:
@@ -208,14 +147,13 @@ class SandboxService:
         self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
         self._userns = False  # sandboxes get a user namespace each (decided at start: config and host)
         self._userns_note: str | None = None
-        self._next_net = 0
+        self.veth_pool = VethPool(config.veth_pool)
         self.netfilter = NetFilter(config.state_dir, config.veth_pool)
         self.logs = LogStore(config.state_dir / "logs")  # workload output, per group (_output, _logs)
         self._resource: ResourceInfo | None = None
         self._resource_error: str | None = None
         self.hub: ControlHub | None = None
-        self._spares: list[tuple[Path, int]] = []  # spare sandbox dirs, each with its lifecycle lock held
-        self._refilling: asyncio.Task[None] | None = None
+        self.spares = SpareDirs(self.registry)
         self.capacity = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
 
     @property
@@ -241,7 +179,7 @@ class SandboxService:
                 "(kept by checkpoints), limited only by what limits that layer; remove the key"
             )
         self.registry.remove_spares()  # an earlier run's: never a sandbox's
-        self._fill_spares()
+        self.spares.fill()
         self.spawner.start()
         self.records = dict(loaded.records)
         # After the records: the fresh table must hold the policy of every veth sandboxd that outlived the last
@@ -254,7 +192,7 @@ class SandboxService:
         self.images.hold("_mountpoints", [ensure_mountpoints(self.images)])
         self.tombstoned = set(loaded.tombstones) | set(loaded.uncommitted)
         self.by_request = {r.request_id: r.sandbox_id for r in self.records.values()}
-        self._next_net = 1 + max((r.net_index for r in self.records.values() if r.net_index is not None), default=-1)
+        self.veth_pool.resume_after(r.net_index for r in self.records.values() if r.net_index is not None)
         for sandbox_id, tomb in loaded.tombstones.items():
             if (
                 self.registry.needs_reclaim(sandbox_id)
@@ -406,7 +344,7 @@ class SandboxService:
             raise UnavailableError(f"execd_runtime_dir {runtime} holds no execd runtime (install_runtime)")
         self.spawner.execd_python = self._execd_python()
         self._decide_userns()
-        self._measure_capacity()
+        self.capacity = measure_capacity(self.config)
 
     def _decide_userns(self) -> None:
         """``user_namespace``: 'off', 'on' (refuse to start without support) or 'auto' (on where supported)."""
@@ -457,16 +395,6 @@ class SandboxService:
         roots = [self.layout.v2_root] if self.layout.v2_root else []
         roots += list(dict.fromkeys(self.layout.v1_mounts.values()))
         return [r / self.config.cgroup_parent for r in roots]
-
-    def _measure_capacity(self) -> None:
-        cap = self.config.capacity
-        st = os.statvfs(self.config.state_dir)
-        self.capacity = Resources(
-            cpu_millis=cap.cpu_millis or (len(os.sched_getaffinity(0)) * 1000),
-            memory_bytes=cap.memory_bytes or _meminfo_total(),
-            pids_max=0,
-            disk_bytes=cap.disk_bytes or st.f_blocks * st.f_frsize,
-        )
 
     def _defer(self, message: str) -> None:
         log.warning("deferred: %s", message)
@@ -528,7 +456,7 @@ class SandboxService:
         """A fresh table holding every live veth sandbox's policy again (names resolved anew), in one step."""
         self.netfilter.setup(
             {
-                self._host_if(rec): rec.net_policy
+                host_if(rec.sandbox_id): rec.net_policy
                 for rec in self.records.values()
                 if rec.net_policy is not None
                 and rec.net_index is not None
@@ -547,7 +475,7 @@ class SandboxService:
         return SandboxCgroup(self.layout, self.config.cgroup_parent, sandbox_id)
 
     def _info(self, rec: SandboxRecord, observation_error: str | None = None) -> SandboxInfo:
-        veth = self._veth(rec)
+        veth = self.veth_pool.veth(rec.sandbox_id, rec.net_index)
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
         return SandboxInfo(
             sandbox_id=rec.sandbox_id,
@@ -572,8 +500,8 @@ class SandboxService:
             execd=rec.execd,
             execd_socket=str(sdir / SOCKETS_DIR / EXECD_SOCKET_NAMES[0]) if rec.execd else None,
             execd_admin_socket=str(sdir / SOCKETS_DIR / EXECD_SOCKET_NAMES[1]) if rec.execd else None,
-            address=veth["sandbox_ip"] if veth else None,
-            host_address=veth["host_ip"] if veth else None,
+            address=veth.sandbox_ip if veth else None,
+            host_address=veth.host_ip if veth else None,
             network_policy=rec.net_policy,
             observation_error=observation_error,
             reclaimed_at=rec.reclaimed_at,
@@ -741,7 +669,7 @@ class SandboxService:
         Raises (keeping the Stopping record and reservation) when absence cannot be proven.
         """
         sandbox_id = rec.sandbox_id
-        _fault("delete.native")
+        fault("delete.native")
         sdir = self.registry.sandbox_dir(sandbox_id)
         cg = self._cgroup(sandbox_id)
         timeout = self.config.delete_timeout_seconds
@@ -782,9 +710,9 @@ class SandboxService:
             elif where == "replaced" and native is not None:
                 log.warning("sandbox %s: cgroup was replaced by another; not touching it", sandbox_id)
             if rec.net_index is not None:
-                self.netfilter.remove(self._host_if(rec))  # the veth died with the namespace; now its rules
+                self.netfilter.remove(host_if(rec.sandbox_id))  # the veth died with the namespace; now its rules
             tomb = self.registry.write_tombstone(rec, {"cgroup": where, "reason": "deleted", "id_base": rec.id_base})
-            _fault("delete.after_tombstone")
+            fault("delete.after_tombstone")
             self.pending_reclaim[sandbox_id] = tomb
             if where in ("ours", "vanished") or native is None:
                 self._try_reclaim(sandbox_id, raise_errors=True)
@@ -915,7 +843,9 @@ class SandboxService:
             updated_at=now,
             expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
             restored_from=restore[1]["checkpoint_id"] if restore else None,
-            net_index=self._allocate_net() if network == "veth" else None,
+            net_index=self.veth_pool.allocate({r.net_index for r in self.records.values() if r.net_index is not None})
+            if network == "veth"
+            else None,
             id_base=self._allocate_ids(restore[1]["spec"].get("id_base") if restore else None),
             image=req.image,
             image_layers=layers,
@@ -1004,98 +934,10 @@ class SandboxService:
         used |= {int(t.data["id_base"]) for t in self.pending_reclaim.values() if t.data.get("id_base") is not None}
         return allocate_ids(used, self.config.id_range.start, self.config.id_range.count, prefer)
 
-    def _allocate_net(self) -> int:
-        """Next free /30 of the pool, round robin: a just-freed subnet is reused last, after its veth is gone."""
-        pool = ipaddress.ip_network(self.config.veth_pool)
-        size = pool.num_addresses // 4
-        used = {r.net_index for r in self.records.values() if r.net_index is not None}
-        for step in range(size):
-            index = (self._next_net + step) % size
-            if index not in used:
-                self._next_net = index + 1
-                return index
-        raise ConflictError(f"veth pool {pool} is exhausted", details={"pool": str(pool)})
-
-    @staticmethod
-    def _host_if(rec: SandboxRecord) -> str:
-        return "adxv" + hashlib.sha256(rec.sandbox_id.encode()).hexdigest()[:10]
-
-    def _veth(self, rec: SandboxRecord) -> dict[str, Any] | None:
-        if rec.net_index is None:
-            return None
-        base = ipaddress.ip_network(self.config.veth_pool).network_address + 4 * rec.net_index
-        return {
-            "host_if": self._host_if(rec),
-            "host_ip": str(base + 1),
-            "sandbox_ip": str(base + 2),
-            "prefix": 30,
-        }
-
     def _unreserve(self, rec: SandboxRecord) -> None:
         self.records.pop(rec.sandbox_id, None)
         if self.by_request.get(rec.request_id) == rec.sandbox_id:
             del self.by_request[rec.request_id]
-
-    def _prepare_dir(self, rec: SandboxRecord) -> int:
-        """The sandbox's dir, its subdirs and its lifecycle lock, held: the returned descriptor.
-
-        A spare dir renamed into place (one rename on the loop; the pool is refilled after the create), or made
-        here when none is left. The lock holds the supervisor back until the record is committed
-        (``_commit_created``), so the start can be requested before the commit is done.
-        """
-        spare = self._spares.pop() if self._spares else None
-        try:
-            # FileExistsError: the ID was used before
-            sdir = self.registry.reserve_dir(rec.sandbox_id, spare[0] if spare else None)
-        except BaseException:
-            if spare is not None:
-                self._spares.append(spare)
-            raise
-        names = [] if spare is not None else list(_SPARE_NAMES)
-        if rec.execd is not None:
-            names += [SOCKETS_DIR, CONTROL_DIR]  # host-only: never mounted writable into the sandbox
-        lock_fd = spare[1] if spare is not None else None
-        try:
-            for name in names:
-                (sdir / name).mkdir(mode=0o755 if name in _WORLD_READABLE else 0o700)
-            if lock_fd is None:
-                lock_fd = os.open(sdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
-        except OSError:
-            if lock_fd is not None:
-                os.close(lock_fd)
-            shutil.rmtree(sdir, ignore_errors=True)  # ours, fresh, holding no record
-            raise
-        return lock_fd
-
-    def _fill_spares(self) -> None:
-        while len(self._spares) < _SPARES:
-            try:
-                self._spares.append(self.registry.make_spare(_SPARE_NAMES, _SPARE_FILES))
-            except OSError as exc:
-                log.warning("cannot make a spare sandbox dir (creates make theirs): %s", exc)
-                return
-
-    def _make_spare_niced(self) -> tuple[Path, int]:
-        """``make_spare`` at nice 19 (this worker thread only, restored after): on a busy host the next create's
-        own work goes first (its dir comes from the pool; a create with none left makes its own)."""
-        tid = threading.get_native_id()
-        old = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, 19)
-        try:
-            return self.registry.make_spare(_SPARE_NAMES, _SPARE_FILES)
-        finally:
-            os.setpriority(os.PRIO_PROCESS, tid, old)
-
-    async def _refill_spares(self) -> None:
-        """After a create (off its path): one spare at a time, in a thread."""
-        while len(self._spares) < _SPARES:
-            try:
-                spare = await asyncio.to_thread(self._make_spare_niced)
-            except OSError as exc:
-                log.warning("cannot make a spare sandbox dir (creates make theirs): %s", exc)
-                return
-            self._spares.append(spare)
 
     def _commit_created(self, rec: SandboxRecord, lock_fd: int) -> None:
         """Commit point: the record (temp, fsync, rename), then the lifecycle lock is released (the supervisor,
@@ -1104,8 +946,8 @@ class SandboxService:
         try:
             if rec.image_layers:
                 self.images.hold(rec.sandbox_id, rec.image_layers)  # before the record: never an unheld mount
-            self.registry.commit_created(rec, before_rename=lambda: _fault("create.before_commit", delay=0.3))
-            _fault("create.after_commit", delay=0.3)
+            self.registry.commit_created(rec, before_rename=lambda: fault("create.before_commit", delay=0.3))
+            fault("create.after_commit", delay=0.3)
         finally:
             os.close(lock_fd)
         self.registry.sync_created(rec.sandbox_id)
@@ -1151,7 +993,7 @@ class SandboxService:
             "ro_binds": ro_binds,
             "upper_dir": str(self._upper(rec.sandbox_id)),
             "work_dir": str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
-            "veth": self._veth(rec),
+            "veth": veth.spec() if (veth := self.veth_pool.veth(rec.sandbox_id, rec.net_index)) else None,
             "log_dir": str(self.logs.group_dir(rec.log_group or rec.sandbox_id)),
             "log_segment_bytes": self.config.logs_segment_bytes,
             "log_max_bytes": self.config.logs_max_bytes,
@@ -1168,7 +1010,7 @@ class SandboxService:
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
         t0 = time.perf_counter()
         try:
-            lock_fd = self._prepare_dir(rec)
+            lock_fd = self.spares.prepare(rec.sandbox_id, execd=rec.execd is not None)
         except FileExistsError:
             self._unreserve(rec)
             raise ConflictError(
@@ -1185,8 +1027,7 @@ class SandboxService:
             return await self._start_created(rec, restore, committed, t0)
         finally:
             await asyncio.gather(committed, return_exceptions=True)  # a failure has set the storage-failed flag
-            if len(self._spares) < _SPARES and (self._refilling is None or self._refilling.done()):
-                self._refilling = asyncio.create_task(self._refill_spares(), name="spare-dirs")
+            self.spares.refill_soon()
 
     async def _start_created(
         self,
@@ -1225,7 +1066,7 @@ class SandboxService:
             def extract() -> None:
                 ckpt.verify_and_extract(artifact, manifest, sdir / ".layer", self._upper(rec.sandbox_id))
                 self._shift_restored(rec, manifest)
-                _fault("restore.after_extract", delay=0.3)  # the delay: the overlapping commit lands first
+                fault("restore.after_extract", delay=0.3)  # the delay: the overlapping commit lands first
 
             try:
                 await asyncio.to_thread(extract)
@@ -1236,7 +1077,7 @@ class SandboxService:
         if error is None and rec.net_policy is not None and self.netfilter.ready:
             # Before the veth exists: the sandbox's first packet already meets its policy.
             try:
-                await asyncio.to_thread(self.netfilter.apply, self._host_if(rec), rec.net_policy)
+                await asyncio.to_thread(self.netfilter.apply, host_if(rec.sandbox_id), rec.net_policy)
             except AdxError as exc:
                 error = exc
         if error is None:
@@ -1361,8 +1202,8 @@ class SandboxService:
                 new = rec.model_copy(update={"token": req.token, "reclaimed_at": time.time()})
 
                 def persist() -> None:
-                    self.registry.replace_record(new, before_rename=lambda: _fault("reclaim.before_rename"))
-                    _fault("reclaim.after_persist")
+                    self.registry.replace_record(new, before_rename=lambda: fault("reclaim.before_rename"))
+                    fault("reclaim.after_persist")
 
                 await asyncio.to_thread(persist)
                 self.records[sandbox_id] = new
@@ -1393,7 +1234,7 @@ class SandboxService:
     async def _delete_locked(self, rec: SandboxRecord, reason: str) -> None:
         if rec.state != State.STOPPING:
             rec = await self._set(rec, State.STOPPING, reason=reason)  # the durable intent comes first
-        _fault("delete.after_intent")
+        fault("delete.after_intent")
         await self._finish_delete(rec, reason)
 
     async def wait(self, req: WaitRequest) -> WaitResponse:
@@ -1439,7 +1280,7 @@ class SandboxService:
                 memory_cache_bytes=s.memory_cache_bytes,
                 pids=s.pids,
                 oom_kills=s.oom_kills,
-                disk_bytes=_tree_bytes(self._upper(rec.sandbox_id)),
+                disk_bytes=tree_bytes(self._upper(rec.sandbox_id)),
                 observed_at=time.time(),
             )
 
@@ -1449,7 +1290,7 @@ class SandboxService:
         """A new resource sample; a failure keeps the last one (it ages out of ``resource_fresh``) and is
         reported by health (RES-8) and to the caller."""
         try:
-            info = self._read_resource()
+            info = read_resource(self.config, self.capacity, self._reserved(), len(self.records))
         except (OSError, AdxError) as exc:
             self._resource_error = str(exc)
             log.warning("resource refresh failed: %s", exc)
@@ -1457,25 +1298,6 @@ class SandboxService:
         self._resource_error = None
         self._resource = info
         return info
-
-    def _read_resource(self) -> ResourceInfo:
-        st = os.statvfs(self.config.state_dir)
-        devices = []
-        for path in [self.config.state_dir, *self.config.artifact_roots().values()]:
-            with contextlib.suppress(OSError):
-                devices.append(DeviceInfo(path=str(path), dev=_whole_device(os.stat(path).st_dev)))
-        return ResourceInfo(
-            cpu_cores=len(os.sched_getaffinity(0)),
-            memory_bytes=_meminfo_total(),
-            storage_bytes=st.f_blocks * st.f_frsize,
-            storage_free_bytes=st.f_bavail * st.f_frsize,
-            devices=devices,
-            device_ids=device_inventory(self.config.devices, self.config.devices_file),
-            capacity=self.capacity,
-            reserved=self._reserved(),
-            sandboxes=len(self.records),
-            observed_at=time.time(),
-        )
 
     async def resource(self) -> ResourceInfo:
         info = await asyncio.to_thread(self._refresh_resource)
@@ -1525,7 +1347,7 @@ class SandboxService:
                 )
             if not self.netfilter.ready:
                 raise UnavailableError("network policy unavailable: nftables is not set up (is nft installed?)")
-            await asyncio.to_thread(self.netfilter.apply, self._host_if(rec), req.policy)
+            await asyncio.to_thread(self.netfilter.apply, host_if(rec.sandbox_id), req.policy)
             rec = await asyncio.to_thread(self._persist, rec.model_copy(update={"net_policy": req.policy}))
             log.info("network policy replaced", extra={"sandbox_id": rec.sandbox_id, "mode": req.policy.mode.value})
             return self._info(rec)
@@ -1554,7 +1376,7 @@ class SandboxService:
                     raise ConflictError(f"sandbox {rec.sandbox_id} has no live cgroup")
                 if freeze:
                     cg.freeze()
-                    _fault("pause.after_freeze")
+                    fault("pause.after_freeze")
                 else:
                     cg.thaw()
 
@@ -1607,13 +1429,13 @@ class SandboxService:
                 live = rec.state == State.RUNNING and self._ours(rec.native, cg) == "ours"
                 if live:
                     cg.freeze()  # a consistent upper layer: nothing writes while tar reads
-                    _fault("checkpoint.after_freeze")
+                    fault("checkpoint.after_freeze")
                 try:
                     if self._pool is not None and req.storage == "local":
                         # The local root and the pool are this daemon's: a read-only snapshot is the layer.
                         uuid = self._pool.snapshot(rec.sandbox_id, checkpoint_id)
                         try:
-                            size = _tree_bytes(self._upper(rec.sandbox_id))
+                            size = tree_bytes(self._upper(rec.sandbox_id))
                             return ckpt.write_snapshot_artifact(artifact, body, self.owner, checkpoint_id, uuid, size)
                         except BaseException:
                             self._pool.delete_snapshot(checkpoint_id)
