@@ -33,6 +33,7 @@ from adx.sandboxd._sandbox_layout import (
     EXECD_SOCKET_FD,
     SOCKETS_DIR,
 )
+from adx.sandboxd._spawn_spec import Limits, SpawnSpec, UserNamespace
 from adx.sandboxd._states import State
 from adx.sandboxd._userns import IDS_PER_SANDBOX, shift_tree
 from adx.sandboxd._userns import allocate as allocate_ids
@@ -261,7 +262,7 @@ class SandboxCreator(StartupReconcile):
             changed = shift_tree(str(self._upper(rec.sandbox_id)), old, rec.id_base)
             log.info("restored layer re-owned", extra={"sandbox_id": rec.sandbox_id, "entries": changed})
 
-    def _spawn_spec(self, rec: SandboxRecord) -> dict[str, Any]:
+    def _spawn_spec(self, rec: SandboxRecord) -> SpawnSpec:
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
         env = {"PATH": SANDBOX_PATH, "HOME": "/root"}
         env.update(rec.env)
@@ -270,37 +271,38 @@ class SandboxCreator(StartupReconcile):
         if rec.execd is not None:
             env["PYTHONPATH"] = EXECD_MOUNT  # execd removes it from the workload's and commands' environment
             ro_binds[EXECD_MOUNT] = str(self.config.execd_runtime)
-        return {
-            "sandbox_id": rec.sandbox_id,
-            "sandbox_dir": str(sdir),
+        res = rec.resources
+        return SpawnSpec(
+            sandbox_id=rec.sandbox_id,
+            sandbox_dir=str(sdir),
             # overlayfs lower layers, topmost first (a store image), or the host-derived skeleton and its binds.
-            "image_root": self.images.lowerdir_of(rec.image_layers) if rec.image_layers else str(self._image_root),
-            "image_binds": [] if rec.image_layers else self._image["binds"],
-            "allow_setuid": bool(rec.image_layers),  # store images: sudo works (see _supervisor)
-            "init_argv": rec.init_argv,
-            "env": env,
-            "cwd": rec.cwd,
-            "hostname": rec.sandbox_id,
-            "network": rec.network,
-            "cgroup_parent": self.config.cgroup_parent,
-            "resources": rec.resources.model_dump(),
-            "run_dir": str(sdir / "run"),
-            "ro_binds": ro_binds,
-            "upper_dir": str(self._upper(rec.sandbox_id)),
-            "work_dir": str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
-            "veth": veth.spec() if (veth := self.veth_pool.veth(rec.sandbox_id, rec.net_index)) else None,
-            "log_dir": str(self.logs.group_dir(rec.log_group or rec.sandbox_id)),
-            "log_segment_bytes": self.config.logs_segment_bytes,
-            "log_max_bytes": self.config.logs_max_bytes,
-            "execd_sockets": str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
-            "control_dir": str(sdir / CONTROL_DIR) if rec.execd is not None else None,
-            "userns": {"base": rec.id_base, "size": IDS_PER_SANDBOX} if rec.id_base is not None else None,
+            image_root=self.images.lowerdir_of(rec.image_layers) if rec.image_layers else str(self._image_root),
+            image_binds=[] if rec.image_layers else list(self._image["binds"]),
+            allow_setuid=bool(rec.image_layers),  # store images: sudo works (see _in_namespace)
+            init_argv=rec.init_argv,
+            env=env,
+            cwd=rec.cwd,
+            hostname=rec.sandbox_id,
+            network=rec.network,
+            cgroup_parent=self.config.cgroup_parent,
+            resources=Limits(res.cpu_millis, res.memory_bytes, res.pids_max, res.disk_bytes),
+            run_dir=str(sdir / "run"),
+            ro_binds=ro_binds,
+            upper_dir=str(self._upper(rec.sandbox_id)),
+            work_dir=str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
+            veth=self.veth_pool.veth(rec.sandbox_id, rec.net_index),
+            log_dir=str(self.logs.group_dir(rec.log_group or rec.sandbox_id)),
+            log_segment_bytes=self.config.logs_segment_bytes,
+            log_max_bytes=self.config.logs_max_bytes,
+            execd_sockets=str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
+            control_dir=str(sdir / CONTROL_DIR) if rec.execd is not None else None,
+            userns=UserNamespace(rec.id_base, IDS_PER_SANDBOX) if rec.id_base is not None else None,
             # PID 1 runs execd in process when it would exec the very interpreter the spawner runs.
-            "execd_inproc": rec.execd is not None
+            execd_inproc=rec.execd is not None
             and not rec.image_layers  # a store image's python is its own, not the spawner's
             and self.spawner.execd_python is not None
             and self._resolve_in_image(rec.execd.python, env["PATH"]) == self.spawner.execd_python,
-        }
+        )
 
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
         t0 = time.perf_counter()

@@ -15,11 +15,12 @@ import signal
 import stat
 import sys
 import traceback
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._mounts import mount_plan, receive_mounts
 from adx.sandboxd._sandbox_layout import EXECD_SOCKET_FD
+from adx.sandboxd._spawn_spec import SpawnSpec
 
 __all__ = ["in_namespace_setup"]
 
@@ -27,7 +28,7 @@ _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "u
 
 
 def in_namespace_setup(
-    spec: dict[str, Any],
+    spec: SpawnSpec,
     log_fds: tuple[int, int],
     err_fd: int,
     go_fd: int,
@@ -63,9 +64,9 @@ def in_namespace_setup(
             os.close(go_fd)
 
     try:
-        sdir = spec["sandbox_dir"]
+        sdir = spec.sandbox_dir
         root = f"{sdir}/rootfs"
-        userns = spec.get("userns") is not None
+        userns = spec.userns is not None
         if not prepared:
             # Nothing we mount may propagate back to the host's mount namespace.
             lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
@@ -111,24 +112,24 @@ def in_namespace_setup(
             os.symlink(f"/proc/self/fd/{i}", f"{dev}/{name}")
         # /tmp and /var/tmp are plain directories of the overlay (the image makes them 1777): their files live in
         # the sandbox's upper layer, so a checkpoint keeps them like /work's. A tmpfs here lost them on pause.
-        if spec["network"] in ("none", "veth") and not prepared:
+        if spec.network in ("none", "veth") and not prepared:
             lx.set_loopback_up()
-        if spec["network"] == "veth":
+        if spec.veth is not None:  # network 'veth'
             wait_go()  # the supervisor moves our end of the veth pair into this namespace first
-            veth = spec["veth"]
-            lx.configure_interface("eth0", veth["sandbox_ip"], veth["prefix"])
-            lx.add_default_route(veth["host_ip"])  # egress goes through the node (nftables policy + NAT)
-        lx.sethostname(spec["hostname"])
+            veth = spec.veth
+            lx.configure_interface("eth0", veth.sandbox_ip, veth.prefix)
+            lx.add_default_route(veth.host_ip)  # egress goes through the node (nftables policy + NAT)
+        lx.sethostname(spec.hostname)
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.
         lx.pivot_root(".", ".")
         lx.umount2(".", lx.MNT_DETACH)
         os.chdir("/")
-        os.chdir(spec["cwd"])
-        argv = spec["init_argv"]
-        in_process = bool(spec.get("execd_inproc")) and argv[1:3] == ["-m", "adx.execd"]
+        os.chdir(spec.cwd)
+        argv = spec.init_argv
+        in_process = bool(spec.execd_inproc) and argv[1:3] == ["-m", "adx.execd"]
         if in_process:
-            lx.set_process_args(argv, spec["env"])
-        if spec.get("allow_setuid"):
+            lx.set_process_args(argv, spec.env)
+        if spec.allow_setuid:
             # Store images (E2B-like: ``sudo``): no no_new_privs, so setuid programs work; what they gain is
             # bounded by the same trimmed capability set. Seccomp goes first: without no_new_privs installing
             # it needs CAP_SYS_ADMIN, which the drop removes (the filter allows prctl and capset).
@@ -154,7 +155,7 @@ def in_namespace_setup(
                 os.dup2(fd, EXECD_SOCKET_FD + index, inheritable=True)
         if in_process:
             _become_execd(spec, argv, err_fd, EXECD_SOCKET_FD + len(listen_fds))
-        os.execvpe(argv[0], argv, spec["env"])
+        os.execvpe(argv[0], argv, spec.env)
     except BaseException as exc:  # report any failure to the supervisor, never return into its code
         with contextlib.suppress(BaseException):
             os.write(err_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
@@ -162,7 +163,7 @@ def in_namespace_setup(
         os._exit(127)
 
 
-def _become_execd(spec: dict[str, Any], argv: list[str], err_fd: int, first_free: int) -> NoReturn:
+def _become_execd(spec: SpawnSpec, argv: list[str], err_fd: int, first_free: int) -> NoReturn:
     """PID 1 runs execd right here instead of exec'ing ``python3 -m adx.execd`` (the execd zygote).
 
     Only for a supervisor forked from the spawner's pristine template (``_spawner``), which runs the very
@@ -181,12 +182,12 @@ def _become_execd(spec: dict[str, Any], argv: list[str], err_fd: int, first_free
     try:  # from here on nothing may reach in_namespace_setup's handler (its err_fd is gone)
         ctypes.pythonapi.PyOS_AfterFork_Child()
         os.environ.clear()
-        os.environ.update(spec["env"])
-        binds = tuple(spec["image_binds"])
+        os.environ.update(spec.env)
+        binds = tuple(spec.image_binds)
         inside = [p for p in sys.path if any(p == b or p.startswith(b + "/") for b in binds)]
-        sys.path[:] = [spec["env"]["PYTHONPATH"], *inside]
+        sys.path[:] = [spec.env["PYTHONPATH"], *inside]
         sys.path_importer_cache.clear()
-        sys.argv = [f"{spec['env']['PYTHONPATH']}/adx/execd/__main__.py", *argv[3:]]
+        sys.argv = [f"{spec.env['PYTHONPATH']}/adx/execd/__main__.py", *argv[3:]]
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

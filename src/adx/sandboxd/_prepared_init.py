@@ -7,16 +7,15 @@ while the zygote waits, a create no longer waits for them.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any
 
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._in_namespace import in_namespace_setup
 from adx.sandboxd._mounts import mounts_pair
 from adx.sandboxd._output import open_write_ends
+from adx.sandboxd._spawn_spec import SpawnSpec
 
 __all__ = ["PreparedInit", "hand_to_prepared", "prepare_init"]
 
@@ -82,8 +81,8 @@ def _prepared_init_main(spec_r: int, go_r: int, err_w: int, mounts_r: int) -> in
         os.close(spec_r)
         if not chunks:
             return 0  # the zygote is gone without a spec
-        spec = json.loads(b"".join(chunks))
-        log_fds = open_write_ends(spec["sandbox_dir"], spec["output_pipes"])
+        spec = SpawnSpec.from_json(b"".join(chunks))
+        log_fds = open_write_ends(spec.sandbox_dir, spec.output_pipes)
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
@@ -92,17 +91,13 @@ def _prepared_init_main(spec_r: int, go_r: int, err_w: int, mounts_r: int) -> in
     return 127
 
 
-def hand_to_prepared(init: PreparedInit | None, spec: dict[str, Any]) -> PreparedInit | None:
+def hand_to_prepared(init: PreparedInit | None, spec: SpawnSpec) -> PreparedInit | None:
     """Give ``spec`` to the prepared init when it suits it; None when the start must clone one (and then the
     prepared one, unusable or gone, is ended)."""
     if init is None:
         return None
-    if (
-        spec["network"] in ("none", "veth")
-        and not spec.get("execd_sockets")
-        and init.userns == bool(spec.get("userns"))
-    ):
-        data = json.dumps(spec).encode()
+    if spec.network in ("none", "veth") and not spec.execd_sockets and init.userns == bool(spec.userns):
+        data = spec.to_json()
         try:
             while data:
                 data = data[os.write(init.spec_w, data) :]

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from typing import Any
 
 from adx._fs import fsync_dir
@@ -38,6 +39,7 @@ from adx.sandboxd._sandbox_layout import (
     TOMBSTONE_FILE,
     boot_id,
 )
+from adx.sandboxd._spawn_spec import Limits, SpawnSpec, Veth
 
 __all__ = ["run_supervisor"]
 
@@ -55,7 +57,7 @@ def _record_state(sdir: str) -> str | None:
     return state if isinstance(state, str) else None
 
 
-def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, init: PreparedInit | None = None) -> int:
+def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: PreparedInit | None = None) -> int:
     """Supervise one sandbox. Reports ``{"ok": ...}`` once on ``result_fd``; returns the process exit code.
 
     ``init``: the sandbox's init prepared by this zygote (used when the spec suits it; ended otherwise).
@@ -66,7 +68,7 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
     record was seen under the lock and the identity persisted (the ``go`` byte). A refused start kills that
     init and removes the cgroup made here: nothing of it outlives the supervisor.
     """
-    sdir: str = spec["sandbox_dir"]  # paths as str: the template (every in-process execd PID 1) has no pathlib
+    sdir: str = spec.sandbox_dir  # paths as str: the template (every in-process execd PID 1) has no pathlib
 
     def report(payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
@@ -78,18 +80,18 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
 
     # The output pump reads the FIFOs the init's stdout/stderr open: it exists before any init has the spec.
     pump = start_pump(spec)
-    spec["output_pipes"] = pump is not None
+    spec = replace(spec, output_pipes=pump is not None)
     # First: the prepared init mounts the sandbox's root while the rest is done here.
     prepared = hand_to_prepared(init, spec)
     mount_error = send_mounts(prepared.mounts_w, spec, prepared.pid) if prepared is not None else None
-    res = spec["resources"]
-    cgroup = SandboxCgroup(layout, spec["cgroup_parent"], spec["sandbox_id"])
+    res = spec.resources
+    cgroup = SandboxCgroup(layout, spec.cgroup_parent, spec.sandbox_id)
     try:
         cgroup.ensure_parent()
     except OSError as exc:
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
-    if spec["network"] != "veth" and prepared is None:  # with veth the supervisor runs `ip` (CAP_NET_ADMIN)
+    if spec.network != "veth" and prepared is None:  # with veth the supervisor runs `ip` (CAP_NET_ADMIN)
         try:
             # The sandbox's init inherits it (what it would otherwise do first thing, ~40 prctl calls); this
             # process keeps its effective capabilities and execs nothing.
@@ -103,7 +105,7 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
     defer_v1 = cgroup.v2_dir is not None and bool(cgroup.v1_dirs)
     try:
         # mkdir fails when the leaf exists: an ID's cgroup is only ever made here, once.
-        cgroup.create(res["cpu_millis"], res["memory_bytes"], res["pids_max"], defer_v1=defer_v1, parent=False)
+        cgroup.create(res.cpu_millis, res.memory_bytes, res.pids_max, defer_v1=defer_v1, parent=False)
         ident = cgroup.identity()
         assert ident is not None
     except Exception as exc:
@@ -157,8 +159,8 @@ def run_supervisor(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, i
         _abandon(pid, go_w, None)  # the committed record's cleanup (sandboxd) removes the cgroup
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
-    if ok and spec["network"] == "veth":
-        ok = _create_veth(spec["veth"], pid)
+    if ok and spec.veth is not None:
+        ok = _create_veth(spec.veth, pid)
     with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
         os.write(go_w, b"1" if ok else b"0")
     os.close(go_w)
@@ -207,22 +209,22 @@ def _abandon(pid: int, go_w: int, cgroup: SandboxCgroup | None) -> None:
             print(f"removing the cgroup of a refused start failed: {exc}", flush=True)
 
 
-def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fds: tuple[int, int]) -> tuple[int, int, int, int]:
+def _clone_init(spec: SpawnSpec, cgroup: SandboxCgroup, log_fds: tuple[int, int]) -> tuple[int, int, int, int]:
     """Clone the sandbox's init now (into its cgroup2 dir): ``(pid, go_w, err_r, mounts_w)``; ``pid`` is
     ``-errno`` when that failed. Closes ``log_fds`` (the init's stdout and stderr)."""
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     mounts_r, mounts_w = mounts_pair()
     flags = lx.CLONE_NEWPID | lx.CLONE_NEWNS | lx.CLONE_NEWUTS | lx.CLONE_NEWIPC
-    if spec.get("userns"):
+    if spec.userns:
         flags |= lx.CLONE_NEWUSER  # here, before the init's seccomp filter (which refuses it) exists
-    if spec["network"] in ("none", "veth"):
+    if spec.network in ("none", "veth"):
         flags |= lx.CLONE_NEWNET
     listen_fds: tuple[int, ...] = ()
     cg_fd = None
     try:
-        if spec.get("execd_sockets"):
-            listen_fds = tuple(lx.listen_unix(f"{spec['execd_sockets']}/{name}") for name in EXECD_SOCKET_NAMES)
+        if spec.execd_sockets:
+            listen_fds = tuple(lx.listen_unix(f"{spec.execd_sockets}/{name}") for name in EXECD_SOCKET_NAMES)
         cg_fd = os.open(cgroup.v2_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2_dir else None
         pid = lx.clone3(flags, cg_fd)
     except OSError as exc:
@@ -242,7 +244,7 @@ def _clone_init(spec: dict[str, Any], cgroup: SandboxCgroup, log_fds: tuple[int,
     return pid, go_w, err_r, mounts_w
 
 
-def _join(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create_v1: bool, v2: bool) -> bool:
+def _join(cgroup: SandboxCgroup, res: Limits, pid: int, *, create_v1: bool, v2: bool) -> bool:
     """Move ``pid`` into the cgroup2 dir (``v2``: it was not cloned into it) and the v1 limit hierarchies
     (made here when ``create_v1``)."""
     try:
@@ -253,7 +255,7 @@ def _join(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create_v1: bo
             finally:
                 os.close(fd)
         if create_v1:
-            cgroup.create_v1(res["cpu_millis"], res["memory_bytes"], res["pids_max"])
+            cgroup.create_v1(res.cpu_millis, res.memory_bytes, res.pids_max)
         for path in cgroup.v1_procs_files():
             fd = os.open(path, os.O_WRONLY)
             try:
@@ -266,12 +268,12 @@ def _join(cgroup: SandboxCgroup, res: dict[str, int], pid: int, *, create_v1: bo
     return True
 
 
-def _create_veth(veth: dict[str, Any], pid: int) -> bool:
+def _create_veth(veth: Veth, pid: int) -> bool:
     """Host end in the host namespace, peer ``eth0`` straight into the sandbox's (one ``ip -batch``)."""
     batch = (
-        f"link add {veth['host_if']} type veth peer name eth0 netns {pid}\n"
-        f"addr add {veth['host_ip']}/{veth['prefix']} dev {veth['host_if']}\n"
-        f"link set {veth['host_if']} up\n"
+        f"link add {veth.host_if} type veth peer name eth0 netns {pid}\n"
+        f"addr add {veth.host_ip}/{veth.prefix} dev {veth.host_if}\n"
+        f"link set {veth.host_if} up\n"
     )
     out = subprocess.run(["ip", "-batch", "-"], input=batch.encode(), capture_output=True, check=False)
     if out.returncode != 0:

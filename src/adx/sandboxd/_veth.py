@@ -6,30 +6,17 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
 from adx.errors import ConflictError
 from adx.sandboxd._netpolicy import VETH_PREFIX
+from adx.sandboxd._spawn_spec import Veth
 
-__all__ = ["Veth", "VethPool", "host_if"]
+__all__ = ["VethPool", "host_if"]
 
 
 def host_if(sandbox_id: str) -> str:
     """The host end's interface name (at most 15 bytes, as the kernel requires)."""
     return VETH_PREFIX + hashlib.sha256(sandbox_id.encode()).hexdigest()[:10]
-
-
-@dataclass(frozen=True)
-class Veth:
-    host_if: str
-    host_ip: str
-    sandbox_ip: str
-    prefix: int = 30
-
-    def spec(self) -> dict[str, Any]:
-        """The supervisor's view (its spawn spec travels as JSON)."""
-        return {"host_if": self.host_if, "host_ip": self.host_ip, "sandbox_ip": self.sandbox_ip, "prefix": self.prefix}
 
 
 class VethPool:
