@@ -12,7 +12,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from adx.errors import AdxError, ConflictError, InvalidInputError, UnavailableError, UncertainOutcomeError
 from adx.execd._launch import init_argv
@@ -326,6 +326,16 @@ class SandboxCreator(StartupReconcile):
             await asyncio.gather(committed, return_exceptions=True)  # a failure has set the storage-failed flag
             self.spares.refill_soon()
 
+    async def _keep_failed(
+        self, rec: SandboxRecord, reason: str, what: str, advice: str, cause: BaseException | None
+    ) -> NoReturn:
+        """A create whose outcome is unknown: its record is persisted failed and stays reserved (SBX-13)."""
+        await self._set(rec, State.FAILED, reason=reason)
+        raise UncertainOutcomeError(
+            f"create of sandbox {rec.sandbox_id} {what}; it is kept as failed and reserved{advice}",
+            details={"sandbox_id": rec.sandbox_id},
+        ) from cause
+
     async def _start_created(
         self,
         rec: SandboxRecord,
@@ -384,12 +394,13 @@ class SandboxCreator(StartupReconcile):
                 t2 = time.perf_counter()
             except UncertainOutcomeError as exc:
                 await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
-                await self._set(rec, State.FAILED, reason=f"create outcome unknown: {exc}")
-                raise UncertainOutcomeError(
-                    f"create of sandbox {rec.sandbox_id} is uncertain ({exc}); it is kept as failed and reserved: "
-                    "query or delete this ID, do not resubmit blindly",
-                    details={"sandbox_id": rec.sandbox_id},
-                ) from exc
+                await self._keep_failed(
+                    rec,
+                    f"create outcome unknown: {exc}",
+                    f"is uncertain ({exc})",
+                    ": query or delete this ID, do not resubmit blindly",
+                    exc,
+                )
             except AdxError as exc:
                 error = exc
             else:
@@ -418,12 +429,13 @@ class SandboxCreator(StartupReconcile):
         try:
             await asyncio.to_thread(self._delete_native, rec)
         except AdxError as cleanup_exc:
-            await self._set(rec, State.FAILED, reason=f"{error}; cleanup uncertain: {cleanup_exc}")
-            raise UncertainOutcomeError(
-                f"create of sandbox {rec.sandbox_id} failed and its cleanup is uncertain ({cleanup_exc}); "
-                "it is kept as failed and reserved",
-                details={"sandbox_id": rec.sandbox_id},
-            ) from error
+            await self._keep_failed(
+                rec,
+                f"{error}; cleanup uncertain: {cleanup_exc}",
+                f"failed and its cleanup is uncertain ({cleanup_exc})",
+                "",
+                error,
+            )
         self._forget(rec, "create failed; cleanup confirmed")
         error.details.setdefault("sandbox_id", rec.sandbox_id)
         raise error
