@@ -39,6 +39,8 @@ class FakeInternet:
     netns: str
     address: str
     port: int
+    #: A second address of the same host (routed through ``address``): a policy can deny one and allow the other.
+    other: str
 
 
 @pytest.fixture
@@ -46,7 +48,7 @@ def fake_internet() -> Iterator[FakeInternet]:
     """A network namespace with a veth pair to the host and an HTTP server inside (removed even on failure)."""
     tag = secrets.token_hex(3)
     netns, host_if, third = f"adxt-{tag}", f"adxt{tag}", 100 + secrets.randbelow(100)
-    outer, inner = f"10.251.{third}.1", f"10.251.{third}.2"
+    outer, inner, other = f"10.251.{third}.1", f"10.251.{third}.2", f"10.251.{third}.6"
     server: subprocess.Popen[bytes] | None = None
     try:
         sh("ip", "netns", "add", netns)
@@ -57,14 +59,17 @@ def fake_internet() -> Iterator[FakeInternet]:
         sh("ip", "-n", netns, "link", "set", "eth0", "up")
         sh("ip", "-n", netns, "link", "set", "lo", "up")
         sh("ip", "-n", netns, "route", "add", "default", "via", outer)
+        sh("ip", "-n", netns, "addr", "add", f"{other}/32", "dev", "eth0")
+        sh("ip", "route", "add", f"{other}/32", "via", inner)  # goes with host_if
         server = subprocess.Popen(
-            ["ip", "netns", "exec", netns, sys.executable, "-m", "http.server", "8080", "--bind", inner],
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "http.server", "8080", "--bind", "0.0.0.0"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        probe = ["ip", "netns", "exec", netns, sys.executable, "-c", PROBE, inner, "8080"]
-        wait_until(lambda: sh(*probe).stdout.startswith("ok"), timeout=15)
-        yield FakeInternet(netns, inner, 8080)
+        for address in (inner, other):
+            probe = ["ip", "netns", "exec", netns, sys.executable, "-c", PROBE, address, "8080"]
+            wait_until(lambda probe=probe: sh(*probe).stdout.startswith("ok"), timeout=15)
+        yield FakeInternet(netns, inner, 8080, other)
     finally:
         if server is not None:
             server.kill()

@@ -136,6 +136,42 @@ async def test_policy_changes_on_a_running_sandbox_without_a_restart(
     assert "sb_adxv" not in chains
 
 
+@pytest.mark.req("SEC-3", "SBX-10")
+async def test_a_sigkilled_sandboxd_restarts_with_every_veth_policy_in_force(
+    sandboxd: DaemonFactory, fake_internet: FakeInternet
+) -> None:
+    """After a SIGKILL the new daemon rebuilds its table: the surviving sandbox's deny must be in it again,
+    not an open veth (the table was once rebuilt before the records were loaded, with no sandbox in it)."""
+    d = sandboxd()
+    host, port = fake_internet, fake_internet.port
+    # Each round probes the denied address, then the allowed one, one line each: "d <result>", "a <result>".
+    loop = [
+        "sh",
+        "-c",
+        f"while :; do printf 'd '; python3 -c '{PROBE}' {host.address} {port};"
+        f" printf 'a '; python3 -c '{PROBE}' {host.other} {port}; sleep 0.1; done",
+    ]
+    async with d.client() as c:
+        policy = _egress(deny=[host.address])
+        created = await c.create(CreateRequest(request_id="survivor", argv=loop, network_policy=policy))
+    ref, log = ref_of(created), d.sandbox_dir(created.sandbox.sandbox_id) / "output.log"
+
+    def rounds(after: int) -> list[str]:
+        return log.read_text()[after:].splitlines()[:-1]  # the last line may be half written
+
+    wait_until(lambda: {"d refused", "a ok"} <= {" ".join(line.split()[:2]) for line in rounds(0)}, timeout=20)
+    d.kill()
+    d.start()
+    after = len(log.read_text())  # the new daemon's table is in place: every probe from here on sees it
+    wait_until(lambda: sum(line.startswith("d ") for line in rounds(after)) >= 3, timeout=20)
+    lines = rounds(after)
+    assert all(line.startswith("d refused") for line in lines if line.startswith("d ")), lines
+    assert any(line.startswith("a ok") for line in lines), lines
+    async with d.client() as c:
+        assert (await c.get(ref)).network_policy == _egress(deny=[f"{host.address}/32"])
+        await c.delete(ref)
+
+
 async def test_mode_none_has_only_lo_and_cannot_be_switched_to_egress(sandboxd: DaemonFactory) -> None:
     d = sandboxd()
     async with d.client() as c:

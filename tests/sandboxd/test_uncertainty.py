@@ -17,6 +17,7 @@ from adx.errors import ConflictError, NotFoundError, UnavailableError, Uncertain
 from adx.sandboxd import CreateRequest, State, ref_of
 from adx.sandboxd._image import ensure_default_image, load_image
 from adx.sandboxd._spawn_client import SpawnerProcess
+from adx.sandboxd._spawn_spec import Limits, SpawnSpec
 
 
 @pytest.fixture
@@ -91,21 +92,23 @@ async def test_supervisor_refuses_to_start_under_a_delete_intent_or_a_second_tim
             (sdir / "record.json").write_text(json.dumps({"format": 2, "owner": "o", "record": {"state": state}}))
             if started_before:
                 (sdir / "native.json").write_text("{}")
-            spec = {
-                "sandbox_id": name,
-                "sandbox_dir": str(sdir),
-                "image_root": str(image / "root"),
-                "image_binds": load_image(image)["binds"],
-                "init_argv": ["sleep", "1000"],
-                "env": {"PATH": "/usr/bin:/bin"},
-                "cwd": "/work",
-                "hostname": name,
-                "network": "none",
-                "cgroup_parent": parent,
-                "resources": {"cpu_millis": 100, "memory_bytes": 64 << 20, "pids_max": 64, "disk_bytes": 0},
-                "tmp_bytes": 1 << 20,
-                "run_dir": str(sdir / "run"),
-            }
+            spec = SpawnSpec(
+                sandbox_id=name,
+                sandbox_dir=str(sdir),
+                image_root=str(image / "root"),
+                image_binds=load_image(image)["binds"],
+                init_argv=["sleep", "1000"],
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/work",
+                hostname=name,
+                network="none",
+                cgroup_parent=parent,
+                resources=Limits(cpu_millis=100, memory_bytes=64 << 20, pids_max=64),
+                log_dir=str(sdir / "logs"),
+                log_segment_bytes=1 << 20,
+                log_max_bytes=4 << 20,
+                run_dir=str(sdir / "run"),
+            )
             report = await spawner.spawn(spec, 20.0)
             assert report["ok"] is False
             assert ("delete intent" if state == "stopping" else "never restarted") in report["error"]

@@ -21,10 +21,11 @@ import logging
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from adx.errors import InvalidInputError, UnavailableError
+from adx.errors import AdxError, InvalidInputError, UnavailableError
 from adx.model import NetworkMode, NetworkPolicy
 from adx.model._network import is_cidr
 
@@ -32,7 +33,7 @@ __all__ = ["NetFilter", "ResolvedPolicy", "table_name"]
 
 log = logging.getLogger("adx.sandboxd")
 
-#: Every sandboxd's host-side veth names start with this (see SandboxService._veth).
+#: Every sandboxd's host-side veth names start with this (see _veth.host_if).
 VETH_PREFIX = "adxv"
 _IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
@@ -100,8 +101,14 @@ class NetFilter:
         if done.returncode != 0:
             raise UnavailableError(f"nft failed: {done.stderr.decode(errors='replace').strip()}")
 
-    def setup(self) -> None:
-        """(Re)create this instance's table from scratch and enable IPv4 forwarding (egress needs it)."""
+    def setup(self, policies: Mapping[str, NetworkPolicy] | None = None) -> None:
+        """(Re)create this instance's table from scratch and enable IPv4 forwarding (egress needs it).
+
+        ``policies`` (host-side veth name -> policy) are those of the sandboxes that outlived the previous
+        daemon: they go into the new table in the same transaction, so no packet ever crosses a veth while its
+        sandbox's chain is missing (a missing chain means open egress). A policy whose names no longer resolve
+        fails closed: its veth refuses everything until a new policy is set.
+        """
         if self.nft is None:
             log.warning("nft is not installed: veth sandboxes get no egress policy and no NAT")
             return
@@ -111,6 +118,9 @@ class NetFilter:
         else:
             log.info("IPv4 forwarding already enabled (net.ipv4.ip_forward=1): sandbox egress is routed")
         t = self.table
+        chains = "".join(
+            self.script(host_if, self._resolved_or_closed(host_if, p)) for host_if, p in (policies or {}).items()
+        )
         self._run(
             f"table inet {t}\n"
             f"delete table inet {t}\n"
@@ -127,10 +137,18 @@ class NetFilter:
             "  chain post { type nat hook postrouting priority srcnat; policy accept;\n"
             f"    ip saddr {self.pool} ip daddr != {self.pool} masquerade\n"
             "  }\n"
-            "}\n"
+            "}\n" + chains
         )
         self.ready = True
         log.info("nftables table inet %s ready (masquerade for %s)", t, self.pool)
+
+    @staticmethod
+    def _resolved_or_closed(host_if: str, policy: NetworkPolicy) -> ResolvedPolicy:
+        try:
+            return resolve(policy)
+        except AdxError as exc:
+            log.error("network policy of %s not re-applied (%s): egress refused", host_if, exc)
+            return ResolvedPolicy(NetworkMode.NONE, None, ())
 
     def teardown(self) -> None:
         if self.nft is None or not self.ready:

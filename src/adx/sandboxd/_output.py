@@ -25,6 +25,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from adx.sandboxd._spawn_spec import SpawnSpec
+
 __all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "open_write_ends", "start_pump"]
 
 PIPE_NAMES = ("stdout.pipe", "stderr.pipe")
@@ -39,10 +41,10 @@ PARTIAL_FLUSH_SECONDS = 0.5
 DRAIN_SECONDS = 2.0
 
 
-def start_pump(spec: dict[str, Any]) -> int | None:
+def start_pump(spec: SpawnSpec) -> int | None:
     """Make the FIFOs and fork the pump (the caller's child). Returns its PID, or None when no pump could be
     started: then the init's output goes to ``/dev/null`` (its start does not fail for want of a log)."""
-    sdir: str = spec["sandbox_dir"]
+    sdir: str = spec.sandbox_dir
     reads: list[int] = []
     try:
         for name in PIPE_NAMES:
@@ -106,11 +108,11 @@ def finish_pump(pid: int | None) -> None:
 class Segments:
     """The group's append-only segments: rotation at ``segment_bytes``, the group bounded by ``max_bytes``."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.dir: str = spec["log_dir"]
-        self.segment_bytes: int = spec["log_segment_bytes"]
-        self.max_bytes: int = spec["log_max_bytes"]
-        self.prefix = f"{time.time_ns():020d}-{spec['sandbox_id']}-"
+    def __init__(self, spec: SpawnSpec) -> None:
+        self.dir: str = spec.log_dir
+        self.segment_bytes: int = spec.log_segment_bytes
+        self.max_bytes: int = spec.log_max_bytes
+        self.prefix = f"{time.time_ns():020d}-{spec.sandbox_id}-"
         self.part = 0
         self.fd = -1
         self.size = 0
@@ -149,15 +151,15 @@ class Segments:
 
 
 class Pump:
-    def __init__(self, spec: dict[str, Any], fds: list[int]) -> None:
+    def __init__(self, spec: SpawnSpec, fds: list[int]) -> None:
         self.streams = dict(zip(fds, STREAMS, strict=True))
         self.pending: dict[int, tuple[bytes, float]] = {}
         self.segments = Segments(spec)
         self.raw = os.open(
-            f"{spec['sandbox_dir']}/{RAW_LOG}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+            f"{spec.sandbox_dir}/{RAW_LOG}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
         )
         self.raw_size = os.fstat(self.raw).st_size
-        self.raw_max: int = spec["log_max_bytes"]
+        self.raw_max: int = spec.log_max_bytes
         self.supervisor = os.getppid()
 
     def run(self) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup, detect_layout
 from adx.sandboxd._netpolicy import table_name
-from adx.sandboxd._supervisor import LOCK_FILE
+from adx.sandboxd._sandbox_layout import LOCK_FILE
 
 __all__ = ["Leftover", "find_orphans", "remove_orphan"]
 

@@ -37,7 +37,7 @@ from adx._fs import atomic_write_json, fsync_dir
 from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._models import SANDBOX_ID_RE, Resources, SandboxRecord
-from adx.sandboxd._supervisor import EXIT_FILE, LOCK_FILE, NATIVE_FILE, RECORD_FILE, TOMBSTONE_FILE
+from adx.sandboxd._sandbox_layout import EXIT_FILE, LOCK_FILE, NATIVE_FILE, RECORD_FILE, TOMBSTONE_FILE
 
 __all__ = ["LoadedRegistry", "Registry", "RegistryError", "Tombstone"]
 
@@ -332,14 +332,20 @@ class Registry:
         overlap the sandbox's start: they matter only for a host crash, which ends the sandbox too, and until
         they are done a crash leaves either no record or a whole one, never a torn one.
         """
+        # A fresh dir: the temp file is absent or the empty one a spare dir brought (Registry.make_spare).
+        self._install_record(record, before_rename, sync_dir=False)
+
+    def _install_record(self, record: SandboxRecord, before_rename: Callable[[], None] | None, sync_dir: bool) -> None:
+        """Temp file (fsync'd), the hook, rename over the record, and (``sync_dir``) the directory's fsync."""
         self.check_usable()
         sdir = self.sandbox_dir(record.sandbox_id)
         try:
-            # A fresh dir: the temp file is absent or the empty one a spare dir brought (Registry.make_spare).
             tmp = self._write_temp_record(record)
             if before_rename is not None:
                 before_rename()
             os.replace(tmp, sdir / RECORD_FILE)
+            if sync_dir:
+                fsync_dir(sdir)
         except OSError as exc:
             raise self._fail("record", exc, record.sandbox_id) from exc
 
@@ -375,16 +381,7 @@ class Registry:
     def replace_record(self, record: SandboxRecord, before_rename: Callable[[], None] | None = None) -> None:
         """:meth:`put` with a hook between the temp file's fsync and its rename (a test fault point): a crash
         there leaves the old record in place and a temp file the next write truncates."""
-        self.check_usable()
-        sdir = self.sandbox_dir(record.sandbox_id)
-        try:
-            tmp = self._write_temp_record(record)
-            if before_rename is not None:
-                before_rename()
-            os.replace(tmp, sdir / RECORD_FILE)
-            fsync_dir(sdir)
-        except OSError as exc:
-            raise self._fail("record", exc, record.sandbox_id) from exc
+        self._install_record(record, before_rename, sync_dir=True)
 
     def _write_tombstone_raw(self, sandbox_id: str, data: dict[str, Any]) -> None:
         atomic_write_json(self.sandbox_dir(sandbox_id) / TOMBSTONE_FILE, data)

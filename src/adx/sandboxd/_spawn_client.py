@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from adx.errors import UnavailableError, UncertainOutcomeError
+from adx.sandboxd._spawn_spec import SpawnSpec
 
 __all__ = ["FAULTS_ENV", "SpawnerProcess"]
 
@@ -98,7 +99,7 @@ class SpawnerProcess:
         self.start()
         await self.attach()
 
-    async def spawn(self, spec: dict[str, Any], deadline_seconds: float) -> dict[str, Any]:
+    async def spawn(self, spec: SpawnSpec, deadline_seconds: float) -> dict[str, Any]:
         """Returns the supervisor's report. Raises UncertainOutcomeError when the outcome is unknown."""
         if self._writer is None or not self.alive():
             async with self._restart_lock:
@@ -112,7 +113,7 @@ class SpawnerProcess:
         req = self._next
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req] = fut
-        self._writer.write(json.dumps({"req": req, "spec": spec}).encode() + b"\n")
+        self._writer.write(json.dumps({"req": req, "spec": spec.to_wire()}).encode() + b"\n")
         await self._writer.drain()
         try:
             return await asyncio.wait_for(fut, deadline_seconds)

@@ -4,7 +4,7 @@ sandboxd is an asyncio daemon with executor threads; forking (let alone raw ``cl
 process copies locks held by other threads. So sandboxd execs this small process at start (before anything
 else), and asks it over a socketpair — newline-delimited JSON — to start sandboxes. For each request the
 spawner hands the spec to a pre-forked idle child (a "zygote", in its own session) that becomes the sandbox's
-supervisor (a plain zygote has cloned that sandbox's init while idle: ``_supervisor.prepare_init``), and
+supervisor (a plain zygote has cloned that sandbox's init while idle: ``_prepared_init.prepare_init``), and
 forks the next zygote once that one has reported. Supervisors survive the spawner's and sandboxd's
 exit (orphans are re-parented to init; the spawner reaps those that exit before it). A supervisor reports its
 start result over a pipe that the spawner forwards, tagged with the request number.
@@ -12,7 +12,7 @@ start result over a pipe that the spawner forwards, tagged with the request numb
 With ``--execd`` (sandboxd starts the spawner with the interpreter execd sandboxes would exec), the spawner
 forks, before it reads any request, a *template* that imports execd. A spec marked ``execd_inproc`` goes to a
 zygote forked from that pristine copy, so its supervisor — and the sandbox's PID 1 it clones, which then runs
-execd in process instead of exec'ing a fresh interpreter (``_supervisor._become_execd``) — never holds another
+execd in process instead of exec'ing a fresh interpreter (``_in_namespace._become_execd``) — never holds another
 sandbox's spec in its memory. Every other spec goes to a zygote forked here (smaller: no execd imported), with
 ``execd_inproc`` cleared, as does an execd spec when the template is gone.
 
@@ -33,11 +33,14 @@ import selectors
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
-from adx.sandboxd._supervisor import SUPERVISOR_LOG, PreparedInit, prepare_init, run_supervisor
+from adx.sandboxd._prepared_init import PreparedInit, prepare_init
+from adx.sandboxd._sandbox_layout import SUPERVISOR_LOG
+from adx.sandboxd._spawn_spec import SpawnSpec
+from adx.sandboxd._supervisor import run_supervisor
 
 __all__ = ["main"]
 
@@ -65,7 +68,7 @@ def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout, prepare: bool
             chunks.append(chunk)
         os.close(spec_r)
         # EOF without a spec: the spawner is gone or replaced us; just exit.
-        code = _supervisor_main(json.loads(b"".join(chunks)), layout, result_w, init) if chunks else 0
+        code = _supervisor_main(SpawnSpec.from_json(b"".join(chunks)), layout, result_w, init) if chunks else 0
     finally:
         os._exit(code)
 
@@ -153,9 +156,9 @@ def _detach(keep: tuple[int, ...]) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _hand_off(zygote: _Zygote, spec: dict[str, Any]) -> int:
+def _hand_off(zygote: _Zygote, spec: SpawnSpec) -> int:
     """Give the spec to the zygote; return the read end of its result pipe. OSError if it is gone."""
-    data = json.dumps(spec).encode()
+    data = spec.to_json()
     try:
         while data:
             data = data[os.write(zygote.spec_w, data) :]
@@ -178,8 +181,8 @@ def _reap() -> None:
             return
 
 
-def _supervisor_main(spec: dict[str, Any], layout: CgroupLayout, result_fd: int, init: PreparedInit | None) -> int:
-    log = os.open(f"{spec['sandbox_dir']}/{SUPERVISOR_LOG}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def _supervisor_main(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: PreparedInit | None) -> int:
+    log = os.open(f"{spec.sandbox_dir}/{SUPERVISOR_LOG}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -216,14 +219,14 @@ class _Idle:
                 self.template.sock.close()
                 self.template = None
 
-    def hand_off(self, spec: dict[str, Any]) -> int:
+    def hand_off(self, spec: SpawnSpec) -> int:
         """The read end of the report pipe of the zygote that got ``spec``; OSError when none could take it."""
         self.refill()
-        if spec.get("execd_inproc") and self.pristine is not None:
+        if spec.execd_inproc and self.pristine is not None:
             pristine, self.pristine = self.pristine, None
             with contextlib.suppress(OSError):  # it died: a plain zygote starts the sandbox, exec'ing execd
                 return _hand_off(pristine, spec)
-        spec = {**spec, "execd_inproc": False}
+        spec = replace(spec, execd_inproc=False)
         plain, self.plain = self.plain, None
         assert plain is not None
         try:
@@ -264,7 +267,7 @@ def main() -> int:
                     line, buf = buf.split(b"\n", 1)
                     msg = json.loads(line)
                     try:
-                        pipe = idle.hand_off(msg["spec"])
+                        pipe = idle.hand_off(SpawnSpec.from_wire(msg["spec"]))
                         if "spawner.after_handoff" in os.environ.get("ADX_SANDBOXD_FAULTS", "").split(","):
                             # Test-only fault point: IPC lost mid-create, once the supervisor has reported (so
                             # the sandbox did start, whatever sandboxd records when it sees the spawner gone).

@@ -7,7 +7,7 @@ never hands it out twice; a deleted sandbox's slice stays taken until its cgroup
 it can remain to reach the next owner's files).
 
 The supervisor clones the init into the user namespace and writes its maps; the image's read-only layers and
-host binds are idmapped (``_supervisor._build_mounts``). The upper layer stores files with the sandbox's host
+host binds are idmapped (``_mounts._build_mounts``). The upper layer stores files with the sandbox's host
 IDs, so a layer restored into a sandbox with another slice is shifted here (:func:`shift_tree`).
 """
 

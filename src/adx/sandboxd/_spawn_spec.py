@@ -1,0 +1,101 @@
+"""What sandboxd tells the spawner, a zygote, the supervisor and a prepared init about one sandbox to start.
+
+It crosses three process boundaries as JSON (sandboxd -> spawner -> zygote/supervisor -> prepared init), each
+side the same version of this module. Plain dataclasses and ``json`` only: the spawner's template (the memory of
+every in-process execd PID 1) imports this, and neither pydantic nor pathlib belongs there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Limits", "SpawnSpec", "UserNamespace", "Veth"]
+
+
+@dataclass(frozen=True)
+class Veth:
+    """A veth sandbox's addresses: the host end's name and address, the sandbox end's (``eth0``)."""
+
+    host_if: str
+    host_ip: str
+    sandbox_ip: str
+    prefix: int = 30
+
+
+@dataclass(frozen=True)
+class UserNamespace:
+    """The sandbox's slice of host IDs: its root is host ID ``base``."""
+
+    base: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The cgroup limits the supervisor sets (``disk_bytes`` is the writable layer's, set by sandboxd)."""
+
+    cpu_millis: int
+    memory_bytes: int
+    pids_max: int
+    disk_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    sandbox_id: str
+    sandbox_dir: str
+    #: overlayfs lower layers, topmost first, colon-joined (a store image), or the host-derived skeleton.
+    image_root: str
+    #: host dirs the skeleton binds read-only at the same path (none for a store image).
+    image_binds: list[str]
+    init_argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    hostname: str
+    network: str  # 'host', 'none' or 'veth'
+    cgroup_parent: str
+    resources: Limits
+    log_dir: str
+    log_segment_bytes: int
+    log_max_bytes: int
+    run_dir: str | None = None
+    ro_binds: dict[str, str] = field(default_factory=dict)
+    upper_dir: str | None = None  # default: the sandbox dir's ``upper``
+    work_dir: str | None = None  # default: the sandbox dir's ``ovlwork``
+    veth: Veth | None = None
+    execd_sockets: str | None = None  # execd sandboxes: host dir of its listening sockets
+    control_dir: str | None = None  # execd sandboxes: host dir of its runtime control socket
+    userns: UserNamespace | None = None
+    allow_setuid: bool = False  # store images: sudo works (see _in_namespace)
+    execd_inproc: bool = False  # PID 1 runs execd in process (the spawner's template)
+    output_pipes: bool = False  # set by the supervisor: the init's stdout/stderr open the pump's FIFOs
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_wire()).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> SpawnSpec:
+        return cls.from_wire(json.loads(data))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object form (inside the spawner's request line). Shallow on purpose: ``asdict`` deep-copies
+        every list and dict, several times slower on the create path, and JSON only reads them."""
+        wire = dict(vars(self))
+        for name in ("resources", "veth", "userns"):
+            value = wire[name]
+            wire[name] = dict(vars(value)) if value is not None else None
+        return wire
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> SpawnSpec:
+        veth, userns = raw.get("veth"), raw.get("userns")
+        return cls(
+            **{
+                **raw,
+                "resources": Limits(**raw["resources"]),
+                "veth": Veth(**veth) if veth is not None else None,
+                "userns": UserNamespace(**userns) if userns is not None else None,
+            }
+        )
