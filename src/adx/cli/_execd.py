@@ -17,7 +17,8 @@ import typer
 from adx.cli._app import app, console, fail
 from adx.config import load_model
 from adx.errors import AdxError, InvalidInputError
-from adx.execd._config import ExecdConfig, ProbeConfig, to_argv
+from adx.execd._config import ExecdConfig, ProbeConfig, to_options
+from adx.execd._launch import init_argv
 
 
 @app.command(
@@ -69,7 +70,7 @@ def execd(
     except AdxError as exc:
         fail(exc)
     python = cfg.python or sys.executable
-    argv = [python, "-m", "adx.execd", *to_argv(cfg)]
+    argv = init_argv(to_options(cfg), python=python)
     if print_argv:
         import json
 

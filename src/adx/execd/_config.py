@@ -1,7 +1,7 @@
 """Typed configuration of execd (component ``execd``), for ``adx execd --config FILE``.
 
-Only the ``adx`` CLI imports this (pydantic); the in-sandbox process receives plain arguments instead, see
-:func:`to_argv`.
+Only the ``adx`` CLI imports this (pydantic); the in-sandbox process receives plain arguments instead:
+:func:`to_options` gives the one :class:`adx.execd._options.ExecdOptions`, which has the one argv builder.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
+from adx.execd._options import ExecdOptions
 
-__all__ = ["ExecdConfig", "ProbeConfig", "to_argv"]
+__all__ = ["ExecdConfig", "ProbeConfig", "to_options"]
 
 
 class ProbeConfig(StrictModel):
@@ -58,44 +59,31 @@ class ExecdConfig(StrictModel):
     logging: LoggingConfig = LoggingConfig()
 
 
-def to_argv(cfg: ExecdConfig) -> list[str]:
-    """Arguments of ``python -m adx.execd`` equivalent to ``cfg``."""
-    argv = ["--socket-mode", cfg.socket_mode]
-    if cfg.socket_fd is not None:
-        argv += ["--socket-fd", str(cfg.socket_fd)]
-    else:
-        argv += ["--socket", str(cfg.socket)]
-    if cfg.admin_socket_fd is not None:
-        argv += ["--admin-socket-fd", str(cfg.admin_socket_fd)]
-    elif cfg.admin_socket is not None:
-        argv += ["--admin-socket", str(cfg.admin_socket)]
-    if cfg.control_socket is not None:
-        argv += ["--control-socket", str(cfg.control_socket)]
-    if cfg.sandbox_id:
-        argv += ["--sandbox-id", cfg.sandbox_id]
-    if cfg.execution_id is not None:
-        argv += ["--execution-id", cfg.execution_id]
-    if cfg.workload_cwd is not None:
-        argv += ["--workload-cwd", cfg.workload_cwd]
-    if not cfg.exit_with_workload:
-        argv.append("--keep-running-after-workload-exit")
-    if cfg.probe is not None:
-        if cfg.probe.command is not None:
-            argv += ["--probe-command", cfg.probe.command]
-        else:
-            argv += ["--probe-tcp-port", str(cfg.probe.tcp_port)]
-        argv += ["--probe-interval", str(cfg.probe.interval_seconds), "--probe-timeout", str(cfg.probe.timeout_seconds)]
-    argv += [
-        "--grace-seconds", str(cfg.grace_seconds),
-        "--ring-bytes", str(cfg.ring_bytes),
-        "--coalesce-seconds", str(cfg.coalesce_seconds),
-        "--body-idle-timeout", str(cfg.body_idle_timeout_seconds),
-        "--write-timeout", str(cfg.write_timeout_seconds),
-        "--log-level", cfg.logging.level,
-        "--log-format", cfg.logging.format,
-    ]  # fmt: skip
-    for name in cfg.unset_env:
-        argv += ["--unset-env", name]
-    if cfg.workload:
-        argv += ["--", *cfg.workload]
-    return argv
+def to_options(cfg: ExecdConfig) -> ExecdOptions:
+    """The execd options ``cfg`` describes (``adx execd`` turns them into argv with ``_launch.init_argv``)."""
+    probe = cfg.probe
+    return ExecdOptions(
+        socket=None if cfg.socket_fd is not None else str(cfg.socket),
+        socket_fd=cfg.socket_fd,
+        admin_socket=None if cfg.admin_socket is None or cfg.admin_socket_fd is not None else str(cfg.admin_socket),
+        admin_socket_fd=cfg.admin_socket_fd,
+        control_socket=None if cfg.control_socket is None else str(cfg.control_socket),
+        sandbox_id=cfg.sandbox_id,
+        execution_id=cfg.execution_id,
+        socket_mode=int(cfg.socket_mode, 8),
+        workload=tuple(cfg.workload),
+        workload_cwd=cfg.workload_cwd,
+        exit_with_workload=cfg.exit_with_workload,
+        probe_command=None if probe is None else probe.command,
+        probe_tcp_port=None if probe is None else probe.tcp_port,
+        probe_interval=5.0 if probe is None else probe.interval_seconds,
+        probe_timeout=2.0 if probe is None else probe.timeout_seconds,
+        grace_seconds=cfg.grace_seconds,
+        ring_bytes=cfg.ring_bytes,
+        coalesce_seconds=cfg.coalesce_seconds,
+        unset_env=tuple(cfg.unset_env),
+        body_idle_timeout=cfg.body_idle_timeout_seconds,
+        write_timeout=cfg.write_timeout_seconds,
+        log_level=cfg.logging.level,
+        log_format=cfg.logging.format,
+    )

@@ -41,10 +41,11 @@ from adx.execd._activity import Activity, AdmissionClosed
 from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
 from adx.execd._http import HttpError, Request, Response, account, invalid, serve_connection
+from adx.execd._options import ExecdOptions
 from adx.execd._procs import Command, ProcessTable, SpawnError, set_window_size
 from adx.execd._watch import Watchers, handle_watchers
 
-__all__ = ["Execd", "ExecdOptions"]
+__all__ = ["Execd"]
 
 log = logging.getLogger("adx.execd")
 
@@ -68,55 +69,6 @@ RUN_FIELDS = frozenset(
         "user",
     }
 )
-
-
-class ExecdOptions:
-    """Everything execd is told at start. A plain class, not a dataclass: every import costs every sandbox."""
-
-    def __init__(
-        self,
-        socket: str | None,
-        *,
-        socket_fd: int | None = None,
-        admin_socket: str | None = None,
-        admin_socket_fd: int | None = None,
-        control_socket: str | None = None,
-        sandbox_id: str = "",
-        execution_id: str | None = None,
-        socket_mode: int = 0o600,
-        workload: list[str] | None = None,
-        workload_cwd: str | None = None,
-        exit_with_workload: bool = True,
-        probe_command: str | None = None,
-        probe_tcp_port: int | None = None,
-        probe_interval: float = 5.0,
-        probe_timeout: float = 2.0,
-        grace_seconds: float = 5.0,
-        ring_bytes: int = 1 << 20,
-        coalesce_seconds: float = 0.05,
-        unset_env: list[str] | None = None,
-        user: str | None = None,
-    ) -> None:
-        self.socket = socket
-        self.socket_fd = socket_fd  # socket activation: a listening socket inherited from the supervisor
-        self.admin_socket = admin_socket
-        self.admin_socket_fd = admin_socket_fd
-        self.control_socket = control_socket
-        self.sandbox_id = sandbox_id
-        self.execution_id = execution_id
-        self.socket_mode = socket_mode
-        self.workload = workload or []
-        self.workload_cwd = workload_cwd
-        self.exit_with_workload = exit_with_workload
-        self.probe_command = probe_command
-        self.probe_tcp_port = probe_tcp_port
-        self.probe_interval = probe_interval
-        self.probe_timeout = probe_timeout
-        self.grace_seconds = grace_seconds
-        self.ring_bytes = ring_bytes
-        self.coalesce_seconds = coalesce_seconds
-        self.unset_env = unset_env or []
-        self.user = user
 
 
 def _unlink(path: str) -> None:
@@ -231,7 +183,7 @@ class Execd:
         if self.options.workload:
             try:
                 self.workload = self.procs.spawn(
-                    self.options.workload,
+                    list(self.options.workload),
                     kind="workload",
                     capture=False,
                     cwd=self.options.workload_cwd,

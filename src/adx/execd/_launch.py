@@ -17,8 +17,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import py_compile
-from collections.abc import Sequence
 from pathlib import Path
+
+from adx.execd._options import ExecdOptions, to_argv
 
 __all__ = ["RUNTIME_MODULES", "init_argv", "install_runtime"]
 
@@ -30,6 +31,7 @@ RUNTIME_MODULES = (
     "adx/execd/__init__.py",
     "adx/execd/__main__.py",
     "adx/execd/_main.py",
+    "adx/execd/_options.py",
     "adx/execd/_daemon.py",
     "adx/execd/_accounts.py",
     "adx/execd/_http.py",
@@ -70,46 +72,12 @@ def install_runtime(dest: Path, *, compile_bytecode: bool = True) -> Path:
     return dest
 
 
-def init_argv(
-    *,
-    python: str = "python3",
-    socket: str | None = "/run/adx/execd.sock",
-    socket_fd: int | None = None,
-    admin_socket_fd: int | None = None,
-    control_socket: str | None = "/run/adx/control.sock",
-    sandbox_id: str = "",
-    execution_id: str | None = None,
-    workload: Sequence[str] = (),
-    extra: Sequence[str] = (),
-    pythonpath_only_for_execd: bool = True,
-) -> list[str]:
-    """The argv of execd as PID 1 (paths as seen inside the sandbox).
+def init_argv(options: ExecdOptions, *, python: str = "python3") -> list[str]:
+    """The argv of execd as PID 1 (paths as seen inside the sandbox): ``python -m adx.execd`` and the options.
 
-    ``socket_fd`` / ``admin_socket_fd``: socket activation — the runtime bound and listens on the sockets at
-    host-only paths and hands PID 1 the listening descriptors (``socket`` is then ignored). This is how
-    sandboxd starts execd: a path inside the sandbox would be replaceable from inside.
-
-    ``pythonpath_only_for_execd``: the sandbox's PYTHONPATH points at execd's modules; keep it out of the
-    workload's and commands' environment.
+    sandboxd starts execd with socket activation (``socket_fd`` / ``admin_socket_fd``): it binds and listens on
+    the sockets at host-only paths and hands PID 1 the listening descriptors, since a path inside the sandbox
+    would be replaceable from inside. It also puts ``PYTHONPATH`` (execd's modules) in ``unset_env``, to keep it
+    out of the workload's and commands' environment.
     """
-    argv = [python, "-m", "adx.execd"]
-    if socket_fd is not None:
-        argv += ["--socket-fd", str(socket_fd)]
-    elif socket is not None:
-        argv += ["--socket", socket]
-    else:
-        raise ValueError("give socket or socket_fd")
-    if admin_socket_fd is not None:
-        argv += ["--admin-socket-fd", str(admin_socket_fd)]
-    if control_socket:
-        argv += ["--control-socket", control_socket]
-    if sandbox_id:
-        argv += ["--sandbox-id", sandbox_id]
-    if execution_id:
-        argv += ["--execution-id", execution_id]
-    if pythonpath_only_for_execd:
-        argv += ["--unset-env", "PYTHONPATH"]
-    argv += list(extra)
-    if workload:
-        argv += ["--", *workload]
-    return argv
+    return [python, "-m", "adx.execd", *to_argv(options)]

@@ -15,22 +15,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from adx.errors import AdxError, ConflictError, InvalidInputError, UnavailableError, UncertainOutcomeError
-from adx.execd._launch import init_argv
 from adx.images import ImageManifest
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd import _checkpoint as ckpt
 from adx.sandboxd._faults import fault
 from adx.sandboxd._layers import ensure_mountpoints
-from adx.sandboxd._models import CreateRequest, CreateResponse, ExecdOptions, NativeIdentity, Resources, SandboxRecord
+from adx.sandboxd._models import CreateRequest, CreateResponse, NativeIdentity, Resources, SandboxRecord
 from adx.sandboxd._preflight import SANDBOX_PATH
 from adx.sandboxd._reconcile import StartupReconcile
 from adx.sandboxd._sandbox_layout import (
     CONTROL_DIR,
-    CONTROL_DIR_INSIDE,
-    CONTROL_SOCKET,
-    EXECD_ADMIN_SOCKET_FD,
     EXECD_MOUNT,
-    EXECD_SOCKET_FD,
     SOCKETS_DIR,
 )
 from adx.sandboxd._spawn_spec import Limits, SpawnSpec, UserNamespace
@@ -130,9 +125,7 @@ class SandboxCreator(StartupReconcile):
             request_id=req.request_id,
             request_digest=digest,
             argv=req.argv,
-            init_argv=self._execd_argv(sandbox_id, req.argv, req.execd, user)
-            if req.execd
-            else (req.init_argv or req.argv),
+            init_argv=req.execd.init_argv(sandbox_id, req.argv, user) if req.execd else (req.init_argv or req.argv),
             execd=req.execd,
             env=env,
             cwd=cwd,
@@ -200,32 +193,6 @@ class SandboxCreator(StartupReconcile):
                 f"layers missing from this node's image store: {', '.join(d[:12] for d in missing)}",
                 details={"missing": missing},
             )
-
-    @staticmethod
-    def _execd_argv(sandbox_id: str, workload: list[str], opts: ExecdOptions, user: str | None = None) -> list[str]:
-        extra = ["--grace-seconds", str(opts.grace_seconds)]
-        if user is not None:
-            extra += ["--user", user]
-        if not workload or not opts.exit_with_workload:
-            extra.append("--keep-running-after-workload-exit")
-        if opts.probe is not None:
-            if opts.probe.command is not None:
-                extra += ["--probe-command", opts.probe.command]
-            else:
-                extra += ["--probe-tcp-port", str(opts.probe.tcp_port)]
-            extra += ["--probe-interval", str(opts.probe.interval_seconds)]
-            extra += ["--probe-timeout", str(opts.probe.timeout_seconds)]
-        return init_argv(
-            python=opts.python,
-            socket=None,
-            socket_fd=EXECD_SOCKET_FD,
-            admin_socket_fd=EXECD_ADMIN_SOCKET_FD,
-            control_socket=f"{CONTROL_DIR_INSIDE}/{CONTROL_SOCKET}",
-            sandbox_id=sandbox_id,
-            execution_id=opts.execution_id,
-            workload=workload,
-            extra=extra,
-        )
 
     def _allocate_ids(self, prefer: int | None) -> int | None:
         """The new sandbox's slice of ``id_range`` (None without user namespaces). Taken: every record's, and a

@@ -12,7 +12,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from adx.execd import _options as execd_options
+from adx.execd._launch import init_argv
 from adx.model import NetworkPolicy
+from adx.sandboxd._sandbox_layout import CONTROL_DIR_INSIDE, CONTROL_SOCKET, EXECD_ADMIN_SOCKET_FD, EXECD_SOCKET_FD
 from adx.sandboxd._states import State
 
 __all__ = [
@@ -109,6 +112,28 @@ class ExecdOptions(_Model):
     )
     probe: ProbeOptions | None = None
     grace_seconds: float = Field(default=5.0, ge=0, le=3600, description="SIGTERM -> SIGKILL at execd's exit")
+
+    def init_argv(self, sandbox_id: str, workload: list[str], user: str | None) -> list[str]:
+        """PID 1's argv: execd on the descriptors and control socket sandboxd prepares (``_sandbox_layout``)."""
+        probe = self.probe
+        options = execd_options.ExecdOptions(
+            socket_fd=EXECD_SOCKET_FD,
+            admin_socket_fd=EXECD_ADMIN_SOCKET_FD,
+            control_socket=f"{CONTROL_DIR_INSIDE}/{CONTROL_SOCKET}",
+            sandbox_id=sandbox_id,
+            execution_id=self.execution_id,
+            workload=tuple(workload),
+            user=user,
+            # without a workload there is nothing to exit with
+            exit_with_workload=bool(workload) and self.exit_with_workload,
+            probe_command=None if probe is None else probe.command,
+            probe_tcp_port=None if probe is None else probe.tcp_port,
+            probe_interval=5.0 if probe is None else probe.interval_seconds,
+            probe_timeout=2.0 if probe is None else probe.timeout_seconds,
+            grace_seconds=self.grace_seconds,
+            unset_env=("PYTHONPATH",),  # execd's modules: not the workload's business
+        )
+        return init_argv(options, python=self.python)
 
 
 class NativeIdentity(_Model):
