@@ -216,3 +216,10 @@ def test_sandboxd_starts_execd_with_its_options() -> None:
     assert opts.grace_seconds == 1.0 and opts.exit_with_workload and opts.workload == ("sleep", "100")
     assert opts.unset_env == ("PYTHONPATH",)
     assert not parse_argv(api.init_argv("sbx-2", [], None)[3:]).exit_with_workload, "no workload: keep serving"
+
+
+def test_the_http_timeouts_default_to_the_servers_own() -> None:
+    from adx.execd import _http
+
+    defaults = ExecdOptions()
+    assert (defaults.body_idle_timeout, defaults.write_timeout) == (_http.BODY_IDLE_TIMEOUT, _http.WRITE_TIMEOUT)

@@ -7,8 +7,10 @@ import dataclasses
 import json
 import logging
 import signal
+from collections.abc import Callable
 from types import ModuleType
 
+from adx._httpserver import HttpLimits, HttpRequest, HttpResponse, serve_http
 from adx.agents._catalog import publish_graphs
 from adx.agents._config import AgentWorkerConfig
 from adx.agents._driver import DurableGraphDriverOptions
@@ -57,31 +59,27 @@ def build_executables(module: ModuleType) -> ExecutableGraphRegistry:
     return executables.build()
 
 
-async def serve_health(worker: AgentWorker, host: str, port: int) -> asyncio.Server:
+#: A health probe sends a bare GET: anything larger or slower is not one.
+HEALTH_LIMITS = HttpLimits(head_bytes=8 << 10, header_count=50, body_bytes=1 << 10, head_seconds=5.0, body_seconds=5.0)
+
+
+async def serve_health(health: Callable[[], AgentWorkerHealth], host: str, port: int) -> asyncio.Server:
     """A minimal HTTP endpoint: ``GET /healthz`` -> the worker's health as JSON (503 unless ready).
 
-    Only local state and counters are served; never request content (AGT-14)."""
+    Only local state and counters are served; never request content (AGT-14). One request per connection."""
+
+    async def answer(request: HttpRequest) -> HttpResponse:
+        if request.method != "GET" or request.target != "/healthz":
+            return HttpResponse(404, b'{"error": "not found"}')
+        now = health()
+        status = 200 if now.ready and now.state == "running" else 503
+        return HttpResponse(status, json.dumps(dataclasses.asdict(now)).encode())
+
+    def refusal(status: int, message: str) -> bytes:
+        return json.dumps({"error": message}).encode()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-            if not request.startswith(b"GET ") or path != b"/healthz":
-                status, body = "404 Not Found", b'{"error": "not found"}'
-            else:
-                health = worker.health()
-                status = "200 OK" if health.ready and health.state == "running" else "503 Service Unavailable"
-                body = json.dumps(dataclasses.asdict(health)).encode()
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+        await serve_http(reader, writer, answer, refusal, HEALTH_LIMITS, keep_alive=False)
 
     return await asyncio.start_server(handle, host, port)
 
@@ -157,7 +155,9 @@ async def run_worker(cfg: AgentWorkerConfig, module: ModuleType | None = None) -
                 liveness_grace_seconds=cfg.liveness_grace_seconds or None,
             ),
         )
-        server = await serve_health(worker, cfg.health_host, cfg.health_port) if cfg.health_port is not None else None
+        server = (
+            await serve_health(worker.health, cfg.health_host, cfg.health_port) if cfg.health_port is not None else None
+        )
         if server is not None:
             bound = server.sockets[0].getsockname()
             log.info("health endpoint listening", extra={"address": f"{bound[0]}:{bound[1]}"})

@@ -1,9 +1,11 @@
 """A minimal HTTP/1.1 server on asyncio streams (standard library only).
 
-Why not a framework: execd runs in every sandbox and its idle memory is paid per sandbox; fastapi/pydantic
-cost tens of MiB. What is implemented is what execd needs: request line and headers, ``Content-Length`` and
-``chunked`` request bodies read incrementally, fixed-length and chunked (streamed) responses, keep-alive,
-and backpressure through ``drain()``. No TLS (Unix sockets only), no pipelining guarantees beyond serial.
+Why not a framework, nor the shared ``adx._httpserver`` (h11) that sandboxd's API and the agent worker's health
+endpoint use: execd runs in every sandbox and its idle memory is paid per sandbox (fastapi/pydantic cost tens
+of MiB; h11 and dataclasses are more modules resident in every PID 1), and it streams responses. What is
+implemented is what execd needs: request line and headers, ``Content-Length`` and ``chunked`` request bodies
+read incrementally, fixed-length and chunked (streamed) responses, keep-alive, and backpressure through
+``drain()``. No TLS (Unix sockets only), no pipelining guarantees beyond serial.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ IDLE_TIMEOUT = 120.0
 CHUNK = 64 * 1024
 DISCARD_LIMIT = 1 << 20
 #: A request body that stalls this long fails (408): an abandoned upload must not count as activity forever.
-BODY_IDLE_TIMEOUT = 60.0
+BODY_IDLE_TIMEOUT = 60.0  # the defaults are ExecdOptions'; _main sets both from the options
 #: A client that reads nothing of a response for this long is dropped, for the same reason.
 WRITE_TIMEOUT = 300.0
 

@@ -4,7 +4,9 @@ Why HTTP and not gRPC here: grpcio for Python exposes no peer credentials on Uni
 just ``unix:``), and SBX-4/SEC-5 require checking the connecting process's UID. An asyncio stream server
 hands us the connected socket, so every connection's ``SO_PEERCRED`` is read before any byte of a request
 is parsed. The protocol is deliberately tiny — ``POST /v1/<Call>``, ``Content-Length`` bodies, keep-alive —
-and the typed models in ``_models`` are the contract; ``_client`` speaks it on asyncio streams.
+and the typed models in ``_models`` are the contract; ``_client`` speaks it on asyncio streams. HTTP itself
+(parsing, and the caps on request line, headers, body and time) is ``adx._httpserver``, shared with the agent
+worker's health endpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from adx._httpserver import HttpLimits, HttpRequest, HttpResponse, refuse_connection, serve_http
 from adx.errors import (
     AdxError,
     InvalidInputError,
@@ -35,8 +38,8 @@ __all__ = ["ApiServer", "Route"]
 
 log = logging.getLogger("adx.sandboxd.api")
 
-MAX_BODY = 16 << 20
-IDLE_TIMEOUT = 300.0
+#: Create requests carry whole specs (env, argv, metadata): 16 MiB is far above any real one.
+LIMITS = HttpLimits(body_bytes=16 << 20, head_seconds=30.0, body_seconds=30.0, idle_seconds=300.0)
 
 Handler = Callable[[Any], Awaitable[BaseModel]]
 
@@ -55,6 +58,11 @@ def _error_body(exc: AdxError) -> tuple[int, str, bytes]:
     reason = HTTPStatus(status).phrase
     body = json.dumps({"error": {"code": exc.code, "message": exc.message, "details": exc.details}}, default=str)
     return status, reason, body.encode()
+
+
+def _refusal(status: int, message: str) -> bytes:
+    """A request refused by the HTTP limits (``LIMITS``): its status, the body every sandboxd error has."""
+    return _error_body(InvalidInputError("request", message))[2]
 
 
 class ApiServer:
@@ -90,54 +98,25 @@ class ApiServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
-            if uid != self.allowed_uid:
-                log.warning("refused peer", extra={"peer_pid": pid, "peer_uid": uid})
-                exc = PermissionDeniedError(f"peer uid {uid} is not allowed (sandboxd runs as uid {self.allowed_uid})")
-                await self._respond(writer, *_error_body(exc), keep_alive=False)
-                # Half-close, then swallow what the peer already sent: closing with unread bytes makes the
-                # kernel send RST, which can destroy the refusal before the peer reads it.
-                with contextlib.suppress(Exception):
-                    writer.write_eof()
-                    async with asyncio.timeout(1.0):
-                        while await reader.read(65536):
-                            pass
-                return
-            while True:
-                keep = await self._one_request(reader, writer)
-                if not keep:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-            return  # a broken or malformed peer: drop the connection (only same-UID peers get this far)
+        except OSError:
+            writer.close()
+            return
+        if uid == self.allowed_uid:
+            await serve_http(reader, writer, self._serve, _refusal, LIMITS)
+            return
+        log.warning("refused peer", extra={"peer_pid": pid, "peer_uid": uid})
+        exc = PermissionDeniedError(f"peer uid {uid} is not allowed (sandboxd runs as uid {self.allowed_uid})")
+        status, _reason, body = _error_body(exc)
+        try:
+            await refuse_connection(reader, writer, HttpResponse(status, body), LIMITS)
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
-        if not line:
-            return False
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3:
-            await self._respond(writer, *_error_body(InvalidInputError("request", "malformed request line")), False)
-            return False
-        method, path, _version = parts
-        headers: dict[str, str] = {}
-        while True:
-            h = await asyncio.wait_for(reader.readline(), 30.0)
-            if h in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = h.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0") or 0)
-        if length > MAX_BODY:
-            await self._respond(writer, 413, "Payload Too Large", b'{"error":{"code":"invalid_input"}}', False)
-            return False
-        body = await asyncio.wait_for(reader.readexactly(length), 30.0) if length else b""
-        keep_alive = headers.get("connection", "").lower() != "close"
-        status, reason, payload = await self._dispatch(method, path, body)
-        await self._respond(writer, status, reason, payload, keep_alive)
-        return keep_alive
+    async def _serve(self, request: HttpRequest) -> HttpResponse:
+        status, _reason, payload = await self._dispatch(request.method, request.target, request.body)
+        return HttpResponse(status, payload)
 
     async def _dispatch(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         route = self.routes.get(path.removeprefix("/v1/")) if path.startswith("/v1/") else None
@@ -173,14 +152,3 @@ class ApiServer:
         except Exception as exc:
             log.exception("unexpected error in %s", path)
             return _error_body(AdxError(f"internal error: {type(exc).__name__}: {exc}"))
-
-    @staticmethod
-    async def _respond(
-        writer: asyncio.StreamWriter, status: int, reason: str, payload: bytes, keep_alive: bool
-    ) -> None:
-        head = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
-        )
-        writer.write(head.encode() + payload)
-        await writer.drain()
