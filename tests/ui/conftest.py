@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import UpCluster, up_cluster
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, Page, sync_playwright
 
-__all__ = ["up_cluster"]
+__all__ = ["Dashboard", "shot", "sign_in", "up_cluster"]
 
 _ARTIFACTS: list[Path] = []
 
@@ -58,6 +59,45 @@ def browser() -> Iterator[Browser]:
             yield b
         finally:
             b.close()
+
+
+#: The browser logs every API refusal the page shows (a wrong key's 401, a refused create's 422) as a failed
+#: resource: those are answers the tests ask for. A missing file (404), a script error or a CSP violation
+#: ("Refused to ...") is not.
+API_REFUSAL = re.compile(
+    r"^console error: Failed to load resource: the server responded with a status of (401|409|422)"
+)
+
+
+@pytest.fixture
+def page(browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """The dashboard in a new browser context; fails the test on any script error, CSP violation, missing file
+    or key in a requested URL, and saves a screenshot of the end."""
+    context = browser.new_context(viewport={"width": 1500, "height": 900})
+    page = context.new_page()
+    problems: list[str] = []
+    requested: list[str] = []
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    # A CSP violation (or any script error) is reported on the console as an error.
+    page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("request", lambda req: requested.append(req.url))
+    page.goto(f"{dashboard.url}/ui")
+    yield page
+    page.screenshot(path=str(dashboard.screenshots / f"{request.node.name}-end.png"), full_page=True)
+    context.close()
+    for url in requested:
+        assert dashboard.tenant_key not in url and dashboard.admin_key not in url, url
+    unexpected = [p for p in problems if not API_REFUSAL.search(p)]
+    assert not unexpected, unexpected
+
+
+def sign_in(page: Page, key: str) -> None:
+    page.fill("#key", key)
+    page.click("#sign-in")
+
+
+def shot(page: Page, dashboard: Dashboard, name: str) -> None:
+    page.screenshot(path=str(dashboard.screenshots / f"{name}.png"), full_page=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

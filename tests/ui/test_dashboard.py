@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 from cli_helpers import ADX, UpCluster
-from conftest import Dashboard
-from playwright.sync_api import Browser, Page, expect
+from conftest import Dashboard, shot, sign_in
+from playwright.sync_api import Page, expect
 
 from adx.api._ui import CSP
 
@@ -27,41 +27,6 @@ pytestmark = pytest.mark.slow
 
 #: Creating runs a real sandbox, pause checkpoints it: generous for a loaded 2-core machine.
 STATE_TIMEOUT_MS = 90_000
-API_REFUSAL = re.compile(
-    r"^console error: Failed to load resource: the server responded with a status of (401|409|422)"
-)
-
-
-@pytest.fixture
-def page(browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1500, "height": 900})
-    page = context.new_page()
-    problems: list[str] = []
-    requested: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    # A CSP violation (or any script error) is reported on the console as an error.
-    page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
-    page.on("request", lambda req: requested.append(req.url))
-    page.goto(f"{dashboard.url}/ui")
-    yield page
-    page.screenshot(path=str(dashboard.screenshots / f"{request.node.name}-end.png"), full_page=True)
-    context.close()
-    for url in requested:
-        assert dashboard.tenant_key not in url and dashboard.admin_key not in url, url
-    # The browser logs every API refusal the page shows (a wrong key's 401, a refused create's 422) as a failed
-    # resource: those are answers the tests ask for. A missing file (404), a script error or a CSP violation
-    # ("Refused to ...") is not.
-    unexpected = [p for p in problems if not API_REFUSAL.search(p)]
-    assert not unexpected, unexpected
-
-
-def sign_in(page: Page, key: str) -> None:
-    page.fill("#key", key)
-    page.click("#sign-in")
-
-
-def shot(page: Page, dashboard: Dashboard, name: str) -> None:
-    page.screenshot(path=str(dashboard.screenshots / f"{name}.png"), full_page=True)
 
 
 def test_served_with_a_strict_csp_from_a_fixed_list_of_files(dashboard: Dashboard) -> None:
@@ -75,9 +40,10 @@ def test_served_with_a_strict_csp_from_a_fixed_list_of_files(dashboard: Dashboar
         assert index.headers["x-frame-options"] == "DENY" and index.headers["x-content-type-options"] == "nosniff"
         # No inline script or style: the CSP would block them, so none may be needed.
         assert not re.search(r"<script(?![^>]*\bsrc=)", index.text) and " style=" not in index.text
-        script = http.get("/ui/app.js")
-        assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
-        assert "innerHTML" not in script.text and "eval(" not in script.text
+        for name in ("app.js", "terminal.js"):
+            script = http.get(f"/ui/{name}")
+            assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+            assert "innerHTML" not in script.text and "eval(" not in script.text, name
         for path in ("/ui/missing.js", "/ui/..%2Fpyproject.toml", "/ui/_ui.py"):
             missing = http.get(path)
             assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found", path

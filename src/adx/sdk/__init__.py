@@ -7,6 +7,7 @@ from adx.sdk._async import AsyncClient, AsyncCommandStream, AsyncEnvironment
 from adx.sdk._client import Client, CommandStream, Environment
 from adx.sdk._errors import BadResponseError, WaitTimeoutError
 from adx.sdk._models import CommandResult, OutputChunk
+from adx.sdk._pty import AsyncPty, Pty, PtySize
 from adx.sdk._settings import credentials_path, read_credentials, resolve, write_credentials
 from adx.sdk._spec import PausePolicy, RestartPolicy, Retention, build_spec
 from adx.sdk._tokens import AsyncTokens, Tokens
@@ -15,6 +16,7 @@ __all__ = [
     "AsyncClient",
     "AsyncCommandStream",
     "AsyncEnvironment",
+    "AsyncPty",
     "AsyncTokens",
     "AuthenticationError",
     "BadResponseError",
@@ -30,6 +32,8 @@ __all__ = [
     "LogEntry",
     "OutputChunk",
     "PausePolicy",
+    "Pty",
+    "PtySize",
     "RestartPolicy",
     "Retention",
     "Tokens",

@@ -42,6 +42,7 @@ from adx.sdk._models import (
     command_body,
     not_started,
 )
+from adx.sdk._pty import AsyncPty, PtySize, pty_body
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
 from adx.sdk._tokens import AsyncTokens
@@ -310,6 +311,21 @@ class AsyncEnvironment(EnvironmentFields):
             page = await self.logs(cursor=page.cursor or None, since=since, wait_seconds=FOLLOW_WAIT_SECONDS)
 
     # The same parameter names as the sync twin: the SDK's two clients read the same.
+    def pty(
+        self,
+        command: str | Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        term: str = "xterm",
+    ) -> AsyncPty:
+        """``async with env.pty() as term:``; see :class:`AsyncPty`."""
+        body = pty_body(command, PtySize(rows, cols), env=env, cwd=cwd, timeout=timeout, term=term)
+        return AsyncPty(self._client, self.id, AsyncCommandStream(self._client, self.id, body, FrameReader()))
+
     async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109
         deadline = time.monotonic() + timeout
         started = time.monotonic()
@@ -338,7 +354,7 @@ class AsyncCommandStream(AbstractAsyncContextManager["AsyncCommandStream"]):
         self._body = body
         self._reader = reader
         self._response: httpx.Response | None = None
-        self._done = False
+        self._line_iter: AsyncIterator[str] | None = None
 
     async def __aenter__(self) -> AsyncCommandStream:
         what = "run command"
@@ -368,20 +384,38 @@ class AsyncCommandStream(AbstractAsyncContextManager["AsyncCommandStream"]):
         if self._response is not None:
             await self._response.aclose()
 
-    async def __aiter__(self) -> AsyncIterator[OutputChunk]:
+    def _lines(self) -> AsyncIterator[str]:
         if self._response is None:
             raise AdxError("use the stream inside an async with block")
-        if self._done:
-            return
+        if self._line_iter is None:  # one iterator: started() and __aiter__ read the same lines in turn
+            self._line_iter = self._response.aiter_lines()
+        return self._line_iter
+
+    async def started(self) -> str:
+        """See ``CommandStream.started``: the command's ID, from the first frame."""
         try:
-            async for line in self._response.aiter_lines():
+            async for line in self._lines():
+                self._reader.feed(line)
+                if self._reader.id:
+                    break
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, "run command", sent=True) from None
+        return self._reader.id
+
+    @property
+    def finished(self) -> bool:
+        return self._reader.final is not None
+
+    async def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        # Lines come from one iterator: a loop that stopped early (env.pty() reads up to a prompt) and iterates
+        # again goes on where it stopped.
+        try:
+            async for line in self._lines():
                 chunk = self._reader.feed(line)
                 if chunk is not None:
                     yield chunk
         except httpx.HTTPError as exc:
             raise transport_error(exc, "run command", sent=True) from None
-        finally:
-            self._done = True
 
     async def result(self) -> CommandResult:
         async for _ in self:

@@ -29,6 +29,7 @@ from adx.sdk._models import (
     command_body,
     not_started,
 )
+from adx.sdk._pty import Pty, PtySize, pty_body
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
 from adx.sdk._tokens import Tokens
@@ -393,6 +394,21 @@ class Environment(EnvironmentFields):
             yield from page.lines
             page = self.logs(cursor=page.cursor or None, since=since, wait_seconds=FOLLOW_WAIT_SECONDS)
 
+    def pty(
+        self,
+        command: str | Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        term: str = "xterm",
+    ) -> Pty:
+        """``with env.pty() as term:`` a login shell (or ``command``) on a pseudo-terminal; see :class:`Pty`."""
+        body = pty_body(command, PtySize(rows, cols), env=env, cwd=cwd, timeout=timeout, term=term)
+        return Pty(self._client, self.id, CommandStream(self._client, self.id, body, FrameReader()))
+
     def wait_until_running(self, timeout: float = 120.0) -> Environment:
         """Poll until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted."""
         deadline = time.monotonic() + timeout
@@ -422,7 +438,7 @@ class CommandStream(AbstractContextManager["CommandStream"]):
         self._body = body
         self._reader = reader
         self._response: httpx.Response | None = None
-        self._done = False
+        self._line_iter: Iterator[str] | None = None
 
     def __enter__(self) -> CommandStream:
         what = "run command"
@@ -454,20 +470,39 @@ class CommandStream(AbstractContextManager["CommandStream"]):
         if self._response is not None:
             self._response.close()  # hanging up kills a still-running foreground command
 
-    def __iter__(self) -> Iterator[OutputChunk]:
+    def _lines(self) -> Iterator[str]:
         if self._response is None:
             raise AdxError("use the stream inside a with block")
-        if self._done:
-            return
+        if self._line_iter is None:  # one iterator: started() and __iter__ read the same lines in turn
+            self._line_iter = self._response.iter_lines()
+        return self._line_iter
+
+    def started(self) -> str:
+        """Read up to the start frame (always the first) and answer the command's ID; no output is skipped."""
         try:
-            for line in self._response.iter_lines():
+            for line in self._lines():
+                self._reader.feed(line)
+                if self._reader.id:
+                    break
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, "run command", sent=True) from None
+        return self._reader.id
+
+    @property
+    def finished(self) -> bool:
+        """The exit frame was read."""
+        return self._reader.final is not None
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        # Lines come from one iterator: a loop that stopped early (env.pty() reads up to a prompt) and iterates
+        # again goes on where it stopped.
+        try:
+            for line in self._lines():
                 chunk = self._reader.feed(line)
                 if chunk is not None:
                     yield chunk
         except httpx.HTTPError as exc:
             raise transport_error(exc, "run command", sent=True) from None
-        finally:
-            self._done = True
 
     @property
     def result(self) -> CommandResult:

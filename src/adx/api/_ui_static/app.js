@@ -111,6 +111,7 @@ function signOut() {
   sessionStorage.removeItem(KEY);
   sessionStorage.removeItem(KIND);
   clearTimeout(state.timer);
+  closeTerminal();
   state.usage.clear();
   $("login").hidden = false;
   $("nav").hidden = true;
@@ -246,6 +247,7 @@ const ACTIONS = {
   pause: (s) => s === "running",
   resume: (s) => s === "paused",
   delete: (s) => s !== "deleting" && s !== "deleted",
+  terminal: (s) => s === "running", // a shell on a PTY (terminal.js)
 };
 
 function renderEnvironments(list) {
@@ -282,6 +284,7 @@ async function envAction(event) {
   const button = event.target.closest("button[data-action]");
   if (!button) return;
   const { action, env } = button.dataset;
+  if (action === "terminal") return openTerminal(env, () => `Bearer ${sessionStorage.getItem(KEY) || ""}`);
   if (action === "delete" && state.armedDelete !== env) {
     // Two steps instead of a confirm() dialog: a delete cannot be undone.
     state.armedDelete = env;
