@@ -35,9 +35,18 @@ from fastapi.responses import JSONResponse, Response
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import network_policy
+from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import Plane, environment_id_or_404, plane, read_json, retry_after_seconds, status_for
-from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
+from adx.model import (
+    SNAPSHOT,
+    EnvironmentRecord,
+    EnvironmentSpec,
+    EnvironmentState,
+    EnvironmentStats,
+    IdleAction,
+    parse_wire,
+)
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
@@ -199,9 +208,11 @@ async def create_sandbox(request: Request) -> Response:
     if not isinstance(auto_pause, bool):
         raise InvalidInputError("autoPause", "must be a boolean")
     network = network_policy(body.get("allow_internet_access"), body.get("network"))
+    from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
         "network": network.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "image": template,
+        # From a snapshot the image is the snapshot's (the Coordinator sets it): the template names no image.
+        "image": "base" if from_snapshot else template,
         "resources": {"cpuMillis": DEFAULT_CPU_MILLIS, "memoryBytes": DEFAULT_MEMORY_BYTES},
         "env": body.get("envVars") or {},
         "metadata": body.get("metadata") or {},
@@ -211,11 +222,29 @@ async def create_sandbox(request: Request) -> Response:
         },
     }
     spec = parse_wire(EnvironmentSpec, wire)
-    p.check_image(spec.image, "templateID")
     key = request.headers.get("idempotency-key") or None
-    record, _ = await p.coordinator.create_environment(tenant, spec, key)
+    if from_snapshot:
+        record = await create_from_snapshot(p, tenant, template, spec, key)
+    else:
+        record, _ = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)
     return JSONResponse(created_view(request, record), status_code=201)
+
+
+async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
+    """E2B starts a sandbox from a snapshot by naming it as the template: a snapshot ID (``snap-...``), or a
+    snapshot's name where no image has that name (an image wins: the image store is asked first)."""
+    if template.startswith(f"{SNAPSHOT}-"):
+        return True
+    try:
+        p.check_image(template, "templateID")
+    except InvalidInputError as missing:
+        try:
+            await get_snapshot(p, tenant, template)
+        except NotFoundError:
+            raise missing from None
+        return True
+    return False
 
 
 @router.get("/v2/sandboxes")
