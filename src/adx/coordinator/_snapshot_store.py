@@ -15,7 +15,13 @@ from __future__ import annotations
 import time
 
 from adx.coordinator._scripts import fenced
-from adx.coordinator._store import RETIRED_CHECKPOINTS, SNAPSHOT_CHECKPOINTS, CoordinatorStore, checkpoint_key
+from adx.coordinator._store import (
+    RETIRED_CHECKPOINTS,
+    SNAPSHOT_CHECKPOINTS,
+    CoordinatorStore,
+    _text,
+    checkpoint_key,
+)
 from adx.errors import NotFoundError
 from adx.model import Snapshot
 
@@ -60,10 +66,6 @@ end
 return {1, ''}
 """
 )
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class SnapshotStore:

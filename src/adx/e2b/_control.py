@@ -24,9 +24,9 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
@@ -66,6 +66,7 @@ _CREATE_FIELDS = frozenset(
 
 router = APIRouter(include_in_schema=False)
 P = ParamSpec("P")
+T = TypeVar("T")
 _log = logging.getLogger(__name__)
 #: The first path segments of E2B's API (its SDK's routes): anything under them that ADX does not serve still
 #: answers E2B's error shape, so the SDK raises its own exception instead of failing to parse ADX's.
@@ -255,12 +256,7 @@ async def list_sandboxes(request: Request) -> Response:
     query = request.query_params
     wanted_metadata = dict(parse_qsl(query.get("metadata", ""), keep_blank_values=True))
     states = {s for part in query.getlist("state") for s in part.split(",") if s} or {"running", "paused"}
-    try:
-        limit = min(int(query.get("limit", MAX_PAGE)), MAX_PAGE)
-        if limit < 1:
-            raise ValueError
-    except ValueError:
-        raise InvalidInputError("limit", f"must be an integer from 1 to {MAX_PAGE}") from None
+    limit = page_limit(query)
     order = query.get("order") or "desc"  # E2B lists newest first unless asked otherwise
     if order not in ("asc", "desc"):
         raise InvalidInputError("order", f"must be 'asc' or 'desc', got {order!r}")
@@ -275,13 +271,28 @@ async def list_sandboxes(request: Request) -> Response:
         and (template is None or r.spec.image == template)
     ]
     records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
-    start = 0
-    if token := query.get("nextToken"):
-        ids = [r.id for r in records]
-        start = ids.index(token) if token in ids else len(ids)
-    page = records[start : start + limit]
-    headers = {"x-next-token": records[start + limit].id} if start + limit < len(records) else {}
+    page, headers = paged(records, [r.id for r in records], query.get("nextToken"), limit)
     return JSONResponse([sandbox_view(p, request, r, detail=False) for r in page], headers=headers)
+
+
+def page_limit(query: Mapping[str, str]) -> int:
+    """``limit``: 1 to MAX_PAGE (more is read as MAX_PAGE, as E2B caps it)."""
+    try:
+        limit = min(int(query.get("limit", MAX_PAGE)), MAX_PAGE)
+        if limit < 1:
+            raise ValueError
+    except ValueError:
+        raise InvalidInputError("limit", f"must be an integer from 1 to {MAX_PAGE}") from None
+    return limit
+
+
+def paged(items: list[T], ids: list[str], token: str | None, limit: int) -> tuple[list[T], dict[str, str]]:
+    """One page of ``items`` (in their order) after the item ``token`` names, and the ``x-next-token`` header."""
+    start = 0
+    if token:
+        start = ids.index(token) if token in ids else len(ids)
+    headers = {"x-next-token": ids[start + limit]} if start + limit < len(items) else {}
+    return items[start : start + limit], headers
 
 
 def _instant_param(value: str | None, field: str) -> float | None:

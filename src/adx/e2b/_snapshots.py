@@ -25,7 +25,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._control import (
-    MAX_PAGE,
     _object,
     _tenant,
     _timeout,
@@ -33,6 +32,8 @@ from adx.e2b._control import (
     _wait_running,
     created_view,
     e2b_errors,
+    page_limit,
+    paged,
 )
 from adx.e2b._snapshot_client import create_from_snapshot, create_snapshot, delete_snapshot, list_snapshots
 from adx.errors import AdxError, InvalidInputError
@@ -84,12 +85,7 @@ async def list_snapshots_route(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
     query = request.query_params
-    try:
-        limit = min(int(query.get("limit", MAX_PAGE)), MAX_PAGE)
-        if limit < 1:
-            raise ValueError
-    except ValueError:
-        raise InvalidInputError("limit", f"must be an integer from 1 to {MAX_PAGE}") from None
+    limit = page_limit(query)
     name = query.get("name") or None
     found = [
         s
@@ -97,12 +93,7 @@ async def list_snapshots_route(request: Request) -> Response:
         if name is None or name in (s.id, s.name) or (s.name is not None and name.removesuffix(":latest") == s.name)
     ]
     found.sort(key=lambda s: (s.created_at, s.id), reverse=True)  # newest first, as E2B's sandbox list
-    start = 0
-    if token := query.get("nextToken"):
-        ids = [s.id for s in found]
-        start = ids.index(token) if token in ids else len(ids)
-    page = found[start : start + limit]
-    headers = {"x-next-token": found[start + limit].id} if start + limit < len(found) else {}
+    page, headers = paged(found, [s.id for s in found], query.get("nextToken"), limit)
     return JSONResponse([snapshot_view(s) for s in page], headers=headers)
 
 
