@@ -1056,6 +1056,8 @@ class Controller:
         caller instead of committed on the record (a later pause or resume must not retire it). A failed capture
         is the caller's error and the execution runs on: a snapshot never ends the sandbox it was asked of."""
         execution = self.execution
+        if result.done():
+            return self.record  # the caller gave up while it was queued: nothing to capture
         try:
             if execution is None or self.record.state is not S.RUNNING:
                 raise ConflictError(
