@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from adx._grpc_errors import from_rpc_error
-from adx.model import EnvironmentLogs, EnvironmentRecord, EnvironmentStats
+from adx.model import CheckpointRef, EnvironmentLogs, EnvironmentRecord, EnvironmentStats
 from adx.proto import node_pb2 as pb
 from adx.proto import node_pb2_grpc as pb_grpc
+from adx.proto import snapshots_pb2, snapshots_pb2_grpc
 
 if TYPE_CHECKING:
     from adx.proto.node_pb2_grpc import NodeAsyncStub
@@ -70,6 +71,21 @@ class NodeClients:
         return await self._call(
             "pause", address, record, lambda: stub.PauseEnvironment(request, timeout=wait_seconds + self.rpc_timeout)
         )
+
+    async def capture_snapshot(
+        self, address: str, record: EnvironmentRecord, operation_id: str, *, wait_seconds: float
+    ) -> CheckpointRef:
+        """A checkpoint of the running Environment the record does not reference (a snapshot's artifact)."""
+        self._stub(address)
+        stub = snapshots_pb2_grpc.NodeSnapshotsStub(self._channels[address][0])
+        request = snapshots_pb2.CaptureSnapshotRequest(
+            environment_json=record.model_dump_json(by_alias=True), operation_id=operation_id
+        )
+        try:
+            reply = await stub.CaptureSnapshot(request, timeout=wait_seconds + self.rpc_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"snapshot {record.id} on {address}") from None
+        return CheckpointRef.model_validate_json(reply.checkpoint_json)
 
     async def resume(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
         """Returns once the node queued the resume; Running is committed by the node later."""

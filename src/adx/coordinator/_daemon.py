@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +31,11 @@ from adx.coordinator._admin_service import CoordinatorAdminService
 from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._lease import LeaderLease
 from adx.coordinator._service import CoordinatorService
+from adx.coordinator._snapshot_service import CoordinatorSnapshotsService
 from adx.coordinator._store import CoordinatorStore
 from adx.coordinator._token_service import TOKEN_SWEEP_SECONDS, CoordinatorTokensService
 from adx.errors import UnavailableError
-from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, tokens_pb2_grpc
+from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, snapshots_pb2_grpc, tokens_pb2_grpc
 
 log = logging.getLogger("adx.coordinator")
 
@@ -162,6 +163,8 @@ async def start_coordinator(config: CoordinatorConfig, *, lease: LeaderLease | N
     coordinator_pb2_grpc.add_CoordinatorAdminServicer_to_server(CoordinatorAdminService(service, leader=leader), server)
     tokens = CoordinatorTokensService(service)
     tokens_pb2_grpc.add_CoordinatorTokensServicer_to_server(tokens, server)
+    snapshots = CoordinatorSnapshotsService(service)
+    snapshots_pb2_grpc.add_CoordinatorSnapshotsServicer_to_server(snapshots, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         port = server.add_secure_port(config.listen, credentials)
@@ -175,8 +178,19 @@ async def start_coordinator(config: CoordinatorConfig, *, lease: LeaderLease | N
     stop_scans = asyncio.Event()
     scans = asyncio.create_task(service.lifecycle.run_scans(config.scan_interval_seconds, stop_scans), name="scans")
     log.info("coordinator active", extra={"listen": config.listen, "port": port, "token": lease.value})
-    sweeps = asyncio.create_task(tokens.run_sweeps(TOKEN_SWEEP_SECONDS, stop_scans), name="token-sweeps")
+    sweeps = asyncio.create_task(
+        _together(
+            tokens.run_sweeps(TOKEN_SWEEP_SECONDS, stop_scans),
+            snapshots.run_sweeps(config.scan_interval_seconds, stop_scans),
+        ),
+        name="sweeps",
+    )
     return RunningCoordinator(server, store, service, health, port, scans, stop_scans, lease, keeper, sweeps)
+
+
+async def _together(*sweeps: Coroutine[Any, Any, None]) -> None:
+    """The periodic sweeps (endpoint tokens, expired snapshots) as one task that stops with the scans."""
+    await asyncio.gather(*sweeps)
 
 
 async def run_coordinator(config: CoordinatorConfig) -> None:

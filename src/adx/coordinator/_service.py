@@ -35,6 +35,7 @@ from adx.errors import (
 )
 from adx.model import (
     ENVIRONMENT,
+    CheckpointRef,
     CheckpointStorage,
     EnvironmentRecord,
     EnvironmentSpec,
@@ -200,6 +201,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             for suspect in self.cache.suspect_nodes() if request.with_references else [request.node]:
                 if not self.cache.catalog_valid(suspect):
                     await self.cache.reload_suspects(self.store, suspect)
+            # CRD-9: the artifacts snapshots hold are referenced too (no Environment record names them).
+            references = (
+                [*self.cache.referenced_checkpoints(), *await self.store.snapshot_checkpoints()]
+                if request.with_references
+                else []
+            )
         except AdxError as exc:
             await abort_with(context, exc)
         catalog = self.cache.node_catalog(request.node)
@@ -213,7 +220,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             environment_json=[record.model_dump_json(by_alias=True) for record in catalog],
             served_at=time.time(),
             retired_checkpoint_json=retired,
-            referenced_checkpoint_ids=self.cache.referenced_checkpoints() if request.with_references else [],
+            referenced_checkpoint_ids=references,
             references_included=request.with_references,
         )
 
@@ -316,17 +323,28 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True), created=created)
 
     async def _create(
-        self, tenant: str, spec: EnvironmentSpec, idempotency: str | None
+        self, tenant: str, spec: EnvironmentSpec, idempotency: str | None, restore: CheckpointRef | None = None
     ) -> tuple[EnvironmentRecord, bool]:
         """Place, store and hand over a new Environment. An infrastructure blip never fails it: a node that is
         not admitting now (or cannot be reached) gets its record retired and the next ranked node is tried;
-        when none takes it, the caller gets a retryable NotAdmitting and nothing of the create remains."""
+        when none takes it, the caller gets a retryable NotAdmitting and nothing of the create remains.
+
+        ``restore``: a snapshot's checkpoint the first start restores (the record names it until Running); only
+        nodes that can read it are candidates (its own node for a local one, shared-storage nodes otherwise)."""
         now = time.time()
         lifecycle = spec.lifecycle
 
+        def candidates() -> list[NodeRecord]:
+            nodes = list(self.cache.nodes.values())
+            if restore is None:
+                return nodes
+            if restore.storage == "local":
+                return [n for n in nodes if n.name == restore.node]
+            return [n for n in nodes if n.name == restore.node or n.shared_storage]
+
         def rank() -> tuple[list[NodeRecord], list[Refusal]]:
             return rank_nodes(
-                list(self.cache.nodes.values()),
+                candidates(),
                 spec.resources,
                 now,
                 needs_checkpoint=lifecycle.may_pause,
@@ -354,6 +372,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 created_at=now,
                 updated_at=now,
                 expires_at=now + lifecycle.lifetime_seconds if lifecycle.lifetime_seconds else None,
+                checkpoint=restore,
             )
             try:
                 outcome = await self.store.create_environment(record, idempotency=idempotency)
@@ -384,7 +403,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                             details={"retry_after_seconds": CREATE_RETRY_SECONDS},
                         )
                     self._unsettled.pop(outcome.record.id, None)
-                    return await self._create(tenant, spec, idempotency)
+                    return await self._create(tenant, spec, idempotency, restore)
                 self.cache.apply(outcome.record)
                 return outcome.record, False
             self.cache.apply(outcome.record)

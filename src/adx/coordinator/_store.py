@@ -84,6 +84,8 @@ def checkpoint_key(checkpoint_id: str) -> str:
 
 
 RETIRED_CHECKPOINTS = "adx:ckpts-retired"
+#: The artifacts snapshots hold (adx.coordinator._snapshot_store): referenced, though no record names them.
+SNAPSHOT_CHECKPOINTS = "adx:snap-ckpts"
 
 
 def idempotency_key(tenant: str, key: str) -> str:
@@ -441,6 +443,11 @@ class CoordinatorStore:
             return refs
 
         return await self._call("retired checkpoints", fetch, writes=False)
+
+    async def snapshot_checkpoints(self) -> list[str]:
+        """Every artifact a snapshot holds (CRD-9: part of the global reference list)."""
+        raw = await self._call("snapshot checkpoints", lambda: self._redis.smembers(SNAPSHOT_CHECKPOINTS), writes=False)
+        return sorted(_text(r) for r in raw)
 
     async def forget_checkpoint(self, checkpoint_id: str) -> bool:
         """Drop a deleted artifact from the catalog, unless something references it again."""

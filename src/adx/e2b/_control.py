@@ -24,9 +24,9 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
@@ -35,9 +35,18 @@ from fastapi.responses import JSONResponse, Response
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import network_policy
+from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import Plane, environment_id_or_404, plane, read_json, retry_after_seconds, status_for
-from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, EnvironmentStats, IdleAction, parse_wire
+from adx.model import (
+    SNAPSHOT,
+    EnvironmentRecord,
+    EnvironmentSpec,
+    EnvironmentState,
+    EnvironmentStats,
+    IdleAction,
+    parse_wire,
+)
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
@@ -57,6 +66,7 @@ _CREATE_FIELDS = frozenset(
 
 router = APIRouter(include_in_schema=False)
 P = ParamSpec("P")
+T = TypeVar("T")
 _log = logging.getLogger(__name__)
 #: The first path segments of E2B's API (its SDK's routes): anything under them that ADX does not serve still
 #: answers E2B's error shape, so the SDK raises its own exception instead of failing to parse ADX's.
@@ -199,9 +209,11 @@ async def create_sandbox(request: Request) -> Response:
     if not isinstance(auto_pause, bool):
         raise InvalidInputError("autoPause", "must be a boolean")
     network = network_policy(body.get("allow_internet_access"), body.get("network"))
+    from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
         "network": network.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "image": template,
+        # From a snapshot the image is the snapshot's (the Coordinator sets it): the template names no image.
+        "image": "base" if from_snapshot else template,
         "resources": {"cpuMillis": DEFAULT_CPU_MILLIS, "memoryBytes": DEFAULT_MEMORY_BYTES},
         "env": body.get("envVars") or {},
         "metadata": body.get("metadata") or {},
@@ -211,11 +223,29 @@ async def create_sandbox(request: Request) -> Response:
         },
     }
     spec = parse_wire(EnvironmentSpec, wire)
-    p.check_image(spec.image, "templateID")
     key = request.headers.get("idempotency-key") or None
-    record, _ = await p.coordinator.create_environment(tenant, spec, key)
+    if from_snapshot:
+        record = await create_from_snapshot(p, tenant, template, spec, key)
+    else:
+        record, _ = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)
     return JSONResponse(created_view(request, record), status_code=201)
+
+
+async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
+    """E2B starts a sandbox from a snapshot by naming it as the template: a snapshot ID (``snap-...``), or a
+    snapshot's name where no image has that name (an image wins: the image store is asked first)."""
+    if template.startswith(f"{SNAPSHOT}-"):
+        return True
+    try:
+        p.check_image(template, "templateID")
+    except InvalidInputError as missing:
+        try:
+            await get_snapshot(p, tenant, template)
+        except NotFoundError:
+            raise missing from None
+        return True
+    return False
 
 
 @router.get("/v2/sandboxes")
@@ -226,12 +256,7 @@ async def list_sandboxes(request: Request) -> Response:
     query = request.query_params
     wanted_metadata = dict(parse_qsl(query.get("metadata", ""), keep_blank_values=True))
     states = {s for part in query.getlist("state") for s in part.split(",") if s} or {"running", "paused"}
-    try:
-        limit = min(int(query.get("limit", MAX_PAGE)), MAX_PAGE)
-        if limit < 1:
-            raise ValueError
-    except ValueError:
-        raise InvalidInputError("limit", f"must be an integer from 1 to {MAX_PAGE}") from None
+    limit = page_limit(query)
     order = query.get("order") or "desc"  # E2B lists newest first unless asked otherwise
     if order not in ("asc", "desc"):
         raise InvalidInputError("order", f"must be 'asc' or 'desc', got {order!r}")
@@ -246,13 +271,28 @@ async def list_sandboxes(request: Request) -> Response:
         and (template is None or r.spec.image == template)
     ]
     records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
-    start = 0
-    if token := query.get("nextToken"):
-        ids = [r.id for r in records]
-        start = ids.index(token) if token in ids else len(ids)
-    page = records[start : start + limit]
-    headers = {"x-next-token": records[start + limit].id} if start + limit < len(records) else {}
+    page, headers = paged(records, [r.id for r in records], query.get("nextToken"), limit)
     return JSONResponse([sandbox_view(p, request, r, detail=False) for r in page], headers=headers)
+
+
+def page_limit(query: Mapping[str, str]) -> int:
+    """``limit``: 1 to MAX_PAGE (more is read as MAX_PAGE, as E2B caps it)."""
+    try:
+        limit = min(int(query.get("limit", MAX_PAGE)), MAX_PAGE)
+        if limit < 1:
+            raise ValueError
+    except ValueError:
+        raise InvalidInputError("limit", f"must be an integer from 1 to {MAX_PAGE}") from None
+    return limit
+
+
+def paged(items: list[T], ids: list[str], token: str | None, limit: int) -> tuple[list[T], dict[str, str]]:
+    """One page of ``items`` (in their order) after the item ``token`` names, and the ``x-next-token`` header."""
+    start = 0
+    if token:
+        start = ids.index(token) if token in ids else len(ids)
+    headers = {"x-next-token": ids[start + limit]} if start + limit < len(items) else {}
+    return items[start : start + limit], headers
 
 
 def _instant_param(value: str | None, field: str) -> float | None:

@@ -18,7 +18,7 @@ from adx.gateway._config import ApiConfig
 from adx.model import EnvironmentRecord, EnvironmentSpec, NetworkPolicy, parse_wire
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
-from adx.proto import tokens_pb2_grpc
+from adx.proto import snapshots_pb2_grpc, tokens_pb2_grpc
 
 R = TypeVar("R")
 #: A route stream that brings nothing (not even the Coordinator's heartbeat, one a second) for this long is on
@@ -93,6 +93,11 @@ class CoordinatorClient:
     def tokens(self) -> tokens_pb2_grpc.CoordinatorTokensAsyncStub:
         """The endpoint-token service on the same channel (SEC-4: adx.api's token routes, the Ingress's check)."""
         return tokens_pb2_grpc.CoordinatorTokensStub(self._channel)
+
+    @property
+    def snapshots(self) -> snapshots_pb2_grpc.CoordinatorSnapshotsAsyncStub:
+        """The snapshot service on the same channel (adx.e2b's snapshot and fork routes)."""
+        return snapshots_pb2_grpc.CoordinatorSnapshotsStub(self._channel)
 
     async def call(self, what: str, call: Callable[[], Awaitable[R]], *, reads: bool) -> R:
         """One call with this client's error translation (for the admin stub's calls)."""

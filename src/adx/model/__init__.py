@@ -30,6 +30,7 @@ from adx.model._network import NetworkMode, NetworkPolicy
 from adx.model._quantity import MAX_QUANTITY, format_bytes, format_cpu, parse_bytes, parse_cpu_millis
 from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
 from adx.model._resources import MAX_CPU_OVERCOMMIT, Resources, admission_limit, allocatable
+from adx.model._snapshots import SNAPSHOT, Snapshot, source_spec
 from adx.model._spec import EnvironmentSpec, field_path, parse_wire
 from adx.model._states import (
     ALLOWED_TRANSITIONS,
@@ -71,6 +72,7 @@ __all__ = [
     "MAX_LOG_WAIT_SECONDS",
     "MAX_QUANTITY",
     "OPERATION",
+    "SNAPSHOT",
     "TENANT_KEY_PREFIX",
     "TERMINAL_STATES",
     "AdminIdentity",
@@ -107,6 +109,7 @@ __all__ = [
     "ResumeIntent",
     "Retention",
     "RetentionPolicy",
+    "Snapshot",
     "TenantInfo",
     "TokenGrant",
     "WholeNumber",
@@ -124,4 +127,5 @@ __all__ = [
     "parse_bytes",
     "parse_cpu_millis",
     "parse_wire",
+    "source_spec",
 ]

@@ -50,8 +50,9 @@ from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_r
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, Reading, read_auto, read_capacity_file_devices
 from adx.node._service import NodeService
+from adx.node._snapshot_service import NodeSnapshotsService
 from adx.node._watch import EnvironmentWatch
-from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2_grpc
+from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2_grpc, snapshots_pb2_grpc
 from adx.runtime import Execution, InventoryItem
 from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionReadiness
 from adx.sandboxd import RuntimeControlSubscription
@@ -155,6 +156,7 @@ class NodeAgent(Recovery, RuntimeChecks):
         # Listen first: the advertised addresses are part of the registration.
         self._server = grpc.aio.server()
         node_pb2_grpc.add_NodeServicer_to_server(NodeService(self), self._server)
+        snapshots_pb2_grpc.add_NodeSnapshotsServicer_to_server(NodeSnapshotsService(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         try:
             self.port = self._server.add_secure_port(self.config.listen, server_credentials(self.paths))
@@ -545,6 +547,10 @@ class NodeAgent(Recovery, RuntimeChecks):
         controller = self._owned_controller(record)
         controller.submit(Resume(record))
         return record
+
+    def owned_controller(self, record: EnvironmentRecord) -> Controller:
+        """The Controller of an Environment the Coordinator placed here (NotFoundError for another node's)."""
+        return self._owned_controller(record)
 
     def _owned_controller(self, record: EnvironmentRecord) -> Controller:
         if record.node != self.name:

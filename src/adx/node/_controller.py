@@ -55,6 +55,7 @@ from adx.node._operations import (
     ResumeLocal,
     Revoke,
     SetNetwork,
+    Snapshot,
     Start,
     WorkloadCheckpoint,
 )
@@ -356,6 +357,8 @@ class Controller:
                 return await self._resume_local()
             case WorkloadCheckpoint(operation_id=operation_id):
                 return await self._workload_checkpoint(operation_id)
+            case Snapshot(operation_id=operation_id, result=result):
+                return await self._snapshot(operation_id, result)
             case Replay():
                 return await self._replay()
             case Noop():
@@ -653,12 +656,15 @@ class Controller:
         return await self._launch_started(execution_id)
 
     async def _launch_started(self, execution_id: str, secret: str | None = None) -> EnvironmentRecord:
-        """Launch the execution a committed Starting record names, then Running or Failed."""
+        """Launch the execution a committed Starting record names, then Running or Failed. A record created from
+        a snapshot names the snapshot's checkpoint: its first start restores it, and Running drops the reference
+        (the snapshot's own catalog entry keeps the artifact)."""
+        restore = self.record.checkpoint if self.record.state is S.STARTING else None
         try:
-            execution = await self._launch(execution_id, secret=secret)
+            execution = await self._launch(execution_id, secret=secret, restore=restore)
         except AdxError as exc:
             return await self._start_failed(execution_id, str(exc))
-        return await self._running(execution)
+        return await self._running(execution, {"checkpoint": None} if restore is not None else None)
 
     async def _start_failed(self, execution_id: str, reason: str) -> EnvironmentRecord:
         # RST-7: a failed first start is Failed at once (see _fail_or_restart_later); cleanup of whatever it left
@@ -1016,7 +1022,7 @@ class Controller:
             return self.record
         try:
             if item.checkpoint is None:
-                item.checkpoint = await self._capture_live(execution, item)
+                item.checkpoint = await self._capture_live(execution, f"checkpoint {item.operation_id}")
             if not item.committed:
                 await self._transition(S.RUNNING, {"checkpoint": item.checkpoint}, retry=False)
                 item.committed = True
@@ -1038,12 +1044,41 @@ class Controller:
         log.info("workload checkpoint %s published", item.operation_id, extra=self._context())
         return self.record
 
-    async def _capture_live(self, execution: Execution, item: PendingCheckpoint) -> CheckpointRef:
+    async def _capture_live(self, execution: Execution, label: str) -> CheckpointRef:
         options = self.record.spec.lifecycle.effective_pause_options
         kind, storage = self.places.resolve(options.storage)
         artifact = await self.driver.checkpoint(execution, storage, float(options.timeout_seconds))
-        await self._retry_until_done(f"thaw after checkpoint {item.operation_id}", lambda: self.driver.thaw(execution))
+        await self._retry_until_done(f"thaw after {label}", lambda: self.driver.thaw(execution))
         return self._checkpoint_ref(artifact, kind)
+
+    async def _snapshot(self, operation_id: str, result: asyncio.Future[CheckpointRef]) -> EnvironmentRecord:
+        """A snapshot's capture: WorkloadCheckpoint's freeze, capture and thaw, with the artifact handed to the
+        caller instead of committed on the record (a later pause or resume must not retire it). A failed capture
+        is the caller's error and the execution runs on: a snapshot never ends the sandbox it was asked of."""
+        execution = self.execution
+        if result.done():
+            return self.record  # the caller gave up while it was queued: nothing to capture
+        try:
+            if execution is None or self.record.state is not S.RUNNING:
+                raise ConflictError(
+                    f"environment {self.env_id} is {self.record.state.value}, not running: it cannot be snapshotted"
+                )
+            checkpoint = await self._capture_live(execution, f"snapshot {operation_id}")
+        except AdxError as exc:
+            if execution is not None and self.record.state is S.RUNNING:
+                with contextlib.suppress(AdxError):  # a capture that failed midway may have left it frozen
+                    await self.driver.thaw(execution)
+            if not result.done():
+                result.set_exception(exc)
+            return self.record
+        if result.done():
+            # The caller gave up (cancelled): nothing will reference the artifact, so it goes now (CRD-9's startup
+            # sweep would find it otherwise).
+            self._spawn(self.driver.delete_checkpoint(checkpoint.location, checkpoint.digest), f"drop-{operation_id}")
+        else:
+            result.set_result(checkpoint)
+            log.info("snapshot %s captured: %s", operation_id, checkpoint.id, extra=self._context())
+        return self.record
 
     def _retry_checkpoint_request(self, item: PendingCheckpoint, exc: AdxError) -> None:
         """CTL-7: retry on this Controller's own backoff, with no new notification, until the deadline."""

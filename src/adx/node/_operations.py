@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import ClassVar
 
-from adx.model import EnvironmentRecord
+from adx.model import CheckpointRef, EnvironmentRecord
 from adx.runtime import ExitInfo
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "ResumeLocal",
     "Revoke",
     "SetNetwork",
+    "Snapshot",
     "Start",
     "WorkloadCheckpoint",
 ]
@@ -119,6 +120,16 @@ class WorkloadCheckpoint:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """Capture a checkpoint of the running execution for a snapshot, as WorkloadCheckpoint does, without the record
+    referencing it: the Coordinator's snapshot catalog keeps it. ``result`` gets the artifact (or the error)."""
+
+    operation_id: str
+    result: asyncio.Future[CheckpointRef]
+    kind: ClassVar[str] = "snapshot"
+
+
+@dataclass(frozen=True)
 class Replay:
     """Publish this Environment's journaled results in order (NOD-17)."""
 
@@ -175,6 +186,7 @@ Operation = (
     | Resume
     | ResumeLocal
     | WorkloadCheckpoint
+    | Snapshot
     | Replay
     | Noop
     | Revoke
