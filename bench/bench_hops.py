@@ -17,6 +17,13 @@ Wall time on a loaded 2-core box is noisy, so each variant is also run in a bloc
 process (bench client, API, adxlet, sandboxd + sandbox) spent on one request, which load does not inflate.
 ``--profile DIR``: also record py-spy flame graphs of the API and the adxlet during a block through the Ingress.
 
+Create path (``--creates N``, 0 to skip): N rounds, each creating one Environment with 128 MiB (bench_api's size)
+and one with 512 MiB (bench_lifecycle's), in alternation, each ``create(wait=False)``, ``wait_until_running`` and
+``commands.run("true")``, then delete and wait for ``deleted`` (as both benches do). Per phase from the SDK's
+side (the POST, until running is seen, the first command) and, from the daemons' JSON logs (millisecond
+timestamps of the same clock), when the API logged the create, the Coordinator the placement and the adxlet each
+state transition, relative to the POST's start.
+
 Prints one JSON object; progress goes to stderr.
 """
 
@@ -24,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -33,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _harness import emit, progress, summarize
+from _harness import emit, percentile, progress, summarize
 from bench_api import MEMORY, execd_socket_of, start_cluster, stop_cluster, wait_deleted
 
 import adx
@@ -44,13 +53,15 @@ TICK = os.sysconf("SC_CLK_TCK")
 BODY = {"command": "true"}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` so far (0 once it is gone)."""
+def cpu_seconds(pid: int, reaped: bool = False) -> float:
+    """User + system CPU of ``pid`` so far (0 once it is gone); ``reaped``: with its exited, waited-for children
+    (execd's commands)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
+    return ticks / TICK
 
 
 def children(pid: int) -> list[int]:
@@ -100,7 +111,7 @@ def cpu_block(
 
     def snapshot() -> dict[str, float]:
         now = {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
-        now["sandboxes"] = sum(cpu_seconds(p) for p in sandbox_pids())
+        now["sandboxes"] = sum(cpu_seconds(p, reaped=True) for p in sandbox_pids())
         times = os.times()
         now["bench_client"] = times.user + times.system
         return now
@@ -125,6 +136,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300, help="rounds (each sends every variant once)")
     parser.add_argument("--cpu-runs", type=int, default=200, help="requests per CPU-accounting block")
     parser.add_argument("--profile", type=Path, default=None, help="write py-spy flame graphs here")
+    parser.add_argument("--creates", type=int, default=15, help="create-path rounds (each: 128 MiB, 512 MiB)")
     args = parser.parse_args()
     figures: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="adx-bench-hops-", dir="/tmp") as tmp:
@@ -136,6 +148,8 @@ def main() -> None:
             roles = cluster_processes(proc.pid)
             figures["processes"] = sorted(roles)
             with adx.Client(api_url=url, api_key=key) as client:
+                if args.creates:
+                    figures["create_path"] = create_path(client, state, args.creates)
                 env = client.environments.create(cpu=1, memory=MEMORY)
                 execd_socket = asyncio.run(execd_socket_of(state / "sandboxd" / "api" / "sandboxd.sock", env.id))
                 short = ShortUnixPath(Path(execd_socket))  # sockets deep in a state dir exceed AF_UNIX's 108 bytes
@@ -177,7 +191,7 @@ def main() -> None:
                     p50 = {name: wall[name]["p50_ms"] for name in wall}
                     figures["hop_cost_p50_ms"] = {
                         "execd (its own request handling + spawning true)": p50["execd_direct"],
-                        "relay hop (adxlet: mTLS + Starlette + httpx to execd)": round(
+                        "relay hop (adxlet: mTLS, uvicorn + Starlette, h11 to execd)": round(
                             p50["relay_direct"] - p50["execd_direct"], 3
                         ),
                         "ingress hop (API: auth, route, FastAPI + httpx to the Relay)": round(
@@ -191,11 +205,14 @@ def main() -> None:
                         p50["sdk_through_ingress"] / p50["execd_direct"], 2
                     )
 
+                    sandboxd_pid = roles["sandboxd"][0] if "sandboxd" in roles else None
+
                     def sandbox_pids() -> list[int]:
-                        return [p for p in tree(roles["sandboxd"][0])] if "sandboxd" in roles else []
+                        # sandboxd and its tree: the spawner, the supervisors and every sandbox's execd
+                        return tree(sandboxd_pid) if sandboxd_pid is not None else []
 
                     progress(f"CPU accounting blocks x{args.cpu_runs}")
-                    roles.pop("sandboxd", None)  # counted through sandbox_pids (its tree holds execd)
+                    roles.pop("sandboxd", None)  # counted through sandbox_pids, read anew (execd forks per command)
                     figures["cpu_blocks"] = {
                         name: cpu_block(name, fn, args.cpu_runs, roles, sandbox_pids) for name, fn in variants.items()
                     }
@@ -208,6 +225,83 @@ def main() -> None:
             stop_cluster(proc)
     figures["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     emit("hops", figures)
+
+
+SIZES = {"128MiB": 128 * 2**20, "512MiB": 512 * 2**20}
+
+
+KV = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+
+
+def log_events(state: Path) -> list[dict[str, Any]]:
+    """Every log line of the cluster's daemons (``key=value``, the default format) that names an Environment."""
+    events = []
+    for path in state.rglob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if "env_id=" not in line:
+                continue
+            event: dict[str, Any] = {}
+            for key, raw in KV.findall(line):
+                try:
+                    event[key] = json.loads(raw) if raw.startswith('"') else raw
+                except ValueError:
+                    event[key] = raw
+            if "ts" in event and "env_id" in event:
+                events.append(event)
+    return events
+
+
+def epoch(ts: str) -> float:
+    """``2026-12-03T08:14:05.123Z`` -> seconds since the epoch."""
+    whole, _, millis = ts.rstrip("Z").partition(".")
+    return time.mktime(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) - time.timezone + int(millis or 0) / 1e3
+
+
+def create_path(client: adx.Client, state: Path, rounds: int) -> dict[str, Any]:
+    """create -> running -> first command, 128 MiB and 512 MiB alternating; phases from the SDK and the logs."""
+    warm = client.environments.create(cpu=1, memory=MEMORY)
+    warm.commands.run("true")
+    warm.delete()
+    wait_deleted(warm)
+    phases: dict[str, dict[str, list[float]]] = {size: {} for size in SIZES}
+    starts: dict[str, tuple[str, float]] = {}
+    progress(f"create path x{rounds} (128 MiB and 512 MiB alternating)")
+    for _ in range(rounds):
+        for size, memory in SIZES.items():
+            wall_start, start = time.time(), time.perf_counter()
+            env = client.environments.create(cpu=1, memory=memory, wait=False)
+            posted = time.perf_counter()
+            env.wait_until_running(60)
+            running = time.perf_counter()
+            assert env.commands.run("true").exit_code == 0
+            done = time.perf_counter()
+            starts[env.id] = (size, wall_start)
+            for name, value in (
+                ("sdk: POST returned", posted - start),
+                ("sdk: running seen", running - start),
+                ("sdk: first command result (TTI)", done - start),
+                ("of which the first command", done - running),
+            ):
+                phases[size].setdefault(name, []).append(value)
+            env.delete()
+            wait_deleted(env)
+    for event in log_events(state):
+        hit = starts.get(str(event.get("env_id")))
+        if hit is None:
+            continue
+        size, wall_start = hit
+        message = str(event.get("msg", "")).replace(str(event["env_id"]), "<env>")
+        name = f"{event.get('component', event.get('logger', '?'))}: {message}"
+        if "deleting" in name or "deleted" in name:
+            continue
+        phases[size].setdefault(name, []).append(epoch(str(event["ts"])) - wall_start)
+    return {
+        size: {
+            name: {"p50_ms": round(percentile(v, 50) * 1e3, 1), "n": len(v)}
+            for name, v in sorted(named.items(), key=lambda kv: percentile(kv[1], 50))
+        }
+        for size, named in phases.items()
+    }
 
 
 def profile_ingress(out: Path, up_pid: int, fn: Callable[[], object]) -> None:
