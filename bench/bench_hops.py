@@ -194,7 +194,7 @@ def main() -> None:
                         "relay hop (adxlet: mTLS, uvicorn + Starlette, h11 to execd)": round(
                             p50["relay_direct"] - p50["execd_direct"], 3
                         ),
-                        "ingress hop (API: auth, route, FastAPI + httpx to the Relay)": round(
+                        "ingress hop (API: auth, route, FastAPI, h11 to the Relay)": round(
                             p50["raw_through_ingress"] - p50["relay_direct"], 3
                         ),
                         "sdk (client-side, vs a bare httpx POST)": round(
