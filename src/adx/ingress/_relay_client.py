@@ -19,6 +19,7 @@ import h11
 #: Idle connections kept per Relay address (more than enough for serial traffic; bursts open new ones).
 MAX_IDLE_PER_ADDRESS = 32
 _CHUNK = 65536
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
 class RelayConnectError(Exception):
@@ -192,7 +193,7 @@ class RelayClient:
     ) -> RelayResponse:
         """Send one request; the answer's head is read, its body is left to ``aiter_raw``/``aread``.
 
-        A pooled connection the Relay closed meanwhile is replaced once when the body can be sent again.
+        A pooled connection the Relay closed meanwhile is replaced once for an idempotent, buffered request.
         Raises RelayConnectError (nothing sent), RelayTimeoutError or RelayTransportError."""
         for attempt in (1, 2):
             conn = self._pooled(address)
@@ -202,9 +203,9 @@ class RelayClient:
             try:
                 return await self._exchange(conn, method, address, target, headers, content, read_timeout)
             except RelayTransportError:
-                # A kept connection may have been closed by the Relay just as it was reused: nothing of it was
-                # answered, so a buffered body is sent again on a new connection.
-                if attempt == 1 and reused and isinstance(content, bytes):
+                # A kept connection the Relay closed just as it was reused: sent again on a new connection, but
+                # only an idempotent request with a buffered body (a command must never run twice).
+                if attempt == 1 and reused and method in _IDEMPOTENT and isinstance(content, bytes):
                     continue
                 raise
         raise AssertionError("unreachable")
