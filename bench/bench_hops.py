@@ -15,7 +15,8 @@ load on this shared machine hits every variant alike):
 Wall time on a loaded 2-core box is noisy, so each variant is also run in a block of its own while the CPU time
 (user + system, from /proc) of every process is read before and after: ``cpu_ms_per_request`` says what each
 process (bench client, API, adxlet, sandboxd + sandbox) spent on one request, which load does not inflate.
-``--profile DIR``: also record py-spy flame graphs of the API and the adxlet during a block through the Ingress.
+``--profile DIR``: also record py-spy flame graphs of the API and the adxlet during a block through the Ingress
+(py-spy is not in uv.lock: `uv pip install py-spy` first).
 
 Create path (``--creates N``, 0 to skip): N rounds, each creating one Environment with 128 MiB (bench_api's size)
 and one with 512 MiB (bench_lifecycle's), in alternation, each ``create(wait=False)``, ``wait_until_running`` and
