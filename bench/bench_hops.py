@@ -21,7 +21,7 @@ process (bench client, API, adxlet, sandboxd + sandbox) spent on one request, wh
 Create path (``--creates N``, 0 to skip): N rounds, each creating one Environment with 128 MiB (bench_api's size)
 and one with 512 MiB (bench_lifecycle's), in alternation, each ``create(wait=False)``, ``wait_until_running`` and
 ``commands.run("true")``, then delete and wait for ``deleted`` (as both benches do). Per phase from the SDK's
-side (the POST, until running is seen, the first command) and, from the daemons' JSON logs (millisecond
+side (the POST, until running is seen, the first command) and, from the daemons' key=value logs (millisecond
 timestamps of the same clock), when the API logged the create, the Coordinator the placement and the adxlet each
 state transition, relative to the POST's start.
 
