@@ -15,8 +15,8 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
+from urllib.parse import quote
 
-import httpx
 from fastapi import Request
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -33,6 +33,13 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.gateway import ApiConfig, CoordinatorClient, Route, not_found
+from adx.ingress._relay_client import (
+    RelayClient,
+    RelayConnectError,
+    RelayResponse,
+    RelayTimeoutError,
+    RelayTransportError,
+)
 from adx.ingress._tokens import TokenCache, TokenClient, without_token_query
 from adx.model import DORMANT_STATES, ENDPOINT_TOKEN_QUERY, EnvironmentState
 from adx.proto import coordinator_pb2 as pb
@@ -64,6 +71,9 @@ _WAITABLE = frozenset({EnvironmentState.PENDING, EnvironmentState.STARTING})
 _WAKEABLE = DORMANT_STATES
 #: Relay answers meaning "paused or pausing here": wake it, then ask again.
 _WAKE_CODES = frozenset({EnvironmentPausedError.code, EnvironmentPausingError.code})
+#: Characters left as they are in the path sent to the Relay (RFC 3986 pchar and '/'; '%' keeps what the client
+#: already encoded), as httpx did.
+_PATH_SAFE = "/:@!$&'()*+,;=-._~%"
 #: A request body up to this size is kept so the request can be sent again after a wake-up.
 REPLAYABLE_BODY_BYTES = 1 << 20
 
@@ -98,9 +108,9 @@ def relay_ssl_context(config: ApiConfig) -> ssl.SSLContext:
 
 
 class Ingress:
-    def __init__(self, coordinator: CoordinatorClient, http: httpx.AsyncClient, config: ApiConfig) -> None:
+    def __init__(self, coordinator: CoordinatorClient, relay: RelayClient, config: ApiConfig) -> None:
         self._coordinator = coordinator
-        self._http = http
+        self._relay = relay
         self._config = config
         # (tenant, environment) -> (route, expiry): keyed by tenant, so a cached route can never answer for
         # another tenant. The route names the owner's Relay and gRPC API (CRD-1: the API's pause uses it too).
@@ -119,13 +129,14 @@ class Ingress:
 
     @classmethod
     def from_config(cls, config: ApiConfig, coordinator: CoordinatorClient) -> Ingress:
-        http = httpx.AsyncClient(
-            verify=relay_ssl_context(config),
-            timeout=httpx.Timeout(config.relay_timeout_seconds, connect=config.relay_connect_timeout_seconds),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=30),
-            follow_redirects=False,
+        # Idle connections expire before the Relay's own keep-alive (RELAY_KEEP_ALIVE_SECONDS, 75 s) does.
+        relay = RelayClient(
+            relay_ssl_context(config),
+            timeout=config.relay_timeout_seconds,
+            connect_timeout=config.relay_connect_timeout_seconds,
+            keepalive_expiry=30,
         )
-        return cls(coordinator, http, config)
+        return cls(coordinator, relay, config)
 
     async def close(self) -> None:
         for task in (self._follower, self._reconciling):
@@ -133,7 +144,7 @@ class Ingress:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self._http.aclose()
+        await self._relay.aclose()
 
     def start_following(self) -> None:
         """Follow the Coordinator's route publications (CRD-1: route caches follow published routes)."""
@@ -304,14 +315,14 @@ class Ingress:
             content = await upstream.aread()
             await upstream.aclose()
             if _answer_code(content) not in _WAKE_CODES:
-                return StreamingResponse(iter([content]), upstream.status_code, _response_headers(upstream))
+                return _answer(StreamingResponse(iter([content]), upstream.status_code), upstream)
             self.forget(tenant, environment_id)
             await self.wake(tenant, environment_id)
-        return StreamingResponse(
-            upstream.aiter_raw(),
-            status_code=upstream.status_code,
-            headers=_response_headers(upstream),
-            background=BackgroundTask(upstream.aclose),
+        return _answer(
+            StreamingResponse(
+                upstream.aiter_raw(), status_code=upstream.status_code, background=BackgroundTask(upstream.aclose)
+            ),
+            upstream,
         )
 
     async def _send(
@@ -323,35 +334,30 @@ class Ingress:
         body: bytes | None,
         read_timeout: float | None,
         tenant: str,
-    ) -> httpx.Response:
+    ) -> RelayResponse:
         content: bytes | AsyncIterator[bytes] = body if body is not None else request.stream()
-        # A buffered body gets its own Content-Length from httpx; a streamed one keeps the caller's (if any), so
-        # it is not re-encoded as chunked on the way.
+        # A buffered body is sent with its own Content-Length; a streamed one keeps the caller's (if any), so it
+        # is not re-encoded as chunked on the way.
         drop = _HOP | {"content-length"} if body is not None else _HOP
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop and not _carries_token(k, v)]
-        timeout = httpx.Timeout(
-            self._config.relay_timeout_seconds, connect=self._config.relay_connect_timeout_seconds, read=read_timeout
-        )
         query = without_token_query(request.url.query)  # an endpoint token never reaches the workload
+        target = quote(f"/{environment_id}{execd_path}", safe=_PATH_SAFE) + (f"?{query}" if query else "")
         for attempt in (1, 2):
-            url = f"https://{address}/{environment_id}{execd_path}" + (f"?{query}" if query else "")
-            upstream_request = self._http.build_request(
-                request.method, url, headers=headers, content=content, timeout=timeout
-            )
             try:
-                upstream = await self._http.send(upstream_request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                return await self._relay.send(
+                    request.method, address, target, headers, content, read_timeout=read_timeout
+                )
+            except RelayConnectError as exc:
                 # Nothing was sent (not even the body): safe to re-resolve once, the owner may have moved.
                 self.forget(tenant, environment_id)
                 if attempt == 1:
                     address = await self.relay_address(tenant, environment_id, fresh=True)
                     continue
                 raise RelayUnavailable(f"the node's Relay at {address} cannot be reached: {exc}") from None
-            except httpx.TimeoutException as exc:
-                raise RelayTimeout(f"the node's Relay at {address} did not answer in time: {exc!r}") from None
-            except httpx.TransportError as exc:
-                raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc!r}") from None
-            return upstream
+            except RelayTimeoutError as exc:
+                raise RelayTimeout(f"the node's Relay at {address} did not answer in time: {exc}") from None
+            except RelayTransportError as exc:
+                raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc}") from None
         raise AssertionError("unreachable")
 
 
@@ -360,8 +366,12 @@ def _carries_token(name: str, value: str) -> bool:
     return name.lower() == "referer" and ENDPOINT_TOKEN_QUERY in value
 
 
-def _response_headers(upstream: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+def _answer(response: StreamingResponse, upstream: RelayResponse) -> StreamingResponse:
+    """The Relay's headers as they came, repeated ones (Set-Cookie of a user's service) kept, hop-by-hop dropped."""
+    response.raw_headers = [
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream.headers if k.lower() not in _HOP
+    ]
+    return response
 
 
 def _answer_code(content: bytes) -> str:

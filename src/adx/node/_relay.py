@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import h11
-import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -95,15 +96,35 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 @dataclass
 class _Upstream:
-    """A pooled HTTP client to one execd socket (keep-alive connections are reused across requests)."""
+    """How to reach one execd socket: a connectable path even when the real one exceeds sun_path."""
 
     socket: Path
     short_path: ShortUnixPath
-    client: httpx.AsyncClient
 
     async def aclose(self) -> None:
-        await self.client.aclose()
         self.short_path.close()
+
+
+async def _connect_unix(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _execd_target(request: Request, env_id: str) -> str:
+    """The request target for execd: the path after ``/{env_id}`` as the client sent it (still percent-encoded),
+    and the query."""
+    raw = request.scope.get("raw_path")
+    prefix = f"/{env_id}/".encode()
+    path = raw[len(prefix) - 1 :].decode("latin-1") if isinstance(raw, bytes) and raw.startswith(prefix) else None
+    if path is None:
+        path = "/" + quote(request.path_params["path"])
+    return path + (f"?{request.url.query}" if request.url.query else "")
 
 
 class Relay:
@@ -143,14 +164,7 @@ class Relay:
             return current
         if current is not None:  # a new execution: its execd listens elsewhere
             await current.aclose()
-        short_path = ShortUnixPath(target.execd_socket)
-        client = httpx.AsyncClient(
-            # Plain HTTP over a Unix socket: no TLS context to build (httpx's default costs ~25 ms per client).
-            transport=httpx.AsyncHTTPTransport(uds=short_path.path, verify=False),
-            base_url="http://execd",
-            timeout=httpx.Timeout(self.upstream_timeout, read=None),
-        )
-        upstream = _Upstream(target.execd_socket, short_path, client)
+        upstream = _Upstream(target.execd_socket, ShortUnixPath(target.execd_socket))
         self._upstreams[target.env_id] = upstream
         return upstream
 
@@ -234,31 +248,33 @@ class Relay:
         if env_id in self.streams.closed_admission and not await self._admitted_after_wait(env_id):
             return _error(503, EnvironmentPausingError.code, f"environment {env_id} is pausing; it resumes on demand")
         self.streams.opened(env_id)
-        client = (await self._upstream(target)).client
+        upstream_path = (await self._upstream(target)).short_path.path
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
-        upstream_request = client.build_request(
-            request.method,
-            "/" + request.path_params["path"],
-            params=request.url.query,
-            headers=headers,
-            content=request.stream(),
-        )
+        # One h11 exchange on a fresh Unix-socket connection instead of a pooled httpx client: connecting to a
+        # local socket costs tens of microseconds, httpx's pool and anyio layers cost ~1.5 ms of CPU a request
+        # (bench/bench_hops.py, docs/performance.md). Closing the connection when the caller hangs up still
+        # tells execd to stop a foreground command.
         try:
-            upstream = await client.send(upstream_request, stream=True)
-        except httpx.HTTPError as exc:
+            sock = await asyncio.wait_for(_connect_unix(upstream_path), self.upstream_timeout)
+            upstream = await http_over_socket(
+                sock, request.method, _execd_target(request, env_id), headers, request.stream(), host="execd"
+            )
+        except (OSError, TimeoutError, h11.ProtocolError, AdxError) as exc:
             self.streams.closed(env_id)
-            return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {exc or type(exc).__name__}")
+            detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {detail}")
 
         async def body() -> AsyncIterator[bytes]:
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.body:
                     yield chunk
             finally:
-                await upstream.aclose()
+                if isinstance(upstream.body, AsyncGenerator):  # not run to its end: close its socket now
+                    await upstream.body.aclose()
                 self.streams.closed(env_id)
 
-        response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_HEADERS}
-        return StreamingResponse(body(), status_code=upstream.status_code, headers=response_headers)
+        response_headers = {k: v for k, v in upstream.headers if k.lower() not in _DROP_HEADERS}
+        return StreamingResponse(body(), status_code=upstream.status, headers=response_headers)
 
 
 class EmbeddedUvicorn(uvicorn.Server):
