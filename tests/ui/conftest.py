@@ -12,24 +12,16 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from cli_helpers import UpCluster, up_cluster
 from playwright.sync_api import Browser, Page, sync_playwright
+from ui_helpers import Dashboard
 
-__all__ = ["Dashboard", "shot", "sign_in", "up_cluster"]
+__all__ = ["up_cluster"]
 
 _ARTIFACTS: list[Path] = []
-
-
-@dataclass(frozen=True)
-class Dashboard:
-    url: str  # the API server's base URL; the dashboard is at url + "/ui/"
-    tenant_key: str
-    admin_key: str
-    screenshots: Path
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +81,6 @@ def page(browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest)
         assert dashboard.tenant_key not in url and dashboard.admin_key not in url, url
     unexpected = [p for p in problems if not API_REFUSAL.search(p)]
     assert not unexpected, unexpected
-
-
-def sign_in(page: Page, key: str) -> None:
-    page.fill("#key", key)
-    page.click("#sign-in")
-
-
-def shot(page: Page, dashboard: Dashboard, name: str) -> None:
-    page.screenshot(path=str(dashboard.screenshots / f"{name}.png"), full_page=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

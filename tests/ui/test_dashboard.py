@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 from cli_helpers import ADX, UpCluster
-from conftest import Dashboard, shot, sign_in
 from playwright.sync_api import Page, expect
+from ui_helpers import Dashboard, shot, sign_in
 
 from adx.api._ui import CSP
 

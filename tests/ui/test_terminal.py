@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import Dashboard, shot, sign_in
 from playwright.sync_api import Locator, Page, expect
+from ui_helpers import Dashboard, shot, sign_in
 
 pytestmark = pytest.mark.slow
 
