@@ -27,6 +27,7 @@ from typing import Any
 
 from adx._fs import atomic_write_bytes, fsync_dir
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
+from adx.sandboxd._faults import fault
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -160,6 +161,7 @@ def write_snapshot_artifact(
     try:
         staging.mkdir(mode=0o700)
         atomic_write_bytes(staging / MANIFEST, raw, mode=0o600)
+        fault("checkpoint.before_rename")  # a whole manifest in the staging dir is still no artifact
         os.rename(staging, artifact_dir)
         fsync_dir(artifact_dir.parent)
     except BaseException:

@@ -113,6 +113,21 @@ class StoragePool:
         except UnavailableError:
             shutil.rmtree(sub)  # not a subvolume (a half-made create): a plain directory
 
+    def sweep_layers(self, keep: set[str]) -> list[str]:
+        """Delete the layer subvolumes of sandbox IDs not in ``keep`` (startup only).
+
+        A restore makes its writable snapshot while the new record's commit runs beside it, so a crash before
+        the commit leaves a layer no record names; the registry only blocks such an ID, and nothing else would
+        ever delete its subvolume."""
+        root = self.mount / _SBX
+        removed: list[str] = []
+        if root.is_dir():
+            for entry in sorted(root.iterdir()):
+                if entry.name not in keep:
+                    self.delete(entry.name)
+                    removed.append(entry.name)
+        return removed
+
     # == local checkpoints as read-only snapshots =============================================================
     # A pause of a large layer costs metadata, not a copy: the checkpoint is a read-only snapshot of the
     # sandbox's subvolume under ``ckpt/<checkpoint_id>``; a restore is a writable snapshot of that.
