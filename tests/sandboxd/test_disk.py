@@ -165,7 +165,7 @@ async def test_shared_root_checkpoint_is_a_tar_restored_into_a_limited_layer(
         ck = await c.checkpoint(ref, storage="shared", leave_running=True)
         await c.delete(ref)
         manifest = json.loads((Path(ck.location) / "manifest.json").read_text())
-        assert manifest["layer"]["compression"] in ("zstd", "gzip")
+        assert manifest["layer"]["form"] == "tar" and manifest["layer"]["compression"] in ("zstd", "gzip")
         restored = ref_of(
             await c.restore(RestoreRequest(request_id="r", location=ck.location, digest=ck.digest, argv=_writer(48)))
         )

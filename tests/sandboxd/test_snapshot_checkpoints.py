@@ -12,6 +12,7 @@ of the sandbox's subvolume and a restore a writable snapshot of it. What must ho
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from sbx_helpers import Daemon, DaemonFactory, wait_until
 
-from adx.errors import UncertainOutcomeError
+from adx.errors import InvalidInputError, UncertainOutcomeError
 from adx.sandboxd import CreateRequest, RestoreRequest, SandboxdClient, SandboxRef, State, ref_of
 from adx.sandboxd._models import ResourcesSpec
 from adx.sandboxd._spawn_client import FAULTS_ENV
@@ -127,7 +128,7 @@ async def test_sigkill_mid_snapshot_resume_keeps_the_checkpoint_and_leaks_no_lay
         ck = await c.checkpoint(ref, leave_running=True)
         await c.delete(ref)
     manifest = json.loads((Path(ck.location) / "manifest.json").read_text())
-    assert manifest["layer"]["compression"] == "btrfs-snapshot"
+    assert manifest["layer"]["form"] == "btrfs-snapshot"  # the format says which kind it is
     d.kill()
     d.start(env={FAULTS_ENV: "restore.after_extract"})
     request = RestoreRequest(
@@ -217,3 +218,25 @@ async def test_retention_and_the_startup_sweep_delete_snapshot_checkpoints_witho
         assert (await c.list_checkpoints("local")).checkpoints == []
     assert _snapshots(d) == [] and list(_local_root(d).iterdir()) == []
     assert _subvolumes(d) == [] and _qgroups(d) == ["0/5"]
+
+
+@pytest.mark.req("SBX-5")
+async def test_a_manifest_of_an_unknown_layer_form_is_refused_naming_the_field(sandboxd: DaemonFactory) -> None:
+    # The manifest says which form its layer has; a form this daemon does not know is refused before anything
+    # is made, even when the digest matches (a manifest from a newer sandboxd).
+    d = sandboxd()
+    async with d.client() as c:
+        ref = ref_of(await c.create(CreateRequest(request_id="c", argv=SLEEPER)))
+        await c.pause(ref)
+        ck = await c.checkpoint(ref)
+        manifest_path = Path(ck.location) / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        assert manifest["layer"]["form"] == "tar"  # no pool: the portable form
+        manifest["layer"]["form"] = "zfs-clone"
+        raw = json.dumps(manifest).encode()
+        manifest_path.write_bytes(raw)
+        digest = hashlib.sha256(raw).hexdigest()
+        with pytest.raises(InvalidInputError, match="zfs-clone") as refused:
+            await c.restore(RestoreRequest(request_id="r", location=ck.location, digest=digest, argv=SLEEPER))
+        assert refused.value.field == "manifest.layer.form"
+        assert (await c.resource()).reserved.memory_bytes == (await c.get(ref)).resources.memory_bytes
