@@ -16,6 +16,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from adx.errors import InvalidInputError, UncertainOutcomeError
 from adx.sandboxd import CreateRequest, RestoreRequest, SandboxdClient, SandboxRef, State, ref_of
 from adx.sandboxd._models import ResourcesSpec
 from adx.sandboxd._spawn_client import FAULTS_ENV
-from adx.sandboxd._storage import pool_paths
+from adx.sandboxd._storage import StoragePool, pool_paths
 
 pytestmark = pytest.mark.skipif(shutil.which("mkfs.btrfs") is None, reason="needs btrfs-progs")
 
@@ -60,12 +61,19 @@ def _subvolumes(d: Daemon) -> list[str]:
     return sorted(line.rsplit(" path ", 1)[1] for line in listed.stdout.splitlines() if " path " in line)
 
 
-def _qgroups(d: Daemon) -> list[str]:
-    """The level-0 qgroups of the pool once every deleted subvolume is dropped (the kernel then removes its
-    qgroup; a stale one would be a leak)."""
-    subprocess.run(["btrfs", "subvolume", "sync", str(_pool(d))], check=True, capture_output=True)
+def _qgroup_ids(d: Daemon) -> list[str]:
     out = subprocess.run(["btrfs", "qgroup", "show", str(_pool(d))], capture_output=True, text=True, check=True)
     return sorted(line.split()[0] for line in out.stdout.splitlines() if line.startswith("0/"))
+
+
+def _qgroups(d: Daemon) -> list[str]:
+    """The level-0 qgroups of the pool once every deleted subvolume is dropped (the kernel then removes its
+    qgroup, within a moment; one left for good would be a leak)."""
+    subprocess.run(["btrfs", "subvolume", "sync", str(_pool(d))], check=True, capture_output=True)
+    deadline = time.monotonic() + 5
+    while (ids := _qgroup_ids(d)) != ["0/5"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ids
 
 
 async def _written(d: Daemon, c: SandboxdClient) -> SandboxRef:
@@ -204,8 +212,14 @@ async def test_retention_and_the_startup_sweep_delete_snapshot_checkpoints_witho
             await c.resume(ref)
         listed = (await c.list_checkpoints("local")).checkpoints
         assert sorted(s.checkpoint_id for s in listed) == sorted(t.checkpoint_id for t in taken)
-        assert all(s.size_bytes >= 8 * MiB for s in listed)  # the layer's size, though no bytes were copied
+        # The layer's size (its qgroup's referenced bytes), though no bytes were copied or walked.
+        assert all(8 * MiB <= s.size_bytes < 9 * MiB for s in listed), listed
         assert _snapshots(d) == sorted(t.checkpoint_id for t in taken)
+        # That size is read from the snapshot's qgroup (sysfs), not measured by walking its files.
+        pool = StoragePool(*pool_paths(d.state_dir), 0)
+        probe = pool.snapshot(ref.sandbox_id, "probe")
+        pool.delete_snapshot("probe")
+        assert probe.size_bytes is not None and 8 * MiB <= probe.size_bytes < 9 * MiB, probe
         # Retention: the oldest goes as soon as a newer one exists.
         await c.delete_checkpoint(taken[0].location, taken[0].digest)
         assert _snapshots(d) == sorted(t.checkpoint_id for t in taken[1:])
