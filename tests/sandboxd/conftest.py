@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sbx_helpers import DaemonFactory
+
+from adx.sandboxd._storage import pool_paths
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +28,26 @@ def sandboxd(tmp_path: Path, sandbox_images: Path) -> Iterator[DaemonFactory]:
         yield factory
     finally:
         factory.cleanup()
+
+
+@pytest.fixture
+def quota_sandboxd(sandboxd: DaemonFactory) -> Iterator[DaemonFactory]:
+    """Daemons started with ``disk_quota = "btrfs"``: their pools (which outlive sandboxd by design) are
+    unmounted and their images removed after the test."""
+    yield sandboxd
+    sandboxd.cleanup()  # the sandboxes' overlays pin the pool until their processes are gone
+    for daemon in sandboxd.daemons:
+        image, mount = pool_paths(daemon.state_dir)
+        for _ in range(50):
+            if subprocess.run(["umount", str(mount)], capture_output=True).returncode == 0:
+                break
+            if subprocess.run(["mountpoint", "-q", str(mount)]).returncode != 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+        with contextlib.suppress(FileNotFoundError):
+            image.unlink()
 
 
 # Namespaces, cgroups and overlayfs need root; elsewhere these tests cannot run (and must not pretend to).

@@ -27,6 +27,7 @@ from typing import Any
 
 from adx._fs import atomic_write_bytes, fsync_dir
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
+from adx.sandboxd._faults import fault
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -45,9 +46,13 @@ MANIFEST_FORMAT = 1
 _TAR_FLAGS = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--sparse"]
 _CHUNK = 1 << 20
 _CAPTURING = ".capturing-"
-# Layer "compression" of a local checkpoint that is a read-only btrfs snapshot in sandboxd's storage pool
-# (disk_quota = "btrfs"): the manifest names the snapshot and its UUID instead of holding a tar.
+# The layer's form (``manifest.layer.form``): ``tar``, the portable compressed tar in the artifact dir, or a
+# local checkpoint that is a read-only btrfs snapshot in sandboxd's storage pool (disk_quota = "btrfs"), whose
+# manifest names the snapshot and its UUID instead of holding a tar. Its ``compression`` says the same, which
+# is all that manifests written before ``form`` existed carry.
+TAR = "tar"
 SNAPSHOT = "btrfs-snapshot"
+_FORMS = (TAR, SNAPSHOT)
 _DELETING = ".deleting-"
 
 
@@ -134,7 +139,7 @@ def _capture_into(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]
         **manifest_body,
         "format": MANIFEST_FORMAT,
         "kind": CHECKPOINT_KIND,
-        "layer": {"file": layer_name, "compression": name, "sha256": digest.hexdigest(), "size": size},
+        "layer": {"form": TAR, "file": layer_name, "compression": name, "sha256": digest.hexdigest(), "size": size},
     }
     raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
     atomic_write_bytes(artifact_dir / MANIFEST, raw, mode=0o600)
@@ -154,12 +159,20 @@ def write_snapshot_artifact(
         **manifest_body,
         "format": MANIFEST_FORMAT,
         "kind": CHECKPOINT_KIND,
-        "layer": {"file": "", "compression": SNAPSHOT, "snapshot": snapshot, "uuid": uuid, "size": size},
+        "layer": {
+            "form": SNAPSHOT,
+            "file": "",
+            "compression": SNAPSHOT,
+            "snapshot": snapshot,
+            "uuid": uuid,
+            "size": size,
+        },
     }
     raw = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
     try:
         staging.mkdir(mode=0o700)
         atomic_write_bytes(staging / MANIFEST, raw, mode=0o600)
+        fault("checkpoint.before_rename")  # a whole manifest in the staging dir is still no artifact
         os.rename(staging, artifact_dir)
         fsync_dir(artifact_dir.parent)
     except BaseException:
@@ -171,7 +184,7 @@ def write_snapshot_artifact(
 def snapshot_of(manifest: dict[str, Any]) -> tuple[str, str] | None:
     """(snapshot name, UUID) when the artifact is a pool snapshot, else None (a tar layer)."""
     layer = manifest.get("layer", {})
-    if layer.get("compression") != SNAPSHOT:
+    if layer.get("form", SNAPSHOT if layer.get("compression") == SNAPSHOT else TAR) != SNAPSHOT:
         return None
     name = str(layer.get("snapshot", ""))
     if not name or "/" in name or name.startswith("."):
@@ -230,6 +243,9 @@ def read_manifest(artifact_dir: Path, expected_digest: str) -> dict[str, Any]:
     manifest: dict[str, Any] = json.loads(raw)
     if manifest.get("format") != MANIFEST_FORMAT or manifest.get("kind") != CHECKPOINT_KIND:
         raise InvalidInputError("location", "unsupported checkpoint format or kind")
+    form = manifest.get("layer", {}).get("form", TAR)
+    if form not in _FORMS:
+        raise InvalidInputError("manifest.layer.form", f"unsupported layer form {form!r} (known: {list(_FORMS)})")
     return manifest
 
 

@@ -88,10 +88,17 @@ class Checkpointing(SandboxCreator):
                 try:
                     if self._pool is not None and req.storage == "local":
                         # The local root and the pool are this daemon's: a read-only snapshot is the layer.
-                        uuid = self._pool.snapshot(rec.sandbox_id, checkpoint_id)
+                        snap = self._pool.snapshot(rec.sandbox_id, checkpoint_id)
                         try:
-                            size = tree_bytes(self._upper(rec.sandbox_id))
-                            return ckpt.write_snapshot_artifact(artifact, body, self.owner, checkpoint_id, uuid, size)
+                            # A crash from here until the artifact's rename leaves a snapshot no whole artifact
+                            # names: the next start deletes it (Preflight), so it is never taken as a checkpoint.
+                            fault("checkpoint.after_snapshot")
+                            size = snap.size_bytes
+                            if size is None:
+                                size = tree_bytes(self._pool.snapshot_path(checkpoint_id) / "upper")
+                            return ckpt.write_snapshot_artifact(
+                                artifact, body, self.owner, checkpoint_id, snap.uuid, size
+                            )
                         except BaseException:
                             self._pool.delete_snapshot(checkpoint_id)
                             raise

@@ -323,9 +323,15 @@ class SandboxCreator(StartupReconcile):
         if self._pool is not None and error is None:
             try:
                 if snapshot is not None and restore is not None:
-                    # A writable snapshot of the checkpoint: metadata, however many bytes the layer holds.
-                    await asyncio.to_thread(self._pool.restore, *snapshot, rec.sandbox_id, rec.resources.disk_bytes)
-                    await asyncio.to_thread(self._shift_restored, rec, restore[1])
+                    pool, manifest = self._pool, restore[1]
+
+                    def from_snapshot() -> None:
+                        # A writable snapshot of the checkpoint: metadata, however many bytes the layer holds.
+                        pool.restore(*snapshot, rec.sandbox_id, rec.resources.disk_bytes)
+                        self._shift_restored(rec, manifest)
+                        fault("restore.after_extract", delay=0.3)  # as the tar path's: the layer is in place
+
+                    await asyncio.to_thread(from_snapshot)
                     restore = None
                 else:
                     await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)

@@ -82,6 +82,13 @@ class StartupReconcile(SandboxDeleter):
                 empty = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
                 self.pending_reclaim[sandbox_id] = Tombstone(sandbox_id, 0, empty, time.time(), {})
                 self._try_reclaim(sandbox_id)
+        if self._pool is not None:
+            # Layers no record names and no pending reclaim still needs: creates killed before their commit.
+            try:
+                for name in self._pool.sweep_layers(set(self.records) | set(self.pending_reclaim)):
+                    log.warning("removed the layer of an uncommitted create", extra={"sandbox_id": name})
+            except (AdxError, OSError) as exc:
+                self._defer(f"removing layers of uncommitted creates failed (next start): {exc}")
         for rec in list(self.records.values()):
             if rec.state == State.STOPPING:
                 try:
