@@ -497,9 +497,13 @@ class Execd:
         if argv is not None:
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
                 raise invalid("argv", "must be a non-empty list of strings")
+            if any("\x00" in a for a in argv):  # the kernel takes none: subprocess would raise ValueError
+                raise invalid("argv", "must not contain NUL")
         else:
             if not isinstance(command, str) or not command.strip():
                 raise invalid("command", "must be a non-empty string")
+            if "\x00" in command:
+                raise invalid("command", "must not contain NUL")
             argv = ["/bin/sh", "-c", command]
         who = account(body["user"]) if body.get("user") is not None else None
         env = dict(self.base_env)
