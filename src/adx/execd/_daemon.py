@@ -538,9 +538,12 @@ class Execd:
                 raise invalid("stdin", "must be a string")
             stdin_data = body["stdin"].encode()
         if "stdinBase64" in body:
+            if not isinstance(body["stdinBase64"], str):
+                raise invalid("stdinBase64", "must be a string")
             try:
-                stdin_data = binascii.a2b_base64(str(body["stdinBase64"]).encode())
-            except binascii.Error:
+                # Strict: the lenient decoder skips characters outside the alphabet instead of refusing them.
+                stdin_data = binascii.a2b_base64(body["stdinBase64"].encode(), strict_mode=True)
+            except (binascii.Error, UnicodeEncodeError):
                 raise invalid("stdinBase64", "is not valid base64") from None
         keep_open = body.get("keepStdinOpen", False)
         background = body.get("background", False)
