@@ -17,8 +17,7 @@ from adx.errors import InvalidInputError
 from adx.gateway import ERRORS, Credentials, ErrorBody, environment_id_or_404, plane
 from adx.ingress._ingress import Ingress, serving_ingress
 from adx.ingress._tokens import PresentedToken, check_scope, presented_token, set_token_cookie
-from adx.model import TokenGrant
-from adx.model._dataplane import (
+from adx.model import (
     ACCOUNT,
     COMMAND_ID,
     NO_NUL,
@@ -38,6 +37,7 @@ from adx.model._dataplane import (
     Resized,
     RunCommand,
     StdinWritten,
+    TokenGrant,
     WindowSize,
 )
 
@@ -74,7 +74,7 @@ DATA_ERRORS: dict[int | str, dict[str, Any]] = {
         "description": "the Environment is not running (code not_running), or the command or file is not in a "
         "state for this (code conflict, stdin_blocked)",
     },
-    413: {"model": ErrorBody, "description": "a JSON body over max_body_bytes"},
+    413: {"model": ErrorBody, "description": "execd: a JSON body over its 1 MiB limit (code payload_too_large)"},
     502: {"model": ErrorBody, "description": "the node's Relay failed"},
 }
 
