@@ -424,7 +424,7 @@ async def rename_file(
 
 
 @route(
-    "/v1/environments/{environment_id}/ports/{port}/{path}",
+    "/v1/environments/{environment_id}/ports/{port}/{path:path}",
     methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
     response_class=Response,
     responses={
