@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Security
+from fastapi import APIRouter, Depends, Path, Request, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
@@ -81,6 +81,8 @@ async def admin(request: Request, credentials: AdminCredentials) -> AdminIdentit
 
 
 Admin = Annotated[AdminIdentity, Depends(admin)]
+#: What the Coordinator takes as a key's ID (``key_`` and 12 hex digits): the schema says it too.
+KeyId = Annotated[str, Path(pattern=r"^key_[0-9a-f]{12}$", description="a key's ID (`adx tenant list` shows them)")]
 
 router = APIRouter(tags=["admin"], prefix="/v1/admin", responses=ADMIN_ERRORS)
 
@@ -169,7 +171,7 @@ async def create_key(request: Request, name: str, who: Admin) -> IssuedKey:
 @router.delete(
     "/tenants/{name}/keys/{key_id}", response_model=TenantInfo, summary="Revoke an API key (refused from now on)"
 )
-async def revoke_key(request: Request, name: str, key_id: str, who: Admin) -> TenantInfo:
+async def revoke_key(request: Request, name: str, key_id: KeyId, who: Admin) -> TenantInfo:
     p = plane(request)
     tenant = await _one(
         p,
@@ -187,7 +189,7 @@ async def revoke_key(request: Request, name: str, key_id: str, who: Admin) -> Te
     response_model=IssuedKey,
     summary="Replace an API key with a new one in one step (the old one is refused from then on)",
 )
-async def rotate_key(request: Request, name: str, key_id: str, who: Admin) -> IssuedKey:
+async def rotate_key(request: Request, name: str, key_id: KeyId, who: Admin) -> IssuedKey:
     p = plane(request)
     issued = await _one(
         p,

@@ -1,5 +1,7 @@
 """OpenAPI links: which response supplies which path parameter, so a stateful client (or a schema-driven fuzzer)
-can go from creating or listing an Environment, or listing agent runs, to every operation on one of them.
+can go from creating or listing an Environment, or listing agent runs, to every operation on one of them; from
+starting a background command to every operation on it; from creating a tenant to its keys; from the node list to
+every node operation.
 
 Links are derived from the paths, not written per route: every operation whose path has a parameter named here
 gets a link from each operation that supplies it, so a new route is linked without anyone remembering to.
@@ -31,6 +33,18 @@ SOURCES: dict[str, tuple[Source, ...]] = {
         Source("get", "/v1/environments", "200", "$response.body#/environments/0/id"),
     ),
     "token_id": (Source("post", "/v1/environments/{environment_id}/tokens", "201", "$response.body#/id"),),
+    "command_id": (
+        Source("post", "/v1/environments/{environment_id}/commands", "201", "$response.body#/id"),
+        Source("get", "/v1/environments/{environment_id}/commands", "200", "$response.body#/commands/0/id"),
+    ),
+    # Admin: only tenants a client created itself (never the list's first: a client following links must not
+    # disable or rotate the keys of a tenant it does not know); the nodes are the cluster's own.
+    "name": (Source("post", "/v1/admin/tenants", "201", "$response.body#/owner"),),
+    "key_id": (
+        Source("post", "/v1/admin/tenants", "201", "$response.body#/keyId"),
+        Source("post", "/v1/admin/tenants/{name}/keys", "201", "$response.body#/keyId"),
+    ),
+    "node": (Source("get", "/v1/admin/nodes", "200", "$response.body#/0/name"),),
     "run_id": (Source("get", "/v1/agent-runs", "200", "$response.body#/runs/0/runId"),),
     "wait_id": (Source("get", "/v1/agent-runs/{run_id}", "200", "$response.body#/waits/0/waitId"),),
 }

@@ -28,6 +28,7 @@ from adx.e2b import install as install_e2b
 from adx.errors import UnavailableError
 from adx.gateway import ApiConfig, CoordinatorClient, Plane, TenantAuth, install_error_handlers
 from adx.gateway._config import split_host_port
+from adx.ingress import BODY_MODELS as DATA_PLANE_BODY_MODELS
 from adx.ingress import Ingress
 from adx.ingress import router as ingress_router
 
@@ -43,7 +44,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for name, model in BODY_MODELS.items():
+    for name, model in {**BODY_MODELS, **DATA_PLANE_BODY_MODELS}.items():
         body = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
         for nested, definition in body.pop("$defs", {}).items():
             components.setdefault(nested, definition)

@@ -8,8 +8,9 @@ effect at once on this process and, through the Coordinator's route stream, on e
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 
 from adx.api._routes import BODY_MODELS
@@ -101,7 +102,12 @@ async def list_tokens(request: Request, environment_id: str, credentials: Creden
     responses=ERRORS,
     summary="Revoke an endpoint token (refused by every Ingress from now on)",
 )
-async def revoke_token(request: Request, environment_id: str, token_id: str, credentials: Credentials) -> JSONResponse:
+async def revoke_token(
+    request: Request,
+    environment_id: str,
+    token_id: Annotated[str, Path(pattern=r"^tok_[0-9a-f]{12}$", description="from the list or the create answer")],
+    credentials: Credentials,
+) -> JSONResponse:
     tenant = await plane(request).tenant(credentials)
     env_id = environment_id_or_404(environment_id)
     revoked = await _client(request).revoke(tenant, env_id, token_id)

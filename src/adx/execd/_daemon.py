@@ -449,9 +449,13 @@ class Execd:
         if argv is not None:
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
                 raise invalid("argv", "must be a non-empty list of strings")
+            if any("\x00" in a for a in argv):  # the kernel takes none: subprocess would raise ValueError
+                raise invalid("argv", "must not contain NUL")
         else:
             if not isinstance(command, str) or not command.strip():
                 raise invalid("command", "must be a non-empty string")
+            if "\x00" in command:
+                raise invalid("command", "must not contain NUL")
             argv = ["/bin/sh", "-c", command]
         who = account(body["user"]) if body.get("user") is not None else None
         env = dict(self.base_env)
@@ -486,9 +490,12 @@ class Execd:
                 raise invalid("stdin", "must be a string")
             stdin_data = body["stdin"].encode()
         if "stdinBase64" in body:
+            if not isinstance(body["stdinBase64"], str):
+                raise invalid("stdinBase64", "must be a string")
             try:
-                stdin_data = binascii.a2b_base64(str(body["stdinBase64"]).encode())
-            except binascii.Error:
+                # Strict: the lenient decoder skips characters outside the alphabet instead of refusing them.
+                stdin_data = binascii.a2b_base64(body["stdinBase64"].encode(), strict_mode=True)
+            except (binascii.Error, UnicodeEncodeError):
                 raise invalid("stdinBase64", "is not valid base64") from None
         keep_open = body.get("keepStdinOpen", False)
         background = body.get("background", False)

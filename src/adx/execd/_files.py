@@ -64,8 +64,10 @@ def _flag(req: Request, name: str) -> bool:
 def _os_error(exc: OSError, path: str) -> HttpError:
     if exc.errno == errno.ENOENT:
         return HttpError(404, "not_found", f"{path}: no such file or directory", {"field": "path"})
-    if exc.errno in (errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST):
+    if exc.errno in (errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ELOOP):
         return HttpError(409, "conflict", f"{path}: {exc.strerror}", {"field": "path"})
+    if exc.errno == errno.ENAMETOOLONG:  # the request's path, not the sandbox, is at fault
+        return HttpError(400, "invalid_input", f"{path}: {exc.strerror}", {"field": "path", "reason": exc.strerror})
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return HttpError(403, "permission_denied", f"{path}: {exc.strerror}", {"field": "path"})
     return HttpError(500, "io_error", f"{path}: {exc.strerror}", {"field": "path"})

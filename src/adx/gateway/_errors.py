@@ -115,7 +115,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = tuple(part for part in first.get("loc", ()) if part not in ("body", "query", "path", "header"))
+        loc = tuple(first.get("loc", ()))
+        if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+            loc = loc[1:]  # where it was, not what: only the first part (a query parameter may be named `path`)
         return error_response(InvalidInputError(field_path(loc), str(first.get("msg", "invalid"))))
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

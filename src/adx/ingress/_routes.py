@@ -6,17 +6,40 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials
-from starlette.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.responses import Response, StreamingResponse
 
 from adx.errors import InvalidInputError
-from adx.gateway import ERRORS, Credentials, environment_id_or_404, plane
+from adx.gateway import ERRORS, Credentials, ErrorBody, environment_id_or_404, plane
 from adx.ingress._ingress import Ingress, serving_ingress
 from adx.ingress._tokens import PresentedToken, check_scope, presented_token, set_token_cookie
-from adx.model import TokenGrant
+from adx.model import (
+    ACCOUNT,
+    COMMAND_ID,
+    NO_NUL,
+    CommandList,
+    CommandOutput,
+    CommandStarted,
+    CommandStatus,
+    Encoding,
+    ExitFrame,
+    FileList,
+    FileStat,
+    FileWritten,
+    KillCommand,
+    Killed,
+    OutputFrame,
+    PathAnswer,
+    Resized,
+    RunCommand,
+    StdinWritten,
+    TokenGrant,
+    WindowSize,
+)
 
 router = APIRouter(tags=["data plane"])
 
@@ -34,11 +57,25 @@ def route(path: str, methods: list[str], **options: Any) -> Callable[[F], F]:
 
 F = TypeVar("F", bound=Callable[..., Any])
 EnvId = Annotated[str, Path(description="the Environment's ID")]
-DATA_ERRORS = {
+#: What every data-plane route may answer besides its success: the API's own answers and execd's (which the
+#: Ingress relays as they are: execd says 400 where the API says 422 for invalid input).
+DATA_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERRORS,
-    403: {"description": "an endpoint token of another Environment, or of another port (code forbidden)"},
-    409: {"description": "the Environment is not running (code not_running)"},
-    502: {"description": "the node's Relay failed"},
+    400: {"model": ErrorBody, "description": "execd refused the request (code invalid_input, details.field)"},
+    403: {
+        "model": ErrorBody,
+        "description": "an endpoint token of another Environment or port (code forbidden), or the sandbox refused "
+        "access to a file (code permission_denied)",
+    },
+    404: {"model": ErrorBody, "description": "no such Environment for this tenant, command or file"},
+    408: {"model": ErrorBody, "description": "the request body stalled (code request_timeout)"},
+    409: {
+        "model": ErrorBody,
+        "description": "the Environment is not running (code not_running), or the command or file is not in a "
+        "state for this (code conflict, stdin_blocked)",
+    },
+    413: {"model": ErrorBody, "description": "execd: a JSON body over its 1 MiB limit (code payload_too_large)"},
+    502: {"model": ErrorBody, "description": "the node's Relay failed"},
 }
 
 
@@ -89,15 +126,64 @@ async def _small_body(request: Request) -> bytes:
     return bytes(body)
 
 
+FRAMES = (CommandStarted, OutputFrame, ExitFrame)
+
+
+def _frame_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A frame's schema in place (an NDJSON line has no component of its own); frames nest no model."""
+    schema = model.model_json_schema(by_alias=True)
+    assert "$defs" not in schema, model
+    return schema
+
+
+def _body(model: type[BaseModel] | None, *, required: bool = True, raw: str = "") -> dict[str, Any]:
+    """``openapi_extra`` of a route that forwards its body unread: its JSON model, or raw bytes."""
+    if model is None:
+        content = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+        return {"requestBody": {"required": required, "description": raw, "content": content}}
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    BODY_MODELS[model.__name__] = model
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
+
+
+#: Request bodies these routes publish under components (the app's OpenAPI document adds them, like the API's).
+BODY_MODELS: dict[str, type[BaseModel]] = {}
+
+# The decoded path parameters go into the Relay's URL, which takes no control character (httpx refuses it: the
+# request failed with 500): they are declared, so anything else is a 422 naming them before any forwarding.
+CommandId = Annotated[
+    str, Path(pattern=COMMAND_ID, description="from POST .../commands (background) or the list of commands")
+]
+SandboxPath = Annotated[
+    str,
+    Query(
+        min_length=1,
+        pattern=NO_NUL,
+        description="absolute, or relative to the home of ?user=; which files exist is the Environment's data",
+    ),
+]
+User = Annotated[str | None, Query(pattern=ACCOUNT, description="act as this account of the sandbox")]
+
+
+def _flag(description: str) -> Any:
+    return Query(description=description)
+
+
 @router.post(
     "/v1/environments/{environment_id}/commands",
-    responses={200: {"content": {"application/x-ndjson": {}}}, **DATA_ERRORS},
-    summary="Run a command; streams NDJSON frames as output is produced",
-    description=(
-        'Body: `{"command": "echo hi"}` (shell) or `{"argv": [...]}`, optional `env`, `cwd`, `timeoutSeconds`, '
-        '`stdin`, `background`. Frames: `{"id","pid"}`, then `{"stream","data"}` as produced, then '
-        '`{"exitCode","signal","timedOut"}`.'
-    ),
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "a foreground command: one JSON object per line (application/x-ndjson), as produced: "
+            "CommandStarted, then OutputFrame objects, then the ExitFrame (a stream without it lost its "
+            "connection)",
+            "content": {"application/x-ndjson": {"schema": {"oneOf": [_frame_schema(m) for m in FRAMES]}}},
+        },
+        201: {"model": CommandStatus, "description": "a background command (background: true): its status, at once"},
+        **DATA_ERRORS,
+    },
+    openapi_extra=_body(RunCommand),
+    summary="Run a command; a foreground one streams NDJSON frames as output is produced",
 )
 async def run_command(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
     a = await _setup(request, credentials, environment_id)
@@ -107,79 +193,255 @@ async def run_command(request: Request, environment_id: EnvId, credentials: Cred
     return await a.forward(request, "/v1/commands", body=body, read_timeout=None)
 
 
-@router.get("/v1/environments/{environment_id}/commands", responses=DATA_ERRORS, summary="List commands")
+@router.get(
+    "/v1/environments/{environment_id}/commands",
+    response_model=CommandList,
+    responses=DATA_ERRORS,
+    summary="List commands",
+)
 async def list_commands(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
     a = await _setup(request, credentials, environment_id)
     return await a.forward(request, "/v1/commands", body=b"", read_timeout=None)
 
 
-@route(
-    "/v1/environments/{environment_id}/commands/{command_id}",
-    methods=["GET", "DELETE"],
-    responses=DATA_ERRORS,
-    summary="A background command's status (GET) or forget a finished one (DELETE)",
-)
-async def command(
-    request: Request, environment_id: EnvId, command_id: str, credentials: Credentials
+async def _command(
+    request: Request, credentials: object, environment_id: str, command_id: str, action: str = ""
 ) -> StreamingResponse:
     a = await _setup(request, credentials, environment_id)
-    return await a.forward(request, f"/v1/commands/{command_id}", body=b"", read_timeout=None)
-
-
-@route(
-    "/v1/environments/{environment_id}/commands/{command_id}/{action}",
-    methods=["GET", "POST"],
-    responses=DATA_ERRORS,
-    summary="output (GET), kill (POST), stdin (POST, raw body streamed)",
-)
-async def command_action(
-    request: Request, environment_id: EnvId, command_id: str, action: str, credentials: Credentials
-) -> StreamingResponse:
-    a = await _setup(request, credentials, environment_id)
-    path = f"/v1/commands/{command_id}/{action}"
+    path = f"/v1/commands/{command_id}" + (f"/{action}" if action else "")
     body = None if action == "stdin" else await _small_body(request)
     return await a.forward(request, path, body=body, read_timeout=None)
 
 
-@route(
-    "/v1/environments/{environment_id}/files",
-    methods=["GET", "PUT", "DELETE"],
-    responses={200: {"content": {"application/octet-stream": {}}}, **DATA_ERRORS},
-    summary="Read (GET), write (PUT, raw body) or delete (DELETE) the file at ?path=",
-)
-async def files(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
-    a = await _setup(request, credentials, environment_id)
-    body = None if request.method == "PUT" else b""  # file contents stream through, never buffered here
-    timeout = plane(request).config.relay_timeout_seconds
-    return await a.forward(request, "/v1/files", body=body, read_timeout=timeout)
-
-
-@route(
-    "/v1/environments/{environment_id}/files/{action}",
-    methods=["GET", "POST"],
+@router.get(
+    "/v1/environments/{environment_id}/commands/{command_id}",
+    response_model=CommandStatus,
     responses=DATA_ERRORS,
-    summary="stat (GET), list (GET), mkdir (POST) at ?path=",
+    summary="A command's status",
 )
-async def files_action(
-    request: Request, environment_id: EnvId, action: str, credentials: Credentials
+async def get_command(
+    request: Request, environment_id: EnvId, command_id: CommandId, credentials: Credentials
 ) -> StreamingResponse:
+    return await _command(request, credentials, environment_id, command_id)
+
+
+@router.delete(
+    "/v1/environments/{environment_id}/commands/{command_id}",
+    status_code=204,
+    response_class=Response,
+    responses={**DATA_ERRORS, 409: {"model": ErrorBody, "description": "still running: kill it first"}},
+    summary="Forget a finished command",
+)
+async def forget_command(
+    request: Request, environment_id: EnvId, command_id: CommandId, credentials: Credentials
+) -> StreamingResponse:
+    return await _command(request, credentials, environment_id, command_id)
+
+
+@router.get(
+    "/v1/environments/{environment_id}/commands/{command_id}/output",
+    response_model=CommandOutput,
+    responses={**DATA_ERRORS, 409: {"model": ErrorBody, "description": "a foreground command keeps no output"}},
+    summary="A background command's kept output, from an offset",
+)
+async def command_output(
+    request: Request,
+    environment_id: EnvId,
+    command_id: CommandId,
+    credentials: Credentials,
+    stream: Annotated[Literal["stdout", "stderr"], Query()] = "stdout",
+    offset: Annotated[int, Query(ge=0, description="from this byte of the stream")] = 0,
+    limit: Annotated[int, Query(ge=1, description="at most this many bytes")] = 1 << 20,
+    encoding: Annotated[Encoding, Query()] = Encoding.UTF8,
+) -> StreamingResponse:
+    return await _command(request, credentials, environment_id, command_id, "output")
+
+
+@router.post(
+    "/v1/environments/{environment_id}/commands/{command_id}/kill",
+    response_model=Killed,
+    responses=DATA_ERRORS,
+    openapi_extra=_body(KillCommand, required=False),
+    summary="Send a signal to a command's process group (default SIGKILL)",
+)
+async def kill_command(
+    request: Request, environment_id: EnvId, command_id: CommandId, credentials: Credentials
+) -> StreamingResponse:
+    return await _command(request, credentials, environment_id, command_id, "kill")
+
+
+@router.post(
+    "/v1/environments/{environment_id}/commands/{command_id}/stdin",
+    response_model=StdinWritten,
+    responses={
+        **DATA_ERRORS,
+        409: {"model": ErrorBody, "description": "its stdin is not open (keepStdinOpen), closed, or not read"},
+    },
+    openapi_extra=_body(None, required=False, raw="written to the command's stdin as it arrives (streamed)"),
+    summary="Write to a command's stdin (started with keepStdinOpen)",
+)
+async def command_stdin(
+    request: Request,
+    environment_id: EnvId,
+    command_id: CommandId,
+    credentials: Credentials,
+    close: Annotated[bool, _flag("close its stdin after this body")] = False,
+) -> StreamingResponse:
+    return await _command(request, credentials, environment_id, command_id, "stdin")
+
+
+@router.post(
+    "/v1/environments/{environment_id}/commands/{command_id}/resize",
+    response_model=Resized,
+    responses={**DATA_ERRORS, 409: {"model": ErrorBody, "description": "no PTY, or it has exited"}},
+    openapi_extra=_body(WindowSize),
+    summary="Resize the terminal of a command run with pty",
+)
+async def resize_command(
+    request: Request, environment_id: EnvId, command_id: CommandId, credentials: Credentials
+) -> StreamingResponse:
+    return await _command(request, credentials, environment_id, command_id, "resize")
+
+
+async def _files(request: Request, credentials: object, environment_id: str, action: str = "") -> StreamingResponse:
     a = await _setup(request, credentials, environment_id)
     timeout = plane(request).config.relay_timeout_seconds
-    body = await _small_body(request)
-    return await a.forward(request, f"/v1/files/{action}", body=body, read_timeout=timeout)
+    # File contents stream through, never buffered here; the other operations carry no body worth keeping.
+    body = None if request.method == "PUT" else await _small_body(request) if action else b""
+    return await a.forward(request, "/v1/files" + (f"/{action}" if action else ""), body=body, read_timeout=timeout)
+
+
+@router.get(
+    "/v1/environments/{environment_id}/files",
+    response_class=Response,
+    responses={
+        200: {"description": "the file's bytes, streamed", "content": {"application/octet-stream": {}}},
+        **DATA_ERRORS,
+    },
+    summary="Read a file",
+)
+async def read_file(
+    request: Request, environment_id: EnvId, credentials: Credentials, path: SandboxPath, user: User = None
+) -> StreamingResponse:
+    return await _files(request, credentials, environment_id)
+
+
+@router.put(
+    "/v1/environments/{environment_id}/files",
+    status_code=201,
+    response_model=FileWritten,
+    responses=DATA_ERRORS,
+    openapi_extra=_body(None, raw="the file's new contents (streamed; readers see the old or the new file)"),
+    summary="Write a file (atomically)",
+)
+async def write_file(
+    request: Request,
+    environment_id: EnvId,
+    credentials: Credentials,
+    path: SandboxPath,
+    user: User = None,
+    mode: Annotated[str, Query(pattern=r"^0*[0-7]{1,4}$", description="octal permissions")] = "644",
+    mkdirs: Annotated[bool, _flag("make missing parent directories")] = False,
+) -> StreamingResponse:
+    return await _files(request, credentials, environment_id)
+
+
+@router.delete(
+    "/v1/environments/{environment_id}/files",
+    status_code=204,
+    response_class=Response,
+    responses=DATA_ERRORS,
+    summary="Delete a file or directory",
+)
+async def delete_file(
+    request: Request,
+    environment_id: EnvId,
+    credentials: Credentials,
+    path: SandboxPath,
+    user: User = None,
+    recursive: Annotated[bool, _flag("a directory with its contents")] = False,
+) -> StreamingResponse:
+    return await _files(request, credentials, environment_id)
+
+
+@router.get(
+    "/v1/environments/{environment_id}/files/stat",
+    response_model=FileStat,
+    responses=DATA_ERRORS,
+    summary="Describe one entry (a symlink is not followed)",
+)
+async def stat_file(
+    request: Request, environment_id: EnvId, credentials: Credentials, path: SandboxPath, user: User = None
+) -> StreamingResponse:
+    return await _files(request, credentials, environment_id, "stat")
+
+
+@router.get(
+    "/v1/environments/{environment_id}/files/list",
+    response_model=FileList,
+    responses=DATA_ERRORS,
+    summary="List a directory",
+)
+async def list_files(
+    request: Request, environment_id: EnvId, credentials: Credentials, path: SandboxPath, user: User = None
+) -> StreamingResponse:
+    return await _files(request, credentials, environment_id, "list")
+
+
+@router.post(
+    "/v1/environments/{environment_id}/files/mkdir",
+    status_code=201,
+    response_model=PathAnswer,
+    responses=DATA_ERRORS,
+    summary="Make a directory",
+)
+async def make_directory(
+    request: Request,
+    environment_id: EnvId,
+    credentials: Credentials,
+    path: SandboxPath,
+    user: User = None,
+    parents: Annotated[bool, _flag("make missing parents too; an existing directory is fine")] = False,
+) -> StreamingResponse:
+    return await _files(request, credentials, environment_id, "mkdir")
+
+
+@router.post(
+    "/v1/environments/{environment_id}/files/rename",
+    response_model=PathAnswer,
+    responses=DATA_ERRORS,
+    summary="Rename (move) an entry; a file at the destination is replaced",
+)
+async def rename_file(
+    request: Request,
+    environment_id: EnvId,
+    credentials: Credentials,
+    path: SandboxPath,
+    to: Annotated[str, Query(min_length=1, pattern=NO_NUL, description="the destination")],
+    user: User = None,
+) -> StreamingResponse:
+    return await _files(request, credentials, environment_id, "rename")
 
 
 @route(
     "/v1/environments/{environment_id}/ports/{port}/{path:path}",
     methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-    responses=DATA_ERRORS,
+    response_class=Response,
+    responses={
+        200: {"description": "the service's own answer, streamed", "content": {"*/*": {}}},
+        "default": {"description": "the service's own answer, any status", "content": {"*/*": {}}},
+        **DATA_ERRORS,
+        502: {"model": ErrorBody, "description": "nothing listens on the port (code port_unavailable)"},
+    },
     summary="Proxy to a service the Environment listens on (inside its own network namespace)",
 )
 async def ports(
-    request: Request, environment_id: EnvId, port: int, path: str, credentials: Credentials
+    request: Request,
+    environment_id: EnvId,
+    port: Annotated[int, Path(ge=1, le=65535)],
+    path: Annotated[str, Path(pattern=r"^[^\x00-\x1f\x7f]*$", description="the service's path (may contain /)")],
+    credentials: Credentials,
 ) -> StreamingResponse:
     a = await _setup(request, credentials, environment_id, port)
-    if not 1 <= port <= 65535:
-        raise InvalidInputError("port", "must be 1-65535")
     timeout = plane(request).config.relay_timeout_seconds
     return await a.forward(request, f"/port/{port}/{path}", read_timeout=timeout)
