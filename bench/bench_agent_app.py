@@ -2,6 +2,7 @@
 
 ``slow``: ten nodes, each sleeping ``sleep_ms``; every node execution is logged with its fence in
 ``bench_node_runs`` (outside the commit) so the benchmark sees when a new owner continues a run.
+``noop10``: ten no-op nodes (the throughput graph of bench_agents.py, for bench_agents_scale.py's processes).
 """
 
 from __future__ import annotations
@@ -40,3 +41,12 @@ def register_graphs(executables: ExecutableGraphRegistryBuilder) -> None:
     for index, name in enumerate(nodes):
         g.node(name, _node(name)).edge(name, nodes[index + 1] if index + 1 < len(nodes) else "__end__")
     g.terminal(lambda state: {"n": state["n"]})
+
+    async def noop(ctx: NodeContext, state: dict[str, Any]) -> Next:
+        return Next(update={"i": state["i"] + 1})
+
+    steps = [f"s{i}" for i in range(10)]
+    noop10 = executables.graph("noop10", "1", entry=steps[0], input_schema=ANY, output_schema=ANY)
+    for index, name in enumerate(steps):
+        noop10.node(name, noop).edge(name, steps[index + 1] if index + 1 < len(steps) else "__end__")
+    noop10.terminal(lambda state: {"i": state["i"]})

@@ -53,6 +53,7 @@ from adx.agents._rows import ResolveOutcome, RunKey
 from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions, TickOutcome, TickReport
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
+    AGENT_MAINTENANCE_EVENT_SCHEMA_ID,
     GRAPH_DRIVER_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
     JsonSchemaRegistry,
@@ -60,6 +61,7 @@ from adx.agents._schemas import (
     SchemaLimits,
     SchemaRef,
     register_standard_agent_cancellation_event_schema,
+    register_standard_agent_maintenance_event_schema,
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
@@ -76,6 +78,7 @@ from adx.agents._worker import (
 
 __all__ = [
     "AGENT_CANCELLATION_EVENT_SCHEMA_ID",
+    "AGENT_MAINTENANCE_EVENT_SCHEMA_ID",
     "END",
     "GRAPH_DRIVER_EVENT_SCHEMA_ID",
     "GRAPH_LIFECYCLE_EVENT_SCHEMA_ID",
@@ -155,6 +158,7 @@ __all__ = [
     "WaitKind",
     "Wake",
     "register_standard_agent_cancellation_event_schema",
+    "register_standard_agent_maintenance_event_schema",
     "register_standard_graph_driver_event_schema",
     "register_standard_graph_lifecycle_event_schema",
     "resolution",

@@ -35,8 +35,10 @@ from datetime import datetime
 
 from adx.agents._config import AgentMaintenanceConfig
 from adx.agents._driver import ShutdownSignal
+from adx.agents._maintenance_schemas import bind_audit_schemas, maintenance_audit_schemas
 from adx.agents._maintenance_tasks import MaintenanceTask, act, discover
 from adx.agents._pg import check_tenant
+from adx.agents._schemas import JsonSchemaRegistry
 from adx.agents._store import AgentStore
 from adx.agents._worker import AgentWorkerReadiness
 from adx.errors import AdxError, InvalidInputError, UnavailableError
@@ -87,12 +89,18 @@ class _Counters:
 
 
 class AgentMaintenance:
+    """The binding (AGT-15): 1-128 distinct tenants, the store, the four frozen audit schemas (``schemas``, by
+    default exactly the runtime's; a registry lacking one or holding a different body is refused here, before
+    any work) and a mandatory readiness check."""
+
     def __init__(
         self,
         store: AgentStore,
         tenants: list[str],
         readiness: AgentWorkerReadiness,
         options: AgentMaintenanceOptions | None = None,
+        *,
+        schemas: JsonSchemaRegistry | None = None,
     ) -> None:
         if not 1 <= len(tenants) <= 128:
             raise InvalidInputError("tenants", "needs 1 to 128 tenants")
@@ -102,6 +110,7 @@ class AgentMaintenance:
             check_tenant(tenant)
         if not isinstance(readiness, AgentWorkerReadiness):
             raise InvalidInputError("readiness", "an AgentWorkerReadiness is mandatory")
+        self.audit_schemas = bind_audit_schemas(maintenance_audit_schemas() if schemas is None else schemas)
         self.store = store
         self.tenants = list(tenants)
         self.readiness = readiness

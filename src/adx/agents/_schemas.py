@@ -22,6 +22,7 @@ from adx.errors import ConflictError, InvalidInputError
 
 __all__ = [
     "AGENT_CANCELLATION_EVENT_SCHEMA_ID",
+    "AGENT_MAINTENANCE_EVENT_SCHEMA_ID",
     "GRAPH_DRIVER_EVENT_SCHEMA_ID",
     "GRAPH_LIFECYCLE_EVENT_SCHEMA_ID",
     "JsonSchemaRegistry",
@@ -29,8 +30,10 @@ __all__ = [
     "SchemaLimits",
     "SchemaRef",
     "register_standard_agent_cancellation_event_schema",
+    "register_standard_agent_maintenance_event_schema",
     "register_standard_graph_driver_event_schema",
     "register_standard_graph_lifecycle_event_schema",
+    "standard_schema_digest",
 ]
 
 # AGT-18: the seed's published IDs exactly (the graph-driver event, unpublished there, follows the scheme).
@@ -40,6 +43,9 @@ _RESERVED_PREFIXES = (_RESERVED_PREFIX, "urn:adx:schema:runtime:")
 GRAPH_DRIVER_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "graph-driver-event/1.0.0"
 GRAPH_LIFECYCLE_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "graph-lifecycle-event/1.0.0"
 AGENT_CANCELLATION_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "agent-cancellation-event/1.0.0"
+# AGT-15 Decision: the seed has maintenance bind "four frozen audit schemas" but names only the three above;
+# the fourth is the maintenance role's own action event, under the same scheme.
+AGENT_MAINTENANCE_EVENT_SCHEMA_ID = _RESERVED_PREFIX + "agent-maintenance-event/1.0.0"
 
 _URI = re.compile(r"^(urn:[a-z0-9][a-z0-9-]{0,31}:[\x21-\x7e]+|https://[\x21-\x7e]+)$")
 _DIGEST = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
@@ -291,3 +297,48 @@ def register_standard_graph_lifecycle_event_schema(builder: JsonSchemaRegistryBu
 
 def register_standard_agent_cancellation_event_schema(builder: JsonSchemaRegistryBuilder) -> SchemaRef:
     return builder._register(AGENT_CANCELLATION_EVENT_SCHEMA_ID, _CANCELLATION_EVENT)
+
+
+# Public-safe like the cancellation event: what maintenance did to which run, never request content.
+_MAINTENANCE_EVENT = _standard(
+    AGENT_MAINTENANCE_EVENT_SCHEMA_ID,
+    "ADX agent maintenance event: one maintenance action on a run (public-safe: no request content)",
+    {
+        "kind": {
+            "enum": [
+                "deadline_cancellation_requested",
+                "child_cancellation_requested",
+                "join_published",
+                "children_settled",
+            ]
+        },
+        "event_id": _UUID,
+        "run_id": _UUID,
+        "parent_run_id": _UUID,
+        "wait_id": {"type": "string", "minLength": 1, "maxLength": 128},
+        "children": {"type": "integer", "minimum": 0},
+    },
+    ["kind", "event_id", "run_id"],
+)
+
+
+def register_standard_agent_maintenance_event_schema(builder: JsonSchemaRegistryBuilder) -> SchemaRef:
+    return builder._register(AGENT_MAINTENANCE_EVENT_SCHEMA_ID, _MAINTENANCE_EVENT)
+
+
+_STANDARD: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        GRAPH_DRIVER_EVENT_SCHEMA_ID: _DRIVER_EVENT,
+        GRAPH_LIFECYCLE_EVENT_SCHEMA_ID: _LIFECYCLE_EVENT,
+        AGENT_CANCELLATION_EVENT_SCHEMA_ID: _CANCELLATION_EVENT,
+        AGENT_MAINTENANCE_EVENT_SCHEMA_ID: _MAINTENANCE_EVENT,
+    }
+)
+
+
+def standard_schema_digest(schema_id: str) -> str:
+    """The digest of this build's frozen body of a standard audit schema (what a bound registry must hold)."""
+    try:
+        return digest(_STANDARD[schema_id])
+    except KeyError:
+        raise InvalidInputError("schema_id", f"{schema_id!r} is not a standard audit schema") from None
