@@ -20,6 +20,7 @@ from adx.coordinator._store import CoordinatorStore, NoCapacity
 from adx.errors import AdxError, ConflictError, UnavailableError, UncertainOutcomeError
 from adx.model import (
     OPERATION,
+    RESUME_FAILED,
     EnvironmentRecord,
     EnvironmentState,
     IdleAction,
@@ -92,13 +93,18 @@ class LifecycleOps:
         resume goes on.
         """
         deadline = time.monotonic() + within
+        handed_over = False
         while True:
             record = await self.store.get_tenant_environment(tenant, env_id)
             self.cache.apply(record)
             if record.state is S.RUNNING:
                 return record
             if record.state is S.PAUSED:
+                if handed_over and record.last_error is not None and record.last_error.startswith(RESUME_FAILED):
+                    # The node took the resume and it failed there: answer that, never hand it over again at once.
+                    raise self._resume_failed(record)
                 await self.drive_resume(record)
+                handed_over = True
                 continue
             if record.state not in _TRANSIENT:
                 raise ConflictError(
@@ -125,6 +131,8 @@ class LifecycleOps:
             if current.state is not S.PAUSED:
                 return
             if time.monotonic() < self._refused_until.get(record.id, 0.0):
+                if current.last_error is not None and current.last_error.startswith(RESUME_FAILED):
+                    raise self._resume_failed(current, hold=False)
                 raise NoCapacity(
                     f"every node refused to resume {record.id} just now; the next capacity round is due shortly",
                     details={"retry_after_seconds": self.resume_retry_seconds},
@@ -177,6 +185,18 @@ class LifecycleOps:
                 f"no node can resume {record.id} now ({reasons}); retry after {self.resume_retry_seconds:g}s",
                 details={"refusals": reasons, "retry_after_seconds": self.resume_retry_seconds},
             )
+
+    def _resume_failed(self, record: EnvironmentRecord, *, hold: bool = True) -> UnavailableError:
+        """CRD-5: a resume its node accepted and then failed (the Environment is paused again, nothing runs). Like
+        a refusal by every node, it holds the Environment for one capacity round: demand meanwhile gets this
+        answer at once instead of a tight loop of hand-overs that fail the same way."""
+        if hold:
+            self._refused_until[record.id] = time.monotonic() + self.resume_retry_seconds
+        return UnavailableError(
+            f"environment {record.id} could not be resumed on node {record.node}: {record.last_error}; it stays "
+            f"paused and is tried again on demand after {self.resume_retry_seconds:g}s",
+            details={"state": record.state.value, "retry_after_seconds": self.resume_retry_seconds},
+        )
 
     @staticmethod
     def _renewed_deadline(record: EnvironmentRecord) -> float | None:

@@ -60,6 +60,7 @@ from adx.model._spec import EnvironmentSpec, field_path, parse_wire
 from adx.model._states import (
     ALLOWED_TRANSITIONS,
     DORMANT_STATES,
+    RESUME_FAILED,
     TERMINAL_STATES,
     EnvironmentState,
     can_transition,
@@ -100,6 +101,7 @@ __all__ = [
     "MAX_QUANTITY",
     "NO_NUL",
     "OPERATION",
+    "RESUME_FAILED",
     "SNAPSHOT",
     "TENANT_KEY_PREFIX",
     "TERMINAL_STATES",

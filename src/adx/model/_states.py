@@ -38,6 +38,11 @@ ALLOWED_TRANSITIONS: dict[EnvironmentState, frozenset[EnvironmentState]] = {
 }
 
 TERMINAL_STATES = frozenset({S.DELETED})
+
+#: How a node's failed resume (RESUMING -> PAUSED, no new execution) begins its record's ``last_error``: the
+#: Coordinator answers the waiting demand with it instead of handing the same resume over again (CRD-5).
+RESUME_FAILED = "resume failed"
+
 #: An Environment that sleeps: no execution serves it; business traffic wakes it (ENV-4), health and usage
 #: requests never do.
 DORMANT_STATES = frozenset({S.PAUSING, S.PAUSED, S.RESUMING})

@@ -29,6 +29,7 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.model import (
+    RESUME_FAILED,
     CheckpointRef,
     CheckpointStorage,
     EnvironmentRecord,
@@ -1149,7 +1150,7 @@ class Controller:
                 await self._cleanup(leftover)
             # No new execution exists: back to paused on the same checkpoint, reservation released.
             return await self._transition(
-                S.PAUSED, {"resume_intent": None, "last_error": f"resume failed: {exc}"}, release=True
+                S.PAUSED, {"resume_intent": None, "last_error": f"{RESUME_FAILED}: {exc}"}, release=True
             )
         # The checkpoint is no longer referenced once Running is committed: the catalog retires it (CRD-9).
         return await self._running(
