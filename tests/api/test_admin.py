@@ -7,25 +7,12 @@ import asyncio
 import json
 import time
 
-import grpc
 import httpx
-from apistack import ApiStack
+from apistack import ApiStack, admin_key
 
-from adx._certs import Identity, component_paths
-from adx._grpc_tls import channel_credentials
-from adx.model import IssuedKey
 from adx.proto import coordinator_pb2 as pb
-from adx.proto import coordinator_pb2_grpc as pb_grpc
 
 SMALL = {"resources": {"cpuMillis": 100, "memoryBytes": 2**28}}
-
-
-async def admin_key(stack: ApiStack) -> str:
-    """An admin key made through the Coordinator, as `adx up` makes it."""
-    creds = channel_credentials(component_paths(stack.config.certs_dir, Identity("api", "main")))
-    async with grpc.aio.secure_channel(stack.cluster.target, creds) as channel:
-        reply = await pb_grpc.CoordinatorAdminStub(channel).CreateAdminKey(pb.CreateAdminKeyRequest(name="ops"))
-    return IssuedKey.model_validate_json(reply.json).api_key
 
 
 async def test_admin_routes_take_the_admin_key_and_refuse_a_tenant_key_with_403(api_stack) -> None:

@@ -16,14 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import uvicorn
 
-from adx._certs import Identity, issue
+from adx._certs import Identity, component_paths, issue
+from adx._grpc_tls import channel_credentials
 from adx.api import ApiConfig, CoordinatorClient, create_app
-from adx.model import EnvironmentRecord, new_id
+from adx.model import EnvironmentRecord, IssuedKey, new_id
 from adx.proto import coordinator_pb2 as pb
+from adx.proto import coordinator_pb2_grpc as pb_grpc
 
 GiB = 2**30
 STEP = 10.0  # every wait here is bounded
@@ -244,3 +247,11 @@ async def adx_cli(*args: str, env: dict[str, str] | None = None, limit: float = 
 
 def as_user(stack: ApiStack, key: str) -> dict[str, str]:
     return {"ADX_API_URL": stack.url, "ADX_API_KEY": key, "XDG_CONFIG_HOME": "/nonexistent"}
+
+
+async def admin_key(stack: ApiStack) -> str:
+    """An admin key made through the Coordinator, as `adx up` makes it."""
+    creds = channel_credentials(component_paths(stack.config.certs_dir, Identity("api", "main")))
+    async with grpc.aio.secure_channel(stack.cluster.target, creds) as channel:
+        reply = await pb_grpc.CoordinatorAdminStub(channel).CreateAdminKey(pb.CreateAdminKeyRequest(name="ops"))
+    return IssuedKey.model_validate_json(reply.json).api_key

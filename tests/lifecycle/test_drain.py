@@ -8,8 +8,7 @@ import json
 
 import httpx
 import pytest
-from apistack import ApiStack
-from test_admin import admin_key
+from apistack import ApiStack, admin_key
 
 import adx
 
