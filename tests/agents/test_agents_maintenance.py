@@ -85,6 +85,7 @@ async def test_maintenance_binds_1_to_128_distinct_tenants(store: AgentStore) ->
         await AgentRuns(store, build_registry()).submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0)
 
 
+@pytest.mark.req("AGT-19")
 async def test_run_loop_stops_without_closing_the_shared_store(store: AgentStore) -> None:
     runs = AgentRuns(store, build_registry())
     late = await runs.submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0.001)
@@ -156,6 +157,7 @@ async def test_maintenance_process_resumes_after_sigkill(store: AgentStore, post
     assert "agent maintenance stopped" in tail(log)
 
 
+@pytest.mark.req("AGT-19")
 async def test_expired_readiness_pauses_new_maintenance_work(store: AgentStore) -> None:
     runs = AgentRuns(store, build_registry())
     late = await runs.submit(TENANT, "chain", "1", {"count": 0}, deadline_seconds=0.001)

@@ -184,6 +184,9 @@ class AgentMaintenance:
             ok = await asyncio.wait_for(self.readiness.check(), timeout=self.readiness.timeout_seconds)
         except (AdxError, OSError, TimeoutError):
             ok = False
+        except Exception as exc:  # an application check's own bug is "not ready" (as for the worker), not a stop
+            log.warning("maintenance readiness check raised", extra={"error": f"{type(exc).__name__}: {exc}"})
+            ok = False
         if ok is False:
             self._ready_until = 0.0
             return False
