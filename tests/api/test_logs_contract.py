@@ -4,6 +4,7 @@ EnvironmentLogs answer), and the SDK's and CLI's argument checks name the field 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from adx.errors import InvalidInputError
 from adx.sdk._logs import logs_params
 
 
-def test_openapi_types_the_logs_route(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_openapi_types_the_logs_route(tmp_path: Path) -> None:
     from adx.api import ApiConfig, create_app
 
     schema = create_app(ApiConfig(certs_dir=tmp_path)).openapi()
