@@ -10,6 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import agents_testapp
+from agents_helpers import TENANT, build_registry
+
+from adx.agents import AgentRuns, AgentStore
+
 HERE = Path(__file__).parent
 
 
@@ -82,3 +87,32 @@ class WorkerSet:
         await wait_started(proc, self.log, self._starts, self.start_within)
         self._starts += 1
         self.procs[proc.pid] = proc
+
+
+async def chain_run_by_a_new_worker(dsn: str, work: Path, *, within: float, **env: str) -> Path:
+    """A real worker process meets the database at ``dsn`` (migrating it when empty), finishes one run of the
+    10-step ``chain`` graph submitted beside it, and stops cleanly (exit 0); returns the worker's log."""
+    config = write_config(work / "worker.toml", dsn, TENANT, idle_poll_seconds=0.05)
+    log = work / "worker.log"
+    worker = start_worker(config, dsn, log, **env)
+    try:
+        await wait_started(worker, log, 0)
+        store = await AgentStore.open(dsn, migrate=False)
+        try:
+            async with store.connection("test setup") as conn:
+                await conn.execute(agents_testapp.EFFECTS_DDL)
+            runs = AgentRuns(store, build_registry())
+            run = await runs.submit(TENANT, "chain", "1", {"count": 0})
+            deadline = time.monotonic() + within
+            while not (view := await runs.get_run(TENANT, run.run_id)).finished:
+                assert time.monotonic() < deadline, view
+                await asyncio.sleep(0.05)
+            assert view.status == "succeeded"
+            result = await runs.get_result(TENANT, run.run_id)
+            assert result is not None and result.artifact == {"count": 10}
+        finally:
+            await store.close()
+    finally:
+        code = await stop(worker)
+    assert code == 0, tail(log)
+    return log

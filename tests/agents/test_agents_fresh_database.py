@@ -3,47 +3,20 @@
 from __future__ import annotations
 
 import ast
-import asyncio
 import logging
-import time
 from pathlib import Path
 
-import agents_testapp
 import pytest
-from agents_helpers import TENANT, build_registry
-from agents_workers import start_worker, stop, wait_started, write_config
+from agents_workers import chain_run_by_a_new_worker
 
 import adx.agents
-from adx.agents import AgentRuns, AgentStore
 
 
 @pytest.mark.req("AGT-13", "AGT-17")
 async def test_worker_first_start_on_an_empty_database(postgres_dsn: str, tmp_path: Path) -> None:
     """No fixture migrates first: the worker process itself meets the empty database, logging at info."""
-    config = write_config(tmp_path / "worker.toml", postgres_dsn, TENANT, idle_poll_seconds=0.05)
-    log = tmp_path / "worker.log"
-    worker = start_worker(config, postgres_dsn, log, ADX_LOG_LEVEL="info")
-    try:
-        await wait_started(worker, log, 0)
-        assert "applied agent migration" in log.read_text()
-        store = await AgentStore.open(postgres_dsn, migrate=False)
-        try:
-            async with store.connection("test setup") as conn:
-                await conn.execute(agents_testapp.EFFECTS_DDL)
-            runs = AgentRuns(store, build_registry())
-            run = await runs.submit(TENANT, "chain", "1", {"count": 0})
-            deadline = time.monotonic() + 30
-            while not (view := await runs.get_run(TENANT, run.run_id)).finished:
-                assert time.monotonic() < deadline, view
-                await asyncio.sleep(0.05)
-            assert view.status == "succeeded"
-            result = await runs.get_result(TENANT, run.run_id)
-            assert result is not None and result.artifact == {"count": 10}
-        finally:
-            await store.close()
-    finally:
-        code = await stop(worker)
-    assert code == 0, log.read_text()[-3000:]
+    log = await chain_run_by_a_new_worker(postgres_dsn, tmp_path, within=30, ADX_LOG_LEVEL="info")
+    assert "applied agent migration" in log.read_text()
     assert "Traceback" not in log.read_text()
 
 

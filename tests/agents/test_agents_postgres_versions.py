@@ -8,20 +8,16 @@ the whole of tests/agents a second time on PostgreSQL 17 (ADX_TEST_POSTGRES_MAJO
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
-import agents_testapp
 import psycopg
 import pytest
-from agents_helpers import TENANT, build_registry
-from agents_workers import start_worker, stop, wait_started, write_config
+from agents_helpers import build_registry
+from agents_workers import chain_run_by_a_new_worker
 
 from adx.agents import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
-    AgentRuns,
-    AgentStore,
 )
 from adx.config import PostgresServerConfig
 from adx.embedded import EmbeddedPostgres
@@ -43,29 +39,7 @@ async def test_a_worker_runs_a_graph_on_postgresql(major: int, tmp_path: Path) -
         with psycopg.connect(info.url) as conn:
             row = conn.execute("SELECT current_setting('server_version_num')::int").fetchone()
         assert row is not None and row[0] // 10000 == major
-        config = write_config(tmp_path / "worker.toml", info.url, TENANT, idle_poll_seconds=0.05)
-        log = tmp_path / "worker.log"
-        worker = start_worker(config, info.url, log)
-        try:
-            await wait_started(worker, log, 0)
-            store = await AgentStore.open(info.url, migrate=False)
-            try:
-                async with store.connection("test setup") as conn:
-                    await conn.execute(agents_testapp.EFFECTS_DDL)
-                runs = AgentRuns(store, build_registry())
-                run = await runs.submit(TENANT, "chain", "1", {"count": 0})
-                deadline = time.monotonic() + 60
-                while not (view := await runs.get_run(TENANT, run.run_id)).finished:
-                    assert time.monotonic() < deadline, view
-                    await asyncio.sleep(0.05)
-                assert view.status == "succeeded"
-                result = await runs.get_result(TENANT, run.run_id)
-                assert result is not None and result.artifact == {"count": 10}
-            finally:
-                await store.close()
-        finally:
-            code = await stop(worker)
-        assert code == 0, log.read_text()[-3000:]
+        await chain_run_by_a_new_worker(info.url, tmp_path, within=60)
     finally:
         await asyncio.to_thread(server.stop)
 
