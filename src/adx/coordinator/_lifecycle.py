@@ -100,7 +100,7 @@ class LifecycleOps:
             if record.state is S.RUNNING:
                 return record
             if record.state is S.PAUSED:
-                if handed_over and record.last_error is not None and record.last_error.startswith(RESUME_FAILED):
+                if handed_over and _failed_on_its_node(record):
                     # The node took the resume and it failed there: answer that, never hand it over again at once.
                     raise self._resume_failed(record)
                 await self.drive_resume(record)
@@ -131,7 +131,7 @@ class LifecycleOps:
             if current.state is not S.PAUSED:
                 return
             if time.monotonic() < self._refused_until.get(record.id, 0.0):
-                if current.last_error is not None and current.last_error.startswith(RESUME_FAILED):
+                if _failed_on_its_node(current):
                     raise self._resume_failed(current, hold=False)
                 raise NoCapacity(
                     f"every node refused to resume {record.id} just now; the next capacity round is due shortly",
@@ -429,3 +429,8 @@ class LifecycleOps:
                 log.warning("scan skipped: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
+
+
+def _failed_on_its_node(record: EnvironmentRecord) -> bool:
+    """Paused again by its node after a resume the node had taken (no new execution exists)."""
+    return record.last_error is not None and record.last_error.startswith(RESUME_FAILED)
