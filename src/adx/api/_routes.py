@@ -20,7 +20,15 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.gateway import ERRORS, Credentials, ErrorBody, environment_id_or_404, plane, read_json
+from adx.gateway import (
+    ERRORS,
+    Credentials,
+    ErrorBody,
+    check_volume_mounts,
+    environment_id_or_404,
+    plane,
+    read_json,
+)
 from adx.model import (
     EnvironmentList,
     EnvironmentSpec,
@@ -86,6 +94,7 @@ async def create_environment(
     # ENV-5: the whole spec is validated here, before anything is sent anywhere; 422 names the field.
     spec = parse_wire(EnvironmentSpec, await read_json(request, p.config.max_body_bytes))
     p.check_image(spec.image, "image")
+    await check_volume_mounts(p, tenant, spec)
     record, created = await p.coordinator.create_environment(tenant, spec, key)
     log.info("environment created" if created else "create replayed", extra={"env_id": record.id, "tenant": tenant})
     return JSONResponse(

@@ -24,6 +24,7 @@ from adx.api._openapi_links import add_links
 from adx.api._routes import BODY_MODELS, router
 from adx.api._token_routes import token_router
 from adx.api._ui import ui_router
+from adx.api._volume_routes import volume_router
 from adx.e2b import install as install_e2b
 from adx.errors import UnavailableError
 from adx.gateway import ApiConfig, CoordinatorClient, Plane, TenantAuth, install_error_handlers
@@ -94,6 +95,7 @@ def create_app(config: ApiConfig, *, api: bool = True, ingress: bool | None = No
         app.include_router(agent_router)
         app.include_router(admin_router)
         app.include_router(token_router)
+        app.include_router(volume_router)
         app.include_router(ui_router)  # the web dashboard at /ui (docs/dashboard.md)
     if with_ingress:
         app.include_router(ingress_router)

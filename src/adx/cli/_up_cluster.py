@@ -105,7 +105,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             # Results finished while the Coordinator or Redis is away survive an adxlet crash (docs/outages.md).
             "degradation_journal": str(state_dir / "node" / "data" / "journal.sqlite3"),
             "resource_source": {"kind": "sandboxd", "socket": str(sandboxd_socket)},
-            "runtime": {"socket": str(sandboxd_socket)},
+            "runtime": {"socket": str(sandboxd_socket), "volumes_dir": str(state_dir / "volumes")},
             "metrics_listen": cfg.node_metrics_listen,
             "cpu_overcommit": cfg.node_cpu_overcommit,
         },
@@ -122,6 +122,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             # The cluster's PostgreSQL holds the durable agent runs: /v1/agent-runs answers for them.
             "agent_database_url": postgres_url,
             "images_dir": str(state_dir / "sandboxd" / "data" / "images"),  # sandboxd's: unknown images are 422
+            "volumes_dir": str(state_dir / "volumes"),  # the node's too: named volumes (docs/volumes.md)
         },
     )
     return Cluster(certs, sandboxd, coordinator, node, api)

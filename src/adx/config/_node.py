@@ -47,6 +47,11 @@ class SandboxdRuntimeConfig(StrictModel):
     socket: Path = Field(default=Path("/var/lib/adx/sandboxd/api/sandboxd.sock"), description="sandboxd's API socket")
     python: str = Field(default="python3", description="the interpreter inside sandboxes that runs execd")
     ready_timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="create -> execd answers")
+    volumes_dir: Path | None = Field(
+        default=None,
+        description="the volume root (the API's volumes_dir; shared storage when there is more than one node): "
+        "Environments mount their tenant's volumes from it; unset: Environments with volumes fail to start",
+    )
 
 
 class CheckpointConfig(StrictModel):

@@ -37,7 +37,15 @@ from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import network_policy
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
-from adx.gateway import Plane, environment_id_or_404, plane, read_json, retry_after_seconds, status_for
+from adx.gateway import (
+    Plane,
+    check_volume_mounts,
+    environment_id_or_404,
+    plane,
+    read_json,
+    retry_after_seconds,
+    status_for,
+)
 from adx.model import (
     SNAPSHOT,
     EnvironmentRecord,
@@ -199,7 +207,7 @@ async def create_sandbox(request: Request) -> Response:
     unknown = sorted(set(body) - _CREATE_FIELDS)
     if unknown:
         raise InvalidInputError(unknown[0], "unknown field")
-    for unsupported in ("mcp", "volumeMounts", "iam"):
+    for unsupported in ("mcp", "iam"):
         if body.get(unsupported):
             raise InvalidInputError(unsupported, "is not supported by this server")
     template = body.get("templateID")
@@ -221,8 +229,17 @@ async def create_sandbox(request: Request) -> Response:
             "lifetimeSeconds": _timeout(body.get("timeout", DEFAULT_TIMEOUT_SECONDS)),
             "lifetimeAction": "pause" if auto_pause else "delete",
         },
+        "volumes": body.get("volumeMounts") or [],
     }
-    spec = parse_wire(EnvironmentSpec, wire)
+    try:
+        spec = parse_wire(EnvironmentSpec, wire)
+    except InvalidInputError as exc:
+        if not exc.field.startswith("volumes"):
+            raise
+        raise InvalidInputError("volumeMounts" + exc.field.removeprefix("volumes"), exc.reason) from None
+    if spec.volumes:
+        # The same rules as /v1 (absolute path, not /, /proc, /sys, /dev, each once), named as E2B names them.
+        await check_volume_mounts(p, tenant, spec, field="volumeMounts")
     key = request.headers.get("idempotency-key") or None
     if from_snapshot:
         record = await create_from_snapshot(p, tenant, template, spec, key)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         retry_after_seconds,
         status_for,
     )
+    from adx.gateway._volumes import check_volume_mounts, delete_volume, volume_store
 
 __all__ = [
     "ERRORS",
@@ -47,6 +48,8 @@ __all__ = [
     "RouteCache",
     "TenantAuth",
     "Unauthenticated",
+    "check_volume_mounts",
+    "delete_volume",
     "environment_id_or_404",
     "error_response",
     "install_error_handlers",
@@ -55,6 +58,7 @@ __all__ = [
     "read_json",
     "retry_after_seconds",
     "status_for",
+    "volume_store",
 ]
 
 _LAZY = {
@@ -75,6 +79,9 @@ _LAZY = {
     "not_found": "adx.gateway._errors",
     "retry_after_seconds": "adx.gateway._errors",
     "status_for": "adx.gateway._errors",
+    "check_volume_mounts": "adx.gateway._volumes",
+    "delete_volume": "adx.gateway._volumes",
+    "volume_store": "adx.gateway._volumes",
 }
 
 

@@ -71,6 +71,11 @@ class ApiConfig(StrictModel):
         description="the nodes' image store (sandboxd's images_dir, shared): creates naming an image it lacks get "
         "422 (field image / templateID) at once; unset: the node refuses them when it starts the Environment",
     )
+    volumes_dir: Path | None = Field(
+        default=None,
+        description="the volume root (docs/volumes.md): the nodes' runtime.volumes_dir, on shared storage for more "
+        "than one node; unset: volume routes answer 503 and creates that mount volumes are refused",
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @field_validator("listen")

@@ -81,6 +81,15 @@ from adx.model._tokens import (
     is_endpoint_token_id,
 )
 from adx.model._view import EnvironmentList, EnvironmentView
+from adx.model._volumes import (
+    VOLUME,
+    Volume,
+    VolumeList,
+    VolumeMount,
+    VolumeRequest,
+    check_volume_name,
+    volume_data_dir,
+)
 
 __all__ = [
     "ACCOUNT",
@@ -105,6 +114,7 @@ __all__ = [
     "SNAPSHOT",
     "TENANT_KEY_PREFIX",
     "TERMINAL_STATES",
+    "VOLUME",
     "AdminIdentity",
     "CheckpointRef",
     "CheckpointStorage",
@@ -161,6 +171,10 @@ __all__ = [
     "StdinWritten",
     "TenantInfo",
     "TokenGrant",
+    "Volume",
+    "VolumeList",
+    "VolumeMount",
+    "VolumeRequest",
     "WholeNumber",
     "WindowSize",
     "admission_limit",
@@ -168,6 +182,7 @@ __all__ = [
     "can_transition",
     "check_id",
     "check_transition",
+    "check_volume_name",
     "endpoint_token_id",
     "field_path",
     "format_bytes",
@@ -178,4 +193,5 @@ __all__ = [
     "parse_cpu_millis",
     "parse_wire",
     "source_spec",
+    "volume_data_dir",
 ]

@@ -12,6 +12,7 @@ from adx.model._base import ApiModel
 from adx.model._lifecycle import Lifecycle
 from adx.model._network import NetworkPolicy
 from adx.model._resources import Resources
+from adx.model._volumes import MAX_VOLUME_MOUNTS, VolumeMount
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -64,6 +65,11 @@ class EnvironmentSpec(ApiModel):
     network: NetworkPolicy | None = Field(
         default=None, description="none or egress with allow/deny lists; unset: the node's default (mutable)"
     )
+    volumes: list[VolumeMount] = Field(
+        default_factory=list,
+        max_length=MAX_VOLUME_MOUNTS,
+        description="the tenant's named volumes mounted read-write (docs/volumes.md); each path once",
+    )
 
     @field_validator("image")
     @classmethod
@@ -114,6 +120,16 @@ class EnvironmentSpec(ApiModel):
                 raise ValueError(f"the value of {key[:64]!r} is longer than {MAX_METADATA_VALUE} characters")
         return value
 
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, value: list[VolumeMount]) -> list[VolumeMount]:
+        seen: set[str] = set()
+        for i, mount in enumerate(value):
+            if mount.path in seen:
+                raise _FieldError((i, "path"), f"{mount.path} is mounted twice")
+            seen.add(mount.path)
+        return value
+
     @model_validator(mode="after")
     def _positive_request(self) -> EnvironmentSpec:
         # ENV-5: an Environment must ask for some CPU and memory; disk may be zero (no reservation).
@@ -127,7 +143,7 @@ class EnvironmentSpec(ApiModel):
 class _FieldError(ValueError):
     """A model-level check that knows which field it is about."""
 
-    def __init__(self, loc: tuple[str, ...], reason: str) -> None:
+    def __init__(self, loc: tuple[str | int, ...], reason: str) -> None:
         super().__init__(reason)
         self.loc = loc
         self.reason = reason

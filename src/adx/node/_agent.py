@@ -72,7 +72,9 @@ class NodeAgent(Recovery, RuntimeChecks):
         self.config = config
         self.name = config.name
         self.paths = component_paths(config.certs_dir, Identity("node", config.name))
-        self.driver = SandboxdDriver(config.runtime.socket, python=config.runtime.python)
+        self.driver = SandboxdDriver(
+            config.runtime.socket, python=config.runtime.python, volumes_dir=config.runtime.volumes_dir
+        )
         self.readiness: ReadinessProbe = ExecdReadiness(self.driver)
         self.control: RuntimeControlSubscription | None = None
         self.executions = ExecutionFiles(config.state_dir / "executions")

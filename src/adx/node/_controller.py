@@ -714,7 +714,9 @@ class Controller:
     async def _launch(
         self, execution_id: str, *, restore: CheckpointRef | None = None, secret: str | None = None
     ) -> Execution:
-        spec = ExecutionSpec(self.env_id, self.record.generation, execution_id, self.record.spec)
+        spec = ExecutionSpec(
+            self.env_id, self.record.generation, execution_id, self.record.spec, tenant=self.record.tenant
+        )
         if secret is not None:
             spec = dataclasses.replace(spec, secret=secret)  # the same call again: the runtime returns its result
         self.executions.save(self.driver.planned(spec))  # addressable even if this call's reply is lost

@@ -26,6 +26,8 @@ class ExecutionSpec:
     #: The execution's secret in the runtime, fixed before the start so the node can store the execution's
     #: address first: a start or restore whose reply is lost (a crash mid-call) leaves nothing unaddressable.
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    #: The Environment's tenant: whose named volumes ``spec.volumes`` names.
+    tenant: str = ""
 
 
 @dataclass(frozen=True)

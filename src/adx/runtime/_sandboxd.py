@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from adx._fs import ShortUnixPath
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UnavailableError, VersionMismatchError
-from adx.model import NetworkPolicy, Resources
+from adx.model import NetworkPolicy, Resources, volume_data_dir
 from adx.runtime._driver import (
     Artifact,
     DriverCapabilities,
@@ -86,9 +86,12 @@ def _exit_info(info: SandboxInfo) -> ExitInfo:
 class SandboxdDriver:
     name = "sandboxd"
 
-    def __init__(self, socket: Path, *, python: str = "python3", call_timeout: float = 30.0) -> None:
+    def __init__(
+        self, socket: Path, *, python: str = "python3", call_timeout: float = 30.0, volumes_dir: Path | None = None
+    ) -> None:
         self.client = SandboxdClient(socket, timeout=call_timeout)
         self.python = python
+        self.volumes_dir = volumes_dir
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -120,7 +123,18 @@ class SandboxdDriver:
             "network_policy": env_spec.network,
             # Every execution of the Environment writes to one log group: restarts and resumes continue it.
             "log_group": spec.env_id,
+            "volumes": self._volumes(spec),
         }
+
+    def _volumes(self, spec: ExecutionSpec) -> dict[str, str]:
+        """The tenant's volumes as sandboxd binds them (mount point -> host dir): at every start and restore, so
+        a resumed or restarted execution mounts them again."""
+        mounts = spec.spec.volumes
+        if not mounts:
+            return {}
+        if self.volumes_dir is None:
+            raise InvalidInputError("volumes", "this node has no volumes_dir configured: it cannot mount volumes")
+        return {m.path: str(volume_data_dir(self.volumes_dir, spec.tenant, m.name)) for m in mounts}
 
     @staticmethod
     def _execution(spec: ExecutionSpec, created: CreateResponse) -> Execution:

@@ -189,6 +189,7 @@ class Checkpointing(SandboxCreator):
             network_policy=req.network_policy
             or (NetworkPolicy.model_validate(spec["network_policy"]) if spec.get("network_policy") else None),
             log_group=req.log_group,
+            volumes=req.volumes,
         )
         return await self.create(create, restore=(artifact, manifest))
 

@@ -145,6 +145,7 @@ class SandboxCreator(StartupReconcile):
             image=req.image,
             image_layers=layers,
             image_user=user,
+            volumes=req.volumes,
         )
         self.records[sandbox_id] = rec  # reserved from here on
         self.by_request[req.request_id] = sandbox_id
@@ -255,6 +256,7 @@ class SandboxCreator(StartupReconcile):
             resources=Limits(res.cpu_millis, res.memory_bytes, res.pids_max, res.disk_bytes),
             run_dir=str(sdir / "run"),
             ro_binds=ro_binds,
+            volume_binds=rec.volumes,
             upper_dir=str(self._upper(rec.sandbox_id)),
             work_dir=str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
             veth=self.veth_pool.veth(rec.sandbox_id, rec.net_index),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from adx.execd import _options as execd_options
@@ -157,6 +157,18 @@ class ExitStatus(_Model):
     known: bool = True  # False: the workload is gone but no supervisor recorded how it ended
 
 
+def _check_volume_binds(value: dict[str, str]) -> dict[str, str]:
+    for inside, host in value.items():
+        if not inside.startswith("/") or inside == "/" or not host.startswith("/"):
+            raise ValueError(f"{inside!r} -> {host!r}: both must be absolute paths (not / inside)")
+    return value
+
+
+#: Volumes bound read-write into a sandbox (its mount point inside -> the host directory), idmapped with a user
+#: namespace so the files' on-disk IDs are the sandbox's own (docs/volumes.md).
+VolumeBinds = Annotated[dict[str, str], AfterValidator(_check_volume_binds), Field(max_length=64)]
+
+
 class SandboxRecord(_Model):
     """One persisted sandbox (``sandboxes/<id>/record.json``, inside an owner envelope)."""
 
@@ -195,6 +207,7 @@ class SandboxRecord(_Model):
         default=None, description="the store layers mounted, bottom first (None: the host-derived skeleton)"
     )
     image_user: str | None = Field(default=None, description="execd runs commands and the workload as this user")
+    volumes: VolumeBinds = Field(default_factory=dict, description="mount point inside -> host dir, read-write")
 
 
 #: A sandbox's secret chosen by the caller of Create or Restore, so a lost reply leaves the sandbox addressable
@@ -231,6 +244,7 @@ class CreateRequest(_Model):
         description="the workload's output is kept under this name (e.g. the Environment, across its executions); "
         "default: the sandbox ID",
     )
+    volumes: VolumeBinds = Field(default_factory=dict, description="mount point inside -> host dir, read-write")
     image: str | None = Field(
         default=None,
         description="image of the image store (its env, workdir and user apply); unset or 'base': the node's default",
@@ -541,6 +555,7 @@ class RestoreRequest(_Model):
         default=None, description="default: the checkpointed sandbox's network and policy"
     )
     log_group: LogGroup = Field(default=None, description="as CreateRequest.log_group (not taken from the checkpoint)")
+    volumes: VolumeBinds = Field(default_factory=dict, description="as CreateRequest.volumes (not checkpointed)")
 
 
 # == runtime control (the subscription's observations; camelCase on the wire) ==========================

@@ -23,6 +23,7 @@ _ATTRS = {
     "ro": _RO,
     "control": _RO | lx.MOUNT_ATTR_NOEXEC,
     "run": lx.MOUNT_ATTR_NOSUID | lx.MOUNT_ATTR_NODEV,
+    "volume": lx.MOUNT_ATTR_NOSUID | lx.MOUNT_ATTR_NODEV,  # a tenant's named volume, read-write
 }
 
 
@@ -39,6 +40,8 @@ def mount_plan(spec: SpawnSpec) -> list[tuple[str, str, str]]:
         # from EROFS on connect); only sandboxd, on the host, (re)binds it.
         plan.append((CONTROL_DIR_INSIDE, spec.control_dir, "control"))
     plan += [(inside, host_dir, "ro") for inside, host_dir in spec.ro_binds.items()]
+    # Volumes last: a mount point under another mount (a ro_bind's) would otherwise be covered by it.
+    plan += [(inside, host_dir, "volume") for inside, host_dir in sorted(spec.volume_binds.items())]
     return plan
 
 
@@ -49,7 +52,9 @@ def _build_mounts(spec: SpawnSpec, pid: int) -> list[int]:
     it never runs unmapped), and the sandbox's own dirs (upper layer, run dir) become its root's.
 
     Read-only host trees (image layers, image binds, ro_binds, the control dir) are idmapped: host root's files
-    are the sandbox root's. The upper layer and run dir are not: their files are stored with the sandbox's host
+    are the sandbox root's. So are volumes, read-write: a file on disk owned by N is the sandbox's N, and what the
+    sandbox writes is stored as its own IDs unshifted, so any sandbox (whatever its host ID slice) and the content
+    API see the same owners. The upper layer and run dir are not: their files are stored with the sandbox's host
     IDs, which its namespace maps to its own.
     """
     userns = spec.userns

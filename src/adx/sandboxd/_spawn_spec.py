@@ -62,6 +62,7 @@ class SpawnSpec:
     log_max_bytes: int
     run_dir: str | None = None
     ro_binds: dict[str, str] = field(default_factory=dict)
+    volume_binds: dict[str, str] = field(default_factory=dict)  # read-write: inside -> host dir (idmapped)
     upper_dir: str | None = None  # default: the sandbox dir's ``upper``
     work_dir: str | None = None  # default: the sandbox dir's ``ovlwork``
     veth: Veth | None = None
