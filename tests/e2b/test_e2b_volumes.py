@@ -48,6 +48,10 @@ def test_a_volume_outlives_its_sandboxes_and_carries_files_both_ways(adx_up: Up)
         a.commands.run("mkdir /mnt/data/dir && echo nested > /mnt/data/dir/n.txt")
         owner = a.commands.run("stat -c '%u:%g' /mnt/data/from-a.txt /mnt/data/from-api.txt").stdout.split()
         assert owner == ["1000:1000", "1000:1000"]
+        # The sandbox's root is an unprivileged host ID (its own user namespace): the owners agree on both sides
+        # because the volume is an idmapped mount, not because sandbox and host share IDs.
+        inside, host, _ = a.commands.run("cat /proc/self/uid_map").stdout.split()
+        assert inside == "0" and host != "0"
         a.kill()
 
         b = Sandbox.create(volume_mounts={"/data": "sync-data"}, **opts)  # by name this time

@@ -9,6 +9,7 @@ from adx.model._lifecycle import Lifecycle
 from adx.model._records import CheckpointRef, EnvironmentRecord
 from adx.model._resources import Resources
 from adx.model._states import EnvironmentState
+from adx.model._volumes import VolumeMount
 
 __all__ = ["EnvironmentList", "EnvironmentView"]
 
@@ -33,6 +34,7 @@ class EnvironmentView(_View):
     entrypoint: list[str] | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     lifecycle: Lifecycle
+    volumes: list[VolumeMount] = Field(default_factory=list, description="the tenant's volumes it mounts")
     restart_attempts: int = 0
     restart_pending: bool = False
     checkpoint: CheckpointRef | None = None
@@ -65,6 +67,7 @@ class EnvironmentView(_View):
             entrypoint=record.spec.entrypoint,
             metadata=record.spec.metadata,
             lifecycle=record.spec.lifecycle,
+            volumes=record.spec.volumes,
             restart_attempts=record.restart_attempts,
             restart_pending=record.restart_pending,
             checkpoint=record.checkpoint,
