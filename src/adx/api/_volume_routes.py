@@ -31,7 +31,9 @@ _BODY = {
         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{VolumeRequest.__name__}"}}},
     }
 }
-_CONFLICT: dict[int | str, dict[str, Any]] = {409: {"description": "the name is taken (create), or Environments mount the volume (delete)"}}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"description": "the name is taken (create), or Environments mount the volume (delete)"}
+}
 
 
 @volume_router.post(
