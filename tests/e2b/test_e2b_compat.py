@@ -51,9 +51,9 @@ def _sandbox_with_headers(adx_up: Up, sandbox: Sandbox, extra: dict[str, str]) -
 
 
 def test_routes_not_served_answer_e2b_errors_the_sdk_raises_cleanly(adx_up: Up, sandbox: Sandbox) -> None:
-    """Templates, volumes and any unknown path answer ``{"code", "message"}``: the SDK raises its own
-    exception (it used to crash with ``KeyError: 'code'`` on ADX's error shape). (Snapshots are served:
-    test_e2b_snapshots.py.)"""
+    """Templates and any unknown path answer ``{"code", "message"}``: the SDK raises its own
+    exception (it used to crash with ``KeyError: 'code'`` on ADX's error shape). (Snapshots and volumes are
+    served: test_e2b_snapshots.py, test_e2b_volumes.py.)"""
     with pytest.raises(SandboxException) as alias:
         Template.exists("some-template", **adx_up.opts())
     assert "not served" in str(alias.value)
@@ -62,7 +62,7 @@ def test_routes_not_served_answer_e2b_errors_the_sdk_raises_cleanly(adx_up: Up, 
     for method, path in [
         ("GET", "/templates"),
         ("POST", "/v3/templates"),
-        ("GET", "/volumes"),
+        ("GET", "/volumes/vol-aaaaaaaaaaaaaaaaaaaaaaaaaa/extra"),
         ("GET", "/snapshots/snap-aaaaaaaaaaaaaaaaaaaaaaaaaa"),
         ("POST", f"/sandboxes/{sandbox.sandbox_id}/refreshes"),  # (network is served: test_e2b_network.py)
         ("GET", f"/sandboxes/{sandbox.sandbox_id}/timeout"),  # a served path, another method

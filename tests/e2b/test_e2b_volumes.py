@@ -140,6 +140,12 @@ def test_volume_errors_in_the_sdks_own_types(adx_up: Up) -> None:
         with pytest.raises(VolumePathNotFoundException):
             vol.write_file("/no/such/dir/f.txt", "x")  # parents only with force=True
         assert vol.write_file("/made/by/force.txt", "x", force=True).size == 1
+        with pytest.raises(VolumeException, match="409"):
+            vol.make_dir("/made/by")
+        changed = vol.update_metadata("/made/by/force.txt", uid=0, gid=0, mode=0o600)
+        assert (changed.uid, changed.gid, changed.mode) == (0, 0, 0o600)
+        vol.remove("/made")  # a directory goes with its contents
+        assert not vol.exists("/made/by/force.txt") and not vol.exists("/made")
         with pytest.raises(SandboxException, match=r"volumeMounts\[0\]\.path") as bad_path:
             Sandbox.create(volume_mounts={"/proc/x": vol}, **opts)
         assert bad_path.value.status_code == 400
@@ -151,6 +157,21 @@ def test_volume_errors_in_the_sdks_own_types(adx_up: Up) -> None:
         Volume.destroy(vol.volume_id, **opts)
     with pytest.raises(VolumeNotFoundException):
         Volume.connect(vol.volume_id, **opts)
+
+
+def test_a_volume_whose_directory_is_gone_fails_the_start_with_the_nodes_reason(adx_up: Up) -> None:
+    """What a create racing a delete (or a node without the volume root's storage) meets: the start fails with
+    sandboxd's reason, never a sandbox without its volume."""
+    opts = adx_up.opts()
+    vol = Volume.create("vanishing", **opts)
+    data = adx_up.state / "volumes" / "default" / "vanishing" / "data"
+    data.rename(data.with_name("moved"))
+    try:
+        with pytest.raises(SandboxException, match=r"start failed: volumes\[0\]\.name: volume 'vanishing' has no dir"):
+            Sandbox.create(volume_mounts={"/mnt/v": vol}, **opts)
+    finally:
+        data.with_name("moved").rename(data)
+        assert Volume.destroy(vol.volume_id, **opts) is True
 
 
 async def test_volumes_async_survive_pause_and_resume(adx_up: Up) -> None:

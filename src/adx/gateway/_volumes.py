@@ -8,7 +8,7 @@ import asyncio
 
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 from adx.gateway._context import Plane
-from adx.model import TERMINAL_STATES, EnvironmentSpec, Volume
+from adx.model import TERMINAL_STATES, EnvironmentRecord, EnvironmentSpec, EnvironmentState, Volume
 from adx.volumes import VolumeStore
 
 __all__ = ["check_volume_mounts", "delete_volume", "volume_store"]
@@ -33,15 +33,23 @@ async def check_volume_mounts(p: Plane, tenant: str, spec: EnvironmentSpec, fiel
             )
 
 
+def _may_mount(record: EnvironmentRecord) -> bool:
+    """Whether the Environment has its volumes mounted or may mount them again: every state but deleted, and
+    failed without a pending restart (a final failure never starts again)."""
+    if record.state in TERMINAL_STATES:
+        return False
+    return record.state is not EnvironmentState.FAILED or record.restart_pending
+
+
 async def delete_volume(p: Plane, tenant: str, volume_id: str) -> Volume:
-    """Delete the volume unless an Environment that is not deleted mounts it (409 naming them): a paused one
+    """Delete the volume unless an Environment mounts it or may mount it again (409 naming them): a paused one
     mounts it again at its resume. A create racing the delete fails at its start (its volume is gone)."""
     store = volume_store(p)
     volume = await asyncio.to_thread(store.get, tenant, volume_id)
     users = [
         r.id
         for r in await p.coordinator.list_environments(tenant)
-        if r.state not in TERMINAL_STATES and any(m.name == volume.name for m in r.spec.volumes)
+        if _may_mount(r) and any(m.name == volume.name for m in r.spec.volumes)
     ]
     if users:
         raise ConflictError(

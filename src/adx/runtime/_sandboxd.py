@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,20 @@ class SandboxdDriver:
             raise InvalidInputError("volumes", "this node has no volumes_dir configured: it cannot mount volumes")
         return {m.path: str(volume_data_dir(self.volumes_dir, spec.tenant, m.name)) for m in mounts}
 
+    async def _check_volumes(self, spec: ExecutionSpec) -> None:
+        """A volume whose directory is missing here (deleted meanwhile, or a volume root this node does not
+        share) fails the start with that reason; sandboxd would fail it too, as a spawn failure the node retries
+        under the same execution ID until the ID's reuse is refused, which hides the reason."""
+        binds = self._volumes(spec)
+        present = await asyncio.to_thread(lambda: [os.path.isdir(host) for host in binds.values()])
+        for i, (mount, ok) in enumerate(zip(spec.spec.volumes, present, strict=True)):
+            if not ok:
+                raise InvalidInputError(
+                    f"volumes[{i}].name",
+                    f"volume {mount.name!r} has no directory on this node ({binds[mount.path]}): deleted, or "
+                    "this node does not share the volume root",
+                )
+
     @staticmethod
     def _execution(spec: ExecutionSpec, created: CreateResponse) -> Execution:
         ref = ref_of(created)
@@ -163,6 +178,7 @@ class SandboxdDriver:
         return Execution(spec.env_id, spec.generation, spec.execution_id, native=ref.model_dump())
 
     async def start(self, spec: ExecutionSpec) -> Execution:
+        await self._check_volumes(spec)
         request = CreateRequest(
             argv=list(spec.spec.entrypoint or []),  # execd's workload (none: execd alone keeps it running)
             execd=self._execd(spec),
@@ -172,6 +188,7 @@ class SandboxdDriver:
         return self._execution(spec, await self.client.create(request))
 
     async def restore(self, spec: ExecutionSpec, location: str, digest: str) -> Execution:
+        await self._check_volumes(spec)
         request = RestoreRequest(
             location=location,
             digest=digest,
