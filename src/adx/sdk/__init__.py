@@ -11,6 +11,7 @@ from adx.sdk._pty import AsyncPty, Pty, PtySize
 from adx.sdk._settings import credentials_path, read_credentials, resolve, write_credentials
 from adx.sdk._spec import PausePolicy, RestartPolicy, Retention, build_spec
 from adx.sdk._tokens import AsyncTokens, Tokens
+from adx.sdk._volumes import AsyncVolumes, Volumes
 
 __all__ = [
     "AsyncClient",
@@ -18,6 +19,7 @@ __all__ = [
     "AsyncEnvironment",
     "AsyncPty",
     "AsyncTokens",
+    "AsyncVolumes",
     "AuthenticationError",
     "BadResponseError",
     "CheckpointStorage",
@@ -37,6 +39,7 @@ __all__ = [
     "RestartPolicy",
     "Retention",
     "Tokens",
+    "Volumes",
     "WaitTimeoutError",
     "build_spec",
     "credentials_path",

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from adx.errors import AdxError, InvalidInputError, NoCapacityError
-from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions
+from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions, Volume
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._client import (
     DEFAULT_TIMEOUT,
@@ -46,6 +46,7 @@ from adx.sdk._pty import AsyncPty, PtySize, pty_body
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
 from adx.sdk._tokens import AsyncTokens
+from adx.sdk._volumes import AsyncVolumes
 
 
 class AsyncClient:
@@ -70,6 +71,7 @@ class AsyncClient:
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
         )
         self.environments = AsyncEnvironments(self)
+        self.volumes = AsyncVolumes(self)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -141,6 +143,7 @@ class AsyncEnvironments:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
+        volumes: Mapping[str, str | Volume] | None = None,
         wait: bool | float = True,
         wait_timeout: float = 120.0,
         idempotency_key: str | None = None,
@@ -163,6 +166,7 @@ class AsyncEnvironments:
             env=env,
             metadata=metadata,
             network=network,
+            volumes=volumes,
         )
         key = idempotency_key or str(uuid.uuid4())
         while True:

@@ -16,7 +16,7 @@ import httpx
 
 from adx._backoff import capped_exponential
 from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError
-from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions
+from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions, Volume
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
 from adx.sdk._logs import FOLLOW_WAIT_SECONDS, logs_params
@@ -33,6 +33,7 @@ from adx.sdk._pty import Pty, PtySize, pty_body
 from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
 from adx.sdk._tokens import Tokens
+from adx.sdk._volumes import Volumes
 
 USER_AGENT = "adx-python/0.1"
 DEFAULT_TIMEOUT = 30.0
@@ -139,6 +140,7 @@ class Client:
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
         )
         self.environments = Environments(self)
+        self.volumes = Volumes(self)
 
     def close(self) -> None:
         self._http.close()
@@ -211,6 +213,7 @@ class Environments:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
+        volumes: Mapping[str, str | Volume] | None = None,
         wait: bool | float = True,
         wait_timeout: float = 120.0,
         idempotency_key: str | None = None,
@@ -241,6 +244,7 @@ class Environments:
             env=env,
             metadata=metadata,
             network=network,
+            volumes=volumes,
         )
         key = idempotency_key or str(uuid.uuid4())
         while True:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adx.errors import InvalidInputError, UncertainOutcomeError
-from adx.model import CheckpointRef, EnvironmentState, EnvironmentView, Lifecycle, Resources, parse_wire
+from adx.model import CheckpointRef, EnvironmentState, EnvironmentView, Lifecycle, Resources, VolumeMount, parse_wire
 from adx.sdk._errors import BadResponseError
 
 
@@ -28,6 +28,7 @@ class EnvironmentFields:
     entrypoint: list[str] | None
     metadata: dict[str, str]
     lifecycle: Lifecycle
+    volumes: list[VolumeMount]  # the tenant's volumes it mounts
     restart_attempts: int
     restart_pending: bool
     checkpoint: CheckpointRef | None

@@ -18,11 +18,13 @@ from adx.model import (
     NetworkPolicy,
     PauseOptions,
     RetentionPolicy,
+    Volume,
     parse_bytes,
     parse_cpu_millis,
     parse_wire,
 )
 from adx.model import RestartPolicy as _RestartPolicy
+from adx.sdk._volumes import volumes_body
 
 # A pause call's HTTP timeout beyond the capture's own bound: freeze, publish, commit and stop.
 PAUSE_OVERHEAD_SECONDS = 60.0
@@ -170,6 +172,7 @@ def build_spec(
     env: Mapping[str, str] | None = None,
     metadata: Mapping[str, str] | None = None,
     network: Mapping[str, Any] | None = None,
+    volumes: Mapping[str, str | Volume] | None = None,
 ) -> dict[str, Any]:
     """The camelCase spec for ``POST /v1/environments``; InvalidInputError names the SDK argument."""
     resources = {
@@ -209,6 +212,8 @@ def build_spec(
         spec["metadata"] = dict(metadata)
     if network is not None:
         spec["network"] = dict(network)  # network_body(...)
+    if volumes is not None:
+        spec["volumes"] = volumes_body(volumes)
     try:
         parse_wire(EnvironmentSpec, spec)
     except InvalidInputError as exc:
