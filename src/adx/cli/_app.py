@@ -56,6 +56,7 @@ COMMANDS: dict[str, CommandEntry] = {
         "_sandboxd", "Run sandboxd: process sandboxes on this node, with a private registry that survives restarts."
     ),
     "image": CommandEntry("_image_cmd", "Sandbox images: build from a Dockerfile, list, remove."),
+    "volume": CommandEntry("_volume_cmd", "Named volumes: create, list, remove."),
     "sandbox": CommandEntry("_prune_cmd", "Sandboxes on this host, below the cluster: find and remove orphans."),
     "down": CommandEntry("_down", "Stop the `adx up` cluster and delete or pause its Environments."),
     "execd": CommandEntry(

@@ -61,6 +61,7 @@ def _wire(env: Any) -> dict[str, Any]:
         "entrypoint": env.entrypoint,
         "metadata": env.metadata,
         "lifecycle": env.lifecycle.to_wire(),
+        "volumes": [m.to_wire() for m in env.volumes],
         "restartAttempts": env.restart_attempts,
         "restartPending": env.restart_pending,
         "checkpoint": env.checkpoint.to_wire() if env.checkpoint else None,
@@ -93,6 +94,7 @@ _FLAGS = [
     ("entrypoint", "--entrypoint"),
     ("env", "--env"),
     ("metadata", "--metadata"),
+    ("volumes", "--volume"),
     # set_lifetime's arguments (`adx env lifetime ID SECONDS --action`)
     ("seconds", "SECONDS"),
     ("action", "--action"),
@@ -142,6 +144,19 @@ def _pairs(option: str, values: list[str] | None) -> dict[str, str]:
     return out
 
 
+def _volume_mounts(values: list[str]) -> dict[str, str]:
+    """``--volume NAME=/PATH`` (repeatable) as the SDK's ``{path: name}``; a path given twice is an error."""
+    mounts: dict[str, str] = {}
+    for item in values:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InvalidInputError("--volume", f"expected NAME=/PATH, got {item!r}")
+        if path in mounts:
+            raise InvalidInputError("--volume", f"{path} is mounted twice")
+        mounts[path] = name
+    return mounts
+
+
 def _show(env: Any, as_json: bool) -> None:
     from adx.model import format_bytes, format_cpu  # here: pydantic is not loaded for `adx env --help`
 
@@ -167,6 +182,9 @@ def _show(env: Any, as_json: bool) -> None:
     )
     if env.expires_at is not None:
         console.print(f"{'expires':<16} {_expiry(env)}", highlight=False)
+    if env.volumes:
+        mounts = ", ".join(f"{m.name} at {m.path}" for m in env.volumes)
+        console.print(f"{'volumes':<16} {mounts}", highlight=False, markup=False)
     if env.publication_pending:
         console.print(
             f"{'publication':<16} pending: the node did this; the cluster shows it once the Coordinator is back",
@@ -219,6 +237,9 @@ def create(
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable")] = None,
     metadata: Annotated[list[str] | None, typer.Option("--metadata", help="KEY=VALUE, repeatable")] = None,
+    volume: Annotated[
+        list[str] | None, typer.Option("--volume", help="NAME=/PATH: mount the volume NAME at PATH, repeatable")
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="wait until it is running")] = True,
     wait_timeout: Annotated[float, typer.Option("--wait-timeout", help="seconds")] = 120.0,
     as_json: Json = False,
@@ -261,6 +282,7 @@ def create(
                     lifetime_action=lifetime_action,
                     env=_pairs("--env", env),
                     metadata=_pairs("--metadata", metadata),
+                    volumes=_volume_mounts(volume) if volume else None,
                     wait=False,
                 )
             if wait:
