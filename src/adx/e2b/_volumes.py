@@ -16,7 +16,6 @@ token comes back from create and get.
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 import hmac
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._control import _iso, _object, _tenant, e2b_errors
 from adx.e2b._envd import tokens_for
+from adx.e2b._tokens import _b64, _unb64
 from adx.errors import AuthenticationError, InvalidInputError
 from adx.gateway import delete_volume, plane, read_json, volume_store
 from adx.model import Volume
@@ -36,10 +36,6 @@ volume_router = APIRouter(include_in_schema=False)
 
 TOKEN_PREFIX = "vol1"
 MAX_TOKEN = 1024
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
 def volume_token(request: Request, volume: Volume) -> str:
@@ -54,8 +50,8 @@ def _token_tenant(request: Request, volume_id: str) -> str:
     if scheme.lower() != "bearer" or len(token) > MAX_TOKEN or len(parts) != 3 or parts[0] != TOKEN_PREFIX:
         raise AuthenticationError("authorization", "a volume token (Authorization: Bearer <token>) is required")
     try:
-        tenant = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)).decode()
-        mac = base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
+        tenant = _unb64(parts[1]).decode()
+        mac = _unb64(parts[2])
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise AuthenticationError("authorization", "invalid volume token") from None
     if not hmac.compare_digest(mac, tokens_for(request.app).proof("volume", tenant, volume_id)):

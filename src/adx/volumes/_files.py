@@ -288,8 +288,7 @@ def _chunks(fd: int) -> Iterator[bytes]:
 
 
 def _not_found(exc: OSError, path: str) -> Exception:
+    """A missing entry (or a file where a directory was needed) as 404; anything else as it is."""
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return NotFoundError(f"path {path} not found", details={"path": path})
-    if exc.errno == errno.EXDEV:  # RESOLVE_IN_ROOT refuses nothing; kept for a kernel that reports an escape so
-        return InvalidInputError("path", f"{path} leaves the volume")
     return exc
