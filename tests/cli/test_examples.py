@@ -19,6 +19,7 @@ EXPECTED = {
     "pause_and_resume.py": ["state after pause: paused", "step 1 done", "warm"],
     "parallel_async.py": ["squares: [4, 9, 16]"],
     "e2b_unchanged.py": ["hello from e2b on adx", "data.csv"],
+    "e2b_volumes.py": ["seen by a second sandbox: HELLO FROM THE VOLUME API", "read through the volume API: HELLO"],
 }
 
 
@@ -32,7 +33,10 @@ def test_example_runs_against_adx_up(up_cluster: UpCluster, example: Path, tmp_p
     credentials = json.loads((up_cluster.config_home / "adx" / "credentials.json").read_text())
     # The SDK finds the cluster through the saved credentials; the e2b SDK through the variables docs/e2b.md names.
     env = up_cluster.env(
-        E2B_API_URL=credentials["api_url"], E2B_SANDBOX_URL=credentials["api_url"], E2B_API_KEY=credentials["api_key"]
+        E2B_API_URL=credentials["api_url"],
+        E2B_SANDBOX_URL=credentials["api_url"],
+        E2B_API_KEY=credentials["api_key"],
+        E2B_VOLUME_API_URL=credentials["api_url"],
     )
     done = subprocess.run(
         [sys.executable, str(example)], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path
