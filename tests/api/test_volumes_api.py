@@ -21,6 +21,11 @@ async def test_volume_lifecycle_and_mount_checks(api_stack, tmp_path: Path) -> N
         volume = made.json()
         assert volume["id"].startswith("vol-") and volume["name"] == "data" and volume["createdAt"] > 0
         assert (tmp_path / "volumes" / "acme" / "data" / "data").is_dir()
+        # Only root reaches a volume's files on the host; its data dir is E2B's `user`'s (uid 1000) inside.
+        for private in (tmp_path / "volumes", tmp_path / "volumes" / "acme"):
+            assert private.stat().st_mode & 0o777 == 0o700, private
+        data_dir = (tmp_path / "volumes" / "acme" / "data" / "data").stat()
+        assert (data_dir.st_uid, data_dir.st_gid, data_dir.st_mode & 0o777) == (1000, 1000, 0o755)
         taken = await http.post("/v1/volumes", json={"name": "data"})
         assert taken.status_code == 409 and taken.json()["error"]["details"]["field"] == "name"
         bad = await http.post("/v1/volumes", json={"name": "../x"})

@@ -62,7 +62,11 @@ class VolumeStore:
         except ValueError as exc:
             raise InvalidInputError("name", str(exc)) from None
         tdir = self._tenant_dir(tenant)
-        (tdir / IDS).mkdir(parents=True, exist_ok=True, mode=0o700)
+        # 0700 down to the tenant: host users other than root never reach a volume's files (the API and
+        # sandboxd run as root; a sandbox sees only the mounted data dir, whatever the modes above it).
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tdir.mkdir(exist_ok=True, mode=0o700)
+        (tdir / IDS).mkdir(exist_ok=True, mode=0o700)
         self._sweep(tdir)
         volume = Volume(id=new_id(VOLUME), tenant=tenant, name=name, created_at=time.time())
         staging = tdir / f"{STAGING}{volume.id}"
