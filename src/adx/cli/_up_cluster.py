@@ -122,6 +122,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             # The cluster's PostgreSQL holds the durable agent runs: /v1/agent-runs answers for them.
             "agent_database_url": postgres_url,
             "images_dir": str(state_dir / "sandboxd" / "data" / "images"),  # sandboxd's: unknown images are 422
+            "image_build_socket": str(sandboxd_socket),  # E2B template builds run on this node (docs/e2b.md)
         },
     )
     return Cluster(certs, sandboxd, coordinator, node, api)

@@ -71,6 +71,11 @@ class ApiConfig(StrictModel):
         description="the nodes' image store (sandboxd's images_dir, shared): creates naming an image it lacks get "
         "422 (field image / templateID) at once; unset: the node refuses them when it starts the Environment",
     )
+    image_build_socket: Path | None = Field(
+        default=None,
+        description="a node's sandboxd API socket that runs E2B template builds (POST /v3/templates; its images_dir "
+        "must be images_dir); unset: template builds answer 501",
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @field_validator("listen")

@@ -30,7 +30,7 @@ from adx.images._dockerfile import parse_dockerfile, substitute
 from adx.sandboxd._client import SandboxdClient, ref_of
 from adx.sandboxd._models import CommitLayerRequest, CreateRequest, ResourcesSpec, SandboxRef
 
-__all__ = ["BuildResult", "StepEvent", "build_image"]
+__all__ = ["BuildResult", "StepEvent", "build_image", "build_steps"]
 
 #: FROM names built from Debian's packages on first use when the store lacks them.
 _DEBIAN_NAMES = ("debian",)
@@ -100,21 +100,55 @@ def _content_digest(context: Path, sources: list[str], line: int) -> tuple[str, 
     return h.hexdigest(), paths
 
 
-def _copy_into(tree: Path, paths: list[Path], dest: str) -> None:
+def _copy_into(
+    tree: Path, paths: list[Path], dest: str, owner: tuple[int, int] = (0, 0), mode: int | None = None
+) -> None:
     """Docker's COPY: a directory's contents go into ``dest``; files go into ``dest/`` when it ends with ``/`` or
-    several sources are given, else become ``dest``. Owned by root."""
+    several sources are given, else become ``dest``. Owned by ``owner`` (uid, gid; root unless said); ``mode``
+    sets the copied entries' permission bits (the parent directories made on the way keep 0755)."""
     into_dir = dest.endswith("/") or len(paths) > 1
     target = tree / dest.lstrip("/")
+    copied: list[Path] = []
     for path in paths:
         if path.is_dir():
             shutil.copytree(path, target, symlinks=True, dirs_exist_ok=True)
+            copied += [target, *target.rglob("*")]
         else:
             out = target / path.name if into_dir else target
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, out, follow_symlinks=False)
+            copied.append(out)
     for dirpath, dirs, files in os.walk(tree):
         for name in [*dirs, *files]:
             os.lchown(os.path.join(dirpath, name), 0, 0)
+    for entry in copied:
+        os.lchown(entry, *owner)
+        if mode is not None and not entry.is_symlink():
+            os.chmod(entry, mode)
+
+
+def _account(store: ImageStore, layers: list[str], spec: str, line: int) -> tuple[int, int]:
+    """``user[:group]`` (names or numbers) as (uid, gid), looked up in the topmost layer's passwd and group."""
+    user, _, group = spec.partition(":")
+
+    def table(name: str) -> list[list[str]]:
+        for digest in reversed(layers):
+            path = store.layer_tree(digest) / "etc" / name
+            if path.is_file():
+                return [row.split(":") for row in path.read_text(errors="replace").splitlines() if row.count(":") >= 3]
+        return []
+
+    def lookup(value: str, rows: list[list[str]], what: str) -> tuple[int, int]:
+        if value.isdigit():
+            return int(value), -1
+        for row in rows:
+            if row[0] == value:
+                return int(row[2]), int(row[3]) if what == "user" else -1
+        raise InvalidInputError("dockerfile", f"line {line}: COPY owner: no {what} {value!r} in the image")
+
+    uid, primary = lookup(user, table("passwd"), "user")
+    gid = lookup(group, table("group"), "group")[0] if group else primary
+    return uid, gid if gid >= 0 else uid
 
 
 def _mkdir(rel: str, tree: Path) -> None:
@@ -147,7 +181,7 @@ async def _run_step(
     step_timeout: float,
 ) -> str:
     """Run one RUN step in a sandbox on ``state.layers``; commit its upper layer as ``key``. Returns its output."""
-    argv = _run_argv(ins, state.user)
+    argv = _run_argv(ins, ins.user or state.user)
     env = {**state.env, **state.args}
     created = await client.create(
         CreateRequest(
@@ -197,10 +231,42 @@ async def build_image(
 ) -> BuildResult:
     """Build image ``name`` from ``dockerfile`` (text) with ``context`` for COPY; returns the manifest and what
     each step did. The manifest is written only when every step succeeded."""
+    return await build_steps(
+        client,
+        store,
+        parse_dockerfile(dockerfile),
+        name,
+        context=context,
+        build_args=build_args,
+        network=network,
+        memory_bytes=memory_bytes,
+        step_timeout=step_timeout,
+        progress=progress,
+        base_progress=base_progress,
+    )
+
+
+async def build_steps(
+    client: SandboxdClient,
+    store: ImageStore,
+    steps: list[Instruction],
+    name: str,
+    *,
+    context: Path,
+    build_args: dict[str, str] | None = None,
+    network: str | None = None,
+    memory_bytes: int = 1 << 30,
+    step_timeout: float = 3600.0,
+    progress: Callable[[StepEvent], None] | None = None,
+    base_progress: Callable[[str], None] | None = None,
+    start_cmd: str | None = None,
+    ready_cmd: str | None = None,
+) -> BuildResult:
+    """Build image ``name`` from parsed ``steps`` (FROM first; what ``parse_dockerfile`` makes, or E2B's template
+    steps, adx.e2b); ``start_cmd``/``ready_cmd`` are recorded on the manifest (E2B's template start command)."""
     from adx.images import validate_image_name
 
     validate_image_name(name, "name")
-    steps = parse_dockerfile(dockerfile)
     given = dict(build_args or {})
     report = progress or (lambda _e: None)
     result = BuildResult(manifest=ImageManifest(name=name, layers=[]))
@@ -272,12 +338,14 @@ async def build_image(
                 if not dest.startswith("/"):
                     dest = posixpath.join(state.workdir, dest) + ("/" if dest.endswith("/") else "")
                 content, paths = _content_digest(context, srcs, ins.line)
-                text = f"COPY {json.dumps([*srcs, dest])}"
+                text = Instruction(Op.COPY, ins.line, (*srcs, dest), user=ins.user, mode=ins.mode).text()
+                owner = _account(store, state.layers, ins.user, ins.line) if ins.user else (0, 0)
                 state.key = layer_digest(state.key, text, content)
-                event = _direct_layer(store, state, text, partial(_copy_into, paths=paths, dest=dest))
+                fill = partial(_copy_into, paths=paths, dest=dest, owner=owner, mode=ins.mode)
+                event = _direct_layer(store, state, text, fill)
             else:  # RUN
                 text = ins.text()
-                state.key = layer_digest(state.key, text, json.dumps([state.user, state.workdir]))
+                state.key = layer_digest(state.key, text, json.dumps([ins.user or state.user, state.workdir]))
                 if store.has_layer(state.key):
                     state.layers.append(state.key)
                     event = StepEvent(index, total, text, "cached", layer=state.key)
@@ -311,6 +379,8 @@ async def build_image(
         user=state.runtime_user,
         created_at=time.time(),
         history=state.history,
+        start_cmd=start_cmd,
+        ready_cmd=ready_cmd,
     )
     store.put(manifest)
     result.manifest = manifest
