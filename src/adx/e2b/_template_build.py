@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ _log = logging.getLogger(__name__)
 OUTPUT_LINES = 200
 #: Memory of a build step's sandbox when the template asks for none (E2B's default sandbox: 512 MiB).
 DEFAULT_STEP_MEMORY_BYTES = 1 << 30
+_BLOB_PREFIX = re.compile(r"\b[0-9a-f]{64}/")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class TemplateBuilder:
 
         def on_step(event: StepEvent) -> None:
             step = _step_name(lines.get(event.index, 0))
-            label = f"[{step}/{len(job.start.steps)}] {event.text[:200]}"
+            # COPY sources live under their upload's digest: the user knows them by their own path.
+            label = f"[{step}/{len(job.start.steps)}] {_BLOB_PREFIX.sub('', event.text)[:200]}"
             if event.status == "running":
                 log(f"{label} running", step=step)
             elif event.status == "cached":

@@ -366,7 +366,7 @@ async def build_steps(
                         index, total, text, "built", time.monotonic() - t0, layer=state.key, output=output
                     )
             state.history.append(text)
-        if event.status != "built":  # direct layers and config steps: their index and whole time here
+        if event.status != "built" or event.index == 0:  # direct layers, config steps: their index and time here
             event = StepEvent(index, total, event.text, event.status, time.monotonic() - t0, event.layer)
         result.steps.append(event)
         report(event)
