@@ -71,9 +71,11 @@ class TemplateBuilder:
         record = job.record
         lock = threading.Lock()
 
-        def log(message: str, *, level: Level = "info", step: str | None = None) -> None:
+        def log(*messages: str, level: Level = "info", step: str | None = None) -> None:
+            # One record write per call (a whole step's output is one call): pollers on any replica see it.
+            now = time.time()
             with lock:
-                record.logs.append(LogEntry(timestamp=time.time(), level=level, message=message, step=step))
+                record.logs += [LogEntry(timestamp=now, level=level, message=m, step=step) for m in messages]
                 self.templates.put_build(record)
 
         try:
@@ -125,8 +127,8 @@ class TemplateBuilder:
             else:  # built, or a step that only changes the manifest (config)
                 layer = f", layer {event.layer[:12]}" if event.layer else ""
                 log(f"{label} {event.status} in {event.seconds:.1f}s{layer}", step=step)
-            for line in event.output.splitlines()[-OUTPUT_LINES:]:
-                log(line, step=step)
+            if event.output:
+                log(*event.output.splitlines()[-OUTPUT_LINES:], step=step)
 
         async def go() -> None:
             async with SandboxdClient(self.socket) as client:
