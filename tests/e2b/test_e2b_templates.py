@@ -132,26 +132,46 @@ def test_another_tenant_cannot_use_a_template_upload_url(up: Up, tmp_path: Path)
     )
 
 
-def test_async_template_build_and_sandbox(up: Up) -> None:
+def test_async_template_build_and_sandbox(up: Up, tmp_path: Path) -> None:
+    """AsyncTemplate: WORKDIR, a RUN as root, a COPY owned by ``user`` with a mode, ENV, the start command kept on
+    the image; a template built FROM it; ``skip_cache`` builds every step again."""
+    (tmp_path / "tool.sh").write_text("#!/bin/sh\necho tool\n")
+
+    def template(marker: str) -> AsyncTemplate:
+        return (
+            AsyncTemplate(file_context_path=tmp_path)
+            .from_base_image()
+            .set_workdir("/opt/app")
+            .run_cmd(f"echo {marker} > marker && chown user marker", user="root")
+            .copy("tool.sh", "bin/", user="user", mode=0o750)
+            .set_envs({"MODE": "async"})
+        )
+
     async def go() -> None:
         name = f"tpl-async-{uuid.uuid4().hex[:8]}"
         logs: list[LogEntry] = []
-        template = (
-            AsyncTemplate()
-            .from_base_image()
-            .set_workdir("/opt/app")
-            .run_cmd("echo from-async > marker && chown user marker", user="root")
-            .set_envs({"MODE": "async"})
-            .set_start_cmd("sleep 600", "true")
-        )
-        await AsyncTemplate.build(template, alias=name, on_build_logs=logs.append, **up.opts())
+        final = template("from-async").set_start_cmd("sleep 600", "true")
+        await AsyncTemplate.build(final, alias=name, on_build_logs=logs.append, **up.opts())
         assert f"Template {name} is ready" in _messages(logs)
         assert _store(up).get(name).start_cmd == "sleep 600"
-        sandbox = await AsyncSandbox.create(template=name, **up.opts())
+        child = f"{name}-child"
+        await AsyncTemplate.build(
+            AsyncTemplate().from_template(name).set_envs({"CHILD": "yes"}), alias=child, **up.opts()
+        )
+        sandbox = await AsyncSandbox.create(template=child, **up.opts())
         try:
-            run = await sandbox.commands.run("cat /opt/app/marker; echo $MODE")
-            assert run.stdout == "from-async\nasync\n"
+            run = await sandbox.commands.run(
+                "cat /opt/app/marker; echo $MODE $CHILD; stat -c '%U %a' /opt/app/bin/tool.sh"
+            )
+            assert run.stdout == "from-async\nasync yes\nuser 750\n"
         finally:
             await sandbox.kill()
+
+        logs.clear()
+        await AsyncTemplate.build(
+            template("from-async"), alias=name, skip_cache=True, on_build_logs=logs.append, **up.opts()
+        )
+        text = _messages(logs)
+        assert "CACHED" not in text and "RUN" in text and "built in" in text, text
 
     asyncio.run(go())
