@@ -101,6 +101,13 @@ def test_force_salts_the_keys_from_that_step_and_bad_steps_name_their_field(tmp_
     assert refused({"steps": [{"type": "COPY", "args": ["a", "/b"], "filesHash": "0" * 64}]}).field == (
         "steps[0].filesHash"
     )
+    # A source pattern cannot climb out of its own upload into another one (another tenant's, say).
+    (tmp_path / ("0" * 64)).mkdir()
+    escape = {"type": "COPY", "args": [f"../{'0' * 64}/x", "/b"], "filesHash": "1" * 64}
+    with pytest.raises(InvalidInputError, match="leaves the build context"):
+        to_instructions(
+            parse_wire(BuildStart, {"steps": [escape]}), "debian", "root", {"1" * 64: "2" * 64}, tmp_path, "b"
+        )
     with pytest.raises(InvalidInputError) as unknown:
         parse_wire(BuildStart, {"steps": [], "fromDockerfile": "x"})
     assert unknown.value.field == "fromDockerfile"

@@ -104,6 +104,8 @@ def _sources(context_root: Path, blob: str, src: str, where: str) -> list[str]:
     the same pattern, inside the unpacked archive, names them (relative to ``context_root``)."""
     tree = context_root / blob
     pattern = posixpath.normpath(src.lstrip("/"))
+    if pattern == ".." or pattern.startswith("../"):
+        raise InvalidInputError(where, f"COPY source {src!r} leaves the build context")
     found = sorted(glob.glob(glob.escape(str(tree)) + "/" + pattern, recursive=True)) if pattern != "." else [str(tree)]
     if not found:
         raise InvalidInputError(where, f"no uploaded file matches {src!r}")

@@ -23,13 +23,14 @@ import socket
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adx._fs import atomic_write_bytes, atomic_write_json, fsync_dir
+from adx._fs import atomic_write_bytes, atomic_write_json, exclusive_lock, fsync_dir
 from adx.errors import InvalidInputError, NotFoundError
 
 __all__ = ["BuildRecord", "BuildStatus", "LogEntry", "TemplateRecord", "TemplateStore", "process_owner"]
@@ -121,6 +122,12 @@ class TemplateStore:
         path = self.root.joinpath(*parts)
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return path
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Held around read-check-write of templates and builds (API replicas and threads alike: an flock)."""
+        with exclusive_lock(self._ensure() / "templates.lock", timeout=30, what="template store lock"):
+            yield
 
     # -- templates and builds -----------------------------------------------------------------------------
     def find_template(self, name: str) -> TemplateRecord | None:

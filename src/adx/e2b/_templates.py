@@ -165,6 +165,13 @@ async def request_build(request: Request) -> Response:
 def _new_build(
     builder: TemplateBuilder, tenant: str, name: str, cpu_count: int | None, memory_mb: int | None
 ) -> BuildRecord:
+    with builder.templates.locked():
+        return _new_build_locked(builder, tenant, name, cpu_count, memory_mb)
+
+
+def _new_build_locked(
+    builder: TemplateBuilder, tenant: str, name: str, cpu_count: int | None, memory_mb: int | None
+) -> BuildRecord:
     templates = builder.templates
     record = templates.find_template(name)
     if record is None:
@@ -274,11 +281,7 @@ async def start_build(request: Request, template_id: str, build_id: str) -> Resp
     builder = _builder(request)
     start = parse_wire(BuildStart, _object(await read_json(request, p.config.max_body_bytes), "body"))
     template = await _own_template(builder, tenant, template_id)
-    build = await asyncio.to_thread(builder.templates.get_build, build_id)
-    if build.tenant != tenant or build.template != template_id:
-        raise NotFoundError(f"build {build_id} not found")
-    if build.status is not BuildStatus.WAITING or build.logs or build.reason is not None:
-        raise ConflictError(f"build {build_id} was started already")
+    build = await asyncio.to_thread(_claim, builder.templates, tenant, template_id, build_id)
     try:
         job = await asyncio.to_thread(_job, builder, template, build, start)
     except AdxError as exc:
@@ -291,6 +294,19 @@ async def start_build(request: Request, template_id: str, build_id: str) -> Resp
         raise
     builder.start(job, functools.partial(_mark_ready, builder.templates))
     return Response(status_code=202)
+
+
+def _claim(templates: TemplateStore, tenant: str, template_id: str, build_id: str) -> BuildRecord:
+    """The build, marked as started (its first log entry) so that a second start is refused."""
+    with templates.locked():
+        build = templates.get_build(build_id)
+        if build.tenant != tenant or build.template != template_id:
+            raise NotFoundError(f"build {build_id} not found")
+        if build.status is not BuildStatus.WAITING or build.logs or build.reason is not None:
+            raise ConflictError(f"build {build_id} was started already")
+        build.logs.append(LogEntry(timestamp=time.time(), message=f"build {build_id} queued"))
+        templates.put_build(build)
+        return build
 
 
 def _job(builder: TemplateBuilder, template: TemplateRecord, build: BuildRecord, start: BuildStart) -> BuildJob:
