@@ -36,7 +36,7 @@ def test_from_names_map_to_store_images_and_unpullable_ones_are_refused_by_name(
     assert base_image(_start(Template().from_template("mine").run_cmd("true")), store) == "mine"
     _store(tmp_path, "base")
     assert base_image(_start(Template().from_base_image().run_cmd("true")), store) == "base"
-    for image in ("python:3", "debian:stable", "ghcr.io/acme/tool:1", "mine:v2"):
+    for image in ("python:3", "debian:stable", "ghcr.io/acme/tool:1", "mine:v2", "Mine", "acme/tool"):
         with pytest.raises(InvalidInputError) as refused:
             base_image(_start(Template().from_image(image).run_cmd("true")), store)
         assert refused.value.field == "fromImage" and repr(image) in refused.value.message

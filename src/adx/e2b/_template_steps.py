@@ -69,7 +69,7 @@ def _not_here(image: str, why: str) -> InvalidInputError:
 def base_image(start: BuildStart, store: ImageStore) -> str:
     """The store image the build starts from (see the table above); a clear error naming the image otherwise."""
     if start.from_template:
-        if store.find(start.from_template) is None:
+        if not _in_store(store, start.from_template):
             raise InvalidInputError("fromTemplate", f"no template or image named {start.from_template!r}")
         return start.from_template
     image = start.from_image or E2B_BASE
@@ -82,9 +82,16 @@ def base_image(start: BuildStart, store: ImageStore) -> str:
         if not tag or tag in _DEBIAN_TAGS:
             return "debian"
         raise _not_here(image, "is not here (this server's debian image is Debian 12, tag 'bookworm')")
-    if not tag and store.find(image) is not None:
+    if not tag and _in_store(store, image):
         return image
     raise _not_here(image, "is not an image of this server")
+
+
+def _in_store(store: ImageStore, name: str) -> bool:
+    try:
+        return store.find(name) is not None
+    except InvalidInputError:  # not even an image name (uppercase, a path): not one of the store's
+        return False
 
 
 def _mode(value: str, where: str) -> int | None:
