@@ -144,6 +144,8 @@ def test_async_template_build_and_sandbox(up: Up, tmp_path: Path) -> None:
             .set_workdir("/opt/app")
             .run_cmd(f"echo {marker} > marker && chown user marker", user="root")
             .copy("tool.sh", "bin/", user="user", mode=0o750)
+            .copy("tool.sh", "/home/user/tool.sh")  # root's file; /home/user stays user's (written below)
+            .run_cmd("echo written-after-copy > /home/user/after")
             .set_envs({"MODE": "async"})
         )
 
@@ -161,9 +163,12 @@ def test_async_template_build_and_sandbox(up: Up, tmp_path: Path) -> None:
         sandbox = await AsyncSandbox.create(template=child, **up.opts())
         try:
             run = await sandbox.commands.run(
-                "cat /opt/app/marker; echo $MODE $CHILD; stat -c '%U %a' /opt/app/bin/tool.sh"
+                "cat /opt/app/marker /home/user/after; echo $MODE $CHILD; stat -c '%U %a' /opt/app/bin/tool.sh "
+                "/home/user/tool.sh /home/user /opt/app/marker /home/user/after /opt/app"
             )
-            assert run.stdout == "from-async\nasync yes\nuser 750\n"
+            # Files RUN steps made keep the owners they had inside the build sandbox (not its host ID slice).
+            owners = "user 750\nroot 644\nuser 755\nuser 644\nuser 644\nroot 755\n"
+            assert run.stdout == "from-async\nwritten-after-copy\nasync yes\n" + owners
         finally:
             await sandbox.kill()
 

@@ -17,6 +17,7 @@ import json
 import os
 import posixpath
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -101,18 +102,26 @@ def _content_digest(context: Path, sources: list[str], line: int) -> tuple[str, 
 
 
 def _copy_into(
-    tree: Path, paths: list[Path], dest: str, owner: tuple[int, int] = (0, 0), mode: int | None = None
+    tree: Path,
+    paths: list[Path],
+    dest: str,
+    owner: tuple[int, int] = (0, 0),
+    mode: int | None = None,
+    lowers: tuple[Path, ...] = (),
 ) -> None:
     """Docker's COPY: a directory's contents go into ``dest``; files go into ``dest/`` when it ends with ``/`` or
     several sources are given, else become ``dest``. Owned by ``owner`` (uid, gid; root unless said); ``mode``
-    sets the copied entries' permission bits (the parent directories made on the way keep 0755)."""
+    sets the copied entries' permission bits. Directories on the way that the image has keep its owner and mode;
+    new ones are root's, 0755."""
     into_dir = dest.endswith("/") or len(paths) > 1
     target = tree / dest.lstrip("/")
     copied: list[Path] = []
     for path in paths:
         if path.is_dir():
             shutil.copytree(path, target, symlinks=True, dirs_exist_ok=True)
-            copied += [target, *target.rglob("*")]
+            rel = target.relative_to(tree)
+            existed = any((lower / rel).is_dir() for lower in lowers)  # an existing dest keeps its owner
+            copied += [*([] if existed else [target]), *target.rglob("*")]
         else:
             out = target / path.name if into_dir else target
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +130,7 @@ def _copy_into(
     for dirpath, dirs, files in os.walk(tree):
         for name in [*dirs, *files]:
             os.lchown(os.path.join(dirpath, name), 0, 0)
+    _inherit_lower_dirs(tree, lowers)
     for entry in copied:
         os.lchown(entry, *owner)
         if mode is not None and not entry.is_symlink():
@@ -151,8 +161,26 @@ def _account(store: ImageStore, layers: list[str], spec: str, line: int) -> tupl
     return uid, gid if gid >= 0 else uid
 
 
-def _mkdir(rel: str, tree: Path) -> None:
+def _mkdir(rel: str, tree: Path, lowers: tuple[Path, ...] = ()) -> None:
     (tree / rel).mkdir(parents=True)
+    _inherit_lower_dirs(tree, lowers)
+
+
+def _inherit_lower_dirs(tree: Path, lowers: tuple[Path, ...]) -> None:
+    """A directory a direct layer holds only as the way to its files (``/home/user`` of ``COPY a /home/user/a``)
+    keeps the owner and mode it has below (``lowers``: the layers' trees, topmost first), as Docker's do: else
+    the new layer's root-owned copy would hide the image's own (``user`` could no longer write its home)."""
+    for dirpath, dirs, _files in os.walk(tree):
+        for name in dirs:
+            made = Path(dirpath, name)
+            rel = made.relative_to(tree)
+            for lower in lowers:
+                below = lower / rel
+                if below.is_dir() and not below.is_symlink():
+                    st = below.lstat()
+                    os.lchown(made, st.st_uid, st.st_gid)
+                    os.chmod(made, stat.S_IMODE(st.st_mode))
+                    break
 
 
 def _exists_in_layers(store: ImageStore, layers: list[str], path: str) -> bool:
@@ -331,17 +359,18 @@ async def build_steps(
                     event = StepEvent(index, total, text, "config")
                 else:
                     workdir = state.workdir.lstrip("/")
-                    event = _direct_layer(store, state, text, partial(_mkdir, workdir))
+                    event = _direct_layer(store, state, text, partial(_mkdir, workdir, lowers=_lowers(store, state)))
             elif ins.op is Op.COPY:
                 srcs = [substitute(a, vars_) for a in ins.args[:-1]]
                 dest = substitute(ins.args[-1], vars_)
                 if not dest.startswith("/"):
-                    dest = posixpath.join(state.workdir, dest) + ("/" if dest.endswith("/") else "")
+                    dest = posixpath.join(state.workdir, dest)  # keeps a trailing "/" (into a directory)
                 content, paths = _content_digest(context, srcs, ins.line)
                 text = Instruction(Op.COPY, ins.line, (*srcs, dest), user=ins.user, mode=ins.mode).text()
                 owner = _account(store, state.layers, ins.user, ins.line) if ins.user else (0, 0)
                 state.key = layer_digest(state.key, text, content)
-                fill = partial(_copy_into, paths=paths, dest=dest, owner=owner, mode=ins.mode)
+                lowers = _lowers(store, state)
+                fill = partial(_copy_into, paths=paths, dest=dest, owner=owner, mode=ins.mode, lowers=lowers)
                 event = _direct_layer(store, state, text, fill)
             else:  # RUN
                 text = ins.text()
@@ -385,6 +414,10 @@ async def build_steps(
     store.put(manifest)
     result.manifest = manifest
     return result
+
+
+def _lowers(store: ImageStore, state: _State) -> tuple[Path, ...]:
+    return tuple(store.layer_tree(d) for d in reversed(state.layers))
 
 
 def _direct_layer(store: ImageStore, state: _State, text: str, fill: Callable[[Path], object]) -> StepEvent:
