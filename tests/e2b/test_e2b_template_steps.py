@@ -4,9 +4,13 @@ per-step users, COPY sources/owner/mode, ``force``, and errors naming the field.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from apistack import api_stack  # noqa: F401  (fixture)
 from e2b import Template
 
 from adx.e2b._template_steps import BuildStart, base_image, to_instructions
@@ -111,3 +115,20 @@ def test_force_salts_the_keys_from_that_step_and_bad_steps_name_their_field(tmp_
     with pytest.raises(InvalidInputError) as unknown:
         parse_wire(BuildStart, {"steps": [], "fromDockerfile": "x"})
     assert unknown.value.field == "fromDockerfile"
+
+
+async def test_an_api_server_without_a_builder_answers_501_in_e2b_shape(
+    api_stack: Callable[..., Awaitable[Any]],  # noqa: F811
+) -> None:
+    """No ``images_dir``/``image_build_socket``: template routes say so (501), the SDK raises its exception."""
+    stack = await api_stack()
+    key = await stack.tenant("tpl-501")
+    async with httpx.AsyncClient(base_url=stack.url, headers={"X-API-KEY": key}) as client:
+        for method, path in [
+            ("POST", "/v3/templates"),
+            ("GET", "/templates/aliases/x"),
+            ("GET", "/templates/x/files/y"),
+        ]:
+            answer = await client.request(method, path, json={"name": "x"} if method == "POST" else None)
+            assert answer.status_code == 501, (path, answer.text)
+            assert answer.json()["code"] == 501 and "image_build_socket" in answer.json()["message"]

@@ -76,17 +76,17 @@ class _NotConfigured(Exception):
 
 
 def template_route(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
-    """E2B's error shape (``e2b_errors``), and 501 where this API server runs no template builds."""
-    inner = e2b_errors(fn)
+    """E2B's error shape (``e2b_errors``), and 501 where this API server runs no template builds (caught inside
+    ``e2b_errors``, which makes any other exception a 500)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
         try:
-            return await inner(*args, **kwargs)
+            return await fn(*args, **kwargs)
         except _NotConfigured as exc:
             return JSONResponse({"code": 501, "message": str(exc)}, status_code=501)
 
-    return wrapper
+    return e2b_errors(wrapper)
 
 
 def _builder(request: Request, *, build: bool = True) -> TemplateBuilder:
@@ -173,6 +173,7 @@ def _new_build_locked(
     builder: TemplateBuilder, tenant: str, name: str, cpu_count: int | None, memory_mb: int | None
 ) -> BuildRecord:
     templates = builder.templates
+    templates.sweep_staging()  # uploads and unpackings a crash left (cheap: a glob of two directories)
     record = templates.find_template(name)
     if record is None:
         if builder.images.find(name) is not None or name in ("base", "host"):
