@@ -3,6 +3,8 @@ per-step users, COPY sources/owner/mode, ``force``, and errors naming the field.
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 from apistack import api_stack  # noqa: F401  (fixture)
 from e2b import Template
 
+from adx.api import CoordinatorClient
 from adx.e2b._template_steps import BuildStart, base_image, to_instructions
+from adx.e2b._template_store import BuildRecord, BuildStatus, TemplateStore
 from adx.errors import InvalidInputError
 from adx.images import ImageManifest, ImageStore, Op
 from adx.model import parse_wire
@@ -132,3 +136,33 @@ async def test_an_api_server_without_a_builder_answers_501_in_e2b_shape(
             answer = await client.request(method, path, json={"name": "x"} if method == "POST" else None)
             assert answer.status_code == 501, (path, answer.text)
             assert answer.json()["code"] == 501 and "image_build_socket" in answer.json()["message"]
+
+
+async def test_a_build_whose_api_server_died_reads_as_interrupted(
+    api_stack: Callable[..., Awaitable[Any]],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A build left ``building`` by an API process that is gone (same host) is reported as an error, so the SDK's
+    wait ends instead of polling forever; another tenant's status call is a 404."""
+    stack = await api_stack(images_dir=tmp_path)
+    key = await stack.tenant("tpl-dead")
+    other = await stack.tenant("tpl-other")
+    templates = TemplateStore(tmp_path / "e2b-templates")
+    gone = await asyncio.create_subprocess_exec("true")
+    await gone.wait()
+    coordinator = CoordinatorClient.from_config(stack.config)
+    try:
+        tenant = await coordinator.authenticate(key)
+    finally:
+        await coordinator.close()
+    owner = f"{socket.gethostname()}:{gone.pid}"  # an ended process of this host
+    build = BuildRecord(id="b-1", template="t", tenant=tenant, created_at=time.time(), owner=owner)
+    build.status = BuildStatus.BUILDING
+    templates.put_build(build)
+    async with httpx.AsyncClient(base_url=stack.url) as client:
+        answer = await client.get("/templates/t/builds/b-1/status", headers={"X-API-KEY": key})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["status"] == "error" and "interrupted" in body["reason"]["message"], body
+        foreign = await client.get("/templates/t/builds/b-1/status", headers={"X-API-KEY": other})
+        assert foreign.status_code == 404, foreign.text
