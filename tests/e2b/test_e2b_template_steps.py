@@ -4,6 +4,7 @@ per-step users, COPY sources/owner/mode, ``force``, and errors naming the field.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -11,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from apistack import api_stack  # noqa: F401  (fixture)
 from e2b import Template
 
+import adx.e2b
 from adx.api import CoordinatorClient
 from adx.e2b._template_steps import BuildStart, base_image, to_instructions
 from adx.e2b._template_store import BuildRecord, BuildStatus, TemplateStore
@@ -33,7 +36,13 @@ def _store(tmp_path: Path, *names: str) -> ImageStore:
 def _start(template: Template) -> BuildStart:
     """What ``Template.build`` posts to ``/v2/templates/{id}/builds/{buildID}``."""
     body = template._template._serialize(template._template._instructions_with_hashes())
+    jsonschema.validate(json.loads(json.dumps(body)), _schema("TemplateBuildStart"))  # what wire/ says it is
     return parse_wire(BuildStart, body)
+
+
+def _schema(name: str) -> dict[str, Any]:
+    defs = json.loads((Path(adx.e2b.__file__).parent / "wire" / "control.schema.json").read_text())["$defs"]
+    return {"$ref": f"#/$defs/{name}", "$defs": defs}
 
 
 def test_from_names_map_to_store_images_and_unpullable_ones_are_refused_by_name(tmp_path: Path) -> None:
@@ -164,5 +173,6 @@ async def test_a_build_whose_api_server_died_reads_as_interrupted(
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert body["status"] == "error" and "interrupted" in body["reason"]["message"], body
+        jsonschema.validate(body, _schema("TemplateBuildInfo"))
         foreign = await client.get("/templates/t/builds/b-1/status", headers={"X-API-KEY": other})
         assert foreign.status_code == 404, foreign.text

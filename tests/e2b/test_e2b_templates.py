@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 from e2b import AsyncSandbox, AsyncTemplate, BuildException, LogEntry, Sandbox, Template
 from e2b_up import Up, running_up, seed_debian_image
+from test_e2b_template_steps import _schema
 
 from adx.images import ImageStore
 
@@ -119,9 +121,14 @@ def test_another_tenant_cannot_use_a_template_upload_url(up: Up, tmp_path: Path)
     headers = {"X-API-KEY": up.key}
     made = httpx.post(f"{up.url}/v3/templates", json={"name": name}, headers=headers)
     assert made.status_code == 202, made.text
+    jsonschema.validate(made.json(), _schema("TemplateRequested"))
     files_hash = "a" * 64
     link = httpx.get(f"{up.url}/templates/{name}/files/{files_hash}", headers=headers)
     assert link.status_code == 201 and link.json()["present"] is False, link.text
+    jsonschema.validate(link.json(), _schema("TemplateFileUpload"))
+    status = httpx.get(f"{up.url}/templates/{name}/builds/{made.json()['buildID']}/status", headers=headers)
+    assert status.status_code == 200 and status.json()["status"] == "waiting", status.text
+    jsonschema.validate(status.json(), _schema("TemplateBuildInfo"))
     url = link.json()["url"]
     assert httpx.put(url.replace(files_hash, "b" * 64), content=b"x").status_code == 403
     other = httpx.get(f"{up.url}/templates/{name}/files/{files_hash}", headers={"X-API-KEY": up.other_key})
