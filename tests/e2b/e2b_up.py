@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ADX = [sys.executable, "-m", "adx"]
+IMAGE_CACHE = Path(os.environ.get("ADX_TEST_IMAGE_CACHE", "/var/tmp/adx-test-images"))
 
 
 @dataclass(frozen=True)
@@ -75,3 +76,23 @@ def running_up(root: Path, **settings: str) -> Iterator[Up]:
         from adx.cli._up_cluster import cgroup_parent_name
 
         cleanup_cgroup_parent(cgroup_parent_name(state.absolute()))
+
+
+def seed_debian_image(root: Path) -> bool:
+    """Put the Debian image (as ``debian`` and ``base``) into the store of an ``adx up`` with its state under
+    ``root``, from the cache tests/sandboxd/test_images.py builds (built here when missing: ~4 min once per
+    machine), hard-linked so that sandboxd does not build it again. False when it cannot be had (no mmdebstrap)."""
+    import shutil
+
+    from adx.images import ImageStore, ensure_debian_image
+
+    cache = ImageStore(IMAGE_CACHE / "store").ensure()
+    if shutil.which("mmdebstrap") is None and cache.find("debian") is None:
+        return False
+    manifest, _ = ensure_debian_image(cache, progress=print)
+    store = ImageStore(root / "state" / "sandboxd" / "data" / "images" / "store").ensure()
+    for digest in manifest.layers:
+        subprocess.run(["cp", "-al", str(cache.layers_dir / digest), str(store.layers_dir / digest)], check=True)
+    store.put(manifest)
+    store.put(manifest.model_copy(update={"name": "base"}))
+    return True

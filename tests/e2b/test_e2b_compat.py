@@ -51,17 +51,17 @@ def _sandbox_with_headers(adx_up: Up, sandbox: Sandbox, extra: dict[str, str]) -
 
 
 def test_routes_not_served_answer_e2b_errors_the_sdk_raises_cleanly(adx_up: Up, sandbox: Sandbox) -> None:
-    """Templates and any unknown path answer ``{"code", "message"}``: the SDK raises its own
-    exception (it used to crash with ``KeyError: 'code'`` on ADX's error shape). (Snapshots and volumes are
-    served: test_e2b_snapshots.py, test_e2b_volumes.py.)"""
+    """Template tags, template listing and any unknown path answer ``{"code", "message"}``: the SDK raises its own
+    exception (it used to crash with ``KeyError: 'code'`` on ADX's error shape). (Snapshots, volumes and template
+    builds are served: test_e2b_snapshots.py, test_e2b_volumes.py, test_e2b_templates.py.)"""
     with pytest.raises(SandboxException) as alias:
-        Template.exists("some-template", **adx_up.opts())
+        Template.get_tags("some-template", **adx_up.opts())
     assert "not served" in str(alias.value)
 
     headers = {"X-API-KEY": adx_up.key}
     for method, path in [
         ("GET", "/templates"),
-        ("POST", "/v3/templates"),
+        ("GET", "/templates/some-template"),
         ("GET", "/volumes/vol-aaaaaaaaaaaaaaaaaaaaaaaaaa/extra"),
         ("GET", "/snapshots/snap-aaaaaaaaaaaaaaaaaaaaaaaaaa"),
         ("POST", f"/sandboxes/{sandbox.sandbox_id}/refreshes"),  # (network is served: test_e2b_network.py)
@@ -98,7 +98,7 @@ def test_an_unexpected_failure_is_still_an_e2b_error(adx_up: Up) -> None:
 def test_routes_not_served_async(adx_up: Up) -> None:
     async def main() -> None:
         with pytest.raises(SandboxException) as alias:
-            await AsyncTemplate.exists("some-template", **adx_up.opts())
+            await AsyncTemplate.get_tags("some-template", **adx_up.opts())
         assert "not served" in str(alias.value)
 
     asyncio.run(main())

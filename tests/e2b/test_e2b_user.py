@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +15,9 @@ import pytest
 from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox
 from e2b.sandbox.filesystem.filesystem import FileType
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
-from e2b_up import Up, running_up
-
-from adx.images import ImageStore, ensure_debian_image
+from e2b_up import Up, running_up, seed_debian_image
 
 pytestmark = pytest.mark.slow
-IMAGE_CACHE = Path(os.environ.get("ADX_TEST_IMAGE_CACHE", "/var/tmp/adx-test-images"))
 
 
 @pytest.fixture
@@ -109,16 +103,9 @@ def debian_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     """``adx up`` whose ``base`` is the Debian image (its own ``user`` account and sudo). The image comes from the
     cache tests/sandboxd/test_images.py builds (built here when missing: ~4 min once per machine) and is
     hard-linked into this ``adx up``'s store, so its sandboxd does not build it again."""
-    cache = ImageStore(IMAGE_CACHE / "store").ensure()
-    if shutil.which("mmdebstrap") is None and cache.find("debian") is None:
-        pytest.skip("building the Debian image needs mmdebstrap")
-    manifest, _ = ensure_debian_image(cache, progress=print)
     root = tmp_path_factory.mktemp("e2b-debian")
-    store = ImageStore(root / "state" / "sandboxd" / "data" / "images" / "store").ensure()
-    for digest in manifest.layers:
-        subprocess.run(["cp", "-al", str(cache.layers_dir / digest), str(store.layers_dir / digest)], check=True)
-    store.put(manifest)
-    store.put(manifest.model_copy(update={"name": "base"}))
+    if not seed_debian_image(root):
+        pytest.skip("building the Debian image needs mmdebstrap")
     with running_up(root, base_image="debian") as up:
         yield up
 

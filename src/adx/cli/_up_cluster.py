@@ -123,6 +123,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             "agent_database_url": postgres_url,
             "images_dir": str(state_dir / "sandboxd" / "data" / "images"),  # sandboxd's: unknown images are 422
             "volumes_dir": str(state_dir / "volumes"),  # the node's too: named volumes (docs/volumes.md)
+            "image_build_socket": str(sandboxd_socket),  # E2B template builds run on this node (docs/e2b.md)
         },
     )
     return Cluster(certs, sandboxd, coordinator, node, api)

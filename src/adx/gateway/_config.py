@@ -76,6 +76,11 @@ class ApiConfig(StrictModel):
         description="the volume root (docs/volumes.md): the nodes' runtime.volumes_dir, on shared storage for more "
         "than one node; unset: volume routes answer 503 and creates that mount volumes are refused",
     )
+    image_build_socket: Path | None = Field(
+        default=None,
+        description="a node's sandboxd API socket that runs E2B template builds (POST /v3/templates; its images_dir "
+        "must be images_dir); unset: template builds answer 501",
+    )
     logging: LoggingConfig = LoggingConfig()
 
     @field_validator("listen")

@@ -39,11 +39,19 @@ class Instruction:
     args: tuple[str, ...]
     shell: bool = False
     defaults: dict[str, bool] = field(default_factory=dict)  # ARG: name -> has a default
+    #: RUN: the account this one step runs as (E2B's ``run_cmd(user=)``), else the current USER's;
+    #: COPY: ``user[:group]`` owning the copied files (E2B's ``copy(user=)``), else root. Never from a Dockerfile.
+    user: str | None = None
+    #: COPY: the copied files' permission bits (E2B's ``copy(mode=)``), else as in the context.
+    mode: int | None = None
 
     def text(self) -> str:
         """Canonical text (the part of a layer's cache key this step contributes)."""
         if self.op is Op.RUN and not self.shell:
             return f"RUN {json.dumps(list(self.args))}"
+        if self.op is Op.COPY and (self.user is not None or self.mode is not None):
+            mode = f"{self.mode:o}" if self.mode is not None else None
+            return f"COPY {json.dumps(list(self.args))} {json.dumps({'user': self.user, 'mode': mode})}"
         return f"{self.op.value} {json.dumps(list(self.args))}"
 
 

@@ -75,6 +75,8 @@ class ImageManifest(_Model):
     user: str = "root"
     created_at: float = 0.0
     history: list[str] = Field(default_factory=list, description="the steps that made it, in order")
+    start_cmd: str | None = Field(default=None, description="E2B template: the command its sandboxes start with")
+    ready_cmd: str | None = Field(default=None, description="E2B template: exits 0 once the start command is ready")
 
     @field_validator("name")
     @classmethod

@@ -32,6 +32,7 @@ from adx.sandboxd._models import (
     StoredCheckpoint,
 )
 from adx.sandboxd._states import State
+from adx.sandboxd._userns import shift_tree
 
 __all__ = ["Checkpointing"]
 
@@ -207,5 +208,8 @@ class Checkpointing(SandboxCreator):
                     details={"state": str(rec.state)},
                 )
             upper = self._upper(rec.sandbox_id)
+            # The upper layer holds this sandbox's host IDs (its user-namespace slice); a store layer holds the
+            # IDs as they are inside, which every later sandbox's idmapped mount maps to its own slice.
+            await asyncio.to_thread(shift_tree, str(upper), rec.id_base, None)
             info = await asyncio.to_thread(commit_upper, self.images, upper, req.digest, req.parent, req.step)
             return CommitLayerResponse(digest=info.digest, size_bytes=info.size_bytes)

@@ -17,6 +17,7 @@ import json
 import os
 import posixpath
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from adx.images._dockerfile import parse_dockerfile, substitute
 from adx.sandboxd._client import SandboxdClient, ref_of
 from adx.sandboxd._models import CommitLayerRequest, CreateRequest, ResourcesSpec, SandboxRef
 
-__all__ = ["BuildResult", "StepEvent", "build_image"]
+__all__ = ["BuildResult", "StepEvent", "build_image", "build_steps"]
 
 #: FROM names built from Debian's packages on first use when the store lacks them.
 _DEBIAN_NAMES = ("debian",)
@@ -100,25 +101,86 @@ def _content_digest(context: Path, sources: list[str], line: int) -> tuple[str, 
     return h.hexdigest(), paths
 
 
-def _copy_into(tree: Path, paths: list[Path], dest: str) -> None:
+def _copy_into(
+    tree: Path,
+    paths: list[Path],
+    dest: str,
+    owner: tuple[int, int] = (0, 0),
+    mode: int | None = None,
+    lowers: tuple[Path, ...] = (),
+) -> None:
     """Docker's COPY: a directory's contents go into ``dest``; files go into ``dest/`` when it ends with ``/`` or
-    several sources are given, else become ``dest``. Owned by root."""
+    several sources are given, else become ``dest``. Owned by ``owner`` (uid, gid; root unless said); ``mode``
+    sets the copied entries' permission bits. Directories on the way that the image has keep its owner and mode;
+    new ones are root's, 0755."""
     into_dir = dest.endswith("/") or len(paths) > 1
     target = tree / dest.lstrip("/")
+    copied: list[Path] = []
     for path in paths:
         if path.is_dir():
             shutil.copytree(path, target, symlinks=True, dirs_exist_ok=True)
+            rel = target.relative_to(tree)
+            existed = any((lower / rel).is_dir() for lower in lowers)  # an existing dest keeps its owner
+            copied += [*([] if existed else [target]), *target.rglob("*")]
         else:
             out = target / path.name if into_dir else target
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, out, follow_symlinks=False)
+            copied.append(out)
     for dirpath, dirs, files in os.walk(tree):
         for name in [*dirs, *files]:
             os.lchown(os.path.join(dirpath, name), 0, 0)
+    _inherit_lower_dirs(tree, lowers)
+    for entry in copied:
+        os.lchown(entry, *owner)
+        if mode is not None and not entry.is_symlink():
+            os.chmod(entry, mode)
 
 
-def _mkdir(rel: str, tree: Path) -> None:
+def _account(store: ImageStore, layers: list[str], spec: str, line: int) -> tuple[int, int]:
+    """``user[:group]`` (names or numbers) as (uid, gid), looked up in the topmost layer's passwd and group."""
+    user, _, group = spec.partition(":")
+
+    def table(name: str) -> list[list[str]]:
+        for digest in reversed(layers):
+            path = store.layer_tree(digest) / "etc" / name
+            if path.is_file():
+                return [row.split(":") for row in path.read_text(errors="replace").splitlines() if row.count(":") >= 3]
+        return []
+
+    def lookup(value: str, rows: list[list[str]], what: str) -> tuple[int, int]:
+        if value.isdigit():
+            return int(value), -1
+        for row in rows:
+            if row[0] == value:
+                return int(row[2]), int(row[3]) if what == "user" else -1
+        raise InvalidInputError("dockerfile", f"line {line}: COPY owner: no {what} {value!r} in the image")
+
+    uid, primary = lookup(user, table("passwd"), "user")
+    gid = lookup(group, table("group"), "group")[0] if group else primary
+    return uid, gid if gid >= 0 else uid
+
+
+def _mkdir(rel: str, tree: Path, lowers: tuple[Path, ...] = ()) -> None:
     (tree / rel).mkdir(parents=True)
+    _inherit_lower_dirs(tree, lowers)
+
+
+def _inherit_lower_dirs(tree: Path, lowers: tuple[Path, ...]) -> None:
+    """A directory a direct layer holds only as the way to its files (``/home/user`` of ``COPY a /home/user/a``)
+    keeps the owner and mode it has below (``lowers``: the layers' trees, topmost first), as Docker's do: else
+    the new layer's root-owned copy would hide the image's own (``user`` could no longer write its home)."""
+    for dirpath, dirs, _files in os.walk(tree):
+        for name in dirs:
+            made = Path(dirpath, name)
+            rel = made.relative_to(tree)
+            for lower in lowers:
+                below = lower / rel
+                if below.is_dir() and not below.is_symlink():
+                    st = below.lstat()
+                    os.lchown(made, st.st_uid, st.st_gid)
+                    os.chmod(made, stat.S_IMODE(st.st_mode))
+                    break
 
 
 def _exists_in_layers(store: ImageStore, layers: list[str], path: str) -> bool:
@@ -147,7 +209,7 @@ async def _run_step(
     step_timeout: float,
 ) -> str:
     """Run one RUN step in a sandbox on ``state.layers``; commit its upper layer as ``key``. Returns its output."""
-    argv = _run_argv(ins, state.user)
+    argv = _run_argv(ins, ins.user or state.user)
     env = {**state.env, **state.args}
     created = await client.create(
         CreateRequest(
@@ -197,10 +259,42 @@ async def build_image(
 ) -> BuildResult:
     """Build image ``name`` from ``dockerfile`` (text) with ``context`` for COPY; returns the manifest and what
     each step did. The manifest is written only when every step succeeded."""
+    return await build_steps(
+        client,
+        store,
+        parse_dockerfile(dockerfile),
+        name,
+        context=context,
+        build_args=build_args,
+        network=network,
+        memory_bytes=memory_bytes,
+        step_timeout=step_timeout,
+        progress=progress,
+        base_progress=base_progress,
+    )
+
+
+async def build_steps(
+    client: SandboxdClient,
+    store: ImageStore,
+    steps: list[Instruction],
+    name: str,
+    *,
+    context: Path,
+    build_args: dict[str, str] | None = None,
+    network: str | None = None,
+    memory_bytes: int = 1 << 30,
+    step_timeout: float = 3600.0,
+    progress: Callable[[StepEvent], None] | None = None,
+    base_progress: Callable[[str], None] | None = None,
+    start_cmd: str | None = None,
+    ready_cmd: str | None = None,
+) -> BuildResult:
+    """Build image ``name`` from parsed ``steps`` (FROM first; what ``parse_dockerfile`` makes, or E2B's template
+    steps, adx.e2b); ``start_cmd``/``ready_cmd`` are recorded on the manifest (E2B's template start command)."""
     from adx.images import validate_image_name
 
     validate_image_name(name, "name")
-    steps = parse_dockerfile(dockerfile)
     given = dict(build_args or {})
     report = progress or (lambda _e: None)
     result = BuildResult(manifest=ImageManifest(name=name, layers=[]))
@@ -265,19 +359,22 @@ async def build_image(
                     event = StepEvent(index, total, text, "config")
                 else:
                     workdir = state.workdir.lstrip("/")
-                    event = _direct_layer(store, state, text, partial(_mkdir, workdir))
+                    event = _direct_layer(store, state, text, partial(_mkdir, workdir, lowers=_lowers(store, state)))
             elif ins.op is Op.COPY:
                 srcs = [substitute(a, vars_) for a in ins.args[:-1]]
                 dest = substitute(ins.args[-1], vars_)
                 if not dest.startswith("/"):
-                    dest = posixpath.join(state.workdir, dest) + ("/" if dest.endswith("/") else "")
+                    dest = posixpath.join(state.workdir, dest)  # keeps a trailing "/" (into a directory)
                 content, paths = _content_digest(context, srcs, ins.line)
-                text = f"COPY {json.dumps([*srcs, dest])}"
+                text = Instruction(Op.COPY, ins.line, (*srcs, dest), user=ins.user, mode=ins.mode).text()
+                owner = _account(store, state.layers, ins.user, ins.line) if ins.user else (0, 0)
                 state.key = layer_digest(state.key, text, content)
-                event = _direct_layer(store, state, text, partial(_copy_into, paths=paths, dest=dest))
+                lowers = _lowers(store, state)
+                fill = partial(_copy_into, paths=paths, dest=dest, owner=owner, mode=ins.mode, lowers=lowers)
+                event = _direct_layer(store, state, text, fill)
             else:  # RUN
                 text = ins.text()
-                state.key = layer_digest(state.key, text, json.dumps([state.user, state.workdir]))
+                state.key = layer_digest(state.key, text, json.dumps([ins.user or state.user, state.workdir]))
                 if store.has_layer(state.key):
                     state.layers.append(state.key)
                     event = StepEvent(index, total, text, "cached", layer=state.key)
@@ -298,7 +395,7 @@ async def build_image(
                         index, total, text, "built", time.monotonic() - t0, layer=state.key, output=output
                     )
             state.history.append(text)
-        if event.status != "built":  # direct layers and config steps: their index and whole time here
+        if event.status != "built" or event.index == 0:  # direct layers, config steps: their index and time here
             event = StepEvent(index, total, event.text, event.status, time.monotonic() - t0, event.layer)
         result.steps.append(event)
         report(event)
@@ -311,10 +408,16 @@ async def build_image(
         user=state.runtime_user,
         created_at=time.time(),
         history=state.history,
+        start_cmd=start_cmd,
+        ready_cmd=ready_cmd,
     )
     store.put(manifest)
     result.manifest = manifest
     return result
+
+
+def _lowers(store: ImageStore, state: _State) -> tuple[Path, ...]:
+    return tuple(store.layer_tree(d) for d in reversed(state.layers))
 
 
 def _direct_layer(store: ImageStore, state: _State, text: str, fill: Callable[[Path], object]) -> StepEvent:
