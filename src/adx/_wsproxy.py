@@ -220,24 +220,13 @@ class WebSocketClient:
             pinged = False
             self.conn.receive_data(data or None)  # None: the connection's end, a 1006 close event
 
-    def _closed(self) -> bool:
-        return self.conn.state is ConnectionState.CLOSED
-
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        """Send a close and wait (CLOSE_SECONDS at most) for the peer's, then drop the connection."""
-        try:
-            if self.conn.state is ConnectionState.OPEN:
+        """Send a close (once; a connection that failed is left as it is). Only sent: the peer's close comes
+        back through ``receive`` (the bridge reads on until then, CLOSE_SECONDS at most), so that one task
+        alone ever reads the stream."""
+        if self.conn.state is ConnectionState.OPEN:
+            with contextlib.suppress(OSError, TimeoutError, LocalProtocolError):
                 await self._write(self.conn.send(CloseConnection(sendable(code), reason[:120])))
-                async with asyncio.timeout(CLOSE_SECONDS):
-                    while not self._closed():
-                        data = await self.reader.read(_CHUNK)
-                        self.conn.receive_data(data or None)
-                        for _ in self.conn.events():
-                            pass
-        except (OSError, TimeoutError, LocalProtocolError, RemoteProtocolError):
-            pass
-        finally:
-            self.writer.close()
 
 
 async def deny(websocket: WebSocket, response: Response) -> None:
@@ -264,14 +253,19 @@ async def bridge(websocket: WebSocket, upstream: WebSocketClient, accept_headers
     closes; the other is closed with the same code and reason."""
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in accept_headers]
     await websocket.accept(upstream.subprotocol, headers)
-    to_upstream = asyncio.create_task(_client_to_upstream(websocket, upstream))
-    to_client = asyncio.create_task(_upstream_to_client(websocket, upstream))
+    tasks = {
+        asyncio.create_task(_client_to_upstream(websocket, upstream)),
+        asyncio.create_task(_upstream_to_client(websocket, upstream)),
+    }
     try:
-        await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        # One side closed and the other was told: its close (or its end) follows at once from a live peer.
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_SECONDS)
     finally:
-        for task in (to_upstream, to_client):
+        for task in tasks:
             task.cancel()
-        for task in (to_upstream, to_client):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         upstream.writer.close()
@@ -307,7 +301,7 @@ async def _upstream_to_client(websocket: WebSocket, upstream: WebSocketClient) -
             )
         except TimeoutError:
             await upstream.close(1011, "the client stopped taking data")
-            await _close_client(websocket, 1011, "stalled")
+            await _close_client(websocket, 1011, "stopped taking data")
             return
         except (OSError, RuntimeError):  # the client is gone (uvicorn's ClientDisconnected is an OSError)
             await upstream.close(1001, "the client went away")

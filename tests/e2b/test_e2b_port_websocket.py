@@ -21,6 +21,8 @@ import pytest
 from e2b import AsyncSandbox
 from httpx_ws import WebSocketDisconnect, WebSocketUpgradeError, aconnect_ws
 
+import adx
+
 if TYPE_CHECKING:
     from conftest import Up
 
@@ -166,10 +168,10 @@ async def test_http_port_paths_reach_the_service_unchanged(adx_up: Up, sandbox: 
             f"http://{api}/v1/environments/{sandbox.sandbox_id}/ports/{PORT}{RAW}",
             headers={"Authorization": f"Bearer {adx_up.key}"},
         )
-        assert (native.status_code, native.text) == (200, RAW)
         # (httpx-ws adds its upgrade headers to the dict it is given: a fresh one for plain HTTP)
         hosted = await client.get(f"http://{api}{RAW}", headers={"Host": sandbox.get_host(PORT)})
-        assert (hosted.status_code, hosted.text) == (200, RAW)
+    # Before the fix: native saw '/a/b/%x?q=%2F%25&r=1'.
+    assert [(native.status_code, native.text), (hosted.status_code, hosted.text)] == [(200, RAW)] * 2
 
 
 @pytest.mark.req("ENV-4")
@@ -187,3 +189,36 @@ async def test_a_websocket_upgrade_wakes_a_paused_sandbox(adx_up: Up, sandbox: A
     assert await sandbox.is_running()
     await _start_server(sandbox)
     await _until_served(url, headers)
+
+
+@pytest.mark.req("IDLE-2")
+async def test_an_open_websocket_keeps_the_environment_from_idling(adx_up: Up) -> None:
+    """An open WebSocket is an open Relay stream: a silent one for longer than the idle window keeps the
+    Environment running; once it is closed the idle pause comes."""
+    async with adx.AsyncClient(api_url=adx_up.url, api_key=adx_up.key) as client:
+        env = await client.environments.create(
+            cpu=0.25,
+            memory="128Mi",
+            idle_timeout=3,
+            idle_action="pause",
+            entrypoint=["python3", "-c", SERVER, str(PORT), LOG],
+            wait_timeout=60,
+        )
+        try:
+            base = adx_up.url.replace("http://", "ws://", 1)
+            url = f"{base}/v1/environments/{env.id}/ports/{PORT}/idle"
+            headers = {"Authorization": f"Bearer {adx_up.key}"}
+            await _until_served(url, dict(headers))
+            async with aconnect_ws(url, headers=dict(headers)) as ws:
+                await ws.send_text("before")
+                assert await ws.receive_text(timeout=30) == "before"
+                await asyncio.sleep(8)  # silent: more than twice the idle window
+                assert (await client.environments.get(env.id)).state == "running"
+                await ws.send_text("after")
+                assert await ws.receive_text(timeout=30) == "after"
+            deadline = time.monotonic() + 60
+            while (await client.environments.get(env.id)).state != "paused":
+                assert time.monotonic() < deadline, "not paused after the WebSocket closed"
+                await asyncio.sleep(0.5)
+        finally:
+            await env.delete()
