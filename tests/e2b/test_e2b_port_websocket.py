@@ -151,12 +151,40 @@ async def test_websocket_through_the_native_port_route(adx_up: Up, sandbox: Asyn
     await _wait_logged(sandbox, f"{RAW} 4000")
     await _server_closes(*_native(adx_up, sandbox, "/bye"))
 
-    # The same checks as the HTTP port route, before anything is looked up: no key, another tenant's key.
-    for denied, status in (({}, 401), ({"Authorization": f"Bearer {adx_up.other_key}"}, 404)):
+    # The same checks as the HTTP port route, before anything is looked up: no key, another tenant's key, an
+    # endpoint token of another port.
+    async with adx.AsyncClient(api_url=adx_up.url, api_key=adx_up.key) as client:
+        env = await client.environments.get(sandbox.sandbox_id)
+        this_port, other_port = await env.tokens.create(port=PORT), await env.tokens.create(port=PORT + 1)
+    refusals = [
+        ({}, 401),
+        ({"Authorization": f"Bearer {adx_up.other_key}"}, 404),
+        ({"Authorization": f"Bearer {other_port.token}"}, 403),
+    ]
+    for denied, status in refusals:
         with pytest.raises(WebSocketUpgradeError) as refused:
             async with aconnect_ws(url, headers=denied):
                 pass
         assert refused.value.response.status_code == status, refused.value.response.text
+
+    # A token of this port in the query (a browser's way: no headers on a WebSocket) is taken out on the way.
+    with_token = url.split("?")[0] + f"?x=1&adx_token={this_port.token}"
+    async with aconnect_ws(with_token) as ws:
+        await ws.send_text("path?")
+        assert await ws.receive_text(timeout=30) == "/a%2Fb/%25x?x=1"
+
+
+async def test_a_message_over_the_limit_closes_with_1009(adx_up: Up, sandbox: AsyncSandbox) -> None:
+    """The service sends more than MAX_MESSAGE_BYTES (16 MiB) in one message: not buffered beyond the limit, the
+    WebSocket is closed with 1009 (message too big) on both sides."""
+    url, headers = _native(adx_up, sandbox, "/big")
+    await _until_served(url, dict(headers))
+    async with aconnect_ws(url, headers=headers, max_message_size_bytes=32 << 20) as ws:
+        await ws.send_text(f"big:{(16 << 20) + 1}")
+        with pytest.raises(WebSocketDisconnect) as closed:
+            await ws.receive_bytes(timeout=60)
+        assert closed.value.code == 1009, closed.value
+    await _wait_logged(sandbox, "/big 1009")
 
 
 async def test_http_port_paths_reach_the_service_unchanged(adx_up: Up, sandbox: AsyncSandbox) -> None:

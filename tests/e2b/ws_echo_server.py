@@ -2,8 +2,9 @@
 sandbox image has no WebSocket library). Test code, not a framer for ADX: ADX's proxy uses wsproto.
 
 ``python3 ws_echo_server.py PORT LOG``: echoes text and binary messages; ``path?`` answers the request target
-as the server received it; ``close-me`` makes the server close (4001 "bye"); a path under ``/deny`` is refused
-with 403; the close code each connection ended with is appended to LOG. Plain HTTP GET answers its target too.
+as the server received it; ``big:N`` answers a binary message of N bytes; ``close-me`` makes the server close
+(4001 "bye"); a path under ``/deny`` is refused with 403; the close code each connection ended with is appended
+to LOG. Plain HTTP GET answers its target too.
 """
 
 import asyncio
@@ -89,6 +90,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, log
             message = b"".join(parts)
             if kind == 1 and message == b"path?":
                 writer.write(frame(1, target.encode()))
+            elif kind == 1 and message.startswith(b"big:"):
+                writer.write(frame(2, bytes(int(message[4:]))))
             elif kind == 1 and message == b"close-me":
                 writer.write(frame(8, struct.pack("!H", 4001) + b"bye"))
                 await writer.drain()
