@@ -40,6 +40,9 @@ REFUSAL_BODY_BYTES = 64 << 10
 #: Silence from the upstream for this long sends a ping; no answer within as long again closes (as uvicorn does
 #: towards the client: 20 s and 20 s).
 PING_SECONDS = 20.0
+#: A side that takes no bytes for this long while a message waits for it is closed (1011). Long: a busy
+#: service may not read for a while (as ``relay_timeout_seconds``, 300 s, the Ingress's idle read/write limit).
+STALL_SECONDS = 300.0
 #: How long a close waits for the peer's close frame before the connection is dropped.
 CLOSE_SECONDS = 5.0
 _CHUNK = 65536
@@ -100,7 +103,7 @@ class WebSocketClient:
     subprotocol: str | None = None
     #: The 101 answer's own headers (Set-Cookie of the user's service...), handshake headers left out.
     headers: list[tuple[str, str]] = field(default_factory=list)
-    stall_seconds: float = 60.0
+    stall_seconds: float = STALL_SECONDS
 
     @classmethod
     async def open(
@@ -113,16 +116,20 @@ class WebSocketClient:
         headers: list[tuple[str, str]],
         subprotocols: list[str],
         handshake_seconds: float,
+        stall_seconds: float = STALL_SECONDS,
     ) -> WebSocketClient | Refused:
-        """The opening handshake on a connected stream, within ``handshake_seconds`` (then UpstreamError); the
-        same time bounds a stalled write later (``stall_seconds``)."""
+        """The opening handshake on a connected stream, within ``handshake_seconds`` (then UpstreamError)."""
         timeout = handshake_seconds
         conn = WSConnection(ConnectionType.CLIENT)
         extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers if k.lower() not in HANDSHAKE_HEADERS]
         try:
             return await asyncio.wait_for(
                 cls._handshake(
-                    reader, writer, conn, Request(host, target, extra_headers=extra, subprotocols=subprotocols), timeout
+                    reader,
+                    writer,
+                    conn,
+                    Request(host, target, extra_headers=extra, subprotocols=subprotocols),
+                    stall_seconds,
                 ),
                 timeout,
             )

@@ -358,6 +358,7 @@ class Ingress:
                     headers=headers,
                     subprotocols=subprotocols,
                     handshake_seconds=timeout,
+                    stall_seconds=timeout,
                 )
             except UpstreamError as exc:
                 raise RelayTimeout(f"the WebSocket handshake with the Relay at {address} failed: {exc}") from None
