@@ -9,6 +9,7 @@ for plain HTTP as for WebSocket (issue 14).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
@@ -250,3 +251,33 @@ async def test_an_open_websocket_keeps_the_environment_from_idling(adx_up: Up) -
                 await asyncio.sleep(0.5)
         finally:
             await env.delete()
+
+
+async def test_a_slow_service_holds_the_sender_back(adx_up: Up, sandbox: AsyncSandbox) -> None:
+    """Bounded buffers: while the service reads nothing, the client's sends stop after what the sockets and one
+    message per hop hold (23 MiB when written: the kernel buffers of three connections, the proxies' message in
+    hand), instead of everything being taken into the proxies' memory."""
+    url, headers = _native(adx_up, sandbox, "/slow")
+    await _until_served(url, dict(headers))
+    total, chunk = 200, os.urandom(1 << 20)
+    sent = 0
+    async with httpx.AsyncClient(timeout=None) as client, aconnect_ws(url, client, headers=headers) as ws:
+        await ws.send_text("stall:300")
+
+        async def flood() -> None:
+            nonlocal sent
+            for _ in range(total):
+                await ws.send_bytes(chunk)
+                sent += 1
+
+        flooding = asyncio.create_task(flood())
+        try:
+            last, still = -1, 0
+            while still < 4 and not flooding.done():  # until no message has gone for 4 s
+                await asyncio.sleep(1)
+                last, still = sent, (still + 1 if sent == last else 0)
+            assert not flooding.done() and sent < total // 2, f"{sent} MiB taken while the service read nothing"
+        finally:
+            flooding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flooding

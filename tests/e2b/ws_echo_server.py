@@ -2,9 +2,9 @@
 sandbox image has no WebSocket library). Test code, not a framer for ADX: ADX's proxy uses wsproto.
 
 ``python3 ws_echo_server.py PORT LOG``: echoes text and binary messages; ``path?`` answers the request target
-as the server received it; ``big:N`` answers a binary message of N bytes; ``close-me`` makes the server close
-(4001 "bye"); a path under ``/deny`` is refused with 403; the close code each connection ended with is appended
-to LOG. Plain HTTP GET answers its target too.
+as the server received it; ``big:N`` answers a binary message of N bytes; ``stall:S`` stops reading for S
+seconds; ``close-me`` makes the server close (4001 "bye"); a path under ``/deny`` is refused with 403; the
+close code each connection ended with is appended to LOG. Plain HTTP GET answers its target too.
 """
 
 import asyncio
@@ -90,6 +90,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, log
             message = b"".join(parts)
             if kind == 1 and message == b"path?":
                 writer.write(frame(1, target.encode()))
+            elif kind == 1 and message.startswith(b"stall:"):
+                await asyncio.sleep(float(message[6:]))  # reads nothing meanwhile: a slow consumer
             elif kind == 1 and message.startswith(b"big:"):
                 writer.write(frame(2, bytes(int(message[4:]))))
             elif kind == 1 and message == b"close-me":
@@ -112,7 +114,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, log
 
 async def main() -> None:
     port, log = int(sys.argv[1]), sys.argv[2]
-    server = await asyncio.start_server(lambda r, w: handle(r, w, log), "127.0.0.1", port, limit=1 << 24)
+    server = await asyncio.start_server(lambda r, w: handle(r, w, log), "127.0.0.1", port)
     async with server:
         await server.serve_forever()
 
