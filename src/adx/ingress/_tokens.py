@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from adx.errors import ForbiddenError, NotFoundError
@@ -50,7 +50,7 @@ class PresentedToken:
     source: TokenSource
 
 
-def presented_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> PresentedToken | None:
+def presented_token(request: HTTPConnection, credentials: HTTPAuthorizationCredentials | None) -> PresentedToken | None:
     """The endpoint token this request carries, None when it carries a tenant key (or nothing)."""
     if credentials is not None:
         bearer = credentials.credentials.strip()
@@ -81,7 +81,7 @@ def check_scope(grant: TokenGrant, environment_id: str, port: int | None) -> Non
         )
 
 
-def set_token_cookie(response: Response, request: Request, presented: PresentedToken, grant: TokenGrant) -> None:
+def set_token_cookie(response: Response, request: HTTPConnection, presented: PresentedToken, grant: TokenGrant) -> None:
     """A token that came in the query is kept by the browser for the pages it reaches (only those paths)."""
     if presented.source is not TokenSource.QUERY:
         return

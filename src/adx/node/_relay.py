@@ -23,12 +23,14 @@ from urllib.parse import quote
 import h11
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from adx._certs import CertPaths
 from adx._fs import ShortUnixPath
+from adx._wsproxy import MAX_MESSAGE_BYTES, Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
     ConflictError,
@@ -116,15 +118,15 @@ async def _connect_unix(path: str) -> socket.socket:
     return sock
 
 
-def _execd_target(request: Request, env_id: str) -> str:
-    """The request target for execd: the path after ``/{env_id}`` as the client sent it (still percent-encoded),
-    and the query."""
-    raw = request.scope.get("raw_path")
-    prefix = f"/{env_id}/".encode()
-    path = raw[len(prefix) - 1 :].decode("latin-1") if isinstance(raw, bytes) and raw.startswith(prefix) else None
+def _raw_target(conn: HTTPConnection, prefix: str) -> str:
+    """The request target for the next hop: the path after ``prefix`` exactly as the client sent it (still
+    percent-encoded: decoding it would change ``a%2Fb`` into ``a/b``, and ``%25`` into ``%``), and the query."""
+    raw = conn.scope.get("raw_path")
+    start = f"{prefix}/".encode()
+    path = raw[len(start) - 1 :].decode("latin-1") if isinstance(raw, bytes) and raw.startswith(start) else None
     if path is None:
-        path = "/" + quote(request.path_params["path"])
-    return path + (f"?{request.url.query}" if request.url.query else "")
+        path = "/" + quote(conn.path_params["path"])
+    return path + (f"?{conn.url.query}" if conn.url.query else "")
 
 
 class Relay:
@@ -154,6 +156,7 @@ class Relay:
         self.app = Starlette(
             routes=[
                 Route("/{env_id}/port/{port:int}/{path:path}", self.forward_port, methods=_METHODS),
+                WebSocketRoute("/{env_id}/port/{port:int}/{path:path}", self.websocket_port),
                 Route("/{env_id}/{path:path}", self.forward, methods=_METHODS),
             ]
         )
@@ -196,9 +199,8 @@ class Relay:
         except AdxError as exc:
             return _error(503, exc.code, exc.message)
 
-    async def forward_port(self, request: Request) -> Response:
-        """HTTP to a user's service listening on ``port`` inside the sandbox (its own network namespace)."""
-        env_id, port = request.path_params["env_id"], int(request.path_params["port"])
+    async def _port_target(self, env_id: str, port: int) -> RelayTarget | JSONResponse:
+        """The target of a user port, or the answer refusing it (not running, no netns support, pausing)."""
         if not 1 <= port <= 65535:
             return _error(422, "invalid_input", "port must be 1-65535")
         target = await self._target(env_id)
@@ -208,16 +210,26 @@ class Relay:
             return _error(501, "not_supported", "this runtime cannot reach user ports")
         if env_id in self.streams.closed_admission and not await self._admitted_after_wait(env_id):
             return _error(503, EnvironmentPausingError.code, f"environment {env_id} is pausing; it resumes on demand")
+        return target
+
+    async def _connect_port(self, target: RelayTarget, port: int) -> socket.socket:
+        assert target.network_namespace is not None  # _port_target checked it
+        return await self.ports.connect(await target.network_namespace(), port)
+
+    async def forward_port(self, request: Request) -> Response:
+        """HTTP to a user's service listening on ``port`` inside the sandbox (its own network namespace)."""
+        env_id, port = request.path_params["env_id"], int(request.path_params["port"])
+        target = await self._port_target(env_id, port)
+        if isinstance(target, JSONResponse):
+            return target
         self.streams.opened(env_id)
         try:
-            netns = await target.network_namespace()
-            sock = await self.ports.connect(netns, port)
-            query = f"?{request.url.query}" if request.url.query else ""
+            sock = await self._connect_port(target, port)
             headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
             upstream = await http_over_socket(
                 sock,
                 request.method,
-                "/" + request.path_params["path"] + query,
+                _raw_target(request, f"/{env_id}/port/{port}"),
                 headers,
                 request.stream(),
                 host=f"127.0.0.1:{port}",
@@ -239,6 +251,42 @@ class Relay:
         response_headers = {k: v for k, v in upstream.headers if k.lower() not in _DROP_HEADERS}
         return StreamingResponse(body(), status_code=upstream.status, headers=response_headers)
 
+    async def websocket_port(self, websocket: WebSocket) -> None:
+        """A WebSocket to a user's service on ``port``: opened there with the client's path, query, headers and
+        subprotocols, then relayed both ways (adx._wsproxy). An open WebSocket is an open stream (IDLE-2): the
+        Environment is not paused for idleness under it."""
+        env_id, port = websocket.path_params["env_id"], int(websocket.path_params["port"])
+        target = await self._port_target(env_id, port)
+        if isinstance(target, JSONResponse):
+            await deny(websocket, target)
+            return
+        self.streams.opened(env_id)
+        try:
+            try:
+                reader, writer = await asyncio.open_connection(sock=await self._connect_port(target, port))
+                headers = [(k, v) for k, v in websocket.headers.items() if k.lower() not in _DROP_HEADERS]
+                upstream = await WebSocketClient.open(
+                    reader,
+                    writer,
+                    host=f"127.0.0.1:{port}",
+                    target=_raw_target(websocket, f"/{env_id}/port/{port}"),
+                    headers=headers,
+                    subprotocols=list(websocket.scope.get("subprotocols") or []),
+                    handshake_seconds=self.upstream_timeout,
+                )
+            except AdxError as exc:
+                await deny(websocket, _error(502, "port_unavailable", exc.message))
+                return
+            except (OSError, UpstreamError) as exc:
+                await deny(websocket, _error(502, "port_unavailable", f"port {port}: {exc}"))
+                return
+            if isinstance(upstream, Refused):
+                await deny(websocket, refusal_response(upstream, _DROP_HEADERS))
+                return
+            await bridge(websocket, upstream, upstream.headers)
+        finally:
+            self.streams.closed(env_id)
+
     async def forward(self, request: Request) -> Response:
         env_id = request.path_params["env_id"]
         target = await self._target(env_id)
@@ -257,7 +305,7 @@ class Relay:
         try:
             sock = await asyncio.wait_for(_connect_unix(upstream_path), self.upstream_timeout)
             upstream = await http_over_socket(
-                sock, request.method, _execd_target(request, env_id), headers, request.stream(), host="execd"
+                sock, request.method, _raw_target(request, f"/{env_id}"), headers, request.stream(), host="execd"
             )
         except (OSError, TimeoutError, h11.ProtocolError, AdxError) as exc:
             self.streams.closed(env_id)
@@ -332,6 +380,9 @@ async def serve_asgi(app: Any, listen: str, certs: CertPaths | None, what: str) 
         # the client's next request on it ("Server disconnected without sending a response", seen in CI after
         # a pause and resume left the API's connection idle past uvicorn's default 5 s).
         timeout_keep_alive=RELAY_KEEP_ALIVE_SECONDS,
+        # WebSocket through port routing (adx._wsproxy): wsproto, with the proxy's own message limit.
+        ws="wsproto",
+        ws_max_size=MAX_MESSAGE_BYTES,
         **tls,
     )
     server = EmbeddedUvicorn(config)
