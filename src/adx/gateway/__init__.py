@@ -35,9 +35,12 @@ if TYPE_CHECKING:
         retry_after_seconds,
         status_for,
     )
+    from adx.gateway._wait import MAX_WAIT_SECONDS, ON_THE_WAY, wait_running, wait_timeout
 
 __all__ = [
     "ERRORS",
+    "MAX_WAIT_SECONDS",
+    "ON_THE_WAY",
     "ApiConfig",
     "CoordinatorClient",
     "Credentials",
@@ -55,6 +58,8 @@ __all__ = [
     "read_json",
     "retry_after_seconds",
     "status_for",
+    "wait_running",
+    "wait_timeout",
 ]
 
 _LAZY = {
@@ -75,6 +80,10 @@ _LAZY = {
     "not_found": "adx.gateway._errors",
     "retry_after_seconds": "adx.gateway._errors",
     "status_for": "adx.gateway._errors",
+    "MAX_WAIT_SECONDS": "adx.gateway._wait",
+    "ON_THE_WAY": "adx.gateway._wait",
+    "wait_running": "adx.gateway._wait",
+    "wait_timeout": "adx.gateway._wait",
 }
 
 
