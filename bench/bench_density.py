@@ -3,8 +3,10 @@
     uv run python bench/bench_density.py [--n 100] [--clients 32] [--cpu-millis 10] [--memory-mib 32]
 
 1. ``creates``: n Environments created by ``--clients`` concurrent SDK clients, each ``create(wait=True)``
-   (answered once running): creates per second (goal >= 50/s at 32 clients) and the create latency. Baseline,
-   same run: creates per second of one client, one after the other (``--baseline-creates``, deleted again).
+   (answered once running): creates per second (goal >= 50/s at 32 clients), the create latency and the CPU the
+   stack spent per create, by process. Baselines, same run: creates per second of one client, one after the
+   other (``--baseline-creates``, deleted again); with ``--poll-baseline``, first the same n creates by the same
+   clients on the SDK's path before the server-side wait (``create(wait=False)``, a GET every 15 ms).
 2. ``memory``: with the n idle, the PSS (``/proc/PID/smaps_rollup``: shared pages split among their sharers, so
    the sum is what the host spends) of every process of the stack, from before the creates to after:
    ``sandbox_processes`` (per Environment: its supervisor, execd and anything they run) and
@@ -37,6 +39,9 @@ from _harness import emit, percentile, progress
 from bench_api import start_cluster, stop_cluster
 
 import adx
+
+#: The SDK's poll before ``?wait=running`` (issue 16): a GET every 15 ms.
+OLD_POLL_SECONDS = 0.015
 
 
 def pss_kib(pid: int) -> int:
@@ -83,12 +88,71 @@ def stack_pss(up_pid: int) -> dict[str, int]:
     helpers |= {pid for pid, parent in tree.items() if parent in helpers and _is_template(pid)}
     fixed = daemons | helpers
     sandbox_pids = [pid for pid in tree if pid not in fixed]
+    kinds: dict[str, list[int]] = {}
+    for pid in sandbox_pids:
+        kind = "pid1" if _is_pid1(pid) else "supervisor" if tree[pid] in helpers else "other"
+        kinds.setdefault(kind, []).append(pss_kib(pid))
     return {
         "daemons_kib": sum(pss_kib(pid) for pid in fixed),
         "daemon_processes": len(fixed),
-        "sandboxes_kib": sum(pss_kib(pid) for pid in sandbox_pids),
+        "sandboxes_kib": sum(sum(v) for v in kinds.values()),
         "sandbox_processes": len(sandbox_pids),
+        # execd as each sandbox's PID 1, the supervisors (children of sandboxd's spawner or its template),
+        # anything else (idle zygotes and their prepared inits, commands): processes and mean PSS
+        "by_kind": {k: {"processes": len(v), "mean_kib": round(sum(v) / len(v))} for k, v in sorted(kinds.items())},
     }
+
+
+def stack_cpu(up_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each daemon with its helpers (sandboxd: with its spawner and
+    template), and of all sandbox processes together (``sandboxes``)."""
+    tree = descendants(up_pid)
+    roles: dict[int, str] = {}
+    for pid, parent in tree.items():
+        if parent == up_pid:
+            try:
+                words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            roles[pid] = words[3] if words[1:3] == ["-m", "adx"] and len(words) > 3 else Path(words[0]).name
+    totals: dict[str, float] = {}
+    for pid in tree:
+        owner, depth = pid, 0
+        while owner in tree and owner not in roles and owner != up_pid:
+            owner, depth = tree[owner], depth + 1
+        role = roles.get(owner, "adx up")
+        # sandboxd (depth 0), its spawner (1) and template (2, in their session) are bookkeeping; the rest below
+        # (zygotes, supervisors, execd and what it runs) belongs to the sandboxes
+        if role == "sandboxd" and (depth > 2 or (depth == 2 and not _is_template(pid))):
+            role = "sandboxes"
+        totals[role] = totals.get(role, 0.0) + cpu_seconds(pid)
+    return totals
+
+
+def cpu_per_create(before: dict[str, float], after: dict[str, float], creates: int) -> dict[str, float]:
+    per = {role: round((after[role] - before.get(role, 0.0)) * 1e3 / max(creates, 1), 1) for role in sorted(after)}
+    per["total"] = round(sum(per.values()), 1)
+    return per
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _is_pid1(pid: int) -> bool:
+    """PID 1 of a PID namespace below the host's (a sandbox's init: execd)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                ids = line.split()[1:]
+                return len(ids) > 1 and ids[-1] == "1"
+    except OSError:
+        pass
+    return False
 
 
 def _is_template(pid: int) -> bool:
@@ -126,8 +190,9 @@ def latency(samples: list[float]) -> dict[str, float]:
 
 
 async def create_many(
-    client: adx.AsyncClient, n: int, clients: int, cpu: float, memory: int
+    client: adx.AsyncClient, n: int, clients: int, cpu: float, memory: int, *, poll: bool = False
 ) -> tuple[list[adx.AsyncEnvironment], list[float], float, list[str]]:
+    """``poll``: the SDK's path before the server-side wait (``create(wait=False)``, then a GET every 15 ms)."""
     made: list[adx.AsyncEnvironment] = []
     samples: list[float] = []
     errors: list[str] = []
@@ -137,7 +202,13 @@ async def create_many(
         for _ in todo:
             start = time.perf_counter()
             try:
-                env = await client.environments.create(cpu=cpu, memory=memory, wait=60.0, wait_timeout=120)
+                if poll:
+                    env = await client.environments.create(cpu=cpu, memory=memory, wait=False)
+                    while env.state in ("pending", "starting"):
+                        await asyncio.sleep(OLD_POLL_SECONDS)
+                        await env.refresh()
+                else:
+                    env = await client.environments.create(cpu=cpu, memory=memory, wait=60.0, wait_timeout=120)
             except adx.AdxError as exc:
                 errors.append(f"{type(exc).__name__}: {exc}"[:300])
                 continue
@@ -212,17 +283,40 @@ async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> di
         await delete_all(one, args.clients)
         await wait_gone(client, 120)
 
+        if args.poll_baseline:
+            progress(f"baseline: {args.n} creates by {args.clients} clients, each polling for running (before)")
+            cpu_before = stack_cpu(up_pid)
+            polled, poll_samples, poll_wall, poll_errors = await create_many(
+                client, args.n, args.clients, cpu, memory, poll=True
+            )
+            cpu_after = stack_cpu(up_pid)
+            figures["baseline_creates_polling"] = {
+                "ok": len(polled),
+                "creates_per_second": round(len(polled) / poll_wall, 1),
+                "create_latency": latency(poll_samples) if poll_samples else {},
+                "cpu_ms_per_create": cpu_per_create(cpu_before, cpu_after, len(polled)),
+                "errors": sorted(set(poll_errors))[:5],
+            }
+            progress(f"  {figures['baseline_creates_polling']}")
+            await delete_all(polled, args.clients)
+            await wait_gone(client, 300)
+
         await asyncio.sleep(2)  # the daemons settle after the deletes
         before = stack_pss(up_pid)
         available_before = mem_available_kib()
         progress(f"{args.n} creates by {args.clients} clients")
+        cpu_before = stack_cpu(up_pid)
         envs, samples, wall, errors = await create_many(client, args.n, args.clients, cpu, memory)
+        cpu_after = stack_cpu(up_pid)
         figures["creates"] = {
             "ok": len(envs),
             "creates_per_second": round(len(envs) / wall, 1),
             "wall_s": round(wall, 2),
             "create_latency": latency(samples) if samples else {},
             "goal_50_per_second": len(envs) / wall >= 50,
+            # CPU the stack spent per create (the bench's SDK clients not included), by process: what bounds
+            # the rate on a machine of 2 cores
+            "cpu_ms_per_create": cpu_per_create(cpu_before, cpu_after, len(envs)),
             "errors": sorted(set(errors))[:5],
         }
         progress(f"  {figures['creates']}")
@@ -254,6 +348,15 @@ async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> di
         seq, seq_wall, seq_failed = await run_true(envs, 1)
         progress(f"`true` in each again, {args.clients} clients")
         par, par_wall, par_failed = await run_true(envs, args.clients)
+        # Again after the commands: what serving requests copied into each sandbox's private pages.
+        served = stack_pss(up_pid)
+        figures["memory"]["after_commands"] = {
+            "per_environment_kib": round(
+                (served["sandboxes_kib"] + served["daemons_kib"] - before["daemons_kib"] - before["sandboxes_kib"])
+                / count
+            ),
+            "by_kind": served["by_kind"],
+        }
         figures["commands"] = {
             "sequential": {**latency(seq), "failed": seq_failed, "wall_s": round(seq_wall, 2)},
             "all_answered_within_2s_each": seq_failed == 0 and max(seq) <= 2.0,
@@ -285,6 +388,9 @@ def main() -> None:
     parser.add_argument("--cpu-millis", type=int, default=10)
     parser.add_argument("--memory-mib", type=int, default=32)
     parser.add_argument("--baseline-creates", type=int, default=10)
+    parser.add_argument(
+        "--poll-baseline", action="store_true", help="first the same creates with the SDK's old poll, deleted again"
+    )
     parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before PSS is read")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="adx-bench-density-", dir="/tmp") as tmp:
