@@ -1,6 +1,6 @@
 """Density and create throughput on one ``adx up`` node (issue 16).
 
-    uv run python bench/bench_density.py [--n 100] [--clients 32] [--cpu-millis 10] [--memory-mib 32]
+    uv run python bench/bench_density.py [--n 100] [--clients 32] [--cpu-millis 10] [--memory-mib 32] [--disk-mib 64]
 
 1. ``creates``: n Environments created by ``--clients`` concurrent SDK clients, each ``create(wait=True)``
    (answered once running): creates per second (goal >= 50/s at 32 clients), the create latency and the CPU the
@@ -190,7 +190,7 @@ def latency(samples: list[float]) -> dict[str, float]:
 
 
 async def create_many(
-    client: adx.AsyncClient, n: int, clients: int, cpu: float, memory: int, *, poll: bool = False
+    client: adx.AsyncClient, n: int, clients: int, cpu: float, memory: int, disk: int, *, poll: bool = False
 ) -> tuple[list[adx.AsyncEnvironment], list[float], float, list[str]]:
     """``poll``: the SDK's path before the server-side wait (``create(wait=False)``, then a GET every 15 ms)."""
     made: list[adx.AsyncEnvironment] = []
@@ -203,12 +203,14 @@ async def create_many(
             start = time.perf_counter()
             try:
                 if poll:
-                    env = await client.environments.create(cpu=cpu, memory=memory, wait=False)
+                    env = await client.environments.create(cpu=cpu, memory=memory, disk=disk, wait=False)
                     while env.state in ("pending", "starting"):
                         await asyncio.sleep(OLD_POLL_SECONDS)
                         await env.refresh()
                 else:
-                    env = await client.environments.create(cpu=cpu, memory=memory, wait=60.0, wait_timeout=120)
+                    env = await client.environments.create(
+                        cpu=cpu, memory=memory, disk=disk, wait=60.0, wait_timeout=120
+                    )
             except adx.AdxError as exc:
                 errors.append(f"{type(exc).__name__}: {exc}"[:300])
                 continue
@@ -264,17 +266,17 @@ async def wait_gone(client: adx.AsyncClient, within: float) -> None:
 
 
 async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> dict[str, Any]:
-    cpu, memory = args.cpu_millis / 1000, args.memory_mib * 2**20
+    cpu, memory, disk = args.cpu_millis / 1000, args.memory_mib * 2**20, args.disk_mib * 2**20
     figures: dict[str, Any] = {"n": args.n, "clients": args.clients, "cpu_millis": args.cpu_millis}
-    figures["memory_mib"] = args.memory_mib
+    figures["memory_mib"], figures["disk_mib"] = args.memory_mib, args.disk_mib
     async with adx.AsyncClient(api_url=url, api_key=key, timeout=60) as client:
-        warm = await client.environments.create(cpu=cpu, memory=memory)  # every code path loaded once
+        warm = await client.environments.create(cpu=cpu, memory=memory, disk=disk)  # every code path loaded once
         await warm.commands.run("true")
         await warm.delete()
         await wait_gone(client, 60)
 
         progress(f"baseline: {args.baseline_creates} creates by one client")
-        one, one_samples, one_wall, one_errors = await create_many(client, args.baseline_creates, 1, cpu, memory)
+        one, one_samples, one_wall, one_errors = await create_many(client, args.baseline_creates, 1, cpu, memory, disk)
         figures["baseline_one_client"] = {
             "creates_per_second": round(len(one) / one_wall, 1),
             "create_latency": latency(one_samples) if one_samples else {},
@@ -287,7 +289,7 @@ async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> di
             progress(f"baseline: {args.n} creates by {args.clients} clients, each polling for running (before)")
             cpu_before = stack_cpu(up_pid)
             polled, poll_samples, poll_wall, poll_errors = await create_many(
-                client, args.n, args.clients, cpu, memory, poll=True
+                client, args.n, args.clients, cpu, memory, disk, poll=True
             )
             cpu_after = stack_cpu(up_pid)
             figures["baseline_creates_polling"] = {
@@ -306,7 +308,7 @@ async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> di
         available_before = mem_available_kib()
         progress(f"{args.n} creates by {args.clients} clients")
         cpu_before = stack_cpu(up_pid)
-        envs, samples, wall, errors = await create_many(client, args.n, args.clients, cpu, memory)
+        envs, samples, wall, errors = await create_many(client, args.n, args.clients, cpu, memory, disk)
         cpu_after = stack_cpu(up_pid)
         figures["creates"] = {
             "ok": len(envs),
@@ -322,7 +324,9 @@ async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> di
         progress(f"  {figures['creates']}")
 
         progress("idle: settling, then PSS")
+        idle_before, idle_started = stack_cpu(up_pid), time.monotonic()
         await asyncio.sleep(args.settle)
+        idle_after, idle_seconds = stack_cpu(up_pid), time.monotonic() - idle_started
         after = stack_pss(up_pid)
         available_after = mem_available_kib()
         count = max(len(envs), 1)
@@ -338,6 +342,12 @@ async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> di
                 "mem_available_drop": round((available_before - available_after) / count),
             },
             "sandbox_processes_per_environment": round(after["sandbox_processes"] / count, 2),
+            # What n idle Environments cost in CPU while nothing is asked of them (heartbeats, usage samples,
+            # runtime-control reports): CPU milliseconds per second of wall time, per idle Environment, by process
+            "idle_cpu_ms_per_second_per_environment": {
+                role: round(ms / idle_seconds, 3)
+                for role, ms in cpu_per_create(idle_before, idle_after, len(envs)).items()
+            },
             "before": before,
             "after": after,
             "baseline_bare_python_process_kib": floor,
@@ -387,11 +397,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--cpu-millis", type=int, default=10)
     parser.add_argument("--memory-mib", type=int, default=32)
+    parser.add_argument(
+        "--disk-mib", type=int, default=64, help="reserved per Environment (the node admits disk by reservation)"
+    )
     parser.add_argument("--baseline-creates", type=int, default=10)
     parser.add_argument(
         "--poll-baseline", action="store_true", help="first the same creates with the SDK's old poll, deleted again"
     )
-    parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before PSS is read")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds idle (CPU read) before PSS is read")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="adx-bench-density-", dir="/tmp") as tmp:
         progress("starting adx up")
