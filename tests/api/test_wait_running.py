@@ -31,9 +31,9 @@ async def test_get_with_wait_answers_once_the_start_is_committed(api_stack, monk
         assert env["state"] == "pending"
         starter = asyncio.create_task(start_later(stack, node, env["id"]))
         got = await http.get(f"/v1/environments/{env['id']}", params={"wait": "running", "waitSeconds": 30})
-        assert starter.done()  # it answered after the commit, not before
+        await starter
         assert got.status_code == 200, got.text
-        assert got.json()["state"] == "running" and got.json()["executionId"]
+        assert got.json()["state"] == "running" and got.json()["executionId"]  # answered after the commit
         # Running already: the wait answers at once.
         again = await http.get(f"/v1/environments/{env['id']}", params={"wait": "running"})
         assert again.status_code == 200 and again.json()["state"] == "running"
@@ -131,3 +131,25 @@ async def test_bad_wait_parameters_are_422_naming_the_parameter(api_stack, param
         created = await http.post("/v1/environments", json=SPEC, params=params)
         assert created.status_code == 422 and created.json()["error"]["details"]["field"] == field
         assert len(await stack.cluster.coordinator.store.load_all_environments()) == before  # nothing created
+
+
+async def test_a_create_whose_wait_loses_the_coordinator_still_answers_the_created_environment(api_stack) -> None:
+    """A 503 after the create was stored would read "nothing was created": the answer is the 201 as without wait."""
+    stack: ApiStack = await api_stack()
+    key = await stack.tenant("acme")
+    await stack.register_node("n1")
+    await stack.following()
+    cache = stack.cluster.coordinator.service.cache.environments
+    async with stack.http(key) as http:
+        creating = asyncio.create_task(
+            http.post("/v1/environments", json=SPEC, params={"wait": "running", "waitSeconds": 8})
+        )
+        for _ in range(1000):  # bounded: ~10 s
+            if cache:
+                break
+            await asyncio.sleep(0.01)
+        (env_id,) = cache
+        await stack.cluster.coordinator.stop(grace=None)
+        created = await creating
+    assert created.status_code == 201, created.text
+    assert created.json()["id"] == env_id and created.json()["state"] == "pending"

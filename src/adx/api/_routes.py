@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from adx.errors import (
+    AdxError,
     InvalidInputError,
     PublicationPendingError,
     UnavailableError,
@@ -132,8 +133,12 @@ async def create_environment(
     log.info("environment created" if created else "create replayed", extra={"env_id": record.id, "tenant": tenant})
     if seconds is not None:
         # The create is done whatever the wait brings: a wait that ends first answers the Environment as it is
-        # (still pending or starting), and GET ...?wait=running goes on waiting.
-        record = await wait_running(p, tenant, record, seconds)
+        # (still pending or starting), and GET ...?wait=running goes on waiting. A wait that fails (the
+        # Coordinator unreachable meanwhile) answers the same: a 503 would say nothing was created.
+        try:
+            record = await wait_running(p, tenant, record, seconds)
+        except AdxError as exc:
+            log.warning("wait for running after a create ended: %s", exc, extra={"env_id": record.id})
     return JSONResponse(
         EnvironmentView.of(record).wire(),
         status_code=201 if created else 200,

@@ -225,7 +225,8 @@ class Ingress:
     async def state_published(
         self, tenant: str, environment_id: str, *, after_revision: int, leaving: frozenset[str], within: float
     ) -> bool:
-        """Whether a state not in ``leaving`` was published after ``after_revision`` within ``within`` s."""
+        """Whether a state not in ``leaving`` was published after ``after_revision`` within ``within`` s (or the
+        route stream restarted meanwhile: something may have been missed)."""
         changed = await self.published.changed(
             tenant, environment_id, after_revision=after_revision, leaving=leaving, within=within
         )

@@ -29,6 +29,10 @@ class Published:
     revision: int
 
 
+#: What a waiter is woken with when the route stream (re)started: events may have been missed, look again.
+RESYNC = Published("", -1)
+
+
 class PublishedStates:
     """Who waits for an Environment's next published state, keyed (tenant, environment) like the route cache
     (a waiter never hears of another tenant's Environment)."""
@@ -52,14 +56,19 @@ class PublishedStates:
                 waiter.set_result(event)
 
     def forget_all(self) -> None:
-        """After a resync (events may have been missed): what is kept may be stale."""
+        """After a resync (events may have been missed): what is kept may be stale, and every waiter is woken
+        with RESYNC to look at the Coordinator again."""
         self._last.clear()
+        for waiters in self._waiting.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(RESYNC)
 
     async def changed(
         self, tenant: str, environment_id: str, *, after_revision: int, leaving: frozenset[str], within: float
     ) -> Published | None:
         """The first publication after ``after_revision`` whose state is not in ``leaving`` (one kept from
-        before the call counts), or None after ``within`` seconds."""
+        before the call counts), RESYNC when the stream restarted meanwhile, or None after ``within`` seconds."""
         key = (tenant, environment_id)
         last = self._last.get(key)
         if last is not None and last.revision > after_revision and last.state not in leaving:
@@ -80,7 +89,7 @@ class PublishedStates:
                     return None
                 finally:
                     waiters.discard(waiter)
-                if event.revision > after_revision and event.state not in leaving:
+                if event is RESYNC or (event.revision > after_revision and event.state not in leaving):
                     return event
         finally:
             if not waiters:
