@@ -162,8 +162,9 @@ class AsyncEnvironments:
             network=network,
         )
         key = idempotency_key or str(uuid.uuid4())
-        running = RunningWait(wait_timeout) if wait is not False else None
         while True:
+            # Counted from the create that is taken: a wait for capacity before it does not shorten it.
+            running = RunningWait(wait_timeout) if wait is not False else None
             try:
                 response = await self._client.request(
                     "POST",
@@ -181,7 +182,7 @@ class AsyncEnvironments:
                 await asyncio.sleep(capacity.delay(refused))
         environment = AsyncEnvironment(self._client, response.json())
         if running is not None:
-            await environment.wait(running)
+            await environment._wait_running(running)
         return environment
 
     async def get(self, environment_id: str) -> AsyncEnvironment:
@@ -329,9 +330,9 @@ class AsyncEnvironment(EnvironmentFields):
 
     async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109
         """See ``Environment.wait_until_running``."""
-        return await self.wait(RunningWait(timeout))
+        return await self._wait_running(RunningWait(timeout))
 
-    async def wait(self, running: RunningWait) -> AsyncEnvironment:
+    async def _wait_running(self, running: RunningWait) -> AsyncEnvironment:
         while self.state is not EnvironmentState.RUNNING:
             check_waitable(self)
             pause = running.pause(self)

@@ -230,8 +230,9 @@ class Environments:
             network=network,
         )
         key = idempotency_key or str(uuid.uuid4())
-        running = RunningWait(wait_timeout) if wait is not False else None
         while True:
+            # Counted from the create that is taken: a wait for capacity before it does not shorten it.
+            running = RunningWait(wait_timeout) if wait is not False else None
             try:
                 response = self._client.request(
                     "POST",
@@ -249,7 +250,7 @@ class Environments:
                 time.sleep(capacity.delay(refused))
         environment = Environment(self._client, response.json())
         if running is not None:
-            environment.wait(running)
+            environment._wait_running(running)
         return environment
 
     def get(self, environment_id: str) -> Environment:
@@ -403,9 +404,9 @@ class Environment(EnvironmentFields):
     def wait_until_running(self, timeout: float = 120.0) -> Environment:
         """Wait until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted.
         The server waits (``?wait=running``): the answer comes as the start is committed, not at a poll."""
-        return self.wait(RunningWait(timeout))
+        return self._wait_running(RunningWait(timeout))
 
-    def wait(self, running: RunningWait) -> Environment:
+    def _wait_running(self, running: RunningWait) -> Environment:
         while self.state is not EnvironmentState.RUNNING:
             check_waitable(self)
             pause = running.pause(self)
