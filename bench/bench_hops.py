@@ -18,12 +18,14 @@ process (bench client, API, adxlet, sandboxd + sandbox) spent on one request, wh
 ``--profile DIR``: also record py-spy flame graphs of the API and the adxlet during a block through the Ingress
 (py-spy is not in uv.lock: `uv pip install py-spy` first).
 
-Create path (``--creates N``, 0 to skip): N rounds, each creating one Environment with 128 MiB (bench_api's size)
-and one with 512 MiB (bench_lifecycle's), in alternation, each ``create(wait=False)``, ``wait_until_running`` and
-``commands.run("true")``, then delete and wait for ``deleted`` (as both benches do). Per phase from the SDK's
-side (the POST, until running is seen, the first command) and, from the daemons' key=value logs (millisecond
-timestamps of the same clock), when the API logged the create, the Coordinator the placement and the adxlet each
-state transition, relative to the POST's start.
+Create path (``--creates N``, 0 to skip): N rounds, each creating one Environment (128 MiB, bench_api's size) in
+each of two ways, in alternation: ``server_wait`` is the SDK's ``create(wait=True)`` (the API answers once the
+start is published on the route stream, and primes the route cache), ``sdk_poll`` the SDK's path before that
+(issue 16): ``create(wait=False)``, then a plain GET every 15 ms until running (the same-run baseline); each then
+``commands.run("true")``, delete and wait for ``deleted``. Per phase from the SDK's side (the POST, until running
+is seen, the first command) and, from the daemons' key=value logs (millisecond timestamps of the same clock),
+when the API logged the create, the Coordinator the placement and the adxlet each state transition, relative to
+the POST's start.
 
 Prints one JSON object; progress goes to stderr.
 """
@@ -137,7 +139,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300, help="rounds (each sends every variant once)")
     parser.add_argument("--cpu-runs", type=int, default=200, help="requests per CPU-accounting block")
     parser.add_argument("--profile", type=Path, default=None, help="write py-spy flame graphs here")
-    parser.add_argument("--creates", type=int, default=15, help="create-path rounds (each: 128 MiB, 512 MiB)")
+    parser.add_argument("--creates", type=int, default=15, help="create-path rounds (each: both modes)")
     args = parser.parse_args()
     figures: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="adx-bench-hops-", dir="/tmp") as tmp:
@@ -228,7 +230,9 @@ def main() -> None:
     emit("hops", figures)
 
 
-SIZES = {"128MiB": 128 * 2**20, "512MiB": 512 * 2**20}
+CREATE_MODES = ("server_wait", "sdk_poll")
+#: The SDK's poll before ``?wait=running`` (issue 16): a GET every 15 ms.
+OLD_POLL_SECONDS = 0.015
 
 
 KV = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
@@ -259,20 +263,24 @@ def epoch(ts: str) -> float:
 
 
 def create_path(client: adx.Client, state: Path, rounds: int) -> dict[str, Any]:
-    """create -> running -> first command, 128 MiB and 512 MiB alternating; phases from the SDK and the logs."""
+    """create -> running -> first command, the server's wait and the old poll alternating; phases from the SDK
+    and the logs."""
     warm = client.environments.create(cpu=1, memory=MEMORY)
     warm.commands.run("true")
     warm.delete()
     wait_deleted(warm)
-    phases: dict[str, dict[str, list[float]]] = {size: {} for size in SIZES}
+    phases: dict[str, dict[str, list[float]]] = {mode: {} for mode in CREATE_MODES}
     starts: dict[str, tuple[str, float]] = {}
-    progress(f"create path x{rounds} (128 MiB and 512 MiB alternating)")
+    progress(f"create path x{rounds} ({' and '.join(CREATE_MODES)} alternating)")
     for _ in range(rounds):
-        for size, memory in SIZES.items():
+        for size in CREATE_MODES:
             wall_start, start = time.time(), time.perf_counter()
-            env = client.environments.create(cpu=1, memory=memory, wait=False)
+            env = client.environments.create(cpu=1, memory=MEMORY, wait=size == "server_wait")
             posted = time.perf_counter()
-            env.wait_until_running(60)
+            while env.state != "running":
+                assert env.state in ("pending", "starting"), env.state
+                time.sleep(OLD_POLL_SECONDS)
+                env.refresh()
             running = time.perf_counter()
             assert env.commands.run("true").exit_code == 0
             done = time.perf_counter()

@@ -7,12 +7,18 @@ TTI is one create call to the first command's result: ``node -v`` when the sandb
 
 - ``sequential``: n times create, run, delete, one after the other;
 - ``staggered``: a new create every ``--stagger-ms`` (200 ms), each in its own thread;
-- ``burst``: n creates at once.
+- ``burst``: n creates at once;
+- ``interleaved``: sequential, the SDKs taking turns (one create of each in every round), so a swing of the
+  machine's load lands on all of them alike: the mode to compare ``native`` with ``native-poll``.
 
 Each (SDK, mode) reports min, median, p95, p99 (ms) and the success rate. SDKs: the native ``adx`` SDK
 (``create(..., wait=--capacity-wait)``: a create refused for capacity waits for room, honouring Retry-After) and
-the real ``e2b`` SDK (``Sandbox.create()`` then ``commands.run``; it has no such wait). Baseline, same run: the
-same command spawned on the host (``subprocess.run``), n times.
+the real ``e2b`` SDK (``Sandbox.create()`` then ``commands.run``; it has no such wait). ``native-poll`` is the
+native SDK's path before the server-side wait (issue 16): ``create(wait=False)``, then a plain GET every 15 ms
+until ``running`` (nothing primes the route cache, so the first command resolves its route at the Coordinator):
+the same-run baseline of ``native``. Native SDKs also report ``running_seen`` (create call until the SDK knows it
+runs) and ``first_command`` (the rest). Baseline, same run: the same command spawned on the host
+(``subprocess.run``), n times.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from e2b import Sandbox
 
 import adx
 
-MODES = ("sequential", "staggered", "burst")
-SDKS = ("native", "e2b")
+MODES = ("sequential", "staggered", "burst", "interleaved")
+SDKS = ("native", "native-poll", "e2b")
+#: The SDK's poll before ``?wait=running`` existed (adx.sdk, until issue 16's change): 15 ms for the first second.
+OLD_POLL_SECONDS = 0.015
 
 
 def stats(samples: list[float], attempts: int) -> dict[str, Any]:
@@ -52,21 +60,35 @@ def stats(samples: list[float], attempts: int) -> dict[str, Any]:
 class Trial:
     """One create-to-first-result measurement per call; failures are counted, with their first few messages."""
 
-    def __init__(self, tti: Callable[[], float]) -> None:
+    def __init__(self, tti: Callable[[], float | tuple[float, float]]) -> None:
         self.tti = tti
         self.samples: list[float] = []
+        self.running_seen: list[float] = []  # native SDKs: until the SDK knows it runs
         self.errors: list[str] = []
         self.lock = threading.Lock()
 
     def once(self) -> None:
         try:
-            seconds = self.tti()
+            measured = self.tti()
         except Exception as exc:  # a failed create or command is a failed iteration, as in ComputeSDK's
             with self.lock:
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
             return
+        seconds, running = measured if isinstance(measured, tuple) else (measured, None)
         with self.lock:
             self.samples.append(seconds)
+            if running is not None:
+                self.running_seen.append(running)
+
+    def figures(self, attempts: int) -> dict[str, Any]:
+        figures = stats(self.samples, attempts)
+        if self.running_seen:
+            figures["running_seen_median_ms"] = round(percentile(self.running_seen, 50) * 1e3, 1)
+            rest = [total - running for total, running in zip(self.samples, self.running_seen, strict=True)]
+            figures["first_command_median_ms"] = round(percentile(rest, 50) * 1e3, 1)
+        if self.errors:
+            figures["errors"] = sorted(set(self.errors))[:5]
+        return figures
 
     def run(self, mode: str, n: int, stagger: float) -> dict[str, Any]:
         if mode == "sequential":
@@ -79,22 +101,38 @@ class Trial:
                     if mode == "staggered":
                         time.sleep(max(0.0, start + i * stagger - time.monotonic()))
                     pool.submit(self.once)
-        figures = stats(self.samples, n)
-        if self.errors:
-            figures["errors"] = sorted(set(self.errors))[:5]
-        return figures
+        return self.figures(n)
 
 
-def native_tti(client: adx.Client, argv: list[str], cpu: float, capacity_wait: float) -> Callable[[], float]:
-    def tti() -> float:
+def interleaved(trials: dict[str, Trial], n: int) -> dict[str, dict[str, Any]]:
+    """n rounds, each SDK once per round in turn (sequential)."""
+    for _ in range(n):
+        for trial in trials.values():
+            trial.once()
+    return {sdk: trial.figures(n) for sdk, trial in trials.items()}
+
+
+def native_tti(
+    client: adx.Client, argv: list[str], cpu: float, capacity_wait: float, *, poll: bool = False
+) -> Callable[[], tuple[float, float]]:
+    def tti() -> tuple[float, float]:
         start = time.perf_counter()
-        env = client.environments.create(cpu=cpu, memory="256Mi", wait=capacity_wait)
+        if poll:  # the SDK before the server-side wait: create, then a GET every 15 ms
+            env = client.environments.create(cpu=cpu, memory="256Mi", wait=False)
+            while env.state != "running":
+                if env.state in ("failed", "deleting", "deleted"):
+                    raise RuntimeError(f"{env.id} is {env.state}")
+                time.sleep(OLD_POLL_SECONDS)
+                env.refresh()
+        else:
+            env = client.environments.create(cpu=cpu, memory="256Mi", wait=capacity_wait)
+        running = time.perf_counter() - start
         try:
             result = env.commands.run(argv)
             elapsed = time.perf_counter() - start
             if result.exit_code != 0:
                 raise RuntimeError(f"{argv} exited {result.exit_code}: {result.stderr[:200]!r}")
-            return elapsed
+            return elapsed, running
         finally:
             env.delete()
 
@@ -154,15 +192,23 @@ def main() -> None:
                     figures["baseline_host_spawn"] = host_baseline(argv, args.n)
                 else:
                     figures["baseline_host_spawn"] = f"{argv[0]} is not on the host"
+
+                def trial(sdk: str) -> Trial:
+                    if sdk == "e2b":
+                        return Trial(e2b_tti(opts, command))
+                    return Trial(native_tti(client, argv, args.cpu, args.capacity_wait, poll=sdk == "native-poll"))
+
+                if "interleaved" in modes:
+                    progress(f"{'/'.join(sdks)} interleaved x{args.n}")
+                    for sdk, result in interleaved({sdk: trial(sdk) for sdk in sdks}, args.n).items():
+                        figures[f"{sdk}_interleaved"] = result
+                        progress(f"  {sdk}: {result}")
                 for sdk in sdks:
                     for mode in modes:
+                        if mode == "interleaved":
+                            continue
                         progress(f"{sdk} {mode} x{args.n}")
-                        tti = (
-                            native_tti(client, argv, args.cpu, args.capacity_wait)
-                            if sdk == "native"
-                            else e2b_tti(opts, command)
-                        )
-                        figures[f"{sdk}_{mode}"] = Trial(tti).run(mode, args.n, args.stagger_ms / 1e3)
+                        figures[f"{sdk}_{mode}"] = trial(sdk).run(mode, args.n, args.stagger_ms / 1e3)
                         progress(f"  {figures[f'{sdk}_{mode}']}")
         finally:
             stop_cluster(proc)

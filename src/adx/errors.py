@@ -28,6 +28,7 @@ __all__ = [
     "UnavailableError",
     "UncertainOutcomeError",
     "VersionMismatchError",
+    "WaitTimeoutError",
     "error_for_http",
     "error_type",
     "rebuild_error",
@@ -178,6 +179,13 @@ class EnvironmentPausingError(UnavailableError):
     """A pause's capture has started: the request is served after the resume (IDLE-6)."""
 
     code = "environment_pausing"
+
+
+class WaitTimeoutError(UnavailableError):
+    """A wait for a state (``?wait=running``) ended before the state was reached. What was waited for exists and
+    goes on (``details["state"]``: where it is now): ask again, or delete it."""
+
+    code = "wait_timeout"
 
 
 class PublicationPendingError(UnavailableError):

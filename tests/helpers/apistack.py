@@ -121,6 +121,18 @@ class ApiStack:
         await self.commit(node, environment_id, {"state": "starting"})
         return await self.commit(node, environment_id, {"state": "running", "executionId": new_id("exe")})
 
+    async def following(self) -> Any:
+        """The API's Ingress, once it hears the Coordinator's route stream (its first event, the resync, came)."""
+        from adx.ingress import serving_ingress
+
+        ingress = serving_ingress(self.server.config.app)
+        assert ingress is not None, "this API serves no data plane"
+        deadline = time.monotonic() + STEP
+        while not ingress.following:
+            assert time.monotonic() < deadline, "the API never followed the route stream"
+            await asyncio.sleep(0.01)
+        return ingress
+
     async def stop(self) -> None:
         self.server.should_exit = True
         await asyncio.wait_for(self.task, STEP)

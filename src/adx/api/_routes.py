@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from adx.errors import (
+    AdxError,
     InvalidInputError,
     PublicationPendingError,
     UnavailableError,
@@ -22,12 +23,16 @@ from adx.errors import (
 )
 from adx.gateway import (
     ERRORS,
+    MAX_WAIT_SECONDS,
+    ON_THE_WAY,
     Credentials,
     ErrorBody,
     check_volume_mounts,
     environment_id_or_404,
     plane,
     read_json,
+    wait_running,
+    wait_timeout,
 )
 from adx.model import (
     EnvironmentList,
@@ -55,6 +60,34 @@ def _idempotency_key(value: str | None) -> str | None:
 
 router = APIRouter(tags=["environments"])
 
+#: How long ``?wait=running`` waits when ``waitSeconds`` is not given.
+DEFAULT_WAIT_SECONDS = 30.0
+WaitFor = Annotated[
+    Literal["running"] | None,
+    Query(
+        description="answer once the Environment is no longer on its way to running (pending, starting, "
+        "resuming): when it is running, or failed or deleted; woken by the commit's publication, not a poll"
+    ),
+]
+WaitSeconds = Annotated[
+    float | None,
+    Query(
+        alias="waitSeconds",
+        gt=0,
+        le=MAX_WAIT_SECONDS,
+        description=f"with wait=running: wait at most this long (default {DEFAULT_WAIT_SECONDS:g})",
+    ),
+]
+
+
+def _wait_seconds(wait: str | None, seconds: float | None) -> float | None:
+    """How long a request asked to wait for running (None: no wait)."""
+    if wait is None:
+        if seconds is not None:
+            raise InvalidInputError("waitSeconds", "is only meaningful with wait=running")
+        return None
+    return DEFAULT_WAIT_SECONDS if seconds is None else seconds
+
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` of a route that reads its JSON body itself (``parse_wire``, so errors name the wire field):
@@ -74,7 +107,7 @@ BODY_MODELS: dict[str, type[BaseModel]] = {}
     response_model=EnvironmentView,
     responses={200: {"model": EnvironmentView, "description": "replay: the Idempotency-Key matched"}, **ERRORS},
     openapi_extra=json_body(EnvironmentSpec),
-    summary="Create an Environment",
+    summary="Create an Environment (wait=running: answer once it runs, or as it is after waitSeconds)",
 )
 async def create_environment(
     request: Request,
@@ -87,16 +120,27 @@ async def create_environment(
             json_schema_extra={"pattern": f"^[!-~]{{1,{MAX_IDEMPOTENCY_KEY}}}$"},
         ),
     ] = None,
+    wait: WaitFor = None,
+    wait_seconds: WaitSeconds = None,
 ) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
     key = _idempotency_key(idempotency_key)
+    seconds = _wait_seconds(wait, wait_seconds)
     # ENV-5: the whole spec is validated here, before anything is sent anywhere; 422 names the field.
     spec = parse_wire(EnvironmentSpec, await read_json(request, p.config.max_body_bytes))
     p.check_image(spec.image, "image")
     await check_volume_mounts(p, tenant, spec)
     record, created = await p.coordinator.create_environment(tenant, spec, key)
     log.info("environment created" if created else "create replayed", extra={"env_id": record.id, "tenant": tenant})
+    if seconds is not None:
+        # The create is done whatever the wait brings: a wait that ends first answers the Environment as it is
+        # (still pending or starting), and GET ...?wait=running goes on waiting. A wait that fails (the
+        # Coordinator unreachable meanwhile) answers the same: a 503 would say nothing was created.
+        try:
+            record = await wait_running(p, tenant, record, seconds)
+        except AdxError as exc:
+            log.warning("wait for running after a create ended: %s", exc, extra={"env_id": record.id})
     return JSONResponse(
         EnvironmentView.of(record).wire(),
         status_code=201 if created else 200,
@@ -113,11 +157,35 @@ async def list_environments(request: Request, credentials: Credentials) -> JSONR
     return JSONResponse({"environments": [EnvironmentView.of(r).wire() for r in records]})
 
 
-@router.get("/v1/environments/{environment_id}", response_model=EnvironmentView, responses=ERRORS, summary="Get one")
-async def get_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
+@router.get(
+    "/v1/environments/{environment_id}",
+    response_model=EnvironmentView,
+    responses={
+        **ERRORS,
+        503: {
+            "model": ErrorBody,
+            "description": "wait=running: still on its way after waitSeconds (code wait_timeout, details.state); "
+            "or the Coordinator is unavailable",
+        },
+    },
+    summary="Get one (wait=running: a long poll until it runs)",
+)
+async def get_environment(
+    request: Request,
+    environment_id: str,
+    credentials: Credentials,
+    wait: WaitFor = None,
+    wait_seconds: WaitSeconds = None,
+) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
     env_id = environment_id_or_404(environment_id)
+    seconds = _wait_seconds(wait, wait_seconds)
+    if seconds is not None:
+        record = await wait_running(p, tenant, await p.coordinator.get_environment(tenant, env_id), seconds)
+        if record.state in ON_THE_WAY:
+            raise wait_timeout(record, seconds)
+        return JSONResponse(EnvironmentView.of(record).wire())
     try:
         record = await p.coordinator.get_environment(tenant, env_id)
     except (UnavailableError, UncertainOutcomeError):

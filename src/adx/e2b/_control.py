@@ -18,7 +18,6 @@ one (SEC-2). ``templateID`` is the image (``base``: the default one); ``timeout`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -38,6 +37,7 @@ from adx.e2b._network import network_policy
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import (
+    ON_THE_WAY,
     Plane,
     check_volume_mounts,
     environment_id_or_404,
@@ -45,6 +45,7 @@ from adx.gateway import (
     read_json,
     retry_after_seconds,
     status_for,
+    wait_running,
 )
 from adx.model import (
     SNAPSHOT,
@@ -172,14 +173,12 @@ async def _visible(p: Plane, tenant: str, sandbox_id: str) -> EnvironmentRecord:
 
 
 async def _wait_running(p: Plane, record: EnvironmentRecord) -> EnvironmentRecord:
-    deadline = time.monotonic() + p.config.start_wait_seconds
-    delay = 0.02
-    while record.state in (EnvironmentState.PENDING, EnvironmentState.STARTING):
-        if time.monotonic() + delay > deadline:
-            raise UnavailableError(f"sandbox {record.id} is still {record.state.value}; it may start shortly")
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
-        record = await p.coordinator.get_environment(record.tenant, record.id)
+    """E2B's create answers once the sandbox runs: woken by the commit's publication (``adx.gateway``'s wait),
+    which also primes the route cache for the sandbox's first command."""
+    seconds = p.config.start_wait_seconds
+    record = await wait_running(p, record.tenant, record, seconds)
+    if record.state in ON_THE_WAY:
+        raise UnavailableError(f"sandbox {record.id} is still {record.state.value}; it may start shortly")
     if record.state is not EnvironmentState.RUNNING:
         raise ConflictError(f"sandbox {record.id} did not start: it is {record.state.value} ({record.last_error})")
     return record

@@ -36,9 +36,12 @@ if TYPE_CHECKING:
         status_for,
     )
     from adx.gateway._volumes import check_volume_mounts, delete_volume, volume_store
+    from adx.gateway._wait import MAX_WAIT_SECONDS, ON_THE_WAY, wait_running, wait_timeout
 
 __all__ = [
     "ERRORS",
+    "MAX_WAIT_SECONDS",
+    "ON_THE_WAY",
     "ApiConfig",
     "CoordinatorClient",
     "Credentials",
@@ -59,6 +62,8 @@ __all__ = [
     "retry_after_seconds",
     "status_for",
     "volume_store",
+    "wait_running",
+    "wait_timeout",
 ]
 
 _LAZY = {
@@ -82,6 +87,10 @@ _LAZY = {
     "check_volume_mounts": "adx.gateway._volumes",
     "delete_volume": "adx.gateway._volumes",
     "volume_store": "adx.gateway._volumes",
+    "MAX_WAIT_SECONDS": "adx.gateway._wait",
+    "ON_THE_WAY": "adx.gateway._wait",
+    "wait_running": "adx.gateway._wait",
+    "wait_timeout": "adx.gateway._wait",
 }
 
 

@@ -33,6 +33,13 @@ class RouteCache(Protocol):
 
     def forget(self, tenant: str, environment_id: str) -> None: ...
 
+    #: The route stream is followed now: every commit is heard (``state_published`` wakes at once).
+    following: bool
+
+    async def state_published(
+        self, tenant: str, environment_id: str, *, after_revision: int, leaving: frozenset[str], within: float
+    ) -> bool: ...
+
     async def close(self) -> None: ...
 
 

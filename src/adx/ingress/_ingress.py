@@ -35,6 +35,7 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.gateway import ApiConfig, CoordinatorClient, Route, not_found
+from adx.ingress._published import Published, PublishedStates
 from adx.ingress._relay_client import (
     RelayClient,
     RelayConnectError,
@@ -128,6 +129,10 @@ class Ingress:
             followed_ttl=config.auth_cache_seconds,
             unfollowed_ttl=config.route_cache_seconds,
         )
+        # Requests waiting for an Environment to start (``?wait=running``) are woken by its publication.
+        self.published = PublishedStates()
+        #: Requests whose route was not cached and was asked of the Coordinator (a primed cache saves these).
+        self.route_lookups = 0
 
     @classmethod
     def from_config(cls, config: ApiConfig, coordinator: CoordinatorClient) -> Ingress:
@@ -174,6 +179,7 @@ class Ingress:
             return
         if event.resync:
             self.tokens.forget_all()  # revocations may have been missed while the stream was down
+            self.published.forget_all()
             # Events may have been missed while the stream was down: check every cached route against the
             # Coordinator (drop the gone, update the moved) instead of dropping them all.
             self.following = True
@@ -181,6 +187,7 @@ class Ingress:
                 self._reconciling = asyncio.create_task(self._reconcile(), name="ingress-route-reconcile")
             return
         key = (event.tenant, event.environment_id)
+        self.published.published(*key, Published(event.state, event.revision))
         hit = self._routes.get(key)
         if hit is None or event.revision < hit[0].record.revision:
             return  # not cached, or older than what is cached
@@ -217,6 +224,16 @@ class Ingress:
     def forget(self, tenant: str, environment_id: str) -> None:
         self._routes.pop((tenant, environment_id), None)
 
+    async def state_published(
+        self, tenant: str, environment_id: str, *, after_revision: int, leaving: frozenset[str], within: float
+    ) -> bool:
+        """Whether a state not in ``leaving`` was published after ``after_revision`` within ``within`` s (or the
+        route stream restarted meanwhile: something may have been missed)."""
+        changed = await self.published.changed(
+            tenant, environment_id, after_revision=after_revision, leaving=leaving, within=within
+        )
+        return changed is not None
+
     def cached_route(self, tenant: str, environment_id: str, *, stale: bool = False) -> Route | None:
         """The cached route (``stale``: even past its expiry, for when the Coordinator cannot be asked)."""
         hit = self._routes.get((tenant, environment_id))
@@ -230,6 +247,7 @@ class Ingress:
         hit = self._routes.get(key)
         if hit is not None and hit[1] > now and not fresh:
             return hit[0].relay_address
+        self.route_lookups += 1
         deadline = now + self._config.start_wait_seconds
         delay = 0.02  # starts take ~0.1-0.3 s: look often at first, then back off
         while True:

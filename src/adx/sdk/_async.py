@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -15,23 +14,20 @@ from typing import Any
 import httpx
 
 from adx.errors import AdxError, InvalidInputError, NoCapacityError
+from adx.errors import WaitTimeoutError as StateWaitTimeoutError
 from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions, Volume
 from adx.model import RestartPolicy as _RestartPolicy
 from adx.sdk._client import (
     DEFAULT_TIMEOUT,
-    POLL_FAST_FOR,
-    POLL_FIRST,
-    POLL_GROWTH,
-    POLL_MAX,
+    NOT_RETRIED,
     RETRY_STATUSES,
     USER_AGENT,
     CapacityWait,
     backoff,
     call_timeout,
-    check_waitable,
     retry_delay,
 )
-from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
+from adx.sdk._errors import error_code, error_from_response, transport_error
 from adx.sdk._logs import FOLLOW_WAIT_SECONDS, logs_params
 from adx.sdk._models import (
     CommandResult,
@@ -47,6 +43,7 @@ from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
 from adx.sdk._tokens import AsyncTokens
 from adx.sdk._volumes import AsyncVolumes
+from adx.sdk._wait import RunningWait, check_waitable
 
 
 class AsyncClient:
@@ -114,7 +111,7 @@ class AsyncClient:
                 if response.status_code < 400:
                     return response
                 retry = idempotent and response.status_code in RETRY_STATUSES and not last
-                if not retry or error_code(response.content) == "no_capacity":
+                if not retry or error_code(response.content) in NOT_RETRIED:
                     raise error_from_response(method, response.status_code, response.content, what, self.api_url)
                 refused = response
             await asyncio.sleep(retry_delay(attempt, refused))
@@ -170,6 +167,8 @@ class AsyncEnvironments:
         )
         key = idempotency_key or str(uuid.uuid4())
         while True:
+            # Counted from the create that is taken: a wait for capacity before it does not shorten it.
+            running = RunningWait(wait_timeout) if wait is not False else None
             try:
                 response = await self._client.request(
                     "POST",
@@ -178,13 +177,16 @@ class AsyncEnvironments:
                     idempotent=True,
                     json=spec,
                     headers={"Idempotency-Key": key},
+                    # The server answers once it runs (the rest of the wait, if any, below).
+                    params=running.params() if running else None,
+                    timeout=running.call_timeout(self._client.timeout) if running else None,
                 )
                 break
             except NoCapacityError as refused:
                 await asyncio.sleep(capacity.delay(refused))
         environment = AsyncEnvironment(self._client, response.json())
-        if wait is not False:
-            await environment.wait_until_running(wait_timeout)
+        if running is not None:
+            await environment._wait_running(running)
         return environment
 
     async def get(self, environment_id: str) -> AsyncEnvironment:
@@ -331,21 +333,28 @@ class AsyncEnvironment(EnvironmentFields):
         return AsyncPty(self._client, self.id, AsyncCommandStream(self._client, self.id, body, FrameReader()))
 
     async def wait_until_running(self, timeout: float = 120.0) -> AsyncEnvironment:  # noqa: ASYNC109
-        deadline = time.monotonic() + timeout
-        started = time.monotonic()
-        delay = POLL_FIRST
+        """See ``Environment.wait_until_running``."""
+        return await self._wait_running(RunningWait(timeout))
+
+    async def _wait_running(self, running: RunningWait) -> AsyncEnvironment:
         while self.state is not EnvironmentState.RUNNING:
             check_waitable(self)
-            if time.monotonic() + delay > deadline:
-                raise WaitTimeoutError(
-                    f"environment {self.id} is still {self.state.value} after {timeout:g}s (node {self.node}); "
-                    "it exists: wait again with wait_until_running() or delete it",
-                    self,
+            pause = running.pause(self)
+            if pause:
+                await asyncio.sleep(pause)
+            try:
+                response = await self._client.request(
+                    "GET",
+                    f"/v1/environments/{self.id}",
+                    what=f"wait for {self.id} to run",
+                    idempotent=True,
+                    params=running.params(),
+                    timeout=running.call_timeout(self._client.timeout),
                 )
-            await asyncio.sleep(delay)
-            if time.monotonic() - started > POLL_FAST_FOR:
-                delay = min(delay * POLL_GROWTH, POLL_MAX)
-            await self.refresh()
+            except StateWaitTimeoutError:
+                continue  # the server's wait ended first; ours may go on
+            self._apply(response.json())
+            running.answered(self)
         return self
 
 

@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 
 from adx._backoff import capped_exponential
-from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError
+from adx.errors import AdxError, InvalidInputError, NoCapacityError
+from adx.errors import WaitTimeoutError as StateWaitTimeoutError
 from adx.model import EnvironmentLogs, EnvironmentState, EnvironmentStats, IdleAction, LogEntry, PauseOptions, Volume
 from adx.model import RestartPolicy as _RestartPolicy
-from adx.sdk._errors import WaitTimeoutError, error_code, error_from_response, transport_error
+from adx.sdk._errors import error_code, error_from_response, transport_error
 from adx.sdk._logs import FOLLOW_WAIT_SECONDS, logs_params
 from adx.sdk._models import (
     CommandResult,
@@ -34,17 +35,14 @@ from adx.sdk._settings import resolve
 from adx.sdk._spec import RESUME_TIMEOUT_SECONDS, build_spec, lifetime_body, network_body, pause_call_timeout
 from adx.sdk._tokens import Tokens
 from adx.sdk._volumes import Volumes
+from adx.sdk._wait import RunningWait, check_waitable
 
 USER_AGENT = "adx-python/0.1"
 DEFAULT_TIMEOUT = 30.0
 RETRY_STATUSES = frozenset({502, 503, 504})  # only for requests that are safe to repeat (idempotent=True)
-# Waiting for "running": a start takes ~0.1-0.3 s, so poll every 15 ms for the first second (each poll is one
-# ~1 ms GET; the detection delay stays under the start's own jitter), then back off so a long wait costs little.
-POLL_FIRST = 0.015
-POLL_FAST_FOR = 1.0
-POLL_GROWTH = 1.3
-POLL_MAX = 0.5
-FAILED_STATES = frozenset({EnvironmentState.FAILED, EnvironmentState.DELETING, EnvironmentState.DELETED})
+#: Error codes of a 503 that asking again at once would not help: no capacity (``create(wait=SECONDS)`` waits
+#: for it with the server's Retry-After), a server's wait for running that ended (the caller's own wait goes on).
+NOT_RETRIED = frozenset({"no_capacity", "wait_timeout"})
 
 
 #: The longest ``Retry-After`` the SDK honours between two attempts (a larger one is capped: calls stay bounded).
@@ -105,17 +103,6 @@ def call_timeout(seconds: float | None) -> Any:
     if seconds is None:
         return httpx.USE_CLIENT_DEFAULT
     return httpx.Timeout(seconds, connect=min(seconds, 10.0))
-
-
-def check_waitable(env: EnvironmentFields) -> None:
-    if env.state in FAILED_STATES:
-        error = ConflictError(
-            f"environment {env.id} is {env.state.value}, it will not become running"
-            + (f": {env.last_error}" if env.last_error else ""),
-            details={"id": env.id, "state": env.state.value},
-        )
-        error.code = "environment_failed"
-        raise error
 
 
 class Client:
@@ -184,7 +171,7 @@ class Client:
                 if response.status_code < 400:
                     return response
                 retry = idempotent and response.status_code in RETRY_STATUSES and not last
-                if not retry or error_code(response.content) == "no_capacity":
+                if not retry or error_code(response.content) in NOT_RETRIED:
                     raise error_from_response(method, response.status_code, response.content, what, self.api_url)
                 refused = response
             time.sleep(retry_delay(attempt, refused))
@@ -248,6 +235,8 @@ class Environments:
         )
         key = idempotency_key or str(uuid.uuid4())
         while True:
+            # Counted from the create that is taken: a wait for capacity before it does not shorten it.
+            running = RunningWait(wait_timeout) if wait is not False else None
             try:
                 response = self._client.request(
                     "POST",
@@ -256,13 +245,16 @@ class Environments:
                     idempotent=True,
                     json=spec,
                     headers={"Idempotency-Key": key},
+                    # The server answers once it runs (the rest of the wait, if any, below).
+                    params=running.params() if running else None,
+                    timeout=running.call_timeout(self._client.timeout) if running else None,
                 )
                 break
             except NoCapacityError as refused:
                 time.sleep(capacity.delay(refused))
         environment = Environment(self._client, response.json())
-        if wait is not False:
-            environment.wait_until_running(wait_timeout)
+        if running is not None:
+            environment._wait_running(running)
         return environment
 
     def get(self, environment_id: str) -> Environment:
@@ -414,22 +406,29 @@ class Environment(EnvironmentFields):
         return Pty(self._client, self.id, CommandStream(self._client, self.id, body, FrameReader()))
 
     def wait_until_running(self, timeout: float = 120.0) -> Environment:
-        """Poll until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted."""
-        deadline = time.monotonic() + timeout
-        started = time.monotonic()
-        delay = POLL_FIRST
+        """Wait until ``running``; WaitTimeoutError after ``timeout`` s, ConflictError if it failed or is deleted.
+        The server waits (``?wait=running``): the answer comes as the start is committed, not at a poll."""
+        return self._wait_running(RunningWait(timeout))
+
+    def _wait_running(self, running: RunningWait) -> Environment:
         while self.state is not EnvironmentState.RUNNING:
             check_waitable(self)
-            if time.monotonic() + delay > deadline:
-                raise WaitTimeoutError(
-                    f"environment {self.id} is still {self.state.value} after {timeout:g}s (node {self.node}); "
-                    "it exists: wait again with wait_until_running() or delete it",
-                    self,
+            pause = running.pause(self)
+            if pause:
+                time.sleep(pause)
+            try:
+                response = self._client.request(
+                    "GET",
+                    f"/v1/environments/{self.id}",
+                    what=f"wait for {self.id} to run",
+                    idempotent=True,
+                    params=running.params(),
+                    timeout=running.call_timeout(self._client.timeout),
                 )
-            time.sleep(delay)
-            if time.monotonic() - started > POLL_FAST_FOR:
-                delay = min(delay * POLL_GROWTH, POLL_MAX)
-            self.refresh()
+            except StateWaitTimeoutError:
+                continue  # the server's wait ended first; ours may go on
+            self._apply(response.json())
+            running.answered(self)
         return self
 
 

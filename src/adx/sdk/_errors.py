@@ -18,15 +18,14 @@ from adx.errors import (
     error_type,
     rebuild_error,
 )
+from adx.errors import WaitTimeoutError as StateWaitTimeoutError
 
 
-class WaitTimeoutError(UnavailableError):
+class WaitTimeoutError(StateWaitTimeoutError):
     """An Environment did not reach ``running`` in time. It exists: wait again, or delete it.
 
     ``environment`` is the last state the SDK saw.
     """
-
-    code = "wait_timeout"
 
     def __init__(self, message: str, environment: Any) -> None:
         super().__init__(message, details={"id": getattr(environment, "id", None)})
