@@ -29,6 +29,7 @@ from adx.model import (
     ResumeIntent,
     new_id,
 )
+from adx.model._records import RecordChanges
 
 log = logging.getLogger("adx.coordinator.lifecycle")
 S = EnvironmentState
@@ -284,7 +285,7 @@ class LifecycleOps:
             record = await self.store.get_tenant_environment(tenant, env_id)
             if record.state in (S.DELETING, S.DELETED):
                 raise ConflictError(f"environment {env_id} is {record.state.value}", details={"state": "deleting"})
-            changes: dict[str, object] = {"expires_at": time.time() + seconds}
+            changes: RecordChanges = {"expires_at": time.time() + seconds}
             if action:
                 lifecycle = record.spec.lifecycle.model_copy(update={"lifetime_action": IdleAction(action)})
                 changes["spec"] = record.spec.model_copy(update={"lifecycle": lifecycle})
@@ -303,7 +304,7 @@ class LifecycleOps:
             record = await self.store.get_tenant_environment(tenant, env_id)
             if record.state in (S.DELETING, S.DELETED):
                 raise ConflictError(f"environment {env_id} is {record.state.value}", details={"state": "deleting"})
-            changes: dict[str, object] = {
+            changes: RecordChanges = {
                 "spec": record.spec.model_copy(update={"network": network}),
                 "network_revision": record.revision + 1,  # the revision this commit makes
             }

@@ -142,7 +142,7 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             except ValueError as exc:
                 raise InvalidInputError("specJson", f"is not valid JSON: {exc}") from None
             spec = source_spec(snapshot, parse_wire(EnvironmentSpec, body))
-            record, created = await self.service._create(
+            record, created = await self.service.creator.create(
                 request.tenant, spec, request.idempotency_key or None, snapshot.checkpoint
             )
             return record.model_dump_json(by_alias=True), created

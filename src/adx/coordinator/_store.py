@@ -37,6 +37,7 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.model import MAX_CPU_OVERCOMMIT, CheckpointRef, EnvironmentRecord, EnvironmentState, NodeRecord, Resources
+from adx.model._records import RecordChanges
 
 T = TypeVar("T")
 
@@ -334,7 +335,7 @@ class CoordinatorStore:
     async def commit_environment(
         self,
         current: EnvironmentRecord,
-        changes: dict[str, Any],
+        changes: RecordChanges,
         *,
         check_generation: bool = True,
         release_reservation: bool = False,
@@ -388,7 +389,7 @@ class CoordinatorStore:
         )
 
     async def record_resume_intent(
-        self, current: EnvironmentRecord, changes: dict[str, Any], *, node: str, generation: int
+        self, current: EnvironmentRecord, changes: RecordChanges, *, node: str, generation: int
     ) -> EnvironmentRecord:
         """CRD-5: compare-and-set ``current`` (paused) to resuming on ``node``, reserving its resources there.
 

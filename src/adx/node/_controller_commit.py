@@ -7,11 +7,11 @@ Every transition is logged here with the Environment ID, execution ID and genera
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from adx._backoff import Backoff
 from adx.errors import AdxError, ConflictError, SessionRejectedError, UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentRecord, EnvironmentState, check_transition
+from adx.model._records import RecordChanges
 from adx.node._controller_core import ControllerCore, S, log
 from adx.node._coordinator_client import wire_changes
 from adx.node._journal import NewResult, spec_digest
@@ -25,7 +25,7 @@ class CommitSteps(ControllerCore):
     async def _transition(
         self,
         target: EnvironmentState,
-        changes: dict[str, Any] | None = None,
+        changes: RecordChanges | None = None,
         *,
         release: bool = False,
         retry: bool = True,
@@ -35,7 +35,7 @@ class CommitSteps(ControllerCore):
         current = self.record.state
         if current != target:
             check_transition(current, target, env_id=self.env_id)
-        update = {"state": target, **(changes or {})}
+        update: RecordChanges = {"state": target, **(changes or {})}
         retry_delay = Backoff(self.timings.retry_min_seconds, self.timings.retry_max_seconds)
         adopted = False
         journaled = False
@@ -108,7 +108,7 @@ class CommitSteps(ControllerCore):
         )
         return committed
 
-    async def _journal_result(self, update: dict[str, Any], release: bool) -> EnvironmentRecord | None:
+    async def _journal_result(self, update: RecordChanges, release: bool) -> EnvironmentRecord | None:
         """Store this result in the degradation journal and go on from it as the local record (JRN-2, JRN-3).
         None when the journal could not store it (the caller keeps it pending in memory: never "journaled")."""
         if self.journal is None or not self.journal.configured:

@@ -13,11 +13,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from adx._backoff import Backoff
 from adx.errors import InvalidInputError
 from adx.model import CheckpointRef, CheckpointStorage, EnvironmentRecord, EnvironmentState
+from adx.model._records import RecordChanges
 from adx.node._journal import DegradationJournal
 from adx.node._operations import Operation
 from adx.node._replay import WireCommitter
@@ -35,7 +36,7 @@ class ResultSink(WireCommitter, Protocol):
     """Commits a Controller's results to the Coordinator (CAS on revision and generation)."""
 
     async def commit(
-        self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
+        self, record: EnvironmentRecord, changes: RecordChanges, *, release_reservation: bool = False
     ) -> EnvironmentRecord: ...
 
     async def fetch(self, env_id: str) -> EnvironmentRecord | None:
@@ -141,6 +142,15 @@ class ControllerTimings:
     retry_max_seconds: float = RETRY_MAX_SECONDS
 
 
+class LogContext(TypedDict):
+    """What every Controller log line carries (its ``extra``): whose transition, of which execution and generation."""
+
+    env_id: str
+    execution_id: str | None
+    generation: int
+    state: str
+
+
 class ControllerCore:
     """The state of one Environment's Controller, shared by its steps."""
 
@@ -232,7 +242,7 @@ class ControllerCore:
         self._queue.put_nowait(queued)
         return queued.done
 
-    def _context(self) -> dict[str, Any]:
+    def _context(self) -> LogContext:
         return {
             "env_id": self.env_id,
             "execution_id": self.execution.execution_id if self.execution else self.record.execution_id,

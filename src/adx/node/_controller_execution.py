@@ -8,11 +8,11 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from adx._backoff import Backoff
 from adx.errors import AdxError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import CheckpointRef, EnvironmentRecord
+from adx.model._records import RecordChanges
 from adx.node._controller_commit import CommitSteps
 from adx.node._controller_core import S, log
 from adx.node._operations import Exited
@@ -65,12 +65,12 @@ class ExecutionSteps(CommitSteps):
                 log.warning("runtime not answering, the start is retried: %s", exc, extra=self._context())
                 await retry_delay.sleep()
 
-    async def _running(self, execution: Execution, changes: dict[str, Any] | None = None) -> EnvironmentRecord:
+    async def _running(self, execution: Execution, changes: RecordChanges | None = None) -> EnvironmentRecord:
         # Serve before the Coordinator announces Running: a client that sees the commit may call at once.
         self.serving = True
         try:
             # Every start, restart and resume applies the spec's network policy: publish its revision.
-            applied = {"network_applied_revision": self.record.network_revision}
+            applied: RecordChanges = {"network_applied_revision": self.record.network_revision}
             running = await self._transition(S.RUNNING, {**applied, **(changes or {})})
         except BaseException:
             self.serving = False
