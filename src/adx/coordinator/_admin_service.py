@@ -14,8 +14,7 @@ from typing import TypeVar
 import grpc
 from pydantic import BaseModel
 
-from adx._grpc_errors import abort_with
-from adx._grpc_tls import require_peer
+from adx._grpc_serve import serve
 from adx.coordinator._service import CoordinatorService
 from adx.errors import AdxError
 from adx.model import (
@@ -83,11 +82,7 @@ class CoordinatorAdminService(pb_grpc.CoordinatorAdminServicer):
     @staticmethod
     async def _serve(context: Context, work: Callable[[], Awaitable[T]]) -> T:
         """Every admin call: an API server's certificate, then the work, its ADX errors as gRPC statuses."""
-        await require_peer(context, "api")
-        try:
-            return await work()
-        except AdxError as exc:
-            await abort_with(context, exc)
+        return await serve(context, work, "api")
 
     async def _one(self, context: Context, work: Callable[[], Awaitable[BaseModel]], done: str = "") -> pb.AdminReply:
         result = await self._serve(context, work)

@@ -16,6 +16,7 @@ from typing import Any, cast
 import grpc
 
 from adx._grpc_errors import abort_with
+from adx._grpc_serve import serve
 from adx._grpc_tls import require_peer
 from adx._node_client import NodeClients
 from adx.coordinator._admin_store import AdminStore
@@ -257,55 +258,38 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # -- API-facing calls ----------------------------------------------------------------------------
     async def CreateTenant(self, request: pb.CreateTenantRequest, context: Context) -> pb.CreateTenantResponse:
-        await require_peer(context, "api")
-        try:
-            api_key = await self.store.create_tenant(request.name)
-        except AdxError as exc:
-            await abort_with(context, exc)
+        api_key = await serve(context, lambda: self.store.create_tenant(request.name), "api")
         return pb.CreateTenantResponse(api_key=api_key)
 
     async def Authenticate(self, request: pb.AuthenticateRequest, context: Context) -> pb.AuthenticateResponse:
-        await require_peer(context, "api")
-        try:
+        async def work() -> pb.AuthenticateResponse:
             tenant = await self.store.authenticate(request.api_key)
-            disabled = await self.admin.tenant_disabled(tenant)
-        except AdxError as exc:
-            await abort_with(context, exc)
-        return pb.AuthenticateResponse(tenant=tenant, disabled=disabled)
+            return pb.AuthenticateResponse(tenant=tenant, disabled=await self.admin.tenant_disabled(tenant))
+
+        return await serve(context, work, "api")
 
     async def CreateEnvironment(self, request: pb.CreateEnvironmentRequest, context: Context) -> pb.EnvironmentReply:
-        await require_peer(context, "api")
-        try:
+        async def work() -> tuple[EnvironmentRecord, bool]:
             spec = parse_wire(EnvironmentSpec, _json(request.spec_json, "specJson"))
-            record, created = await self.creator.create(request.tenant, spec, request.idempotency_key or None)
-        except AdxError as exc:
-            await abort_with(context, exc)
+            return await self.creator.create(request.tenant, spec, request.idempotency_key or None)
+
+        record, created = await serve(context, work, "api")
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True), created=created)
 
     async def GetEnvironment(self, request: pb.EnvironmentRequest, context: Context) -> pb.EnvironmentReply:
-        await require_peer(context, "api")
-        try:
-            record = await self.store.get_tenant_environment(request.tenant, request.environment_id)
-        except AdxError as exc:
-            await abort_with(context, exc)
+        record = await serve(
+            context, lambda: self.store.get_tenant_environment(request.tenant, request.environment_id), "api"
+        )
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
 
     async def ListEnvironments(
         self, request: pb.ListEnvironmentsRequest, context: Context
     ) -> pb.ListEnvironmentsResponse:
-        await require_peer(context, "api")
-        try:
-            records = await self.store.list_environments(request.tenant)
-        except AdxError as exc:
-            await abort_with(context, exc)
+        records = await serve(context, lambda: self.store.list_environments(request.tenant), "api")
         return pb.ListEnvironmentsResponse(environment_json=[r.model_dump_json(by_alias=True) for r in records])
 
     async def DeleteEnvironment(self, request: pb.EnvironmentRequest, context: Context) -> pb.EnvironmentReply:
-        await require_peer(context, "api")
-        try:
-            record = await self._delete(request.tenant, request.environment_id)
-        except AdxError as exc:
-            await abort_with(context, exc)
+        record = await serve(context, lambda: self._delete(request.tenant, request.environment_id), "api")
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
 
     async def _delete(self, tenant: str, env_id: str) -> EnvironmentRecord:
@@ -351,53 +335,47 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return record
 
     async def ResolveRoute(self, request: pb.EnvironmentRequest, context: Context) -> pb.RouteReply:
-        await require_peer(context, "api")
-        try:
-            record = await self.store.get_tenant_environment(request.tenant, request.environment_id)
-        except AdxError as exc:
-            await abort_with(context, exc)
+        record = await serve(
+            context, lambda: self.store.get_tenant_environment(request.tenant, request.environment_id), "api"
+        )
         return self._route_reply(record)
 
     async def PauseEnvironment(self, request: pb.EnvironmentRequest, context: Context) -> pb.EnvironmentReply:
-        await require_peer(context, "api")
-        try:
-            record = await self.lifecycle.pause(request.tenant, request.environment_id)
-        except AdxError as exc:
-            await abort_with(context, exc)
+        record = await serve(context, lambda: self.lifecycle.pause(request.tenant, request.environment_id), "api")
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
 
     async def EnsureRunning(self, request: pb.EnsureRunningRequest, context: Context) -> pb.RouteReply:
-        await require_peer(context, "api")
         timeout = request.timeout_seconds if request.timeout_seconds > 0 else 60.0
-        try:
-            record = await self.lifecycle.ensure_running(request.tenant, request.environment_id, min(timeout, 3600.0))
-        except AdxError as exc:
-            await abort_with(context, exc)
+        record = await serve(
+            context,
+            lambda: self.lifecycle.ensure_running(request.tenant, request.environment_id, min(timeout, 3600.0)),
+            "api",
+        )
         return self._route_reply(record)
 
     async def SetLifetime(self, request: pb.SetLifetimeRequest, context: Context) -> pb.EnvironmentReply:
-        await require_peer(context, "api")
-        try:
+        async def work() -> EnvironmentRecord:
             if not 1 <= request.seconds <= 30 * 86_400:
                 raise InvalidInputError("seconds", "must be between 1 and 2592000 (30 days)")
             if request.action not in ("", "delete", "pause"):
                 raise InvalidInputError("action", "must be 'delete' or 'pause'")
-            record = await self.lifecycle.set_lifetime(
+            return await self.lifecycle.set_lifetime(
                 request.tenant, request.environment_id, request.seconds, request.action
             )
-        except AdxError as exc:
-            await abort_with(context, exc)
+
+        record = await serve(context, work, "api")
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
 
     async def SetNetwork(self, request: pb.SetNetworkRequest, context: Context) -> pb.EnvironmentReply:
-        await require_peer(context, "api")
-        try:
-            network = parse_wire(NetworkPolicy, json.loads(request.network_json or "{}"), root="network")
-            record = await self.lifecycle.set_network(request.tenant, request.environment_id, network)
-        except json.JSONDecodeError:
-            await abort_with(context, InvalidInputError("network", "not a JSON object"))
-        except AdxError as exc:
-            await abort_with(context, exc)
+        async def work() -> EnvironmentRecord:
+            try:
+                body = json.loads(request.network_json or "{}")
+            except json.JSONDecodeError:
+                raise InvalidInputError("network", "not a JSON object") from None
+            network = parse_wire(NetworkPolicy, body, root="network")
+            return await self.lifecycle.set_network(request.tenant, request.environment_id, network)
+
+        record = await serve(context, work, "api")
         return pb.EnvironmentReply(environment_json=record.model_dump_json(by_alias=True))
 
     def _route_reply(self, record: EnvironmentRecord) -> pb.RouteReply:
@@ -410,11 +388,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def WatchRoutes(self, request: pb.WatchRoutesRequest, context: Context) -> AsyncIterator[pb.RouteEvent]:
         """Relay the route publications (Redis pub/sub) to an API/Ingress replica, resync first."""
-        await require_peer(context, "api")
-        try:
-            subscription = await self.store.subscribe_routes()
-        except AdxError as exc:
-            await abort_with(context, exc)
+        subscription = await serve(context, lambda: self.store.subscribe_routes(), "api")
         # Published routes and, when nothing was published for a while, heartbeats: a subscriber that hears
         # nothing for several of them knows its replica froze (a SIGSTOPped one keeps its TCP port open and gRPC
         # keepalive did not notice it here) and looks for the active one again.
