@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import cast
 
 import grpc
 
@@ -23,7 +23,7 @@ from adx.coordinator._admin_store import AdminStore
 from adx.coordinator._cache import CoordinatorCache
 from adx.coordinator._create import EnvironmentCreator
 from adx.coordinator._lifecycle import LifecycleOps
-from adx.coordinator._store import CoordinatorStore
+from adx.coordinator._store import CoordinatorStore, RouteMessage
 from adx.coordinator._token_store import REVOKED_FIELD
 from adx.errors import (
     AdxError,
@@ -392,7 +392,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         # Published routes and, when nothing was published for a while, heartbeats: a subscriber that hears
         # nothing for several of them knows its replica froze (a SIGSTOPped one keeps its TCP port open and gRPC
         # keepalive did not notice it here) and looks for the active one again.
-        events: asyncio.Queue[dict[str, Any] | AdxError | None] = asyncio.Queue()
+        events: asyncio.Queue[RouteMessage | AdxError | None] = asyncio.Queue()
         pump = asyncio.create_task(_pump_routes(subscription, events), name="route-publications")
         try:
             # Anything cached before this stream existed may be stale: the subscriber starts clean.
@@ -410,13 +410,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 if REVOKED_FIELD in route:  # SEC-4: Ingresses drop a revoked endpoint token from their caches
                     yield pb.RouteEvent(revoked_token=str(route[REVOKED_FIELD]))
                     continue
-                node = self.cache.nodes.get(route.get("node") or "")
+                node_name = str(route.get("node") or "")
+                node = self.cache.nodes.get(node_name)
                 yield pb.RouteEvent(
                     environment_id=str(route["id"]),
                     tenant=str(route["tenant"]),
-                    node=str(route.get("node") or ""),
+                    node=node_name,
                     state=str(route["state"]),
-                    revision=int(route["revision"]),
+                    revision=int(cast(int, route["revision"])),  # a JSON number
                     relay_address=node.relay_address if node else "",
                 )
         finally:
@@ -427,7 +428,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
 
 async def _pump_routes(
-    subscription: AsyncIterator[dict[str, Any]], events: asyncio.Queue[dict[str, Any] | AdxError | None]
+    subscription: AsyncIterator[RouteMessage], events: asyncio.Queue[RouteMessage | AdxError | None]
 ) -> None:
     """Route publications into ``events``; then None (the subscription ended) or the error that ended it."""
     try:

@@ -129,6 +129,10 @@ class CreateOutcome:
     created: bool  # False: an earlier request with the same idempotency key created it
 
 
+#: One publication on the route channel: a route (``_route``) or a revoked endpoint token, as JSON.
+RouteMessage = dict[str, object]
+
+
 def _route(record: EnvironmentRecord) -> str:
     return json.dumps(
         {
@@ -460,7 +464,7 @@ class CoordinatorStore:
         )
         return bool(status == 1)
 
-    async def subscribe_routes(self) -> AsyncGenerator[dict[str, Any], None]:
+    async def subscribe_routes(self) -> AsyncGenerator[RouteMessage, None]:
         """Route publications, in publication order, until the connection breaks (then UnavailableError)."""
         pubsub = self._redis.pubsub()
         await self._call("subscribe routes", lambda: pubsub.subscribe(ROUTES_CHANNEL), writes=False)
@@ -564,7 +568,7 @@ class CoordinatorStore:
         return out
 
 
-async def _route_messages(pubsub: Any) -> AsyncGenerator[dict[str, Any], None]:
+async def _route_messages(pubsub: Any) -> AsyncGenerator[RouteMessage, None]:
     try:
         while True:
             try:
