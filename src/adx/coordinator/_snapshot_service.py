@@ -15,7 +15,7 @@ import time
 
 import grpc
 
-from adx.coordinator._admin_service import CoordinatorAdminService
+from adx._grpc_serve import serve
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._snapshot_store import SnapshotStore
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
@@ -51,8 +51,6 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
     def __init__(self, service: CoordinatorService) -> None:
         self.service = service
         self.snapshots = SnapshotStore(service.store)
-
-    _serve = staticmethod(CoordinatorAdminService._serve)
 
     async def resolve(self, tenant: str, ref: str) -> Snapshot:
         """An ID, or a name (its newest snapshot); another tenant's is the same NotFoundError as none (SEC-2)."""
@@ -108,13 +106,13 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             snapshot = await self.capture(request.tenant, request.environment_id, _name(request.name))
             return snapshot.model_dump_json(by_alias=True)
 
-        return pb.SnapshotReply(snapshot_json=await self._serve(context, work))
+        return pb.SnapshotReply(snapshot_json=await serve(context, work, "api"))
 
     async def GetSnapshot(self, request: pb.SnapshotRequest, context: Context) -> pb.SnapshotReply:
         async def work() -> str:
             return (await self.resolve(request.tenant, request.snapshot_id)).model_dump_json(by_alias=True)
 
-        return pb.SnapshotReply(snapshot_json=await self._serve(context, work))
+        return pb.SnapshotReply(snapshot_json=await serve(context, work, "api"))
 
     async def ListSnapshots(self, request: pb.ListSnapshotsRequest, context: Context) -> pb.ListSnapshotsReply:
         async def work() -> list[str]:
@@ -122,7 +120,7 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             wanted = request.environment_id
             return [s.model_dump_json(by_alias=True) for s in found if not wanted or s.source_environment_id == wanted]
 
-        return pb.ListSnapshotsReply(snapshot_json=await self._serve(context, work))
+        return pb.ListSnapshotsReply(snapshot_json=await serve(context, work, "api"))
 
     async def DeleteSnapshot(self, request: pb.SnapshotRequest, context: Context) -> pb.SnapshotReply:
         async def work() -> str:
@@ -130,7 +128,7 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             await self.delete(snapshot, tenant=request.tenant)
             return snapshot.model_dump_json(by_alias=True)
 
-        return pb.SnapshotReply(snapshot_json=await self._serve(context, work))
+        return pb.SnapshotReply(snapshot_json=await serve(context, work, "api"))
 
     async def CreateFromSnapshot(
         self, request: pb.CreateFromSnapshotRequest, context: Context
@@ -147,7 +145,7 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             )
             return record.model_dump_json(by_alias=True), created
 
-        text, created = await self._serve(context, work)
+        text, created = await serve(context, work, "api")
         return pb.CreatedFromSnapshotReply(environment_json=text, created=created)
 
     async def sweep(self, now: float | None = None) -> int:

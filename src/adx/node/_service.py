@@ -3,6 +3,7 @@ usage and the node's own view of an Environment for the API server."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -26,20 +27,14 @@ class NodeService(node_pb2_grpc.NodeServicer):
     async def AdmitEnvironment(
         self, request: node_pb2.AdmitEnvironmentRequest, context: Context
     ) -> node_pb2.AdmitEnvironmentResponse:
-        async def work() -> EnvironmentRecord:
-            return self.agent.admit(_record_arg(request.environment_json))
-
-        admitted = await serve(context, work, "coordinator")
-        return node_pb2.AdmitEnvironmentResponse(environment_json=admitted.model_dump_json(by_alias=True))
+        admitted = await self._hand_over(context, request.environment_json, self.agent.admit, "coordinator")
+        return node_pb2.AdmitEnvironmentResponse(environment_json=admitted)
 
     async def DeleteEnvironment(
         self, request: node_pb2.DeleteEnvironmentRequest, context: Context
     ) -> node_pb2.DeleteEnvironmentResponse:
-        async def work() -> EnvironmentRecord:
-            return self.agent.delete(_record_arg(request.environment_json))
-
-        queued = await serve(context, work, "coordinator", "api")
-        return node_pb2.DeleteEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))
+        queued = await self._hand_over(context, request.environment_json, self.agent.delete, "coordinator", "api")
+        return node_pb2.DeleteEnvironmentResponse(environment_json=queued)
 
     async def PauseEnvironment(
         self, request: node_pb2.PauseEnvironmentRequest, context: Context
@@ -53,11 +48,18 @@ class NodeService(node_pb2_grpc.NodeServicer):
     async def ResumeEnvironment(
         self, request: node_pb2.ResumeEnvironmentRequest, context: Context
     ) -> node_pb2.ResumeEnvironmentResponse:
-        async def work() -> EnvironmentRecord:
-            return self.agent.resume(_record_arg(request.environment_json))
+        queued = await self._hand_over(context, request.environment_json, self.agent.resume, "coordinator")
+        return node_pb2.ResumeEnvironmentResponse(environment_json=queued)
 
-        queued = await serve(context, work, "coordinator")
-        return node_pb2.ResumeEnvironmentResponse(environment_json=queued.model_dump_json(by_alias=True))
+    async def _hand_over(
+        self, context: Context, text: str, queue: Callable[[EnvironmentRecord], EnvironmentRecord], *peers: str
+    ) -> str:
+        """Admit, delete, resume: the record in ``text`` handed to the agent, and its answer as JSON."""
+
+        async def work() -> EnvironmentRecord:
+            return queue(_record_arg(text))
+
+        return (await serve(context, work, *peers)).model_dump_json(by_alias=True)
 
     async def EnvironmentStats(
         self, request: node_pb2.EnvironmentStatsRequest, context: Context
