@@ -18,7 +18,8 @@ import grpc
 from adx._grpc_serve import serve
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._snapshot_store import SnapshotStore
-from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.coordinator._sweeps import sweep_every
+from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.model import (
     OPERATION,
     SNAPSHOT,
@@ -162,15 +163,6 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
 
     async def run_sweeps(self, interval: float, stop: asyncio.Event) -> None:
         """Reclaim expired snapshots every ``interval`` seconds until ``stop``."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
-            if stop.is_set():
-                return
-            try:
-                reclaimed = await self.sweep()
-            except AdxError as exc:
-                log.warning("snapshot expiry sweep skipped: %s", exc)
-                continue
-            if reclaimed:
-                log.info("expired snapshots reclaimed", extra={"count": reclaimed})
+        await sweep_every(
+            interval, stop, self.sweep, what="snapshot expiry sweep", reclaimed="expired snapshots reclaimed"
+        )

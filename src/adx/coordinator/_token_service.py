@@ -4,7 +4,6 @@ tokens for a tenant they authenticated; Ingresses check a request's token (and c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 
@@ -12,8 +11,9 @@ import grpc
 
 from adx._grpc_serve import serve
 from adx.coordinator._service import CoordinatorService
+from adx.coordinator._sweeps import sweep_every
 from adx.coordinator._token_store import TokenStore
-from adx.errors import AdxError, InvalidInputError, NotFoundError
+from adx.errors import InvalidInputError, NotFoundError
 from adx.model import EndpointTokenRequest, TokenGrant, is_endpoint_token_id, parse_wire
 from adx.proto import tokens_pb2 as pb
 from adx.proto import tokens_pb2_grpc as pb_grpc
@@ -86,15 +86,10 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
 
     async def run_sweeps(self, interval: float, stop: asyncio.Event) -> None:
         """Reclaim deleted Environments' tokens every ``interval`` seconds until ``stop``."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
-            if stop.is_set():
-                return
-            try:
-                reclaimed = await self.tokens.sweep()
-            except AdxError as exc:
-                log.warning("endpoint token sweep skipped: %s", exc)
-                continue
-            if reclaimed:
-                log.info("endpoint tokens of deleted Environments reclaimed", extra={"count": reclaimed})
+        await sweep_every(
+            interval,
+            stop,
+            self.tokens.sweep,
+            what="endpoint token sweep",
+            reclaimed="endpoint tokens of deleted Environments reclaimed",
+        )
