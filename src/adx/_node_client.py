@@ -3,8 +3,9 @@ usage (MET-1)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import grpc
 
@@ -16,6 +17,8 @@ from adx.proto import snapshots_pb2, snapshots_pb2_grpc
 
 if TYPE_CHECKING:
     from adx.proto.node_pb2_grpc import NodeAsyncStub
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,10 @@ class NodeClients:
             self._channels[address] = (channel, pb_grpc.NodeStub(channel))
         return self._channels[address][1]
 
-    async def _call(self, what: str, address: str, record: EnvironmentRecord, call: Any) -> EnvironmentRecord:
-        try:
-            reply = await call()
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"{what} {record.id} on {address}") from None
+    async def _call(
+        self, what: str, address: str, record: EnvironmentRecord, call: Callable[[], Awaitable[_RecordReply]]
+    ) -> EnvironmentRecord:
+        reply = await _rpc(f"{what} {record.id} on {address}", call)
         return EnvironmentRecord.model_validate_json(reply.environment_json)
 
     async def admit(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
@@ -81,10 +83,10 @@ class NodeClients:
         request = snapshots_pb2.CaptureSnapshotRequest(
             environment_json=record.model_dump_json(by_alias=True), operation_id=operation_id
         )
-        try:
-            reply = await stub.CaptureSnapshot(request, timeout=wait_seconds + self.rpc_timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"snapshot {record.id} on {address}") from None
+        reply = await _rpc(
+            f"snapshot {record.id} on {address}",
+            lambda: stub.CaptureSnapshot(request, timeout=wait_seconds + self.rpc_timeout),
+        )
         return CheckpointRef.model_validate_json(reply.checkpoint_json)
 
     async def resume(self, address: str, record: EnvironmentRecord) -> EnvironmentRecord:
@@ -98,10 +100,10 @@ class NodeClients:
     async def stats(self, address: str, tenant: str, environment_id: str) -> EnvironmentStats:
         """The node's last usage sample of a running Environment (MET-1); it never wakes a paused one."""
         request = pb.EnvironmentStatsRequest(environment_id=environment_id, tenant=tenant)
-        try:
-            reply = await self._stub(address).EnvironmentStats(request, timeout=self.rpc_timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"stats of {environment_id} on {address}") from None
+        stub = self._stub(address)
+        reply = await _rpc(
+            f"stats of {environment_id} on {address}", lambda: stub.EnvironmentStats(request, timeout=self.rpc_timeout)
+        )
         return EnvironmentStats.model_validate_json(reply.stats_json)
 
     async def logs(
@@ -126,19 +128,21 @@ class NodeClients:
             limit=limit,
             wait_seconds=wait_seconds,
         )
-        try:
-            reply = await self._stub(address).EnvironmentLogs(request, timeout=self.rpc_timeout + wait_seconds)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"logs of {environment_id} on {address}") from None
+        stub = self._stub(address)
+        reply = await _rpc(
+            f"logs of {environment_id} on {address}",
+            lambda: stub.EnvironmentLogs(request, timeout=self.rpc_timeout + wait_seconds),
+        )
         return EnvironmentLogs.model_validate_json(reply.logs_json)
 
     async def describe(self, address: str, tenant: str, environment_id: str) -> NodeView:
         """The node's own view of an Environment it holds (JRN-4: the answer while the Coordinator is away)."""
         request = pb.DescribeEnvironmentRequest(environment_id=environment_id, tenant=tenant)
-        try:
-            reply = await self._stub(address).DescribeEnvironment(request, timeout=self.rpc_timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"describe {environment_id} on {address}") from None
+        stub = self._stub(address)
+        reply = await _rpc(
+            f"describe {environment_id} on {address}",
+            lambda: stub.DescribeEnvironment(request, timeout=self.rpc_timeout),
+        )
         return NodeView(
             EnvironmentRecord.model_validate_json(reply.environment_json), reply.publication_pending, reply.journaled
         )
@@ -147,3 +151,18 @@ class NodeClients:
         for channel, _ in self._channels.values():
             await channel.close(None)
         self._channels.clear()
+
+
+class _RecordReply(Protocol):
+    """The node's replies that carry the Environment record it committed or queued."""
+
+    @property
+    def environment_json(self) -> str: ...
+
+
+async def _rpc(what: str, call: Callable[[], Awaitable[R]]) -> R:
+    """One call to a node; its gRPC error as the ADX error it stands for, naming ``what`` was asked."""
+    try:
+        return await call()
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc, what) from None

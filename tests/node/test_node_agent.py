@@ -200,12 +200,12 @@ async def test_routine_check_starts_a_pending_environment_the_node_never_heard_o
     nc = await node_cluster()
     api = Api(nc)
     try:
-        service = nc.cluster.coordinator.service
-        nodes, service.nodes = service.nodes, None  # the admit call is lost on the way
+        creator = nc.cluster.coordinator.service.creator
+        nodes, creator.nodes = creator.nodes, None  # the admit call is lost on the way
         try:
             created = await api.create()
         finally:
-            service.nodes = nodes
+            creator.nodes = nodes
         assert created.state is EnvironmentState.PENDING
         assert created.id not in nc.nodes["n1"].controllers
         running = await api.wait_state(created.id, EnvironmentState.RUNNING)

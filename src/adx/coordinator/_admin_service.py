@@ -9,13 +9,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
 
 import grpc
 from pydantic import BaseModel
 
-from adx._grpc_errors import abort_with
-from adx._grpc_tls import require_peer
+from adx._grpc_serve import serve
 from adx.coordinator._service import CoordinatorService
 from adx.errors import AdxError
 from adx.model import (
@@ -36,7 +34,6 @@ log = logging.getLogger("adx.coordinator")
 
 Context = grpc.aio.ServicerContext[object, object]
 S = EnvironmentState
-T = TypeVar("T")
 
 #: How long a drain waits for an Environment in a passing state (starting, resuming, pausing) to settle.
 DRAIN_SETTLE_SECONDS = 60.0
@@ -80,24 +77,15 @@ class CoordinatorAdminService(pb_grpc.CoordinatorAdminServicer):
     def _reply(model: BaseModel) -> pb.AdminReply:
         return pb.AdminReply(json=model.model_dump_json(by_alias=True))
 
-    @staticmethod
-    async def _serve(context: Context, work: Callable[[], Awaitable[T]]) -> T:
-        """Every admin call: an API server's certificate, then the work, its ADX errors as gRPC statuses."""
-        await require_peer(context, "api")
-        try:
-            return await work()
-        except AdxError as exc:
-            await abort_with(context, exc)
-
     async def _one(self, context: Context, work: Callable[[], Awaitable[BaseModel]], done: str = "") -> pb.AdminReply:
-        result = await self._serve(context, work)
+        result = await serve(context, work, "api")
         if done:
             subject = getattr(result, "owner", None) or getattr(result, "name", "")
             log.info(done, extra={"subject": subject, "key_id": getattr(result, "key_id", "")})
         return self._reply(result)
 
     async def _many(self, context: Context, work: Callable[[], Awaitable[Sequence[BaseModel]]]) -> pb.AdminListReply:
-        items = await self._serve(context, work)
+        items = await serve(context, work, "api")
         return pb.AdminListReply(json=[item.model_dump_json(by_alias=True) for item in items])
 
     async def CreateAdminKey(self, request: pb.CreateAdminKeyRequest, context: Context) -> pb.AdminReply:
@@ -161,7 +149,7 @@ class CoordinatorAdminService(pb_grpc.CoordinatorAdminServicer):
 
     async def DrainNode(self, request: pb.NodeRequest, context: Context) -> AsyncIterator[pb.AdminReply]:
         node = request.node
-        await self._serve(context, lambda: self._set_cordoned(node, True))
+        await serve(context, lambda: self._set_cordoned(node, True), "api")
         yield self._reply(DrainEvent(node=node, step=DrainStep.CORDONED, message="admits no new Environment"))
         counts: Counter[str] = Counter()
         owned = sorted(

@@ -29,6 +29,7 @@ from adx.model import (
     ResumeIntent,
     new_id,
 )
+from adx.model._records import RecordChanges
 
 log = logging.getLogger("adx.coordinator.lifecycle")
 S = EnvironmentState
@@ -280,35 +281,38 @@ class LifecycleOps:
         return paused
 
     async def set_lifetime(self, tenant: str, env_id: str, seconds: float, action: str) -> EnvironmentRecord:
-        for _ in range(5):
-            record = await self.store.get_tenant_environment(tenant, env_id)
-            if record.state in (S.DELETING, S.DELETED):
-                raise ConflictError(f"environment {env_id} is {record.state.value}", details={"state": "deleting"})
-            changes: dict[str, object] = {"expires_at": time.time() + seconds}
+        def changes(record: EnvironmentRecord) -> RecordChanges:
+            update: RecordChanges = {"expires_at": time.time() + seconds}
             if action:
                 lifecycle = record.spec.lifecycle.model_copy(update={"lifetime_action": IdleAction(action)})
-                changes["spec"] = record.spec.model_copy(update={"lifecycle": lifecycle})
-            try:
-                committed = await self.store.commit_environment(record, changes, check_generation=False)
-            except ConflictError:
-                continue
-            self.cache.apply(committed)
-            return committed
-        raise ConflictError(f"environment {env_id} keeps changing; try again")
+                update["spec"] = record.spec.model_copy(update={"lifecycle": lifecycle})
+            return update
+
+        return await self._change_live(tenant, env_id, changes)
 
     async def set_network(self, tenant: str, env_id: str, network: NetworkPolicy) -> EnvironmentRecord:
         """Store a new network policy as a spec revision (NOD-10); the owning node applies it in place when it
         runs, a paused one gets it when it resumes."""
+
+        def changes(record: EnvironmentRecord) -> RecordChanges:
+            return {
+                "spec": record.spec.model_copy(update={"network": network}),
+                "network_revision": record.revision + 1,  # the revision this commit makes
+            }
+
+        return await self._change_live(tenant, env_id, changes)
+
+    async def _change_live(
+        self, tenant: str, env_id: str, changes: Callable[[EnvironmentRecord], RecordChanges]
+    ) -> EnvironmentRecord:
+        """Commit ``changes(record)`` on the tenant's Environment unless it is being deleted, read again and
+        retried (up to five times) while others commit in between."""
         for _ in range(5):
             record = await self.store.get_tenant_environment(tenant, env_id)
             if record.state in (S.DELETING, S.DELETED):
                 raise ConflictError(f"environment {env_id} is {record.state.value}", details={"state": "deleting"})
-            changes: dict[str, object] = {
-                "spec": record.spec.model_copy(update={"network": network}),
-                "network_revision": record.revision + 1,  # the revision this commit makes
-            }
             try:
-                committed = await self.store.commit_environment(record, changes, check_generation=False)
+                committed = await self.store.commit_environment(record, changes(record), check_generation=False)
             except ConflictError:
                 continue
             self.cache.apply(committed)

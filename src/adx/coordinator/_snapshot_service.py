@@ -15,10 +15,11 @@ import time
 
 import grpc
 
-from adx.coordinator._admin_service import CoordinatorAdminService
+from adx._grpc_serve import serve
 from adx.coordinator._service import CoordinatorService
 from adx.coordinator._snapshot_store import SnapshotStore
-from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.coordinator._sweeps import sweep_every
+from adx.errors import ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.model import (
     OPERATION,
     SNAPSHOT,
@@ -51,8 +52,6 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
     def __init__(self, service: CoordinatorService) -> None:
         self.service = service
         self.snapshots = SnapshotStore(service.store)
-
-    _serve = staticmethod(CoordinatorAdminService._serve)
 
     async def resolve(self, tenant: str, ref: str) -> Snapshot:
         """An ID, or a name (its newest snapshot); another tenant's is the same NotFoundError as none (SEC-2)."""
@@ -108,13 +107,13 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             snapshot = await self.capture(request.tenant, request.environment_id, _name(request.name))
             return snapshot.model_dump_json(by_alias=True)
 
-        return pb.SnapshotReply(snapshot_json=await self._serve(context, work))
+        return pb.SnapshotReply(snapshot_json=await serve(context, work, "api"))
 
     async def GetSnapshot(self, request: pb.SnapshotRequest, context: Context) -> pb.SnapshotReply:
         async def work() -> str:
             return (await self.resolve(request.tenant, request.snapshot_id)).model_dump_json(by_alias=True)
 
-        return pb.SnapshotReply(snapshot_json=await self._serve(context, work))
+        return pb.SnapshotReply(snapshot_json=await serve(context, work, "api"))
 
     async def ListSnapshots(self, request: pb.ListSnapshotsRequest, context: Context) -> pb.ListSnapshotsReply:
         async def work() -> list[str]:
@@ -122,7 +121,7 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             wanted = request.environment_id
             return [s.model_dump_json(by_alias=True) for s in found if not wanted or s.source_environment_id == wanted]
 
-        return pb.ListSnapshotsReply(snapshot_json=await self._serve(context, work))
+        return pb.ListSnapshotsReply(snapshot_json=await serve(context, work, "api"))
 
     async def DeleteSnapshot(self, request: pb.SnapshotRequest, context: Context) -> pb.SnapshotReply:
         async def work() -> str:
@@ -130,7 +129,7 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             await self.delete(snapshot, tenant=request.tenant)
             return snapshot.model_dump_json(by_alias=True)
 
-        return pb.SnapshotReply(snapshot_json=await self._serve(context, work))
+        return pb.SnapshotReply(snapshot_json=await serve(context, work, "api"))
 
     async def CreateFromSnapshot(
         self, request: pb.CreateFromSnapshotRequest, context: Context
@@ -142,12 +141,12 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
             except ValueError as exc:
                 raise InvalidInputError("specJson", f"is not valid JSON: {exc}") from None
             spec = source_spec(snapshot, parse_wire(EnvironmentSpec, body))
-            record, created = await self.service._create(
+            record, created = await self.service.creator.create(
                 request.tenant, spec, request.idempotency_key or None, snapshot.checkpoint
             )
             return record.model_dump_json(by_alias=True), created
 
-        text, created = await self._serve(context, work)
+        text, created = await serve(context, work, "api")
         return pb.CreatedFromSnapshotReply(environment_json=text, created=created)
 
     async def sweep(self, now: float | None = None) -> int:
@@ -164,15 +163,6 @@ class CoordinatorSnapshotsService(pb_grpc.CoordinatorSnapshotsServicer):
 
     async def run_sweeps(self, interval: float, stop: asyncio.Event) -> None:
         """Reclaim expired snapshots every ``interval`` seconds until ``stop``."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
-            if stop.is_set():
-                return
-            try:
-                reclaimed = await self.sweep()
-            except AdxError as exc:
-                log.warning("snapshot expiry sweep skipped: %s", exc)
-                continue
-            if reclaimed:
-                log.info("expired snapshots reclaimed", extra={"count": reclaimed})
+        await sweep_every(
+            interval, stop, self.sweep, what="snapshot expiry sweep", reclaimed="expired snapshots reclaimed"
+        )

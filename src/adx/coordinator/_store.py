@@ -37,6 +37,7 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.model import MAX_CPU_OVERCOMMIT, CheckpointRef, EnvironmentRecord, EnvironmentState, NodeRecord, Resources
+from adx.model._records import RecordChanges
 
 T = TypeVar("T")
 
@@ -126,6 +127,10 @@ NoCapacity = NoCapacityError
 class CreateOutcome:
     record: EnvironmentRecord
     created: bool  # False: an earlier request with the same idempotency key created it
+
+
+#: One publication on the route channel: a route (``_route``) or a revoked endpoint token, as JSON.
+RouteMessage = dict[str, object]
 
 
 def _route(record: EnvironmentRecord) -> str:
@@ -334,7 +339,7 @@ class CoordinatorStore:
     async def commit_environment(
         self,
         current: EnvironmentRecord,
-        changes: dict[str, Any],
+        changes: RecordChanges,
         *,
         check_generation: bool = True,
         release_reservation: bool = False,
@@ -388,7 +393,7 @@ class CoordinatorStore:
         )
 
     async def record_resume_intent(
-        self, current: EnvironmentRecord, changes: dict[str, Any], *, node: str, generation: int
+        self, current: EnvironmentRecord, changes: RecordChanges, *, node: str, generation: int
     ) -> EnvironmentRecord:
         """CRD-5: compare-and-set ``current`` (paused) to resuming on ``node``, reserving its resources there.
 
@@ -459,7 +464,7 @@ class CoordinatorStore:
         )
         return bool(status == 1)
 
-    async def subscribe_routes(self) -> AsyncGenerator[dict[str, Any], None]:
+    async def subscribe_routes(self) -> AsyncGenerator[RouteMessage, None]:
         """Route publications, in publication order, until the connection breaks (then UnavailableError)."""
         pubsub = self._redis.pubsub()
         await self._call("subscribe routes", lambda: pubsub.subscribe(ROUTES_CHANNEL), writes=False)
@@ -563,7 +568,7 @@ class CoordinatorStore:
         return out
 
 
-async def _route_messages(pubsub: Any) -> AsyncGenerator[dict[str, Any], None]:
+async def _route_messages(pubsub: Any) -> AsyncGenerator[RouteMessage, None]:
     try:
         while True:
             try:

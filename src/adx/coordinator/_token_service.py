@@ -4,17 +4,16 @@ tokens for a tenant they authenticated; Ingresses check a request's token (and c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from typing import TypeVar
 
 import grpc
 
-from adx.coordinator._admin_service import CoordinatorAdminService
+from adx._grpc_serve import serve
 from adx.coordinator._service import CoordinatorService
+from adx.coordinator._sweeps import sweep_every
 from adx.coordinator._token_store import TokenStore
-from adx.errors import AdxError, InvalidInputError, NotFoundError
+from adx.errors import InvalidInputError, NotFoundError
 from adx.model import EndpointTokenRequest, TokenGrant, is_endpoint_token_id, parse_wire
 from adx.proto import tokens_pb2 as pb
 from adx.proto import tokens_pb2_grpc as pb_grpc
@@ -24,16 +23,12 @@ log = logging.getLogger("adx.coordinator")
 Context = grpc.aio.ServicerContext[object, object]
 #: How often the tokens of deleted Environments are reclaimed (a SCAN of the token indexes).
 TOKEN_SWEEP_SECONDS = 60.0
-T = TypeVar("T")
 
 
 class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
     def __init__(self, service: CoordinatorService) -> None:
         self.service = service
         self.tokens = TokenStore(service.store)
-
-    # Every call: an API server's certificate, then the work, its ADX errors as gRPC statuses (as admin calls).
-    _serve = staticmethod(CoordinatorAdminService._serve)
 
     async def _owned(self, tenant: str, env_id: str) -> None:
         # Another tenant's Environment is indistinguishable from none (SEC-2).
@@ -53,7 +48,7 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
             )
             return issued.model_dump_json(by_alias=True)
 
-        return pb.TokenReply(json=await self._serve(context, work))
+        return pb.TokenReply(json=await serve(context, work, "api"))
 
     async def ListTokens(self, request: pb.EnvironmentTokensRequest, context: Context) -> pb.TokenListReply:
         async def work() -> list[str]:
@@ -61,7 +56,7 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
             tokens = await self.tokens.list(request.environment_id)
             return [t.model_dump_json(by_alias=True) for t in tokens]
 
-        return pb.TokenListReply(json=await self._serve(context, work))
+        return pb.TokenListReply(json=await serve(context, work, "api"))
 
     async def RevokeToken(self, request: pb.RevokeTokenRequest, context: Context) -> pb.TokenReply:
         async def work() -> str:
@@ -75,7 +70,7 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
             )
             return revoked.model_dump_json(by_alias=True)
 
-        return pb.TokenReply(json=await self._serve(context, work))
+        return pb.TokenReply(json=await serve(context, work, "api"))
 
     async def CheckToken(self, request: pb.CheckTokenRequest, context: Context) -> pb.TokenReply:
         async def work() -> TokenGrant:
@@ -86,20 +81,15 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
                 raise NotFoundError(f"endpoint token {grant.token_id}: its tenant {grant.tenant} is disabled")
             return grant
 
-        grant = await self._serve(context, work)
+        grant = await serve(context, work, "api")
         return pb.TokenReply(json=grant.model_dump_json(by_alias=True))
 
     async def run_sweeps(self, interval: float, stop: asyncio.Event) -> None:
         """Reclaim deleted Environments' tokens every ``interval`` seconds until ``stop``."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
-            if stop.is_set():
-                return
-            try:
-                reclaimed = await self.tokens.sweep()
-            except AdxError as exc:
-                log.warning("endpoint token sweep skipped: %s", exc)
-                continue
-            if reclaimed:
-                log.info("endpoint tokens of deleted Environments reclaimed", extra={"count": reclaimed})
+        await sweep_every(
+            interval,
+            stop,
+            self.tokens.sweep,
+            what="endpoint token sweep",
+            reclaimed="endpoint tokens of deleted Environments reclaimed",
+        )

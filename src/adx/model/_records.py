@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field
 
@@ -68,6 +68,27 @@ class EnvironmentRecord(ApiModel):
     # the one the owning node last applied and published; they differ while a change is on its way.
     network_revision: int = Field(default=0, ge=0)
     network_applied_revision: int = Field(default=0, ge=0)
+
+
+class RecordChanges(TypedDict, total=False):
+    """What one commit changes on an :class:`EnvironmentRecord` (field names, model values); the store sets
+    ``revision`` and ``updated_at`` itself, and ``id``, ``tenant`` and ``created_at`` never change."""
+
+    spec: EnvironmentSpec
+    state: EnvironmentState
+    node: str | None
+    generation: int
+    execution_id: str | None
+    restart_attempts: int
+    restart_pending: bool
+    checkpoint: CheckpointRef | None
+    resume_intent: ResumeIntent | None
+    expires_at: float | None
+    ownership_lost: bool
+    recovery_pending: bool
+    last_error: str | None
+    network_revision: int
+    network_applied_revision: int
 
 
 class NodeRecord(ApiModel):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
 from adx._grpc_errors import from_rpc_error
 from adx.model import CheckpointRef, EnvironmentRecord
+from adx.model._records import RecordChanges
 from adx.proto import coordinator_pb2 as pb
 
 if TYPE_CHECKING:
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 class CoordinatorSink:
     """Commits results with the node's identity and current session (CRD-1, CRD-4)."""
 
-    def __init__(self, stub: CoordinatorAsyncStub, node: str, session: Any, rpc_timeout: float) -> None:
+    def __init__(self, stub: CoordinatorAsyncStub, node: str, session: Callable[[], str], rpc_timeout: float) -> None:
         self.stub = stub
         self.node = node
         # ``session`` is a zero-argument callable: the session changes when the node registers again.
@@ -30,7 +32,7 @@ class CoordinatorSink:
         self.referenced_checkpoints: set[str] | None = None
 
     async def commit(
-        self, record: EnvironmentRecord, changes: dict[str, Any], *, release_reservation: bool = False
+        self, record: EnvironmentRecord, changes: RecordChanges, *, release_reservation: bool = False
     ) -> EnvironmentRecord:
         return await self.commit_wire(
             record.id,
@@ -45,7 +47,7 @@ class CoordinatorSink:
         env_id: str,
         expected_revision: int,
         expected_generation: int,
-        changes: dict[str, Any],
+        changes: dict[str, object],
         *,
         release_reservation: bool = False,
     ) -> EnvironmentRecord:
@@ -92,7 +94,7 @@ class CoordinatorSink:
         return next((record for record in await self.catalog() if record.id == env_id), None)
 
 
-def wire_changes(record: EnvironmentRecord, changes: dict[str, Any]) -> dict[str, Any]:
+def wire_changes(record: EnvironmentRecord, changes: RecordChanges) -> dict[str, object]:
     """``changes`` (field names, model values) as the wire fields a commit carries (validated on the record)."""
     wire = EnvironmentRecord.model_validate({**record.model_dump(), **changes}).to_wire()
     fields = EnvironmentRecord.model_fields

@@ -12,9 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from adx.node._relay import StreamCounts
+
+if TYPE_CHECKING:
+    from adx.sandboxd import RuntimeObservation
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class IdleWindow:
 class IdleDetector:
     def __init__(
         self,
-        observations: Callable[[], Mapping[str, Any]],
+        observations: Callable[[], Mapping[str, RuntimeObservation]],
         streams: StreamCounts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

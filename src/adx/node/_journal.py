@@ -97,7 +97,7 @@ class PendingResult:
     base_execution_id: str | None
     state: EnvironmentState
     execution_id: str | None
-    changes: dict[str, Any]
+    changes: dict[str, object]
     release_reservation: bool
     spec_digest: str
     recorded_at: float
@@ -114,7 +114,7 @@ class NewResult:
     base_execution_id: str | None
     state: EnvironmentState
     execution_id: str | None
-    changes: dict[str, Any]
+    changes: dict[str, object]
     release_reservation: bool
     spec_digest: str
 
