@@ -21,7 +21,6 @@ from adx.agents._pg import check_tenant
 from adx.agents._rows import ResolveOutcome, RunKey
 from adx.agents._status import RunStatus, WaitKind
 from adx.agents._store import AgentStore
-from adx.agents._store_ops import fork_run, list_runs, read_history, retry_run
 from adx.errors import ConflictError, InvalidInputError
 
 __all__ = ["AgentResult", "AgentRuns", "PendingWait", "RunEvent", "RunPage", "RunView"]
@@ -269,8 +268,7 @@ class AgentRuns:
                 raise InvalidInputError("status", f"must be one of {[s.value for s in RunStatus]}") from None
         if not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise InvalidInputError("limit", "must be between 1 and 1000")
-        rows = await list_runs(
-            self.store,
+        rows = await self.store.list_runs(
             tenant_id,
             status=status.value if status is not None else None,
             graph=graph,
@@ -298,7 +296,7 @@ class AgentRuns:
 
     async def history(self, tenant_id: str, run_id: uuid.UUID | str) -> list[RunEvent]:
         check_tenant(tenant_id)
-        rows = await read_history(self.store, RunKey(tenant_id, _parse_run_id(run_id)))
+        rows = await self.store.read_history(RunKey(tenant_id, _parse_run_id(run_id)))
         return [
             RunEvent(
                 r["id"],
@@ -338,7 +336,7 @@ class AgentRuns:
         start afresh; usage keeps accumulating). The failure result is kept in the run's history."""
         check_tenant(tenant_id)
         key = RunKey(tenant_id, _parse_run_id(run_id))
-        await retry_run(self.store, key)
+        await self.store.retry_run(key)
         return await self.get_run(tenant_id, key.run_id)
 
     async def fork(self, tenant_id: str, run_id: uuid.UUID | str, checkpoint_seq: int) -> RunView:
@@ -348,5 +346,5 @@ class AgentRuns:
         if not isinstance(checkpoint_seq, int) or isinstance(checkpoint_seq, bool) or checkpoint_seq < 0:
             raise InvalidInputError("checkpoint_seq", "must be a non-negative integer")
         new_id = uuid.uuid4()
-        await fork_run(self.store, RunKey(tenant_id, _parse_run_id(run_id)), checkpoint_seq, new_id)
+        await self.store.fork_run(RunKey(tenant_id, _parse_run_id(run_id)), checkpoint_seq, new_id)
         return await self.get_run(tenant_id, new_id)

@@ -19,9 +19,9 @@ from psycopg.types.json import Jsonb
 
 from adx.agents._admission import build_admission
 from adx.agents._graph import ChildRun, ExecutableGraphRegistry, Join, JoinPolicy
-from adx.agents._rows import TERMINAL, Claim, ParentClaim, RunKey
+from adx.agents._rows import RUN_COLUMNS, TERMINAL, Claim, ParentClaim, RunKey, fetch_run
 from adx.agents._store import AgentStore
-from adx.errors import ConflictError, InvalidInputError, NotFoundError
+from adx.errors import ConflictError, InvalidInputError
 
 __all__ = [
     "JoinSpec",
@@ -118,14 +118,9 @@ async def list_children(
 ) -> list[dict[str, Any]]:
     """One keyset page of a run's children, oldest first (NotFoundError for an unknown parent)."""
     async with store.connection("list children") as conn:
+        await fetch_run(conn, key, "1")
         cur = await conn.execute(
-            "SELECT 1 FROM adx_agent_runs WHERE tenant_id = %s AND run_id = %s", (key.tenant_id, key.run_id)
-        )
-        if await cur.fetchone() is None:
-            raise NotFoundError(f"run {key.run_id} does not exist")
-        cur = await conn.execute(
-            "SELECT r.*, u.input_tokens, u.output_tokens, u.model_calls, u.tool_calls, u.node_commits,"
-            " u.missing_usage FROM adx_agent_runs r JOIN adx_agent_usage u USING (tenant_id, run_id)"
+            f"SELECT {RUN_COLUMNS} FROM adx_agent_runs r JOIN adx_agent_usage u USING (tenant_id, run_id)"
             " WHERE r.tenant_id = %(t)s AND r.parent_run_id = %(p)s"
             " AND (%(at)s::timestamptz IS NULL OR (r.created_at, r.run_id) > (%(at)s, %(id)s))"
             " ORDER BY r.created_at, r.run_id LIMIT %(n)s",

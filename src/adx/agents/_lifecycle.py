@@ -117,27 +117,23 @@ class GraphLifecycleEvidenceProvider:
 
     async def recover(self, store: AgentStore, request: EvidenceRequest) -> LifecycleEvidence:
         facts = await store.read_evidence(request.key, request.checkpoint_seq)
-        checkpoint = facts["checkpoint"]
+        checkpoint = facts.checkpoint
         if checkpoint is None:
             raise EvidenceError(f"run {request.key.run_id}: checkpoint {request.checkpoint_seq} is not persisted")
-        usage = facts["usage"]
-        if usage["missing_usage"]:
+        if facts.missing_usage:
             raise EvidenceError(
-                f"run {request.key.run_id}: {usage['missing_usage']} model call(s) have no recorded usage;"
+                f"run {request.key.run_id}: {facts.missing_usage} model call(s) have no recorded usage;"
                 " refusing to report zero"
             )
-        run = facts["run"]
         return LifecycleEvidence(
             key=request.key,
-            checkpoint_seq=int(checkpoint["seq"]),
-            descriptor=run["descriptor"],
-            request=run["request"],
-            budget=run["budget"],
-            artifact=checkpoint["artifact"],
-            terminal_ready=checkpoint["next_node"] is None,
-            usage={
-                k: int(usage[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")
-            },
+            checkpoint_seq=checkpoint.seq,
+            descriptor=facts.descriptor,
+            request=facts.request,
+            budget=facts.budget,
+            artifact=checkpoint.artifact,
+            terminal_ready=checkpoint.next_node is None,
+            usage=facts.usage,
         )
 
 

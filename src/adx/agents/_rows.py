@@ -1,5 +1,6 @@
-"""What the agent store reads and hands out: run keys, checkpoints, claims, commit results, and the SQL
-fragments that decide when a run is claimable."""
+"""What the agent store reads and hands out: run keys, checkpoints, claims, commit results, the SQL
+fragments that decide when a run is claimable, and the two reads every kind of store transaction starts from
+(a run's row, a checkpoint)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,28 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from psycopg.rows import DictRow
+
+from adx.agents._canonical import JsonObject
+from adx.agents._pg import Conn
+from adx.errors import NotFoundError
+
 __all__ = [
     "CLAIMABLE",
     "LIVENESS_LOCK_CLASS",
+    "RUN_COLUMNS",
     "TERMINAL",
     "USAGE_COLS",
     "Candidate",
     "Checkpoint",
     "Claim",
+    "EvidenceFacts",
     "NodeCommitResult",
     "ParentClaim",
     "ResolveOutcome",
     "RunKey",
+    "fetch_checkpoint",
+    "fetch_run",
     "usage_of",
 ]
 
@@ -87,6 +98,23 @@ class ParentClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class EvidenceFacts:
+    """One read-only snapshot of a run for lifecycle evidence: its admitted facts and ownership, the checkpoint
+    asked for (None when it is not kept), usage rebuilt from completed attempts, and how many completed model
+    calls recorded no usage (evidence refuses to report those as zero)."""
+
+    descriptor: JsonObject
+    request: JsonObject
+    budget: JsonObject
+    fence: int
+    status: str
+    lease_owner: str | None
+    checkpoint: Checkpoint | None
+    usage: dict[str, int]
+    missing_usage: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeCommitResult:
     revision: int
     cancel_requested: bool
@@ -94,6 +122,8 @@ class NodeCommitResult:
     next_attempt_id: uuid.UUID | None
 
 
+#: What a run's view reads: the run row and its running usage (``FROM adx_agent_runs r JOIN adx_agent_usage u``).
+RUN_COLUMNS = "r.*, u.input_tokens, u.output_tokens, u.model_calls, u.tool_calls, u.node_commits, u.missing_usage"
 USAGE_COLS = "input_tokens, output_tokens, model_calls, tool_calls, node_commits"
 
 
@@ -118,3 +148,28 @@ CLAIMABLE = f"""(
         (status IN ('queued', 'running') AND (lease_expires_at IS NULL OR lease_expires_at <= now()
             OR {OWNER_DEAD}))
         OR (status = 'waiting' AND (wake_at <= now() OR cancel_requested_at IS NOT NULL))))"""
+
+
+async def fetch_run(conn: Conn, key: RunKey, columns: str, *, lock: bool = False) -> DictRow:
+    """``columns`` of the run's row (locked FOR UPDATE when ``lock``); NotFoundError when there is no such run."""
+    cur = await conn.execute(
+        f"SELECT {columns} FROM adx_agent_runs WHERE tenant_id = %s AND run_id = %s{' FOR UPDATE' if lock else ''}",
+        (key.tenant_id, key.run_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFoundError(f"run {key.run_id} does not exist")
+    return row
+
+
+async def fetch_checkpoint(conn: Conn, key: RunKey, seq: int) -> Checkpoint | None:
+    """Checkpoint ``seq`` of the run, or None when it is not kept (never written, or pruned by retention)."""
+    cur = await conn.execute(
+        "SELECT seq, kind, next_node, state, artifact FROM adx_agent_checkpoints"
+        " WHERE tenant_id = %s AND run_id = %s AND seq = %s",
+        (key.tenant_id, key.run_id, seq),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return Checkpoint(int(row["seq"]), row["kind"], row["next_node"], row["state"], row["artifact"])
