@@ -8,14 +8,8 @@ schemas, freeze them, register graphs into an executable registry and freeze it,
 from adx.agents._api import AgentResult, AgentRuns, PendingWait, RunEvent, RunPage, RunView
 from adx.agents._authoring import START, App, Goto, resolution
 from adx.agents._client import Client, Finished
-from adx.agents._driver import (
-    BudgetExceededError,
-    DurableGraphDriverOptions,
-    ModelResult,
-    NodeContext,
-    ShutdownSignal,
-    ToolOutcomeUnknownError,
-)
+from adx.agents._context import BudgetExceededError, ModelResult, NodeContext, ToolOutcomeUnknownError
+from adx.agents._driver import DurableGraphDriverOptions, ShutdownSignal
 from adx.agents._environments import EnvironmentAccess, EnvironmentSpec, RunEnvironment
 from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
 from adx.agents._fair import DurableFairScheduler, FairnessPolicy, smooth_weighted_sequence, starvation_bound

@@ -37,7 +37,7 @@ from adx.agents._tools import ReconcileFn, ToolFn
 from adx.errors import ConflictError, InvalidInputError
 
 if typing.TYPE_CHECKING:
-    from adx.agents._driver import NodeContext
+    from adx.agents._context import NodeContext
 
 __all__ = ["START", "App", "Goto", "apps_in", "registrations", "resolution"]
 

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from adx.agents._admission import build_admission
 from adx.agents._graph import ChildRun, ExecutableGraphRegistry, Join, JoinPolicy
-from adx.agents._rows import RUN_COLUMNS, TERMINAL, Claim, ParentClaim, RunKey, fetch_run
+from adx.agents._rows import RUN_COLUMNS, TERMINAL, Claim, ParentClaim, RunKey, WaitRegistration, fetch_run
 from adx.agents._store import AgentStore
 from adx.errors import ConflictError, InvalidInputError
 
@@ -71,7 +71,7 @@ async def spawn_child(
     return ChildRun(run_id, admission.graph_name, admission.graph_version)
 
 
-def join_json(join: Join) -> dict[str, Any]:
+def join_json(join: Join) -> WaitRegistration:
     """The wait registration of a join: its children (in order) and policy, validated."""
     if not join.children or len(join.children) > MAX_JOIN_CHILDREN:
         raise InvalidInputError("waits.children", f"a Join needs 1 to {MAX_JOIN_CHILDREN} children")

@@ -6,7 +6,7 @@ from typing import Any
 
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
-__all__ = ["EvidenceError", "SchemaValidationError", "StaleFenceError"]
+__all__ = ["EvidenceError", "SchemaValidationError", "StaleFenceError", "error_text"]
 
 
 class SchemaValidationError(InvalidInputError):
@@ -38,3 +38,9 @@ class EvidenceError(UnavailableError):
     """
 
     code = "evidence_unavailable"
+
+
+def error_text(exc: BaseException) -> str:
+    """How a failure is recorded (attempt errors, release reasons): its type and message, bounded at 1 KiB like
+    every reason the journal keeps."""
+    return f"{type(exc).__name__}: {exc}"[:1024]

@@ -23,7 +23,7 @@ from adx.agents._tools import ReconcileFn, ToolDef, ToolFn, takes_call
 from adx.errors import ConflictError, InvalidInputError
 
 if TYPE_CHECKING:
-    from adx.agents._driver import NodeContext
+    from adx.agents._context import NodeContext
 
 __all__ = [
     "END",

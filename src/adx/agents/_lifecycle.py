@@ -15,7 +15,9 @@ from enum import StrEnum
 from typing import Any
 
 from adx.agents._canonical import digest
-from adx.agents._driver import (
+from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
+from adx.agents._graph import Budget, ExecutableGraphRegistry
+from adx.agents._handoffs import (
     CancellationHandoff,
     FailureHandoff,
     Handoff,
@@ -24,8 +26,6 @@ from adx.agents._driver import (
     SuccessHandoff,
     WaitHandoff,
 )
-from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
-from adx.agents._graph import Budget, ExecutableGraphRegistry
 from adx.agents._rows import Claim, RunKey
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,

@@ -7,12 +7,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from psycopg.rows import DictRow
 
 from adx.agents._canonical import JsonObject
 from adx.agents._pg import Conn
+from adx.agents._status import Wake
 from adx.errors import NotFoundError
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "RUN_COLUMNS",
     "TERMINAL",
     "USAGE_COLS",
+    "CallAttempt",
     "Candidate",
     "Checkpoint",
     "Claim",
@@ -29,6 +31,7 @@ __all__ = [
     "ParentClaim",
     "ResolveOutcome",
     "RunKey",
+    "WaitRegistration",
     "fetch_checkpoint",
     "fetch_run",
     "usage_of",
@@ -58,6 +61,27 @@ class Checkpoint:
     artifact: Any
 
 
+class WaitRegistration(TypedDict):
+    """One wait a node registers (a NodeWaits entry, validated): stored with ``jsonb_to_recordset``, so it stays
+    a JSON object; ``timer_ms`` only for a timer, ``payload`` the interrupt's or join's JSON."""
+
+    wait_id: str
+    kind: str
+    payload: Any
+    timer_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CallAttempt:
+    """One recorded dispatch of a model or tool call of a step: ``started`` until its outcome is recorded."""
+
+    attempt_id: uuid.UUID
+    status: str
+    fence: int
+    response: Any
+    usage: dict[str, int] | None
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     run_id: uuid.UUID
@@ -82,7 +106,7 @@ class Claim:
     budget: dict[str, Any]
     checkpoint: Checkpoint
     cancel_requested: bool
-    wake: list[dict[str, Any]]
+    wake: tuple[Wake, ...]  # the wait set the run resumes from (a checkpoint of kind 'wait'); else empty
     usage: dict[str, int]
     node_attempt_id: uuid.UUID | None
     prior_attempts: int

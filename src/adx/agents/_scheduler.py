@@ -14,15 +14,10 @@ import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from adx.agents._driver import (
-    DurableGraphDriver,
-    DurableGraphDriverOptions,
-    ReleaseHandoff,
-    ReleaseKind,
-    ShutdownSignal,
-)
+from adx.agents._driver import DurableGraphDriver, DurableGraphDriverOptions, ShutdownSignal
 from adx.agents._errors import StaleFenceError
 from adx.agents._graph import ExecutableGraphRegistry
+from adx.agents._handoffs import ReleaseHandoff, ReleaseKind
 from adx.agents._lifecycle import (
     DurableGraphLifecycle,
     DurableGraphLifecycleOptions,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -60,7 +61,7 @@ class Wake:
     resolution: Any
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Wake:
+    def from_row(cls, row: Mapping[str, Any]) -> Wake:
         return cls(
             wait_id=row["wait_id"],
             kind=WaitKind(row["kind"]),

@@ -10,7 +10,16 @@ from psycopg.types.json import Jsonb
 
 from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Database
-from adx.agents._rows import TERMINAL, Claim, EvidenceFacts, RunKey, fetch_checkpoint, fetch_run, usage_of
+from adx.agents._rows import (
+    TERMINAL,
+    Claim,
+    EvidenceFacts,
+    RunKey,
+    WaitRegistration,
+    fetch_checkpoint,
+    fetch_run,
+    usage_of,
+)
 from adx.errors import NotFoundError
 
 __all__ = ["EdgeQueries"]
@@ -29,14 +38,14 @@ class EdgeQueries(Database):
         step: int,
         resume_node: str,
         state: Any,
-        waits: list[dict[str, Any]],
+        waits: list[WaitRegistration],
         event_id: uuid.UUID,
         event: dict[str, Any],
         schema: tuple[str, str],
     ) -> dict[str, Any]:
         """AGT-5 in ONE statement: journal event, result consumption, successor checkpoint, waits registered
         with database time, status Waiting, lease released."""
-        timers = [w["timer_ms"] for w in waits if w["kind"] == "timer"]
+        timers = [w["timer_ms"] for w in waits if w["kind"] == "timer" and w["timer_ms"] is not None]
         k = claim.key
         async with self.transaction("commit wait") as conn:
             cur = await conn.execute(

@@ -15,6 +15,7 @@ from adx.agents._pg import CommitHook, Conn, Database
 from adx.agents._rows import (
     CLAIMABLE,
     USAGE_COLS,
+    CallAttempt,
     Candidate,
     Claim,
     NodeCommitResult,
@@ -22,6 +23,7 @@ from adx.agents._rows import (
     fetch_checkpoint,
     usage_of,
 )
+from adx.agents._status import Wake
 from adx.errors import UnavailableError
 
 __all__ = ["StepQueries"]
@@ -95,7 +97,7 @@ class StepQueries(Database):
         checkpoint = await fetch_checkpoint(conn, key, seq)
         if checkpoint is None:
             raise UnavailableError(f"run {key.run_id}: checkpoint {seq} is missing")
-        wake: list[dict[str, Any]] = []
+        wake: tuple[Wake, ...] = ()
         if checkpoint.kind == "wait":
             cur = await conn.execute(
                 "SELECT wait_id, kind, payload, resolution, resolved_at IS NOT NULL AS resolved,"
@@ -103,7 +105,7 @@ class StepQueries(Database):
                 " WHERE tenant_id = %s AND run_id = %s AND wait_set = %s ORDER BY wait_id",
                 (key.tenant_id, key.run_id, seq),
             )
-            wake = [dict(r) for r in await cur.fetchall()]
+            wake = tuple(Wake.from_row(r) for r in await cur.fetchall())
         # Node attempts at this step by lower fences that never finished died with their worker. Model and
         # tool attempts stay 'started': their outcome is unknown, and the tool's idempotency decides.
         await conn.execute(
@@ -177,14 +179,18 @@ class StepQueries(Database):
 
     # --- model and tool attempts -------------------------------------------------------------------------
 
-    async def find_call(self, key: RunKey, step: int, kind: str, call_key: str) -> list[dict[str, Any]]:
+    async def find_call(self, key: RunKey, step: int, kind: str, call_key: str) -> list[CallAttempt]:
+        """Every recorded dispatch of this call at this step, oldest first."""
         async with self.connection("find call") as conn:
             cur = await conn.execute(
                 "SELECT attempt_id, status, fence, response, usage FROM adx_agent_attempts WHERE tenant_id = %s"
                 " AND run_id = %s AND step = %s AND kind = %s AND call_key = %s ORDER BY started_at",
                 (key.tenant_id, key.run_id, step, kind, call_key),
             )
-            return list(await cur.fetchall())
+            return [
+                CallAttempt(r["attempt_id"], r["status"], int(r["fence"]), r["response"], r["usage"])
+                for r in await cur.fetchall()
+            ]
 
     async def start_call(
         self, key: RunKey, *, fence: int, owner: str, step: int, node: str, kind: str, call_key: str, request: Any
