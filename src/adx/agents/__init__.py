@@ -5,7 +5,7 @@ schemas, freeze them, register graphs into an executable registry and freeze it,
 :class:`DurableTenantScheduler` (which builds its agent loop internally) and run it in an :class:`AgentWorker`.
 """
 
-from adx.agents._api import AgentResult, AgentRuns, PendingWait, RunEvent, RunPage, RunView
+from adx.agents._api import AgentRuns
 from adx.agents._authoring import START, App, Goto, resolution
 from adx.agents._client import Client, Finished
 from adx.agents._context import BudgetExceededError, ModelResult, NodeContext, ToolOutcomeUnknownError
@@ -62,6 +62,7 @@ from adx.agents._schemas import (
 from adx.agents._status import ChildOutcome, RunStatus, WaitKind, Wake
 from adx.agents._store import AgentStore
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall
+from adx.agents._views import AgentResult, PendingWait, RunEvent, RunPage, RunView
 from adx.agents._worker import (
     AgentWorker,
     AgentWorkerBinding,

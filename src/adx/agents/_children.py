@@ -21,6 +21,7 @@ from adx.agents._admission import build_admission
 from adx.agents._graph import ChildRun, ExecutableGraphRegistry, Join, JoinPolicy
 from adx.agents._rows import RUN_COLUMNS, TERMINAL, Claim, ParentClaim, RunKey, WaitRegistration, fetch_run
 from adx.agents._store import AgentStore
+from adx.agents._views import RunView, run_view
 from adx.errors import ConflictError, InvalidInputError
 
 __all__ = [
@@ -115,7 +116,7 @@ def decode_join(payload: Any) -> JoinSpec:
 
 async def list_children(
     store: AgentStore, key: RunKey, *, after: tuple[datetime, uuid.UUID] | None, limit: int
-) -> list[dict[str, Any]]:
+) -> list[RunView]:
     """One keyset page of a run's children, oldest first (NotFoundError for an unknown parent)."""
     async with store.connection("list children") as conn:
         await fetch_run(conn, key, "1")
@@ -132,7 +133,7 @@ async def list_children(
                 "n": limit,
             },
         )
-        return [{**row, "waits": []} for row in await cur.fetchall()]
+        return [run_view(row) for row in await cur.fetchall()]
 
 
 async def publish_join(store: AgentStore, key: RunKey, wait_set: int, wait_id: str) -> bool:

@@ -15,12 +15,13 @@ from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
-from adx.agents._api import AgentRuns, RunPage, RunView
+from adx.agents._api import AgentRuns
 from adx.agents._authoring import App
 from adx.agents._catalog import published_registry
 from adx.agents._rows import ResolveOutcome
 from adx.agents._status import RunStatus
 from adx.agents._store import AgentStore
+from adx.agents._views import RunPage, RunView
 from adx.errors import InvalidInputError
 
 __all__ = ["Client", "Finished"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from adx.agents._canonical import digest
+from adx.agents._canonical import JsonObject, digest
 from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
 from adx.agents._graph import Budget, ExecutableGraphRegistry
 from adx.agents._handoffs import (
@@ -26,12 +26,13 @@ from adx.agents._handoffs import (
     SuccessHandoff,
     WaitHandoff,
 )
-from adx.agents._rows import Claim, RunKey
+from adx.agents._rows import Claim, RunKey, WaitCommit
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
     GRAPH_DRIVER_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
 )
+from adx.agents._status import RunStatus
 from adx.agents._store import AgentStore
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UncertainOutcomeError
 
@@ -87,9 +88,9 @@ class LifecycleEvidence:
 
     key: RunKey
     checkpoint_seq: int
-    descriptor: dict[str, Any]
-    request: dict[str, Any]
-    budget: dict[str, Any]
+    descriptor: JsonObject
+    request: JsonObject
+    budget: JsonObject
     artifact: Any
     terminal_ready: bool
     usage: dict[str, int]
@@ -100,9 +101,9 @@ class LifecycleResult:
     outcome: ExecutedOutcome
     event_id: uuid.UUID
     revision: int | None = None
-    result: dict[str, Any] | None = None
+    result: JsonObject | None = None  # the committed result document
     usage: dict[str, int] | None = None
-    wait: dict[str, Any] | None = None
+    wait: WaitCommit | None = None
     replayed: bool = False
     reason: str | None = None
 
@@ -137,7 +138,7 @@ class GraphLifecycleEvidenceProvider:
         )
 
 
-def _event_base(kind: str, handoff: Handoff, checkpoint_seq: int) -> dict[str, Any]:
+def _event_base(kind: str, handoff: Handoff, checkpoint_seq: int) -> JsonObject:
     return {
         "kind": kind,
         "event_id": str(handoff.event_id),
@@ -216,7 +217,7 @@ class DurableGraphLifecycle:
                     event=event,
                     schema=self._lifecycle_schema,
                 )
-                return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, int(commit["revision"]), wait=commit)
+                return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, commit["revision"], wait=commit)
             except (UncertainOutcomeError, StaleFenceError) as exc:
                 replay = await self.replay_wait(h)
                 if replay is not None:
@@ -244,43 +245,43 @@ class DurableGraphLifecycle:
         if not commit["checkpoint_present"] and commit["checkpoint_seq"] > 0:
             # Retention may prune old checkpoints; only a missing *current* one would be an inconsistency.
             run = await self.store.read_run(h.claim.key)
-            if int(run["checkpoint_seq"]) - self.store.checkpoint_retention < commit["checkpoint_seq"]:
+            if run.checkpoint_seq - self.store.checkpoint_retention < commit["checkpoint_seq"]:
                 problems.append("successor checkpoint missing")
         if problems:
             raise StaleFenceError(f"wait replay of event {h.event_id} refused: {', '.join(problems)}")
-        return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, int(commit["revision"]), wait=commit, replayed=True)
+        return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, commit["revision"], wait=commit, replayed=True)
 
     # --- terminal edges (AGT-6..9) -----------------------------------------------------------------------
 
     async def replay_terminal(
-        self, claim: Claim, event_id: uuid.UUID, status: str, revision: int
+        self, claim: Claim, event_id: uuid.UUID, status: RunStatus, revision: int
     ) -> LifecycleResult | None:
         """Lost-ACK replay (AGT-9): only the same event, committed at exactly ``revision + 1`` (the driver's last
         revision plus this edge) and unchanged since, with the expected terminal status and a cleared lease;
         anything else is stale and fails closed. Committed facts are returned; evidence is not read again."""
-        row = await self.store.read_terminal(claim.key, event_id)
-        if row is None:
+        facts = await self.store.read_terminal(claim.key, event_id)
+        if facts is None:
             return None
         ok = (
-            row["terminal_event_id"] == event_id
-            and row["event_revision"] == revision + 1
-            and row["event_fence"] == claim.fence
-            and row["status"] == status
-            and row["result_status"] == status
-            and row["lease_owner"] is None
-            and row["revision"] == row["event_revision"]
+            facts.terminal_event_id == event_id
+            and facts.event_revision == revision + 1
+            and facts.event_fence == claim.fence
+            and facts.status == status
+            and facts.result_status == status
+            and facts.lease_owner is None
+            and facts.revision == facts.event_revision
         )
         if not ok:
             raise StaleFenceError(
-                f"run {claim.key.run_id}: terminal replay of event {event_id} refused (run is {row['status']},"
-                f" revision {row['revision']}, event revision {row['event_revision']})"
+                f"run {claim.key.run_id}: terminal replay of event {event_id} refused (run is {facts.status},"
+                f" revision {facts.revision}, event revision {facts.event_revision})"
             )
         return LifecycleResult(
             ExecutedOutcome(status),
             event_id,
-            int(row["revision"]),
-            result=row["result"],
-            usage=row["usage"],
+            int(facts.revision),
+            result=facts.result,
+            usage=facts.usage,
             replayed=True,
         )
 
@@ -338,19 +339,19 @@ class DurableGraphLifecycle:
         self,
         h: SuccessHandoff | FailureHandoff | CancellationHandoff,
         *,
-        status: str,
+        status: RunStatus,
         artifact: Any,
-        result: dict[str, Any],
+        result: JsonObject,
         usage: dict[str, int],
         event_kind: str,
-        event: dict[str, Any],
+        event: JsonObject,
         schema: tuple[str, str],
         attempt_id: uuid.UUID | None,
         error: str | None,
     ) -> LifecycleResult:
         for attempt in range(self.options.commit_attempts):
             try:
-                row = await self.store.commit_terminal(
+                revision = await self.store.commit_terminal(
                     h.claim,
                     status=status,
                     step=h.step,
@@ -364,9 +365,7 @@ class DurableGraphLifecycle:
                     attempt_id=attempt_id,
                     error=error,
                 )
-                return LifecycleResult(
-                    ExecutedOutcome(status), h.event_id, int(row["revision"]), result=result, usage=usage
-                )
+                return LifecycleResult(ExecutedOutcome(status), h.event_id, revision, result=result, usage=usage)
             except (UncertainOutcomeError, StaleFenceError) as exc:
                 # Lost ACK or a concurrent change: the committed facts decide, never a second evidence read.
                 replay = await self.replay_terminal(h.claim, h.event_id, status, h.revision)
@@ -377,7 +376,7 @@ class DurableGraphLifecycle:
         raise AssertionError("unreachable")
 
     async def commit_success(self, h: SuccessHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, "succeeded", h.revision)
+        replay = await self.replay_terminal(h.claim, h.event_id, RunStatus.SUCCEEDED, h.revision)
         if replay is not None:
             return replay
         await self.store.check_current(h.claim, h.step)
@@ -418,7 +417,7 @@ class DurableGraphLifecycle:
         self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
         return await self._terminal(
             h,
-            status="succeeded",
+            status=RunStatus.SUCCEEDED,
             artifact=ev.artifact,
             result=result,
             usage=ev.usage,
@@ -444,7 +443,7 @@ class DurableGraphLifecycle:
                 h.reason,
             )
             return await self.commit_release(release)
-        replay = await self.replay_terminal(h.claim, h.event_id, "failed", h.revision)
+        replay = await self.replay_terminal(h.claim, h.event_id, RunStatus.FAILED, h.revision)
         if replay is not None:
             return replay
         await self.store.check_current(h.claim, h.step)
@@ -472,7 +471,7 @@ class DurableGraphLifecycle:
         self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
         return await self._terminal(
             h,
-            status="failed",
+            status=RunStatus.FAILED,
             artifact=None,
             result=result,
             usage=ev.usage,
@@ -484,7 +483,7 @@ class DurableGraphLifecycle:
         )
 
     async def commit_cancellation(self, h: CancellationHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, "cancelled", h.revision)
+        replay = await self.replay_terminal(h.claim, h.event_id, RunStatus.CANCELLED, h.revision)
         if replay is not None:
             return replay
         await self.store.check_current(h.claim, h.step)
@@ -507,7 +506,7 @@ class DurableGraphLifecycle:
         self.executables.schemas.validate(AGENT_CANCELLATION_EVENT_SCHEMA_ID, event)
         return await self._terminal(
             h,
-            status="cancelled",
+            status=RunStatus.CANCELLED,
             artifact=None,
             result=result,
             usage=ev.usage,

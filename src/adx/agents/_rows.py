@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypedDict
 
@@ -29,8 +30,11 @@ __all__ = [
     "EvidenceFacts",
     "NodeCommitResult",
     "ParentClaim",
+    "RegisteredWait",
     "ResolveOutcome",
     "RunKey",
+    "TerminalFacts",
+    "WaitCommit",
     "WaitRegistration",
     "fetch_checkpoint",
     "fetch_run",
@@ -136,6 +140,51 @@ class EvidenceFacts:
     checkpoint: Checkpoint | None
     usage: dict[str, int]
     missing_usage: int
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalFacts:
+    """What a lost-acknowledgement replay of a terminal edge reads back: the run as it is now, the event it
+    asks about, and the committed result (None when no result row exists)."""
+
+    status: str
+    revision: int
+    lease_owner: str | None
+    terminal_event_id: uuid.UUID | None
+    event_fence: int
+    event_revision: int
+    event_kind: str
+    result: JsonObject | None
+    usage: dict[str, int] | None
+    result_status: str | None
+
+
+class RegisteredWait(TypedDict):
+    """One wait of a committed wait set, as registered (database time)."""
+
+    wait_id: str
+    kind: str
+    payload: Any
+    timer_ms: int | None
+    registered_at: datetime
+    due_at: datetime | None
+
+
+class WaitCommit(TypedDict):
+    """A committed wait edge as recorded: its journal event, whether the node attempt it consumed completed,
+    whether its checkpoint is still kept, and its immutable registrations. Handed out as
+    :attr:`LifecycleResult.wait <adx.agents.LifecycleResult>`, which callers index, so it stays a dict."""
+
+    event_id: uuid.UUID
+    kind: str
+    fence: int
+    revision: int
+    checkpoint_seq: int
+    payload: JsonObject
+    created_at: datetime
+    attempt_status: str | None
+    checkpoint_present: bool
+    waits: list[RegisteredWait]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,18 +8,23 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from adx.agents._canonical import JsonObject
 from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Database
 from adx.agents._rows import (
     TERMINAL,
     Claim,
     EvidenceFacts,
+    RegisteredWait,
     RunKey,
+    TerminalFacts,
+    WaitCommit,
     WaitRegistration,
     fetch_checkpoint,
     fetch_run,
     usage_of,
 )
+from adx.agents._status import RunStatus
 from adx.errors import NotFoundError
 
 __all__ = ["EdgeQueries"]
@@ -40,9 +45,9 @@ class EdgeQueries(Database):
         state: Any,
         waits: list[WaitRegistration],
         event_id: uuid.UUID,
-        event: dict[str, Any],
+        event: JsonObject,
         schema: tuple[str, str],
-    ) -> dict[str, Any]:
+    ) -> WaitCommit:
         """AGT-5 in ONE statement: journal event, result consumption, successor checkpoint, waits registered
         with database time, status Waiting, lease released."""
         timers = [w["timer_ms"] for w in waits if w["kind"] == "timer" and w["timer_ms"] is not None]
@@ -107,7 +112,7 @@ class EdgeQueries(Database):
                 )
         return await self.read_wait_commit(k, event_id)
 
-    async def read_wait_commit(self, key: RunKey, event_id: uuid.UUID) -> dict[str, Any]:
+    async def read_wait_commit(self, key: RunKey, event_id: uuid.UUID) -> WaitCommit:
         """The committed wait edge as recorded: the event and its immutable registrations (event-first)."""
         async with self.connection("read wait commit") as conn:
             cur = await conn.execute(
@@ -127,28 +132,50 @@ class EdgeQueries(Database):
                 " WHERE event_id = %s ORDER BY wait_id",
                 (event_id,),
             )
-            waits = [dict(r) for r in await cur.fetchall()]
-        return {**event, "waits": waits}
+            waits = [
+                RegisteredWait(
+                    wait_id=w["wait_id"],
+                    kind=w["kind"],
+                    payload=w["payload"],
+                    timer_ms=w["timer_ms"],
+                    registered_at=w["registered_at"],
+                    due_at=w["due_at"],
+                )
+                for w in await cur.fetchall()
+            ]
+        return WaitCommit(
+            event_id=event["event_id"],
+            kind=event["kind"],
+            fence=event["fence"],
+            revision=event["revision"],
+            checkpoint_seq=event["checkpoint_seq"],
+            payload=event["payload"],
+            created_at=event["created_at"],
+            attempt_status=event["attempt_status"],
+            checkpoint_present=event["checkpoint_present"],
+            waits=waits,
+        )
 
     async def commit_terminal(
         self,
         claim: Claim,
         *,
-        status: str,
+        status: RunStatus,
         step: int,
         artifact: Any,
-        result: dict[str, Any],
+        result: JsonObject,
         usage: dict[str, int],
         event_id: uuid.UUID,
         event_kind: str,
-        event: dict[str, Any],
+        event: JsonObject,
         schema: tuple[str, str],
         attempt_id: uuid.UUID | None,
         error: str | None,
-    ) -> dict[str, Any]:
-        """AGT-6/7/8 in ONE statement: terminal checkpoint, result, status, cleared ownership, event."""
+    ) -> int:
+        """AGT-6/7/8 in ONE statement: terminal checkpoint, result, status, cleared ownership, event. Returns the
+        run's new revision."""
         k = claim.key
-        async with self.transaction(f"commit {status}", single_statement=True) as conn:
+        async with self.transaction(f"commit {status.value}", single_statement=True) as conn:
             cur = await conn.execute(
                 "WITH r AS (UPDATE adx_agent_runs SET status = %(status)s, checkpoint_seq = %(seq)s,"
                 "   revision = revision + 1, lease_owner = NULL, lease_expires_at = NULL, claim_id = NULL,"
@@ -170,7 +197,7 @@ class EdgeQueries(Database):
                 "   WHERE attempt_id = %(aid)s AND status = 'started' AND EXISTS (SELECT 1 FROM r))"
                 " SELECT revision, finished_at FROM r",
                 {
-                    "status": status,
+                    "status": status.value,
                     "seq": step + 1,
                     "eid": event_id,
                     "t": k.tenant_id,
@@ -192,7 +219,7 @@ class EdgeQueries(Database):
             row = await cur.fetchone()
             if row is None:
                 raise StaleFenceError(f"run {k.run_id}: fence {claim.fence} at step {step} is no longer current")
-            return dict(row)
+            return int(row["revision"])
 
     async def check_current(self, claim: Claim, step: int) -> None:
         """Fail fast (before any evidence read) when the handoff's fence, owner or step is no longer current."""
@@ -216,7 +243,7 @@ class EdgeQueries(Database):
                 f" (run is {row['status']}, fence {row['fence']}, step {row['checkpoint_seq']})"
             )
 
-    async def read_terminal(self, key: RunKey, event_id: uuid.UUID) -> dict[str, Any] | None:
+    async def read_terminal(self, key: RunKey, event_id: uuid.UUID) -> TerminalFacts | None:
         """For a lost-ACK retry: the run's terminal facts and the committed event, or None if no such event."""
         async with self.connection("read terminal") as conn:
             cur = await conn.execute(
@@ -228,7 +255,21 @@ class EdgeQueries(Database):
                 " WHERE r.tenant_id = %s AND r.run_id = %s",
                 (event_id, key.tenant_id, key.run_id),
             )
-            return await cur.fetchone()
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        return TerminalFacts(
+            status=row["status"],
+            revision=row["revision"],
+            lease_owner=row["lease_owner"],
+            terminal_event_id=row["terminal_event_id"],
+            event_fence=row["event_fence"],
+            event_revision=row["event_revision"],
+            event_kind=row["event_kind"],
+            result=row["result"],
+            usage=row["usage"],
+            result_status=row["result_status"],
+        )
 
     async def release(
         self,
@@ -238,7 +279,7 @@ class EdgeQueries(Database):
         delay_s: float,
         requeue: bool,
         event_id: uuid.UUID,
-        event: dict[str, Any],
+        event: JsonObject,
         schema: tuple[str, str],
         attempt_id: uuid.UUID | None,
         attempt_status: str | None,

@@ -15,6 +15,7 @@ from adx.agents._admission import Admission
 from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Conn, Database, check_tenant
 from adx.agents._rows import RUN_COLUMNS, TERMINAL, ParentClaim, ResolveOutcome, RunKey, fetch_checkpoint, fetch_run
+from adx.agents._views import AgentResult, RunEvent, RunView, agent_result, run_event, run_view
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
 
 __all__ = ["RunQueries"]
@@ -101,7 +102,7 @@ class RunQueries(Database):
 
     # --- public reads and requests -----------------------------------------------------------------------
 
-    async def read_run(self, key: RunKey) -> dict[str, Any]:
+    async def read_run(self, key: RunKey) -> RunView:
         async with self.connection("get run") as conn:
             cur = await conn.execute(
                 f"SELECT {RUN_COLUMNS} FROM adx_agent_runs r JOIN adx_agent_usage u USING (tenant_id, run_id)"
@@ -117,18 +118,19 @@ class RunQueries(Database):
                 (key.tenant_id, key.run_id, row["checkpoint_seq"]),
             )
             waits = await cur.fetchall() if row["status"] == "waiting" else []
-            return {**row, "waits": waits}
+            return run_view(row, waits)
 
-    async def read_result(self, key: RunKey) -> dict[str, Any] | None:
+    async def read_result(self, key: RunKey) -> AgentResult | None:
         async with self.connection("get result") as conn:
             cur = await conn.execute(
                 "SELECT status, result, usage, event_id, revision, created_at FROM adx_agent_results"
                 " WHERE tenant_id = %s AND run_id = %s",
                 (key.tenant_id, key.run_id),
             )
-            return await cur.fetchone()
+            row = await cur.fetchone()
+        return None if row is None else agent_result(key.run_id, row)
 
-    async def request_cancellation(self, key: RunKey) -> dict[str, Any]:
+    async def request_cancellation(self, key: RunKey) -> RunView:
         """Record the request (idempotent). A waiting run becomes claimable so a driver confirms it."""
         async with self.transaction("request cancellation") as conn:
             cur = await conn.execute(
@@ -222,7 +224,7 @@ class RunQueries(Database):
         graph: str | None,
         before: tuple[datetime, uuid.UUID] | None,
         limit: int,
-    ) -> list[dict[str, Any]]:
+    ) -> list[RunView]:
         """One keyset page of a tenant's runs, newest first (``before``: the last row of the previous page)."""
         async with self.connection("list runs") as conn:
             cur = await conn.execute(
@@ -240,9 +242,9 @@ class RunQueries(Database):
                     "limit": limit,
                 },
             )
-            return [{**row, "waits": []} for row in await cur.fetchall()]
+            return [run_view(row) for row in await cur.fetchall()]
 
-    async def read_history(self, key: RunKey) -> list[dict[str, Any]]:
+    async def read_history(self, key: RunKey) -> list[RunEvent]:
         """The run's journal (driver and lifecycle events) and operator actions, in commit order."""
         async with self.connection("run history") as conn:
             await fetch_run(conn, key, "1")
@@ -255,7 +257,7 @@ class RunQueries(Database):
                 " ORDER BY created_at, checkpoint_seq",
                 {"t": key.tenant_id, "r": key.run_id},
             )
-            return list(await cur.fetchall())
+            return [run_event(row) for row in await cur.fetchall()]
 
     async def retry_run(self, key: RunKey) -> None:
         """A failed run goes on from the last checkpoint before its failure, in ONE transaction: a copy of that

@@ -8,8 +8,10 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
+from adx.agents._canonical import JsonObject
 from adx.agents._errors import StaleFenceError
 from adx.agents._pg import CommitHook, Conn, Database
 from adx.agents._rows import (
@@ -91,7 +93,7 @@ class StepQueries(Database):
                 return None
             return await self._claim_body(conn, key, run, owner, claim_id)
 
-    async def _claim_body(self, conn: Conn, key: RunKey, run: dict[str, Any], owner: str, claim_id: uuid.UUID) -> Claim:
+    async def _claim_body(self, conn: Conn, key: RunKey, run: DictRow, owner: str, claim_id: uuid.UUID) -> Claim:
         fence = int(run["fence"])
         seq = int(run["checkpoint_seq"])
         checkpoint = await fetch_checkpoint(conn, key, seq)
@@ -269,7 +271,7 @@ class StepQueries(Database):
         state: Any,
         artifact: Any,
         event_id: uuid.UUID,
-        event: dict[str, Any],
+        event: JsonObject,
         schema: tuple[str, str],
         lease_s: float,
         hooks: Sequence[CommitHook] = (),
