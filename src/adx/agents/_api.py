@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from adx.agents._admission import build_admission
-from adx.agents._canonical import json_clone
+from adx.agents._canonical import JsonObject, json_clone
 from adx.agents._children import list_children
 from adx.agents._graph import ExecutableGraphRegistry
 from adx.agents._pg import check_tenant
@@ -73,7 +73,7 @@ class AgentRuns:
         version: str,
         input: Any,
         *,
-        budget: dict[str, Any] | None = None,
+        budget: JsonObject | None = None,
         idempotency_key: str | None = None,
         run_id: uuid.UUID | None = None,
         deadline_seconds: float | None = None,

@@ -18,6 +18,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from adx.agents._admission import build_admission
+from adx.agents._canonical import JsonObject
 from adx.agents._graph import ChildRun, ExecutableGraphRegistry, Join, JoinPolicy
 from adx.agents._rows import RUN_COLUMNS, TERMINAL, Claim, ParentClaim, RunKey, WaitRegistration, fetch_run
 from adx.agents._store import AgentStore
@@ -48,7 +49,7 @@ async def spawn_child(
     graph: str,
     version: str | None,
     input: Any,
-    budget: dict[str, Any] | None,
+    budget: JsonObject | None,
     deadline_seconds: float | None,
 ) -> ChildRun:
     if version is None:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adx.agents._canonical import json_clone
+from adx.agents._canonical import JsonObject, json_clone
 from adx.agents._children import spawn_child
 from adx.agents._environments import EnvironmentBroker, EnvironmentSpec, RunEnvironment
 from adx.agents._errors import error_text
@@ -113,7 +113,7 @@ class NodeContext:
         *,
         version: str | None = None,
         key: str | None = None,
-        budget: dict[str, Any] | None = None,
+        budget: JsonObject | None = None,
         deadline_seconds: float | None = None,
     ) -> ChildRun:
         """Admit a child run of ``graph`` (this worker's registry; ``version`` may be omitted when it has one

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
 __all__ = ["EvidenceError", "SchemaValidationError", "StaleFenceError", "error_text"]
@@ -26,9 +24,6 @@ class StaleFenceError(ConflictError):
     """
 
     code = "stale_fence"
-
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message, details=details)
 
 
 class EvidenceError(UnavailableError):

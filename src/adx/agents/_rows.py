@@ -105,9 +105,9 @@ class Claim:
     revision: int
     graph_name: str
     graph_version: str
-    descriptor: dict[str, Any]
-    request: dict[str, Any]
-    budget: dict[str, Any]
+    descriptor: JsonObject
+    request: JsonObject
+    budget: JsonObject
     checkpoint: Checkpoint
     cancel_requested: bool
     wake: tuple[Wake, ...]  # the wait set the run resumes from (a checkpoint of kind 'wait'); else empty
