@@ -45,6 +45,7 @@ from adx.agents._handoffs import (
     SuccessHandoff,
     WaitHandoff,
 )
+from adx.agents._options import require_at_least, require_positive
 from adx.agents._rows import Claim, WaitRegistration
 from adx.agents._schemas import GRAPH_DRIVER_EVENT_SCHEMA_ID
 from adx.agents._store import AgentStore
@@ -86,12 +87,10 @@ class DurableGraphDriverOptions:
     environments: EnvironmentAccess | None = None
 
     def __post_init__(self) -> None:
-        for name in ("lease_seconds", "node_timeout_seconds", "retry_backoff_seconds", "max_retry_backoff_seconds"):
-            if not getattr(self, name) > 0:
-                raise InvalidInputError(name, "must be positive")
-        for name in ("max_node_attempts", "max_nodes_per_claim"):
-            if getattr(self, name) < 1:
-                raise InvalidInputError(name, "must be at least 1")
+        require_positive(
+            self, "lease_seconds", "node_timeout_seconds", "retry_backoff_seconds", "max_retry_backoff_seconds"
+        )
+        require_at_least(self, 1, "max_node_attempts", "max_nodes_per_claim")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -26,6 +27,7 @@ from adx.agents._handoffs import (
     SuccessHandoff,
     WaitHandoff,
 )
+from adx.agents._options import require_at_least, require_positive
 from adx.agents._rows import Claim, RunKey, WaitCommit
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
@@ -66,12 +68,10 @@ class DurableGraphLifecycleOptions:
     commit_attempts: int = 3
 
     def __post_init__(self) -> None:
-        if not self.evidence_timeout_seconds > 0:
-            raise InvalidInputError("evidence_timeout_seconds", "must be positive")
+        require_positive(self, "evidence_timeout_seconds")
         if not self.evidence_retry_seconds >= 0:
             raise InvalidInputError("evidence_retry_seconds", "must not be negative")
-        if self.commit_attempts < 1:
-            raise InvalidInputError("commit_attempts", "must be at least 1")
+        require_at_least(self, 1, "commit_attempts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,20 +335,68 @@ class DurableGraphLifecycle:
         result = await self.commit_release(release)
         return LifecycleResult(result.outcome, result.event_id, result.revision, reason=str(exc))
 
-    async def _terminal(
+    async def _evidence(
         self,
         h: SuccessHandoff | FailureHandoff | CancellationHandoff,
-        *,
         status: RunStatus,
+        kind: str,
+        check: Callable[[LifecycleEvidence], None] | None = None,
+    ) -> LifecycleEvidence | LifecycleResult:
+        """The steps before a terminal commit: a lost-ACK replay of this very edge answers at once; otherwise the
+        handoff must still be current, and evidence is recovered and checked (``check``: the edge's own checks).
+        An evidence error releases the exact fence instead (AGT-4; AGT-8: a cancellation without evidence
+        stays requested, released and retried later)."""
+        replay = await self.replay_terminal(h.claim, h.event_id, status, h.revision)
+        if replay is not None:
+            return replay
+        await self.store.check_current(h.claim, h.step)
+        try:
+            ev = await self._recover(h, kind)
+            self._check_admission(h.claim, ev)
+            if check is not None:
+                check(ev)
+        except EvidenceError as exc:
+            return await self._release_on_evidence_error(h, exc)
+        return ev
+
+    async def _finalise(
+        self,
+        h: SuccessHandoff | FailureHandoff | CancellationHandoff,
+        ev: LifecycleEvidence,
+        status: RunStatus,
+        *,
+        outcome: JsonObject,
         artifact: Any,
-        result: JsonObject,
-        usage: dict[str, int],
-        event_kind: str,
-        event: JsonObject,
-        schema: tuple[str, str],
         attempt_id: uuid.UUID | None,
         error: str | None,
     ) -> LifecycleResult:
+        """Build the result document (``outcome``: what the run produced or why it failed) and its journal event,
+        validate the event offline, and commit both in one statement; a lost ACK or a concurrent change is
+        decided by the committed facts, never by a second evidence read."""
+        cancelled = status is RunStatus.CANCELLED
+        result = {
+            "run_id": str(h.claim.key.run_id),
+            "status": status.value,
+            **outcome,
+            "usage": ev.usage,
+            "descriptor_digest": digest(ev.descriptor),
+            "request_digest": digest(ev.request),
+            "budget": ev.budget,
+            "event_id": str(h.event_id),
+        }
+        event_kind = "cancellation_confirmed" if cancelled else status.value
+        event = _event_base(event_kind, h, h.step + 1)
+        if error is not None:
+            event["reason"] = error
+        event["usage"] = ev.usage
+        if not cancelled:  # the cancellation event's schema has no result digest
+            event["result_digest"] = digest(result)
+        schema_id, schema = (
+            (AGENT_CANCELLATION_EVENT_SCHEMA_ID, self._cancel_schema)
+            if cancelled
+            else (GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, self._lifecycle_schema)
+        )
+        self.executables.schemas.validate(schema_id, event)
         for attempt in range(self.options.commit_attempts):
             try:
                 revision = await self.store.commit_terminal(
@@ -357,7 +405,7 @@ class DurableGraphLifecycle:
                     step=h.step,
                     artifact=artifact,
                     result=result,
-                    usage=usage,
+                    usage=ev.usage,
                     event_id=h.event_id,
                     event_kind=event_kind,
                     event=event,
@@ -365,9 +413,8 @@ class DurableGraphLifecycle:
                     attempt_id=attempt_id,
                     error=error,
                 )
-                return LifecycleResult(ExecutedOutcome(status), h.event_id, revision, result=result, usage=usage)
+                return LifecycleResult(ExecutedOutcome(status), h.event_id, revision, result=result, usage=ev.usage)
             except (UncertainOutcomeError, StaleFenceError) as exc:
-                # Lost ACK or a concurrent change: the committed facts decide, never a second evidence read.
                 replay = await self.replay_terminal(h.claim, h.event_id, status, h.revision)
                 if replay is not None:
                     return replay
@@ -376,57 +423,34 @@ class DurableGraphLifecycle:
         raise AssertionError("unreachable")
 
     async def commit_success(self, h: SuccessHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, RunStatus.SUCCEEDED, h.revision)
-        if replay is not None:
-            return replay
-        await self.store.check_current(h.claim, h.step)
-        graph = self.executables.get(h.claim.graph_name, h.claim.graph_version)
-        try:
-            ev = await self._recover(h, "success")
-            self._check_admission(h.claim, ev)
-            if ev.checkpoint_seq != h.step or not ev.terminal_ready:
-                raise EvidenceError(f"checkpoint {h.step} is not the run's terminal-ready checkpoint")
-            if digest(ev.artifact) != digest(h.artifact):
-                raise EvidenceError("persisted artifact differs from the handoff's artifact")
-            if ev.usage != h.usage:
-                raise EvidenceError(f"rebuilt usage {ev.usage} differs from the driver's {h.usage}")
-            try:
-                self.executables.schemas.validate(graph.output_schema, ev.artifact)
-            except SchemaValidationError as exc:
-                raise EvidenceError(f"artifact does not match the output schema: {exc}") from exc
-            budget = Budget(**ev.budget)
-            if ev.usage["node_commits"] > budget.max_steps:
-                raise EvidenceError("usage exceeds the resolved budget")
-        except EvidenceError as exc:
-            return await self._release_on_evidence_error(h, exc)
-        result = {
-            "run_id": str(h.claim.key.run_id),
-            "status": "succeeded",
-            "artifact": ev.artifact,
-            "usage": ev.usage,
-            "descriptor_digest": digest(ev.descriptor),
-            "request_digest": digest(ev.request),
-            "budget": ev.budget,
-            "event_id": str(h.event_id),
-        }
-        event = {
-            **_event_base("succeeded", h, h.step + 1),
-            "result_digest": digest(result),
-            "usage": ev.usage,
-        }
-        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
-        return await self._terminal(
+        ev = await self._evidence(h, RunStatus.SUCCEEDED, "success", lambda ev: self._check_success(h, ev))
+        if isinstance(ev, LifecycleResult):
+            return ev
+        return await self._finalise(
             h,
-            status=RunStatus.SUCCEEDED,
+            ev,
+            RunStatus.SUCCEEDED,
+            outcome={"artifact": ev.artifact},
             artifact=ev.artifact,
-            result=result,
-            usage=ev.usage,
-            event_kind="succeeded",
-            event=event,
-            schema=self._lifecycle_schema,
             attempt_id=None,
             error=None,
         )
+
+    def _check_success(self, h: SuccessHandoff, ev: LifecycleEvidence) -> None:
+        graph = self.executables.get(h.claim.graph_name, h.claim.graph_version)
+        if ev.checkpoint_seq != h.step or not ev.terminal_ready:
+            raise EvidenceError(f"checkpoint {h.step} is not the run's terminal-ready checkpoint")
+        if digest(ev.artifact) != digest(h.artifact):
+            raise EvidenceError("persisted artifact differs from the handoff's artifact")
+        if ev.usage != h.usage:
+            raise EvidenceError(f"rebuilt usage {ev.usage} differs from the driver's {h.usage}")
+        try:
+            self.executables.schemas.validate(graph.output_schema, ev.artifact)
+        except SchemaValidationError as exc:
+            raise EvidenceError(f"artifact does not match the output schema: {exc}") from exc
+        budget = Budget(**ev.budget)
+        if ev.usage["node_commits"] > budget.max_steps:
+            raise EvidenceError("usage exceeds the resolved budget")
 
     async def commit_failure(self, h: FailureHandoff) -> LifecycleResult:
         if h.in_flight:
@@ -443,78 +467,25 @@ class DurableGraphLifecycle:
                 h.reason,
             )
             return await self.commit_release(release)
-        replay = await self.replay_terminal(h.claim, h.event_id, RunStatus.FAILED, h.revision)
-        if replay is not None:
-            return replay
-        await self.store.check_current(h.claim, h.step)
-        try:
-            ev = await self._recover(h, "failure")
-            self._check_admission(h.claim, ev)
-        except EvidenceError as exc:
-            return await self._release_on_evidence_error(h, exc)
-        result = {
-            "run_id": str(h.claim.key.run_id),
-            "status": "failed",
-            "failure": {"reason": h.reason},
-            "usage": ev.usage,
-            "descriptor_digest": digest(ev.descriptor),
-            "request_digest": digest(ev.request),
-            "budget": ev.budget,
-            "event_id": str(h.event_id),
-        }
-        event = {
-            **_event_base("failed", h, h.step + 1),
-            "reason": h.reason,
-            "usage": ev.usage,
-            "result_digest": digest(result),
-        }
-        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
-        return await self._terminal(
+        ev = await self._evidence(h, RunStatus.FAILED, "failure")
+        if isinstance(ev, LifecycleResult):
+            return ev
+        return await self._finalise(
             h,
-            status=RunStatus.FAILED,
+            ev,
+            RunStatus.FAILED,
+            outcome={"failure": {"reason": h.reason}},
             artifact=None,
-            result=result,
-            usage=ev.usage,
-            event_kind="failed",
-            event=event,
-            schema=self._lifecycle_schema,
             attempt_id=h.attempt_id,
             error=h.reason,
         )
 
     async def commit_cancellation(self, h: CancellationHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, RunStatus.CANCELLED, h.revision)
-        if replay is not None:
-            return replay
-        await self.store.check_current(h.claim, h.step)
-        try:
-            ev = await self._recover(h, "cancellation")
-            self._check_admission(h.claim, ev)
-        except EvidenceError as exc:
-            # AGT-8: without evidence the run stays cancellation-requested (released, retried later).
-            return await self._release_on_evidence_error(h, exc)
-        result = {
-            "run_id": str(h.claim.key.run_id),
-            "status": "cancelled",
-            "usage": ev.usage,
-            "descriptor_digest": digest(ev.descriptor),
-            "request_digest": digest(ev.request),
-            "budget": ev.budget,
-            "event_id": str(h.event_id),
-        }
-        event = {**_event_base("cancellation_confirmed", h, h.step + 1), "usage": ev.usage}
-        self.executables.schemas.validate(AGENT_CANCELLATION_EVENT_SCHEMA_ID, event)
-        return await self._terminal(
-            h,
-            status=RunStatus.CANCELLED,
-            artifact=None,
-            result=result,
-            usage=ev.usage,
-            event_kind="cancellation_confirmed",
-            event=event,
-            schema=self._cancel_schema,
-            attempt_id=h.attempt_id,
-            error=None,
+        ev = await self._evidence(h, RunStatus.CANCELLED, "cancellation")
+        if isinstance(ev, LifecycleResult):
+            return ev
+        return await self._finalise(
+            h, ev, RunStatus.CANCELLED, outcome={}, artifact=None, attempt_id=h.attempt_id, error=None
         )
 
     # --- release (Deferred, Yielded, RecoveryReleased) ---------------------------------------------------

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, TypedDict
 
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 
 from adx.agents._canonical import JsonObject
 from adx.agents._pg import Conn
@@ -36,6 +37,7 @@ __all__ = [
     "TerminalFacts",
     "WaitCommit",
     "WaitRegistration",
+    "edge_params",
     "fetch_checkpoint",
     "fetch_run",
     "usage_of",
@@ -246,3 +248,18 @@ async def fetch_checkpoint(conn: Conn, key: RunKey, seq: int) -> Checkpoint | No
     if row is None:
         return None
     return Checkpoint(int(row["seq"]), row["kind"], row["next_node"], row["state"], row["artifact"])
+
+
+def edge_params(claim: Claim, event_id: uuid.UUID, schema: tuple[str, str], event: JsonObject) -> dict[str, object]:
+    """The named parameters every fenced edge statement shares: the run (``t``, ``r``), the fence and owner it
+    holds (``f``, ``o``) and the journal event it writes (``eid``, ``sid``, ``sdig``, ``payload``)."""
+    return {
+        "t": claim.key.tenant_id,
+        "r": claim.key.run_id,
+        "f": claim.fence,
+        "o": claim.owner,
+        "eid": event_id,
+        "sid": schema[0],
+        "sdig": schema[1],
+        "payload": Jsonb(event),
+    }

@@ -25,6 +25,7 @@ from adx.agents._lifecycle import (
     GraphLifecycleEvidenceProvider,
     LifecycleResult,
 )
+from adx.agents._options import require_between
 from adx.agents._pg import check_tenant
 from adx.agents._rows import Candidate, Claim, RunKey
 from adx.agents._store import AgentStore
@@ -60,11 +61,8 @@ class DurableTenantSchedulerOptions:
 
     def __post_init__(self) -> None:
         check_tenant(self.tenant_id)
-        for name in ("page_size", "max_pages", "max_candidates", "max_contention"):
-            if not 1 <= getattr(self, name) <= 100_000:
-                raise InvalidInputError(name, "must be between 1 and 100000")
-        if not 0 <= self.claim_retries <= 100:
-            raise InvalidInputError("claim_retries", "must be between 0 and 100")
+        require_between(self, 1, 100_000, "page_size", "max_pages", "max_candidates", "max_contention")
+        require_between(self, 0, 100, "claim_retries")
 
 
 @dataclass(frozen=True, slots=True)
