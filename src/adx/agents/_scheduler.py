@@ -177,33 +177,24 @@ class DurableTenantScheduler:
             return TickReport(TickOutcome.CANCELLED)
         cutoff = await self.store.scan_cutoff()
         after = pages = decoded = contended = retries = 0
+
+        def scanned(outcome: TickOutcome) -> TickReport:
+            # Reads the counters when called: a report carries how far this tick's scan got.
+            return TickReport(outcome, pages=pages, candidates=decoded, contended=contended, retries=retries)
+
         while True:
             if pages >= opts.max_pages:
-                return TickReport(
-                    TickOutcome.SCAN_LIMIT_REACHED,
-                    pages=pages,
-                    candidates=decoded,
-                    contended=contended,
-                    retries=retries,
-                )
+                return scanned(TickOutcome.SCAN_LIMIT_REACHED)
             page = await self.store.scan_page(self.tenant_id, cutoff, after, opts.page_size)
             pages += 1
             for candidate in page:
                 if decoded >= opts.max_candidates or contended >= opts.max_contention:
-                    return TickReport(
-                        TickOutcome.SCAN_LIMIT_REACHED,
-                        pages=pages,
-                        candidates=decoded,
-                        contended=contended,
-                        retries=retries,
-                    )
+                    return scanned(TickOutcome.SCAN_LIMIT_REACHED)
                 decoded += 1
                 if not candidate.claimable:
                     continue
                 if signal.is_set():
-                    return TickReport(
-                        TickOutcome.CANCELLED, pages=pages, candidates=decoded, contended=contended, retries=retries
-                    )
+                    return scanned(TickOutcome.CANCELLED)
                 claim_id = self.claim_attempt_id(tick_seq, candidate)
                 claim, used = await self._claim(candidate, claim_id)
                 retries += used
@@ -212,9 +203,7 @@ class DurableTenantScheduler:
                     continue
                 return await self._execute(claim, signal, pages, decoded, contended, retries)
             if len(page) < opts.page_size:
-                return TickReport(
-                    TickOutcome.IDLE, pages=pages, candidates=decoded, contended=contended, retries=retries
-                )
+                return scanned(TickOutcome.IDLE)
             after = page[-1].queue_seq
 
     async def _execute(
