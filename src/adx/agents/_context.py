@@ -16,7 +16,7 @@ from adx.agents._errors import error_text
 from adx.agents._graph import Budget, ChildRun, ExecutableGraphRegistry, ModelChunk, Usage
 from adx.agents._pg import CommitHook
 from adx.agents._rows import Claim
-from adx.agents._status import Wake
+from adx.agents._status import AttemptStatus, Wake
 from adx.agents._store import AgentStore
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall, ToolDef
 from adx.errors import ConflictError, InvalidInputError, UncertainOutcomeError
@@ -151,7 +151,7 @@ class NodeContext:
             raise InvalidInputError("provider", f"model provider {provider!r} is not registered")
         key = self._call_key("model", provider)
         for previous in await self._store.find_call(self._claim.key, self.step, "model", key):
-            if previous.status == "completed":
+            if previous.status is AttemptStatus.COMPLETED:
                 usage = previous.usage
                 return ModelResult(
                     previous.response["text"], Usage(**usage) if usage is not None else None, replayed=True
@@ -251,9 +251,9 @@ class NodeContext:
         call = self._tool_call(name, key)
         previous = await self._store.find_call(self._claim.key, self.step, "tool", key)
         for attempt in previous:
-            if attempt.status == "completed":
+            if attempt.status is AttemptStatus.COMPLETED:
                 return attempt.response
-        unknown = [a for a in previous if a.status == "started" and a.fence < self.fence]
+        unknown = [a for a in previous if a.status is AttemptStatus.STARTED and a.fence < self.fence]
         if unknown and not tool.idempotent:
             decided = await self._reconcile(tool, arguments, call, [a.attempt_id for a in unknown])
             if decided is not None:

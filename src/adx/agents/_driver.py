@@ -48,6 +48,7 @@ from adx.agents._handoffs import (
 from adx.agents._options import require_at_least, require_positive
 from adx.agents._rows import Claim, WaitRegistration
 from adx.agents._schemas import GRAPH_DRIVER_EVENT_SCHEMA_ID
+from adx.agents._status import AttemptStatus, CheckpointKind
 from adx.agents._store import AgentStore
 from adx.errors import AdxError, InvalidInputError
 
@@ -252,7 +253,7 @@ class DurableGraphDriver:
         if failures >= opts.max_node_attempts:
             return failed(f"quarantined: node {node!r} at step {step} was abandoned or failed {failures} times", None)
         state = ck.state
-        wake = list(claim.wake) if ck.kind == "wait" else None
+        wake = list(claim.wake) if ck.kind is CheckpointKind.WAIT else None
         attempt_id = await self.store.start_node_attempt(claim, node)
         nodes_run = 0
         while True:
@@ -315,7 +316,7 @@ class DurableGraphDriver:
                     error,
                     _backoff(opts, failures),
                     attempt_id,
-                    "failed",
+                    AttemptStatus.FAILED,
                     error,
                 )
             event_id = uuid.uuid4()
@@ -358,20 +359,14 @@ class DurableGraphDriver:
             node = next_node
             if result.cancel_requested:
                 return CancellationHandoff(claim, uuid.uuid4(), step, attempt_id, usage, revision=rev)
-            if shutdown.is_set():
+            # Between nodes the run is given back (its next node attempt skipped) when the worker stops or
+            # this claim used its node quota, so other runs get their turn.
+            stop = "worker shutting down" if shutdown.is_set() else None
+            if stop is None and nodes_run >= opts.max_nodes_per_claim:
+                stop = "node quota per claim used"
+            if stop is not None:
                 return ReleaseHandoff(
-                    claim, uuid.uuid4(), step, ReleaseKind.YIELDED, "worker shutting down", 0.0, attempt_id, "skipped"
-                )
-            if nodes_run >= opts.max_nodes_per_claim:
-                return ReleaseHandoff(
-                    claim,
-                    uuid.uuid4(),
-                    step,
-                    ReleaseKind.YIELDED,
-                    "node quota per claim used",
-                    0.0,
-                    attempt_id,
-                    "skipped",
+                    claim, uuid.uuid4(), step, ReleaseKind.YIELDED, stop, 0.0, attempt_id, AttemptStatus.SKIPPED
                 )
 
     async def _run_node(self, graph: ExecutableGraph, node: str, ctx: NodeContext, state: Any, lease: _Lease) -> Any:

@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from adx.agents._rows import Claim, WaitRegistration
+from adx.agents._status import AttemptStatus
 
 __all__ = [
     "CancellationHandoff",
@@ -73,7 +74,7 @@ class ReleaseHandoff(_Edge):
     reason: str
     delay_s: float
     attempt_id: uuid.UUID | None
-    attempt_status: str | None
+    attempt_status: AttemptStatus | None
     error: str | None = None
 
 

@@ -34,7 +34,7 @@ from adx.agents._schemas import (
     GRAPH_DRIVER_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
 )
-from adx.agents._status import RunStatus
+from adx.agents._status import AttemptStatus, RunStatus
 from adx.agents._store import AgentStore
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UncertainOutcomeError
 
@@ -238,7 +238,10 @@ class DurableGraphLifecycle:
         problems = []
         if commit["kind"] != "waiting" or commit["fence"] != h.claim.fence or commit["checkpoint_seq"] != h.step + 1:
             problems.append("event projection differs")
-        if commit["payload"].get("attempt_id") != str(h.attempt_id) or commit["attempt_status"] != "completed":
+        if (
+            commit["payload"].get("attempt_id") != str(h.attempt_id)
+            or commit["attempt_status"] != AttemptStatus.COMPLETED
+        ):
             problems.append("node result was not consumed by this event")
         if registered != expected:
             problems.append("wait registrations differ")
@@ -321,7 +324,11 @@ class DurableGraphLifecycle:
         )
         attempt_id: uuid.UUID | None = getattr(h, "attempt_id", None)
         # A failed node stays failed (it counts toward quarantine); a never-dispatched next node is skipped.
-        status = None if attempt_id is None else ("failed" if isinstance(h, FailureHandoff) else "skipped")
+        status = (
+            None
+            if attempt_id is None
+            else (AttemptStatus.FAILED if isinstance(h, FailureHandoff) else AttemptStatus.SKIPPED)
+        )
         release = ReleaseHandoff(
             h.claim,
             uuid.uuid4(),
@@ -463,7 +470,7 @@ class DurableGraphLifecycle:
                 f"in-flight work at failure: {h.reason}",
                 0.0,
                 h.attempt_id,
-                "failed",
+                AttemptStatus.FAILED,
                 h.reason,
             )
             return await self.commit_release(release)

@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 
 from adx.agents._canonical import JsonObject
 from adx.agents._pg import Conn
-from adx.agents._status import Wake
+from adx.agents._status import AttemptStatus, CheckpointKind, RunStatus, Wake
 from adx.errors import NotFoundError
 
 __all__ = [
@@ -43,7 +43,8 @@ __all__ = [
     "usage_of",
 ]
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+#: The finished statuses, as the status column spells them.
+TERMINAL: tuple[str, ...] = tuple(s.value for s in RunStatus if s.finished)
 
 
 class ResolveOutcome(StrEnum):
@@ -61,7 +62,7 @@ class RunKey:
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     seq: int
-    kind: str
+    kind: CheckpointKind
     next_node: str | None
     state: Any
     artifact: Any
@@ -82,7 +83,7 @@ class CallAttempt:
     """One recorded dispatch of a model or tool call of a step: ``started`` until its outcome is recorded."""
 
     attempt_id: uuid.UUID
-    status: str
+    status: AttemptStatus
     fence: int
     response: Any
     usage: dict[str, int] | None
@@ -247,7 +248,7 @@ async def fetch_checkpoint(conn: Conn, key: RunKey, seq: int) -> Checkpoint | No
     row = await cur.fetchone()
     if row is None:
         return None
-    return Checkpoint(int(row["seq"]), row["kind"], row["next_node"], row["state"], row["artifact"])
+    return Checkpoint(int(row["seq"]), CheckpointKind(row["kind"]), row["next_node"], row["state"], row["artifact"])
 
 
 def edge_params(claim: Claim, event_id: uuid.UUID, schema: tuple[str, str], event: JsonObject) -> dict[str, object]:

@@ -25,7 +25,7 @@ from adx.agents._rows import (
     fetch_run,
     usage_of,
 )
-from adx.agents._status import RunStatus
+from adx.agents._status import AttemptStatus, RunStatus
 from adx.errors import NotFoundError
 
 __all__ = ["EdgeQueries"]
@@ -269,7 +269,7 @@ class EdgeQueries(Database):
         event: JsonObject,
         schema: tuple[str, str],
         attempt_id: uuid.UUID | None,
-        attempt_status: str | None,
+        attempt_status: AttemptStatus | None,
         error: str | None,
     ) -> int:
         """Give the run back (Deferred, Yielded, RecoveryReleased): ONE transaction clears our exact lease."""
@@ -294,7 +294,7 @@ class EdgeQueries(Database):
                     "delay": delay_s,
                     "requeue": requeue,
                     "aid": attempt_id,
-                    "astatus": attempt_status,
+                    "astatus": attempt_status.value if attempt_status is not None else None,
                     "error": error,
                 },
             )

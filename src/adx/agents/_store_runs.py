@@ -15,6 +15,7 @@ from adx.agents._admission import Admission
 from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Conn, Database, check_tenant
 from adx.agents._rows import RUN_COLUMNS, TERMINAL, ParentClaim, ResolveOutcome, RunKey, fetch_checkpoint, fetch_run
+from adx.agents._status import CheckpointKind, RunStatus
 from adx.agents._views import AgentResult, RunEvent, RunView, agent_result, run_event, run_view
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
 
@@ -265,7 +266,7 @@ class RunQueries(Database):
         queued. The next claim takes a higher fence as always; node attempts start afresh at the new step."""
         async with self.transaction("retry run") as conn:
             run = await fetch_run(conn, key, "status, checkpoint_seq, fence", lock=True)
-            if run["status"] != "failed":
+            if run["status"] != RunStatus.FAILED:
                 raise ConflictError(f"only a failed run can be retried; run {key.run_id} is {run['status']}")
             cur = await conn.execute(
                 "SELECT seq, kind, next_node, state FROM adx_agent_checkpoints WHERE tenant_id = %s AND run_id = %s"
@@ -283,7 +284,7 @@ class RunQueries(Database):
                 " WHERE tenant_id = %(t)s AND run_id = %(r)s AND seq = %(src)s",
                 params,
             )
-            if source["kind"] == "wait":
+            if source["kind"] == CheckpointKind.WAIT:
                 await conn.execute(
                     "INSERT INTO adx_agent_waits (tenant_id, run_id, wait_set, wait_id, kind, payload, timer_ms,"
                     " registered_at, due_at, resolved_at, resolution, event_id) SELECT tenant_id, run_id, %(new)s,"

@@ -26,7 +26,7 @@ from adx.agents._rows import (
     fetch_checkpoint,
     usage_of,
 )
-from adx.agents._status import Wake
+from adx.agents._status import AttemptStatus, CheckpointKind, Wake
 from adx.errors import UnavailableError
 
 __all__ = ["StepQueries"]
@@ -101,7 +101,7 @@ class StepQueries(Database):
         if checkpoint is None:
             raise UnavailableError(f"run {key.run_id}: checkpoint {seq} is missing")
         wake: tuple[Wake, ...] = ()
-        if checkpoint.kind == "wait":
+        if checkpoint.kind is CheckpointKind.WAIT:
             cur = await conn.execute(
                 "SELECT wait_id, kind, payload, resolution, resolved_at IS NOT NULL AS resolved,"
                 " (due_at IS NOT NULL AND due_at <= now()) AS fired FROM adx_agent_waits"
@@ -191,7 +191,7 @@ class StepQueries(Database):
                 (key.tenant_id, key.run_id, step, kind, call_key),
             )
             return [
-                CallAttempt(r["attempt_id"], r["status"], int(r["fence"]), r["response"], r["usage"])
+                CallAttempt(r["attempt_id"], AttemptStatus(r["status"]), int(r["fence"]), r["response"], r["usage"])
                 for r in await cur.fetchall()
             ]
 
@@ -225,7 +225,7 @@ class StepQueries(Database):
         error: str | None = None,
     ) -> None:
         """Record the outcome of a call and count it in the running usage, in one transaction."""
-        status = "failed" if error is not None else "completed"
+        status = AttemptStatus.FAILED if error is not None else AttemptStatus.COMPLETED
         async with self.transaction(f"finish {kind} call") as conn:
             cur = await conn.execute(
                 "UPDATE adx_agent_attempts a SET status = %s, response = %s, usage = %s, error = %s,"
@@ -233,7 +233,7 @@ class StepQueries(Database):
                 " AND r.tenant_id = a.tenant_id AND r.run_id = a.run_id AND r.fence = %s AND r.lease_owner = %s"
                 " RETURNING 1",
                 (
-                    status,
+                    status.value,
                     Jsonb(response),
                     Jsonb(usage) if usage is not None else None,
                     error,
@@ -244,7 +244,7 @@ class StepQueries(Database):
             )
             if await cur.fetchone() is None:
                 raise StaleFenceError(f"run {key.run_id}: fence {fence} is no longer held")
-            if status == "completed":
+            if status is AttemptStatus.COMPLETED:
                 await conn.execute(
                     "UPDATE adx_agent_usage SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
                     " model_calls = model_calls + %s, tool_calls = tool_calls + %s,"
