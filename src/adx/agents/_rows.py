@@ -10,10 +10,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypedDict
 
+from psycopg import AsyncCursor
+from psycopg.abc import Params
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from adx.agents._canonical import JsonObject
+from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Conn
 from adx.agents._status import AttemptStatus, CheckpointKind, RunStatus, Wake
 from adx.errors import NotFoundError
@@ -38,7 +41,9 @@ __all__ = [
     "WaitCommit",
     "WaitRegistration",
     "edge_params",
+    "fenced_row",
     "fetch_checkpoint",
+    "fetch_one",
     "fetch_run",
     "usage_of",
 ]
@@ -226,15 +231,32 @@ CLAIMABLE = f"""(
         OR (status = 'waiting' AND (wake_at <= now() OR cancel_requested_at IS NOT NULL))))"""
 
 
-async def fetch_run(conn: Conn, key: RunKey, columns: str, *, lock: bool = False) -> DictRow:
-    """``columns`` of the run's row (locked FOR UPDATE when ``lock``); NotFoundError when there is no such run."""
-    cur = await conn.execute(
-        f"SELECT {columns} FROM adx_agent_runs WHERE tenant_id = %s AND run_id = %s{' FOR UPDATE' if lock else ''}",
-        (key.tenant_id, key.run_id),
-    )
+async def fetch_one(conn: Conn, query: str, params: Params, missing: str) -> DictRow:
+    """The one row ``query`` selects; NotFoundError(``missing``) when there is none."""
+    cur = await conn.execute(query, params)
     row = await cur.fetchone()
     if row is None:
-        raise NotFoundError(f"run {key.run_id} does not exist")
+        raise NotFoundError(missing)
+    return row
+
+
+async def fetch_run(conn: Conn, key: RunKey, columns: str, *, lock: bool = False) -> DictRow:
+    """``columns`` of the run's row (locked FOR UPDATE when ``lock``); NotFoundError when there is no such run."""
+    return await fetch_one(
+        conn,
+        f"SELECT {columns} FROM adx_agent_runs WHERE tenant_id = %s AND run_id = %s{' FOR UPDATE' if lock else ''}",
+        (key.tenant_id, key.run_id),
+        f"run {key.run_id} does not exist",
+    )
+
+
+async def fenced_row(cur: AsyncCursor[DictRow], run_id: uuid.UUID, fence: int, step: int | None = None) -> DictRow:
+    """The row a fenced write returned. None means the write changed nothing: the fence or lease owner (or,
+    with ``step``, the run's step) moved on, so the caller no longer owns the run."""
+    row = await cur.fetchone()
+    if row is None:
+        at = "" if step is None else f" at step {step}"
+        raise StaleFenceError(f"run {run_id}: fence {fence}{at} is no longer {'held' if step is None else 'current'}")
     return row
 
 

@@ -4,7 +4,7 @@ transaction, fenced), what a lost-acknowledgement replay reads back, and the rea
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from psycopg.types.json import Jsonb
 
@@ -21,12 +21,13 @@ from adx.agents._rows import (
     WaitCommit,
     WaitRegistration,
     edge_params,
+    fenced_row,
     fetch_checkpoint,
+    fetch_one,
     fetch_run,
     usage_of,
 )
 from adx.agents._status import AttemptStatus, RunStatus
-from adx.errors import NotFoundError
 
 __all__ = ["EdgeQueries"]
 
@@ -86,9 +87,7 @@ class EdgeQueries(Database):
                     "min_timer": min(timers) if timers else None,
                 },
             )
-            row = await cur.fetchone()
-            if row is None:
-                raise StaleFenceError(f"run {k.run_id}: fence {claim.fence} at step {step} is no longer current")
+            await fenced_row(cur, k.run_id, claim.fence, step)
             if any(w["kind"] == "interrupt" for w in waits):
                 # A new statement after the run row is locked: it sees every early resolution committed before
                 # us; a later resolver waits for our lock and then finds the run waiting.
@@ -109,7 +108,8 @@ class EdgeQueries(Database):
     async def read_wait_commit(self, key: RunKey, event_id: uuid.UUID) -> WaitCommit:
         """The committed wait edge as recorded: the event and its immutable registrations (event-first)."""
         async with self.connection("read wait commit") as conn:
-            cur = await conn.execute(
+            event = await fetch_one(
+                conn,
                 "SELECT e.event_id, e.kind, e.fence, e.revision, e.checkpoint_seq, e.payload, e.created_at,"
                 " (SELECT status FROM adx_agent_attempts WHERE attempt_id = (e.payload->>'attempt_id')::uuid)"
                 "   AS attempt_status,"
@@ -117,38 +117,16 @@ class EdgeQueries(Database):
                 "   AND c.run_id = e.run_id AND c.seq = e.checkpoint_seq AND c.kind = 'wait') AS checkpoint_present"
                 " FROM adx_agent_events e WHERE e.event_id = %s AND e.tenant_id = %s AND e.run_id = %s",
                 (event_id, key.tenant_id, key.run_id),
+                f"wait event {event_id} was not committed",
             )
-            event = await cur.fetchone()
-            if event is None:
-                raise NotFoundError(f"wait event {event_id} was not committed")
             cur = await conn.execute(
                 "SELECT wait_id, kind, payload, timer_ms, registered_at, due_at FROM adx_agent_waits"
                 " WHERE event_id = %s ORDER BY wait_id",
                 (event_id,),
             )
-            waits = [
-                RegisteredWait(
-                    wait_id=w["wait_id"],
-                    kind=w["kind"],
-                    payload=w["payload"],
-                    timer_ms=w["timer_ms"],
-                    registered_at=w["registered_at"],
-                    due_at=w["due_at"],
-                )
-                for w in await cur.fetchall()
-            ]
-        return WaitCommit(
-            event_id=event["event_id"],
-            kind=event["kind"],
-            fence=event["fence"],
-            revision=event["revision"],
-            checkpoint_seq=event["checkpoint_seq"],
-            payload=event["payload"],
-            created_at=event["created_at"],
-            attempt_status=event["attempt_status"],
-            checkpoint_present=event["checkpoint_present"],
-            waits=waits,
-        )
+            # The columns selected are exactly the record's keys: the rows are the records.
+            waits = cast(list[RegisteredWait], await cur.fetchall())
+        return cast(WaitCommit, {**event, "waits": waits})
 
     async def commit_terminal(
         self,
@@ -203,9 +181,7 @@ class EdgeQueries(Database):
                     "error": error,
                 },
             )
-            row = await cur.fetchone()
-            if row is None:
-                raise StaleFenceError(f"run {k.run_id}: fence {claim.fence} at step {step} is no longer current")
+            row = await fenced_row(cur, k.run_id, claim.fence, step)
             return int(row["revision"])
 
     async def check_current(self, claim: Claim, step: int) -> None:
@@ -298,9 +274,7 @@ class EdgeQueries(Database):
                     "error": error,
                 },
             )
-            row = await cur.fetchone()
-            if row is None:
-                raise StaleFenceError(f"run {k.run_id}: fence {claim.fence} is no longer held")
+            row = await fenced_row(cur, k.run_id, claim.fence)
             return int(row["revision"])
 
     # --- evidence (read-only, bounded) -------------------------------------------------------------------

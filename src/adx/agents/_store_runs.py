@@ -12,9 +12,18 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from adx.agents._admission import Admission
-from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Conn, Database, check_tenant
-from adx.agents._rows import RUN_COLUMNS, TERMINAL, ParentClaim, ResolveOutcome, RunKey, fetch_checkpoint, fetch_run
+from adx.agents._rows import (
+    RUN_COLUMNS,
+    TERMINAL,
+    ParentClaim,
+    ResolveOutcome,
+    RunKey,
+    fenced_row,
+    fetch_checkpoint,
+    fetch_one,
+    fetch_run,
+)
 from adx.agents._status import CheckpointKind, RunStatus
 from adx.agents._views import AgentResult, RunEvent, RunView, agent_result, run_event, run_view
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
@@ -77,8 +86,7 @@ class RunQueries(Database):
                     " AND fence = %s AND lease_owner = %s RETURNING 1",
                     (1 if created else 0, key.tenant_id, parent.run_id, parent.fence, parent.owner),
                 )
-                if await cur.fetchone() is None:
-                    raise StaleFenceError(f"run {parent.run_id}: fence {parent.fence} is no longer held")
+                await fenced_row(cur, parent.run_id, parent.fence)
             if not created:
                 # Duplicate submission: the same idempotency key returns the first run if it asked the same.
                 cur = await conn.execute(
@@ -105,14 +113,13 @@ class RunQueries(Database):
 
     async def read_run(self, key: RunKey) -> RunView:
         async with self.connection("get run") as conn:
-            cur = await conn.execute(
+            row = await fetch_one(
+                conn,
                 f"SELECT {RUN_COLUMNS} FROM adx_agent_runs r JOIN adx_agent_usage u USING (tenant_id, run_id)"
                 " WHERE r.tenant_id = %s AND r.run_id = %s",
                 (key.tenant_id, key.run_id),
+                f"run {key.run_id} does not exist",
             )
-            row = await cur.fetchone()
-            if row is None:
-                raise NotFoundError(f"run {key.run_id} does not exist")
             cur = await conn.execute(
                 "SELECT wait_id, kind, payload, registered_at, due_at, resolved_at FROM adx_agent_waits"
                 " WHERE tenant_id = %s AND run_id = %s AND wait_set = %s ORDER BY wait_id",

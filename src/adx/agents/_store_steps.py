@@ -12,7 +12,6 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from adx.agents._canonical import JsonObject
-from adx.agents._errors import StaleFenceError
 from adx.agents._pg import CommitHook, Conn, Database
 from adx.agents._rows import (
     CLAIMABLE,
@@ -23,6 +22,7 @@ from adx.agents._rows import (
     NodeCommitResult,
     RunKey,
     edge_params,
+    fenced_row,
     fetch_checkpoint,
     usage_of,
 )
@@ -166,8 +166,7 @@ class StepQueries(Database):
                     claim.owner,
                 ),
             )
-            if await cur.fetchone() is None:
-                raise StaleFenceError(f"run {claim.key.run_id}: fence {claim.fence} is no longer held")
+            await fenced_row(cur, claim.key.run_id, claim.fence)
         return attempt_id
 
     async def renew_lease(self, key: RunKey, fence: int, owner: str, lease_s: float) -> bool:
@@ -208,8 +207,7 @@ class StepQueries(Database):
                 " RETURNING 1",
                 (attempt_id, step, node, kind, call_key, Jsonb(request), key.tenant_id, key.run_id, fence, owner),
             )
-            if await cur.fetchone() is None:
-                raise StaleFenceError(f"run {key.run_id}: fence {fence} is no longer held")
+            await fenced_row(cur, key.run_id, fence)
         return attempt_id
 
     async def finish_call(
@@ -242,8 +240,7 @@ class StepQueries(Database):
                     owner,
                 ),
             )
-            if await cur.fetchone() is None:
-                raise StaleFenceError(f"run {key.run_id}: fence {fence} is no longer held")
+            await fenced_row(cur, key.run_id, fence)
             if status is AttemptStatus.COMPLETED:
                 await conn.execute(
                     "UPDATE adx_agent_usage SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
@@ -315,9 +312,7 @@ class StepQueries(Database):
                     "keep": self.checkpoint_retention,
                 },
             )
-            row = await cur.fetchone()
-            if row is None:
-                raise StaleFenceError(f"run {k.run_id}: fence {claim.fence} at step {step} is no longer current")
+            row = await fenced_row(cur, k.run_id, claim.fence, step)
             for hook in hooks:
                 await hook(conn)
         return NodeCommitResult(int(row["revision"]), bool(row["cancel"]), usage_of(row), next_attempt)
