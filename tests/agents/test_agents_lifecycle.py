@@ -43,7 +43,7 @@ from adx.agents import (
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
-from adx.agents._driver import CancellationHandoff, FailureHandoff, SuccessHandoff, WaitHandoff
+from adx.agents._handoffs import CancellationHandoff, FailureHandoff, SuccessHandoff, WaitHandoff
 from adx.errors import InvalidInputError, UncertainOutcomeError
 
 

@@ -5,17 +5,11 @@ schemas, freeze them, register graphs into an executable registry and freeze it,
 :class:`DurableTenantScheduler` (which builds its agent loop internally) and run it in an :class:`AgentWorker`.
 """
 
-from adx.agents._api import AgentResult, AgentRuns, PendingWait, RunEvent, RunPage, RunView
+from adx.agents._api import AgentRuns
 from adx.agents._authoring import START, App, Goto, resolution
 from adx.agents._client import Client, Finished
-from adx.agents._driver import (
-    BudgetExceededError,
-    DurableGraphDriverOptions,
-    ModelResult,
-    NodeContext,
-    ShutdownSignal,
-    ToolOutcomeUnknownError,
-)
+from adx.agents._context import BudgetExceededError, ModelResult, NodeContext, ToolOutcomeUnknownError
+from adx.agents._driver import DurableGraphDriverOptions, ShutdownSignal
 from adx.agents._environments import EnvironmentAccess, EnvironmentSpec, RunEnvironment
 from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
 from adx.agents._fair import DurableFairScheduler, FairnessPolicy, smooth_weighted_sequence, starvation_bound
@@ -68,6 +62,7 @@ from adx.agents._schemas import (
 from adx.agents._status import ChildOutcome, RunStatus, WaitKind, Wake
 from adx.agents._store import AgentStore
 from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall
+from adx.agents._views import AgentResult, PendingWait, RunEvent, RunPage, RunView
 from adx.agents._worker import (
     AgentWorker,
     AgentWorkerBinding,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adx.agents._canonical import json_clone
+from adx.agents._canonical import JsonObject, json_clone
 from adx.agents._graph import Budget, ExecutableGraphRegistry
 from adx.errors import InvalidInputError
 
@@ -18,14 +18,14 @@ class Admission:
     graph_name: str
     graph_version: str
     entry: str
-    descriptor: dict[str, Any]
-    request: dict[str, Any]
-    budget: dict[str, Any]
+    descriptor: JsonObject
+    request: JsonObject
+    budget: JsonObject
     initial_state: Any
 
 
 def build_admission(
-    executables: ExecutableGraphRegistry, graph: str, version: str, input: Any, budget: dict[str, Any] | None
+    executables: ExecutableGraphRegistry, graph: str, version: str, input: Any, budget: JsonObject | None
 ) -> Admission:
     """Validate ``input`` against the graph's input schema and ``budget`` against its limits (errors name the
     field), and build the admitted facts."""
@@ -37,7 +37,7 @@ def build_admission(
     schemas = executables.schemas
     schemas.validate(executable.input_schema, request_input)
     resolved = Budget.resolve(executable.budget, budget)
-    descriptor: dict[str, Any] = {
+    descriptor: JsonObject = {
         "agent": executable.name,
         "graph": executable.name,
         "graph_version": executable.version,

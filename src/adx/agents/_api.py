@@ -9,73 +9,23 @@ import asyncio
 import base64
 import binascii
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from adx.agents._admission import build_admission
-from adx.agents._canonical import json_clone
+from adx.agents._canonical import JsonObject, json_clone
 from adx.agents._children import list_children
 from adx.agents._graph import ExecutableGraphRegistry
 from adx.agents._pg import check_tenant
 from adx.agents._rows import ResolveOutcome, RunKey
-from adx.agents._status import RunStatus, WaitKind
+from adx.agents._status import RunStatus
 from adx.agents._store import AgentStore
-from adx.agents._store_ops import fork_run, list_runs, read_history, retry_run
+from adx.agents._views import AgentResult, RunEvent, RunPage, RunView
 from adx.errors import ConflictError, InvalidInputError
 
-__all__ = ["AgentResult", "AgentRuns", "PendingWait", "RunEvent", "RunPage", "RunView"]
+__all__ = ["AgentRuns"]
 
 _MAX_KEY = 200
-
-
-@dataclass(frozen=True, slots=True)
-class PendingWait:
-    wait_id: str
-    kind: WaitKind
-    payload: Any
-    registered_at: datetime
-    due_at: datetime | None
-    resolved: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RunView:
-    tenant_id: str
-    run_id: uuid.UUID
-    graph: str
-    graph_version: str
-    status: RunStatus
-    revision: int
-    fence: int
-    checkpoint_seq: int
-    cancel_requested: bool
-    leased: bool
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    usage: dict[str, int]
-    waits: tuple[PendingWait, ...]
-    parent_run_id: uuid.UUID | None = None  # set for a child run (spawned by a node of that run)
-    children: int = 0  # child runs this run spawned
-    children_settled: bool = False  # finished, and so are all its children (maintenance settled them)
-
-    @property
-    def finished(self) -> bool:
-        return self.status.finished
-
-
-@dataclass(frozen=True, slots=True)
-class AgentResult:
-    run_id: uuid.UUID
-    status: RunStatus
-    artifact: Any
-    failure: dict[str, Any] | None
-    usage: dict[str, int]
-    revision: int
-    event_id: uuid.UUID
-    created_at: datetime
-    document: dict[str, Any]
 
 
 def _parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:
@@ -85,59 +35,6 @@ def _parse_run_id(run_id: uuid.UUID | str) -> uuid.UUID:
         return uuid.UUID(str(run_id))
     except ValueError:
         raise InvalidInputError("run_id", f"{run_id!r} is not a UUID") from None
-
-
-def _view(row: dict[str, Any]) -> RunView:
-    return RunView(
-        tenant_id=row["tenant_id"],
-        run_id=row["run_id"],
-        graph=row["graph_name"],
-        graph_version=row["graph_version"],
-        status=RunStatus(row["status"]),
-        revision=int(row["revision"]),
-        fence=int(row["fence"]),
-        checkpoint_seq=int(row["checkpoint_seq"]),
-        cancel_requested=row["cancel_requested_at"] is not None,
-        leased=row["lease_owner"] is not None,
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
-        usage={k: int(row[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")},
-        waits=tuple(
-            PendingWait(
-                w["wait_id"],
-                WaitKind(w["kind"]),
-                w["payload"],
-                w["registered_at"],
-                w["due_at"],
-                w["resolved_at"] is not None,
-            )
-            for w in row["waits"]
-        ),
-        parent_run_id=row.get("parent_run_id"),
-        children=int(row.get("children") or 0),
-        children_settled=row.get("children_settled_at") is not None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """One entry of a run's history: a journal event (node committed, waiting, succeeded, released, ...) or
-    an operator action (``retried``)."""
-
-    id: uuid.UUID
-    kind: str
-    fence: int | None
-    revision: int | None
-    checkpoint_seq: int
-    created_at: datetime
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class RunPage:
-    runs: tuple[RunView, ...]
-    next_cursor: str | None  # pass as ``cursor`` for the next (older) page; None on the last page
 
 
 def _cursor(view: RunView) -> str:
@@ -176,7 +73,7 @@ class AgentRuns:
         version: str,
         input: Any,
         *,
-        budget: dict[str, Any] | None = None,
+        budget: JsonObject | None = None,
         idempotency_key: str | None = None,
         run_id: uuid.UUID | None = None,
         deadline_seconds: float | None = None,
@@ -201,33 +98,21 @@ class AgentRuns:
 
     async def get_run(self, tenant_id: str, run_id: uuid.UUID | str) -> RunView:
         check_tenant(tenant_id)
-        return _view(await self.store.read_run(RunKey(tenant_id, _parse_run_id(run_id))))
+        return await self.store.read_run(RunKey(tenant_id, _parse_run_id(run_id)))
 
     async def get_result(self, tenant_id: str, run_id: uuid.UUID | str) -> AgentResult | None:
         """The committed result of a finished run; None while the run is not finished."""
         check_tenant(tenant_id)
         key = RunKey(tenant_id, _parse_run_id(run_id))
-        row = await self.store.read_result(key)
-        if row is None:
+        result = await self.store.read_result(key)
+        if result is None:
             await self.store.read_run(key)  # NotFoundError for an unknown run
-            return None
-        doc = row["result"]
-        return AgentResult(
-            run_id=key.run_id,
-            status=RunStatus(row["status"]),
-            artifact=doc.get("artifact"),
-            failure=doc.get("failure"),
-            usage=row["usage"],
-            revision=int(row["revision"]),
-            event_id=row["event_id"],
-            created_at=row["created_at"],
-            document=doc,
-        )
+        return result
 
     async def request_cancellation(self, tenant_id: str, run_id: uuid.UUID | str) -> RunView:
         """Ask for cancellation; a driver confirms it (status ``cancelled``) with database time."""
         check_tenant(tenant_id)
-        return _view(await self.store.request_cancellation(RunKey(tenant_id, _parse_run_id(run_id))))
+        return await self.store.request_cancellation(RunKey(tenant_id, _parse_run_id(run_id)))
 
     async def resolve_interrupt(self, tenant_id: str, run_id: uuid.UUID | str, wait_id: str, resolution: Any) -> bool:
         """Resolve an interrupt (see :meth:`resolve`); returns False for an exact duplicate resolution."""
@@ -269,15 +154,14 @@ class AgentRuns:
                 raise InvalidInputError("status", f"must be one of {[s.value for s in RunStatus]}") from None
         if not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise InvalidInputError("limit", "must be between 1 and 1000")
-        rows = await list_runs(
-            self.store,
+        rows = await self.store.list_runs(
             tenant_id,
             status=status.value if status is not None else None,
             graph=graph,
             before=_parse_cursor(cursor) if cursor else None,
             limit=limit + 1,
         )
-        views = tuple(_view(r) for r in rows[:limit])
+        views = tuple(rows[:limit])
         return RunPage(views, _cursor(views[-1]) if len(rows) > limit else None)
 
     async def children(
@@ -293,24 +177,12 @@ class AgentRuns:
             after=_parse_cursor(cursor) if cursor else None,
             limit=limit + 1,
         )
-        views = tuple(_view(r) for r in rows[:limit])
+        views = tuple(rows[:limit])
         return RunPage(views, _cursor(views[-1]) if len(rows) > limit else None)
 
     async def history(self, tenant_id: str, run_id: uuid.UUID | str) -> list[RunEvent]:
         check_tenant(tenant_id)
-        rows = await read_history(self.store, RunKey(tenant_id, _parse_run_id(run_id)))
-        return [
-            RunEvent(
-                r["id"],
-                r["kind"],
-                None if r["fence"] is None else int(r["fence"]),
-                None if r["revision"] is None else int(r["revision"]),
-                int(r["checkpoint_seq"]),
-                r["created_at"],
-                r["payload"],
-            )
-            for r in rows
-        ]
+        return await self.store.read_history(RunKey(tenant_id, _parse_run_id(run_id)))
 
     async def wait(
         self,
@@ -338,7 +210,7 @@ class AgentRuns:
         start afresh; usage keeps accumulating). The failure result is kept in the run's history."""
         check_tenant(tenant_id)
         key = RunKey(tenant_id, _parse_run_id(run_id))
-        await retry_run(self.store, key)
+        await self.store.retry_run(key)
         return await self.get_run(tenant_id, key.run_id)
 
     async def fork(self, tenant_id: str, run_id: uuid.UUID | str, checkpoint_seq: int) -> RunView:
@@ -348,5 +220,5 @@ class AgentRuns:
         if not isinstance(checkpoint_seq, int) or isinstance(checkpoint_seq, bool) or checkpoint_seq < 0:
             raise InvalidInputError("checkpoint_seq", "must be a non-negative integer")
         new_id = uuid.uuid4()
-        await fork_run(self.store, RunKey(tenant_id, _parse_run_id(run_id)), checkpoint_seq, new_id)
+        await self.store.fork_run(RunKey(tenant_id, _parse_run_id(run_id)), checkpoint_seq, new_id)
         return await self.get_run(tenant_id, new_id)

@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
+from adx.agents._canonical import JsonObject
 from adx.agents._graph import (
     _NAME,
     END,
@@ -37,12 +38,12 @@ from adx.agents._tools import ReconcileFn, ToolFn
 from adx.errors import ConflictError, InvalidInputError
 
 if typing.TYPE_CHECKING:
-    from adx.agents._driver import NodeContext
+    from adx.agents._context import NodeContext
 
 __all__ = ["START", "App", "Goto", "apps_in", "registrations", "resolution"]
 
 START = "__start__"
-_OBJECT: dict[str, Any] = {"type": "object"}
+_OBJECT: JsonObject = {"type": "object"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +236,7 @@ class App:
     def schema_id(self, role: str) -> str:
         return f"urn:adx-app:{self.name}/{self.version}/{role}"
 
-    def _schema(self, model: type[BaseModel] | None) -> dict[str, Any]:
+    def _schema(self, model: type[BaseModel] | None) -> JsonObject:
         return model.model_json_schema() if model is not None else _OBJECT
 
     def register_schemas(self, schemas: JsonSchemaRegistryBuilder) -> None:

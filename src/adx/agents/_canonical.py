@@ -5,9 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any
+from typing import Any, TypeAlias
 
-__all__ = ["canonical_json", "digest", "json_clone"]
+__all__ = ["JsonObject", "canonical_json", "digest", "json_clone"]
+
+#: A JSON object whose keys and values belong to the user or the journal, not to this code: a run's request,
+#: descriptor and budget as admitted, a journal event or result document, a step's payload. These are stored as
+#: JSONB and compared and digested as written, so they stay plain dicts (a typed model would reorder or coerce
+#: them); the runtime's own records are dataclasses.
+JsonObject: TypeAlias = dict[str, Any]
 
 
 def _check(value: Any, path: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from adx.agents._canonical import JsonObject
 from adx.agents._graph import Budget, ExecutableGraph, ExecutableGraphRegistry
 from adx.agents._schemas import JsonSchemaRegistryBuilder
 from adx.agents._store import AgentStore
@@ -25,7 +26,7 @@ __all__ = ["publish_graphs", "published_registry"]
 log = logging.getLogger("adx.agents.catalog")
 
 
-def _contract(registry: ExecutableGraphRegistry, graph: ExecutableGraph) -> dict[str, Any]:
+def _contract(registry: ExecutableGraphRegistry, graph: ExecutableGraph) -> JsonObject:
     schemas = registry.schemas
     return {
         "entry": graph.entry,

@@ -18,10 +18,12 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from adx.agents._admission import build_admission
+from adx.agents._canonical import JsonObject
 from adx.agents._graph import ChildRun, ExecutableGraphRegistry, Join, JoinPolicy
-from adx.agents._rows import TERMINAL, Claim, ParentClaim, RunKey
+from adx.agents._rows import RUN_COLUMNS, TERMINAL, Claim, ParentClaim, RunKey, WaitRegistration, fetch_run
 from adx.agents._store import AgentStore
-from adx.errors import ConflictError, InvalidInputError, NotFoundError
+from adx.agents._views import RunView, run_view
+from adx.errors import ConflictError, InvalidInputError
 
 __all__ = [
     "JoinSpec",
@@ -47,7 +49,7 @@ async def spawn_child(
     graph: str,
     version: str | None,
     input: Any,
-    budget: dict[str, Any] | None,
+    budget: JsonObject | None,
     deadline_seconds: float | None,
 ) -> ChildRun:
     if version is None:
@@ -71,7 +73,7 @@ async def spawn_child(
     return ChildRun(run_id, admission.graph_name, admission.graph_version)
 
 
-def join_json(join: Join) -> dict[str, Any]:
+def join_json(join: Join) -> WaitRegistration:
     """The wait registration of a join: its children (in order) and policy, validated."""
     if not join.children or len(join.children) > MAX_JOIN_CHILDREN:
         raise InvalidInputError("waits.children", f"a Join needs 1 to {MAX_JOIN_CHILDREN} children")
@@ -115,17 +117,12 @@ def decode_join(payload: Any) -> JoinSpec:
 
 async def list_children(
     store: AgentStore, key: RunKey, *, after: tuple[datetime, uuid.UUID] | None, limit: int
-) -> list[dict[str, Any]]:
+) -> list[RunView]:
     """One keyset page of a run's children, oldest first (NotFoundError for an unknown parent)."""
     async with store.connection("list children") as conn:
+        await fetch_run(conn, key, "1")
         cur = await conn.execute(
-            "SELECT 1 FROM adx_agent_runs WHERE tenant_id = %s AND run_id = %s", (key.tenant_id, key.run_id)
-        )
-        if await cur.fetchone() is None:
-            raise NotFoundError(f"run {key.run_id} does not exist")
-        cur = await conn.execute(
-            "SELECT r.*, u.input_tokens, u.output_tokens, u.model_calls, u.tool_calls, u.node_commits,"
-            " u.missing_usage FROM adx_agent_runs r JOIN adx_agent_usage u USING (tenant_id, run_id)"
+            f"SELECT {RUN_COLUMNS} FROM adx_agent_runs r JOIN adx_agent_usage u USING (tenant_id, run_id)"
             " WHERE r.tenant_id = %(t)s AND r.parent_run_id = %(p)s"
             " AND (%(at)s::timestamptz IS NULL OR (r.created_at, r.run_id) > (%(at)s, %(id)s))"
             " ORDER BY r.created_at, r.run_id LIMIT %(n)s",
@@ -137,7 +134,7 @@ async def list_children(
                 "n": limit,
             },
         )
-        return [{**row, "waits": []} for row in await cur.fetchall()]
+        return [run_view(row) for row in await cur.fetchall()]
 
 
 async def publish_join(store: AgentStore, key: RunKey, wait_set: int, wait_id: str) -> bool:

@@ -15,12 +15,14 @@ from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
-from adx.agents._api import AgentRuns, RunPage, RunView
+from adx.agents._api import AgentRuns
 from adx.agents._authoring import App
+from adx.agents._canonical import JsonObject
 from adx.agents._catalog import published_registry
 from adx.agents._rows import ResolveOutcome
 from adx.agents._status import RunStatus
 from adx.agents._store import AgentStore
+from adx.agents._views import RunPage, RunView
 from adx.errors import InvalidInputError
 
 __all__ = ["Client", "Finished"]
@@ -37,7 +39,7 @@ class Finished(Generic[T]):
     run_id: uuid.UUID
     status: RunStatus
     output: T | None
-    failure: dict[str, Any] | None
+    failure: JsonObject | None
     usage: dict[str, int]
 
     @property
@@ -90,7 +92,7 @@ class Client:
         input: Any,
         *,
         version: int | str | None = None,
-        budget: dict[str, Any] | None = None,
+        budget: JsonObject | None = None,
         idempotency_key: str | None = None,
         deadline_seconds: float | None = None,
     ) -> RunView:

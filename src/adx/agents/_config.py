@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
 
@@ -12,6 +13,18 @@ __all__ = ["AgentEnvironmentsConfig", "AgentMaintenanceConfig", "AgentWorkerConf
 
 # A dotted module path, optionally ``:attribute`` naming one adx.agents.App in it.
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+def _postgres_url(value: str) -> str:
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise ValueError("must be a postgresql:// URL")
+    return value
+
+
+#: The database both agent components (worker, maintenance) take.
+PostgresUrl = Annotated[
+    str, AfterValidator(_postgres_url), Field(description="PostgreSQL URL (postgresql://user@host:port/db)")
+]
 
 
 class FairnessConfig(StrictModel):
@@ -59,7 +72,7 @@ class AgentEnvironmentsConfig(StrictModel):
 
 
 class AgentWorkerConfig(StrictModel):
-    database_url: str = Field(description="PostgreSQL URL (postgresql://user@host:port/db)")
+    database_url: PostgresUrl
     tenant_id: str = Field(
         default="default",
         pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$",
@@ -135,18 +148,11 @@ class AgentWorkerConfig(StrictModel):
             raise ValueError("must be a dotted Python module path (optionally MODULE:APP)")
         return value
 
-    @field_validator("database_url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        if not value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("must be a postgresql:// URL")
-        return value
-
 
 class AgentMaintenanceConfig(StrictModel):
     """Configuration of ``adx agent maintenance`` (component ``agent-maintenance``)."""
 
-    database_url: str = Field(description="PostgreSQL URL (postgresql://user@host:port/db)")
+    database_url: PostgresUrl
     tenants: list[str] = Field(description="1-128 distinct tenant IDs this maintenance process serves")
     interval_seconds: float = Field(default=0.25, gt=0, le=3600)
     error_interval_seconds: float = Field(default=1.0, gt=0, le=3600, description="pause after a tick with item errors")
@@ -165,11 +171,4 @@ class AgentMaintenanceConfig(StrictModel):
         for tenant in value:
             if not re.match(r"^[a-z0-9][a-z0-9_-]{0,62}$", tenant):
                 raise ValueError(f"{tenant!r} is not a tenant ID")
-        return value
-
-    @field_validator("database_url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        if not value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("must be a postgresql:// URL")
         return value

@@ -1,7 +1,9 @@
-"""The graph driver: runs one claimed run node by node, checkpointing after each, and returns a handoff.
+"""The graph driver: runs one claimed run node by node under a renewed lease, checkpointing after each, and
+returns a handoff.
 
-The driver never finalises a run. It returns an exact *handoff* (wait, success, failure, cancellation or
-release) carrying a lifecycle event identity assigned once here; :mod:`adx.agents._lifecycle` commits it.
+The driver never finalises a run. It returns an exact *handoff* (:mod:`adx.agents._handoffs`: wait, success,
+failure, cancellation or release) carrying a lifecycle event identity assigned once here;
+:mod:`adx.agents._lifecycle` commits it. What a node sees while it runs is :mod:`adx.agents._context`.
 """
 
 from __future__ import annotations
@@ -11,59 +13,49 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from adx._backoff import capped_exponential
 from adx.agents._canonical import digest, json_clone
-from adx.agents._children import join_json, spawn_child
-from adx.agents._environments import EnvironmentAccess, EnvironmentBroker, EnvironmentSpec, RunEnvironment
-from adx.agents._errors import StaleFenceError
+from adx.agents._children import join_json
+from adx.agents._context import BudgetExceededError, NodeContext, ToolOutcomeUnknownError
+from adx.agents._environments import EnvironmentAccess, EnvironmentBroker
+from adx.agents._errors import StaleFenceError, error_text
 from adx.agents._graph import (
     END,
     Budget,
-    ChildRun,
     ExecutableGraph,
     ExecutableGraphRegistry,
     Fail,
     Interrupt,
     Join,
-    ModelChunk,
     Next,
     NodeOutcome,
     NodeWaits,
     Timer,
-    Usage,
 )
-from adx.agents._pg import CommitHook
-from adx.agents._rows import Claim
+from adx.agents._handoffs import (
+    CancellationHandoff,
+    FailureHandoff,
+    Handoff,
+    ReleaseHandoff,
+    ReleaseKind,
+    SuccessHandoff,
+    WaitHandoff,
+)
+from adx.agents._options import require_at_least, require_positive
+from adx.agents._rows import Claim, WaitRegistration
 from adx.agents._schemas import GRAPH_DRIVER_EVENT_SCHEMA_ID
-from adx.agents._status import Wake
+from adx.agents._status import AttemptStatus, CheckpointKind
 from adx.agents._store import AgentStore
-from adx.agents._tools import Reconciled, ReconcileOutcome, ToolCall, ToolDef
-from adx.errors import AdxError, ConflictError, InvalidInputError, UncertainOutcomeError
+from adx.errors import AdxError, InvalidInputError
 
 if TYPE_CHECKING:
     from adx.agents._liveness import WorkerLiveness
 
-__all__ = [
-    "BudgetExceededError",
-    "CancellationHandoff",
-    "DurableGraphDriver",
-    "DurableGraphDriverOptions",
-    "FailureHandoff",
-    "Handoff",
-    "ModelResult",
-    "NodeContext",
-    "ReleaseHandoff",
-    "ReleaseKind",
-    "ShutdownSignal",
-    "SuccessHandoff",
-    "ToolOutcomeUnknownError",
-    "WaitHandoff",
-]
+__all__ = ["DurableGraphDriver", "DurableGraphDriverOptions", "ShutdownSignal"]
 
 log = logging.getLogger("adx.agents.driver")
 
@@ -96,377 +88,10 @@ class DurableGraphDriverOptions:
     environments: EnvironmentAccess | None = None
 
     def __post_init__(self) -> None:
-        for name in ("lease_seconds", "node_timeout_seconds", "retry_backoff_seconds", "max_retry_backoff_seconds"):
-            if not getattr(self, name) > 0:
-                raise InvalidInputError(name, "must be positive")
-        for name in ("max_node_attempts", "max_nodes_per_claim"):
-            if getattr(self, name) < 1:
-                raise InvalidInputError(name, "must be at least 1")
-
-
-class BudgetExceededError(ConflictError):
-    """The run's resolved budget does not allow the next step or call (terminal failure, no retry)."""
-
-    code = "budget_exceeded"
-
-
-class ToolOutcomeUnknownError(ConflictError):
-    """A non-idempotent tool call started by a lower fence has an unknown outcome: never re-dispatched."""
-
-    code = "tool_outcome_unknown"
-
-
-class ReleaseKind(StrEnum):
-    DEFERRED = "deferred"
-    YIELDED = "yielded"
-    RECOVERY_RELEASED = "recovery_released"
-
-
-@dataclass(frozen=True, slots=True)
-class WaitHandoff:
-    claim: Claim
-    event_id: uuid.UUID
-    step: int
-    attempt_id: uuid.UUID
-    resume_node: str
-    state: Any
-    waits: tuple[dict[str, Any], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SuccessHandoff:
-    claim: Claim
-    event_id: uuid.UUID
-    step: int
-    artifact: Any
-    usage: dict[str, int]
-    revision: int = 0  # the run revision the driver last committed or claimed (AGT-9 replay expects + 1)
-
-
-@dataclass(frozen=True, slots=True)
-class FailureHandoff:
-    claim: Claim
-    event_id: uuid.UUID
-    step: int
-    reason: str
-    attempt_id: uuid.UUID | None
-    in_flight: tuple[uuid.UUID, ...] = ()
-    revision: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CancellationHandoff:
-    claim: Claim
-    event_id: uuid.UUID
-    step: int
-    attempt_id: uuid.UUID | None
-    usage: dict[str, int]
-    revision: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseHandoff:
-    claim: Claim
-    event_id: uuid.UUID
-    step: int
-    kind: ReleaseKind
-    reason: str
-    delay_s: float
-    attempt_id: uuid.UUID | None
-    attempt_status: str | None
-    error: str | None = None
-
-
-Handoff = WaitHandoff | SuccessHandoff | FailureHandoff | CancellationHandoff | ReleaseHandoff
-
-
-@dataclass(frozen=True, slots=True)
-class ModelResult:
-    text: str
-    usage: Usage | None
-    replayed: bool
-
-
-class NodeContext:
-    """What a node sees: identity, wake-up information, recorded model/tool calls, commit hooks."""
-
-    def __init__(
-        self,
-        store: AgentStore,
-        executables: ExecutableGraphRegistry,
-        claim: Claim,
-        *,
-        node: str,
-        step: int,
-        attempt: int,
-        budget: Budget,
-        usage: dict[str, int],
-        wake: list[Wake] | None,
-        environments: EnvironmentBroker | None = None,
-    ) -> None:
-        self._store = store
-        self._environments = environments
-        self._executables = executables
-        self._claim = claim
-        self.node = node
-        self.step = step
-        self.attempt = attempt
-        self.wake = wake
-        self.request: Any = json_clone(claim.request)
-        self._budget = budget
-        self._usage = dict(usage)
-        self._ordinals: dict[str, int] = {}
-        self._hooks: list[CommitHook] = []
-        self.in_flight: set[uuid.UUID] = set()
-
-    @property
-    def run_id(self) -> uuid.UUID:
-        return self._claim.key.run_id
-
-    @property
-    def tenant_id(self) -> str:
-        return self._claim.key.tenant_id
-
-    @property
-    def fence(self) -> int:
-        return self._claim.fence
-
-    def on_commit(self, hook: CommitHook) -> None:
-        """Run ``hook(conn)`` inside the transaction that commits this node: its writes *on ``conn``* commit
-        exactly when the node's checkpoint does, once. Anything else the hook does (files, HTTP, other
-        connections) happens at every commit attempt, also one whose transaction then fails to commit, after which
-        the node and its hook run again: use a tool with ``reconcile`` for those."""
-        self._hooks.append(hook)
-
-    async def environment(
-        self, name: str = "main", spec: EnvironmentSpec | None = None, *, keep: bool = False
-    ) -> RunEnvironment:
-        """The run's ADX Environment ``name``, created from ``spec`` when the run has none of that name yet,
-        reattached (and resumed) when it has: after a crash, in a later node, after a wait. Its ID is committed
-        before the create is seen complete. Deleted when the run ends, unless ``keep``."""
-        if self._environments is None:
-            raise InvalidInputError(
-                "environments", "this worker has no ADX API configured for ctx.environment (its [environments])"
-            )
-        return await self._environments.open(self._claim, name, spec or EnvironmentSpec(), keep)
-
-    async def spawn(
-        self,
-        graph: str,
-        input: Any,
-        *,
-        version: str | None = None,
-        key: str | None = None,
-        budget: dict[str, Any] | None = None,
-        deadline_seconds: float | None = None,
-    ) -> ChildRun:
-        """Admit a child run of ``graph`` (this worker's registry; ``version`` may be omitted when it has one
-        version) with ``input``; wait for children with a :class:`Join`. The child's ID is derived from this run,
-        step and ``key`` (default: the graph name and the spawn's ordinal in this node), so this node running
-        again after a crash gets the same child back instead of a second one. The spawn is fenced: a worker
-        that lost this run spawns nothing (StaleFenceError)."""
-        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 128):
-            raise InvalidInputError("key", "must be 1-128 characters")
-        return await spawn_child(
-            self._store,
-            self._executables,
-            self._claim,
-            step=self.step,
-            call_key=self._call_key("spawn", graph) if key is None else f"spawn-key:{key}",
-            graph=graph,
-            version=version,
-            input=input,
-            budget=budget,
-            deadline_seconds=deadline_seconds,
+        require_positive(
+            self, "lease_seconds", "node_timeout_seconds", "retry_backoff_seconds", "max_retry_backoff_seconds"
         )
-
-    def _call_key(self, kind: str, name: str) -> str:
-        ordinal = self._ordinals.get(f"{kind}:{name}", 0)
-        self._ordinals[f"{kind}:{name}"] = ordinal + 1
-        return f"{kind}:{name}#{ordinal}"
-
-    async def model(
-        self, provider: str, request: Any, *, on_chunk: Callable[[ModelChunk], Awaitable[None]] | None = None
-    ) -> ModelResult:
-        """Call a registered model provider (streaming). Recorded before dispatch; a completed call of an
-        earlier attempt of this step is replayed from the record instead of being called again."""
-        model = self._executables.models.get(provider)
-        if model is None:
-            raise InvalidInputError("provider", f"model provider {provider!r} is not registered")
-        key = self._call_key("model", provider)
-        for previous in await self._store.find_call(self._claim.key, self.step, "model", key):
-            if previous["status"] == "completed":
-                usage = previous["usage"]
-                return ModelResult(
-                    previous["response"]["text"], Usage(**usage) if usage is not None else None, replayed=True
-                )
-        if self._budget.max_model_calls is not None and self._usage["model_calls"] >= self._budget.max_model_calls:
-            raise BudgetExceededError(f"budget exhausted: max_model_calls={self._budget.max_model_calls}")
-        spent = self._usage["input_tokens"] + self._usage["output_tokens"]
-        if self._budget.max_tokens is not None and spent >= self._budget.max_tokens:
-            raise BudgetExceededError(f"budget exhausted: max_tokens={self._budget.max_tokens}")
-        attempt_id = await self._store.start_call(
-            self._claim.key,
-            fence=self.fence,
-            owner=self._claim.owner,
-            step=self.step,
-            node=self.node,
-            kind="model",
-            call_key=key,
-            request=request,
-        )
-        self.in_flight.add(attempt_id)
-        parts: list[str] = []
-        usage_seen: Usage | None = None
-        try:
-            async for chunk in model.stream(request):
-                parts.append(chunk.text)
-                if chunk.usage is not None:
-                    usage_seen = chunk.usage
-                if on_chunk is not None:
-                    await on_chunk(chunk)
-        except UncertainOutcomeError:
-            raise  # stays in flight: the lifecycle hands it to higher-fence recovery
-        except Exception as exc:
-            await self._store.finish_call(
-                self._claim.key,
-                attempt_id,
-                fence=self.fence,
-                owner=self._claim.owner,
-                kind="model",
-                response=None,
-                usage=None,
-                error=f"{type(exc).__name__}: {exc}"[:1024],
-            )
-            self.in_flight.discard(attempt_id)
-            raise
-        text = "".join(parts)
-        usage_json = (
-            {"input_tokens": usage_seen.input_tokens, "output_tokens": usage_seen.output_tokens}
-            if usage_seen is not None
-            else None  # never zero-filled: evidence refuses to finalise a run with unknown usage (AGT-3)
-        )
-        await self._store.finish_call(
-            self._claim.key,
-            attempt_id,
-            fence=self.fence,
-            owner=self._claim.owner,
-            kind="model",
-            response={"text": text},
-            usage=usage_json,
-        )
-        self.in_flight.discard(attempt_id)
-        self._usage["model_calls"] += 1
-        if usage_seen is not None:
-            self._usage["input_tokens"] += usage_seen.input_tokens
-            self._usage["output_tokens"] += usage_seen.output_tokens
-        return ModelResult(text, usage_seen, replayed=False)
-
-    def _tool_call(self, name: str, key: str) -> ToolCall:
-        ordinal = int(key.rsplit("#", 1)[1])
-        return ToolCall(
-            idempotency_key=f"{self.run_id}/{self.step}/{self.node}/{name}#{ordinal}",
-            tenant_id=self.tenant_id,
-            run_id=self.run_id,
-            step=self.step,
-            node=self.node,
-            tool=name,
-            ordinal=ordinal,
-            fence=self.fence,
-        )
-
-    async def tool(self, name: str, arguments: Any) -> Any:
-        """Call a registered tool, recorded before dispatch; completed calls are replayed from the record.
-
-        The tool gets the same :attr:`ToolCall.idempotency_key` at every dispatch of this call; a
-        non-idempotent tool's unknown outcome (its worker died mid-call) is decided by its ``reconcile``."""
-        tool = self._executables.tools.get(name)
-        if tool is None:
-            raise InvalidInputError("tool", f"tool {name!r} is not registered")
-        key = self._call_key("tool", name)
-        call = self._tool_call(name, key)
-        previous = await self._store.find_call(self._claim.key, self.step, "tool", key)
-        for attempt in previous:
-            if attempt["status"] == "completed":
-                return attempt["response"]
-        unknown = [a for a in previous if a["status"] == "started" and a["fence"] < self.fence]
-        if unknown and not tool.idempotent:
-            decided = await self._reconcile(tool, arguments, call, [a["attempt_id"] for a in unknown])
-            if decided is not None:
-                return decided.result
-        attempt_id = await self._store.start_call(
-            self._claim.key,
-            fence=self.fence,
-            owner=self._claim.owner,
-            step=self.step,
-            node=self.node,
-            kind="tool",
-            call_key=key,
-            request=arguments,
-        )
-        self.in_flight.add(attempt_id)
-        try:
-            result = await tool.dispatch(arguments, call)
-        except UncertainOutcomeError:
-            raise
-        except Exception as exc:
-            await self._store.finish_call(
-                self._claim.key,
-                attempt_id,
-                fence=self.fence,
-                owner=self._claim.owner,
-                kind="tool",
-                response=None,
-                usage=None,
-                error=f"{type(exc).__name__}: {exc}"[:1024],
-            )
-            self.in_flight.discard(attempt_id)
-            raise
-        await self._store.finish_call(
-            self._claim.key,
-            attempt_id,
-            fence=self.fence,
-            owner=self._claim.owner,
-            kind="tool",
-            response=result,
-            usage=None,
-        )
-        self.in_flight.discard(attempt_id)
-        self._usage["tool_calls"] += 1
-        return result
-
-    async def _reconcile(
-        self, tool: ToolDef, arguments: Any, call: ToolCall, unknown: list[uuid.UUID]
-    ) -> Reconciled | None:
-        """Decide the unknown outcome of earlier dispatches; returns the decision when the call is done."""
-        if tool.reconcile is None:
-            raise ToolOutcomeUnknownError(
-                f"tool {tool.name!r} call {call.idempotency_key} started under an earlier owner has an unknown"
-                " outcome and the tool has no reconcile hook"
-            )
-        decided = await tool.reconcile(arguments, call)
-        if not isinstance(decided, Reconciled):
-            raise InvalidInputError(f"tools.{tool.name}.reconcile", f"returned {decided!r}, not a Reconciled")
-        if decided.outcome is ReconcileOutcome.FAIL:
-            raise ToolOutcomeUnknownError(f"tool {tool.name!r} call {call.idempotency_key}: {decided.reason}"[:1024])
-        done = decided.outcome is ReconcileOutcome.DONE
-        for index, attempt_id in enumerate(unknown):
-            # One completed record per call (the latest dispatch); the others are closed as reconciled.
-            completes = done and index == len(unknown) - 1
-            await self._store.finish_call(
-                self._claim.key,
-                attempt_id,
-                fence=self.fence,
-                owner=self._claim.owner,
-                kind="tool",
-                response=json_clone(decided.result) if completes else None,
-                usage=None,
-                error=None if completes else f"reconciled: {decided.outcome.value}",
-            )
-        if not done:
-            return None
-        self._usage["tool_calls"] += 1
-        return decided
+        require_at_least(self, 1, "max_node_attempts", "max_nodes_per_claim")
 
 
 @dataclass
@@ -508,11 +133,11 @@ def _backoff(options: DurableGraphDriverOptions, failures: int) -> float:
     return capped_exponential(options.retry_backoff_seconds, options.max_retry_backoff_seconds, max(0, failures - 1))
 
 
-def _waits_json(waits: tuple[Interrupt | Timer | Join, ...]) -> tuple[dict[str, Any], ...]:
+def _waits_json(waits: tuple[Interrupt | Timer | Join, ...]) -> tuple[WaitRegistration, ...]:
     if not waits:
         raise InvalidInputError("waits", "a NodeWaits needs at least one wait")
     seen: set[str] = set()
-    out: list[dict[str, Any]] = []
+    out: list[WaitRegistration] = []
     for wait in waits:
         if not isinstance(wait, Interrupt | Timer | Join):
             raise InvalidInputError("waits", f"{wait!r} is not an Interrupt, Timer or Join")
@@ -599,6 +224,11 @@ class DurableGraphDriver:
         step = ck.seq
         rev = claim.revision
         usage = dict(claim.usage)
+
+        def failed(reason: str, attempt: uuid.UUID | None) -> FailureHandoff:
+            # Closes over step and rev: a failure is handed off at the step the loop has reached.
+            return FailureHandoff(claim, uuid.uuid4(), step, reason, attempt, revision=rev)
+
         if claim.cancel_requested:
             return CancellationHandoff(claim, uuid.uuid4(), step, None, usage, revision=rev)
         graph = self.executables.get(claim.graph_name, claim.graph_version)
@@ -621,28 +251,14 @@ class DurableGraphDriver:
         node = ck.next_node
         failures = claim.prior_attempts
         if failures >= opts.max_node_attempts:
-            return FailureHandoff(
-                claim,
-                uuid.uuid4(),
-                step,
-                f"quarantined: node {node!r} at step {step} was abandoned or failed {failures} times",
-                None,
-                revision=rev,
-            )
+            return failed(f"quarantined: node {node!r} at step {step} was abandoned or failed {failures} times", None)
         state = ck.state
-        wake = [Wake.from_row(w) for w in claim.wake] if ck.kind == "wait" else None
+        wake = list(claim.wake) if ck.kind is CheckpointKind.WAIT else None
         attempt_id = await self.store.start_node_attempt(claim, node)
         nodes_run = 0
         while True:
             if usage["node_commits"] >= budget.max_steps:
-                return FailureHandoff(
-                    claim,
-                    uuid.uuid4(),
-                    step,
-                    f"budget exhausted: max_steps={budget.max_steps}",
-                    attempt_id,
-                    revision=rev,
-                )
+                return failed(f"budget exhausted: max_steps={budget.max_steps}", attempt_id)
             ctx = NodeContext(
                 self.store,
                 self.executables,
@@ -660,9 +276,7 @@ class DurableGraphDriver:
                 if outcome is None:
                     outcome = Next()
                 if isinstance(outcome, Fail):
-                    return FailureHandoff(
-                        claim, uuid.uuid4(), step, str(outcome.reason)[:1024], attempt_id, revision=rev
-                    )
+                    return failed(str(outcome.reason)[:1024], attempt_id)
                 if isinstance(outcome, NodeWaits):
                     waits = _waits_json(outcome.waits)
                     undeclared = [
@@ -685,22 +299,15 @@ class DurableGraphDriver:
             except (StaleFenceError, asyncio.CancelledError):
                 raise
             except (BudgetExceededError, ToolOutcomeUnknownError) as exc:
-                return FailureHandoff(claim, uuid.uuid4(), step, str(exc)[:1024], attempt_id, revision=rev)
+                return failed(str(exc)[:1024], attempt_id)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"[:1024]
+                error = error_text(exc)
                 if ctx.in_flight:
                     # AGT-7: work of this fence is in flight with an unknown outcome: hand it to recovery.
                     return FailureHandoff(claim, uuid.uuid4(), step, error, attempt_id, tuple(ctx.in_flight))
                 failures += 1
                 if failures >= opts.max_node_attempts:
-                    return FailureHandoff(
-                        claim,
-                        uuid.uuid4(),
-                        step,
-                        f"node {node!r} failed {failures} times: {error}",
-                        attempt_id,
-                        revision=rev,
-                    )
+                    return failed(f"node {node!r} failed {failures} times: {error}", attempt_id)
                 return ReleaseHandoff(
                     claim,
                     uuid.uuid4(),
@@ -709,7 +316,7 @@ class DurableGraphDriver:
                     error,
                     _backoff(opts, failures),
                     attempt_id,
-                    "failed",
+                    AttemptStatus.FAILED,
                     error,
                 )
             event_id = uuid.uuid4()
@@ -752,20 +359,14 @@ class DurableGraphDriver:
             node = next_node
             if result.cancel_requested:
                 return CancellationHandoff(claim, uuid.uuid4(), step, attempt_id, usage, revision=rev)
-            if shutdown.is_set():
+            # Between nodes the run is given back (its next node attempt skipped) when the worker stops or
+            # this claim used its node quota, so other runs get their turn.
+            stop = "worker shutting down" if shutdown.is_set() else None
+            if stop is None and nodes_run >= opts.max_nodes_per_claim:
+                stop = "node quota per claim used"
+            if stop is not None:
                 return ReleaseHandoff(
-                    claim, uuid.uuid4(), step, ReleaseKind.YIELDED, "worker shutting down", 0.0, attempt_id, "skipped"
-                )
-            if nodes_run >= opts.max_nodes_per_claim:
-                return ReleaseHandoff(
-                    claim,
-                    uuid.uuid4(),
-                    step,
-                    ReleaseKind.YIELDED,
-                    "node quota per claim used",
-                    0.0,
-                    attempt_id,
-                    "skipped",
+                    claim, uuid.uuid4(), step, ReleaseKind.YIELDED, stop, 0.0, attempt_id, AttemptStatus.SKIPPED
                 )
 
     async def _run_node(self, graph: ExecutableGraph, node: str, ctx: NodeContext, state: Any, lease: _Lease) -> Any:

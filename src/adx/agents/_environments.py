@@ -24,6 +24,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from adx.agents._canonical import JsonObject
 from adx.agents._errors import StaleFenceError
 from adx.agents._rows import Claim
 from adx.agents._store import AgentStore
@@ -80,7 +81,7 @@ class EnvironmentSpec:
     lifetime: float | None = None
     lifetime_action: IdleAction | str | None = None
 
-    def create_arguments(self, labels: Mapping[str, str]) -> dict[str, Any]:
+    def create_arguments(self, labels: Mapping[str, str]) -> JsonObject:
         metadata = dict(self.metadata or {})
         clash = sorted(set(metadata) & set(labels))
         if clash:

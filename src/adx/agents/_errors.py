@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
-__all__ = ["EvidenceError", "SchemaValidationError", "StaleFenceError"]
+__all__ = ["EvidenceError", "SchemaValidationError", "StaleFenceError", "error_text"]
 
 
 class SchemaValidationError(InvalidInputError):
@@ -27,9 +25,6 @@ class StaleFenceError(ConflictError):
 
     code = "stale_fence"
 
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message, details=details)
-
 
 class EvidenceError(UnavailableError):
     """Trusted lifecycle evidence could not be recovered or did not match the handoff.
@@ -38,3 +33,9 @@ class EvidenceError(UnavailableError):
     """
 
     code = "evidence_unavailable"
+
+
+def error_text(exc: BaseException) -> str:
+    """How a failure is recorded (attempt errors, release reasons): its type and message, bounded at 1 KiB like
+    every reason the journal keeps."""
+    return f"{type(exc).__name__}: {exc}"[:1024]

@@ -17,13 +17,13 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from adx.agents._canonical import digest, json_clone
+from adx.agents._canonical import JsonObject, digest, json_clone
 from adx.agents._schemas import JsonSchemaRegistry
 from adx.agents._tools import ReconcileFn, ToolDef, ToolFn, takes_call
 from adx.errors import ConflictError, InvalidInputError
 
 if TYPE_CHECKING:
-    from adx.agents._driver import NodeContext
+    from adx.agents._context import NodeContext
 
 __all__ = [
     "END",
@@ -158,7 +158,7 @@ class Budget:
     max_model_calls: int | None = None
     max_tokens: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"max_steps": self.max_steps, "max_model_calls": self.max_model_calls, "max_tokens": self.max_tokens}
 
     @classmethod

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from adx.agents._canonical import digest
-from adx.agents._driver import (
+from adx.agents._canonical import JsonObject, digest
+from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
+from adx.agents._graph import Budget, ExecutableGraphRegistry
+from adx.agents._handoffs import (
     CancellationHandoff,
     FailureHandoff,
     Handoff,
@@ -24,14 +27,14 @@ from adx.agents._driver import (
     SuccessHandoff,
     WaitHandoff,
 )
-from adx.agents._errors import EvidenceError, SchemaValidationError, StaleFenceError
-from adx.agents._graph import Budget, ExecutableGraphRegistry
-from adx.agents._rows import Claim, RunKey
+from adx.agents._options import require_at_least, require_positive
+from adx.agents._rows import Claim, RunKey, WaitCommit
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
     GRAPH_DRIVER_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
 )
+from adx.agents._status import AttemptStatus, RunStatus
 from adx.agents._store import AgentStore
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UncertainOutcomeError
 
@@ -65,12 +68,10 @@ class DurableGraphLifecycleOptions:
     commit_attempts: int = 3
 
     def __post_init__(self) -> None:
-        if not self.evidence_timeout_seconds > 0:
-            raise InvalidInputError("evidence_timeout_seconds", "must be positive")
+        require_positive(self, "evidence_timeout_seconds")
         if not self.evidence_retry_seconds >= 0:
             raise InvalidInputError("evidence_retry_seconds", "must not be negative")
-        if self.commit_attempts < 1:
-            raise InvalidInputError("commit_attempts", "must be at least 1")
+        require_at_least(self, 1, "commit_attempts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +88,9 @@ class LifecycleEvidence:
 
     key: RunKey
     checkpoint_seq: int
-    descriptor: dict[str, Any]
-    request: dict[str, Any]
-    budget: dict[str, Any]
+    descriptor: JsonObject
+    request: JsonObject
+    budget: JsonObject
     artifact: Any
     terminal_ready: bool
     usage: dict[str, int]
@@ -100,9 +101,9 @@ class LifecycleResult:
     outcome: ExecutedOutcome
     event_id: uuid.UUID
     revision: int | None = None
-    result: dict[str, Any] | None = None
+    result: JsonObject | None = None  # the committed result document
     usage: dict[str, int] | None = None
-    wait: dict[str, Any] | None = None
+    wait: WaitCommit | None = None
     replayed: bool = False
     reason: str | None = None
 
@@ -117,31 +118,27 @@ class GraphLifecycleEvidenceProvider:
 
     async def recover(self, store: AgentStore, request: EvidenceRequest) -> LifecycleEvidence:
         facts = await store.read_evidence(request.key, request.checkpoint_seq)
-        checkpoint = facts["checkpoint"]
+        checkpoint = facts.checkpoint
         if checkpoint is None:
             raise EvidenceError(f"run {request.key.run_id}: checkpoint {request.checkpoint_seq} is not persisted")
-        usage = facts["usage"]
-        if usage["missing_usage"]:
+        if facts.missing_usage:
             raise EvidenceError(
-                f"run {request.key.run_id}: {usage['missing_usage']} model call(s) have no recorded usage;"
+                f"run {request.key.run_id}: {facts.missing_usage} model call(s) have no recorded usage;"
                 " refusing to report zero"
             )
-        run = facts["run"]
         return LifecycleEvidence(
             key=request.key,
-            checkpoint_seq=int(checkpoint["seq"]),
-            descriptor=run["descriptor"],
-            request=run["request"],
-            budget=run["budget"],
-            artifact=checkpoint["artifact"],
-            terminal_ready=checkpoint["next_node"] is None,
-            usage={
-                k: int(usage[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")
-            },
+            checkpoint_seq=checkpoint.seq,
+            descriptor=facts.descriptor,
+            request=facts.request,
+            budget=facts.budget,
+            artifact=checkpoint.artifact,
+            terminal_ready=checkpoint.next_node is None,
+            usage=facts.usage,
         )
 
 
-def _event_base(kind: str, handoff: Handoff, checkpoint_seq: int) -> dict[str, Any]:
+def _event_base(kind: str, handoff: Handoff, checkpoint_seq: int) -> JsonObject:
     return {
         "kind": kind,
         "event_id": str(handoff.event_id),
@@ -220,7 +217,7 @@ class DurableGraphLifecycle:
                     event=event,
                     schema=self._lifecycle_schema,
                 )
-                return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, int(commit["revision"]), wait=commit)
+                return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, commit["revision"], wait=commit)
             except (UncertainOutcomeError, StaleFenceError) as exc:
                 replay = await self.replay_wait(h)
                 if replay is not None:
@@ -241,50 +238,53 @@ class DurableGraphLifecycle:
         problems = []
         if commit["kind"] != "waiting" or commit["fence"] != h.claim.fence or commit["checkpoint_seq"] != h.step + 1:
             problems.append("event projection differs")
-        if commit["payload"].get("attempt_id") != str(h.attempt_id) or commit["attempt_status"] != "completed":
+        if (
+            commit["payload"].get("attempt_id") != str(h.attempt_id)
+            or commit["attempt_status"] != AttemptStatus.COMPLETED
+        ):
             problems.append("node result was not consumed by this event")
         if registered != expected:
             problems.append("wait registrations differ")
         if not commit["checkpoint_present"] and commit["checkpoint_seq"] > 0:
             # Retention may prune old checkpoints; only a missing *current* one would be an inconsistency.
             run = await self.store.read_run(h.claim.key)
-            if int(run["checkpoint_seq"]) - self.store.checkpoint_retention < commit["checkpoint_seq"]:
+            if run.checkpoint_seq - self.store.checkpoint_retention < commit["checkpoint_seq"]:
                 problems.append("successor checkpoint missing")
         if problems:
             raise StaleFenceError(f"wait replay of event {h.event_id} refused: {', '.join(problems)}")
-        return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, int(commit["revision"]), wait=commit, replayed=True)
+        return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, commit["revision"], wait=commit, replayed=True)
 
     # --- terminal edges (AGT-6..9) -----------------------------------------------------------------------
 
     async def replay_terminal(
-        self, claim: Claim, event_id: uuid.UUID, status: str, revision: int
+        self, claim: Claim, event_id: uuid.UUID, status: RunStatus, revision: int
     ) -> LifecycleResult | None:
         """Lost-ACK replay (AGT-9): only the same event, committed at exactly ``revision + 1`` (the driver's last
         revision plus this edge) and unchanged since, with the expected terminal status and a cleared lease;
         anything else is stale and fails closed. Committed facts are returned; evidence is not read again."""
-        row = await self.store.read_terminal(claim.key, event_id)
-        if row is None:
+        facts = await self.store.read_terminal(claim.key, event_id)
+        if facts is None:
             return None
         ok = (
-            row["terminal_event_id"] == event_id
-            and row["event_revision"] == revision + 1
-            and row["event_fence"] == claim.fence
-            and row["status"] == status
-            and row["result_status"] == status
-            and row["lease_owner"] is None
-            and row["revision"] == row["event_revision"]
+            facts.terminal_event_id == event_id
+            and facts.event_revision == revision + 1
+            and facts.event_fence == claim.fence
+            and facts.status == status
+            and facts.result_status == status
+            and facts.lease_owner is None
+            and facts.revision == facts.event_revision
         )
         if not ok:
             raise StaleFenceError(
-                f"run {claim.key.run_id}: terminal replay of event {event_id} refused (run is {row['status']},"
-                f" revision {row['revision']}, event revision {row['event_revision']})"
+                f"run {claim.key.run_id}: terminal replay of event {event_id} refused (run is {facts.status},"
+                f" revision {facts.revision}, event revision {facts.event_revision})"
             )
         return LifecycleResult(
             ExecutedOutcome(status),
             event_id,
-            int(row["revision"]),
-            result=row["result"],
-            usage=row["usage"],
+            int(facts.revision),
+            result=facts.result,
+            usage=facts.usage,
             replayed=True,
         )
 
@@ -324,7 +324,11 @@ class DurableGraphLifecycle:
         )
         attempt_id: uuid.UUID | None = getattr(h, "attempt_id", None)
         # A failed node stays failed (it counts toward quarantine); a never-dispatched next node is skipped.
-        status = None if attempt_id is None else ("failed" if isinstance(h, FailureHandoff) else "skipped")
+        status = (
+            None
+            if attempt_id is None
+            else (AttemptStatus.FAILED if isinstance(h, FailureHandoff) else AttemptStatus.SKIPPED)
+        )
         release = ReleaseHandoff(
             h.claim,
             uuid.uuid4(),
@@ -338,29 +342,77 @@ class DurableGraphLifecycle:
         result = await self.commit_release(release)
         return LifecycleResult(result.outcome, result.event_id, result.revision, reason=str(exc))
 
-    async def _terminal(
+    async def _evidence(
         self,
         h: SuccessHandoff | FailureHandoff | CancellationHandoff,
+        status: RunStatus,
+        kind: str,
+        check: Callable[[LifecycleEvidence], None] | None = None,
+    ) -> LifecycleEvidence | LifecycleResult:
+        """The steps before a terminal commit: a lost-ACK replay of this very edge answers at once; otherwise the
+        handoff must still be current, and evidence is recovered and checked (``check``: the edge's own checks).
+        An evidence error releases the exact fence instead (AGT-4; AGT-8: a cancellation without evidence
+        stays requested, released and retried later)."""
+        replay = await self.replay_terminal(h.claim, h.event_id, status, h.revision)
+        if replay is not None:
+            return replay
+        await self.store.check_current(h.claim, h.step)
+        try:
+            ev = await self._recover(h, kind)
+            self._check_admission(h.claim, ev)
+            if check is not None:
+                check(ev)
+        except EvidenceError as exc:
+            return await self._release_on_evidence_error(h, exc)
+        return ev
+
+    async def _finalise(
+        self,
+        h: SuccessHandoff | FailureHandoff | CancellationHandoff,
+        ev: LifecycleEvidence,
+        status: RunStatus,
         *,
-        status: str,
+        outcome: JsonObject,
         artifact: Any,
-        result: dict[str, Any],
-        usage: dict[str, int],
-        event_kind: str,
-        event: dict[str, Any],
-        schema: tuple[str, str],
         attempt_id: uuid.UUID | None,
         error: str | None,
     ) -> LifecycleResult:
+        """Build the result document (``outcome``: what the run produced or why it failed) and its journal event,
+        validate the event offline, and commit both in one statement; a lost ACK or a concurrent change is
+        decided by the committed facts, never by a second evidence read."""
+        cancelled = status is RunStatus.CANCELLED
+        result = {
+            "run_id": str(h.claim.key.run_id),
+            "status": status.value,
+            **outcome,
+            "usage": ev.usage,
+            "descriptor_digest": digest(ev.descriptor),
+            "request_digest": digest(ev.request),
+            "budget": ev.budget,
+            "event_id": str(h.event_id),
+        }
+        event_kind = "cancellation_confirmed" if cancelled else status.value
+        event = _event_base(event_kind, h, h.step + 1)
+        if error is not None:
+            event["reason"] = error
+        event["usage"] = ev.usage
+        if not cancelled:  # the cancellation event's schema has no result digest
+            event["result_digest"] = digest(result)
+        schema_id, schema = (
+            (AGENT_CANCELLATION_EVENT_SCHEMA_ID, self._cancel_schema)
+            if cancelled
+            else (GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, self._lifecycle_schema)
+        )
+        self.executables.schemas.validate(schema_id, event)
         for attempt in range(self.options.commit_attempts):
             try:
-                row = await self.store.commit_terminal(
+                revision = await self.store.commit_terminal(
                     h.claim,
                     status=status,
                     step=h.step,
                     artifact=artifact,
                     result=result,
-                    usage=usage,
+                    usage=ev.usage,
                     event_id=h.event_id,
                     event_kind=event_kind,
                     event=event,
@@ -368,11 +420,8 @@ class DurableGraphLifecycle:
                     attempt_id=attempt_id,
                     error=error,
                 )
-                return LifecycleResult(
-                    ExecutedOutcome(status), h.event_id, int(row["revision"]), result=result, usage=usage
-                )
+                return LifecycleResult(ExecutedOutcome(status), h.event_id, revision, result=result, usage=ev.usage)
             except (UncertainOutcomeError, StaleFenceError) as exc:
-                # Lost ACK or a concurrent change: the committed facts decide, never a second evidence read.
                 replay = await self.replay_terminal(h.claim, h.event_id, status, h.revision)
                 if replay is not None:
                     return replay
@@ -381,57 +430,34 @@ class DurableGraphLifecycle:
         raise AssertionError("unreachable")
 
     async def commit_success(self, h: SuccessHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, "succeeded", h.revision)
-        if replay is not None:
-            return replay
-        await self.store.check_current(h.claim, h.step)
-        graph = self.executables.get(h.claim.graph_name, h.claim.graph_version)
-        try:
-            ev = await self._recover(h, "success")
-            self._check_admission(h.claim, ev)
-            if ev.checkpoint_seq != h.step or not ev.terminal_ready:
-                raise EvidenceError(f"checkpoint {h.step} is not the run's terminal-ready checkpoint")
-            if digest(ev.artifact) != digest(h.artifact):
-                raise EvidenceError("persisted artifact differs from the handoff's artifact")
-            if ev.usage != h.usage:
-                raise EvidenceError(f"rebuilt usage {ev.usage} differs from the driver's {h.usage}")
-            try:
-                self.executables.schemas.validate(graph.output_schema, ev.artifact)
-            except SchemaValidationError as exc:
-                raise EvidenceError(f"artifact does not match the output schema: {exc}") from exc
-            budget = Budget(**ev.budget)
-            if ev.usage["node_commits"] > budget.max_steps:
-                raise EvidenceError("usage exceeds the resolved budget")
-        except EvidenceError as exc:
-            return await self._release_on_evidence_error(h, exc)
-        result = {
-            "run_id": str(h.claim.key.run_id),
-            "status": "succeeded",
-            "artifact": ev.artifact,
-            "usage": ev.usage,
-            "descriptor_digest": digest(ev.descriptor),
-            "request_digest": digest(ev.request),
-            "budget": ev.budget,
-            "event_id": str(h.event_id),
-        }
-        event = {
-            **_event_base("succeeded", h, h.step + 1),
-            "result_digest": digest(result),
-            "usage": ev.usage,
-        }
-        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
-        return await self._terminal(
+        ev = await self._evidence(h, RunStatus.SUCCEEDED, "success", lambda ev: self._check_success(h, ev))
+        if isinstance(ev, LifecycleResult):
+            return ev
+        return await self._finalise(
             h,
-            status="succeeded",
+            ev,
+            RunStatus.SUCCEEDED,
+            outcome={"artifact": ev.artifact},
             artifact=ev.artifact,
-            result=result,
-            usage=ev.usage,
-            event_kind="succeeded",
-            event=event,
-            schema=self._lifecycle_schema,
             attempt_id=None,
             error=None,
         )
+
+    def _check_success(self, h: SuccessHandoff, ev: LifecycleEvidence) -> None:
+        graph = self.executables.get(h.claim.graph_name, h.claim.graph_version)
+        if ev.checkpoint_seq != h.step or not ev.terminal_ready:
+            raise EvidenceError(f"checkpoint {h.step} is not the run's terminal-ready checkpoint")
+        if digest(ev.artifact) != digest(h.artifact):
+            raise EvidenceError("persisted artifact differs from the handoff's artifact")
+        if ev.usage != h.usage:
+            raise EvidenceError(f"rebuilt usage {ev.usage} differs from the driver's {h.usage}")
+        try:
+            self.executables.schemas.validate(graph.output_schema, ev.artifact)
+        except SchemaValidationError as exc:
+            raise EvidenceError(f"artifact does not match the output schema: {exc}") from exc
+        budget = Budget(**ev.budget)
+        if ev.usage["node_commits"] > budget.max_steps:
+            raise EvidenceError("usage exceeds the resolved budget")
 
     async def commit_failure(self, h: FailureHandoff) -> LifecycleResult:
         if h.in_flight:
@@ -444,82 +470,29 @@ class DurableGraphLifecycle:
                 f"in-flight work at failure: {h.reason}",
                 0.0,
                 h.attempt_id,
-                "failed",
+                AttemptStatus.FAILED,
                 h.reason,
             )
             return await self.commit_release(release)
-        replay = await self.replay_terminal(h.claim, h.event_id, "failed", h.revision)
-        if replay is not None:
-            return replay
-        await self.store.check_current(h.claim, h.step)
-        try:
-            ev = await self._recover(h, "failure")
-            self._check_admission(h.claim, ev)
-        except EvidenceError as exc:
-            return await self._release_on_evidence_error(h, exc)
-        result = {
-            "run_id": str(h.claim.key.run_id),
-            "status": "failed",
-            "failure": {"reason": h.reason},
-            "usage": ev.usage,
-            "descriptor_digest": digest(ev.descriptor),
-            "request_digest": digest(ev.request),
-            "budget": ev.budget,
-            "event_id": str(h.event_id),
-        }
-        event = {
-            **_event_base("failed", h, h.step + 1),
-            "reason": h.reason,
-            "usage": ev.usage,
-            "result_digest": digest(result),
-        }
-        self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
-        return await self._terminal(
+        ev = await self._evidence(h, RunStatus.FAILED, "failure")
+        if isinstance(ev, LifecycleResult):
+            return ev
+        return await self._finalise(
             h,
-            status="failed",
+            ev,
+            RunStatus.FAILED,
+            outcome={"failure": {"reason": h.reason}},
             artifact=None,
-            result=result,
-            usage=ev.usage,
-            event_kind="failed",
-            event=event,
-            schema=self._lifecycle_schema,
             attempt_id=h.attempt_id,
             error=h.reason,
         )
 
     async def commit_cancellation(self, h: CancellationHandoff) -> LifecycleResult:
-        replay = await self.replay_terminal(h.claim, h.event_id, "cancelled", h.revision)
-        if replay is not None:
-            return replay
-        await self.store.check_current(h.claim, h.step)
-        try:
-            ev = await self._recover(h, "cancellation")
-            self._check_admission(h.claim, ev)
-        except EvidenceError as exc:
-            # AGT-8: without evidence the run stays cancellation-requested (released, retried later).
-            return await self._release_on_evidence_error(h, exc)
-        result = {
-            "run_id": str(h.claim.key.run_id),
-            "status": "cancelled",
-            "usage": ev.usage,
-            "descriptor_digest": digest(ev.descriptor),
-            "request_digest": digest(ev.request),
-            "budget": ev.budget,
-            "event_id": str(h.event_id),
-        }
-        event = {**_event_base("cancellation_confirmed", h, h.step + 1), "usage": ev.usage}
-        self.executables.schemas.validate(AGENT_CANCELLATION_EVENT_SCHEMA_ID, event)
-        return await self._terminal(
-            h,
-            status="cancelled",
-            artifact=None,
-            result=result,
-            usage=ev.usage,
-            event_kind="cancellation_confirmed",
-            event=event,
-            schema=self._cancel_schema,
-            attempt_id=h.attempt_id,
-            error=None,
+        ev = await self._evidence(h, RunStatus.CANCELLED, "cancellation")
+        if isinstance(ev, LifecycleResult):
+            return ev
+        return await self._finalise(
+            h, ev, RunStatus.CANCELLED, outcome={}, artifact=None, attempt_id=h.attempt_id, error=None
         )
 
     # --- release (Deferred, Yielded, RecoveryReleased) ---------------------------------------------------

@@ -37,6 +37,7 @@ from adx.agents._config import AgentMaintenanceConfig
 from adx.agents._driver import ShutdownSignal
 from adx.agents._maintenance_schemas import bind_audit_schemas, maintenance_audit_schemas
 from adx.agents._maintenance_tasks import MaintenanceTask, act, discover
+from adx.agents._options import require_between, require_positive
 from adx.agents._pg import check_tenant
 from adx.agents._schemas import JsonSchemaRegistry
 from adx.agents._store import AgentStore
@@ -56,11 +57,8 @@ class AgentMaintenanceOptions:
     page_size: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("interval_seconds", "error_interval_seconds", "tick_limit_seconds"):
-            if not getattr(self, name) > 0:
-                raise InvalidInputError(name, "must be positive")
-        if not 1 <= self.page_size <= 10_000:
-            raise InvalidInputError("page_size", "must be between 1 and 10000")
+        require_positive(self, "interval_seconds", "error_interval_seconds", "tick_limit_seconds")
+        require_between(self, 1, 10_000, "page_size")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TypeAlias, TypedDict
 
 import psycopg
 from psycopg import AsyncConnection
@@ -17,13 +17,20 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from adx.errors import ConflictError, InvalidInputError, UnavailableError, UncertainOutcomeError
 
-__all__ = ["CommitHook", "Conn", "Database", "StoreFaults", "check_tenant", "open_pool", "translate"]
+__all__ = ["CommitHook", "Conn", "ConnectOptions", "Database", "StoreFaults", "check_tenant", "open_pool", "translate"]
 
 Conn: TypeAlias = AsyncConnection[DictRow]
 #: Application code run inside a node-commit transaction (side effects that commit with the checkpoint).
 CommitHook: TypeAlias = Callable[[Conn], Awaitable[None]]
 
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class ConnectOptions(TypedDict, total=False):
+    """psycopg connect keywords every connection of the store uses (the pool's, and worker liveness's own)."""
+
+    options: str  # server settings: statement and lock timeouts
+    connect_timeout: int
 
 
 @dataclass
@@ -69,11 +76,11 @@ async def open_pool(
     max_size: int,
     timeout: float,  # noqa: ASYNC109 - bounds pool start-up, not this coroutine alone
     statement_timeout_ms: int,
-) -> tuple[AsyncConnectionPool[Conn], dict[str, Any]]:
+) -> tuple[AsyncConnectionPool[Conn], ConnectOptions]:
     """An open pool (waiting up to ``timeout`` s for the first connection) and the connect options it uses."""
     if not 1 <= min_size <= max_size:
         raise InvalidInputError("max_size", "need 1 <= min_size <= max_size")
-    options = {
+    options: ConnectOptions = {
         # Bounded statements and lock waits: a stuck database surfaces as an error, not a hang.
         "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={statement_timeout_ms}",
         "connect_timeout": max(1, int(timeout)),
@@ -104,7 +111,7 @@ class Database:
     timeout: float = 30.0
     #: How the pool connects; worker liveness opens its own session with the same settings.
     dsn: str = ""
-    connect_options: dict[str, Any] = field(default_factory=dict)
+    connect_options: ConnectOptions = field(default_factory=lambda: ConnectOptions())
 
     async def close(self) -> None:
         await self.pool.close()

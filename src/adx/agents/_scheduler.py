@@ -14,15 +14,10 @@ import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from adx.agents._driver import (
-    DurableGraphDriver,
-    DurableGraphDriverOptions,
-    ReleaseHandoff,
-    ReleaseKind,
-    ShutdownSignal,
-)
+from adx.agents._driver import DurableGraphDriver, DurableGraphDriverOptions, ShutdownSignal
 from adx.agents._errors import StaleFenceError
 from adx.agents._graph import ExecutableGraphRegistry
+from adx.agents._handoffs import ReleaseHandoff, ReleaseKind
 from adx.agents._lifecycle import (
     DurableGraphLifecycle,
     DurableGraphLifecycleOptions,
@@ -30,6 +25,7 @@ from adx.agents._lifecycle import (
     GraphLifecycleEvidenceProvider,
     LifecycleResult,
 )
+from adx.agents._options import require_between
 from adx.agents._pg import check_tenant
 from adx.agents._rows import Candidate, Claim, RunKey
 from adx.agents._store import AgentStore
@@ -65,11 +61,8 @@ class DurableTenantSchedulerOptions:
 
     def __post_init__(self) -> None:
         check_tenant(self.tenant_id)
-        for name in ("page_size", "max_pages", "max_candidates", "max_contention"):
-            if not 1 <= getattr(self, name) <= 100_000:
-                raise InvalidInputError(name, "must be between 1 and 100000")
-        if not 0 <= self.claim_retries <= 100:
-            raise InvalidInputError("claim_retries", "must be between 0 and 100")
+        require_between(self, 1, 100_000, "page_size", "max_pages", "max_candidates", "max_contention")
+        require_between(self, 0, 100, "claim_retries")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,33 +177,24 @@ class DurableTenantScheduler:
             return TickReport(TickOutcome.CANCELLED)
         cutoff = await self.store.scan_cutoff()
         after = pages = decoded = contended = retries = 0
+
+        def scanned(outcome: TickOutcome) -> TickReport:
+            # Reads the counters when called: a report carries how far this tick's scan got.
+            return TickReport(outcome, pages=pages, candidates=decoded, contended=contended, retries=retries)
+
         while True:
             if pages >= opts.max_pages:
-                return TickReport(
-                    TickOutcome.SCAN_LIMIT_REACHED,
-                    pages=pages,
-                    candidates=decoded,
-                    contended=contended,
-                    retries=retries,
-                )
+                return scanned(TickOutcome.SCAN_LIMIT_REACHED)
             page = await self.store.scan_page(self.tenant_id, cutoff, after, opts.page_size)
             pages += 1
             for candidate in page:
                 if decoded >= opts.max_candidates or contended >= opts.max_contention:
-                    return TickReport(
-                        TickOutcome.SCAN_LIMIT_REACHED,
-                        pages=pages,
-                        candidates=decoded,
-                        contended=contended,
-                        retries=retries,
-                    )
+                    return scanned(TickOutcome.SCAN_LIMIT_REACHED)
                 decoded += 1
                 if not candidate.claimable:
                     continue
                 if signal.is_set():
-                    return TickReport(
-                        TickOutcome.CANCELLED, pages=pages, candidates=decoded, contended=contended, retries=retries
-                    )
+                    return scanned(TickOutcome.CANCELLED)
                 claim_id = self.claim_attempt_id(tick_seq, candidate)
                 claim, used = await self._claim(candidate, claim_id)
                 retries += used
@@ -219,9 +203,7 @@ class DurableTenantScheduler:
                     continue
                 return await self._execute(claim, signal, pages, decoded, contended, retries)
             if len(page) < opts.page_size:
-                return TickReport(
-                    TickOutcome.IDLE, pages=pages, candidates=decoded, contended=contended, retries=retries
-                )
+                return scanned(TickOutcome.IDLE)
             after = page[-1].queue_seq
 
     async def _execute(

@@ -16,7 +16,7 @@ from typing import Any
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import SchemaError
 
-from adx.agents._canonical import canonical_json, digest, json_clone
+from adx.agents._canonical import JsonObject, canonical_json, digest, json_clone
 from adx.agents._errors import SchemaValidationError
 from adx.errors import ConflictError, InvalidInputError
 
@@ -163,7 +163,7 @@ class JsonSchemaRegistryBuilder:
 
     def __init__(self, limits: SchemaLimits) -> None:
         self._limits = limits
-        self._schemas: dict[str, dict[str, Any]] = {}
+        self._schemas: dict[str, JsonObject] = {}
         self._built = False
 
     @classmethod
@@ -212,7 +212,7 @@ class JsonSchemaRegistryBuilder:
         return JsonSchemaRegistry(self._schemas, self._limits)
 
 
-def _standard(schema_id: str, title: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _standard(schema_id: str, title: str, properties: JsonObject, required: list[str]) -> JsonObject:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": schema_id,

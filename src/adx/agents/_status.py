@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["ChildOutcome", "RunStatus", "WaitKind", "Wake"]
+__all__ = ["AttemptStatus", "CheckpointKind", "ChildOutcome", "RunStatus", "WaitKind", "Wake"]
 
 
 class RunStatus(StrEnum):
@@ -23,6 +24,25 @@ class RunStatus(StrEnum):
     @property
     def finished(self) -> bool:
         return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class CheckpointKind(StrEnum):
+    """What wrote a checkpoint: admission (step 0), a node commit, a wait edge, or the terminal edge."""
+
+    INITIAL = "initial"
+    NODE = "node"
+    WAIT = "wait"  # the run resumes from this checkpoint's wait set
+    TERMINAL = "terminal"
+
+
+class AttemptStatus(StrEnum):
+    """A recorded node, model or tool attempt: ``started`` until its outcome is recorded."""
+
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"  # a node attempt of a lower fence that never finished (its worker died)
+    SKIPPED = "skipped"  # a node attempt started for a step that was handed off before it ran
 
 
 class WaitKind(StrEnum):
@@ -60,7 +80,7 @@ class Wake:
     resolution: Any
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Wake:
+    def from_row(cls, row: Mapping[str, Any]) -> Wake:
         return cls(
             wait_id=row["wait_id"],
             kind=WaitKind(row["kind"]),

@@ -20,6 +20,7 @@ from typing import Any
 from adx.agents._driver import ShutdownSignal
 from adx.agents._fair import DurableFairScheduler
 from adx.agents._liveness import WorkerLiveness
+from adx.agents._options import require_between, require_positive
 from adx.agents._scheduler import DurableTenantScheduler, TickOutcome
 from adx.agents._store import AgentStore
 from adx.errors import AdxError, ConflictError, InvalidInputError, UnavailableError
@@ -47,13 +48,10 @@ class AgentWorkerOptions:
     liveness_grace_seconds: float | None = 1.0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.slots <= 1024:
-            raise InvalidInputError("slots", "must be between 1 and 1024")
+        require_between(self, 1, 1024, "slots")
         if self.liveness_grace_seconds is not None and not 0 < self.liveness_grace_seconds <= 3600:
             raise InvalidInputError("liveness_grace_seconds", "must be between 0 (exclusive) and 3600, or None")
-        for name in ("tick_deadline_seconds", "drain_seconds", "idle_poll_seconds", "error_backoff_seconds"):
-            if not getattr(self, name) > 0:
-                raise InvalidInputError(name, "must be positive")
+        require_positive(self, "tick_deadline_seconds", "drain_seconds", "idle_poll_seconds", "error_backoff_seconds")
 
 
 class AgentWorkerReadiness:
