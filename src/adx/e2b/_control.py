@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
-from adx.e2b._network import network_policy
+from adx.e2b._network import e2b_network_options, network_policy
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import Plane, environment_id_or_404, plane, read_json, retry_after_seconds, status_for
@@ -131,10 +131,19 @@ def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detai
         "state": e2b_state(record),
         "envdVersion": ENVD_VERSION,
         "metadata": dict(record.spec.metadata),
+        "alias": record.spec.image,  # the template's name: the SDK's ``SandboxInfo.name``
     }
     if detail:
         view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
         view["domain"] = _domain(p, request, record)
+        pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
+        # ADX wakes a paused sandbox on its own traffic whatever was asked: auto-resume is on wherever the timeout
+        # pauses (E2B allows it only there).
+        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses}
+        allow_internet_access, network = e2b_network_options(record.spec.network)
+        view["allowInternetAccess"] = allow_internet_access
+        if network is not None:
+            view["network"] = network
     return view
 
 
@@ -239,11 +248,16 @@ async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
         return True
     try:
         p.check_image(template, "templateID")
-    except InvalidInputError as missing:
+    except InvalidInputError:
         try:
             await get_snapshot(p, tenant, template)
         except NotFoundError:
-            raise missing from None
+            # E2B's answer for a template it does not know: 404 "template '...' not found".
+            raise NotFoundError(
+                f"template '{template}' not found: templateID names no image or snapshot of the tenant by that name"
+                " (adx image list shows the images)",
+                details={"field": "templateID"},
+            ) from None
         return True
     return False
 

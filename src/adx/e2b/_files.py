@@ -99,6 +99,8 @@ async def _write(
         content=content,
         content_type="application/octet-stream",
     )
+    if status == 409:  # a directory in the way: envd's 400 (the SDK's InvalidArgumentException)
+        raise HttpFailure(400, _failure(status, body).message)
     if status != 201:
         raise _failure(status, body)
     where = str(json.loads(body).get("path", path))  # execd's: absolute, in the user's home if given relative

@@ -108,8 +108,8 @@ class FilesystemService:
 
     async def _list(self, path: str, depth: int, out: list[dict[str, Any]]) -> None:
         status, body = await self.execd.call("GET", "/v1/files/list", query=self._query(path))
-        if status != 200:
-            raise rpc_error_of(status, body)
+        if status != 200:  # not a directory: envd's invalid argument (the SDK's InvalidArgumentException)
+            raise rpc_error_of(status, body, conflict="invalid_argument")
         listed = json.loads(body)
         for described in listed["entries"]:
             child = posixpath.join(listed["path"], described["name"])

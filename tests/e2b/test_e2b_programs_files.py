@@ -1,0 +1,85 @@
+"""Small programs of the kind in E2B's docs, run with the real ``e2b`` SDK (sync and async) against ``adx up``:
+file calls whose answers differed from envd's (the error type of a list of a file or a write to a directory,
+the events a watcher sees for ``files.write``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
+from e2b import AsyncSandbox, FilesystemEvent, FilesystemEventType, InvalidArgumentException, Sandbox
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sandbox(adx_up: Up) -> Iterator[Sandbox]:
+    made = Sandbox.create(**adx_up.opts())
+    yield made
+    made.kill()
+
+
+def test_list_of_a_file_and_write_to_a_directory_are_invalid_arguments(sandbox: Sandbox) -> None:
+    """envd answers both with its invalid-argument error (``path is not a directory``, ``path is a
+    directory``): the SDK raises ``InvalidArgumentException``, not a bare ``SandboxException``."""
+    sandbox.files.write("notes.txt", "x")
+    with pytest.raises(InvalidArgumentException, match=r"(?i)not a directory"):
+        sandbox.files.list("notes.txt")
+    sandbox.files.make_dir("folder")
+    with pytest.raises(InvalidArgumentException, match="is a directory"):
+        sandbox.files.write("folder", "data")
+    assert sandbox.files.get_info("folder").type.value == "dir"  # untouched
+
+
+def _names(events: list[FilesystemEvent]) -> set[str]:
+    return {e.name for e in events}
+
+
+def test_watching_a_write_sees_a_write_of_that_file_and_nothing_else(sandbox: Sandbox) -> None:
+    """E2B's docs watch a directory, ``files.write`` into it and look for a ``WRITE`` event naming the file.
+    ADX writes through a temporary file renamed into place (atomic); the watcher must not show that file, and must
+    show the written file's creation and write."""
+    sandbox.files.make_dir("watched")
+    handle = sandbox.files.watch_dir("watched")
+    sandbox.files.write("watched/my-file", "hello")
+    sandbox.files.write("watched/my-file", "hello again")  # a rewrite is a write too
+    deadline = time.monotonic() + 10
+    events: list[FilesystemEvent] = []
+    while time.monotonic() < deadline:
+        events += handle.get_new_events()
+        if sum(e.type is FilesystemEventType.WRITE for e in events) >= 2:
+            break
+        time.sleep(0.2)
+    handle.stop()
+    assert _names(events) == {"my-file"}, events
+    kinds = [e.type for e in events]
+    assert kinds.count(FilesystemEventType.WRITE) == 2, events
+    assert kinds[0] is FilesystemEventType.CREATE and FilesystemEventType.WRITE in kinds[1:2], events
+
+
+async def test_file_programs_async(adx_up: Up) -> None:
+    sandbox = await AsyncSandbox.create(**adx_up.opts())
+    try:
+        await sandbox.files.write("notes.txt", "x")
+        with pytest.raises(InvalidArgumentException):
+            await sandbox.files.list("notes.txt")
+        await sandbox.files.make_dir("folder/sub")
+        with pytest.raises(InvalidArgumentException):
+            await sandbox.files.write("folder", "data")
+
+        seen: list[FilesystemEvent] = []
+        handle = await sandbox.files.watch_dir("folder", on_event=seen.append, recursive=True)
+        await sandbox.files.write("folder/sub/deep.txt", "hello")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(e.type is FilesystemEventType.WRITE for e in seen):
+            await sandbox.commands.run("sleep 0.2")
+        await handle.stop()
+        assert (FilesystemEventType.WRITE, "sub/deep.txt") in [(e.type, e.name) for e in seen], seen
+        assert all("execd-tmp" not in e.name for e in seen), seen
+    finally:
+        await sandbox.kill()
