@@ -1,9 +1,10 @@
 """Small programs of the kind in E2B's docs, run with the real ``e2b`` SDK (sync and async) against ``adx up``:
 file calls whose answers differed from envd's (the error type of a list of a file or a write to a directory,
-the events a watcher sees for ``files.write``)."""
+the events a watcher sees for ``files.write`` and when its stream ends, an upload naming a path twice)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -12,7 +13,15 @@ import pytest
 
 if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
-from e2b import AsyncSandbox, FilesystemEvent, FilesystemEventType, InvalidArgumentException, Sandbox
+from e2b import (
+    AsyncSandbox,
+    FilesystemEvent,
+    FilesystemEventType,
+    InvalidArgumentException,
+    Sandbox,
+    TimeoutException,
+)
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +43,19 @@ def test_list_of_a_file_and_write_to_a_directory_are_invalid_arguments(sandbox: 
     with pytest.raises(InvalidArgumentException, match="is a directory"):
         sandbox.files.write("folder", "data")
     assert sandbox.files.get_info("folder").type.value == "dir"  # untouched
+
+
+def test_write_files_refuses_one_path_twice(sandbox: Sandbox) -> None:
+    """envd refuses an upload naming one path twice (400: the first file is written, the rest is not)."""
+    entries: list[WriteEntry] = [
+        WriteEntry(path="same.txt", data="first"),
+        WriteEntry(path="/home/user/same.txt", data="second"),
+        WriteEntry(path="other.txt", data="third"),
+    ]
+    with pytest.raises(InvalidArgumentException, match="twice"):
+        sandbox.files.write_files(entries)
+    assert sandbox.files.read("same.txt") == "first"
+    assert not sandbox.files.exists("other.txt")
 
 
 def _names(events: list[FilesystemEvent]) -> set[str]:
@@ -81,5 +103,22 @@ async def test_file_programs_async(adx_up: Up) -> None:
         await handle.stop()
         assert (FilesystemEventType.WRITE, "sub/deep.txt") in [(e.type, e.name) for e in seen], seen
         assert all("execd-tmp" not in e.name for e in seen), seen
+    finally:
+        await sandbox.kill()
+
+
+async def test_an_async_watch_ends_at_its_timeout(adx_up: Up) -> None:
+    """``watch_dir(timeout=...)`` bounds the stream (envd ends it with the call's deadline): events flow until then,
+    and ``on_exit`` gets the SDK's ``TimeoutException``."""
+    sandbox = await AsyncSandbox.create(**adx_up.opts())
+    try:
+        seen: list[FilesystemEvent] = []
+        ended: asyncio.Queue[Exception | None] = asyncio.Queue()
+        handle = await sandbox.files.watch_dir(".", on_event=seen.append, on_exit=ended.put_nowait, timeout=3)
+        await sandbox.files.write("before.txt", "x")
+        error = await asyncio.wait_for(ended.get(), 30)
+        assert isinstance(error, TimeoutException), error
+        assert "before.txt" in _names(seen)
+        await handle.stop()
     finally:
         await sandbox.kill()

@@ -115,6 +115,7 @@ async def upload(execd: Execd, request: Request, user: str, *, only: str | None 
     content_type = request.headers.get("content-type", "")
     query_path = request.query_params.get("path")
     written: list[dict[str, object]] = []
+    seen: set[str] = set()  # the paths written, as given and as resolved
     metadata = upload_metadata(request)
     if content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
         reader = MultipartReader(request.stream(), boundary_of(content_type))
@@ -125,7 +126,10 @@ async def upload(execd: Execd, request: Request, user: str, *, only: str | None 
                 async for _ in reader.body():  # not a file: skipped
                     pass
                 continue
+            if target in seen:  # envd refuses it too, after writing the first
+                raise HttpFailure(400, f"{target}: one upload cannot write a path twice (only its first file was)")
             written.append(await _write(execd, target, user, reader.body(), metadata))
+            seen.update((target, str(written[-1]["path"])))
     else:
         if not query_path:
             raise HttpFailure(400, "path: required for an application/octet-stream upload")

@@ -15,7 +15,7 @@ from typing import Any, cast
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from adx.e2b._connect import RpcError, single_message
+from adx.e2b._connect import RpcError, single_message, timeout_seconds
 from adx.e2b._files import metadata_of
 from adx.e2b._upstream import Execd, rpc_error_of
 from adx.e2b._watch import WatchService, dispatch_watch
@@ -80,7 +80,7 @@ class FilesystemService:
             message = await single_message(request)
             path = _path(message, "path")
             if method == "WatchDir":
-                return await watch.watch_dir(path, message)
+                return await watch.watch_dir(path, message, timeout_seconds(request))
             return await watch.create_watcher(path, message)
         watch_handler = dispatch_watch(watch, method)
         if watch_handler is not None:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import posixpath
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,17 +107,24 @@ class WatchService:
         await self._remove(self._watcher_id(message))
         return JSONResponse({})
 
-    async def watch_dir(self, path: str, message: dict[str, Any]) -> Response:
+    async def watch_dir(self, path: str, message: dict[str, Any], deadline: float | None) -> Response:
+        """``deadline``: the call's (``Connect-Timeout-Ms``, the SDK's ``timeout``); the stream ends at it with
+        Connect's ``deadline_exceeded``, as envd's does, so the SDK's ``on_exit`` gets its TimeoutException."""
         watcher_id = await self._create(path, message)  # a missing path fails here, before the stream starts
-        return StreamingResponse(self._stream(watcher_id), media_type=STREAM_TYPE)
+        ends = None if deadline is None else time.monotonic() + deadline
+        return StreamingResponse(self._stream(watcher_id, ends), media_type=STREAM_TYPE)
 
-    async def _stream(self, watcher_id: str) -> AsyncIterator[bytes]:
+    async def _stream(self, watcher_id: str, ends: float | None) -> AsyncIterator[bytes]:
         translation = _Events()
         try:
             yield envelope({"start": {}})
             while True:
+                left = POLL_WAIT_SECONDS if ends is None else ends - time.monotonic()
+                if left <= 0:
+                    yield end_stream(RpcError("deadline_exceeded", "context deadline exceeded"))
+                    return
                 try:
-                    events = await self._take(watcher_id, POLL_WAIT_SECONDS, translation)
+                    events = await self._take(watcher_id, min(left, POLL_WAIT_SECONDS), translation)
                 except RpcError as exc:
                     yield end_stream(exc)
                     return
