@@ -1,16 +1,17 @@
 """Small programs of the kind in E2B's docs, run with the real ``e2b`` SDK (sync and async) against ``adx up``:
 what ``get_info`` says of a sandbox (its lifecycle, template name and network options) and how an unknown
-template is refused, where ADX's answers differed from E2B's API."""
+template is refused and how the list pages, where ADX's answers differed from E2B's API."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
     from conftest import Up  # annotations only: which 'conftest' module is importable depends on collection
-from e2b import AsyncSandbox, Sandbox
+from e2b import AsyncSandbox, Sandbox, SandboxQuery
 from e2b.exceptions import SandboxException
 
 pytestmark = pytest.mark.slow
@@ -56,3 +57,24 @@ async def test_info_programs_async(adx_up: Up) -> None:
         assert refused.value.status_code == 404
     finally:
         await sandbox.kill()
+
+
+def test_paging_goes_on_when_a_listed_sandbox_goes_away(adx_up: Up) -> None:
+    """A program pages through ``Sandbox.list`` while sandboxes end (its own cleanup, timeouts): E2B's next token
+    is a position in the order, so the next page holds the sandboxes after it whatever went away; a token that
+    is no position at all is E2B's 400 "Invalid next token"."""
+    tag = {"paging": str(time.time())}
+    made = [Sandbox.create(metadata=tag, **adx_up.opts()) for _ in range(3)]
+    try:
+        newest_first = [s.sandbox_id for s in reversed(made)]
+        pages = Sandbox.list(query=SandboxQuery(metadata=tag), limit=1, **adx_up.opts())
+        assert [s.sandbox_id for s in pages.next_items()] == newest_first[:1]
+        Sandbox.kill(newest_first[1], **adx_up.opts())  # the one the next page starts with
+        assert [s.sandbox_id for s in pages.next_items()] == newest_first[2:]
+        assert not pages.has_next
+        with pytest.raises(SandboxException, match=r"(?i)invalid next token") as refused:
+            Sandbox.list(next_token="garbage", **adx_up.opts()).next_items()
+        assert refused.value.status_code == 400
+    finally:
+        for sandbox in made:
+            sandbox.kill()

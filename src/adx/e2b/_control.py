@@ -285,7 +285,8 @@ async def list_sandboxes(request: Request) -> Response:
         and (template is None or r.spec.image == template)
     ]
     records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
-    page, headers = paged(records, [r.id for r in records], query.get("nextToken"), limit)
+    keys = [(r.created_at, r.id) for r in records]
+    page, headers = paged(records, keys, query.get("nextToken"), limit, newest_first=order == "desc")
     return JSONResponse([sandbox_view(p, request, r, detail=False) for r in page], headers=headers)
 
 
@@ -300,13 +301,30 @@ def page_limit(query: Mapping[str, str]) -> int:
     return limit
 
 
-def paged(items: list[T], ids: list[str], token: str | None, limit: int) -> tuple[list[T], dict[str, str]]:
-    """One page of ``items`` (in their order) after the item ``token`` names, and the ``x-next-token`` header."""
+def paged(
+    items: list[T], keys: list[tuple[float, str]], token: str | None, limit: int, *, newest_first: bool
+) -> tuple[list[T], dict[str, str]]:
+    """One page of ``items`` (sorted by ``keys``: creation time and ID) from the position ``token`` names, and the
+    ``x-next-token`` header. A token is a position in the order (the next item's key), not an item: the pages go
+    on when that item is gone meanwhile (as E2B's cursor); one that is no position is 400 "Invalid next token"."""
     start = 0
     if token:
-        start = ids.index(token) if token in ids else len(ids)
-    headers = {"x-next-token": ids[start + limit]} if start + limit < len(items) else {}
-    return items[start : start + limit], headers
+        at = _position(token)
+        start = next((i for i, key in enumerate(keys) if (key <= at if newest_first else key >= at)), len(keys))
+    end = start + limit
+    headers = {"x-next-token": f"{keys[end][0]!r}~{keys[end][1]}"} if end < len(items) else {}
+    return items[start:end], headers
+
+
+def _position(token: str) -> tuple[float, str]:
+    when, _, item = token.partition("~")
+    try:
+        moment = float(when)
+    except ValueError:
+        moment = math.nan
+    if not item or not math.isfinite(moment):
+        raise InvalidInputError("nextToken", f"Invalid next token {token[:100]!r} (give the x-next-token answered)")
+    return moment, item
 
 
 def _instant_param(value: str | None, field: str) -> float | None:
