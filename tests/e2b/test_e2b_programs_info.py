@@ -78,3 +78,19 @@ def test_paging_goes_on_when_a_listed_sandbox_goes_away(adx_up: Up) -> None:
     finally:
         for sandbox in made:
             sandbox.kill()
+
+
+def test_a_timeout_past_the_longest_lifetime_is_refused_naming_timeout(adx_up: Up) -> None:
+    """The SDK's field is ``timeout`` (create, ``set_timeout``, ``connect``): a refusal names it, not ADX's own."""
+    with pytest.raises(SandboxException, match=r"^400: timeout: must be at most 2592000") as refused:
+        Sandbox.create(timeout=10**9, **adx_up.opts())
+    assert refused.value.status_code == 400
+    sandbox = Sandbox.create(**adx_up.opts())
+    try:
+        with pytest.raises(SandboxException, match=r"^400: timeout: must be at most 2592000"):
+            sandbox.set_timeout(31 * 86400)
+        with pytest.raises(SandboxException, match=r"^400: timeout: must be at most 2592000"):
+            Sandbox.connect(sandbox.sandbox_id, timeout=10**9, **adx_up.opts())
+        sandbox.set_timeout(30 * 86400)  # the longest is fine
+    finally:
+        sandbox.kill()

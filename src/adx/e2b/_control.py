@@ -51,6 +51,7 @@ from adx.model import (
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
 DEFAULT_TIMEOUT_SECONDS = 300
+MAX_TIMEOUT_SECONDS = 30 * 86_400  # an Environment's longest lifetime (Lifecycle.lifetime_seconds)
 DEFAULT_CPU_MILLIS = 500
 DEFAULT_MEMORY_BYTES = 512 << 20
 MAX_PAGE = 100
@@ -196,6 +197,8 @@ def _timeout(value: object, field: str = "timeout", *, allow_zero: bool = False)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         wanted = "an integer >= 0" if allow_zero else "a positive integer"
         raise InvalidInputError(field, f"must be {wanted} (seconds), got {value!r}")
+    if value > MAX_TIMEOUT_SECONDS:  # said here, naming the SDK's field, not by the lifetime it becomes
+        raise InvalidInputError(field, f"must be at most {MAX_TIMEOUT_SECONDS} seconds (30 days), got {value}")
     return value
 
 
