@@ -1,6 +1,7 @@
 """Small programs of the kind in E2B's docs, run with the real ``e2b`` SDK (sync and async) against ``adx up``:
 file calls whose answers differed from envd's (the error type of a list of a file or a write to a directory,
-the events a watcher sees for ``files.write`` and when its stream ends, an upload naming a path twice)."""
+the events a watcher sees for ``files.write`` and when its stream ends, an upload naming a path twice, an empty
+path)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,17 @@ def test_write_files_refuses_one_path_twice(sandbox: Sandbox) -> None:
         sandbox.files.write_files(entries)
     assert sandbox.files.read("same.txt") == "first"
     assert not sandbox.files.exists("other.txt")
+
+
+def test_an_empty_path_is_the_home(sandbox: Sandbox) -> None:
+    """envd resolves an empty path as the user's home (the SDK sends it as given): ``list("")`` lists the home."""
+    sandbox.files.write("here.txt", "x")
+    assert [e.path for e in sandbox.files.list("")] == [e.path for e in sandbox.files.list("/home/user")]
+    assert sandbox.files.get_info("").path == "/home/user"
+    assert sandbox.files.get_info("", user="root").path == "/root"
+    with pytest.raises(InvalidArgumentException):  # not 'remove the whole home'
+        sandbox.files.remove("")
+    assert sandbox.files.exists("here.txt")
 
 
 def _names(events: list[FilesystemEvent]) -> set[str]:

@@ -58,11 +58,17 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def _path(message: dict[str, Any], field: str) -> str:
-    """The path as given: absolute, or relative to the user's home (execd resolves it, ``~/`` too)."""
-    value = message.get(field)
-    if not isinstance(value, str) or not value:
-        raise RpcError("invalid_argument", f"{field}: required")
+def _path(message: dict[str, Any], field: str, *, empty_is_home: bool = True) -> str:
+    """The path as given: absolute, or relative to the user's home (execd resolves it, ``~/`` too). An empty one
+    (proto3 JSON omits it) is the home, as envd resolves it; except for ``Remove``, where it is refused rather
+    than taken as 'remove the home'."""
+    value = message.get(field, "")
+    if not isinstance(value, str):
+        raise RpcError("invalid_argument", f"{field}: must be a string")
+    if not value:
+        if not empty_is_home:
+            raise RpcError("invalid_argument", f"{field}: required (an empty path would be the whole home)")
+        return "~"
     return posixpath.normpath(value) if value.startswith("/") else value
 
 
@@ -138,7 +144,7 @@ class FilesystemService:
         return JSONResponse({"entry": await self._stat(str(json.loads(body)["path"]))})
 
     async def remove(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path")
+        path = _path(message, "path", empty_is_home=False)
         query = self._query(path, recursive="true")
         status, body = await self.execd.call("DELETE", "/v1/files", query=query)
         if status != 204 and status != 404:  # a missing path: nothing to remove, no error (as envd)
