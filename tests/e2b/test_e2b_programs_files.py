@@ -1,7 +1,7 @@
 """Small programs of the kind in E2B's docs, run with the real ``e2b`` SDK (sync and async) against ``adx up``:
 file calls whose answers differed from envd's (the error type of a list of a file or a write to a directory,
 the events a watcher sees for ``files.write`` and when its stream ends, an upload naming a path twice, an empty
-path)."""
+path, the type a download says)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 if TYPE_CHECKING:
@@ -134,3 +135,20 @@ async def test_an_async_watch_ends_at_its_timeout(adx_up: Up) -> None:
         await handle.stop()
     finally:
         await sandbox.kill()
+
+
+def test_a_download_url_says_the_files_type(sandbox: Sandbox) -> None:
+    """envd serves a download with the type of the file's extension (a page opens as a page in a browser); the
+    root's entry is named "/"."""
+    sandbox.files.write("report.html", "<h1>hi</h1>")
+    sandbox.files.write("data.json", "{}")
+    sandbox.files.write("blob", b"\x00\x01")
+    names = ("report.html", "data.json", "blob")
+    kinds = {name: httpx.get(sandbox.download_url(name)).headers["content-type"] for name in names}
+    assert kinds == {
+        "report.html": "text/html; charset=utf-8",
+        "data.json": "application/json",
+        "blob": "application/octet-stream",
+    }
+    assert httpx.get(sandbox.download_url("report.html")).text == "<h1>hi</h1>"
+    assert sandbox.files.get_info("/").name == "/"

@@ -8,6 +8,7 @@ one ``file`` part per file whose filename is the target path; every file streams
 from __future__ import annotations
 
 import json
+import mimetypes
 import posixpath
 import zlib
 from collections.abc import AsyncIterator
@@ -55,7 +56,22 @@ async def download(execd: Execd, request: Request, user: str) -> Response:
     upstream = await execd.open("GET", "/v1/files", query={"path": path, "user": user}, read_timeout=300.0)
     if upstream.status_code != 200:
         raise _failure(upstream.status_code, await read_all(upstream))
+    # As envd (Go's ServeContent): the type by the name's extension, so a download URL opened in a browser shows
+    # a page or an image; an unknown one stays octet-stream.
+    upstream.headers["content-type"] = content_type(path)
     return upstream
+
+
+_COMPRESSED = {"gzip": "application/gzip", "bzip2": "application/x-bzip2", "xz": "application/x-xz"}
+
+
+def content_type(path: str) -> str:
+    guessed, compressed = mimetypes.guess_type(posixpath.basename(path), strict=False)
+    if compressed is not None:  # x.tar.gz is a gzip file (its last extension), not a tar
+        return _COMPRESSED.get(compressed, "application/octet-stream")
+    if guessed is None:
+        return "application/octet-stream"
+    return f"{guessed}; charset=utf-8" if guessed.startswith("text/") else guessed
 
 
 #: Where envd keeps a file's metadata: ``X-Metadata-<key>: value`` is the xattr ``user.e2b.<key>``.

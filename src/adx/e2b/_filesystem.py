@@ -36,7 +36,7 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     kind = str(described.get("type", "other"))
     mode = int(described.get("mode") or 0)
     entry: dict[str, Any] = {
-        "name": described.get("name") or posixpath.basename(path),
+        "name": described.get("name") or posixpath.basename(path) or "/",  # envd's name of the root is "/"
         "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
         "path": path,
         "size": str(int(described.get("size") or 0)),  # int64: a string in proto3 JSON
