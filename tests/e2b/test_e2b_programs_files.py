@@ -152,3 +152,34 @@ def test_a_download_url_says_the_files_type(sandbox: Sandbox) -> None:
     }
     assert httpx.get(sandbox.download_url("report.html")).text == "<h1>hi</h1>"
     assert sandbox.files.get_info("/").name == "/"
+
+
+def test_a_rewrite_keeps_the_files_mode_and_writes_through_a_symlink(sandbox: Sandbox) -> None:
+    """envd writes a file in place: a script made executable stays so when rewritten, and a write to a symlink
+    writes the file it points to (the link stays a link); a new file is 0644."""
+    sandbox.files.write("run.sh", "#!/bin/sh\necho one\n")
+    assert sandbox.files.get_info("run.sh").permissions == "-rw-r--r--"
+    sandbox.commands.run("chmod 750 run.sh")
+    sandbox.files.write("run.sh", "#!/bin/sh\necho two\n")
+    assert sandbox.files.get_info("run.sh").permissions == "-rwxr-x---"
+    assert sandbox.commands.run("./run.sh").stdout == "two\n"
+
+    sandbox.commands.run("echo old > /tmp/target.txt && chmod 600 /tmp/target.txt && ln -s /tmp/target.txt link.txt")
+    sandbox.files.write("link.txt", "through the link")
+    assert sandbox.files.read("/tmp/target.txt") == "through the link"
+    assert sandbox.files.get_info("link.txt").symlink_target == "/tmp/target.txt"
+    assert sandbox.files.get_info("/tmp/target.txt").permissions == "-rw-------"
+    sandbox.commands.run("ln -s /tmp/not-yet.txt dangling.txt")
+    sandbox.files.write("dangling.txt", "made")  # a dangling link: its target is created
+    assert sandbox.files.read("/tmp/not-yet.txt") == "made"
+
+
+async def test_a_rewrite_keeps_the_files_mode_async(adx_up: Up) -> None:
+    sandbox = await AsyncSandbox.create(**adx_up.opts())
+    try:
+        await sandbox.files.write("run.sh", "#!/bin/sh\necho one\n")
+        await sandbox.commands.run("chmod +x run.sh && ln -s run.sh again.sh")
+        await sandbox.files.write("again.sh", "#!/bin/sh\necho two\n")
+        assert (await sandbox.commands.run("./run.sh")).stdout == "two\n"
+    finally:
+        await sandbox.kill()

@@ -12,6 +12,7 @@ import mimetypes
 import posixpath
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -103,15 +104,43 @@ def metadata_of(described: dict[str, object]) -> dict[str, str]:
     return {k.removeprefix(METADATA_XATTR): str(v) for k, v in xattrs.items() if k.startswith(METADATA_XATTR)}
 
 
+async def _stat(execd: Execd, path: str, user: str) -> dict[str, object] | None:
+    status, body = await execd.call("GET", "/v1/files/stat", query={"path": path, "user": user})
+    described: dict[str, object] | None = json.loads(body) if status == 200 else None
+    return described
+
+
+@dataclass(frozen=True)
+class _Landing:
+    path: str  # where the bytes go
+    mode: int | None  # the permissions kept; None: a new file (0644, as envd's 0666 under umask 022)
+    shown: str | None = None  # the path the answer names, when not ``path`` (a symlink's own)
+
+
+async def _in_place(execd: Execd, path: str, user: str) -> _Landing:
+    """envd writes in place (``O_TRUNC``): through a symlink to the file it points to (created when the link
+    dangles), and an existing file keeps its permissions (a script made executable stays so). execd replaces a
+    file atomically by a new one, so both are said to it: the target's path and the old mode."""
+    described = await _stat(execd, path, user)
+    shown = None
+    if described is not None and described.get("type") == "symlink" and described.get("target"):
+        shown, path = str(described["path"]), str(described["target"])
+        described = await _stat(execd, path, user) if described.get("targetType") else None
+    mode = described.get("mode") if described is not None and described.get("type") == "file" else None
+    return _Landing(path, mode if isinstance(mode, int) else None, shown)
+
+
 async def _write(
     execd: Execd, path: str, user: str, content: AsyncIterator[bytes], metadata: dict[str, str]
 ) -> dict[str, object]:
     """Written as ``user`` (its file, in its home when ``path`` is relative), parents made as needed."""
     xattrs = {f"xattr.{METADATA_XATTR}{key}": value for key, value in metadata.items()}
+    landing = await _in_place(execd, path, user)
+    kept = {"mode": f"{landing.mode:o}"} if landing.mode is not None else {}
     status, body = await execd.call(
         "PUT",
         "/v1/files",
-        query={"path": path, "user": user, "mkdirs": "true", **xattrs},
+        query={"path": landing.path, "user": user, "mkdirs": "true", **kept, **xattrs},
         content=content,
         content_type="application/octet-stream",
     )
@@ -119,7 +148,8 @@ async def _write(
         raise HttpFailure(400, _failure(status, body).message)
     if status != 201:
         raise _failure(status, body)
-    where = str(json.loads(body).get("path", path))  # execd's: absolute, in the user's home if given relative
+    # execd's path: absolute, in the user's home if given relative; a symlink written through is named itself.
+    where = landing.shown or str(json.loads(body).get("path", path))
     written: dict[str, object] = {"name": posixpath.basename(where), "type": "file", "path": where}
     if metadata:
         written["metadata"] = metadata
