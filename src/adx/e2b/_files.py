@@ -114,28 +114,32 @@ async def _stat(execd: Execd, path: str, user: str) -> dict[str, object] | None:
 class _Landing:
     path: str  # where the bytes go
     mode: int | None  # the permissions kept; None: a new file (0644, as envd's 0666 under umask 022)
-    shown: str | None = None  # the path the answer names, when not ``path`` (a symlink's own)
+    shown: str | None  # the path the answer names, when not ``path`` (a symlink's own)
+    metadata: dict[str, str]  # the existing file's E2B metadata, kept as envd keeps its xattrs
 
 
 async def _in_place(execd: Execd, path: str, user: str) -> _Landing:
     """envd writes in place (``O_TRUNC``): through a symlink to the file it points to (created when the link
     dangles), and an existing file keeps its permissions (a script made executable stays so). execd replaces a
-    file atomically by a new one, so both are said to it: the target's path and the old mode."""
+    file atomically by a new one, so all is said to it: the target's path, the old mode and metadata."""
     described = await _stat(execd, path, user)
     shown = None
     if described is not None and described.get("type") == "symlink" and described.get("target"):
         shown, path = str(described["path"]), str(described["target"])
         described = await _stat(execd, path, user) if described.get("targetType") else None
-    mode = described.get("mode") if described is not None and described.get("type") == "file" else None
-    return _Landing(path, mode if isinstance(mode, int) else None, shown)
+    if described is None or described.get("type") != "file":
+        return _Landing(path, None, shown, {})
+    mode = described.get("mode")
+    return _Landing(path, mode if isinstance(mode, int) else None, shown, metadata_of(described))
 
 
 async def _write(
     execd: Execd, path: str, user: str, content: AsyncIterator[bytes], metadata: dict[str, str]
 ) -> dict[str, object]:
     """Written as ``user`` (its file, in its home when ``path`` is relative), parents made as needed."""
-    xattrs = {f"xattr.{METADATA_XATTR}{key}": value for key, value in metadata.items()}
     landing = await _in_place(execd, path, user)
+    kept_metadata = {**landing.metadata, **metadata}
+    xattrs = {f"xattr.{METADATA_XATTR}{key}": value for key, value in kept_metadata.items()}
     kept = {"mode": f"{landing.mode:o}"} if landing.mode is not None else {}
     status, body = await execd.call(
         "PUT",
