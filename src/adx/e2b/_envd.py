@@ -180,6 +180,9 @@ class EnvdDataPlane:
 
             async def template() -> str:
                 route = ingress.cached_route(tenant, execd.environment_id, stale=True)  # an image never changes
+                if route is None:  # resolved (and cached) now for the Start's forward: no extra Coordinator call
+                    await ingress.relay_address(tenant, execd.environment_id)
+                    route = ingress.cached_route(tenant, execd.environment_id, stale=True)
                 record = (
                     route.record
                     if route is not None
