@@ -37,9 +37,12 @@ def test_metadata_written_is_read_back(adx_up: Up) -> None:
         assert seen.stdout.strip() == "alice"
         sandbox.commands.run("python3 -c \"import os; os.setxattr('/home/user/plain.txt', 'user.e2b.by', b'hand')\"")
         assert sandbox.files.get_info("/home/user/plain.txt").metadata == {"by": "hand"}
-        # A rewrite replaces the file, and its metadata with it (the write is atomic: a new file).
+        # A rewrite keeps the file's metadata, as envd's write in place does; new keys are added, given ones set.
         sandbox.files.write("/home/user/m.txt", "new")
-        assert sandbox.files.get_info("/home/user/m.txt").metadata is None
+        assert sandbox.files.get_info("/home/user/m.txt").metadata == {"owner": "alice", "stage": "raw"}
+        sandbox.files.write("/home/user/m.txt", "newer", metadata={"stage": "done", "by": "bob"})
+        assert sandbox.files.get_info("/home/user/m.txt").metadata == {"owner": "alice", "stage": "done", "by": "bob"}
+        assert sandbox.files.read("/home/user/m.txt") == "newer"
     finally:
         sandbox.kill()
 

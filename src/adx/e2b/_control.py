@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
-from adx.e2b._network import network_policy
+from adx.e2b._network import e2b_network_options, network_policy
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import (
@@ -60,6 +60,7 @@ from adx.model import (
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
 DEFAULT_TIMEOUT_SECONDS = 300
+MAX_TIMEOUT_SECONDS = 30 * 86_400  # an Environment's longest lifetime (Lifecycle.lifetime_seconds)
 DEFAULT_CPU_MILLIS = 500
 DEFAULT_MEMORY_BYTES = 512 << 20
 MAX_PAGE = 100
@@ -140,10 +141,19 @@ def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detai
         "state": e2b_state(record),
         "envdVersion": ENVD_VERSION,
         "metadata": dict(record.spec.metadata),
+        "alias": record.spec.image,  # the template's name: the SDK's ``SandboxInfo.name``
     }
     if detail:
         view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
         view["domain"] = _domain(p, request, record)
+        pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
+        # ADX wakes a paused sandbox on its own traffic whatever was asked: auto-resume is on wherever the timeout
+        # pauses (E2B allows it only there).
+        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses}
+        allow_internet_access, network = e2b_network_options(record.spec.network)
+        view["allowInternetAccess"] = allow_internet_access
+        if network is not None:
+            view["network"] = network
     return view
 
 
@@ -194,6 +204,8 @@ def _timeout(value: object, field: str = "timeout", *, allow_zero: bool = False)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         wanted = "an integer >= 0" if allow_zero else "a positive integer"
         raise InvalidInputError(field, f"must be {wanted} (seconds), got {value!r}")
+    if value > MAX_TIMEOUT_SECONDS:  # said here, naming the SDK's field, not by the lifetime it becomes
+        raise InvalidInputError(field, f"must be at most {MAX_TIMEOUT_SECONDS} seconds (30 days), got {value}")
     return value
 
 
@@ -255,11 +267,16 @@ async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
         return True
     try:
         p.check_image(template, "templateID")
-    except InvalidInputError as missing:
+    except InvalidInputError:
         try:
             await get_snapshot(p, tenant, template)
         except NotFoundError:
-            raise missing from None
+            # E2B's answer for a template it does not know: 404 "template '...' not found".
+            raise NotFoundError(
+                f"template '{template}' not found: templateID names no image or snapshot of the tenant by that name"
+                " (adx image list shows the images)",
+                details={"field": "templateID"},
+            ) from None
         return True
     return False
 
@@ -287,7 +304,8 @@ async def list_sandboxes(request: Request) -> Response:
         and (template is None or r.spec.image == template)
     ]
     records.sort(key=lambda r: (r.created_at, r.id), reverse=order == "desc")
-    page, headers = paged(records, [r.id for r in records], query.get("nextToken"), limit)
+    keys = [(r.created_at, r.id) for r in records]
+    page, headers = paged(records, keys, query.get("nextToken"), limit, newest_first=order == "desc")
     return JSONResponse([sandbox_view(p, request, r, detail=False) for r in page], headers=headers)
 
 
@@ -302,13 +320,30 @@ def page_limit(query: Mapping[str, str]) -> int:
     return limit
 
 
-def paged(items: list[T], ids: list[str], token: str | None, limit: int) -> tuple[list[T], dict[str, str]]:
-    """One page of ``items`` (in their order) after the item ``token`` names, and the ``x-next-token`` header."""
+def paged(
+    items: list[T], keys: list[tuple[float, str]], token: str | None, limit: int, *, newest_first: bool
+) -> tuple[list[T], dict[str, str]]:
+    """One page of ``items`` (sorted by ``keys``: creation time and ID) from the position ``token`` names, and the
+    ``x-next-token`` header. A token is a position in the order (the next item's key), not an item: the pages go
+    on when that item is gone meanwhile (as E2B's cursor); one that is no position is 400 "Invalid next token"."""
     start = 0
     if token:
-        start = ids.index(token) if token in ids else len(ids)
-    headers = {"x-next-token": ids[start + limit]} if start + limit < len(items) else {}
-    return items[start : start + limit], headers
+        at = _position(token)
+        start = next((i for i, key in enumerate(keys) if (key <= at if newest_first else key >= at)), len(keys))
+    end = start + limit
+    headers = {"x-next-token": f"{keys[end][0]!r}~{keys[end][1]}"} if end < len(items) else {}
+    return items[start:end], headers
+
+
+def _position(token: str) -> tuple[float, str]:
+    when, _, item = token.partition("~")
+    try:
+        moment = float(when)
+    except ValueError:
+        moment = math.nan
+    if not item or not math.isfinite(moment):
+        raise InvalidInputError("nextToken", f"Invalid next token {token[:100]!r} (give the x-next-token answered)")
+    return moment, item
 
 
 def _instant_param(value: str | None, field: str) -> float | None:

@@ -208,7 +208,20 @@ class EnvdDataPlane:
             return await upload(execd, request, user, only=only)
         service, _, method = path.lstrip("/").partition("/")
         if request.method == "POST" and service == "process.Process" and "/" not in method:
-            return await ProcessService(execd, user).dispatch(method, request)
+
+            async def template() -> str:
+                route = ingress.cached_route(tenant, execd.environment_id, stale=True)  # an image never changes
+                if route is None:  # resolved (and cached) now for the Start's forward: no extra Coordinator call
+                    await ingress.relay_address(tenant, execd.environment_id)
+                    route = ingress.cached_route(tenant, execd.environment_id, stale=True)
+                record = (
+                    route.record
+                    if route is not None
+                    else await plane.coordinator.get_environment(tenant, execd.environment_id)
+                )
+                return record.spec.image
+
+            return await ProcessService(execd, user, template).dispatch(method, request)
         if request.method == "POST" and service == "filesystem.Filesystem" and "/" not in method:
             return await FilesystemService(execd, user).dispatch(method, request)
         if path.count("/") == 2 and "." in service:

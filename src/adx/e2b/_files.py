@@ -8,9 +8,11 @@ one ``file`` part per file whose filename is the target path; every file streams
 from __future__ import annotations
 
 import json
+import mimetypes
 import posixpath
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -55,7 +57,22 @@ async def download(execd: Execd, request: Request, user: str) -> Response:
     upstream = await execd.open("GET", "/v1/files", query={"path": path, "user": user}, read_timeout=300.0)
     if upstream.status_code != 200:
         raise _failure(upstream.status_code, await read_all(upstream))
+    # As envd (Go's ServeContent): the type by the name's extension, so a download URL opened in a browser shows
+    # a page or an image; an unknown one stays octet-stream.
+    upstream.headers["content-type"] = content_type(path)
     return upstream
+
+
+_COMPRESSED = {"gzip": "application/gzip", "bzip2": "application/x-bzip2", "xz": "application/x-xz"}
+
+
+def content_type(path: str) -> str:
+    guessed, compressed = mimetypes.guess_type(posixpath.basename(path), strict=False)
+    if compressed is not None:  # x.tar.gz is a gzip file (its last extension), not a tar
+        return _COMPRESSED.get(compressed, "application/octet-stream")
+    if guessed is None:
+        return "application/octet-stream"
+    return f"{guessed}; charset=utf-8" if guessed.startswith("text/") else guessed
 
 
 #: Where envd keeps a file's metadata: ``X-Metadata-<key>: value`` is the xattr ``user.e2b.<key>``.
@@ -87,21 +104,56 @@ def metadata_of(described: dict[str, object]) -> dict[str, str]:
     return {k.removeprefix(METADATA_XATTR): str(v) for k, v in xattrs.items() if k.startswith(METADATA_XATTR)}
 
 
+async def _stat(execd: Execd, path: str, user: str) -> dict[str, object] | None:
+    status, body = await execd.call("GET", "/v1/files/stat", query={"path": path, "user": user})
+    described: dict[str, object] | None = json.loads(body) if status == 200 else None
+    return described
+
+
+@dataclass(frozen=True)
+class _Landing:
+    path: str  # where the bytes go
+    mode: int | None  # the permissions kept; None: a new file (0644, as envd's 0666 under umask 022)
+    shown: str | None  # the path the answer names, when not ``path`` (a symlink's own)
+    metadata: dict[str, str]  # the existing file's E2B metadata, kept as envd keeps its xattrs
+
+
+async def _in_place(execd: Execd, path: str, user: str) -> _Landing:
+    """envd writes in place (``O_TRUNC``): through a symlink to the file it points to (created when the link
+    dangles), and an existing file keeps its permissions (a script made executable stays so). execd replaces a
+    file atomically by a new one, so all is said to it: the target's path, the old mode and metadata."""
+    described = await _stat(execd, path, user)
+    shown = None
+    if described is not None and described.get("type") == "symlink" and described.get("target"):
+        shown, path = str(described["path"]), str(described["target"])
+        described = await _stat(execd, path, user) if described.get("targetType") else None
+    if described is None or described.get("type") != "file":
+        return _Landing(path, None, shown, {})
+    mode = described.get("mode")
+    return _Landing(path, mode if isinstance(mode, int) else None, shown, metadata_of(described))
+
+
 async def _write(
     execd: Execd, path: str, user: str, content: AsyncIterator[bytes], metadata: dict[str, str]
 ) -> dict[str, object]:
     """Written as ``user`` (its file, in its home when ``path`` is relative), parents made as needed."""
-    xattrs = {f"xattr.{METADATA_XATTR}{key}": value for key, value in metadata.items()}
+    landing = await _in_place(execd, path, user)
+    kept_metadata = {**landing.metadata, **metadata}
+    xattrs = {f"xattr.{METADATA_XATTR}{key}": value for key, value in kept_metadata.items()}
+    kept = {"mode": f"{landing.mode:o}"} if landing.mode is not None else {}
     status, body = await execd.call(
         "PUT",
         "/v1/files",
-        query={"path": path, "user": user, "mkdirs": "true", **xattrs},
+        query={"path": landing.path, "user": user, "mkdirs": "true", **kept, **xattrs},
         content=content,
         content_type="application/octet-stream",
     )
+    if status == 409:  # a directory in the way: envd's 400 (the SDK's InvalidArgumentException)
+        raise HttpFailure(400, _failure(status, body).message)
     if status != 201:
         raise _failure(status, body)
-    where = str(json.loads(body).get("path", path))  # execd's: absolute, in the user's home if given relative
+    # execd's path: absolute, in the user's home if given relative; a symlink written through is named itself.
+    where = landing.shown or str(json.loads(body).get("path", path))
     written: dict[str, object] = {"name": posixpath.basename(where), "type": "file", "path": where}
     if metadata:
         written["metadata"] = metadata
@@ -113,6 +165,7 @@ async def upload(execd: Execd, request: Request, user: str, *, only: str | None 
     content_type = request.headers.get("content-type", "")
     query_path = request.query_params.get("path")
     written: list[dict[str, object]] = []
+    seen: set[str] = set()  # the paths written, as given and as resolved
     metadata = upload_metadata(request)
     if content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
         reader = MultipartReader(request.stream(), boundary_of(content_type))
@@ -123,7 +176,10 @@ async def upload(execd: Execd, request: Request, user: str, *, only: str | None 
                 async for _ in reader.body():  # not a file: skipped
                     pass
                 continue
+            if target in seen:  # envd refuses it too, after writing the first
+                raise HttpFailure(400, f"{target}: one upload cannot write a path twice (only its first file was)")
             written.append(await _write(execd, target, user, reader.body(), metadata))
+            seen.update((target, str(written[-1]["path"])))
     else:
         if not query_path:
             raise HttpFailure(400, "path: required for an application/octet-stream upload")

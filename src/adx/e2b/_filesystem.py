@@ -15,7 +15,7 @@ from typing import Any, cast
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from adx.e2b._connect import RpcError, single_message
+from adx.e2b._connect import RpcError, single_message, timeout_seconds
 from adx.e2b._files import metadata_of
 from adx.e2b._upstream import Execd, rpc_error_of
 from adx.e2b._watch import WatchService, dispatch_watch
@@ -36,7 +36,7 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     kind = str(described.get("type", "other"))
     mode = int(described.get("mode") or 0)
     entry: dict[str, Any] = {
-        "name": described.get("name") or posixpath.basename(path),
+        "name": described.get("name") or posixpath.basename(path) or "/",  # envd's name of the root is "/"
         "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
         "path": path,
         "size": str(int(described.get("size") or 0)),  # int64: a string in proto3 JSON
@@ -58,11 +58,17 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def _path(message: dict[str, Any], field: str) -> str:
-    """The path as given: absolute, or relative to the user's home (execd resolves it, ``~/`` too)."""
-    value = message.get(field)
-    if not isinstance(value, str) or not value:
-        raise RpcError("invalid_argument", f"{field}: required")
+def _path(message: dict[str, Any], field: str, *, empty_is_home: bool = True) -> str:
+    """The path as given: absolute, or relative to the user's home (execd resolves it, ``~/`` too). An empty one
+    (proto3 JSON omits it) is the home, as envd resolves it; except for ``Remove``, where it is refused rather
+    than taken as 'remove the home'."""
+    value = message.get(field, "")
+    if not isinstance(value, str):
+        raise RpcError("invalid_argument", f"{field}: must be a string")
+    if not value:
+        if not empty_is_home:
+            raise RpcError("invalid_argument", f"{field}: required (an empty path would be the whole home)")
+        return "~"
     return posixpath.normpath(value) if value.startswith("/") else value
 
 
@@ -80,7 +86,7 @@ class FilesystemService:
             message = await single_message(request)
             path = _path(message, "path")
             if method == "WatchDir":
-                return await watch.watch_dir(path, message)
+                return await watch.watch_dir(path, message, timeout_seconds(request))
             return await watch.create_watcher(path, message)
         watch_handler = dispatch_watch(watch, method)
         if watch_handler is not None:
@@ -108,8 +114,8 @@ class FilesystemService:
 
     async def _list(self, path: str, depth: int, out: list[dict[str, Any]]) -> None:
         status, body = await self.execd.call("GET", "/v1/files/list", query=self._query(path))
-        if status != 200:
-            raise rpc_error_of(status, body)
+        if status != 200:  # not a directory: envd's invalid argument (the SDK's InvalidArgumentException)
+            raise rpc_error_of(status, body, conflict="invalid_argument")
         listed = json.loads(body)
         for described in listed["entries"]:
             child = posixpath.join(listed["path"], described["name"])
@@ -138,7 +144,7 @@ class FilesystemService:
         return JSONResponse({"entry": await self._stat(str(json.loads(body)["path"]))})
 
     async def remove(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path")
+        path = _path(message, "path", empty_is_home=False)
         query = self._query(path, recursive="true")
         status, body = await self.execd.call("DELETE", "/v1/files", query=query)
         if status != 204 and status != 404:  # a missing path: nothing to remove, no error (as envd)

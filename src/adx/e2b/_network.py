@@ -20,7 +20,7 @@ import ipaddress
 from typing import Any
 
 from adx.errors import InvalidInputError
-from adx.model import NetworkPolicy, parse_wire
+from adx.model import NetworkMode, NetworkPolicy, parse_wire
 
 ALL_TRAFFIC = frozenset({"0.0.0.0/0", "::/0"})
 _KNOWN = frozenset(
@@ -104,3 +104,22 @@ def network_policy(allow_internet_access: object, network: object, field: str = 
                 )
         wire = {"mode": "egress", "deny": deny}
     return parse_wire(NetworkPolicy, wire)
+
+
+def e2b_network_options(policy: NetworkPolicy | None) -> tuple[bool | None, dict[str, list[str]] | None]:
+    """The other way: what a sandbox's policy says in E2B's terms (``allowInternetAccess``, ``network``), as its
+    sandbox detail reports them. The default (egress, no lists) was not said at create: both null."""
+    if policy is None:
+        return None, None
+    if policy.mode is NetworkMode.NONE:
+        return False, None
+    if policy.allow is not None:
+        return None, {"allowOut": _said(policy.allow), "denyOut": ["0.0.0.0/0"]}
+    if policy.deny:
+        return None, {"denyOut": _said(policy.deny)}
+    return None, None
+
+
+def _said(targets: list[str]) -> list[str]:
+    """ADX keeps a single address as its CIDR (``10.0.0.1/32``); E2B's options name it bare."""
+    return [t.removesuffix("/32") if "." in t else t.removesuffix("/128") for t in targets]

@@ -30,7 +30,7 @@ import binascii
 import json
 import signal
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +90,39 @@ def end_event(frame: dict[str, Any]) -> dict[str, Any]:
     return end
 
 
+@dataclass(frozen=True)
+class StartedConfig:
+    """A process's config as its ``Start`` gave it: envd's ``List`` answers it (execd keeps only the argv)."""
+
+    cmd: str
+    args: list[str]
+    envs: dict[str, str]
+    cwd: str | None
+
+    def wire(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
+        if self.cwd is not None:
+            config["cwd"] = self.cwd
+        return config
+
+
+def sandbox_variables(execd: Execd, template: str) -> dict[str, str]:
+    """What E2B sets for every command (its docs: 'knowing if you are inside a sandbox'); the command's own
+    ``envs`` come on top. The create's ``envs`` are the Environment's own, under both (execd's order)."""
+    return {
+        "E2B_SANDBOX": "true",
+        "E2B_SANDBOX_ID": execd.environment_id,
+        "E2B_TEAM_ID": execd.tenant,
+        "E2B_TEMPLATE_ID": template,
+    }
+
+
 class _Pump:
     """Reads execd's NDJSON frames into a bounded queue; once detached, drains them to the end unseen."""
 
-    def __init__(self, upstream: Response, execd: Execd) -> None:
+    def __init__(self, upstream: Response, execd: Execd, config: StartedConfig) -> None:
         self.upstream = upstream
+        self.config = config
         self.key = (execd.tenant, execd.environment_id)
         self.pid = 0
         self.queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
@@ -201,6 +229,7 @@ async def _start_events(pump: _Pump, keepalive: float | None) -> AsyncIterator[b
 class ProcessService:
     execd: Execd
     user: str  # the account a started process runs as (E2B's ``user`` by default), in its home
+    template: Callable[[], Awaitable[str]]  # the sandbox's template (image), asked only by ``Start``
 
     async def dispatch(self, method: str, request: Request) -> Response:
         handler = {
@@ -232,9 +261,10 @@ class ProcessService:
             raise RpcError("invalid_argument", "process.args: must be a list of strings")
         if not isinstance(envs, dict):
             raise RpcError("invalid_argument", "process.envs: must be an object")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
+            raise RpcError("invalid_argument", "process.envs: must map strings to strings")
         body: dict[str, Any] = {"argv": [cmd, *args], "encoding": "base64", "user": self.user}
-        if envs:
-            body["env"] = envs
+        body["env"] = {**sandbox_variables(self.execd, await self.template()), **envs}
         if cwd:
             body["cwd"] = str(cwd)  # a relative one is in the user's home: execd resolves it
         if message.get("pty") is not None:
@@ -247,7 +277,7 @@ class ProcessService:
         upstream = await self.execd.open("POST", "/v1/commands", json_body=body, read_timeout=None)
         if upstream.status_code != 200:
             raise rpc_error_of(upstream.status_code, await read_all(upstream))
-        pump = _Pump(upstream, self.execd)
+        pump = _Pump(upstream, self.execd, StartedConfig(cmd, list(args), dict(envs), str(cwd) if cwd else None))
         return StreamingResponse(_start_events(pump, _keepalive_interval(request)), media_type=STREAM_TYPE)
 
     async def _commands(self) -> list[dict[str, Any]]:
@@ -273,8 +303,13 @@ class ProcessService:
         for command in await self._commands():
             if command.get("state") != "running":
                 continue
-            argv = command.get("argv") or [""]
-            processes.append({"config": {"cmd": argv[0], "args": argv[1:], "envs": {}}, "pid": command["pid"]})
+            pump = _LIVE.get((self.execd.tenant, self.execd.environment_id, int(command["pid"])))
+            if pump is not None:
+                config = pump.config
+            else:  # started through another API process: execd knows only its argv
+                argv = command.get("argv") or [""]
+                config = StartedConfig(str(argv[0]), [str(a) for a in argv[1:]], {}, None)
+            processes.append({"config": config.wire(), "pid": command["pid"]})
         return JSONResponse({"processes": processes})
 
     async def send_signal(self, request: Request) -> Response:

@@ -93,7 +93,8 @@ async def list_snapshots_route(request: Request) -> Response:
         if name is None or name in (s.id, s.name) or (s.name is not None and name.removesuffix(":latest") == s.name)
     ]
     found.sort(key=lambda s: (s.created_at, s.id), reverse=True)  # newest first, as E2B's sandbox list
-    page, headers = paged(found, [s.id for s in found], query.get("nextToken"), limit)
+    keys = [(s.created_at, s.id) for s in found]
+    page, headers = paged(found, keys, query.get("nextToken"), limit, newest_first=True)
     return JSONResponse([snapshot_view(s) for s in page], headers=headers)
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
+import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +34,34 @@ POLL_WAIT_SECONDS = 5.0
 _CLEANUPS: set[asyncio.Task[None]] = set()
 
 
-def _events(body: bytes) -> list[dict[str, Any]]:
-    return [{"name": e["name"], "type": _TYPES[e["type"]]} for e in json.loads(body)["events"]]
+#: execd's write goes through a temporary file renamed onto the name (atomic, :mod:`adx.execd._files`).
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.execd-tmp\.[0-9a-f]{8}$")
+
+
+class _Events:
+    """execd's events as envd's. envd writes a file in place, so its watchers see the file itself created and
+    written; a write through execd shows in inotify as a temporary file created, written and renamed onto the
+    name. The temporary file's events are dropped and its arrival under the name (``create``) is followed by a
+    ``write`` of it. One per stream: a rename's two halves may come in consecutive polls."""
+
+    def __init__(self) -> None:
+        self._arriving: set[str] = set()
+
+    def translate(self, body: bytes) -> list[dict[str, str]]:
+        out = []
+        for event in json.loads(body)["events"]:
+            name, kind = str(event["name"]), str(event["type"])
+            folder, base = posixpath.split(name)
+            temporary = _TEMPORARY.match(base)
+            if temporary:
+                if kind == "rename":
+                    self._arriving.add(posixpath.join(folder, temporary["name"]))
+                continue
+            out.append({"name": name, "type": _TYPES[kind]})
+            if kind == "create" and name in self._arriving:
+                self._arriving.discard(name)
+                out.append({"name": name, "type": _TYPES["write"]})
+        return out
 
 
 @dataclass
@@ -50,11 +79,11 @@ class WatchService:
             raise rpc_error_of(status, body)
         return str(json.loads(body)["id"])
 
-    async def _take(self, watcher_id: str, wait: float) -> list[dict[str, Any]]:
+    async def _take(self, watcher_id: str, wait: float, events: _Events) -> list[dict[str, str]]:
         status, body = await self.execd.call("GET", f"/v1/watchers/{watcher_id}/events", query={"wait": str(wait)})
         if status != 200:
             raise rpc_error_of(status, body, conflict="data_loss")
-        return _events(body)
+        return events.translate(body)
 
     async def _remove(self, watcher_id: str) -> None:
         status, body = await self.execd.call("DELETE", f"/v1/watchers/{watcher_id}")
@@ -72,22 +101,30 @@ class WatchService:
         return JSONResponse({"watcherId": await self._create(path, message)})
 
     async def get_watcher_events(self, message: dict[str, Any]) -> Response:
-        return JSONResponse({"events": await self._take(self._watcher_id(message), 0)})
+        return JSONResponse({"events": await self._take(self._watcher_id(message), 0, _Events())})
 
     async def remove_watcher(self, message: dict[str, Any]) -> Response:
         await self._remove(self._watcher_id(message))
         return JSONResponse({})
 
-    async def watch_dir(self, path: str, message: dict[str, Any]) -> Response:
+    async def watch_dir(self, path: str, message: dict[str, Any], deadline: float | None) -> Response:
+        """``deadline``: the call's (``Connect-Timeout-Ms``, the SDK's ``timeout``); the stream ends at it with
+        Connect's ``deadline_exceeded``, as envd's does, so the SDK's ``on_exit`` gets its TimeoutException."""
         watcher_id = await self._create(path, message)  # a missing path fails here, before the stream starts
-        return StreamingResponse(self._stream(watcher_id), media_type=STREAM_TYPE)
+        ends = None if deadline is None else time.monotonic() + deadline
+        return StreamingResponse(self._stream(watcher_id, ends), media_type=STREAM_TYPE)
 
-    async def _stream(self, watcher_id: str) -> AsyncIterator[bytes]:
+    async def _stream(self, watcher_id: str, ends: float | None) -> AsyncIterator[bytes]:
+        translation = _Events()
         try:
             yield envelope({"start": {}})
             while True:
+                left = POLL_WAIT_SECONDS if ends is None else ends - time.monotonic()
+                if left <= 0:
+                    yield end_stream(RpcError("deadline_exceeded", "context deadline exceeded"))
+                    return
                 try:
-                    events = await self._take(watcher_id, POLL_WAIT_SECONDS)
+                    events = await self._take(watcher_id, min(left, POLL_WAIT_SECONDS), translation)
                 except RpcError as exc:
                     yield end_stream(exc)
                     return

@@ -100,8 +100,12 @@ async def http_over_socket(
     reader, writer = await asyncio.open_connection(sock=sock)
     conn = h11.Connection(h11.CLIENT)
     try:
+        # A declared length is kept: many services (Python's http.server, simple handlers) read a body only by
+        # its Content-Length and see an empty one when it comes chunked. A body of unknown length goes chunked.
+        declared = next((v for k, v in headers if k.lower() == "content-length"), None)
+        framing = ("content-length", declared) if declared is not None else ("transfer-encoding", "chunked")
         request_headers = [(k, v) for k, v in headers if k.lower() not in ("host", "content-length")]
-        request_headers = [("host", host), ("transfer-encoding", "chunked"), *request_headers]
+        request_headers = [("host", host), framing, *request_headers]
         writer.write(conn.send(h11.Request(method=method, target=target, headers=request_headers)))
         async for chunk in body:
             if chunk:
