@@ -17,8 +17,9 @@ the real ``e2b`` SDK (``Sandbox.create()`` then ``commands.run``; it has no such
 native SDK's path before the server-side wait (issue 16): ``create(wait=False)``, then a plain GET every 15 ms
 until ``running`` (nothing primes the route cache, so the first command resolves its route at the Coordinator):
 the same-run baseline of ``native``. Native SDKs also report ``running_seen`` (create call until the SDK knows it
-runs) and ``first_command`` (the rest). Baseline, same run: the same command spawned on the host
-(``subprocess.run``), n times.
+runs) and ``first_command`` (the rest). ``native-egress`` is ``native`` with the network an E2B sandbox gets by
+default (``{"mode": "egress"}``): the like-for-like partner of ``e2b`` (issue 14's within-1.3x figure).
+Baseline, same run: the same command spawned on the host (``subprocess.run``), n times.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ from e2b import Sandbox
 import adx
 
 MODES = ("sequential", "staggered", "burst", "interleaved")
-SDKS = ("native", "native-poll", "e2b")
+SDKS = ("native", "native-egress", "native-poll", "e2b")
+#: What an E2B sandbox gets when its create says nothing (internet on): ``native-egress`` asks the native SDK for the
+#: same, so "E2B beside native" compares sandboxes set up alike (``native`` has only ``lo``).
+E2B_DEFAULT_NETWORK = {"mode": "egress"}
 #: The SDK's poll before ``?wait=running`` existed (adx.sdk, until issue 16's change): 15 ms for the first second.
 OLD_POLL_SECONDS = 0.015
 
@@ -113,19 +117,25 @@ def interleaved(trials: dict[str, Trial], n: int) -> dict[str, dict[str, Any]]:
 
 
 def native_tti(
-    client: adx.Client, argv: list[str], cpu: float, capacity_wait: float, *, poll: bool = False
+    client: adx.Client,
+    argv: list[str],
+    cpu: float,
+    capacity_wait: float,
+    *,
+    poll: bool = False,
+    network: dict[str, str] | None = None,
 ) -> Callable[[], tuple[float, float]]:
     def tti() -> tuple[float, float]:
         start = time.perf_counter()
         if poll:  # the SDK before the server-side wait: create, then a GET every 15 ms
-            env = client.environments.create(cpu=cpu, memory="256Mi", wait=False)
+            env = client.environments.create(cpu=cpu, memory="256Mi", network=network, wait=False)
             while env.state != "running":
                 if env.state in ("failed", "deleting", "deleted"):
                     raise RuntimeError(f"{env.id} is {env.state}")
                 time.sleep(OLD_POLL_SECONDS)
                 env.refresh()
         else:
-            env = client.environments.create(cpu=cpu, memory="256Mi", wait=capacity_wait)
+            env = client.environments.create(cpu=cpu, memory="256Mi", network=network, wait=capacity_wait)
         running = time.perf_counter() - start
         try:
             result = env.commands.run(argv)
@@ -196,7 +206,12 @@ def main() -> None:
                 def trial(sdk: str) -> Trial:
                     if sdk == "e2b":
                         return Trial(e2b_tti(opts, command))
-                    return Trial(native_tti(client, argv, args.cpu, args.capacity_wait, poll=sdk == "native-poll"))
+                    network = E2B_DEFAULT_NETWORK if sdk == "native-egress" else None
+                    return Trial(
+                        native_tti(
+                            client, argv, args.cpu, args.capacity_wait, poll=sdk == "native-poll", network=network
+                        )
+                    )
 
                 if "interleaved" in modes:
                     progress(f"{'/'.join(sdks)} interleaved x{args.n}")
