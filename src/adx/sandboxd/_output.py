@@ -27,7 +27,7 @@ from typing import Any
 
 from adx.sandboxd._spawn_spec import SpawnSpec
 
-__all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "open_write_ends", "start_pump"]
+__all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "fork_pump", "make_fifos", "open_write_ends", "start_pump"]
 
 PIPE_NAMES = ("stdout.pipe", "stderr.pipe")
 STREAMS = ("stdout", "stderr")
@@ -44,7 +44,13 @@ DRAIN_SECONDS = 2.0
 def start_pump(spec: SpawnSpec) -> int | None:
     """Make the FIFOs and fork the pump (the caller's child). Returns its PID, or None when no pump could be
     started: then the init's output goes to ``/dev/null`` (its start does not fail for want of a log)."""
-    sdir: str = spec.sandbox_dir
+    reads = make_fifos(spec.sandbox_dir)
+    return fork_pump(spec, reads) if reads is not None else None
+
+
+def make_fifos(sdir: str) -> list[int] | None:
+    """The FIFOs, their read ends open (a warm pool member's supervisor holds them until it is claimed, so the
+    init's opens never wait; the pump is forked then, with the claiming sandbox's log group)."""
     reads: list[int] = []
     try:
         for name in PIPE_NAMES:
@@ -54,6 +60,17 @@ def start_pump(spec: SpawnSpec) -> int | None:
             os.mkfifo(path, 0o600)
             # The read end first (non-blocking): then the writer's open never waits for a reader.
             reads.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        print(f"the output pump could not start (output is discarded): {exc}", flush=True)
+        for fd in reads:
+            os.close(fd)
+        return None
+    return reads
+
+
+def fork_pump(spec: SpawnSpec, reads: list[int]) -> int | None:
+    """Fork the pump over ``reads`` (closed here either way)."""
+    try:
         pid = os.fork()
     except OSError as exc:
         print(f"the output pump could not start (output is discarded): {exc}", flush=True)
