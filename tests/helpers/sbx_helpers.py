@@ -97,6 +97,10 @@ class Daemon:
             "maintenance_interval_seconds = 0.2",
             "delete_timeout_seconds = 5.0",
         ]
+        if "warm_pool" not in {**self.extra, **overrides}:
+            # Off unless a test asks: tests assert cold allocation (ID slices, /30s, cgroups); test_warm_pool.py
+            # covers the pool.
+            lines.append("warm_pool = 0")
         for key, value in {**self.extra, **overrides}.items():
             if isinstance(value, dict):
                 continue

@@ -234,17 +234,14 @@ def _park(
     accept that finds nothing under the lock means the member was dropped (a sandboxd restart removes members).
     """
     sdir = spec.sandbox_dir
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    if ok and spec.veth is not None:
+        ok = _create_veth(spec.veth, pid)
+    if not ok:
+        return "the warm member's cgroups or network could not be set up"
     try:
-        if ok and spec.veth is not None:
-            ok = _create_veth(spec.veth, pid)
-        if not ok:
-            return "the warm member's cgroups or network could not be set up"
-        listener.bind(f"{sdir}/{CLAIM_SOCKET}")
-        listener.listen(1)
+        listener = socket.socket(fileno=lx.listen_unix(f"{sdir}/{CLAIM_SOCKET}", backlog=1))
         os.write(go_w, b"1")  # placed: the init configures eth0 and waits for its claim
     except OSError as exc:
-        listener.close()
         return f"warm member setup failed: {exc}"
     ready()  # to the spawner, whose request is done; a claim's start report goes to the claim's socket
     fcntl.flock(lock_fd, fcntl.LOCK_EX)

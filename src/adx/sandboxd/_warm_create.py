@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from adx._backoff import Backoff
 from adx.errors import AdxError, ConflictError, UnavailableError
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd._create import SandboxCreator
+from adx.sandboxd._faults import fault
 from adx.sandboxd._models import CreateRequest, CreateResponse, NativeIdentity, Resources, SandboxRecord
 from adx.sandboxd._sandbox_layout import CLAIM_SOCKET, SUPERVISOR_LOG
 from adx.sandboxd._states import State
@@ -37,6 +39,22 @@ from adx.sandboxd._warm_pool import WarmKey, WarmMember, WarmPool
 __all__ = ["WarmSandboxes"]
 
 log = logging.getLogger("adx.sandboxd")
+
+
+def _connect(path: Path) -> socket.socket:
+    """Connect through an ``O_PATH`` descriptor of the dir (as ``_linux.listen_unix`` binds): no 108-byte limit.
+    A listening Unix socket accepts into its backlog at once: no wait on the loop."""
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.close(dir_fd)
+    return sock
 
 
 def _tail(path: Path) -> str:
@@ -145,6 +163,7 @@ class WarmSandboxes(SandboxCreator):
             report = await self.spawner.spawn(spec, self.config.create_timeout_seconds)
             if not report.get("ok"):
                 raise UnavailableError(f"the warm member did not start: {report.get('error')}")
+            await asyncio.to_thread(fault, "warm.member_started", 1.0)  # parked, not yet listed
         except (AdxError, OSError) as exc:
             self.warm.making.pop(member_id, None)
             self.warm.failed += 1
@@ -230,6 +249,7 @@ class WarmSandboxes(SandboxCreator):
         try:
             if rec.net_policy is not None and rec.net_policy != member.policy and self.netfilter.ready:
                 await asyncio.to_thread(self.netfilter.apply, host_if(member.member_id), rec.net_policy)
+            fault("warm.before_claim")
             sdir = self.registry.reserve_dir(rec.sandbox_id, member.dir)  # the claim point
         except FileExistsError:
             self._unreserve(rec)
@@ -247,7 +267,7 @@ class WarmSandboxes(SandboxCreator):
         error: AdxError | None = None
         try:
             await asyncio.to_thread(self._rename_member, member, rec.sandbox_id)
-            reader, writer = await asyncio.open_unix_connection(str(sdir / CLAIM_SOCKET))
+            reader, writer = await asyncio.open_unix_connection(sock=_connect(sdir / CLAIM_SOCKET))
             writer.write(self._spawn_spec(rec).to_json())
             writer.write_eof()
             await writer.drain()
