@@ -229,7 +229,7 @@ async def test_sigkill_mid_refill_leaves_no_member_behind_after_restart(sandboxd
     while d.proc.poll() is None:  # the member, parked, while the fault point waits to SIGKILL
         half |= _warm_cgroups(d)
         pids |= _member_pids(d)
-        time.sleep(0.01)
+        await asyncio.sleep(0.01)
     assert d.proc.returncode == -9
     assert half and pids  # its init was running, parked
     stale_dirs = _warm_dirs(d)
