@@ -336,6 +336,7 @@ class SandboxCreator(StartupReconcile):
         t0: float,
     ) -> CreateResponse:
         error: AdxError | None = None
+        phases: dict[str, float] = {}  # the debug log's per-phase milliseconds (docs/performance.md)
         if rec.execd is not None:
             try:
                 # Listen before execd exists: its first connect attempt succeeds, no reconnect backoff.
@@ -359,7 +360,9 @@ class SandboxCreator(StartupReconcile):
                     await asyncio.to_thread(from_snapshot)
                     restore = None
                 else:
+                    tl = time.perf_counter()
                     await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
+                    phases["layer_ms"] = round((time.perf_counter() - tl) * 1000, 2)
             except AdxError as exc:
                 error = exc
             except OSError as exc:
@@ -382,9 +385,11 @@ class SandboxCreator(StartupReconcile):
         if error is None and rec.net_policy is not None and self.netfilter.ready:
             # Before the veth exists: the sandbox's first packet already meets its policy.
             try:
+                tp = time.perf_counter()
                 await asyncio.to_thread(
                     self.netfilter.apply, host_if_of(rec.sandbox_id, rec.native_name), rec.net_policy
                 )
+                phases["policy_ms"] = round((time.perf_counter() - tp) * 1000, 2)
             except AdxError as exc:
                 error = exc
         if error is None:
@@ -420,6 +425,7 @@ class SandboxCreator(StartupReconcile):
                             "sandbox_id": rec.sandbox_id,
                             "prepare_ms": round((t1 - t0) * 1000, 2),
                             "spawn_ms": round((t2 - t1) * 1000, 2),
+                            **phases,
                         },
                     )
                     return CreateResponse(sandbox=self._info(rec), token=rec.token)
