@@ -59,7 +59,11 @@ def cleanup_cgroup_parent(parent: str) -> None:
                 except OSError:
                     if time.monotonic() > deadline:
                         raise
-                    for pid in (child / "cgroup.procs").read_text().split():
+                    try:  # a warm pool member's supervisor may remove its cgroup meanwhile
+                        procs = (child / "cgroup.procs").read_text().split()
+                    except FileNotFoundError:
+                        procs = []
+                    for pid in procs:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(int(pid), signal.SIGKILL)
                     time.sleep(0.01)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from sbx_helpers import LAYOUT, Daemon, DaemonFactory, wait_until
+from test_runtime_control import execd_request, ready, run, until
 
 from adx.errors import AdxError, ConflictError
-from adx.sandboxd import CreateRequest, ResourcesSpec, SandboxdClient, ref_of
+from adx.sandboxd import CreateRequest, ResourcesSpec, RuntimeControlSubscription, SandboxdClient, ref_of
 from adx.sandboxd._cgroups import SandboxCgroup
 from adx.sandboxd._models import CreateResponse, WarmPoolInfo
 from adx.sandboxd._netpolicy import table_name
@@ -243,3 +244,28 @@ async def test_sigkill_mid_refill_leaves_no_member_behind_after_restart(sandboxd
         created = await c.create(CreateRequest(request_id="a", argv=["sleep", "1000"]))
         assert _cgroup_of(created).name.startswith("_warm-")
         await c.delete(ref_of(created))
+
+
+@pytest.mark.req("CTL-1")
+async def test_an_execd_create_claims_a_member_of_its_shape_and_execd_serves_under_the_sandbox_id(
+    sandboxd: DaemonFactory,
+) -> None:
+    """execd as PID 1 (the API's creates): the shape is learned from the first (cold) create; the next claims a
+    member whose PID 1 runs execd in process with the claim's argv (its sandbox ID) and reports ready."""
+    d = sandboxd(**WARM)
+    async with d.client() as c:
+        health = await c.health()
+        assert health.runtime_control_socket is not None
+        async with RuntimeControlSubscription(health.runtime_control_socket) as sub:
+            first = await c.create(execd_request("execd-cold"))
+            await _ready(c, 4)  # the defaults' shape and this one, two members each
+            created = await c.create(execd_request("execd-warm"))
+            pool = (await c.health()).warm_pool
+            assert pool is not None and (pool.claims, pool.misses) == (1, 1)
+            assert _cgroup_of(created).name.startswith("_warm-")
+            await until(sub, ready("execd-cold", "execd-warm"))
+        assert created.sandbox.execd_socket is not None
+        out, code = await run(created.sandbox.execd_socket, "hostname; echo $ADX_SANDBOX_ID")
+        assert (out.split(), code) == (["execd-warm", "execd-warm"], 0)
+        for sandbox in (first, created):
+            await c.delete(ref_of(sandbox))

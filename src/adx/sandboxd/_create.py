@@ -115,9 +115,9 @@ class SandboxCreator(StartupReconcile):
         elif network == "veth":
             policy = d.network_policy or NetworkPolicy(mode=NetworkMode.EGRESS)
         layers, manifest, user = self._resolve_image(req, restore)
-        # A plain create (no execd, no restore) of a kept shape claims a warm member: its IDs, /30 and names.
-        key = WarmKey.of(req.image, layers, user, res, network)
-        member = self.warm.take(key) if restore is None and req.execd is None else None
+        # A create (not a restore) of a kept shape claims a warm member: its IDs, /30 and names.
+        key = WarmKey.of(req.image, layers, user, res, network, req.execd.python if req.execd else None)
+        member = self.warm.take(key) if restore is None else None
         env = {**manifest.env, **req.env} if manifest is not None else req.env
         cwd = req.cwd or (manifest.workdir if manifest is not None else "/work")
         now = time.time()

@@ -69,9 +69,10 @@ class SpareDirs:
             raise
         return lock_fd
 
-    def make_named(self, name: str) -> tuple[Path, int]:
+    def make_named(self, name: str, execd: bool) -> tuple[Path, int]:
         """A spare-like dir named ``name`` for a warm pool member (never in this pool): its lock held."""
-        return self.registry.make_spare(_SPARE_NAMES, _SPARE_FILES, name)
+        names = [*_SPARE_NAMES, SOCKETS_DIR, CONTROL_DIR] if execd else _SPARE_NAMES
+        return self.registry.make_spare(names, _SPARE_FILES, name)
 
     def fill(self) -> None:
         """At startup (synchronous)."""

@@ -130,7 +130,10 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     else:
         # The dir is the sandbox's (sandboxd made it before asking): files made in it before the commit are
         # reclaimed with it if the commit never happens.
-        pid, go_w, err_r, mounts_w = _clone_init(spec, cgroup, open_write_ends(sdir, spec.output_pipes))
+        log_fds = open_write_ends(sdir, spec.output_pipes)
+        # A warm member's init waits for its claim before it execs: it must not hold the report pipe open (the
+        # spawner forwards the ready report at EOF).
+        pid, go_w, err_r, mounts_w = _clone_init(spec, cgroup, log_fds, (result_fd,) if spec.warm else ())
         if pid < 0:
             report({"ok": False, "error": f"starting the sandbox's init failed: {os.strerror(-pid)}"})
             return 1
@@ -291,7 +294,9 @@ def _abandon(pid: int, go_w: int, cgroup: SandboxCgroup | None) -> None:
             print(f"removing the cgroup of a refused start failed: {exc}", flush=True)
 
 
-def _clone_init(spec: SpawnSpec, cgroup: SandboxCgroup, log_fds: tuple[int, int]) -> tuple[int, int, int, int]:
+def _clone_init(
+    spec: SpawnSpec, cgroup: SandboxCgroup, log_fds: tuple[int, int], close: tuple[int, ...] = ()
+) -> tuple[int, int, int, int]:
     """Clone the sandbox's init now (into its cgroup2 dir): ``(pid, go_w, err_r, mounts_w)``; ``pid`` is
     ``-errno`` when that failed. Closes ``log_fds`` (the init's stdout and stderr)."""
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -315,9 +320,8 @@ def _clone_init(spec: SpawnSpec, cgroup: SandboxCgroup, log_fds: tuple[int, int]
             os.close(fd)
         return -(exc.errno or 1), -1, -1, -1
     if pid == 0:
-        os.close(err_r)
-        os.close(go_w)
-        os.close(mounts_w)
+        for fd in (err_r, go_w, mounts_w, *close):
+            os.close(fd)
         in_namespace_setup(spec, log_fds, err_w, go_r, mounts_r, listen_fds)  # never returns
     for fd in listen_fds:
         os.close(fd)  # PID 1 owns the listeners now: they live exactly as long as the sandbox's init

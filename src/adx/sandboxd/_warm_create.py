@@ -30,7 +30,7 @@ from adx.errors import AdxError, ConflictError, UnavailableError
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd._create import SandboxCreator
 from adx.sandboxd._faults import fault
-from adx.sandboxd._models import CreateRequest, CreateResponse, NativeIdentity, Resources, SandboxRecord
+from adx.sandboxd._models import CreateRequest, CreateResponse, ExecdOptions, NativeIdentity, Resources, SandboxRecord
 from adx.sandboxd._sandbox_layout import CLAIM_SOCKET, SUPERVISOR_LOG
 from adx.sandboxd._states import State
 from adx.sandboxd._veth import host_if
@@ -152,14 +152,16 @@ class WarmSandboxes(SandboxCreator):
         member = WarmMember(member_id, key, path, -1, id_base, net_index, policy)
         self.warm.making[member_id] = member
         try:
-            member.dir, member.lock_fd = await asyncio.to_thread(self.spares.make_named, dir_name)
+            member.dir, member.lock_fd = await asyncio.to_thread(
+                self.spares.make_named, dir_name, key.execd_python is not None
+            )
             if self._pool is not None:
                 await asyncio.to_thread(self._pool.create, member_id, key.disk_bytes)
             if key.image_layers:
                 await asyncio.to_thread(self.images.hold, member_id, list(key.image_layers))
             if policy is not None and self.netfilter.ready:
                 await asyncio.to_thread(self.netfilter.apply, host_if(member_id), policy)
-            spec = replace(self._spawn_spec(self._member_record(member), member.dir), warm=True, execd_inproc=False)
+            spec = replace(self._spawn_spec(self._member_record(member), member.dir), warm=True)
             report = await self.spawner.spawn(spec, self.config.create_timeout_seconds)
             if not report.get("ok"):
                 raise UnavailableError(f"the warm member did not start: {report.get('error')}")
@@ -183,6 +185,7 @@ class WarmSandboxes(SandboxCreator):
     def _member_record(self, member: WarmMember) -> SandboxRecord:
         """What ``_spawn_spec`` reads, for a member: the shape's parts; the rest is the claim's."""
         key, now = member.key, time.time()
+        execd = ExecdOptions(python=key.execd_python) if key.execd_python else None
         return SandboxRecord(
             sandbox_id=member.member_id,
             generation=1,
@@ -190,8 +193,9 @@ class WarmSandboxes(SandboxCreator):
             state=State.CREATING,
             request_id=member.member_id,
             request_digest="-",
-            argv=["/bin/true"],
-            init_argv=["/bin/true"],
+            argv=[],
+            init_argv=execd.init_argv(member.member_id, [], key.image_user) if execd else ["/bin/true"],
+            execd=execd,
             env={},
             cwd="/",
             network=key.network,  # type: ignore[arg-type]  # a WarmKey's network came from a record's
@@ -267,6 +271,8 @@ class WarmSandboxes(SandboxCreator):
         error: AdxError | None = None
         try:
             await asyncio.to_thread(self._rename_member, member, rec.sandbox_id)
+            if rec.execd is not None:
+                await self._register_control(rec.sandbox_id)  # before execd exists, as a cold create's
             reader, writer = await asyncio.open_unix_connection(sock=_connect(sdir / CLAIM_SOCKET))
             writer.write(self._spawn_spec(rec).to_json())
             writer.write_eof()

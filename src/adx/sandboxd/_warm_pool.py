@@ -39,9 +39,20 @@ class WarmKey:
     pids_max: int
     disk_bytes: int
     network: str
+    #: execd as PID 1 (its interpreter: whether PID 1 runs it in process, and execd's mounts and sockets depend
+    #: on it); None: a plain init. Every other execd option is in PID 1's argv, which the claim brings.
+    execd_python: str | None = None
 
     @classmethod
-    def of(cls, image: str | None, layers: list[str] | None, user: str | None, res: Resources, network: str) -> WarmKey:
+    def of(
+        cls,
+        image: str | None,
+        layers: list[str] | None,
+        user: str | None,
+        res: Resources,
+        network: str,
+        execd_python: str | None = None,
+    ) -> WarmKey:
         return cls(
             image,
             tuple(layers) if layers else None,
@@ -51,6 +62,7 @@ class WarmKey:
             res.pids_max,
             res.disk_bytes,
             network,
+            execd_python,
         )
 
     @property
