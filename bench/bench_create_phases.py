@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import shutil
 import signal
@@ -80,10 +79,10 @@ def main() -> None:
     parent = f"adx-bench-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="adxbench-", dir="/tmp"))
     proc = None
-    os.environ["ADX_LOG_LEVEL"] = "debug"  # sandboxd's per-create timings
     figures: dict[str, Any] = {}
     try:
-        top = 'user_namespace = "on"\ndisk_quota = "btrfs"\nwarm_pool = 0\n'
+        # debug: sandboxd's per-create timings
+        top = 'user_namespace = "on"\ndisk_quota = "btrfs"\nwarm_pool = 0\n[logging]\nlevel = "debug"\n'
         proc, sock = start_daemon(work, parent, top, 'network = "veth"\n')
         figures["create_to_running_ms"] = summary_ms(asyncio.run(_creates(sock, args.n)))
         phases: dict[str, list[float]] = {}
