@@ -269,3 +269,29 @@ async def test_an_execd_create_claims_a_member_of_its_shape_and_execd_serves_und
         assert (out.split(), code) == (["execd-warm", "execd-warm"], 0)
         for sandbox in (first, created):
             await c.delete(ref_of(sandbox))
+
+
+async def test_members_reserve_nothing_yet_never_let_the_node_overcommit_memory(sandboxd: DaemonFactory) -> None:
+    """Capacity for three 128 MiB sandboxes: a create is admitted as if no member existed (members are no
+    Environments), and members plus reservations never exceed the node's memory (the pool shrinks to fit)."""
+    mib = 1 << 20
+    d = sandboxd(**{**WARM, "capacity": {"memory_bytes": 384 * mib, "disk_bytes": 64 << 30}})
+    async with d.client() as c:
+        await _ready(c, 2)
+        made = []
+        for i, members_after in enumerate((2, 1, 0)):  # room left for members: 256, 128, 0 MiB
+            made.append(await c.create(CreateRequest(request_id=f"s{i}", argv=["sleep", "1000"])))
+            assert _cgroup_of(made[-1]).name.startswith("_warm-")  # the claims were admitted like cold creates
+            deadline = time.monotonic() + 30
+            while (pool := (await c.health()).warm_pool) is None or pool.ready + pool.starting != members_after:
+                assert time.monotonic() < deadline, pool
+                await asyncio.sleep(0.05)
+            assert 128 * mib * (len(made) + members_after) <= 384 * mib
+        resource = await c.resource()
+        assert resource.reserved.memory_bytes == 384 * mib  # members are not reserved
+        with pytest.raises(ConflictError):  # full: cold admission refuses, as without a pool
+            await c.create(CreateRequest(request_id="over", argv=["sleep", "1000"]))
+        await c.delete(ref_of(made[0]))
+        await _ready(c, 1)  # room again: the pool refills into it
+        for created in made[1:]:
+            await c.delete(ref_of(created))

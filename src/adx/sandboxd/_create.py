@@ -315,7 +315,7 @@ class SandboxCreator(StartupReconcile):
             self.spares.refill_soon()
             self.refill_warm_soon()
 
-    def refill_warm_soon(self) -> None:
+    def refill_warm_soon(self, after_create: bool = True) -> None:
         """The warm pool's refill (``_warm_create``)."""
 
     async def _keep_failed(

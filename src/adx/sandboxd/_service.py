@@ -161,6 +161,7 @@ class SandboxService(Checkpointing):
             await asyncio.sleep(self.config.maintenance_interval_seconds)
             if self.registry.storage_failed is not None:
                 continue
+            self.refill_warm_soon(after_create=False)  # deletes free room for members too
             now = time.time()
             for rec in list(self.records.values()):
                 expired = rec.expires_at is not None and rec.expires_at <= now

@@ -66,6 +66,7 @@ def _tail(path: Path) -> str:
 
 class WarmSandboxes(SandboxCreator):
     _warm_task: asyncio.Task[None] | None = None
+    _warm_paused_until = 0.0
 
     # -- which shapes ------------------------------------------------------------------------------------------
     def pin_default_shape(self) -> None:
@@ -83,21 +84,25 @@ class WarmSandboxes(SandboxCreator):
         network = "veth" if d.network_policy is not None and d.network_policy.mode is NetworkMode.EGRESS else d.network
         self.warm.pinned = WarmKey.of(None, layers, user, res, network)
 
-    def _fits(self, key: WarmKey) -> bool:
-        """Members reserve nothing (placement sees only sandboxes), but all of them together must fit in what
-        the node has left, as if each were one more sandbox: a claim then never meets a full node, and an idle
-        node never holds more members than it could run."""
+    def _fits(self, key: WarmKey | None = None) -> bool:
+        """Members reserve nothing (placement sees only sandboxes), but all of them together (and ``key``'s
+        next one) must fit in what the node has left, as if each were one more sandbox: a claim then never
+        meets a full node, and a node never holds more members than it could run."""
         reserved = self._reserved()
-        free = self.capacity.memory_bytes - reserved.memory_bytes
-        count = len(self.records) + len(self.pending_reclaim) + len(self.warm.all_members())
+        every = [m.key for m in self.warm.all_members()] + ([key] if key is not None else [])
+        count = len(self.records) + len(self.pending_reclaim) + len(every)
         return (
-            self.warm.memory_bytes() + key.memory_bytes <= free
-            and count + 1 <= self.config.capacity.max_sandboxes
-            and key.disk_bytes <= self.capacity.disk_bytes - reserved.disk_bytes
+            sum(k.memory_bytes for k in every) <= self.capacity.memory_bytes - reserved.memory_bytes
+            and sum(k.disk_bytes for k in every) <= self.capacity.disk_bytes - reserved.disk_bytes
+            and count <= self.config.capacity.max_sandboxes
         )
 
     # -- refill ------------------------------------------------------------------------------------------------
-    def refill_warm_soon(self) -> None:
+    def refill_warm_soon(self, after_create: bool = True) -> None:
+        """After a create, and on each maintenance tick (a delete frees room; not for 30 s after a refill gave up
+        on failures)."""
+        if not after_create and time.monotonic() < self._warm_paused_until:
+            return
         if self.warm.size and (self._warm_task is None or self._warm_task.done()):
             self._warm_task = asyncio.create_task(self._refill_warm(), name="warm-pool")
 
@@ -105,7 +110,7 @@ class WarmSandboxes(SandboxCreator):
         """One member at a time, after the creates that triggered it (never on a create's path). A member that
         fails to start is retried with backoff, three times in a row at most (then at the next create)."""
         drop = self.warm.surplus()
-        while self.warm.memory_bytes() > self.capacity.memory_bytes - self._reserved().memory_bytes:
+        while not self._fits():
             popped = self._pop_any()
             if not popped:
                 break
@@ -129,6 +134,7 @@ class WarmSandboxes(SandboxCreator):
             else:
                 failures += 1
                 await asyncio.sleep(backoff.next())
+        self._warm_paused_until = time.monotonic() + 30
 
     def _pop_any(self) -> list[WarmMember]:
         for key in reversed(self.warm.kept()):  # the least wanted shape gives first

@@ -147,10 +147,6 @@ class WarmPool:
         every = [*self.all_members(), *self.claiming.values()]
         return {m.net_index for m in every if m.net_index is not None}
 
-    def memory_bytes(self) -> int:
-        """What the members would reserve if each were a sandbox (they are not: see ``_warm_create.fits``)."""
-        return sum(m.key.memory_bytes for m in self.all_members())
-
     def info(self) -> WarmPoolInfo:
         return WarmPoolInfo(
             size=self.size,
