@@ -18,6 +18,7 @@ Stdlib only and no pathlib: the supervisor imports this in the spawner's pristin
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -68,8 +69,9 @@ def make_fifos(sdir: str) -> list[int] | None:
     return reads
 
 
-def fork_pump(spec: SpawnSpec, reads: list[int]) -> int | None:
-    """Fork the pump over ``reads`` (closed here either way)."""
+def fork_pump(spec: SpawnSpec, reads: list[int], claim_fd: int | None = None) -> int | None:
+    """Fork the pump over ``reads`` (closed here either way). ``claim_fd``: a warm pool member's pump reads the
+    claiming sandbox's spec there first (its log group and ID; EOF without one: the member was dropped, exit)."""
     try:
         pid = os.fork()
     except OSError as exc:
@@ -82,9 +84,19 @@ def fork_pump(spec: SpawnSpec, reads: list[int]) -> int | None:
         try:
             # Keep only the read ends (and 0-2): a held copy of the supervisor's pipes (the prepared init's
             # spec or go pipe) would stall the init.
+            high = fcntl.fcntl(claim_fd, fcntl.F_DUPFD_CLOEXEC, 64) if claim_fd is not None else -1
             keep = [os.dup2(fd, 10 + i, inheritable=False) for i, fd in enumerate(reads)]
+            claim = os.dup2(high, 12, inheritable=False) if high >= 0 else -1
             os.closerange(3, 10)
-            os.closerange(12, 65536)
+            os.closerange(13, 65536)
+            if claim >= 0:
+                chunks = []
+                while chunk := os.read(claim, 1 << 16):
+                    chunks.append(chunk)
+                os.close(claim)
+                if not chunks:
+                    os._exit(0)
+                spec = SpawnSpec.from_json(b"".join(chunks))
             Pump(spec, keep).run()
         except BaseException as exc:  # never return into the supervisor's code
             code = 1

@@ -87,10 +87,18 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         result_fd = -1
 
     # The output pump reads the FIFOs the init's stdout/stderr open: it exists before any init has the spec. A
-    # warm member's pump writes to the claiming sandbox's log group: forked at the claim, over FIFOs made now.
-    fifo_reads = make_fifos(sdir) if spec.warm else None
-    pump = None if spec.warm else start_pump(spec)
-    spec = replace(spec, output_pipes=pump is not None or fifo_reads is not None)
+    # warm member's pump is forked now too (off the claim's path) and learns its log group from the claim.
+    pump_claim_w = -1
+    if spec.warm:
+        pump = None
+        fifo_reads = make_fifos(sdir)
+        if fifo_reads is not None:
+            pump_claim_r, pump_claim_w = os.pipe2(os.O_CLOEXEC)
+            pump = fork_pump(spec, fifo_reads, pump_claim_r)
+            os.close(pump_claim_r)
+    else:
+        pump = start_pump(spec)
+    spec = replace(spec, output_pipes=pump is not None)
     # First: the prepared init mounts the sandbox's root while the rest is done here.
     prepared = hand_to_prepared(init, spec)
     mount_error = send_mounts(prepared.mounts_w, spec, prepared.pid) if prepared is not None else None
@@ -151,15 +159,17 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         if isinstance(parked, str):  # not claimed (dropped, or never ready)
             _abandon(pid, go_w, cgroup)
             parked += _reported(err_r)
-            if fifo_reads is not None:
-                for fd in fifo_reads:
-                    os.close(fd)
+            if pump_claim_w >= 0:
+                os.close(pump_claim_w)  # EOF without a spec: the pump exits
             report({"ok": False, "error": parked})  # a no-op after the ready report
             return 0
         conn, spec = parked
         result_fd = conn.detach()  # the claiming create reads this start's report here
         sdir = spec.sandbox_dir  # renamed by the claim; the cgroup keeps its name (cgroup v2 refuses renames)
-        pump = fork_pump(spec, fifo_reads) if fifo_reads is not None else None
+        if pump_claim_w >= 0:
+            with contextlib.suppress(OSError):  # a dead pump: the output is lost, the start is not
+                _write_all(pump_claim_w, spec.to_json())
+            os.close(pump_claim_w)
         claim = {"hostname": spec.hostname, "cwd": spec.cwd, "env": spec.env, "init_argv": spec.init_argv}
         go_payload = json.dumps(claim).encode()
     # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
@@ -193,8 +203,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         ok = _create_veth(spec.veth, pid)
         go_payload = b"1" if ok else b"0"
     with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
-        while go_payload:
-            go_payload = go_payload[os.write(go_w, go_payload) :]
+        _write_all(go_w, go_payload)
     os.close(go_w)
     chunks = []
     while chunk := os.read(err_r, 4096):  # EOF when execve closed the CLOEXEC write end
@@ -267,6 +276,11 @@ def _park(
         conn.close()
         return f"garbled claim: {exc}"
     return conn, claimed
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def _reported(err_r: int) -> str:
