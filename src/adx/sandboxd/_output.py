@@ -88,7 +88,7 @@ def fork_pump(spec: SpawnSpec, reads: list[int], claim_fd: int | None = None) ->
             keep = [os.dup2(fd, 10 + i, inheritable=False) for i, fd in enumerate(reads)]
             claim = os.dup2(high, 12, inheritable=False) if high >= 0 else -1
             os.closerange(3, 10)
-            os.closerange(13, 65536)
+            os.closerange(13 if claim >= 0 else 12, 65536)  # whatever else, the report pipe above all
             if claim >= 0:
                 chunks = []
                 while chunk := os.read(claim, 1 << 16):
