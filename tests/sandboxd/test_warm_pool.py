@@ -19,6 +19,7 @@ from adx.sandboxd import CreateRequest, ResourcesSpec, RuntimeControlSubscriptio
 from adx.sandboxd._cgroups import SandboxCgroup
 from adx.sandboxd._models import CreateResponse, WarmPoolInfo
 from adx.sandboxd._netpolicy import table_name
+from adx.sandboxd._states import State
 from adx.sandboxd._userns import IDS_PER_SANDBOX
 from adx.sandboxd._veth import host_if
 
@@ -295,3 +296,31 @@ async def test_members_reserve_nothing_yet_never_let_the_node_overcommit_memory(
         await _ready(c, 1)  # room again: the pool refills into it
         for created in made[1:]:
             await c.delete(ref_of(created))
+
+
+@pytest.mark.req("SBX-1", "SBX-10")
+async def test_a_claimed_sandbox_is_adopted_after_a_sigkill_and_pause_stats_delete_find_its_cgroup(
+    sandboxd: DaemonFactory,
+) -> None:
+    """A claimed sandbox keeps the member's cgroup: a restart adopts it (its cgroup is named by its record, so
+    the sweep of an earlier run's members spares it), and pause, stats and delete reach it by its ID."""
+    d = sandboxd(**WARM)
+    async with d.client() as c:
+        await _ready(c, 2)
+        created = await c.create(CreateRequest(request_id="a", argv=["sleep", "1000"]))
+        cgroup = _cgroup_of(created)
+        assert cgroup.name.startswith("_warm-")
+        pids = _procs(cgroup)
+    d.kill()
+    d.start()
+    async with d.client() as c:
+        info = await c.get(ref_of(created))
+        assert info.state == State.RUNNING and _procs(cgroup) == pids
+        assert cgroup.name in _warm_cgroups(d)
+        paused = await c.pause(ref_of(created))
+        assert paused.state == State.PAUSED
+        assert (await c.resume(ref_of(created))).state == State.RUNNING
+        stats = await c.stats(ref_of(created))
+        assert stats.pids >= 1 and stats.memory_bytes > 0
+        await c.delete(ref_of(created))
+        assert not cgroup.exists() and not _procs(cgroup)

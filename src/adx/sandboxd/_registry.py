@@ -310,8 +310,10 @@ class Registry:
         a member's parked supervisor, finding no claim once the lock is free, ends its init and exits)."""
         if self.sandboxes_dir.is_dir():
             for entry in self.sandboxes_dir.iterdir():
-                if entry.name.startswith((SPARE_PREFIX, WARM_DIR_PREFIX)):
+                if entry.name.startswith(SPARE_PREFIX):
                     shutil.rmtree(entry)
+                elif entry.name.startswith(WARM_DIR_PREFIX):  # its parked supervisor may still be exiting
+                    shutil.rmtree(entry, ignore_errors=True)
 
     def reserve_dir(self, sandbox_id: str, spare: Path | None = None) -> Path:
         """A new sandbox's dir, made or renamed from ``spare`` (FileExistsError proves the ID was used before:
