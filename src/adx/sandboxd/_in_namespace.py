@@ -124,7 +124,7 @@ def in_namespace_setup(
             lx.configure_interface("eth0", veth.sandbox_ip, veth.prefix)
             lx.add_default_route(veth.host_ip)  # egress goes through the node (nftables policy + NAT)
         if spec.warm:
-            spec = _await_claim(spec, wait_go, go_fd)
+            spec = _await_claim(spec, wait_go, go_fd, err_fd)
         lx.sethostname(spec.hostname)
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.
         lx.pivot_root(".", ".")
@@ -169,11 +169,13 @@ def in_namespace_setup(
         os._exit(127)
 
 
-def _await_claim(spec: SpawnSpec, wait_go: Callable[[], None], go_fd: int) -> SpawnSpec:
+def _await_claim(spec: SpawnSpec, wait_go: Callable[[], None], go_fd: int, err_fd: int) -> SpawnSpec:
     """A warm pool member's init, placed and mounted: park until a create claims it. The supervisor then sends
     (after ``go``) what is the claiming sandbox's own: hostname, cwd, environment and argv; EOF without them
-    (the member was dropped) ends this init before anything of a workload existed."""
+    (the member was dropped) ends this init before anything of a workload existed. A NUL byte on ``err_fd``
+    tells the supervisor that this init got this far (its member is only reported ready then)."""
     wait_go()
+    os.write(err_fd, b"\0")
     chunks = []
     while chunk := os.read(go_fd, 1 << 16):
         chunks.append(chunk)

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -155,7 +156,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     go_payload = b"1" if ok else b"0"
     claimed = spec.warm  # the claim's spec, which replaces this one, is no warm member's
     if claimed:
-        parked = _park(spec, pid, go_w, ok, lock_fd, lambda: report({"ok": True, "warm": True}))
+        parked = _park(spec, pid, go_w, err_r, ok, lock_fd, lambda: report({"ok": True, "warm": True}))
         if isinstance(parked, str):  # not claimed (dropped, or never ready)
             _abandon(pid, go_w, cgroup)
             parked += _reported(err_r)
@@ -236,7 +237,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
 
 
 def _park(
-    spec: SpawnSpec, pid: int, go_w: int, ok: bool, lock_fd: int, ready: Callable[[], None]
+    spec: SpawnSpec, pid: int, go_w: int, err_r: int, ok: bool, lock_fd: int, ready: Callable[[], None]
 ) -> tuple[socket.socket, SpawnSpec] | str:
     """A warm pool member, its init mounted and placed: finish what a claim would otherwise wait for (the veth),
     tell sandboxd it is ready, then park on the lifecycle lock, which sandboxd holds until a claim commits the
@@ -255,6 +256,15 @@ def _park(
         os.write(go_w, b"1")  # placed: the init configures eth0 and waits for its claim
     except OSError as exc:
         return f"warm member setup failed: {exc}"
+    # Ready only once the init has its mounts, its network and waits for a claim (its NUL byte): a member whose
+    # init died setting up is never handed to a create.
+    if not select.select([err_r], [], [], 30.0)[0]:
+        return "the warm member's init did not get ready within 30 s"
+    said = os.read(err_r, 1)
+    if said != b"\0":
+        while chunk := os.read(err_r, 4096):  # it failed and exits: EOF follows its message
+            said += chunk
+        return "the warm member's init failed: " + said.decode(errors="replace")
     ready()  # to the spawner, whose request is done; a claim's start report goes to the claim's socket
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
     listener.setblocking(False)
