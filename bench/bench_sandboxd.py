@@ -221,9 +221,10 @@ async def bench_creates(sock: Path, n: int) -> dict[str, Any]:
 def bench_userns(n: int, bare_p50: float) -> dict[str, Any]:
     """Create p50 with user namespaces off, on, and on with disk quota and egress: a fresh daemon each."""
     variants = {
-        "off": ('user_namespace = "off"\n', ""),
-        "on": ('user_namespace = "on"\n', ""),
-        "on_quota_egress": ('user_namespace = "on"\ndisk_quota = "btrfs"\n', 'network = "veth"\n'),
+        # Cold creates (warm_pool = 0): the warm pool's claims are bench_warm.py's.
+        "off": ('user_namespace = "off"\nwarm_pool = 0\n', ""),
+        "on": ('user_namespace = "on"\nwarm_pool = 0\n', ""),
+        "on_quota_egress": ('user_namespace = "on"\ndisk_quota = "btrfs"\nwarm_pool = 0\n', 'network = "veth"\n'),
     }
     out: dict[str, Any] = {}
     for name, (top, defaults) in variants.items():
@@ -274,7 +275,7 @@ def main() -> None:
             [sys.executable, "-c", BARE, str(args.n)], capture_output=True, check=True, text=True
         ).stdout
         bare = summary_ms(json.loads(bare_raw))
-        proc, sock = start_daemon(work, parent)
+        proc, sock = start_daemon(work, parent, "warm_pool = 0\n")  # cold creates; bench_warm.py: the pool
         result = asyncio.run(bench_daemon(sock, args.n, work))
         runc = bench_runc(work, work / "state" / "images" / "default" / "root", parent, args.runc_n)
         userns = bench_userns(args.n, bare["p50"])

@@ -227,6 +227,9 @@ def main() -> None:
                         progress(f"  {figures[f'{sdk}_{mode}']}")
         finally:
             stop_cluster(proc)
+            # How many creates claimed a pre-warmed sandbox (sandboxd's warm pool, docs/sandboxd.md).
+            logs = [p.read_text(errors="replace") for p in Path(tmp).rglob("*.log") if p.is_file()]
+            figures["sandboxd_warm_claims"] = sum(text.count('msg="warm claim"') for text in logs)
     emit("tti", figures)
 
 

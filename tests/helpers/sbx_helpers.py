@@ -59,7 +59,11 @@ def cleanup_cgroup_parent(parent: str) -> None:
                 except OSError:
                     if time.monotonic() > deadline:
                         raise
-                    for pid in (child / "cgroup.procs").read_text().split():
+                    try:  # a warm pool member's supervisor may remove its cgroup meanwhile
+                        procs = (child / "cgroup.procs").read_text().split()
+                    except FileNotFoundError:
+                        procs = []
+                    for pid in procs:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(int(pid), signal.SIGKILL)
                     time.sleep(0.01)
@@ -97,6 +101,10 @@ class Daemon:
             "maintenance_interval_seconds = 0.2",
             "delete_timeout_seconds = 5.0",
         ]
+        if "warm_pool" not in {**self.extra, **overrides}:
+            # Off unless a test asks: tests assert cold allocation (ID slices, /30s, cgroups); test_warm_pool.py
+            # covers the pool.
+            lines.append("warm_pool = 0")
         for key, value in {**self.extra, **overrides}.items():
             if isinstance(value, dict):
                 continue

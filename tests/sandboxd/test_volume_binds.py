@@ -4,6 +4,7 @@ files' on-disk owners are the sandbox's own IDs, unshifted (the same in every sa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -69,3 +70,27 @@ async def test_a_missing_volume_directory_fails_the_create(sandboxd: DaemonFacto
     async with d.client() as c:
         with pytest.raises(Exception, match="mounts"):
             await c.create(CreateRequest(request_id="v2", argv=["true"], volumes={"/mnt/v": str(tmp_path / "none")}))
+
+
+async def test_a_create_with_volumes_never_claims_a_warm_member(sandboxd: DaemonFactory, tmp_path: Path) -> None:
+    """A warm member's mounts were made before the create: a create that mounts a volume must go cold, or the
+    volume would be missing inside (seen when the warm pool met volumes: both merged the same day)."""
+    vol = _volume(tmp_path)
+    d = sandboxd(warm_pool=2, user_namespace="on", defaults={"network": "veth"})
+    async with d.client() as c:
+        for _ in range(600):  # the defaults' shape is kept warm from the start
+            pool = (await c.health()).warm_pool
+            assert pool is not None
+            if pool.ready >= 1:
+                break
+            await asyncio.sleep(0.05)
+        assert pool.ready >= 1, f"the warm pool never had a ready member: {pool}"
+        created = await c.create(
+            CreateRequest(request_id="w1", argv=ARGV, env={"PROBE": PROBE}, volumes={"/mnt/vol": str(vol)})
+        )
+        wait_until(lambda: (vol / "ready.json").exists())
+        out = json.loads((vol / "ready.json").read_text())
+        assert len(out["mount"]) == 1, out
+        after = (await c.health()).warm_pool
+        assert after is not None and after.claims == 0, after  # cold, not a claim
+        await c.delete(ref_of(created))

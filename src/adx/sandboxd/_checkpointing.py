@@ -13,7 +13,6 @@ from typing import Any
 from adx.errors import ConflictError, InvalidInputError, UncertainOutcomeError
 from adx.model import NetworkPolicy
 from adx.sandboxd import _checkpoint as ckpt
-from adx.sandboxd._create import SandboxCreator
 from adx.sandboxd._faults import fault
 from adx.sandboxd._host_resources import tree_bytes
 from adx.sandboxd._layers import commit_upper
@@ -33,11 +32,12 @@ from adx.sandboxd._models import (
 )
 from adx.sandboxd._states import State
 from adx.sandboxd._userns import shift_tree
+from adx.sandboxd._warm_create import WarmSandboxes
 
 __all__ = ["Checkpointing"]
 
 
-class Checkpointing(SandboxCreator):
+class Checkpointing(WarmSandboxes):
     """Checkpoint, restore, and the artifacts of one storage; commit of a layer to the image store."""
 
     def _artifact_root(self, storage: str) -> Path:

@@ -134,6 +134,19 @@ class SandboxdConfig(StrictModel):
         description="sandbox root is an unprivileged host ID slice of id_range (a user namespace each); 'auto': "
         "on where the host supports it, 'on': refuse to start where it does not, 'off': sandbox root is host root",
     )
+    warm_pool: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="pre-warmed sandboxes kept per shape (image, resources, network): a matching create claims "
+        "one instead of starting a sandbox; 0: off (docs/sandboxd.md, 'Warm pool')",
+    )
+    warm_pool_shapes: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="how many shapes are kept warm: the defaults' shape and the most recently created others (LRU)",
+    )
     id_range: IdRange = IdRange()
     capacity: CapacityConfig = CapacityConfig()
     defaults: DefaultsConfig = DefaultsConfig()

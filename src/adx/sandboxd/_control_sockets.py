@@ -42,7 +42,7 @@ class ControlSockets(SandboxTable):
         nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
         if len(nspid) < 2 or nspid[-1] != "1":
             return False
-        own = f"/{self.config.cgroup_parent}/{sandbox_id}"
+        own = f"/{self.config.cgroup_parent}/{self._native_name(sandbox_id)}"  # a claimed member keeps its cgroup
         return any(line.rpartition(":")[2] == own for line in cgroups.splitlines())
 
     async def _register_control(self, sandbox_id: str) -> None:

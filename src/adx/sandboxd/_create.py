@@ -32,7 +32,8 @@ from adx.sandboxd._spawn_spec import Limits, SpawnSpec, UserNamespace
 from adx.sandboxd._states import State
 from adx.sandboxd._userns import IDS_PER_SANDBOX, shift_tree
 from adx.sandboxd._userns import allocate as allocate_ids
-from adx.sandboxd._veth import host_if
+from adx.sandboxd._veth import host_if_of
+from adx.sandboxd._warm_pool import WarmKey, WarmMember
 
 __all__ = ["SandboxCreator"]
 
@@ -114,6 +115,10 @@ class SandboxCreator(StartupReconcile):
         elif network == "veth":
             policy = d.network_policy or NetworkPolicy(mode=NetworkMode.EGRESS)
         layers, manifest, user = self._resolve_image(req, restore)
+        # A create (not a restore) of a kept shape claims a warm member: its IDs, /30 and names. Not one that
+        # mounts volumes: a member's mounts were made before anyone asked for them (volume binds go cold).
+        key = WarmKey.of(req.image, layers, user, res, network, req.execd.python if req.execd else None)
+        member = self.warm.take(key) if restore is None and not req.volumes else None
         env = {**manifest.env, **req.env} if manifest is not None else req.env
         cwd = req.cwd or (manifest.workdir if manifest is not None else "/work")
         now = time.time()
@@ -138,10 +143,11 @@ class SandboxCreator(StartupReconcile):
             updated_at=now,
             expires_at=now + req.ttl_seconds if req.ttl_seconds else None,
             restored_from=restore[1]["checkpoint_id"] if restore else None,
-            net_index=self.veth_pool.allocate({r.net_index for r in self.records.values() if r.net_index is not None})
-            if network == "veth"
-            else None,
-            id_base=self._allocate_ids(restore[1]["spec"].get("id_base") if restore else None),
+            net_index=member.net_index if member else self._allocate_net_index() if network == "veth" else None,
+            native_name=member.member_id if member else None,
+            id_base=member.id_base
+            if member
+            else self._allocate_ids(restore[1]["spec"].get("id_base") if restore else None),
             image=req.image,
             image_layers=layers,
             image_user=user,
@@ -149,6 +155,8 @@ class SandboxCreator(StartupReconcile):
         )
         self.records[sandbox_id] = rec  # reserved from here on
         self.by_request[req.request_id] = sandbox_id
+        if member is not None:
+            self.warm.claiming[sandbox_id] = member
         return rec
 
     def _resolve_image(
@@ -200,12 +208,18 @@ class SandboxCreator(StartupReconcile):
         deleted sandbox's until its reclaim is done (a process of it may live on until then)."""
         if not self._userns:
             return None
-        used = {r.id_base for r in self.records.values() if r.id_base is not None}
+        used = {r.id_base for r in self.records.values() if r.id_base is not None} | self.warm.used_id_bases()
         used |= {int(t.data["id_base"]) for t in self.pending_reclaim.values() if t.data.get("id_base") is not None}
         return allocate_ids(used, self.config.id_range.start, self.config.id_range.count, prefer)
 
+    def _allocate_net_index(self) -> int:
+        """The next free /30: not a record's, not a warm member's."""
+        used = {r.net_index for r in self.records.values() if r.net_index is not None}
+        return self.veth_pool.allocate(used | self.warm.used_net_indexes())
+
     def _unreserve(self, rec: SandboxRecord) -> None:
         self.records.pop(rec.sandbox_id, None)
+        self.warm.claiming.pop(rec.sandbox_id, None)
         if self.by_request.get(rec.request_id) == rec.sandbox_id:
             del self.by_request[rec.request_id]
 
@@ -230,8 +244,9 @@ class SandboxCreator(StartupReconcile):
             changed = shift_tree(str(self._upper(rec.sandbox_id)), old, rec.id_base)
             log.info("restored layer re-owned", extra={"sandbox_id": rec.sandbox_id, "entries": changed})
 
-    def _spawn_spec(self, rec: SandboxRecord) -> SpawnSpec:
-        sdir = self.registry.sandbox_dir(rec.sandbox_id)
+    def _spawn_spec(self, rec: SandboxRecord, sdir: Path | None = None) -> SpawnSpec:
+        """``sdir``: a warm member's dir (default: the sandbox ID's)."""
+        sdir = sdir or self.registry.sandbox_dir(rec.sandbox_id)
         env = {"PATH": SANDBOX_PATH, "HOME": "/root"}
         env.update(rec.env)
         env.setdefault("ADX_SANDBOX_ID", rec.sandbox_id)
@@ -257,9 +272,9 @@ class SandboxCreator(StartupReconcile):
             run_dir=str(sdir / "run"),
             ro_binds=ro_binds,
             volume_binds=rec.volumes,
-            upper_dir=str(self._upper(rec.sandbox_id)),
+            upper_dir=str(self._pool.upper(rec.sandbox_id) if self._pool else sdir / "upper"),
             work_dir=str(self._pool.workdir(rec.sandbox_id) if self._pool else sdir / "ovlwork"),
-            veth=self.veth_pool.veth(rec.sandbox_id, rec.net_index),
+            veth=self.veth_pool.veth(rec.sandbox_id, rec.net_index, rec.native_name),
             log_dir=str(self.logs.group_dir(rec.log_group or rec.sandbox_id)),
             log_segment_bytes=self.config.logs_segment_bytes,
             log_max_bytes=self.config.logs_max_bytes,
@@ -273,7 +288,14 @@ class SandboxCreator(StartupReconcile):
             and self._resolve_in_image(rec.execd.python, env["PATH"]) == self.spawner.execd_python,
         )
 
+    async def _start_claimed(self, rec: SandboxRecord, member: WarmMember) -> CreateResponse:
+        """The claim of a warm member (``_warm_create``)."""
+        raise NotImplementedError
+
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
+        member = self.warm.claiming.get(rec.sandbox_id)
+        if member is not None:
+            return await self._start_claimed(rec, member)
         t0 = time.perf_counter()
         try:
             lock_fd = self.spares.prepare(rec.sandbox_id, execd=rec.execd is not None)
@@ -294,6 +316,10 @@ class SandboxCreator(StartupReconcile):
         finally:
             await asyncio.gather(committed, return_exceptions=True)  # a failure has set the storage-failed flag
             self.spares.refill_soon()
+            self.refill_warm_soon()
+
+    def refill_warm_soon(self, after_create: bool = True) -> None:
+        """The warm pool's refill (``_warm_create``)."""
 
     async def _keep_failed(
         self, rec: SandboxRecord, reason: str, what: str, advice: str, cause: BaseException | None
@@ -313,6 +339,7 @@ class SandboxCreator(StartupReconcile):
         t0: float,
     ) -> CreateResponse:
         error: AdxError | None = None
+        phases: dict[str, float] = {}  # the debug log's per-phase milliseconds (docs/performance.md)
         if rec.execd is not None:
             try:
                 # Listen before execd exists: its first connect attempt succeeds, no reconnect backoff.
@@ -336,7 +363,9 @@ class SandboxCreator(StartupReconcile):
                     await asyncio.to_thread(from_snapshot)
                     restore = None
                 else:
+                    tl = time.perf_counter()
                     await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
+                    phases["layer_ms"] = round((time.perf_counter() - tl) * 1000, 2)
             except AdxError as exc:
                 error = exc
             except OSError as exc:
@@ -359,7 +388,11 @@ class SandboxCreator(StartupReconcile):
         if error is None and rec.net_policy is not None and self.netfilter.ready:
             # Before the veth exists: the sandbox's first packet already meets its policy.
             try:
-                await asyncio.to_thread(self.netfilter.apply, host_if(rec.sandbox_id), rec.net_policy)
+                tp = time.perf_counter()
+                await asyncio.to_thread(
+                    self.netfilter.apply, host_if_of(rec.sandbox_id, rec.native_name), rec.net_policy
+                )
+                phases["policy_ms"] = round((time.perf_counter() - tp) * 1000, 2)
             except AdxError as exc:
                 error = exc
         if error is None:
@@ -395,6 +428,7 @@ class SandboxCreator(StartupReconcile):
                             "sandbox_id": rec.sandbox_id,
                             "prepare_ms": round((t1 - t0) * 1000, 2),
                             "spawn_ms": round((t2 - t1) * 1000, 2),
+                            **phases,
                         },
                     )
                     return CreateResponse(sandbox=self._info(rec), token=rec.token)

@@ -91,6 +91,8 @@ def _routes(service: SandboxService, config: SandboxdConfig) -> dict[str, Route]
 async def _serve(service: SandboxService, config: SandboxdConfig) -> None:
     await service.attach()
     await service.start_control()  # before the API: creates register their execd's control socket
+    service.pin_default_shape()
+    service.refill_warm_soon()  # in the background: creates are served meanwhile (cold until members are ready)
     server = ApiServer(config.api_socket, _routes(service, config), allowed_uid=os.getuid())
     await server.start()
     stop = asyncio.Event()

@@ -15,7 +15,7 @@ from adx.sandboxd._models import DeleteResponse, SandboxRecord, SandboxRef
 from adx.sandboxd._observe import SandboxObserver
 from adx.sandboxd._sandbox_layout import LOCK_FILE
 from adx.sandboxd._states import State
-from adx.sandboxd._veth import host_if
+from adx.sandboxd._veth import host_if_of
 
 __all__ = ["SandboxDeleter"]
 
@@ -72,8 +72,11 @@ class SandboxDeleter(SandboxObserver):
             elif where == "replaced" and native is not None:
                 log.warning("sandbox %s: cgroup was replaced by another; not touching it", sandbox_id)
             if rec.net_index is not None:
-                self.netfilter.remove(host_if(rec.sandbox_id))  # the veth died with the namespace; now its rules
-            tomb = self.registry.write_tombstone(rec, {"cgroup": where, "reason": "deleted", "id_base": rec.id_base})
+                self.netfilter.remove(
+                    host_if_of(rec.sandbox_id, rec.native_name)
+                )  # the veth died with the namespace; now its rules
+            data = {"cgroup": where, "reason": "deleted", "id_base": rec.id_base, "native_name": rec.native_name}
+            tomb = self.registry.write_tombstone(rec, data)
             fault("delete.after_tombstone")
             self.pending_reclaim[sandbox_id] = tomb
             if where in ("ours", "vanished") or native is None:

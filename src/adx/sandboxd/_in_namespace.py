@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import signal
 import stat
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import replace
 from typing import NoReturn
 
 from adx.sandboxd import _linux as lx
@@ -61,7 +64,8 @@ def in_namespace_setup(
             waited = True
             if os.read(go_fd, 1) != b"1":
                 raise OSError("the supervisor could not place the sandbox in its cgroups or network")
-            os.close(go_fd)
+            if not spec.warm:
+                os.close(go_fd)
 
     try:
         sdir = spec.sandbox_dir
@@ -119,6 +123,8 @@ def in_namespace_setup(
             veth = spec.veth
             lx.configure_interface("eth0", veth.sandbox_ip, veth.prefix)
             lx.add_default_route(veth.host_ip)  # egress goes through the node (nftables policy + NAT)
+        if spec.warm:
+            spec = _await_claim(spec, wait_go, go_fd, err_fd)
         lx.sethostname(spec.hostname)
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.
         lx.pivot_root(".", ".")
@@ -161,6 +167,23 @@ def in_namespace_setup(
             os.write(err_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
     finally:
         os._exit(127)
+
+
+def _await_claim(spec: SpawnSpec, wait_go: Callable[[], None], go_fd: int, err_fd: int) -> SpawnSpec:
+    """A warm pool member's init, placed and mounted: park until a create claims it. The supervisor then sends
+    (after ``go``) what is the claiming sandbox's own: hostname, cwd, environment and argv; EOF without them
+    (the member was dropped) ends this init before anything of a workload existed. A NUL byte on ``err_fd``
+    tells the supervisor that this init got this far (its member is only reported ready then)."""
+    wait_go()
+    os.write(err_fd, b"\0")
+    chunks = []
+    while chunk := os.read(go_fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(go_fd)
+    if not chunks:
+        os._exit(0)
+    claim = json.loads(b"".join(chunks))
+    return replace(spec, hostname=claim["hostname"], cwd=claim["cwd"], env=claim["env"], init_argv=claim["init_argv"])
 
 
 def _become_execd(spec: SpawnSpec, argv: list[str], err_fd: int, first_free: int) -> NoReturn:

@@ -52,6 +52,7 @@ __all__ = [
     "StoredCheckpoint",
     "WaitRequest",
     "WaitResponse",
+    "WarmPoolInfo",
 ]
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -194,6 +195,11 @@ class SandboxRecord(_Model):
     restored_from: str | None = None
     net_index: int | None = Field(default=None, description="veth mode: the /30 of the node's pool in use")
     net_policy: NetworkPolicy | None = Field(default=None, description="veth mode: the egress policy in force")
+    native_name: str | None = Field(
+        default=None,
+        description="a claimed warm pool member: the name its cgroup, veth and nftables chain were made under and "
+        "keep (cgroup v2 refuses renames); None: the sandbox ID",
+    )
     id_base: int | None = Field(
         default=None, description="user namespace: host uid/gid of the sandbox's root (65536 IDs from there)"
     )
@@ -468,6 +474,20 @@ class ResourceInfo(_Model):
     observed_at: float
 
 
+class WarmPoolInfo(_Model):
+    """The warm pool (docs/sandboxd.md, 'Warm pool'): counters since sandboxd started."""
+
+    size: int = Field(description="members kept per shape (0: off)")
+    ready: int = Field(description="members ready to be claimed now")
+    starting: int = Field(description="members being started (refill)")
+    shapes: int = Field(description="shapes kept warm")
+    claims: int = Field(description="creates that claimed a member")
+    misses: int = Field(description="claimable creates that found none ready (started cold)")
+    made: int = 0
+    failed: int = 0
+    dropped: int = Field(default=0, description="members destroyed unclaimed (shape evicted, capacity, stop)")
+
+
 class Health(_Model):
     ok: bool
     owner: str
@@ -494,6 +514,7 @@ class Health(_Model):
     user_namespace_note: str | None = Field(
         default=None, description="why user namespaces are off (configured off, or what this host lacks)"
     )
+    warm_pool: WarmPoolInfo | None = Field(default=None, description="pre-warmed sandboxes (issue 16)")
 
 
 class CheckpointRequest(_Model):

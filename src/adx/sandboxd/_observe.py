@@ -283,4 +283,5 @@ class SandboxObserver(HostPreflight):
             artifact_roots={name: str(path) for name, path in self.config.artifact_roots().items()},
             user_namespace=self._userns,
             user_namespace_note=self._userns_note,
+            warm_pool=self.warm.info(),
         )

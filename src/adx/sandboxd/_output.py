@@ -18,6 +18,7 @@ Stdlib only and no pathlib: the supervisor imports this in the spawner's pristin
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -27,7 +28,7 @@ from typing import Any
 
 from adx.sandboxd._spawn_spec import SpawnSpec
 
-__all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "open_write_ends", "start_pump"]
+__all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "fork_pump", "make_fifos", "open_write_ends", "start_pump"]
 
 PIPE_NAMES = ("stdout.pipe", "stderr.pipe")
 STREAMS = ("stdout", "stderr")
@@ -44,7 +45,13 @@ DRAIN_SECONDS = 2.0
 def start_pump(spec: SpawnSpec) -> int | None:
     """Make the FIFOs and fork the pump (the caller's child). Returns its PID, or None when no pump could be
     started: then the init's output goes to ``/dev/null`` (its start does not fail for want of a log)."""
-    sdir: str = spec.sandbox_dir
+    reads = make_fifos(spec.sandbox_dir)
+    return fork_pump(spec, reads) if reads is not None else None
+
+
+def make_fifos(sdir: str) -> list[int] | None:
+    """The FIFOs, their read ends open (a warm pool member's supervisor holds them until it is claimed, so the
+    init's opens never wait; the pump is forked then, with the claiming sandbox's log group)."""
     reads: list[int] = []
     try:
         for name in PIPE_NAMES:
@@ -54,6 +61,18 @@ def start_pump(spec: SpawnSpec) -> int | None:
             os.mkfifo(path, 0o600)
             # The read end first (non-blocking): then the writer's open never waits for a reader.
             reads.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        print(f"the output pump could not start (output is discarded): {exc}", flush=True)
+        for fd in reads:
+            os.close(fd)
+        return None
+    return reads
+
+
+def fork_pump(spec: SpawnSpec, reads: list[int], claim_fd: int | None = None) -> int | None:
+    """Fork the pump over ``reads`` (closed here either way). ``claim_fd``: a warm pool member's pump reads the
+    claiming sandbox's spec there first (its log group and ID; EOF without one: the member was dropped, exit)."""
+    try:
         pid = os.fork()
     except OSError as exc:
         print(f"the output pump could not start (output is discarded): {exc}", flush=True)
@@ -65,9 +84,19 @@ def start_pump(spec: SpawnSpec) -> int | None:
         try:
             # Keep only the read ends (and 0-2): a held copy of the supervisor's pipes (the prepared init's
             # spec or go pipe) would stall the init.
+            high = fcntl.fcntl(claim_fd, fcntl.F_DUPFD_CLOEXEC, 64) if claim_fd is not None else -1
             keep = [os.dup2(fd, 10 + i, inheritable=False) for i, fd in enumerate(reads)]
+            claim = os.dup2(high, 12, inheritable=False) if high >= 0 else -1
             os.closerange(3, 10)
-            os.closerange(12, 65536)
+            os.closerange(13 if claim >= 0 else 12, 65536)  # whatever else, the report pipe above all
+            if claim >= 0:
+                chunks = []
+                while chunk := os.read(claim, 1 << 16):
+                    chunks.append(chunk)
+                os.close(claim)
+                if not chunks:
+                    os._exit(0)
+                spec = SpawnSpec.from_json(b"".join(chunks))
             Pump(spec, keep).run()
         except BaseException as exc:  # never return into the supervisor's code
             code = 1

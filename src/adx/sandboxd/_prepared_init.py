@@ -96,7 +96,12 @@ def hand_to_prepared(init: PreparedInit | None, spec: SpawnSpec) -> PreparedInit
     prepared one, unusable or gone, is ended)."""
     if init is None:
         return None
-    if spec.network in ("none", "veth") and not spec.execd_sockets and init.userns == bool(spec.userns):
+    # Not for a warm pool member (started off any create's path, so the saving is moot): a prepared init opens
+    # its output FIFOs itself, and in a user namespace that open was seen failing with EACCES now and then at a
+    # daemon's first member starts; the supervisor's own clone opens them as host root. (EACCES was also seen,
+    # rarely, on such an init's move_mount to the member's rootfs: cause not found; the refill retries.)
+    suits = spec.network in ("none", "veth") and not spec.execd_sockets and not spec.warm
+    if suits and init.userns == bool(spec.userns):
         data = spec.to_json()
         try:
             while data:

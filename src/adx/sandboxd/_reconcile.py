@@ -18,7 +18,8 @@ from adx.sandboxd._models import Resources, SandboxRecord
 from adx.sandboxd._registry import LoadedRegistry, Tombstone
 from adx.sandboxd._sandbox_layout import LOCK_FILE
 from adx.sandboxd._states import State
-from adx.sandboxd._veth import host_if
+from adx.sandboxd._veth import host_if_of
+from adx.sandboxd._warm_pool import WARM_ID_PREFIX
 
 __all__ = ["StartupReconcile"]
 
@@ -45,7 +46,11 @@ class StartupReconcile(SandboxDeleter):
                 "defaults.tmp_bytes is set but bounds nothing: /tmp is part of each sandbox's writable layer "
                 "(kept by checkpoints), limited only by what limits that layer; remove the key"
             )
-        self.registry.remove_spares()  # an earlier run's: never a sandbox's
+        self.registry.remove_spares()  # an earlier run's: never a sandbox's (nor its warm members' dirs)
+        self._sweep_warm_cgroups(
+            {r.native_name for r in loaded.records.values() if r.native_name}
+            | {str(t.data["native_name"]) for t in loaded.tombstones.values() if t.data.get("native_name")}
+        )
         self.spares.fill()
         self.spawner.start()
         self.records = dict(loaded.records)
@@ -63,7 +68,9 @@ class StartupReconcile(SandboxDeleter):
         for sandbox_id, tomb in loaded.tombstones.items():
             if (
                 self.registry.needs_reclaim(sandbox_id)
-                or SandboxCgroup(self.layout, self.config.cgroup_parent, sandbox_id).exists()
+                or SandboxCgroup(
+                    self.layout, self.config.cgroup_parent, str(tomb.data.get("native_name") or sandbox_id)
+                ).exists()
             ):
                 # An interrupted reclaim continues from the tombstone; until it is done it stays reserved.
                 self.pending_reclaim[sandbox_id] = tomb
@@ -111,6 +118,30 @@ class StartupReconcile(SandboxDeleter):
         # A failing first refresh leaves the daemon up but not resource-fresh; health names the error (RES-8).
         with contextlib.suppress(UnavailableError):
             self._refresh_resource()
+
+    def _sweep_warm_cgroups(self, claimed: set[str]) -> None:
+        """Cgroups of an earlier run's warm pool members (``_warm_pool``; never a sandbox's: ``_`` is in no ID)
+        but the ``claimed`` ones, which records or tombstones name (a claim keeps the member's cgroup). Their dirs
+        went with the spares above, their layers go with the uncommitted creates' sweep below, their chains with
+        the fresh nftables table, their ID ranges and /30s were only ever in that run's memory."""
+        for parent in {d.parent for d in self._cgroup("probe").dirs()}:
+            try:
+                names = [
+                    e.name
+                    for e in parent.iterdir()
+                    if e.name.startswith(WARM_ID_PREFIX) and e.name not in claimed and e.is_dir()
+                ]
+            except FileNotFoundError:
+                continue
+            for name in names:
+                cg = self._cgroup(name)
+                try:
+                    cg.kill()
+                    cg.wait_empty(self.config.delete_timeout_seconds)
+                    cg.remove()
+                    log.info("warm pool: removed an earlier run's member", extra={"member": name})
+                except OSError as exc:
+                    self._defer(f"removing the earlier run's warm member {name} failed: {exc}")
 
     def _thaw_unacknowledged(self, rec: SandboxRecord) -> None:
         """Startup, for a record persisted ``creating`` (started) or ``running``: thaw a frozen cgroup.
@@ -176,7 +207,7 @@ class StartupReconcile(SandboxDeleter):
         """A fresh table holding every live veth sandbox's policy again (names resolved anew), in one step."""
         self.netfilter.setup(
             {
-                host_if(rec.sandbox_id): rec.net_policy
+                host_if_of(rec.sandbox_id, rec.native_name): rec.net_policy
                 for rec in self.records.values()
                 if rec.net_policy is not None
                 and rec.net_index is not None

@@ -47,6 +47,7 @@ V1_FILE = "sandboxes.json"
 SANDBOXES_DIR = "sandboxes"
 RECORD_TEMP = f".{RECORD_FILE}.tmp"
 SPARE_PREFIX = ".spare-"  # spare sandbox dirs (Registry.make_spare); never an ID (SANDBOX_ID_RE)
+WARM_DIR_PREFIX = ".warm-"  # warm pool members' dirs (_warm_pool); never an ID either, removed at restart too
 REGISTRY_VERSION = 2
 _KEEP_AFTER_RECLAIM = frozenset({TOMBSTONE_FILE, LOCK_FILE})
 
@@ -281,14 +282,15 @@ class Registry:
         envelope = {"format": REGISTRY_VERSION, "owner": self.owner, "record": record.model_dump(mode="json")}
         atomic_write_json(sdir / RECORD_FILE, envelope)
 
-    def make_spare(self, names: list[str], files: list[str]) -> tuple[Path, int]:
+    def make_spare(self, names: list[str], files: list[str], name: str | None = None) -> tuple[Path, int]:
         """A spare sandbox dir (``.spare-*``, with the subdirs ``names``, the empty files ``files`` and its
         lifecycle lock, held: the descriptor) that :meth:`reserve_dir` renames into place, so a create does not
         pay for these mkdirs and file creations (a new inode costs ~0.1-0.3 ms here; an open, microseconds).
 
         Never a record and never seen by a supervisor; a restart removes any left over (:meth:`remove_spares`).
+        ``name``: a warm pool member's dir (``.warm-*``; its supervisor does see it, parked on the lock).
         """
-        path = self.sandboxes_dir / f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+        path = self.sandboxes_dir / (name or f"{SPARE_PREFIX}{secrets.token_hex(8)}")
         path.mkdir(mode=0o700)
         try:
             for name in names:
@@ -304,11 +306,14 @@ class Registry:
         return path, lock_fd
 
     def remove_spares(self) -> None:
-        """Spare dirs left by an earlier run (at startup, under the daemon lock)."""
+        """Spare dirs and warm pool members' dirs left by an earlier run (at startup, under the daemon lock;
+        a member's parked supervisor, finding no claim once the lock is free, ends its init and exits)."""
         if self.sandboxes_dir.is_dir():
             for entry in self.sandboxes_dir.iterdir():
                 if entry.name.startswith(SPARE_PREFIX):
                     shutil.rmtree(entry)
+                elif entry.name.startswith(WARM_DIR_PREFIX):  # its parked supervisor may still be exiting
+                    shutil.rmtree(entry, ignore_errors=True)
 
     def reserve_dir(self, sandbox_id: str, spare: Path | None = None) -> Path:
         """A new sandbox's dir, made or renamed from ``spare`` (FileExistsError proves the ID was used before:

@@ -69,6 +69,11 @@ class SpareDirs:
             raise
         return lock_fd
 
+    def make_named(self, name: str, execd: bool) -> tuple[Path, int]:
+        """A spare-like dir named ``name`` for a warm pool member (never in this pool): its lock held."""
+        names = [*_SPARE_NAMES, SOCKETS_DIR, CONTROL_DIR] if execd else _SPARE_NAMES
+        return self.registry.make_spare(names, _SPARE_FILES, name)
+
     def fill(self) -> None:
         """At startup (synchronous)."""
         while len(self._spares) < _SPARES:

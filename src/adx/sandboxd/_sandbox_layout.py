@@ -7,6 +7,7 @@ record and logs there) and the registry. Imported by the spawner's template too:
 from __future__ import annotations
 
 __all__ = [
+    "CLAIM_SOCKET",
     "CONTROL_DIR",
     "CONTROL_DIR_INSIDE",
     "CONTROL_SOCKET",
@@ -34,6 +35,8 @@ TOMBSTONE_FILE = "tombstone.json"
 NATIVE_TEMP = f".{NATIVE_FILE}.tmp"
 SUPERVISOR_LOG = "supervisor.log"
 OUTPUT_LOG = "output.log"
+#: A warm pool member's: the claiming create sends its spec here and reads the start report back.
+CLAIM_SOCKET = "claim.sock"
 
 #: Where an execd sandbox finds execd's modules (sandboxd's execd runtime, read-only).
 EXECD_MOUNT = "/opt/adx"

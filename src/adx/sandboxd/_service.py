@@ -21,7 +21,7 @@ from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._faults import fault
 from adx.sandboxd._models import ReclaimRequest, ReclaimResponse, SandboxInfo, SandboxRef, SetNetworkRequest
 from adx.sandboxd._states import State
-from adx.sandboxd._veth import host_if
+from adx.sandboxd._veth import host_if_of
 
 __all__ = ["SandboxService"]
 
@@ -117,7 +117,7 @@ class SandboxService(Checkpointing):
                 )
             if not self.netfilter.ready:
                 raise UnavailableError("network policy unavailable: nftables is not set up (is nft installed?)")
-            await asyncio.to_thread(self.netfilter.apply, host_if(rec.sandbox_id), req.policy)
+            await asyncio.to_thread(self.netfilter.apply, host_if_of(rec.sandbox_id, rec.native_name), req.policy)
             rec = await asyncio.to_thread(self._persist, rec.model_copy(update={"net_policy": req.policy}))
             log.info("network policy replaced", extra={"sandbox_id": rec.sandbox_id, "mode": req.policy.mode.value})
             return self._info(rec)
@@ -161,6 +161,7 @@ class SandboxService(Checkpointing):
             await asyncio.sleep(self.config.maintenance_interval_seconds)
             if self.registry.storage_failed is not None:
                 continue
+            self.refill_warm_soon(after_create=False)  # deletes free room for members too
             now = time.time()
             for rec in list(self.records.values()):
                 expired = rec.expires_at is not None and rec.expires_at <= now

@@ -72,6 +72,8 @@ class SpawnSpec:
     allow_setuid: bool = False  # store images: sudo works (see _in_namespace)
     execd_inproc: bool = False  # PID 1 runs execd in process (the spawner's template)
     output_pipes: bool = False  # set by the supervisor: the init's stdout/stderr open the pump's FIFOs
+    #: A warm pool member (``_warm_pool``): made ready, then parked until a create claims it with its own spec.
+    warm: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_wire()).encode()

@@ -17,9 +17,12 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,9 +31,10 @@ from adx.sandboxd import _linux as lx
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._in_namespace import in_namespace_setup
 from adx.sandboxd._mounts import mounts_pair, send_mounts
-from adx.sandboxd._output import finish_pump, open_write_ends, start_pump
+from adx.sandboxd._output import finish_pump, fork_pump, make_fifos, open_write_ends, start_pump
 from adx.sandboxd._prepared_init import PreparedInit, hand_to_prepared
 from adx.sandboxd._sandbox_layout import (
+    CLAIM_SOCKET,
     EXECD_SOCKET_NAMES,
     EXIT_FILE,
     LOCK_FILE,
@@ -71,15 +75,30 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     sdir: str = spec.sandbox_dir  # paths as str: the template (every in-process execd PID 1) has no pathlib
 
     def report(payload: dict[str, Any]) -> None:
+        """Once per result descriptor (a warm member's ready report, then its claim's start report)."""
+        nonlocal result_fd
+        if result_fd < 0:
+            return
         data = json.dumps(payload).encode()
         with contextlib.suppress(OSError):
             while data:
                 data = data[os.write(result_fd, data) :]
         with contextlib.suppress(OSError):
             os.close(result_fd)
+        result_fd = -1
 
-    # The output pump reads the FIFOs the init's stdout/stderr open: it exists before any init has the spec.
-    pump = start_pump(spec)
+    # The output pump reads the FIFOs the init's stdout/stderr open: it exists before any init has the spec. A
+    # warm member's pump is forked now too (off the claim's path) and learns its log group from the claim.
+    pump_claim_w = -1
+    if spec.warm:
+        pump = None
+        fifo_reads = make_fifos(sdir)
+        if fifo_reads is not None:
+            pump_claim_r, pump_claim_w = os.pipe2(os.O_CLOEXEC)
+            pump = fork_pump(spec, fifo_reads, pump_claim_r)
+            os.close(pump_claim_r)
+    else:
+        pump = start_pump(spec)
     spec = replace(spec, output_pipes=pump is not None)
     # First: the prepared init mounts the sandbox's root while the rest is done here.
     prepared = hand_to_prepared(init, spec)
@@ -120,7 +139,10 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     else:
         # The dir is the sandbox's (sandboxd made it before asking): files made in it before the commit are
         # reclaimed with it if the commit never happens.
-        pid, go_w, err_r, mounts_w = _clone_init(spec, cgroup, open_write_ends(sdir, pump is not None))
+        log_fds = open_write_ends(sdir, spec.output_pipes)
+        # A warm member's init waits for its claim before it execs: it must not hold the report pipe open (the
+        # spawner forwards the ready report at EOF).
+        pid, go_w, err_r, mounts_w = _clone_init(spec, cgroup, log_fds, (result_fd,) if spec.warm else ())
         if pid < 0:
             report({"ok": False, "error": f"starting the sandbox's init failed: {os.strerror(-pid)}"})
             return 1
@@ -128,10 +150,29 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         ok = _join(cgroup, res, pid, create_v1=defer_v1, v2=False)
     if mount_error is not None:
         _abandon(pid, go_w, cgroup)
-        os.close(err_r)
-        report({"ok": False, "error": mount_error})
+        report({"ok": False, "error": mount_error + _reported(err_r)})
         return 1
 
+    go_payload = b"1" if ok else b"0"
+    claimed = spec.warm  # the claim's spec, which replaces this one, is no warm member's
+    if claimed:
+        parked = _park(spec, pid, go_w, err_r, ok, lock_fd, lambda: report({"ok": True, "warm": True}))
+        if isinstance(parked, str):  # not claimed (dropped, or never ready)
+            _abandon(pid, go_w, cgroup)
+            parked += _reported(err_r)
+            if pump_claim_w >= 0:
+                os.close(pump_claim_w)  # EOF without a spec: the pump exits
+            report({"ok": False, "error": parked})  # a no-op after the ready report
+            return 0
+        conn, spec = parked
+        result_fd = conn.detach()  # the claiming create reads this start's report here
+        sdir = spec.sandbox_dir  # renamed by the claim; the cgroup keeps its name (cgroup v2 refuses renames)
+        if pump_claim_w >= 0:
+            with contextlib.suppress(OSError):  # a dead pump: the output is lost, the start is not
+                _write_all(pump_claim_w, spec.to_json())
+            os.close(pump_claim_w)
+        claim = {"hostname": spec.hostname, "cwd": spec.cwd, "env": spec.env, "init_argv": spec.init_argv}
+        go_payload = json.dumps(claim).encode()
     # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
     # intent check below decides.
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -159,10 +200,11 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         _abandon(pid, go_w, None)  # the committed record's cleanup (sandboxd) removes the cgroup
         report({"ok": False, "error": f"cgroup setup failed: {exc}"})
         return 1
-    if ok and spec.veth is not None:
+    if ok and spec.veth is not None and not claimed:  # a warm member's exists already
         ok = _create_veth(spec.veth, pid)
+        go_payload = b"1" if ok else b"0"
     with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
-        os.write(go_w, b"1" if ok else b"0")
+        _write_all(go_w, go_payload)
     os.close(go_w)
     chunks = []
     while chunk := os.read(err_r, 4096):  # EOF when execve closed the CLOEXEC write end
@@ -194,6 +236,73 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     return 0
 
 
+def _park(
+    spec: SpawnSpec, pid: int, go_w: int, err_r: int, ok: bool, lock_fd: int, ready: Callable[[], None]
+) -> tuple[socket.socket, SpawnSpec] | str:
+    """A warm pool member, its init mounted and placed: finish what a claim would otherwise wait for (the veth),
+    tell sandboxd it is ready, then park on the lifecycle lock, which sandboxd holds until a claim commits the
+    claiming sandbox's record or sandboxd is gone. Returns the claim's connection and spec, or why none came.
+
+    The claim is on ``CLAIM_SOCKET``: sandboxd connects and sends the spec *before* it releases the lock, so an
+    accept that finds nothing under the lock means the member was dropped (a sandboxd restart removes members).
+    """
+    sdir = spec.sandbox_dir
+    if ok and spec.veth is not None:
+        ok = _create_veth(spec.veth, pid)
+    if not ok:
+        return "the warm member's cgroups or network could not be set up"
+    try:
+        listener = socket.socket(fileno=lx.listen_unix(f"{sdir}/{CLAIM_SOCKET}", backlog=1))
+        os.write(go_w, b"1")  # placed: the init configures eth0 and waits for its claim
+    except OSError as exc:
+        return f"warm member setup failed: {exc}"
+    # Ready only once the init has its mounts, its network and waits for a claim (its NUL byte): a member whose
+    # init died setting up is never handed to a create.
+    if not select.select([err_r], [], [], 30.0)[0]:
+        return "the warm member's init did not get ready within 30 s"
+    said = os.read(err_r, 1)
+    if said != b"\0":
+        while chunk := os.read(err_r, 4096):  # it failed and exits: EOF follows its message
+            said += chunk
+        return "the warm member's init failed: " + said.decode(errors="replace")
+    ready()  # to the spawner, whose request is done; a claim's start report goes to the claim's socket
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    listener.setblocking(False)
+    try:
+        conn, _ = listener.accept()
+    except BlockingIOError:
+        return "dropped from the warm pool"
+    finally:
+        listener.close()
+    try:
+        conn.setblocking(True)
+        conn.settimeout(10.0)
+        chunks = []
+        while chunk := conn.recv(1 << 16):
+            chunks.append(chunk)
+        claimed = SpawnSpec.from_json(b"".join(chunks))
+        conn.settimeout(None)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        conn.close()
+        return f"garbled claim: {exc}"
+    return conn, claimed
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _reported(err_r: int) -> str:
+    """What an abandoned (killed, reaped) init reported before it died, if anything; closes ``err_r``."""
+    chunks = []
+    with contextlib.suppress(OSError):
+        while chunk := os.read(err_r, 4096):
+            chunks.append(chunk)
+    os.close(err_r)
+    return "; the init reported: " + b"".join(chunks).decode(errors="replace") if chunks else ""
+
+
 def _abandon(pid: int, go_w: int, cgroup: SandboxCgroup | None) -> None:
     """Undo a prepared start that must not happen: the init (which never got ``go``, so ran nothing of the
     workload) is killed and reaped, then the cgroup made for it removed (when ``cgroup`` is given)."""
@@ -209,7 +318,9 @@ def _abandon(pid: int, go_w: int, cgroup: SandboxCgroup | None) -> None:
             print(f"removing the cgroup of a refused start failed: {exc}", flush=True)
 
 
-def _clone_init(spec: SpawnSpec, cgroup: SandboxCgroup, log_fds: tuple[int, int]) -> tuple[int, int, int, int]:
+def _clone_init(
+    spec: SpawnSpec, cgroup: SandboxCgroup, log_fds: tuple[int, int], close: tuple[int, ...] = ()
+) -> tuple[int, int, int, int]:
     """Clone the sandbox's init now (into its cgroup2 dir): ``(pid, go_w, err_r, mounts_w)``; ``pid`` is
     ``-errno`` when that failed. Closes ``log_fds`` (the init's stdout and stderr)."""
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -233,9 +344,8 @@ def _clone_init(spec: SpawnSpec, cgroup: SandboxCgroup, log_fds: tuple[int, int]
             os.close(fd)
         return -(exc.errno or 1), -1, -1, -1
     if pid == 0:
-        os.close(err_r)
-        os.close(go_w)
-        os.close(mounts_w)
+        for fd in (err_r, go_w, mounts_w, *close):
+            os.close(fd)
         in_namespace_setup(spec, log_fds, err_w, go_r, mounts_r, listen_fds)  # never returns
     for fd in listen_fds:
         os.close(fd)  # PID 1 owns the listeners now: they live exactly as long as the sandbox's init

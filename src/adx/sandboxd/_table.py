@@ -27,6 +27,7 @@ from adx.sandboxd._spawn_client import SpawnerProcess
 from adx.sandboxd._states import State, check_transition
 from adx.sandboxd._storage import StoragePool
 from adx.sandboxd._veth import VethPool
+from adx.sandboxd._warm_pool import WarmPool
 
 __all__ = ["SandboxTable"]
 
@@ -66,6 +67,7 @@ class SandboxTable:
         self._resource_error: str | None = None
         self.hub: ControlHub | None = None
         self.spares = SpareDirs(self.registry)
+        self.warm = WarmPool(config.warm_pool, config.warm_pool_shapes)  # pre-warmed sandboxes (_warm_create)
         self.capacity = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
 
     @property
@@ -83,7 +85,17 @@ class SandboxTable:
         return lock
 
     def _cgroup(self, sandbox_id: str) -> SandboxCgroup:
-        return SandboxCgroup(self.layout, self.config.cgroup_parent, sandbox_id)
+        return SandboxCgroup(self.layout, self.config.cgroup_parent, self._native_name(sandbox_id))
+
+    def _native_name(self, sandbox_id: str) -> str:
+        """The name of the sandbox's cgroup: its ID, or the warm member's it was claimed from (cgroup v2 refuses
+        to rename a cgroup, so a claim keeps it; the record, then its tombstone, carries the alias)."""
+        rec = self.records.get(sandbox_id)
+        if rec is not None:
+            return rec.native_name or sandbox_id
+        tomb = self.pending_reclaim.get(sandbox_id)
+        name = tomb.data.get("native_name") if tomb is not None else None
+        return name if isinstance(name, str) else sandbox_id
 
     def _upper(self, sandbox_id: str) -> Path:
         """The sandbox's overlay upper layer: its quota'd subvolume, or a dir of its sandbox dir."""

@@ -11,12 +11,17 @@ from adx.errors import ConflictError
 from adx.sandboxd._netpolicy import VETH_PREFIX
 from adx.sandboxd._spawn_spec import Veth
 
-__all__ = ["VethPool", "host_if"]
+__all__ = ["VethPool", "host_if", "host_if_of"]
 
 
 def host_if(sandbox_id: str) -> str:
     """The host end's interface name (at most 15 bytes, as the kernel requires)."""
     return VETH_PREFIX + hashlib.sha256(sandbox_id.encode()).hexdigest()[:10]
+
+
+def host_if_of(sandbox_id: str, native_name: str | None) -> str:
+    """A sandbox's host end: named after its ID, or after the warm pool member it was (``native_name``)."""
+    return host_if(native_name or sandbox_id)
 
 
 class VethPool:
@@ -39,8 +44,8 @@ class VethPool:
                 return index
         raise ConflictError(f"veth pool {pool} is exhausted", details={"pool": str(pool)})
 
-    def veth(self, sandbox_id: str, net_index: int | None) -> Veth | None:
+    def veth(self, sandbox_id: str, net_index: int | None, native_name: str | None = None) -> Veth | None:
         if net_index is None:
             return None
         base = ipaddress.ip_network(self.pool).network_address + 4 * net_index
-        return Veth(host_if(sandbox_id), str(base + 1), str(base + 2))
+        return Veth(host_if_of(sandbox_id, native_name), str(base + 1), str(base + 2))

@@ -1,0 +1,161 @@
+"""The warm pool's bookkeeping: which shapes are kept warm, the ready members of each, what a claim takes.
+
+A *member* is a sandbox started ahead of any create (issue 16): its dir (``.warm-<hex>``), cgroup, writable
+layer and veth named after its member ID (``_warm-<hex>``, never a sandbox ID: ``_`` is not in SANDBOX_ID_RE),
+its ID range and /30, and a supervisor whose init is mounted, placed in its cgroup and network namespace, and
+parked until a create claims it (``_supervisor._park``). A claim renames the dir, the cgroup and the layer to
+the new sandbox's ID; the veth and its nftables chain keep the member's name (``SandboxRecord.native_name``).
+
+Kept here: no process, no file; the daemon side is ``_warm_create``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adx.model import NetworkPolicy
+from adx.sandboxd._models import Resources, WarmPoolInfo
+from adx.sandboxd._registry import WARM_DIR_PREFIX
+
+__all__ = ["WARM_ID_PREFIX", "WarmKey", "WarmMember", "WarmPool"]
+
+#: Members' cgroups, layers and veths are named ``_warm-<hex>``: a restart removes every such leftover.
+WARM_ID_PREFIX = "_warm-"
+
+
+@dataclass(frozen=True)
+class WarmKey:
+    """What a member was made for: a create matches when all of it is equal (everything else of a sandbox
+    — ID, environment, argv, cwd, labels, log group, egress policy — is applied at the claim)."""
+
+    image: str | None  # the name asked for (the record keeps it)
+    image_layers: tuple[str, ...] | None  # None: the host-derived skeleton
+    image_user: str | None
+    cpu_millis: int
+    memory_bytes: int
+    pids_max: int
+    disk_bytes: int
+    network: str
+    #: execd as PID 1 (its interpreter: whether PID 1 runs it in process, and execd's mounts and sockets depend
+    #: on it); None: a plain init. Every other execd option is in PID 1's argv, which the claim brings.
+    execd_python: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        image: str | None,
+        layers: list[str] | None,
+        user: str | None,
+        res: Resources,
+        network: str,
+        execd_python: str | None = None,
+    ) -> WarmKey:
+        return cls(
+            image,
+            tuple(layers) if layers else None,
+            user,
+            res.cpu_millis,
+            res.memory_bytes,
+            res.pids_max,
+            res.disk_bytes,
+            network,
+            execd_python,
+        )
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(
+            cpu_millis=self.cpu_millis,
+            memory_bytes=self.memory_bytes,
+            pids_max=self.pids_max,
+            disk_bytes=self.disk_bytes,
+        )
+
+
+@dataclass
+class WarmMember:
+    member_id: str  # the cgroup's, layer's and veth's name until (and the veth's after) the claim
+    key: WarmKey
+    dir: Path
+    lock_fd: int  # its lifecycle lock, held by sandboxd: the parked supervisor waits on it
+    id_base: int | None
+    net_index: int | None
+    policy: NetworkPolicy | None  # the egress policy its chain holds (the defaults'); a claim replaces a different one
+
+
+@dataclass
+class WarmPool:
+    size: int  # members per kept shape; 0: off
+    shapes: int  # how many shapes are kept (the defaults' pinned first, then the most recent others)
+    members: dict[WarmKey, list[WarmMember]] = field(default_factory=dict)
+    making: dict[str, WarmMember] = field(default_factory=dict)  # being started (IDs and /30 already taken)
+    claiming: dict[str, WarmMember] = field(default_factory=dict)  # sandbox ID -> member, reserve to claim
+    claims: int = 0
+    misses: int = 0  # claimable creates that found no member (cold)
+    made: int = 0
+    failed: int = 0
+    dropped: int = 0
+    pinned: WarmKey | None = None  # the defaults' shape (when it could be resolved)
+    _recent: OrderedDict[WarmKey, None] = field(default_factory=OrderedDict)
+
+    @staticmethod
+    def new_ids() -> tuple[str, str]:
+        """(member ID, dir name)."""
+        tag = secrets.token_hex(8)
+        return f"{WARM_ID_PREFIX}{tag}", f"{WARM_DIR_PREFIX}{tag}"
+
+    def kept(self) -> list[WarmKey]:
+        """The shapes to keep warm, most wanted first."""
+        keys = [self.pinned] if self.pinned is not None else []
+        keys += [k for k in reversed(self._recent) if k != self.pinned]
+        return keys[: self.shapes] if self.size else []
+
+    def take(self, key: WarmKey) -> WarmMember | None:
+        """A ready member for ``key`` (the shape becomes the most recent), or None (a miss: the create is cold)."""
+        if not self.size:
+            return None
+        self._recent[key] = None
+        self._recent.move_to_end(key)
+        while len(self._recent) > self.shapes:
+            self._recent.popitem(last=False)
+        ready = self.members.get(key)
+        if not ready:
+            self.misses += 1
+            return None
+        self.claims += 1
+        return ready.pop()
+
+    def surplus(self) -> list[WarmMember]:
+        """Members of shapes no longer kept (removed from the pool: the caller destroys them)."""
+        kept = set(self.kept())
+        out = []
+        for key in [k for k in self.members if k not in kept]:
+            out += self.members.pop(key)
+        return out
+
+    def all_members(self) -> list[WarmMember]:
+        return [m for ready in self.members.values() for m in ready] + list(self.making.values())
+
+    def used_id_bases(self) -> set[int]:
+        every = [*self.all_members(), *self.claiming.values()]
+        return {m.id_base for m in every if m.id_base is not None}
+
+    def used_net_indexes(self) -> set[int]:
+        every = [*self.all_members(), *self.claiming.values()]
+        return {m.net_index for m in every if m.net_index is not None}
+
+    def info(self) -> WarmPoolInfo:
+        return WarmPoolInfo(
+            size=self.size,
+            ready=sum(len(v) for v in self.members.values()),
+            starting=len(self.making),
+            shapes=len(self.kept()),
+            claims=self.claims,
+            misses=self.misses,
+            made=self.made,
+            failed=self.failed,
+            dropped=self.dropped,
+        )
