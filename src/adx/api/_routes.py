@@ -75,16 +75,16 @@ WaitSeconds = Annotated[
         alias="waitSeconds",
         gt=0,
         le=MAX_WAIT_SECONDS,
-        description=f"with wait=running: wait at most this long (default {DEFAULT_WAIT_SECONDS:g})",
+        description=f"wait at most this long for running (default {DEFAULT_WAIT_SECONDS:g} with wait=running; "
+        "given alone it implies wait=running, the only state there is to wait for)",
     ),
 ]
 
 
 def _wait_seconds(wait: str | None, seconds: float | None) -> float | None:
-    """How long a request asked to wait for running (None: no wait)."""
-    if wait is None:
-        if seconds is not None:
-            raise InvalidInputError("waitSeconds", "is only meaningful with wait=running")
+    """How long a request asked to wait for running (None: no wait). ``waitSeconds`` alone asks for the one wait
+    there is: refusing it would refuse a request its published schema allows."""
+    if wait is None and seconds is None:
         return None
     return DEFAULT_WAIT_SECONDS if seconds is None else seconds
 

@@ -33,7 +33,7 @@ def check_volume_name(value: str) -> str:
 class VolumeMount(ApiModel):
     """One volume of the Environment's tenant, mounted read-write at ``path``."""
 
-    name: str = Field(description="the tenant's volume (its name)")
+    name: str = Field(pattern=VOLUME_NAME.pattern, description="the tenant's volume (its name)")
     path: str = Field(description="absolute mount point inside the Environment")
 
     @field_validator("name")
@@ -81,7 +81,11 @@ def tenant_dir_name(tenant: str) -> str:
 class VolumeRequest(ApiModel):
     """``POST /v1/volumes``: a new named volume of the caller's tenant."""
 
-    name: str = Field(description="unique among the tenant's volumes; 1-63 letters, digits, '_' or '-'")
+    name: str = Field(
+        pattern=VOLUME_NAME.pattern,
+        description="unique among the tenant's volumes; 1-63 letters, digits, '_' or '-', starting with a letter or "
+        "digit",
+    )
 
     @field_validator("name")
     @classmethod
