@@ -142,7 +142,9 @@ def test_logs_then_down_deletes_environments_stops_up_and_leaves_no_sandbox(tmp_
             made = adx("env", "create", "--cpu", "0.25", "--memory", "128Mi", "--json")
             assert made.returncode == 0, made.stdout + made.stderr
             ids.append(json.loads(made.stdout)["id"])
-        assert len(_sandbox_cgroups(state)) == 2
+        # One cgroup each (a cold create's is named by its ID, a claimed warm member keeps its `_warm-` name), and
+        # sandboxd's warm members beside them: down must leave none of either.
+        assert len(_sandbox_cgroups(state)) >= 2
 
         refused = adx("down", "--yes")
         assert refused.returncode != 0 and "--delete/--pause/--keep" in refused.stderr
