@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
-from adx.images import ImageManifest, ImageStore, Op, layer_digest, parse_dockerfile
+from adx.images import POOL_HOLDER_PREFIX, ImageManifest, ImageStore, Op, layer_digest, parse_dockerfile
 
 
 def _layer(store: ImageStore, parent: str | None, step: str, files: dict[str, str]) -> str:
@@ -71,6 +71,19 @@ def test_rm_refuses_an_image_a_live_sandbox_holds_and_gc_keeps_shared_layers(tmp
     store.hold("sb-gone", [c])
     store.release_all_but({"sb-other"})
     assert store.held_layers() == set()
+
+
+def test_rm_is_not_refused_by_warm_pool_members_whose_layers_stay_held(tmp_path: Path) -> None:
+    """sandboxd's warm members (holders named POOL_HOLDER_PREFIX...) pre-start sandboxes of recently used images:
+    deleting such an image (an E2B template after its sandbox was killed) must not answer 409 naming them."""
+    store = ImageStore(tmp_path).ensure()
+    a = _layer(store, None, "RUN a", {"a": "1"})
+    store.put(ImageManifest(name="tpl", layers=[a]))
+    store.hold(f"{POOL_HOLDER_PREFIX}0123456789abcdef", [a])
+    assert store.rm("tpl") == [] and store.find("tpl") is None
+    assert store.has_layer(a)  # held by the member until the pool drops it
+    store.release(f"{POOL_HOLDER_PREFIX}0123456789abcdef")
+    assert store.gc() == [a]
 
 
 def test_commit_tree_moves_whiteouts_and_opaque_dirs_as_they_are(tmp_path: Path) -> None:

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 from adx.images._debian import DEBIAN_PACKAGES, TYPICAL_BUILD_SECONDS, ensure_debian_image
 from adx.images._dockerfile import Instruction, Op, parse_dockerfile
-from adx.images._store import ImageManifest, ImageStore, LayerInfo, layer_digest, validate_image_name
+from adx.images._store import (
+    POOL_HOLDER_PREFIX,
+    ImageManifest,
+    ImageStore,
+    LayerInfo,
+    layer_digest,
+    validate_image_name,
+)
 
 __all__ = [
     "DEBIAN_PACKAGES",
+    "POOL_HOLDER_PREFIX",
     "TYPICAL_BUILD_SECONDS",
     "ImageManifest",
     "ImageStore",

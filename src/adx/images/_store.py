@@ -32,9 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from adx._fs import atomic_write_json, exclusive_lock, fsync_dir
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
 
-__all__ = ["ImageManifest", "ImageStore", "LayerInfo", "layer_digest", "validate_image_name"]
+__all__ = ["POOL_HOLDER_PREFIX", "ImageManifest", "ImageStore", "LayerInfo", "layer_digest", "validate_image_name"]
 
 MANIFEST_FORMAT = 1
+#: Layer holders with this prefix are sandboxd's warm pool members (sandboxd/_warm_pool.py names them so):
+#: pre-started, claimed by no one yet, dropped at will.
+POOL_HOLDER_PREFIX = "_warm-"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
@@ -215,13 +218,17 @@ class ImageStore:
 
     def rm(self, name: str, *, force: bool = False) -> list[str]:
         """Remove image ``name``; then garbage-collect. Refused while a live sandbox mounts one of its layers
-        (``force``: remove the name anyway; its layers stay until no sandbox holds them). Returns the layers
-        removed."""
+        (``force``: remove the name anyway; its layers stay until no sandbox holds them). A warm pool's members
+        (holders named ``POOL_HOLDER_PREFIX``...) are nobody's sandboxes: they do not refuse the removal, and
+        their layers stay until the pool drops them. Returns the layers removed."""
         manifest = self.get(name)
         with self.locked():
-            held = self.held_layers()
-            if not force and held & set(manifest.layers):
-                holders = sorted(h for h, layers in self._refs().items() if set(layers) & set(manifest.layers))
+            holders = sorted(
+                h
+                for h, layers in self._refs().items()
+                if set(layers) & set(manifest.layers) and not h.startswith(POOL_HOLDER_PREFIX)
+            )
+            if not force and holders:
                 raise ConflictError(
                     f"image {name} is used by live sandboxes ({', '.join(holders)}); delete them or use --force",
                     details={"image": name, "sandboxes": holders},

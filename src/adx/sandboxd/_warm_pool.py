@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adx.images import POOL_HOLDER_PREFIX
 from adx.model import NetworkPolicy
 from adx.sandboxd._models import Resources, WarmPoolInfo
 from adx.sandboxd._registry import WARM_DIR_PREFIX
@@ -23,7 +24,7 @@ from adx.sandboxd._registry import WARM_DIR_PREFIX
 __all__ = ["WARM_ID_PREFIX", "WarmKey", "WarmMember", "WarmPool"]
 
 #: Members' cgroups, layers and veths are named ``_warm-<hex>``: a restart removes every such leftover.
-WARM_ID_PREFIX = "_warm-"
+WARM_ID_PREFIX = POOL_HOLDER_PREFIX  # the image store tells members from sandboxes by it
 
 
 @dataclass(frozen=True)
