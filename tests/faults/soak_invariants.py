@@ -35,6 +35,7 @@ from soak_workload import Ledger, Violation
 
 import adx
 from adx.errors import AdxError, NotFoundError
+from adx.images import POOL_HOLDER_PREFIX as WARM_CGROUP_PREFIX  # sandboxd's member names
 from adx.model import EnvironmentRecord
 from adx.sandboxd import SandboxdClient
 from adx.sandboxd._models import ListCheckpointsResponse, SandboxInfo
@@ -80,6 +81,20 @@ async def checkpoints_of(node: NodeProcesses, timeout: float = 5.0) -> ListCheck
     client = SandboxdClient(node.sandboxd_socket, timeout=timeout)
     try:
         return await asyncio.wait_for(client.list_checkpoints("local"), timeout)
+    except (AdxError, OSError, TimeoutError):
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await client.aclose()
+
+
+async def warm_members_of(node: NodeProcesses, timeout: float = 5.0) -> int | None:  # noqa: ASYNC109
+    """How many pre-started members sandboxd's warm pool holds (each has a ``_warm-`` cgroup and is nobody's
+    sandbox until a create claims it), or None when sandboxd does not answer."""
+    client = SandboxdClient(node.sandboxd_socket, timeout=timeout)
+    try:
+        pool = (await asyncio.wait_for(client.health(), timeout)).warm_pool
+        return 0 if pool is None else pool.ready + pool.starting
     except (AdxError, OSError, TimeoutError):
         return None
     finally:
@@ -180,6 +195,7 @@ class Snapshot:
     sandboxes: dict[str, list[SandboxInfo] | None]
     checkpoints: dict[str, ListCheckpointsResponse | None]
     cgroups: dict[str, set[str]]
+    warm_members: dict[str, int | None] = field(default_factory=dict)  # node -> its warm pool's ready + starting
 
 
 def _redis_snapshot(url: str) -> tuple[Any, ...]:
@@ -210,7 +226,8 @@ async def snapshot(cluster: SoakCluster) -> Snapshot:
     sandboxes = {name: await sandboxes_of(node) for name, node in cluster.nodes.items()}
     checkpoints = {name: await checkpoints_of(node) for name, node in cluster.nodes.items()}
     cgroups = {name: await asyncio.to_thread(cgroups_of, node) for name, node in cluster.nodes.items()}
-    return Snapshot(records, reservations, totals, sessions, retired, sandboxes, checkpoints, cgroups)
+    warm = {name: await warm_members_of(node) for name, node in cluster.nodes.items()}
+    return Snapshot(records, reservations, totals, sessions, retired, sandboxes, checkpoints, cgroups, warm)
 
 
 @dataclass
@@ -341,11 +358,24 @@ async def structural_checks(
     # no_orphan_cgroup
     for node_name, names in snap.cgroups.items():
         listing = snap.sandboxes[node_name]
-        known = {i.sandbox_id for i in listing} if listing is not None else None
+        # A sandbox's cgroup is named by its ID, or keeps its warm member's name once claimed (its native identity
+        # says which); unclaimed warm members have `_warm-` cgroups too: at most as many as the pool reports.
+        known = (
+            {i.sandbox_id for i in listing} | {Path(i.native.cgroup_dir).name for i in listing if i.native}
+            if listing is not None
+            else None
+        )
+        members = snap.warm_members.get(node_name)
+        unowned = [name for name in sorted(names) if known is not None and name not in known]
+        pool_like = [name for name in unowned if name.startswith(WARM_CGROUP_PREFIX)]
+        allowed = set(pool_like[: members or 0]) if members is not None else set()
         for name in sorted(names):
             result.checked["no_orphan_cgroup"] += 1
-            if known is not None and name not in known:
-                result.fail("no_orphan_cgroup", f"{node_name}/{name}", "cgroup of no sandbox in the inventory", clock)
+            if name in unowned and name not in allowed:
+                detail = "cgroup of no sandbox in the inventory"
+                if name in pool_like:
+                    detail += f" (more `_warm-` cgroups than the {members} members the warm pool reports)"
+                result.fail("no_orphan_cgroup", f"{node_name}/{name}", detail, clock)
 
     # no_orphan_checkpoint
     referenced = {r.checkpoint.location for r in records.values() if r.checkpoint and r.state.value != "deleted"}
