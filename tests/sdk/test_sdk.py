@@ -102,6 +102,25 @@ def test_bad_input_is_refused_before_any_request(kwargs: dict[str, Any], field: 
     assert str(caught.value).startswith(field)
 
 
+def test_a_misspelt_keyword_is_a_type_error_before_any_request() -> None:
+    """The spec, command, terminal and log options are typed ``**kwargs`` (one declaration for both clients):
+    a name they do not take is a TypeError naming it, as for named parameters, never silently dropped."""
+    url = f"http://127.0.0.1:{free_port()}"
+    with adx.Client(api_url=url, api_key="k", retries=0) as client:
+        with pytest.raises(TypeError, match="create\\(\\) got an unexpected keyword argument 'cpus'"):
+            client.environments.create(cpus=1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="'wait_timout'"):
+            client.environments.create(cpu=1, wait_timout=5)  # type: ignore[call-arg]
+        env = adx.Environment.__new__(adx.Environment)
+        env._client, env.id = client, "env-x"
+        with pytest.raises(TypeError, match="logs\\(\\) got an unexpected keyword argument 'tial'"):
+            env.logs(tial=5)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="pty\\(\\) got an unexpected keyword argument 'row'"):
+            env.pty(row=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="build_spec\\(\\) got an unexpected keyword argument 'mem'"):
+        adx.sdk.build_spec(cpu=1, mem="1Gi")  # type: ignore[call-arg]
+
+
 async def test_sdk_create_get_list_delete_async_and_sync(api_stack) -> None:
     stack: ApiStack = await api_stack()
     key = await stack.tenant("acme")

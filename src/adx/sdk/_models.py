@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from adx.errors import InvalidInputError, UncertainOutcomeError
 from adx.model import CheckpointRef, EnvironmentState, EnvironmentView, Lifecycle, Resources, VolumeMount, parse_wire
@@ -140,17 +140,41 @@ _NOT_STARTED = (("executable not found", 127, "command not found"), ("permission
 
 def not_started(
     exc: InvalidInputError, command: str | Sequence[str], on_stderr: Callable[[str], object] | None
-) -> CommandResult | None:
-    """The shell's result for an argv execd could not start (None: ``exc`` is another input error)."""
-    if exc.field != "argv" or isinstance(command, str):
-        return None
-    for prefix, status, says in _NOT_STARTED:
-        if exc.reason.startswith(prefix):
-            text = f"{next(iter(command), '')}: {says}\n"
-            if on_stderr is not None:
-                on_stderr(text)
-            return CommandResult(exit_code=status, stdout="", stderr=text)
-    return None
+) -> CommandResult:
+    """The shell's result for an argv execd could not start; ``exc`` itself when it is another input error."""
+    if exc.field == "argv" and not isinstance(command, str):
+        for prefix, status, says in _NOT_STARTED:
+            if exc.reason.startswith(prefix):
+                text = f"{next(iter(command), '')}: {says}\n"
+                if on_stderr is not None:
+                    on_stderr(text)
+                return CommandResult(exit_code=status, stdout="", stderr=text)
+    raise exc
+
+
+class CommandOptions(TypedDict, total=False):
+    """How ``env.commands.run(command, **)`` / ``stream`` run a command (each optional)."""
+
+    env: Mapping[str, str] | None  # added to the Environment's own
+    cwd: str | None
+    timeout: float | None  # seconds; the command is killed after it (``timed_out``)
+    stdin: str | bytes | None
+    on_stdout: Callable[[str], object] | None  # called with output as it is produced
+    on_stderr: Callable[[str], object] | None
+
+
+def command_parts(command: str | Sequence[str], options: CommandOptions) -> tuple[dict[str, Any], FrameReader]:
+    """The run request's body and the reader of its output frames."""
+    check_keywords("run", options, CommandOptions)
+    env = options.get("env")
+    body = command_body(
+        command if isinstance(command, str) else list(command),
+        env=dict(env) if env else None,
+        cwd=options.get("cwd"),
+        timeout=options.get("timeout"),
+        stdin=options.get("stdin"),
+    )
+    return body, FrameReader(options.get("on_stdout"), options.get("on_stderr"))
 
 
 def command_body(
@@ -182,6 +206,14 @@ def command_body(
     elif stdin is not None:
         body["stdin"] = stdin
     return body
+
+
+def check_keywords(where: str, given: Mapping[str, object], allowed: Any) -> None:
+    """Keyword arguments typed by a TypedDict (``allowed``) take only its keys: a misspelt one is a TypeError,
+    as it is for named parameters, never silently ignored."""
+    for name in given:
+        if name not in allowed.__required_keys__ | allowed.__optional_keys__:
+            raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
 
 
 def check_path(path: str) -> str:

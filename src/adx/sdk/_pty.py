@@ -11,20 +11,22 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack
 
 from adx.errors import AdxError, InvalidInputError
-from adx.sdk._models import CommandResult, command_body
+from adx.sdk._calls import C, Call, Plan, json_of, request
+from adx.sdk._models import CommandResult, check_keywords, command_body
 
 if TYPE_CHECKING:
-    from adx.sdk._async import AsyncClient, AsyncCommandStream
-    from adx.sdk._client import Client, CommandStream
+    from adx.sdk._async import AsyncClient, AsyncCommandStream  # noqa: F401 (the faces' base classes name them)
+    from adx.sdk._client import Client, CommandStream  # noqa: F401
 
-__all__ = ["AsyncPty", "Pty", "PtySize", "pty_body"]
+__all__ = ["AsyncPty", "Pty", "PtyOptions", "PtySize", "pty_body"]
 
 #: A login shell: bash where the image has it, else sh.
 LOGIN_SHELL = ("/bin/sh", "-c", "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi")
 MAX_SIDE = 65535  # the kernel's window size is two unsigned shorts
+S = TypeVar("S")  # the face's command stream
 
 
 @dataclass(frozen=True)
@@ -44,20 +46,26 @@ class PtySize:
         return {"rows": self.rows, "cols": self.cols}
 
 
-def pty_body(
-    command: str | Sequence[str] | None,
-    size: PtySize,
-    *,
-    env: Mapping[str, str] | None,
-    cwd: str | None,
-    timeout: float | None,
-    term: str,
-) -> dict[str, Any]:
+class PtyOptions(TypedDict, total=False):
+    """How ``env.pty(command, **)`` starts its terminal (each optional)."""
+
+    rows: int  # default 24
+    cols: int  # default 80
+    env: Mapping[str, str] | None
+    cwd: str | None
+    timeout: float | None
+    term: str  # TERM (default "xterm")
+
+
+def pty_body(command: str | Sequence[str] | None, **options: Unpack[PtyOptions]) -> dict[str, Any]:
     """The run request of a PTY command: ``command`` (default: a login shell) with ``TERM`` set."""
+    check_keywords("pty", options, PtyOptions)
+    size = PtySize(options.get("rows", 24), options.get("cols", 80))
     argv: str | list[str] = (
         list(LOGIN_SHELL) if command is None else command if isinstance(command, str) else list(command)
     )
-    body = command_body(argv, env={"TERM": term, **(env or {})}, cwd=cwd, timeout=timeout, stdin=None)
+    env = {"TERM": options.get("term", "xterm"), **(options.get("env") or {})}
+    body = command_body(argv, env=env, cwd=options.get("cwd"), timeout=options.get("timeout"), stdin=None)
     body["pty"] = size.wire()
     return body
 
@@ -70,35 +78,50 @@ def _bytes(data: str | bytes) -> bytes:
     raise InvalidInputError("data", f"must be str or bytes, got {type(data).__name__}")
 
 
-class _Paths:
-    def __init__(self, environment_id: str) -> None:
-        self.base = f"/v1/environments/{environment_id}/commands"
-        self.id = ""
+class _PtyCore(Generic[C, S]):
+    """Both faces' terminal requests and answers (``adx.sdk._calls`` plans); each face carries them out."""
 
-    def of(self, action: str) -> str:
-        if not self.id:
-            raise AdxError("use the terminal inside a with block")
-        return f"{self.base}/{self.id}/{action}"
-
-
-class Pty(AbstractContextManager["Pty"]):
-    """``with env.pty(rows=24, cols=80) as term:`` ``term.write("ls\\n")``; ``for text in term: ...`` reads the
-    terminal's output as produced; ``term.resize(rows, cols)``; ``term.kill()``; then ``term.result``."""
-
-    def __init__(self, client: Client, environment_id: str, stream: CommandStream) -> None:
+    def __init__(self, client: C, environment_id: str, stream: S) -> None:
         self._client = client
         self._stream = stream
-        self._paths = _Paths(environment_id)
+        self._base = f"/v1/environments/{environment_id}/commands"
+        self._id = ""
 
     @property
     def id(self) -> str:
         """The command's ID (in ``env.commands`` listings while it runs)."""
-        return self._paths.id
+        return self._id
+
+    def _path(self, action: str) -> str:
+        if not self._id:
+            raise AdxError("use the terminal inside a with block")
+        return f"{self._base}/{self._id}/{action}"
+
+    def _write(self, data: str | bytes) -> Plan[None]:
+        path = self._path("stdin")
+        call = Call("POST", path, what="write to the terminal", idempotent=False, content=_bytes(data))
+        yield from request(self._client, call)
+
+    def _resize(self, rows: int, cols: int) -> Plan[None]:
+        size = PtySize(rows, cols)
+        yield from request(
+            self._client, Call("POST", self._path("resize"), what="resize", idempotent=True, json=size.wire())
+        )
+
+    def _kill(self, signal: str) -> Plan[bool]:
+        call = Call("POST", self._path("kill"), what="kill", idempotent=True, json={"signal": signal})
+        answer = yield from json_of(self._client, call)
+        return bool(answer.get("delivered"))
+
+
+class Pty(_PtyCore["Client", "CommandStream"], AbstractContextManager["Pty"]):
+    """``with env.pty(rows=24, cols=80) as term:`` ``term.write("ls\\n")``; ``for text in term: ...`` reads the
+    terminal's output as produced; ``term.resize(rows, cols)``; ``term.kill()``; then ``term.result``."""
 
     def __enter__(self) -> Pty:
         self._stream.__enter__()
         try:
-            self._paths.id = self._stream.started()
+            self._id = self._stream.started()
         except BaseException:
             self._stream.__exit__(None, None, None)
             raise
@@ -108,7 +131,7 @@ class Pty(AbstractContextManager["Pty"]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            if self._paths.id and not self._stream.finished:
+            if self._id and not self._stream.finished:
                 self.kill()
         except AdxError:
             pass  # hanging up below ends it too: execd kills a foreground command whose client has gone
@@ -121,19 +144,14 @@ class Pty(AbstractContextManager["Pty"]):
 
     def write(self, data: str | bytes) -> None:
         """Type ``data`` (``"\\r"`` is Enter, ``"\\x03"`` Ctrl-C: the terminal's line discipline applies)."""
-        self._client.request(
-            "POST", self._paths.of("stdin"), content=_bytes(data), what="write to the terminal", idempotent=False
-        )
+        self._client.run(self._write(data))
 
     def resize(self, rows: int, cols: int) -> None:
-        size = PtySize(rows, cols)
-        self._client.request("POST", self._paths.of("resize"), json=size.wire(), what="resize", idempotent=True)
+        self._client.run(self._resize(rows, cols))
 
     def kill(self, signal: str = "SIGKILL") -> bool:
         """Signal the command's process group; False when it had already exited."""
-        path = self._paths.of("kill")
-        answer = self._client.request("POST", path, json={"signal": signal}, what="kill", idempotent=True)
-        return bool(answer.json().get("delivered"))
+        return self._client.run(self._kill(signal))
 
     @property
     def result(self) -> CommandResult:
@@ -141,23 +159,14 @@ class Pty(AbstractContextManager["Pty"]):
         return self._stream.result
 
 
-class AsyncPty(AbstractAsyncContextManager["AsyncPty"]):
+class AsyncPty(_PtyCore["AsyncClient", "AsyncCommandStream"], AbstractAsyncContextManager["AsyncPty"]):
     """``async with env.pty() as term:``: :class:`Pty` for :class:`adx.AsyncClient` (``await term.write(...)``,
     ``async for text in term``, ``await term.result()``)."""
-
-    def __init__(self, client: AsyncClient, environment_id: str, stream: AsyncCommandStream) -> None:
-        self._client = client
-        self._stream = stream
-        self._paths = _Paths(environment_id)
-
-    @property
-    def id(self) -> str:
-        return self._paths.id
 
     async def __aenter__(self) -> AsyncPty:
         await self._stream.__aenter__()
         try:
-            self._paths.id = await self._stream.started()
+            self._id = await self._stream.started()
         except BaseException:
             await self._stream.__aexit__(None, None, None)
             raise
@@ -167,7 +176,7 @@ class AsyncPty(AbstractAsyncContextManager["AsyncPty"]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            if self._paths.id and not self._stream.finished:
+            if self._id and not self._stream.finished:
                 await self.kill()
         except AdxError:
             pass  # as Pty: hanging up ends it too
@@ -179,18 +188,13 @@ class AsyncPty(AbstractAsyncContextManager["AsyncPty"]):
             yield chunk.data
 
     async def write(self, data: str | bytes) -> None:
-        await self._client.request(
-            "POST", self._paths.of("stdin"), content=_bytes(data), what="write to the terminal", idempotent=False
-        )
+        await self._client.run(self._write(data))
 
     async def resize(self, rows: int, cols: int) -> None:
-        size = PtySize(rows, cols)
-        await self._client.request("POST", self._paths.of("resize"), json=size.wire(), what="resize", idempotent=True)
+        await self._client.run(self._resize(rows, cols))
 
     async def kill(self, signal: str = "SIGKILL") -> bool:
-        path = self._paths.of("kill")
-        answer = await self._client.request("POST", path, json={"signal": signal}, what="kill", idempotent=True)
-        return bool(answer.json().get("delivered"))
+        return await self._client.run(self._kill(signal))
 
     async def result(self) -> CommandResult:
         return await self._stream.result()

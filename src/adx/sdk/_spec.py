@@ -6,8 +6,8 @@ errors are reported under the SDK's own argument names (``cpu``, ``memory``, ``i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypedDict, Unpack, cast
 
 from adx.errors import InvalidInputError
 from adx.model import (
@@ -24,27 +24,13 @@ from adx.model import (
     parse_wire,
 )
 from adx.model import RestartPolicy as _RestartPolicy
+from adx.sdk._models import check_keywords
 from adx.sdk._volumes import volumes_body
 
 # A pause call's HTTP timeout beyond the capture's own bound: freeze, publish, commit and stop.
 PAUSE_OVERHEAD_SECONDS = 60.0
 # A resume call's HTTP timeout: the API server waits up to its wake_timeout_seconds (default 60) for the resume.
 RESUME_TIMEOUT_SECONDS = 180.0
-
-# Wire path prefix -> SDK argument name (longest first).
-_ARGUMENTS = [
-    ("resources.cpuMillis", "cpu"),
-    ("resources.memoryBytes", "memory"),
-    ("resources.diskBytes", "disk"),
-    ("lifecycle.idleTimeoutSeconds", "idle_timeout"),
-    ("lifecycle.idleAction", "idle_action"),
-    ("lifecycle.pauseOptions", "pause"),
-    ("lifecycle.restartPolicy", "restart"),
-    ("lifecycle.execdHealthFailureThreshold", "execd_health_failure_threshold"),
-    ("lifecycle.lifetimeSeconds", "lifetime"),
-    ("lifecycle.lifetimeAction", "lifetime_action"),
-    ("lifecycle", "idle_action"),  # model-level lifecycle checks are about the idle action and its window
-]
 
 
 def sdk_field(wire_path: str) -> str:
@@ -155,65 +141,100 @@ def pause_call_timeout(lifecycle: Lifecycle, floor: float) -> float:
     return max(floor, lifecycle.effective_pause_options.timeout_seconds + PAUSE_OVERHEAD_SECONDS)
 
 
-def build_spec(
-    *,
-    cpu: float | str,
-    memory: int | str,
-    disk: int | str | None = None,
-    image: str | None = None,
-    entrypoint: Sequence[str] | None = None,
-    idle_timeout: float | None = None,
-    idle_action: IdleAction | str | None = None,
-    pause: PauseOptions | None = None,
-    restart: _RestartPolicy | None = None,
-    execd_health_failure_threshold: int | None = None,
-    lifetime: float | None = None,
-    lifetime_action: IdleAction | str | None = None,
-    env: Mapping[str, str] | None = None,
-    metadata: Mapping[str, str] | None = None,
-    network: Mapping[str, Any] | None = None,
-    volumes: Mapping[str, str | Volume] | None = None,
-) -> dict[str, Any]:
+def _as_is(field: str, value: object) -> object:
+    return value
+
+
+def _policy(model: type[PauseOptions | _RestartPolicy], name: str) -> Callable[[str, object], object]:
+    def wire(field: str, value: object) -> object:
+        if not isinstance(value, model):
+            raise InvalidInputError(field, f"must be an {name}, got {type(value).__name__}")
+        return value.to_wire()
+
+    return wire
+
+
+def _argv(field: str, value: object) -> object:
+    if isinstance(value, str):
+        raise InvalidInputError(field, "must be a list of arguments (argv), not a string")
+    return list(cast(Sequence[str], value))
+
+
+def _mapping(field: str, value: object) -> object:
+    return dict(cast(Mapping[str, Any], value))
+
+
+#: SDK argument -> lifecycle wire field, and how its value becomes the wire's (in the order errors are found).
+_LIFECYCLE: list[tuple[str, str, Callable[[str, Any], object]]] = [
+    ("idle_timeout", "idleTimeoutSeconds", _whole_seconds),
+    ("idle_action", "idleAction", _action),
+    ("pause", "pauseOptions", _policy(PauseOptions, "adx.PausePolicy")),
+    ("restart", "restartPolicy", _policy(_RestartPolicy, "adx.RestartPolicy")),
+    ("execd_health_failure_threshold", "execdHealthFailureThreshold", _as_is),
+    ("lifetime", "lifetimeSeconds", _whole_seconds),
+    ("lifetime_action", "lifetimeAction", _action),
+]
+#: The spec's other fields, whose wire names are the arguments' own.
+_TOP_LEVEL: list[tuple[str, Callable[[str, Any], object]]] = [
+    ("image", _as_is),
+    ("entrypoint", _argv),
+    ("env", _mapping),
+    ("metadata", _mapping),
+    ("network", _mapping),
+    ("volumes", lambda _, value: volumes_body(value)),
+]
+#: Wire path prefix -> SDK argument name, for errors the model finds (a bare "lifecycle" last: model-level
+#: lifecycle checks are about the idle action and its window).
+_ARGUMENTS = [
+    ("resources.cpuMillis", "cpu"),
+    ("resources.memoryBytes", "memory"),
+    ("resources.diskBytes", "disk"),
+    *((f"lifecycle.{wire}", name) for name, wire, _ in _LIFECYCLE),
+    ("lifecycle", "idle_action"),
+]
+
+
+class SpecArgs(TypedDict, total=False):
+    """An Environment's spec as keyword arguments: ``environments.create(**)`` and ``build_spec(**)`` take these
+    (each may be None: unset)."""
+
+    cpu: float | str  # cores, or millicores "500m" (default 1)
+    memory: int | str  # bytes, or "512Mi" (the default)
+    disk: int | str | None
+    image: str | None
+    entrypoint: Sequence[str] | None
+    idle_timeout: float | None
+    idle_action: IdleAction | str | None
+    pause: PauseOptions | None
+    restart: _RestartPolicy | None
+    execd_health_failure_threshold: int | None
+    lifetime: float | None
+    lifetime_action: IdleAction | str | None
+    env: Mapping[str, str] | None
+    metadata: Mapping[str, str] | None
+    network: Mapping[str, Any] | None  # network_body(...)
+    volumes: Mapping[str, str | Volume] | None
+
+
+def build_spec(**args: Unpack[SpecArgs]) -> dict[str, Any]:
     """The camelCase spec for ``POST /v1/environments``; InvalidInputError names the SDK argument."""
+    check_keywords("build_spec", args, SpecArgs)
+    disk = args.get("disk")
     resources = {
-        "cpuMillis": parse_cpu_millis("cpu", cpu),
-        "memoryBytes": parse_bytes("memory", memory),
+        "cpuMillis": parse_cpu_millis("cpu", args.get("cpu", 1)),
+        "memoryBytes": parse_bytes("memory", args.get("memory", "512Mi")),
         "diskBytes": parse_bytes("disk", disk) if disk is not None else 0,
     }
     lifecycle: dict[str, Any] = {}
-    if idle_timeout is not None:
-        lifecycle["idleTimeoutSeconds"] = _whole_seconds("idle_timeout", idle_timeout)
-    if idle_action is not None:
-        lifecycle["idleAction"] = _action("idle_action", idle_action)
-    if pause is not None:
-        if not isinstance(pause, PauseOptions):
-            raise InvalidInputError("pause", f"must be an adx.PausePolicy, got {type(pause).__name__}")
-        lifecycle["pauseOptions"] = pause.to_wire()
-    if restart is not None:
-        if not isinstance(restart, _RestartPolicy):
-            raise InvalidInputError("restart", f"must be an adx.RestartPolicy, got {type(restart).__name__}")
-        lifecycle["restartPolicy"] = restart.to_wire()
-    if execd_health_failure_threshold is not None:
-        lifecycle["execdHealthFailureThreshold"] = execd_health_failure_threshold
-    if lifetime is not None:
-        lifecycle["lifetimeSeconds"] = _whole_seconds("lifetime", lifetime)
-    if lifetime_action is not None:
-        lifecycle["lifetimeAction"] = _action("lifetime_action", lifetime_action)
+    for name, wire, convert in _LIFECYCLE:
+        value = args.get(name)
+        if value is not None:
+            lifecycle[wire] = convert(name, value)
     spec: dict[str, Any] = {"resources": resources, "lifecycle": lifecycle}
-    if image is not None:
-        spec["image"] = image
-    if entrypoint is not None:
-        if isinstance(entrypoint, str):
-            raise InvalidInputError("entrypoint", "must be a list of arguments (argv), not a string")
-        spec["entrypoint"] = list(entrypoint)
-    if env is not None:
-        spec["env"] = dict(env)
-    if metadata is not None:
-        spec["metadata"] = dict(metadata)
-    if network is not None:
-        spec["network"] = dict(network)  # network_body(...)
-    if volumes is not None:
-        spec["volumes"] = volumes_body(volumes)
+    for name, convert in _TOP_LEVEL:
+        value = args.get(name)
+        if value is not None:
+            spec[name] = convert(name, value)
     try:
         parse_wire(EnvironmentSpec, spec)
     except InvalidInputError as exc:

@@ -9,7 +9,7 @@ plane (or one port of it) and nothing else, so an end user gets a URL without th
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 from urllib.parse import quote, urlencode
 
 from adx.errors import InvalidInputError
@@ -20,10 +20,11 @@ from adx.model import (
     EndpointTokenList,
     IssuedEndpointToken,
 )
+from adx.sdk._calls import C, Call, Plan, json_of
 
 if TYPE_CHECKING:
-    from adx.sdk._async import AsyncClient
-    from adx.sdk._client import Client
+    from adx.sdk._async import AsyncClient  # noqa: F401 (the faces' base classes name it)
+    from adx.sdk._client import Client  # noqa: F401
 
 
 def token_body(port: int | None, ttl: float | timedelta | None) -> dict[str, Any]:
@@ -57,80 +58,60 @@ def token_url(api_url: str, environment_id: str, token: IssuedEndpointToken, pat
     return f"{base}?{urlencode({ENDPOINT_TOKEN_QUERY: token.token})}"
 
 
-class Tokens:
-    """An Environment's endpoint tokens (``env.tokens``)."""
+class _TokensCore(Generic[C]):
+    """Both faces' requests and answers (``adx.sdk._calls`` plans); each face carries them out."""
 
-    def __init__(self, client: Client, environment_id: str) -> None:
+    def __init__(self, client: C, environment_id: str) -> None:
         self._client = client
         self._id = environment_id
+        self._path = f"/v1/environments/{environment_id}/tokens"
 
-    def create(self, *, port: int | None = None, ttl: float | timedelta | None = None) -> IssuedEndpointToken:
-        """A new token (its secret is in ``.token``, shown only now). ``port``: only that port's proxy;
-        ``ttl``: seconds (or a timedelta) until it expires, None: until revoked."""
-        response = self._client.request(
-            "POST",
-            f"/v1/environments/{self._id}/tokens",
-            what=f"create a token for {self._id}",
-            idempotent=False,
-            json=token_body(port, ttl),
-        )
-        return IssuedEndpointToken.model_validate(response.json())
+    def _create(self, port: int | None, ttl: float | timedelta | None) -> Plan[IssuedEndpointToken]:
+        body = token_body(port, ttl)
+        call = Call("POST", self._path, what=f"create a token for {self._id}", idempotent=False, json=body)
+        return IssuedEndpointToken.model_validate((yield from json_of(self._client, call)))
 
-    def list(self) -> list[EndpointTokenInfo]:
-        """The live tokens (IDs, scope, expiry; never their secrets)."""
-        response = self._client.request(
-            "GET", f"/v1/environments/{self._id}/tokens", what=f"list the tokens of {self._id}", idempotent=True
-        )
-        return EndpointTokenList.model_validate(response.json()).tokens
+    def _list(self) -> Plan[list[EndpointTokenInfo]]:
+        call = Call("GET", self._path, what=f"list the tokens of {self._id}", idempotent=True)
+        return EndpointTokenList.model_validate((yield from json_of(self._client, call))).tokens
 
-    def revoke(self, token: str | EndpointTokenInfo) -> EndpointTokenInfo:
-        """Revoke a token (by ID or as returned by create/list): every Ingress refuses it from now on."""
+    def _revoke(self, token: str | EndpointTokenInfo) -> Plan[EndpointTokenInfo]:
         token_id = token_id_of(token)
-        response = self._client.request(
-            "DELETE",
-            f"/v1/environments/{self._id}/tokens/{token_id}",
-            what=f"revoke token {token_id} of {self._id}",
-            idempotent=True,
+        path, what = f"{self._path}/{token_id}", f"revoke token {token_id} of {self._id}"
+        return EndpointTokenInfo.model_validate(
+            (yield from json_of(self._client, Call("DELETE", path, what=what, idempotent=True)))
         )
-        return EndpointTokenInfo.model_validate(response.json())
 
     def url(self, token: IssuedEndpointToken, path: str = "/", *, port: int | None = None) -> str:
         """A browser link to ``path`` on the token's port (or ``port``) carrying the token."""
         return token_url(self._client.api_url, self._id, token, path, port)
 
 
-class AsyncTokens:
+class Tokens(_TokensCore["Client"]):
+    """An Environment's endpoint tokens (``env.tokens``)."""
+
+    def create(self, *, port: int | None = None, ttl: float | timedelta | None = None) -> IssuedEndpointToken:
+        """A new token (its secret is in ``.token``, shown only now). ``port``: only that port's proxy;
+        ``ttl``: seconds (or a timedelta) until it expires, None: until revoked."""
+        return self._client.run(self._create(port, ttl))
+
+    def list(self) -> list[EndpointTokenInfo]:
+        """The live tokens (IDs, scope, expiry; never their secrets)."""
+        return self._client.run(self._list())
+
+    def revoke(self, token: str | EndpointTokenInfo) -> EndpointTokenInfo:
+        """Revoke a token (by ID or as returned by create/list): every Ingress refuses it from now on."""
+        return self._client.run(self._revoke(token))
+
+
+class AsyncTokens(_TokensCore["AsyncClient"]):
     """``Tokens`` for the AsyncClient."""
 
-    def __init__(self, client: AsyncClient, environment_id: str) -> None:
-        self._client = client
-        self._id = environment_id
-
     async def create(self, *, port: int | None = None, ttl: float | timedelta | None = None) -> IssuedEndpointToken:
-        response = await self._client.request(
-            "POST",
-            f"/v1/environments/{self._id}/tokens",
-            what=f"create a token for {self._id}",
-            idempotent=False,
-            json=token_body(port, ttl),
-        )
-        return IssuedEndpointToken.model_validate(response.json())
+        return await self._client.run(self._create(port, ttl))
 
     async def list(self) -> list[EndpointTokenInfo]:
-        response = await self._client.request(
-            "GET", f"/v1/environments/{self._id}/tokens", what=f"list the tokens of {self._id}", idempotent=True
-        )
-        return EndpointTokenList.model_validate(response.json()).tokens
+        return await self._client.run(self._list())
 
     async def revoke(self, token: str | EndpointTokenInfo) -> EndpointTokenInfo:
-        token_id = token_id_of(token)
-        response = await self._client.request(
-            "DELETE",
-            f"/v1/environments/{self._id}/tokens/{token_id}",
-            what=f"revoke token {token_id} of {self._id}",
-            idempotent=True,
-        )
-        return EndpointTokenInfo.model_validate(response.json())
-
-    def url(self, token: IssuedEndpointToken, path: str = "/", *, port: int | None = None) -> str:
-        return token_url(self._client.api_url, self._id, token, path, port)
+        return await self._client.run(self._revoke(token))
