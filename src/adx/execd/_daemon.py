@@ -24,10 +24,7 @@ Admin socket routes (control operations, never counted as activity, never gated)
 from __future__ import annotations
 
 import asyncio
-import binascii
-import codecs
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -36,73 +33,25 @@ import time
 from typing import Any
 
 from adx.execd import _protocol as P
-from adx.execd._accounts import AccountError, Identity, ensure_account, under_home
+from adx.execd._accounts import AccountError, ensure_account
 from adx.execd._activity import Activity, AdmissionClosed
+from adx.execd._commands import CommandRoutes, account_env
 from adx.execd._control import ControlClient
 from adx.execd._files import handle_files
-from adx.execd._http import HttpError, Request, Response, account, invalid, serve_connection
+from adx.execd._http import HttpError, Request, Response, invalid, serve_connection, strict_fields
 from adx.execd._options import ExecdOptions
-from adx.execd._procs import Command, ProcessTable, SpawnError, set_window_size
+from adx.execd._procs import Command, ProcessTable, SpawnError
 from adx.execd._watch import Watchers, handle_watchers
 
 __all__ = ["Execd"]
 
 log = logging.getLogger("adx.execd")
 
-#: How often a foreground command checks whether its client hung up while the command prints nothing.
-CLIENT_POLL = 0.2
-MAX_TIMEOUT = 7 * 86400.0
-STDIN_WRITE_TIMEOUT = 60.0
-RUN_FIELDS = frozenset(
-    {
-        "argv",
-        "command",
-        "env",
-        "cwd",
-        "timeoutSeconds",
-        "stdin",
-        "stdinBase64",
-        "keepStdinOpen",
-        "background",
-        "encoding",
-        "pty",
-        "user",
-    }
-)
-
 
 def _unlink(path: str) -> None:
     # Local metadata calls take microseconds: not worth a thread hop.
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-def _frame(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode() + b"\n"
-
-
-def _window_size(value: Any, field: str) -> tuple[int, int]:
-    """``{"rows", "cols"}`` of a terminal, each 1-65535 (the kernel's unsigned short)."""
-    if not isinstance(value, dict):
-        raise invalid(field, "must be an object {rows, cols}")
-    _strict_fields(value, frozenset({"rows", "cols"}))
-    sizes = []
-    for key in ("rows", "cols"):
-        size = value.get(key)
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 65535:
-            raise invalid(f"{field}.{key}", "must be an integer 1-65535")
-        sizes.append(size)
-    return sizes[0], sizes[1]
-
-
-def _account_env(who: Identity) -> dict[str, str]:
-    return {"HOME": who.home, "USER": who.name, "LOGNAME": who.name}
-
-
-def _strict_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
-    for key in body:
-        if key not in allowed:
-            raise invalid(key, "unknown field")
 
 
 class Execd:
@@ -132,7 +81,7 @@ class Execd:
             except AccountError as exc:
                 raise SpawnError("user", exc.reason) from None
             self.procs.identity = who
-            self.base_env.update(_account_env(who))
+            self.base_env.update(account_env(who))
         self.started_at = time.time()
         self.ready = False
         self.workload: Command | None = None
@@ -142,6 +91,7 @@ class Execd:
         self._tasks: set[asyncio.Task[None]] = set()
         self._checkpoint_ops: set[str] = set()
         self.watchers = Watchers()
+        self.commands = CommandRoutes(self.procs, self.activity, self.base_env, self._spawn_task)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _spawn_task(self, coro: Any) -> None:
@@ -347,7 +297,7 @@ class Execd:
             await resp.send_json(200, self.activity.snapshot())
         elif route == ("POST", "/v1/admission/close"):
             body = await req.body.json()
-            _strict_fields(body, frozenset({"expectedVersion"}))
+            strict_fields(body, frozenset({"expectedVersion"}))
             expected = body.get("expectedVersion")
             if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
                 raise invalid("expectedVersion", "required non-negative integer")
@@ -369,32 +319,8 @@ class Execd:
     async def _route_client(self, req: Request, resp: Response) -> None:
         parts = req.path.strip("/").split("/")
         if parts[:2] == ["v1", "commands"]:
-            if len(parts) == 2:
-                if req.method == "POST":
-                    return await self._run(req, resp)
-                if req.method == "GET":
-                    commands = sorted(self.procs.commands.values(), key=lambda c: c.started_at)
-                    return await resp.send_json(200, {"commands": [c.status() for c in commands]})
-            elif len(parts) in (3, 4):
-                command = self.procs.commands.get(parts[2])
-                if command is None:
-                    raise HttpError(404, "not_found", f"no command {parts[2]!r}", {"field": "id"})
-                action = parts[3] if len(parts) == 4 else ""
-                if action == "" and req.method == "GET":
-                    return await resp.send_json(200, command.status())
-                if action == "" and req.method == "DELETE":
-                    if command.running:
-                        raise HttpError(409, "conflict", "command is still running; kill it first", {"field": "id"})
-                    self.procs.forget(command.id)
-                    return await resp.send(204)
-                if action == "output" and req.method == "GET":
-                    return await self._output(req, resp, command)
-                if action == "kill" and req.method == "POST":
-                    return await self._kill(req, resp, command)
-                if action == "stdin" and req.method == "POST":
-                    return await self._stdin(req, resp, command)
-                if action == "resize" and req.method == "POST":
-                    return await self._resize(req, resp, command)
+            if await self.commands.handle(req, resp, parts[2:]):
+                return
         elif parts[:2] == ["v1", "watchers"]:
             return await handle_watchers(self.watchers, req, resp, parts[2:])
         elif parts[:2] == ["v1", "files"]:
@@ -426,7 +352,7 @@ class Execd:
 
     async def _checkpoint_request(self, req: Request, resp: Response) -> None:
         body = await req.body.json()
-        _strict_fields(body, frozenset({"operationId", "reason"}))
+        strict_fields(body, frozenset({"operationId", "reason"}))
         op = body.get("operationId") or os.urandom(8).hex()
         if not isinstance(op, str) or len(op) > 200:
             raise invalid("operationId", "must be a string of at most 200 characters")
@@ -438,243 +364,3 @@ class Execd:
             self._checkpoint_ops.add(op)
             self.emit({"type": P.CHECKPOINT_REQUEST, "operationId": op, "reason": reason, "requestedAt": time.time()})
         await resp.send_json(202, {"operationId": op, "duplicate": duplicate})
-
-    # -- commands ---------------------------------------------------------------------------------------
-    def _parse_run(self, body: dict[str, Any]) -> dict[str, Any]:
-        _strict_fields(body, RUN_FIELDS)
-        argv = body.get("argv")
-        command = body.get("command")
-        if (argv is None) == (command is None):
-            raise invalid("argv", "give exactly one of argv (list of strings) or command (shell string)")
-        if argv is not None:
-            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-                raise invalid("argv", "must be a non-empty list of strings")
-            if any("\x00" in a for a in argv):  # the kernel takes none: subprocess would raise ValueError
-                raise invalid("argv", "must not contain NUL")
-        else:
-            if not isinstance(command, str) or not command.strip():
-                raise invalid("command", "must be a non-empty string")
-            if "\x00" in command:
-                raise invalid("command", "must not contain NUL")
-            argv = ["/bin/sh", "-c", command]
-        who = account(body["user"]) if body.get("user") is not None else None
-        env = dict(self.base_env)
-        if who is not None:
-            env.update(_account_env(who))
-        extra = body.get("env", {})
-        if not isinstance(extra, dict):
-            raise invalid("env", "must be an object of string values")
-        for key, value in extra.items():
-            if not isinstance(value, str) or not key or "=" in key or "\x00" in key + value:
-                raise invalid(f"env.{key}", "must be a string value with a name without '=' or NUL")
-            env[key] = value
-        cwd = body.get("cwd")
-        if who is not None:
-            # As envd: in the account's home unless told otherwise; a relative cwd is in that home too.
-            if cwd is None:
-                cwd = who.home if os.path.isdir(who.home) else None
-            elif isinstance(cwd, str) and cwd:
-                cwd = under_home(cwd, who)
-        if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
-            raise invalid("cwd", "must be an absolute path (or relative to the home of the command's user)")
-        timeout = body.get("timeoutSeconds")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT
-        ):
-            raise invalid("timeoutSeconds", f"must be a number in (0, {MAX_TIMEOUT:.0f}]")
-        stdin_data: bytes | None = None
-        if "stdin" in body and "stdinBase64" in body:
-            raise invalid("stdin", "give at most one of stdin and stdinBase64")
-        if "stdin" in body:
-            if not isinstance(body["stdin"], str):
-                raise invalid("stdin", "must be a string")
-            stdin_data = body["stdin"].encode()
-        if "stdinBase64" in body:
-            if not isinstance(body["stdinBase64"], str):
-                raise invalid("stdinBase64", "must be a string")
-            try:
-                # Strict: the lenient decoder skips characters outside the alphabet instead of refusing them.
-                stdin_data = binascii.a2b_base64(body["stdinBase64"].encode(), strict_mode=True)
-            except (binascii.Error, UnicodeEncodeError):
-                raise invalid("stdinBase64", "is not valid base64") from None
-        keep_open = body.get("keepStdinOpen", False)
-        background = body.get("background", False)
-        for name, value in (("keepStdinOpen", keep_open), ("background", background)):
-            if not isinstance(value, bool):
-                raise invalid(name, "must be a boolean")
-        encoding = body.get("encoding", "utf-8")
-        if encoding not in ("utf-8", "base64"):
-            raise invalid("encoding", "must be utf-8 or base64")
-        pty = body.get("pty")
-        if pty is not None:
-            pty = _window_size(pty, "pty")
-            if background:
-                raise invalid("pty", "a PTY is streamed to its client: not with background")
-        return {
-            "identity": who,
-            "pty": pty,
-            "argv": argv,
-            "env": env,
-            "cwd": cwd,
-            "timeout": timeout,
-            "stdin": stdin_data,
-            "keep_open": keep_open,
-            "background": background,
-            "encoding": encoding,
-        }
-
-    async def _feed_stdin(self, command: Command, data: bytes | None, keep_open: bool) -> None:
-        await command.stdin_ready.wait()
-        if command.stdin is None:
-            return
-        try:
-            if data:
-                await command.stdin.write(data)
-        except (BrokenPipeError, ConnectionError):
-            return  # the command exited or closed its stdin: not an error of the request
-        if not keep_open:
-            command.stdin.close()
-
-    async def _run(self, req: Request, resp: Response) -> None:
-        spec = self._parse_run(await req.body.json())
-        try:
-            command = self.procs.spawn(
-                spec["argv"],
-                background=spec["background"],
-                env=spec["env"],
-                cwd=spec["cwd"],
-                stdin=spec["stdin"] is not None or spec["keep_open"],
-                timeout=spec["timeout"],
-                pty=spec["pty"],
-                identity=spec["identity"],
-            )
-        except SpawnError as exc:
-            raise invalid(exc.field, exc.reason) from None
-        if spec["pty"] is not None:  # its input is the terminal's: open as long as the PTY is
-            if spec["stdin"]:
-                self._spawn_task(self._feed_stdin(command, spec["stdin"], True))
-        elif spec["stdin"] is not None or spec["keep_open"]:
-            self._spawn_task(self._feed_stdin(command, spec["stdin"], spec["keep_open"]))
-        if spec["background"]:
-            self.activity.background_started()
-            await resp.send_json(201, command.status())
-            return
-        await self._stream_foreground(req, resp, command, spec["encoding"])
-
-    async def _stream_foreground(self, req: Request, resp: Response, command: Command, encoding: str) -> None:
-        """NDJSON frames: start {"id","pid"}; {"stream","data"} as produced; end {"exitCode","signal","timedOut"}."""
-        queue = command.queue
-        assert queue is not None
-        decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr", "pty")}
-
-        def data_frame(stream: str, data: bytes, final: bool = False) -> bytes:
-            if encoding == "base64":
-                return _frame({"stream": stream, "data": binascii.b2a_base64(data, newline=False).decode()})
-            text = decoders[stream].decode(data, final)
-            return _frame({"stream": stream, "data": text}) if text else b""
-
-        try:
-            await resp.start(200, "application/x-ndjson")
-            await resp.write(_frame({"id": command.id, "pid": command.pid}))
-            while True:
-                item = await queue.get(CLIENT_POLL)
-                if item is not None:
-                    await resp.write(data_frame(*item))
-                    continue
-                if command.done.is_set():
-                    break
-                if req.client_gone():
-                    raise ConnectionResetError("client hung up")
-            if encoding == "utf-8":
-                for stream in ("stdout", "stderr", "pty"):
-                    await resp.write(data_frame(stream, b"", final=True))
-            await resp.write(
-                _frame({"exitCode": command.exit_code, "signal": command.term_signal, "timedOut": command.timed_out})
-            )
-            await resp.end()
-        except BaseException:
-            # A foreground command belongs to its request: when the client goes away, so does the command.
-            command.kill(signal.SIGKILL)
-            raise
-
-    async def _output(self, req: Request, resp: Response, command: Command) -> None:
-        stream = req.query.get("stream", "stdout")
-        if stream not in ("stdout", "stderr"):
-            raise invalid("stream", "must be stdout or stderr")
-        try:
-            offset = int(req.query.get("offset", "0"))
-            limit = int(req.query.get("limit", str(1 << 20)))
-            if offset < 0 or limit <= 0:
-                raise ValueError
-        except ValueError:
-            raise invalid("offset", "offset must be >= 0 and limit > 0 integers") from None
-        buf = command.stdout if stream == "stdout" else command.stderr
-        if buf is None:
-            raise HttpError(409, "conflict", "only background commands keep output", {"field": "id"})
-        actual, data = buf.read(offset, limit)
-        encoding = req.query.get("encoding", "utf-8")
-        if encoding not in ("utf-8", "base64"):
-            raise invalid("encoding", "must be utf-8 or base64")
-        text = (
-            binascii.b2a_base64(data, newline=False).decode()
-            if encoding == "base64"
-            else data.decode("utf-8", "replace")
-        )
-        await resp.send_json(
-            200,
-            {
-                "stream": stream,
-                "offset": actual,
-                "nextOffset": actual + len(data),
-                "droppedBytes": buf.start,
-                "data": text,
-                "state": "running" if command.running else "exited",
-                "exitCode": command.exit_code,
-            },
-        )
-
-    async def _kill(self, req: Request, resp: Response, command: Command) -> None:
-        body = await req.body.json()
-        _strict_fields(body, frozenset({"signal"}))
-        raw = body.get("signal", "SIGKILL")
-        try:
-            sig = signal.Signals[raw] if isinstance(raw, str) else signal.Signals(raw)
-        except (KeyError, ValueError):
-            raise invalid("signal", f"unknown signal {raw!r}") from None
-        delivered = command.kill(sig)
-        await resp.send_json(200, {"id": command.id, "signal": sig.name, "delivered": delivered})
-
-    async def _resize(self, req: Request, resp: Response, command: Command) -> None:
-        rows, cols = _window_size(await req.body.json(), "body")
-        if command.pty_master is None:
-            raise HttpError(409, "conflict", "command has no PTY to resize", {"field": "id"})
-        if not command.running:
-            raise HttpError(409, "conflict", "command has exited", {"field": "id"})
-        set_window_size(command.pty_master, rows, cols)
-        await resp.send_json(200, {"id": command.id, "rows": rows, "cols": cols})
-
-    async def _stdin(self, req: Request, resp: Response, command: Command) -> None:
-        close = req.query.get("close", "false").lower() in ("true", "1")
-        await command.stdin_ready.wait()
-        if command.stdin is None:
-            raise HttpError(
-                409, "conflict", "command was started without an open stdin (keepStdinOpen)", {"field": "id"}
-            )
-        written = 0
-        try:
-            while chunk := await req.body.read():
-                # Bounded: a command that never reads its stdin must not keep this request active forever.
-                await asyncio.wait_for(command.stdin.write(chunk), STDIN_WRITE_TIMEOUT)
-                written += len(chunk)
-        except BrokenPipeError:
-            raise HttpError(409, "conflict", "stdin is closed", {"field": "id"}) from None
-        except TimeoutError:
-            raise HttpError(
-                409,
-                "stdin_blocked",
-                f"the command did not read its stdin for {STDIN_WRITE_TIMEOUT:.0f}s",
-                {"field": "id", "written": written},
-            ) from None
-        if close:
-            command.stdin.close()
-        await resp.send_json(200, {"id": command.id, "written": written, "closed": close})

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from adx.execd._accounts import AccountError, Identity, ensure_account
@@ -69,6 +69,13 @@ class HttpError(Exception):
 def invalid(field: str, reason: str) -> HttpError:
     """400 naming the offending field, shaped like :class:`adx.errors.InvalidInputError`."""
     return HttpError(400, "invalid_input", f"{field}: {reason}", {"field": field, "reason": reason})
+
+
+def strict_fields(body: Mapping[str, object], allowed: frozenset[str]) -> None:
+    """A request body names only fields it may have: else a 400 naming the first other one."""
+    for key in body:
+        if key not in allowed:
+            raise invalid(key, "unknown field")
 
 
 def account(user: Any, field: str = "user") -> Identity:
