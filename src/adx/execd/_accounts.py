@@ -12,9 +12,10 @@ A plain class and no dataclasses: every import costs every sandbox (tests/execd/
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
+
+from adx.execd._atomic import create_temp, replacing
 
 __all__ = ["DEFAULT_ACCOUNT", "AccountError", "Identity", "Names", "ensure_account", "lookup", "under_home"]
 
@@ -148,20 +149,12 @@ def _replace(path: str, lines: list[str], mode: int, gid: int = 0) -> None:
     except FileNotFoundError:
         pass
     tmp = f"{path}.execd-tmp.{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        try:
-            os.write(fd, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
-            os.fchown(fd, 0, gid)
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    fd = create_temp(tmp, mode)
+    with replacing(path, tmp, fd):
+        os.write(fd, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+        os.fchown(fd, 0, gid)
+        os.fchmod(fd, mode)
+        os.fsync(fd)
 
 
 def _ids(lines: list[str]) -> dict[int, list[str]]:

@@ -14,7 +14,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 from adx._backoff import Backoff
 from adx.execd import _protocol as P
@@ -56,11 +55,11 @@ class ControlClient:
         self._last_activity_sent = 0.0
         self._task: asyncio.Task[None] | None = None
         #: sandboxd -> execd requests other than admission (none today) are ignored; tests may hook here.
-        self.on_message: Callable[[dict[str, Any]], None] | None = None
+        self.on_message: Callable[[P.Message], None] | None = None
         activity.subscribe(self._on_activity)
 
     # -- events from execd ------------------------------------------------------------------------------
-    def emit(self, message: dict[str, Any]) -> None:
+    def emit(self, message: P.Message) -> None:
         """Record an event in the local state and send it if connected."""
         P.apply_event(self.state, message)
         if self.connected:
@@ -179,7 +178,7 @@ class ControlClient:
                 self._queue.append(P.encode(reply))
                 self._wake.set()
 
-    def _handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+    def _handle(self, message: P.Message) -> P.Reply | None:
         kind = message["type"]
         request_id = message.get("requestId")
         if kind == P.CLOSE_ADMISSION:

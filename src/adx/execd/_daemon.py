@@ -99,7 +99,7 @@ class Execd:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def emit(self, message: dict[str, Any]) -> None:
+    def emit(self, message: P.Message) -> None:
         if self.control is not None:
             self.control.emit(message)
 

@@ -15,9 +15,10 @@ import contextlib
 import errno
 import os
 import stat as stat_mod
-from typing import Any
+from typing import TypedDict
 
 from adx.execd._accounts import Identity, Names, under_home
+from adx.execd._atomic import create_temp, replacing
 from adx.execd._http import CHUNK, HttpError, Request, Response, account, invalid
 
 __all__ = ["handle_files"]
@@ -83,10 +84,27 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-def _describe(name: str, st: os.stat_result, names: Names, path: str | None = None) -> dict[str, Any]:
+class FileDescription(TypedDict, total=False):
+    """A stat or list entry (``adx.model.FileEntry`` on the API's side)."""
+
+    name: str
+    type: str  # file, directory, symlink, other
+    size: int
+    mode: int  # permission bits
+    mtime: float
+    uid: int
+    gid: int
+    owner: str
+    group: str
+    xattrs: dict[str, str]  # user.* attributes
+    target: str  # a symlink's resolved absolute path
+    targetType: str  # what is there (absent when the link dangles)
+
+
+def _describe(name: str, st: os.stat_result, names: Names, path: str | None = None) -> FileDescription:
     """The entry itself (never followed); a symlink also names where it resolves (``target``, absolute) and
     what is there (``targetType``, absent when the link dangles), given its ``path``."""
-    described: dict[str, Any] = {
+    described: FileDescription = {
         "name": name,
         "type": _kind(st.st_mode),
         "size": st.st_size,
@@ -196,34 +214,26 @@ async def _write(req: Request, resp: Response, path: str, who: Identity | None) 
     xattrs = _requested_xattrs(req)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.execd-tmp.{os.urandom(4).hex()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        fd = create_temp(tmp, mode)
     except OSError as exc:
         raise _os_error(exc, parent) from None
     size = 0
-    try:
-        try:
-            while chunk := await req.body.read():
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
-                size += len(chunk)
-            if who is not None:  # before the mode: chown clears setuid/setgid bits
-                os.fchown(fd, who.uid, who.gid)
-            os.fchmod(fd, mode)  # the umask must not narrow the requested mode
-            for name, value in xattrs.items():  # on the temp file: the file appears with them, or not at all
-                try:
-                    os.setxattr(fd, name, value)
-                except OSError as exc:
-                    raise HttpError(400, "invalid_input", f"{path}: cannot set {name}: {exc.strerror}") from None
-            # fsync of a large file can take long: off the event loop so other requests keep flowing.
-            await asyncio.to_thread(os.fsync, fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with replacing(path, tmp, fd):
+        while chunk := await req.body.read():
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+            size += len(chunk)
+        if who is not None:  # before the mode: chown clears setuid/setgid bits
+            os.fchown(fd, who.uid, who.gid)
+        os.fchmod(fd, mode)  # the umask must not narrow the requested mode
+        for name, value in xattrs.items():  # on the temp file: the file appears with them, or not at all
+            try:
+                os.setxattr(fd, name, value)
+            except OSError as exc:
+                raise HttpError(400, "invalid_input", f"{path}: cannot set {name}: {exc.strerror}") from None
+        # fsync of a large file can take long: off the event loop so other requests keep flowing.
+        await asyncio.to_thread(os.fsync, fd)
     await asyncio.to_thread(_fsync_dir, parent)
     await resp.send_json(201, {"path": path, "size": size})
 

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeAlias, TypedDict
 
 from adx.execd._accounts import AccountError, Identity, ensure_account
 
@@ -52,17 +52,33 @@ REASONS = {
 }
 
 
+#: A request body: JSON the client sent, checked field by field where a route reads it.
+JsonObject: TypeAlias = dict[str, Any]
+
+
+class ErrorWire(TypedDict):
+    code: str
+    message: str
+    details: dict[str, object]
+
+
+class ErrorBody(TypedDict):
+    """An error answer, shaped like the API's (``adx.errors``)."""
+
+    error: ErrorWire
+
+
 class HttpError(Exception):
     """Becomes ``{"error": {"code", "message", "details"}}`` with ``status``."""
 
-    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, details: Mapping[str, object] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
-        self.details = details or {}
+        self.details = dict(details or {})
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorBody:
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
 
@@ -159,7 +175,7 @@ class BodyReader:
             parts.append(chunk)
         return b"".join(parts)
 
-    async def json(self, limit: int = 1 << 20) -> dict[str, Any]:
+    async def json(self, limit: int = 1 << 20) -> JsonObject:
         raw = await self.read_all(limit)
         if not raw.strip():
             return {}

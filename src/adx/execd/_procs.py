@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from adx.execd._accounts import Identity
 
@@ -177,6 +177,21 @@ class _PipeWriter(asyncio.Protocol):
             self.transport.close()
 
 
+class CommandStatus(TypedDict):
+    """A command as ``GET /v1/commands[/{id}]`` shows it."""
+
+    id: str
+    argv: list[str]
+    pid: int
+    background: bool
+    state: str  # running or exited
+    exitCode: int | None
+    signal: int | None  # the signal that ended it
+    timedOut: bool
+    startedAt: float
+    endedAt: float | None
+
+
 class Command:
     """One started process (its own session and process group) and its output."""
 
@@ -247,7 +262,7 @@ class Command:
             self.killed_by = sig
         return True
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> CommandStatus:
         return {
             "id": self.id,
             "argv": self.argv,

@@ -46,7 +46,7 @@ protocol (the node does not start).
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+from typing import Any, TypeAlias, TypedDict, cast
 
 __all__ = [
     "MAX_LINE",
@@ -81,6 +81,23 @@ CHECKPOINT_ACK = "checkpoint_ack"
 # sandboxd -> subscriber
 SNAPSHOT = "snapshot"
 DELTA = "delta"
+
+
+#: One control message as it travels: a JSON object whose string ``type`` says which fields it has. Messages come
+#: from the peer (sandboxd or execd), so a reader checks each field it uses (``_int``, :func:`apply_event`).
+Message: TypeAlias = dict[str, Any]
+
+
+class Reply(TypedDict, total=False):
+    """execd's answer to a request of sandboxd (``requestId`` pairs them)."""
+
+    type: str  # REPLY
+    requestId: object  # as the request had it
+    ok: bool
+    version: int  # the activity version after the request
+    admissionOpen: bool
+    error: str | None  # why not ok
+    field: str  # the request's field that was invalid
 
 
 class ProtocolError(ValueError):
@@ -127,11 +144,11 @@ def initial_state() -> SandboxState:
     }
 
 
-def encode(message: dict[str, Any] | Any) -> bytes:
+def encode(message: object) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def decode(line: bytes) -> dict[str, Any]:
+def decode(line: bytes) -> Message:
     """Parse one line into a message with a string ``type``; raise :class:`ProtocolError` otherwise."""
     if len(line) > MAX_LINE:
         raise ProtocolError(f"line longer than {MAX_LINE} bytes")
@@ -144,14 +161,14 @@ def decode(line: bytes) -> dict[str, Any]:
     return value
 
 
-def _int(message: dict[str, Any], key: str) -> int:
+def _int(message: Message, key: str) -> int:
     value = message.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ProtocolError(f"{message['type']}.{key} must be an integer")
     return value
 
 
-def apply_event(state: SandboxState, message: dict[str, Any]) -> bool:
+def apply_event(state: SandboxState, message: Message) -> bool:
     """Fold one execd event into ``state`` (in place). Return whether the state changed.
 
     ``hello`` replaces the whole state; ``reply`` and unknown types leave it alone (forward compatibility:
@@ -166,7 +183,7 @@ def apply_event(state: SandboxState, message: dict[str, Any]) -> bool:
         merged.update(new)  # type: ignore[typeddict-item]
         changed = merged != state
         # TypedDicts have no clear(); the same object must be updated in place for its holders.
-        plain: dict[str, Any] = state  # type: ignore[assignment]
+        plain = cast(dict[str, object], state)
         plain.clear()
         plain.update(merged)
         return changed

@@ -38,7 +38,7 @@ class BadResponseError(AdxError):
     code = "bad_response"
 
 
-def _parse_error(body: bytes) -> tuple[str | None, str | None, dict[str, Any]]:
+def _parse_error(body: bytes) -> tuple[str | None, str | None, dict[str, object]]:
     try:
         data = json.loads(body)
         error = data["error"]

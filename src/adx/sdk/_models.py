@@ -6,7 +6,7 @@ import base64
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from adx.errors import InvalidInputError, UncertainOutcomeError
 from adx.model import CheckpointRef, EnvironmentState, EnvironmentView, Lifecycle, Resources, VolumeMount, parse_wire
@@ -75,6 +75,32 @@ class CommandResult:
         return self.exit_code == 0
 
 
+class ExitFrame(TypedDict, total=False):
+    """execd's last frame of a command's output stream."""
+
+    exitCode: int | None  # None: killed by a signal
+    signal: int | str | None
+    timedOut: bool
+
+
+class WindowSize(TypedDict):
+    rows: int
+    cols: int
+
+
+class CommandBody(TypedDict, total=False):
+    """``POST .../commands``: exactly one of ``command`` (a shell string) and ``argv``."""
+
+    command: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    timeoutSeconds: float
+    stdin: str
+    stdinBase64: str
+    pty: WindowSize  # run on a pseudo-terminal of this size
+
+
 @dataclass
 class FrameReader:
     """Folds execd's NDJSON frames into output chunks and a final result."""
@@ -83,7 +109,7 @@ class FrameReader:
     on_stderr: Callable[[str], object] | None = None
     id: str = ""
     pid: int | None = None
-    final: dict[str, Any] | None = None
+    final: ExitFrame | None = None
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
 
@@ -97,7 +123,7 @@ class FrameReader:
         if not isinstance(frame, dict):
             raise BadResponseError(f"unexpected command frame: {line[:200]!r}")
         if "exitCode" in frame:
-            self.final = frame
+            self.final = cast(ExitFrame, frame)  # its fields are read with .get: a missing one is None
             return None
         if "stream" in frame:
             chunk = OutputChunk(str(frame["stream"]), str(frame.get("data", "")))
@@ -163,7 +189,7 @@ class CommandOptions(TypedDict, total=False):
     on_stderr: Callable[[str], object] | None
 
 
-def command_parts(command: str | Sequence[str], options: CommandOptions) -> tuple[dict[str, Any], FrameReader]:
+def command_parts(command: str | Sequence[str], options: CommandOptions) -> tuple[CommandBody, FrameReader]:
     """The run request's body and the reader of its output frames."""
     check_keywords("run", options, CommandOptions)
     env = options.get("env")
@@ -184,8 +210,8 @@ def command_body(
     cwd: str | None,
     timeout: float | None,
     stdin: str | bytes | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {}
+) -> CommandBody:
+    body: CommandBody = {}
     if isinstance(command, str):
         if not command.strip():
             raise InvalidInputError("command", "must not be empty")

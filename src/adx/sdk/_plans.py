@@ -4,7 +4,7 @@ decides what to do with the answers and parses them once; ``Client`` and ``Async
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar, cast
 
@@ -17,6 +17,7 @@ from adx.sdk._calls import DEFAULT_TIMEOUT, C, Call, CapacityWait, ClientCore, P
 from adx.sdk._errors import transport_error
 from adx.sdk._logs import LogsQuery, logs_params
 from adx.sdk._models import (
+    CommandBody,
     CommandOptions,
     CommandResult,
     EnvironmentFields,
@@ -161,7 +162,7 @@ def logs(client: ClientCore, environment_id: str, query: LogsQuery) -> Plan[Envi
     return EnvironmentLogs.model_validate(data)
 
 
-def run_command(environment_id: str, body: Mapping[str, Any]) -> Call:
+def run_command(environment_id: str, body: CommandBody) -> Call:
     """Starting a command: its answer is the stream of output frames. A command is not idempotent: only a
     request that never left is sent again. No read timeout: a command may be quiet for a long time (its own
     timeout bounds it)."""
@@ -218,7 +219,7 @@ class CommandsCore(Generic[C]):
         self._client = client
         self._environment_id = environment.id
 
-    def _parts(self, command: str | Sequence[str], options: CommandOptions) -> tuple[str, dict[str, Any], FrameReader]:
+    def _parts(self, command: str | Sequence[str], options: CommandOptions) -> tuple[str, CommandBody, FrameReader]:
         return (self._environment_id, *command_parts(command, options))
 
     @staticmethod
@@ -229,7 +230,7 @@ class CommandsCore(Generic[C]):
 class CommandOutput(Generic[C]):
     """What both faces' command streams share: the request that opens the stream and the frames read so far."""
 
-    def __init__(self, client: C, environment_id: str, body: Mapping[str, Any], reader: FrameReader) -> None:
+    def __init__(self, client: C, environment_id: str, body: CommandBody, reader: FrameReader) -> None:
         self._client = client
         self._call = run_command(environment_id, body)
         self._reader = reader

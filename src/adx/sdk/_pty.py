@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar, Unpack
 
 from adx.errors import AdxError, InvalidInputError
 from adx.sdk._calls import C, Call, Plan, json_of, request
-from adx.sdk._models import CommandResult, check_keywords, command_body
+from adx.sdk._models import CommandBody, CommandResult, WindowSize, check_keywords, command_body
 
 if TYPE_CHECKING:
     from adx.sdk._async import AsyncClient, AsyncCommandStream  # noqa: F401 (the faces' base classes name them)
@@ -42,7 +42,7 @@ class PtySize:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
                 raise InvalidInputError(f"pty.{name}", f"must be an integer 1-{MAX_SIDE}, got {value!r}")
 
-    def wire(self) -> dict[str, int]:
+    def wire(self) -> WindowSize:
         return {"rows": self.rows, "cols": self.cols}
 
 
@@ -57,7 +57,7 @@ class PtyOptions(TypedDict, total=False):
     term: str  # TERM (default "xterm")
 
 
-def pty_body(command: str | Sequence[str] | None, **options: Unpack[PtyOptions]) -> dict[str, Any]:
+def pty_body(command: str | Sequence[str] | None, **options: Unpack[PtyOptions]) -> CommandBody:
     """The run request of a PTY command: ``command`` (default: a login shell) with ``TERM`` set."""
     check_keywords("pty", options, PtyOptions)
     size = PtySize(options.get("rows", 24), options.get("cols", 80))

@@ -107,10 +107,15 @@ def _action(field: str, value: IdleAction | str) -> str:
         raise InvalidInputError(field, f"must be one of {choices}, got {value!r}") from None
 
 
-def lifetime_body(seconds: float, action: IdleAction | str | None = None) -> dict[str, Any]:
+class LifetimeBody(TypedDict, total=False):
+    seconds: object  # whole seconds (checked below with the spec's own rule)
+    action: str  # an IdleAction's value
+
+
+def lifetime_body(seconds: float, action: IdleAction | str | None = None) -> LifetimeBody:
     """The body of ``POST /v1/environments/{id}/lifetime``, checked with the spec's own lifetime rules
     (whole seconds, 1 s to 30 days); errors name ``seconds`` / ``action``."""
-    body: dict[str, Any] = {"seconds": _whole_seconds("seconds", seconds)}
+    body: LifetimeBody = {"seconds": _whole_seconds("seconds", seconds)}
     if action is not None:
         body["action"] = _action("action", action)
     try:

@@ -9,7 +9,7 @@ plane (or one port of it) and nothing else, so an end user gets a URL without th
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Generic, TypedDict
 from urllib.parse import quote, urlencode
 
 from adx.errors import InvalidInputError
@@ -27,9 +27,17 @@ if TYPE_CHECKING:
     from adx.sdk._client import Client  # noqa: F401
 
 
-def token_body(port: int | None, ttl: float | timedelta | None) -> dict[str, Any]:
+class TokenBody(TypedDict, total=False):
+    """``POST .../tokens``: the port it is scoped to (else the whole data plane) and its lifetime (else until
+    revoked)."""
+
+    port: int
+    ttlSeconds: float
+
+
+def token_body(port: int | None, ttl: float | timedelta | None) -> TokenBody:
     """The request body, checked here so a bad argument names itself before any request is made."""
-    body: dict[str, Any] = {}
+    body: TokenBody = {}
     if port is not None:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise InvalidInputError("port", f"must be a port number 1-65535, got {port!r}")
