@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from adx.execd._atomic import create_temp, replacing
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["DEFAULT_ACCOUNT", "AccountError", "Identity", "Names", "ensure_account", "lookup", "under_home"]
 
@@ -105,28 +109,25 @@ class Names:
         self._groups: dict[int, str] = {}
 
     def user(self, uid: int) -> str:
-        name = self._users.get(uid)
-        if name is None:
-            import pwd
+        import pwd  # only listings name owners: not paid at start-up
 
-            try:
-                name = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                name = str(uid)  # as ls -l shows an unknown owner
-            self._users[uid] = name
-        return name
+        return _named(self._users, uid, lambda number: pwd.getpwuid(number).pw_name)
 
     def group(self, gid: int) -> str:
-        name = self._groups.get(gid)
-        if name is None:
-            import grp
+        import grp
 
-            try:
-                name = grp.getgrgid(gid).gr_name
-            except KeyError:
-                name = str(gid)
-            self._groups[gid] = name
-        return name
+        return _named(self._groups, gid, lambda number: grp.getgrgid(number).gr_name)
+
+
+def _named(cache: dict[int, str], number: int, lookup: Callable[[int], str]) -> str:
+    name = cache.get(number)
+    if name is None:
+        try:
+            name = lookup(number)
+        except KeyError:
+            name = str(number)  # as ls -l shows an unknown owner or group
+        cache[number] = name
+    return name
 
 
 # -- creating E2B's ``user`` -------------------------------------------------------------------------------

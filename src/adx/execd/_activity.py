@@ -41,28 +41,27 @@ class Activity:
         for listener in self._listeners:
             listener()
 
+    def _count(self, active: int = 0, background: int = 0) -> None:
+        # Every change of demand bumps the version: that is what close_admission's compare sees.
+        self.active += active
+        self.background_running += background
+        self.version += 1
+        self._changed()
+
     def begin(self) -> None:
         """Admit one client operation or raise :class:`AdmissionClosed`."""
         if not self.admission_open:
             raise AdmissionClosed
-        self.active += 1
-        self.version += 1
-        self._changed()
+        self._count(active=1)
 
     def end(self) -> None:
-        self.active -= 1
-        self.version += 1
-        self._changed()
+        self._count(active=-1)
 
     def background_started(self) -> None:
-        self.background_running += 1
-        self.version += 1
-        self._changed()
+        self._count(background=1)
 
     def background_exited(self) -> None:
-        self.background_running -= 1
-        self.version += 1
-        self._changed()
+        self._count(background=-1)
 
     def close_admission(self, expected_version: int) -> bool:
         """Close admission iff the version is still ``expected_version``; otherwise change nothing.
