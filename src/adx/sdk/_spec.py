@@ -127,12 +127,12 @@ def lifetime_body(seconds: float, action: IdleAction | str | None = None) -> Lif
 
 def network_body(
     mode: str = "egress", allow: Sequence[str] | None = None, deny: Sequence[str] | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A network policy's camelCase body: ``mode`` "none" or "egress"; ``allow`` (only these, plus DNS) and
     ``deny`` (wins over allow) are CIDRs or DNS names, resolved by the node when the policy is applied."""
     if isinstance(allow, str) or isinstance(deny, str):
         raise InvalidInputError("network", "allow and deny must be lists of CIDRs or DNS names, not a string")
-    body: dict[str, Any] = {"mode": mode}
+    body: dict[str, object] = {"mode": mode}
     if allow is not None:
         body["allow"] = list(allow)
     if deny is not None:
@@ -230,12 +230,12 @@ def build_spec(**args: Unpack[SpecArgs]) -> dict[str, Any]:
         "memoryBytes": parse_bytes("memory", args.get("memory", "512Mi")),
         "diskBytes": parse_bytes("disk", disk) if disk is not None else 0,
     }
-    lifecycle: dict[str, Any] = {}
+    lifecycle: dict[str, object] = {}
     for name, wire, convert in _LIFECYCLE:
         value = args.get(name)
         if value is not None:
             lifecycle[wire] = convert(name, value)
-    spec: dict[str, Any] = {"resources": resources, "lifecycle": lifecycle}
+    spec: dict[str, object] = {"resources": resources, "lifecycle": lifecycle}
     for name, convert in _TOP_LEVEL:
         value = args.get(name)
         if value is not None:
