@@ -13,6 +13,7 @@ import pytest
 from apistack import ApiStack
 
 import adx
+from adx.sdk._calls import Call, Sleep, request
 from adx.sdk._client import MAX_RETRY_AFTER, backoff, retry_delay
 
 
@@ -69,3 +70,37 @@ async def test_a_create_no_node_admits_for_a_moment_is_retried_after_the_servers
         assert env.state == "running"
         assert took >= 2.0, took  # it waited for the server's Retry-After at least once
         await env.delete()
+
+
+def test_the_retry_rules_are_one_plan_both_clients_carry_out() -> None:
+    """``adx.sdk._calls.request`` decides every resend for Client and AsyncClient alike: driven here step by step
+    with real httpx answers and errors (no server: the plan does no I/O itself)."""
+    url = "http://127.0.0.1:9"
+
+    def answer(status: int, **headers: str) -> httpx.Response:
+        return httpx.Response(status, headers=headers, request=httpx.Request("GET", url))
+
+    with adx.Client(api_url=url, api_key="k", retries=2) as client:
+        listing = Call("GET", "/v1/environments", what="list environments", idempotent=True)
+        plan = request(client, listing)
+        assert next(plan) is listing
+        assert plan.send(answer(503, **{"Retry-After": "2"})) == Sleep(2.0)  # the server said when
+        assert plan.send(None) is listing
+        refused = httpx.ConnectError("refused", request=httpx.Request("GET", url))
+        assert plan.throw(refused) == Sleep(backoff(1))  # never sent: the client's own backoff
+        assert plan.send(None) is listing
+        with pytest.raises(adx.errors.UnavailableError):
+            plan.send(answer(503))  # the last attempt's refusal is the caller's
+        ok = answer(200)
+        plan = request(client, listing)
+        next(plan)
+        with pytest.raises(StopIteration) as done:
+            plan.send(ok)
+        assert done.value.value is ok
+
+        creating = Call("POST", "/v1/environments/e/tokens", what="create a token", idempotent=False)
+        plan = request(client, creating)
+        next(plan)
+        lost = httpx.ReadTimeout("no answer", request=httpx.Request("POST", url))
+        with pytest.raises(adx.errors.UncertainOutcomeError):
+            plan.throw(lost)  # it may have reached the server: a non-idempotent call is not sent again
