@@ -120,15 +120,10 @@ class WarmSandboxes(SandboxCreator):
             await asyncio.to_thread(self._destroy_member, member)
         backoff, failures = Backoff(0.1, 2.0), 0
         while failures < 3:
-            wanted = [
-                k
-                for k in self.warm.kept()
-                if len(self.warm.members.get(k, [])) + sum(m.key == k for m in self.warm.making.values())
-                < self.warm.size
-            ]
-            if not wanted or not self._fits(wanted[0]):
+            wanted = self.warm.next_wanted()
+            if wanted is None or not self._fits(wanted):
                 return
-            if await self._make_member(wanted[0]):
+            if await self._make_member(wanted):
                 backoff.reset()
                 failures = 0
             else:
