@@ -288,6 +288,23 @@ class SandboxCreator(StartupReconcile):
             and self._resolve_in_image(rec.execd.python, env["PATH"]) == self.spawner.execd_python,
         )
 
+    def _started(
+        self, rec: SandboxRecord, report: dict[str, Any], event: str, level: int, **fields: Any
+    ) -> CreateResponse:
+        """The supervisor's start report (a cold start's or a claim's): the record becomes Running with the native
+        identity the supervisor recorded, ``event`` is logged with ``fields``, and the create's reply returned;
+        UnavailableError with the supervisor's reason when it did not start.
+
+        Published, not persisted: Running is a native observation (SBX-2), and its evidence, the identity the
+        supervisor recorded before starting, is what a restart adopts (_settle_creating). A second fsync'd write
+        (~1.4 ms of every create) would add nothing; the next persisted change of the sandbox writes it all."""
+        if not report.get("ok"):
+            raise UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
+        native = NativeIdentity.model_validate(report["native"])
+        rec = self.records[rec.sandbox_id] = self._transition(rec, State.RUNNING, native=native, reason="started")
+        log.log(level, event, extra={"sandbox_id": rec.sandbox_id, **fields})
+        return CreateResponse(sandbox=self._info(rec), token=rec.token)
+
     async def _start_claimed(self, rec: SandboxRecord, member: WarmMember) -> CreateResponse:
         """The claim of a warm member (``_warm_create``)."""
         raise NotImplementedError
@@ -413,26 +430,11 @@ class SandboxCreator(StartupReconcile):
                 error = exc
             else:
                 await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
-                if report.get("ok"):
-                    native = NativeIdentity.model_validate(report["native"])
-                    # Published, not persisted: Running is a native observation (SBX-2), and its evidence, the
-                    # identity the supervisor recorded before starting, is what a restart adopts
-                    # (_settle_creating). A second fsync'd write (~1.4 ms of every create) would add nothing;
-                    # the next persisted change of this sandbox writes the whole record.
-                    rec = self.records[rec.sandbox_id] = self._transition(
-                        rec, State.RUNNING, native=native, reason="started"
-                    )
-                    log.debug(
-                        "create timings",
-                        extra={
-                            "sandbox_id": rec.sandbox_id,
-                            "prepare_ms": round((t1 - t0) * 1000, 2),
-                            "spawn_ms": round((t2 - t1) * 1000, 2),
-                            **phases,
-                        },
-                    )
-                    return CreateResponse(sandbox=self._info(rec), token=rec.token)
-                error = UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
+                try:
+                    ms = {"prepare_ms": round((t1 - t0) * 1000, 2), "spawn_ms": round((t2 - t1) * 1000, 2)}
+                    return self._started(rec, report, "create timings", logging.DEBUG, **ms, **phases)
+                except UnavailableError as exc:
+                    error = exc
         # SBX-13: create failed. Clean up; only a confirmed cleanup removes record and reservation.
         await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
         try:

@@ -26,11 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from adx._backoff import Backoff
+from adx._fs import ShortUnixPath
 from adx.errors import AdxError, ConflictError, UnavailableError
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd._create import SandboxCreator
 from adx.sandboxd._faults import fault
-from adx.sandboxd._models import CreateRequest, CreateResponse, ExecdOptions, NativeIdentity, Resources, SandboxRecord
+from adx.sandboxd._models import CreateRequest, CreateResponse, ExecdOptions, Resources, SandboxRecord
 from adx.sandboxd._sandbox_layout import CLAIM_SOCKET, SUPERVISOR_LOG
 from adx.sandboxd._states import State
 from adx.sandboxd._veth import host_if
@@ -42,18 +43,16 @@ log = logging.getLogger("adx.sandboxd")
 
 
 def _connect(path: Path) -> socket.socket:
-    """Connect through an ``O_PATH`` descriptor of the dir (as ``_linux.listen_unix`` binds): no 108-byte limit.
-    A listening Unix socket accepts into its backlog at once: no wait on the loop."""
-    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """Connect (through the dir's ``O_PATH`` descriptor when the path is long: no 108-byte limit). A listening
+    Unix socket accepts into its backlog at once: no wait on the loop."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
+        with ShortUnixPath(path) as name:
+            sock.connect(name)
         sock.setblocking(False)
     except BaseException:
         sock.close()
         raise
-    finally:
-        os.close(dir_fd)
     return sock
 
 
@@ -300,22 +299,16 @@ class WarmSandboxes(SandboxCreator):
         self.images.release(member.member_id)
         if error is None:
             report = json.loads(raw) if raw else {"ok": False, "error": "the supervisor exited before starting"}
-            if report.get("ok"):
-                native = NativeIdentity.model_validate(report["native"])
-                rec = self.records[rec.sandbox_id] = self._transition(
-                    rec, State.RUNNING, native=native, reason="started"
+            claim_ms = round((time.perf_counter() - t0) * 1000, 2)
+            try:
+                created = self._started(
+                    rec, report, "warm claim", logging.INFO, member=member.member_id, claim_ms=claim_ms
                 )
-                log.info(
-                    "warm claim",
-                    extra={
-                        "sandbox_id": rec.sandbox_id,
-                        "member": member.member_id,
-                        "claim_ms": round((time.perf_counter() - t0) * 1000, 2),
-                    },
-                )
+            except UnavailableError as exc:
+                error = exc
+            else:
                 self.refill_warm_soon()
-                return CreateResponse(sandbox=self._info(rec), token=rec.token)
-            error = UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
+                return created
         # As a cold create's failure (SBX-13), plus whatever still carries the member's names.
         try:
             await asyncio.to_thread(self._delete_native, rec)
