@@ -223,13 +223,16 @@ class SandboxCreator(StartupReconcile):
         if self.by_request.get(rec.request_id) == rec.sandbox_id:
             del self.by_request[rec.request_id]
 
-    def _commit_created(self, rec: SandboxRecord, lock_fd: int) -> None:
+    def _commit_created(self, rec: SandboxRecord, lock_fd: int, held_by: str | None = None) -> None:
         """Commit point: the record (temp, fsync, rename), then the lifecycle lock is released (the supervisor,
         which checks the record under that lock, may start), then the directory fsyncs (awaited before any
-        reply): the ID survives a crash. Raises UncertainOutcomeError when storage failed (the flag is set)."""
+        reply): the ID survives a crash. Raises UncertainOutcomeError when storage failed (the flag is set).
+        ``held_by``: a claimed warm member, whose hold on the very layers becomes the sandbox's (one fsync on
+        the claim's path where a new hold takes two)."""
         try:
-            if rec.image_layers:
-                self.images.hold(rec.sandbox_id, rec.image_layers)  # before the record: never an unheld mount
+            # The layers' hold, durable before the record: never a committed sandbox whose mount is unheld.
+            if rec.image_layers and not (held_by and self.images.move_hold(held_by, rec.sandbox_id)):
+                self.images.hold(rec.sandbox_id, rec.image_layers)
             self.registry.commit_created(rec, before_rename=lambda: fault("create.before_commit", delay=0.3))
             fault("create.after_commit", delay=0.3)
         finally:

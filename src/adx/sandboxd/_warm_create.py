@@ -279,8 +279,11 @@ class WarmSandboxes(SandboxCreator):
             await writer.drain()
         except OSError as exc:
             error = UnavailableError(f"claiming a warm sandbox failed: {exc}")
+        sent_ms = round((time.perf_counter() - t0) * 1000, 2)  # the claim's own steps; the rest: commit + start
         # Sent before the commit releases the lock: the supervisor finds the claim when it gets the lock.
-        committed = asyncio.ensure_future(asyncio.to_thread(self._commit_created, rec, member.lock_fd))
+        committed = asyncio.ensure_future(
+            asyncio.to_thread(self._commit_created, rec, member.lock_fd, member.member_id)
+        )
         member.lock_fd = -1  # the commit closes it
         raw = b""
         try:
@@ -296,13 +299,12 @@ class WarmSandboxes(SandboxCreator):
                 writer.close()
             await asyncio.gather(committed, return_exceptions=True)
         await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
-        self.images.release(member.member_id)
         if error is None:
             report = json.loads(raw) if raw else {"ok": False, "error": "the supervisor exited before starting"}
             claim_ms = round((time.perf_counter() - t0) * 1000, 2)
             try:
                 created = self._started(
-                    rec, report, "warm claim", logging.INFO, member=member.member_id, claim_ms=claim_ms
+                    rec, report, "warm claim", logging.INFO, member=member.member_id, claim_ms=claim_ms, sent_ms=sent_ms
                 )
             except UnavailableError as exc:
                 error = exc
@@ -317,6 +319,7 @@ class WarmSandboxes(SandboxCreator):
                 rec, f"{error}; cleanup uncertain: {cleanup_exc}", "failed and its cleanup is uncertain", "", error
             )
         await asyncio.to_thread(self._destroy_member, replace(member, dir=sdir / ".gone"))
+        self.images.release(rec.sandbox_id)  # the member's hold, which the commit made the sandbox's
         self._forget(rec, "create failed; cleanup confirmed")
         self.refill_warm_soon()
         error.details.setdefault("sandbox_id", rec.sandbox_id)
