@@ -301,6 +301,7 @@ def create_path(client: adx.Client, state: Path, rounds: int) -> dict[str, Any]:
             env.delete()
             wait_deleted(env)
     claim_ms: dict[str, list[float]] = {mode: [] for mode in CREATE_MODES}
+    sent_ms: dict[str, list[float]] = {mode: [] for mode in CREATE_MODES}
     for event in log_events(state):
         hit = starts.get(str(event.get("env_id")))
         if hit is None:
@@ -308,6 +309,8 @@ def create_path(client: adx.Client, state: Path, rounds: int) -> dict[str, Any]:
         size, wall_start = hit
         if "claim_ms" in event:  # sandboxd's own time for the claim (its lock held to the start report)
             claim_ms[size].append(float(event["claim_ms"]) / 1e3)
+            if "sent_ms" in event:  # of it, the claim's own steps until the spec is sent (then commit + start)
+                sent_ms[size].append(float(event["sent_ms"]) / 1e3)
         message = str(event.get("msg", "")).replace(str(event["env_id"]), "<env>")
         if "sandbox_id" in event:  # sandboxd's transitions name the sandbox (the execution's ID)
             message = message.replace(str(event["sandbox_id"]), "<sandbox>")
@@ -315,9 +318,10 @@ def create_path(client: adx.Client, state: Path, rounds: int) -> dict[str, Any]:
         if "deleting" in name or "deleted" in name:
             continue
         phases[size].setdefault(name, []).append(epoch(str(event["ts"])) - wall_start)
-    for size, values in claim_ms.items():
-        if values:
-            phases[size]["sandboxd: claim_ms (duration, not an offset)"] = values
+    for size in CREATE_MODES:
+        for name, values in (("claim_ms", claim_ms[size]), ("claim sent_ms", sent_ms[size])):
+            if values:
+                phases[size][f"sandboxd: {name} (duration, not an offset)"] = values
     return {
         size: {
             name: {"p50_ms": round(percentile(v, 50) * 1e3, 1), "n": len(v)}
