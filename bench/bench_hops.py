@@ -239,11 +239,13 @@ KV = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 
 
 def log_events(state: Path) -> list[dict[str, Any]]:
-    """Every log line of the cluster's daemons (``key=value``, the default format) that names an Environment."""
-    events = []
+    """Every log line of the cluster's daemons (``key=value``, the default format) that names an Environment:
+    by ``env_id``, or (sandboxd's, e.g. ``warm claim`` with its ``claim_ms``) by the sandbox ID, which is the
+    execution's ID, mapped to its Environment through the adxlet's lines that name both."""
+    parsed = []
     for path in state.rglob("*.log"):
         for line in path.read_text(errors="replace").splitlines():
-            if "env_id=" not in line:
+            if "env_id=" not in line and "sandbox_id=" not in line:
                 continue
             event: dict[str, Any] = {}
             for key, raw in KV.findall(line):
@@ -251,9 +253,13 @@ def log_events(state: Path) -> list[dict[str, Any]]:
                     event[key] = json.loads(raw) if raw.startswith('"') else raw
                 except ValueError:
                     event[key] = raw
-            if "ts" in event and "env_id" in event:
-                events.append(event)
-    return events
+            if "ts" in event:
+                parsed.append(event)
+    env_of = {e["execution_id"]: e["env_id"] for e in parsed if "execution_id" in e and "env_id" in e}
+    for event in parsed:
+        if "env_id" not in event and event.get("sandbox_id") in env_of:
+            event["env_id"] = env_of[event["sandbox_id"]]
+    return [e for e in parsed if "env_id" in e]
 
 
 def epoch(ts: str) -> float:
@@ -294,16 +300,28 @@ def create_path(client: adx.Client, state: Path, rounds: int) -> dict[str, Any]:
                 phases[size].setdefault(name, []).append(value)
             env.delete()
             wait_deleted(env)
+    claim_ms: dict[str, list[float]] = {mode: [] for mode in CREATE_MODES}
+    sent_ms: dict[str, list[float]] = {mode: [] for mode in CREATE_MODES}
     for event in log_events(state):
         hit = starts.get(str(event.get("env_id")))
         if hit is None:
             continue
         size, wall_start = hit
+        if "claim_ms" in event:  # sandboxd's own time for the claim (its lock held to the start report)
+            claim_ms[size].append(float(event["claim_ms"]) / 1e3)
+            if "sent_ms" in event:  # of it, the claim's own steps until the spec is sent (then commit + start)
+                sent_ms[size].append(float(event["sent_ms"]) / 1e3)
         message = str(event.get("msg", "")).replace(str(event["env_id"]), "<env>")
+        if "sandbox_id" in event:  # sandboxd's transitions name the sandbox (the execution's ID)
+            message = message.replace(str(event["sandbox_id"]), "<sandbox>")
         name = f"{event.get('component', event.get('logger', '?'))}: {message}"
         if "deleting" in name or "deleted" in name:
             continue
         phases[size].setdefault(name, []).append(epoch(str(event["ts"])) - wall_start)
+    for size in CREATE_MODES:
+        for name, values in (("claim_ms", claim_ms[size]), ("claim sent_ms", sent_ms[size])):
+            if values:
+                phases[size][f"sandboxd: {name} (duration, not an offset)"] = values
     return {
         size: {
             name: {"p50_ms": round(percentile(v, 50) * 1e3, 1), "n": len(v)}

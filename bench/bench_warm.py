@@ -8,8 +8,13 @@ measures it) with user namespace, disk quota (btrfs) and egress (veth + the defa
 - ``warm_claim``: a daemon with ``warm_pool = 2``, each create once the pool is full again (the claim itself);
 - ``warm_back_to_back``: the same daemon, creates back to back (``--gap`` ms apart): once the pool is drained
   creates go cold until the refill catches up; the claim/miss counts say how many were claims.
+- ``burst`` (``--burst N``, 0 to skip): on the same daemon, N creates at once, then (same-run baseline) N one
+  after the other: each create's time and the wall time of all N. A burst whose wall time is near the
+  sequential one's says sandboxd (or the spawner behind it) serializes creates; ``burst_overlap`` is the
+  sequential wall over the burst's (1: no overlap at all).
 
-Usage: ``uv run python bench/bench_warm.py [--n 30] [--gap 0]``. Needs root, cgroups, overlayfs, btrfs-progs, nft.
+Usage: ``uv run python bench/bench_warm.py [--n 30] [--gap 0] [--burst 0] [--burst-only]``.
+Needs root, cgroups, overlayfs, btrfs-progs, nft.
 """
 
 from __future__ import annotations
@@ -73,7 +78,42 @@ async def _creates(sock: Path, n: int, mode: str, gap: float) -> dict[str, Any]:
     return out
 
 
-def _run(name: str, warm_pool: int, n: int, gap: float, modes: list[str]) -> dict[str, Any]:
+async def _burst(sock: Path, n: int) -> dict[str, Any]:
+    async with SandboxdClient(sock) as c:
+        await _pool_full(c, 2)
+        before = (await c.health()).warm_pool
+
+        async def one(tag: str) -> tuple[float, Any]:
+            t = time.perf_counter()
+            created = await c.create(CreateRequest(request_id=f"{tag}-{uuid.uuid4().hex[:8]}", argv=["sleep", "1000"]))
+            return time.perf_counter() - t, ref_of(created)
+
+        t0 = time.perf_counter()
+        burst = await asyncio.gather(*(one("b") for _ in range(n)))
+        burst_wall = time.perf_counter() - t0
+        after = (await c.health()).warm_pool
+        for _, ref in burst:
+            await c.delete(ref)
+        await _pool_full(c, 2)
+        t0 = time.perf_counter()
+        sequential = [await one("s") for _ in range(n)]
+        sequential_wall = time.perf_counter() - t0
+        for _, ref in sequential:
+            await c.delete(ref)
+    out: dict[str, Any] = {
+        "n": n,
+        "burst_create_ms": summary_ms([t for t, _ in burst]),
+        "burst_wall_ms": round(burst_wall * 1e3, 1),
+        "sequential_create_ms": summary_ms([t for t, _ in sequential]),
+        "sequential_wall_ms": round(sequential_wall * 1e3, 1),
+        "burst_overlap": round(sequential_wall / burst_wall, 2),
+    }
+    if before is not None and after is not None:
+        out["burst_claims"], out["burst_misses"] = after.claims - before.claims, after.misses - before.misses
+    return out
+
+
+def _run(name: str, warm_pool: int, n: int, gap: float, modes: list[str], burst: int = 0) -> dict[str, Any]:
     parent = f"adx-bench-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="adxbench-", dir="/tmp"))
     proc = None
@@ -82,6 +122,8 @@ def _run(name: str, warm_pool: int, n: int, gap: float, modes: list[str]) -> dic
         proc, sock = start_daemon(work, parent, FULL_TOP + f"warm_pool = {warm_pool}\n", FULL_DEFAULTS)
         for mode in modes:
             out[mode] = asyncio.run(_creates(sock, n, mode, gap))
+        if burst:
+            out["burst"] = asyncio.run(_burst(sock, burst))
     finally:
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -96,7 +138,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=30)
     parser.add_argument("--gap", type=float, default=0.0, help="ms between back-to-back creates")
+    parser.add_argument("--burst", type=int, default=0, help="creates at once on the warm daemon (0: skip)")
+    parser.add_argument("--burst-only", action="store_true", help="skip the cold, claim and back-to-back figures")
     args = parser.parse_args()
+    if args.burst_only:
+        print(json.dumps(_run("warm", 2, args.n, 0, [], args.burst)))
+        return
     bare = summary_ms(
         json.loads(
             subprocess.run([sys.executable, "-c", BARE, str(args.n)], capture_output=True, check=True, text=True).stdout
@@ -104,7 +151,7 @@ def main() -> None:
     )
     figures: dict[str, Any] = {"baseline_bare_clone3_true_ms": bare}
     figures.update(_run("cold", 0, args.n, 0, ["cold"]))
-    figures.update(_run("warm", 2, args.n, args.gap / 1000, ["warm_claim", "warm_back_to_back"]))
+    figures.update(_run("warm", 2, args.n, args.gap / 1000, ["warm_claim", "warm_back_to_back"], args.burst))
     for mode in ("cold", "warm_claim", "warm_back_to_back"):
         figures[mode]["p50_over_bare_clone3"] = round(figures[mode]["create_to_running_ms"]["p50"] / bare["p50"], 2)
     claim = figures["warm_claim"]["create_to_running_ms"]["p50"]

@@ -61,7 +61,7 @@ def cleanup_cgroup_parent(parent: str) -> None:
                         raise
                     try:  # a warm pool member's supervisor may remove its cgroup meanwhile
                         procs = (child / "cgroup.procs").read_text().split()
-                    except FileNotFoundError:
+                    except OSError:  # removed (ENOENT) or being removed right now (ENODEV)
                         procs = []
                     for pid in procs:
                         with contextlib.suppress(ProcessLookupError):

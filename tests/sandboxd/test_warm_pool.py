@@ -154,8 +154,8 @@ async def test_a_shape_not_in_the_pool_starts_cold_and_is_kept_warm_from_then_on
         assert pool is not None and (pool.claims, pool.misses) == (0, 1)
         assert _cgroup_of(first).name == first.sandbox.sandbox_id  # cold
         assert str(256 << 20) in _limits(d, _cgroup_of(first)).values()
-        # The shape is the most recent one now: kept warm beside the defaults' (two shapes, two members each).
-        pool = await _ready(c, 4)
+        # The shape is asked for now: kept warm (two members) beside the defaults' (one: nobody asked for it).
+        pool = await _ready(c, 3)
         assert pool.shapes == 2
         second = await c.create(big.model_copy(update={"request_id": "big2"}))
         assert _cgroup_of(second).name.startswith("_warm-")
@@ -164,6 +164,31 @@ async def test_a_shape_not_in_the_pool_starts_cold_and_is_kept_warm_from_then_on
         assert pool is not None and pool.claims == 1
         for created in (first, second):
             await c.delete(ref_of(created))
+
+
+async def test_three_shapes_interleaved_all_claim_once_each_has_been_seen(sandboxd: DaemonFactory) -> None:
+    """The kept shapes follow demand: three shapes taking turns (as the API's native, native-egress and E2B
+    creates do) each get members once asked for, so from the second round on every create claims. Two kept
+    shapes (the defaults' pinned, then the most recent other) made two of the three go cold every time."""
+    d = sandboxd(**WARM)
+    mib = 1 << 20
+    shapes = [
+        CreateRequest(request_id="plain", argv=["sleep", "1000"]),  # the defaults' shape (veth, egress)
+        CreateRequest(request_id="big", argv=["sleep", "1000"], resources=ResourcesSpec(memory_bytes=256 * mib)),
+        CreateRequest(request_id="closed", argv=["sleep", "1000"], network="none"),
+    ]
+    async with d.client() as c:
+        await _ready(c, 2)
+        for round_ in range(3):
+            for i, req in enumerate(shapes):
+                created = await c.create(req.model_copy(update={"request_id": f"{req.request_id}-{round_}"}))
+                warm = _cgroup_of(created).name.startswith("_warm-")
+                assert warm or (round_, i) in ((0, 1), (0, 2)), f"round {round_}: {req.request_id} went cold"
+                await c.delete(ref_of(created))
+                seen = 3 if round_ else i + 1
+                await _ready(c, 2 * seen)  # each shape seen is asked for alike: two members each
+        pool = (await c.health()).warm_pool
+        assert pool is not None and (pool.claims, pool.misses, pool.shapes) == (7, 2, 3)
 
 
 async def test_pool_off_is_the_cold_path(sandboxd: DaemonFactory) -> None:
@@ -259,7 +284,7 @@ async def test_an_execd_create_claims_a_member_of_its_shape_and_execd_serves_und
         assert health.runtime_control_socket is not None
         async with RuntimeControlSubscription(health.runtime_control_socket) as sub:
             first = await c.create(execd_request("execd-cold"))
-            await _ready(c, 4)  # the defaults' shape and this one, two members each
+            await _ready(c, 3)  # this shape's two, the defaults' one (not asked for)
             created = await c.create(execd_request("execd-warm"))
             pool = (await c.health()).warm_pool
             assert pool is not None and (pool.claims, pool.misses) == (1, 1)

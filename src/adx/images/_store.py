@@ -254,6 +254,16 @@ class ImageStore:
         self.ensure()
         atomic_write_json(self.refs_dir / f"{holder}.json", list(layers), mode=0o644)
 
+    def move_hold(self, holder: str, new_holder: str) -> bool:
+        """``holder``'s reference becomes ``new_holder``'s (a warm member's, at its claim): a rename and one
+        directory fsync, where a fresh :meth:`hold` writes and fsyncs a file too. False: ``holder`` held nothing."""
+        try:
+            os.rename(self.refs_dir / f"{holder}.json", self.refs_dir / f"{new_holder}.json")
+        except FileNotFoundError:
+            return False
+        fsync_dir(self.refs_dir)
+        return True
+
     def release(self, holder: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.refs_dir / f"{holder}.json").unlink()

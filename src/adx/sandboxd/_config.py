@@ -142,10 +142,11 @@ class SandboxdConfig(StrictModel):
         "one instead of starting a sandbox; 0: off (docs/sandboxd.md, 'Warm pool')",
     )
     warm_pool_shapes: int = Field(
-        default=2,
+        default=4,
         ge=1,
         le=16,
-        description="how many shapes are kept warm: the defaults' shape and the most recently created others (LRU)",
+        description="most shapes kept warm: those created most in the last two minutes, then the defaults' shape "
+        "(memory left after reservations bounds them too)",
     )
     id_range: IdRange = IdRange()
     capacity: CapacityConfig = CapacityConfig()

@@ -223,13 +223,16 @@ class SandboxCreator(StartupReconcile):
         if self.by_request.get(rec.request_id) == rec.sandbox_id:
             del self.by_request[rec.request_id]
 
-    def _commit_created(self, rec: SandboxRecord, lock_fd: int) -> None:
+    def _commit_created(self, rec: SandboxRecord, lock_fd: int, held_by: str | None = None) -> None:
         """Commit point: the record (temp, fsync, rename), then the lifecycle lock is released (the supervisor,
         which checks the record under that lock, may start), then the directory fsyncs (awaited before any
-        reply): the ID survives a crash. Raises UncertainOutcomeError when storage failed (the flag is set)."""
+        reply): the ID survives a crash. Raises UncertainOutcomeError when storage failed (the flag is set).
+        ``held_by``: a claimed warm member, whose hold on the very layers becomes the sandbox's (one fsync on
+        the claim's path where a new hold takes two)."""
         try:
-            if rec.image_layers:
-                self.images.hold(rec.sandbox_id, rec.image_layers)  # before the record: never an unheld mount
+            # The layers' hold, durable before the record: never a committed sandbox whose mount is unheld.
+            if rec.image_layers and not (held_by and self.images.move_hold(held_by, rec.sandbox_id)):
+                self.images.hold(rec.sandbox_id, rec.image_layers)
             self.registry.commit_created(rec, before_rename=lambda: fault("create.before_commit", delay=0.3))
             fault("create.after_commit", delay=0.3)
         finally:
@@ -287,6 +290,23 @@ class SandboxCreator(StartupReconcile):
             and self.spawner.execd_python is not None
             and self._resolve_in_image(rec.execd.python, env["PATH"]) == self.spawner.execd_python,
         )
+
+    def _started(
+        self, rec: SandboxRecord, report: dict[str, Any], event: str, level: int, **fields: Any
+    ) -> CreateResponse:
+        """The supervisor's start report (a cold start's or a claim's): the record becomes Running with the native
+        identity the supervisor recorded, ``event`` is logged with ``fields``, and the create's reply returned;
+        UnavailableError with the supervisor's reason when it did not start.
+
+        Published, not persisted: Running is a native observation (SBX-2), and its evidence, the identity the
+        supervisor recorded before starting, is what a restart adopts (_settle_creating). A second fsync'd write
+        (~1.4 ms of every create) would add nothing; the next persisted change of the sandbox writes it all."""
+        if not report.get("ok"):
+            raise UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
+        native = NativeIdentity.model_validate(report["native"])
+        rec = self.records[rec.sandbox_id] = self._transition(rec, State.RUNNING, native=native, reason="started")
+        log.log(level, event, extra={"sandbox_id": rec.sandbox_id, **fields})
+        return CreateResponse(sandbox=self._info(rec), token=rec.token)
 
     async def _start_claimed(self, rec: SandboxRecord, member: WarmMember) -> CreateResponse:
         """The claim of a warm member (``_warm_create``)."""
@@ -413,26 +433,11 @@ class SandboxCreator(StartupReconcile):
                 error = exc
             else:
                 await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
-                if report.get("ok"):
-                    native = NativeIdentity.model_validate(report["native"])
-                    # Published, not persisted: Running is a native observation (SBX-2), and its evidence, the
-                    # identity the supervisor recorded before starting, is what a restart adopts
-                    # (_settle_creating). A second fsync'd write (~1.4 ms of every create) would add nothing;
-                    # the next persisted change of this sandbox writes the whole record.
-                    rec = self.records[rec.sandbox_id] = self._transition(
-                        rec, State.RUNNING, native=native, reason="started"
-                    )
-                    log.debug(
-                        "create timings",
-                        extra={
-                            "sandbox_id": rec.sandbox_id,
-                            "prepare_ms": round((t1 - t0) * 1000, 2),
-                            "spawn_ms": round((t2 - t1) * 1000, 2),
-                            **phases,
-                        },
-                    )
-                    return CreateResponse(sandbox=self._info(rec), token=rec.token)
-                error = UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
+                try:
+                    ms = {"prepare_ms": round((t1 - t0) * 1000, 2), "spawn_ms": round((t2 - t1) * 1000, 2)}
+                    return self._started(rec, report, "create timings", logging.DEBUG, **ms, **phases)
+                except UnavailableError as exc:
+                    error = exc
         # SBX-13: create failed. Clean up; only a confirmed cleanup removes record and reservation.
         await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
         try:

@@ -26,11 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from adx._backoff import Backoff
+from adx._fs import ShortUnixPath
 from adx.errors import AdxError, ConflictError, UnavailableError
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd._create import SandboxCreator
 from adx.sandboxd._faults import fault
-from adx.sandboxd._models import CreateRequest, CreateResponse, ExecdOptions, NativeIdentity, Resources, SandboxRecord
+from adx.sandboxd._models import CreateRequest, CreateResponse, ExecdOptions, Resources, SandboxRecord
 from adx.sandboxd._sandbox_layout import CLAIM_SOCKET, SUPERVISOR_LOG
 from adx.sandboxd._states import State
 from adx.sandboxd._veth import host_if
@@ -42,18 +43,16 @@ log = logging.getLogger("adx.sandboxd")
 
 
 def _connect(path: Path) -> socket.socket:
-    """Connect through an ``O_PATH`` descriptor of the dir (as ``_linux.listen_unix`` binds): no 108-byte limit.
-    A listening Unix socket accepts into its backlog at once: no wait on the loop."""
-    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """Connect (through the dir's ``O_PATH`` descriptor when the path is long: no 108-byte limit). A listening
+    Unix socket accepts into its backlog at once: no wait on the loop."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
+        with ShortUnixPath(path) as name:
+            sock.connect(name)
         sock.setblocking(False)
     except BaseException:
         sock.close()
         raise
-    finally:
-        os.close(dir_fd)
     return sock
 
 
@@ -120,15 +119,10 @@ class WarmSandboxes(SandboxCreator):
             await asyncio.to_thread(self._destroy_member, member)
         backoff, failures = Backoff(0.1, 2.0), 0
         while failures < 3:
-            wanted = [
-                k
-                for k in self.warm.kept()
-                if len(self.warm.members.get(k, [])) + sum(m.key == k for m in self.warm.making.values())
-                < self.warm.size
-            ]
-            if not wanted or not self._fits(wanted[0]):
+            wanted = self.warm.next_wanted()
+            if wanted is None or not self._fits(wanted):
                 return
-            if await self._make_member(wanted[0]):
+            if await self._make_member(wanted):
                 backoff.reset()
                 failures = 0
             else:
@@ -285,8 +279,11 @@ class WarmSandboxes(SandboxCreator):
             await writer.drain()
         except OSError as exc:
             error = UnavailableError(f"claiming a warm sandbox failed: {exc}")
+        sent_ms = round((time.perf_counter() - t0) * 1000, 2)  # the claim's own steps; the rest: commit + start
         # Sent before the commit releases the lock: the supervisor finds the claim when it gets the lock.
-        committed = asyncio.ensure_future(asyncio.to_thread(self._commit_created, rec, member.lock_fd))
+        committed = asyncio.ensure_future(
+            asyncio.to_thread(self._commit_created, rec, member.lock_fd, member.member_id)
+        )
         member.lock_fd = -1  # the commit closes it
         raw = b""
         try:
@@ -302,25 +299,18 @@ class WarmSandboxes(SandboxCreator):
                 writer.close()
             await asyncio.gather(committed, return_exceptions=True)
         await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
-        self.images.release(member.member_id)
         if error is None:
             report = json.loads(raw) if raw else {"ok": False, "error": "the supervisor exited before starting"}
-            if report.get("ok"):
-                native = NativeIdentity.model_validate(report["native"])
-                rec = self.records[rec.sandbox_id] = self._transition(
-                    rec, State.RUNNING, native=native, reason="started"
+            claim_ms = round((time.perf_counter() - t0) * 1000, 2)
+            try:
+                created = self._started(
+                    rec, report, "warm claim", logging.INFO, member=member.member_id, claim_ms=claim_ms, sent_ms=sent_ms
                 )
-                log.info(
-                    "warm claim",
-                    extra={
-                        "sandbox_id": rec.sandbox_id,
-                        "member": member.member_id,
-                        "claim_ms": round((time.perf_counter() - t0) * 1000, 2),
-                    },
-                )
+            except UnavailableError as exc:
+                error = exc
+            else:
                 self.refill_warm_soon()
-                return CreateResponse(sandbox=self._info(rec), token=rec.token)
-            error = UnavailableError(f"sandbox {rec.sandbox_id} failed to start: {report.get('error')}")
+                return created
         # As a cold create's failure (SBX-13), plus whatever still carries the member's names.
         try:
             await asyncio.to_thread(self._delete_native, rec)
@@ -329,6 +319,7 @@ class WarmSandboxes(SandboxCreator):
                 rec, f"{error}; cleanup uncertain: {cleanup_exc}", "failed and its cleanup is uncertain", "", error
             )
         await asyncio.to_thread(self._destroy_member, replace(member, dir=sdir / ".gone"))
+        self.images.release(rec.sandbox_id)  # the member's hold, which the commit made the sandbox's
         self._forget(rec, "create failed; cleanup confirmed")
         self.refill_warm_soon()
         error.details.setdefault("sandbox_id", rec.sandbox_id)

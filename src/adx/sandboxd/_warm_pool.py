@@ -12,7 +12,8 @@ Kept here: no process, no file; the daemon side is ``_warm_create``.
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,10 +88,23 @@ class WarmMember:
     policy: NetworkPolicy | None  # the egress policy its chain holds (the defaults'); a claim replaces a different one
 
 
+#: A create counts as demand for its shape this long: the shapes kept are those asked for within it.
+DEMAND_WINDOW_SECONDS = 120.0
+#: At most this many creates are remembered (the window's bound under a flood of creates).
+DEMAND_MAX = 1024
+
+
 @dataclass
 class WarmPool:
-    size: int  # members per kept shape; 0: off
-    shapes: int  # how many shapes are kept (the defaults' pinned first, then the most recent others)
+    """Which shapes are kept, and how many members each, follow demand: the claimable creates of the last
+    ``DEMAND_WINDOW_SECONDS``. The shapes asked for most are kept first (ties: the most recent), up to
+    ``shapes``; the defaults' shape is kept too while there is room (from the start, before any demand). A
+    kept shape gets ``size`` members when it is asked for at least half as often as the most wanted one, else
+    one: a rarely used shape costs a single member, a busy one never waits for a rarer one's refill. Memory and
+    disk bound all of it (``WarmSandboxes._fits``)."""
+
+    size: int  # most members per kept shape; 0: off
+    shapes: int  # most shapes kept
     members: dict[WarmKey, list[WarmMember]] = field(default_factory=dict)
     making: dict[str, WarmMember] = field(default_factory=dict)  # being started (IDs and /30 already taken)
     claiming: dict[str, WarmMember] = field(default_factory=dict)  # sandbox ID -> member, reserve to claim
@@ -100,7 +114,7 @@ class WarmPool:
     failed: int = 0
     dropped: int = 0
     pinned: WarmKey | None = None  # the defaults' shape (when it could be resolved)
-    _recent: OrderedDict[WarmKey, None] = field(default_factory=OrderedDict)
+    _demand: deque[tuple[float, WarmKey]] = field(default_factory=deque)  # (monotonic time, shape), oldest first
 
     @staticmethod
     def new_ids() -> tuple[str, str]:
@@ -108,20 +122,39 @@ class WarmPool:
         tag = secrets.token_hex(8)
         return f"{WARM_ID_PREFIX}{tag}", f"{WARM_DIR_PREFIX}{tag}"
 
-    def kept(self) -> list[WarmKey]:
-        """The shapes to keep warm, most wanted first."""
-        keys = [self.pinned] if self.pinned is not None else []
-        keys += [k for k in reversed(self._recent) if k != self.pinned]
-        return keys[: self.shapes] if self.size else []
+    def _counts(self, now: float | None) -> dict[WarmKey, int]:
+        """Creates per shape in the window, least recently asked for first (a dict keeps insertion order)."""
+        horizon = (time.monotonic() if now is None else now) - DEMAND_WINDOW_SECONDS
+        while self._demand and self._demand[0][0] < horizon:
+            self._demand.popleft()
+        counts: dict[WarmKey, int] = {}
+        for _, key in self._demand:
+            counts[key] = counts.pop(key, 0) + 1  # re-inserted: the order becomes the last request's
+        return counts
 
-    def take(self, key: WarmKey) -> WarmMember | None:
-        """A ready member for ``key`` (the shape becomes the most recent), or None (a miss: the create is cold)."""
+    def targets(self, now: float | None = None) -> dict[WarmKey, int]:
+        """Members wanted per kept shape, most wanted shape first."""
+        if not self.size:
+            return {}
+        counts = self._counts(now)
+        order = list(reversed(counts))  # most recent first: the sort below is stable
+        keys = sorted(order, key=lambda k: counts[k], reverse=True)
+        if self.pinned is not None and self.pinned not in counts:
+            keys.append(self.pinned)
+        top = max(counts.values(), default=0)
+        return {k: self.size if not top or 2 * counts.get(k, 0) >= top else 1 for k in keys[: self.shapes]}
+
+    def kept(self, now: float | None = None) -> list[WarmKey]:
+        """The shapes to keep warm, most wanted first."""
+        return list(self.targets(now))
+
+    def take(self, key: WarmKey, now: float | None = None) -> WarmMember | None:
+        """A ready member for ``key`` (counted as demand for the shape), or None (a miss: the create is cold)."""
         if not self.size:
             return None
-        self._recent[key] = None
-        self._recent.move_to_end(key)
-        while len(self._recent) > self.shapes:
-            self._recent.popitem(last=False)
+        self._demand.append((time.monotonic() if now is None else now, key))
+        if len(self._demand) > DEMAND_MAX:
+            self._demand.popleft()
         ready = self.members.get(key)
         if not ready:
             self.misses += 1
@@ -129,12 +162,29 @@ class WarmPool:
         self.claims += 1
         return ready.pop()
 
-    def surplus(self) -> list[WarmMember]:
-        """Members of shapes no longer kept (removed from the pool: the caller destroys them)."""
-        kept = set(self.kept())
+    def next_wanted(self, now: float | None = None) -> WarmKey | None:
+        """The kept shape to make a member for next: the one furthest below its target (ties: the most wanted),
+        so every kept shape gets its first member before any gets its second. None: all are full."""
+        best, best_fill = None, 1.0
+        for key, target in self.targets(now).items():
+            have = len(self.members.get(key, [])) + sum(m.key == key for m in self.making.values())
+            if have / target < best_fill:
+                best, best_fill = key, have / target
+        return best
+
+    def surplus(self, now: float | None = None) -> list[WarmMember]:
+        """Members of shapes no longer kept, and a kept shape's beyond its target, oldest first (removed from
+        the pool: the caller destroys them)."""
+        targets = self.targets(now)
         out = []
-        for key in [k for k in self.members if k not in kept]:
-            out += self.members.pop(key)
+        for key in list(self.members):
+            ready = self.members[key]
+            extra = len(ready) - targets.get(key, 0)
+            if extra > 0:
+                out += ready[:extra]
+                del ready[:extra]
+            if not ready:
+                del self.members[key]
         return out
 
     def all_members(self) -> list[WarmMember]:

@@ -1,0 +1,80 @@
+"""The warm pool's kept shapes follow demand (issue 16): the shapes created in the last window, most wanted first,
+up to the cap; members per shape by how often it is asked for. Bookkeeping only (``_warm_pool.WarmPool``); the
+daemon side is in test_warm_pool.py. docs/sandboxd.md, 'Warm pool'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adx.sandboxd._models import Resources
+from adx.sandboxd._warm_pool import DEMAND_WINDOW_SECONDS, WarmKey, WarmMember, WarmPool
+
+
+def _key(memory_mib: int, network: str = "none") -> WarmKey:
+    return WarmKey.of(
+        None,
+        None,
+        None,
+        Resources(cpu_millis=500, memory_bytes=memory_mib << 20, pids_max=512, disk_bytes=1 << 30),
+        network,
+    )
+
+
+NATIVE, EGRESS, E2B, RARE = _key(256), _key(256, "veth"), _key(512, "veth"), _key(1024)
+DEFAULTS = _key(128)
+
+
+def _member(key: WarmKey, n: int) -> WarmMember:
+    return WarmMember(f"_warm-{n}", key, Path(f"/nonexistent/{n}"), -1, None, None, None)
+
+
+def test_three_shapes_interleaved_are_all_kept_and_the_defaults_shape_only_while_unasked() -> None:
+    pool = WarmPool(size=2, shapes=4, pinned=DEFAULTS)
+    assert pool.targets(now=0) == {DEFAULTS: 2}  # before any create: the defaults' shape, fully
+    for i in range(9):
+        pool.take((NATIVE, EGRESS, E2B)[i % 3], now=i)
+    # Each asked for as often: all kept with the full size, most recent first; the defaults' shape keeps one.
+    assert pool.targets(now=9) == {E2B: 2, EGRESS: 2, NATIVE: 2, DEFAULTS: 1}
+    assert (pool.misses, pool.claims) == (9, 0)  # nothing was ready: counted as demand all the same
+
+
+def test_the_cap_keeps_the_most_wanted_shapes_and_a_rare_shape_gets_one_member() -> None:
+    pool = WarmPool(size=2, shapes=3, pinned=DEFAULTS)
+    for i in range(10):
+        pool.take(NATIVE if i % 2 else EGRESS, now=i)
+    pool.take(RARE, now=10)
+    # RARE is the most recent but asked for once against five: one member; the cap of three leaves out DEFAULTS.
+    assert pool.targets(now=10) == {NATIVE: 2, EGRESS: 2, RARE: 1}
+    pool.take(DEFAULTS, now=11)
+    pool.take(DEFAULTS, now=12)  # two of the defaults' now outrank RARE's one
+    assert pool.kept(now=12) == [NATIVE, EGRESS, DEFAULTS]
+
+
+def test_demand_older_than_the_window_is_forgotten_and_its_members_are_surplus() -> None:
+    pool = WarmPool(size=2, shapes=4, pinned=DEFAULTS)
+    pool.take(RARE, now=0)
+    pool.members = {RARE: [_member(RARE, 1), _member(RARE, 2)], DEFAULTS: [_member(DEFAULTS, 3)]}
+    assert pool.surplus(now=1) == [] and pool.targets(now=1) == {RARE: 2, DEFAULTS: 1}
+    later = DEMAND_WINDOW_SECONDS + 1
+    pool.take(NATIVE, now=later)
+    pool.take(NATIVE, now=later)
+    assert pool.targets(now=later) == {NATIVE: 2, DEFAULTS: 1}
+    dropped = pool.surplus(now=later)
+    assert sorted(m.member_id for m in dropped) == ["_warm-1", "_warm-2"] and RARE not in pool.members
+
+
+def test_a_shape_beyond_its_target_gives_its_oldest_members_and_refill_fills_the_emptiest_first() -> None:
+    pool = WarmPool(size=2, shapes=4)
+    for i in range(4):
+        pool.take(NATIVE, now=i)
+    pool.take(EGRESS, now=4)  # one against four: target 1
+    pool.members = {EGRESS: [_member(EGRESS, 1), _member(EGRESS, 2)], NATIVE: [_member(NATIVE, 3)]}
+    assert [m.member_id for m in pool.surplus(now=5)] == ["_warm-1"]  # the oldest; the newest is claimed first
+    assert pool.next_wanted(now=5) == NATIVE  # 1 of 2
+    pool.making["_warm-4"] = _member(NATIVE, 4)
+    assert pool.next_wanted(now=5) is None  # all full
+
+
+def test_pool_off_keeps_nothing() -> None:
+    pool = WarmPool(size=0, shapes=4, pinned=DEFAULTS)
+    assert pool.take(NATIVE, now=0) is None and pool.targets(now=0) == {} and pool.misses == 0
