@@ -26,7 +26,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from adx.sandboxd._spawn_spec import SpawnSpec
+from adx.sandboxd._spawn_spec import SpawnSpec, read_to_eof
 
 __all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "fork_pump", "make_fifos", "open_write_ends", "start_pump"]
 
@@ -90,13 +90,10 @@ def fork_pump(spec: SpawnSpec, reads: list[int], claim_fd: int | None = None) ->
             os.closerange(3, 10)
             os.closerange(13 if claim >= 0 else 12, 65536)  # whatever else, the report pipe above all
             if claim >= 0:
-                chunks = []
-                while chunk := os.read(claim, 1 << 16):
-                    chunks.append(chunk)
-                os.close(claim)
-                if not chunks:
+                data = read_to_eof(claim)
+                if not data:
                     os._exit(0)
-                spec = SpawnSpec.from_json(b"".join(chunks))
+                spec = SpawnSpec.from_json(data)
             Pump(spec, keep).run()
         except BaseException as exc:  # never return into the supervisor's code
             code = 1

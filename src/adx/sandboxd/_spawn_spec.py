@@ -8,10 +8,23 @@ every in-process execd PID 1) imports this, and neither pydantic nor pathlib bel
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Limits", "SpawnSpec", "UserNamespace", "Veth"]
+__all__ = ["Limits", "SpawnSpec", "UserNamespace", "Veth", "read_to_eof"]
+
+
+def read_to_eof(fd: int) -> bytes:
+    """All a pipe carries until its writer closes it (a spec, a claim, an init's error report); closes ``fd``.
+    Empty means the writer went away without a word (each reader decides what that ends)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 @dataclass(frozen=True)

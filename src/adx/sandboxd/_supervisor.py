@@ -43,7 +43,7 @@ from adx.sandboxd._sandbox_layout import (
     TOMBSTONE_FILE,
     boot_id,
 )
-from adx.sandboxd._spawn_spec import Limits, SpawnSpec, Veth
+from adx.sandboxd._spawn_spec import Limits, SpawnSpec, Veth, read_to_eof
 
 __all__ = ["run_supervisor"]
 
@@ -206,13 +206,10 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
         _write_all(go_w, go_payload)
     os.close(go_w)
-    chunks = []
-    while chunk := os.read(err_r, 4096):  # EOF when execve closed the CLOEXEC write end
-        chunks.append(chunk)
-    os.close(err_r)
-    if chunks:
+    said = read_to_eof(err_r)  # EOF when execve closed the CLOEXEC write end
+    if said:
         os.waitpid(pid, 0)
-        report({"ok": False, "error": "sandbox setup failed: " + b"".join(chunks).decode(errors="replace")})
+        report({"ok": False, "error": "sandbox setup failed: " + said.decode(errors="replace")})
         _record_exit(sdir, None, None, cgroup, setup_failed=True)
         return 1
     report({"ok": True, "native": native, "started_at": time.time()})
