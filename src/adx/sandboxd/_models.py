@@ -7,7 +7,7 @@ body; errors are ``{"error": {"code", "message", "details"}}`` with the ``adx.er
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -20,6 +20,7 @@ from adx.sandboxd._states import State
 
 __all__ = [
     "ActivityObservation",
+    "CgroupsInfo",
     "CheckpointInfo",
     "CheckpointRef",
     "CheckpointRequest",
@@ -488,6 +489,13 @@ class WarmPoolInfo(_Model):
     dropped: int = Field(default=0, description="members destroyed unclaimed (shape evicted, capacity, stop)")
 
 
+class CgroupsInfo(_Model):
+    """Where sandboxd found each cgroup controller (``_cgroups.CgroupLayout.describe``)."""
+
+    v2_root: str | None
+    controllers: dict[str, str | None] = Field(description="controller -> 'v1', 'v2' or null (missing)")
+
+
 class Health(_Model):
     ok: bool
     owner: str
@@ -495,7 +503,7 @@ class Health(_Model):
     started_at: float
     storage_failed: bool
     spawner_alive: bool
-    cgroups: dict[str, Any]
+    cgroups: CgroupsInfo
     resource_observed_at: float
     resource_age_seconds: float
     resource_fresh: bool

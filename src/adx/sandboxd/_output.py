@@ -24,7 +24,7 @@ import os
 import select
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from adx.sandboxd._spawn_spec import SpawnSpec, read_to_eof
 
@@ -129,6 +129,15 @@ def finish_pump(pid: int | None) -> None:
         if done:
             return
         time.sleep(0.005)
+
+
+class LogLine(TypedDict):
+    """One line of a log segment (JSON lines; ``_logs`` reads them back)."""
+
+    time: str  # RFC 3339, UTC, microseconds
+    stream: str  # 'stdout' or 'stderr'
+    text: str
+    partial: NotRequired[bool]  # the line had no newline yet when flushed
 
 
 class Segments:
@@ -242,7 +251,7 @@ class Pump:
                 self._flush(fd)
 
     def _emit(self, fd: int, line: bytes, *, partial: bool) -> None:
-        entry: dict[str, Any] = {
+        entry: LogLine = {
             "time": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "stream": self.streams[fd],
             "text": line.decode("utf-8", errors="replace"),
