@@ -131,8 +131,8 @@ def finish_pump(pid: int | None) -> None:
         time.sleep(0.005)
 
 
-class LogLine(TypedDict):
-    """One line of a log segment (JSON lines; ``_logs`` reads them back)."""
+class SegmentLine(TypedDict):
+    """One line of a log segment as the pump writes it (JSON lines; ``_logs`` reads it back as a ``LogLine``)."""
 
     time: str  # RFC 3339, UTC, microseconds
     stream: str  # 'stdout' or 'stderr'
@@ -251,7 +251,7 @@ class Pump:
                 self._flush(fd)
 
     def _emit(self, fd: int, line: bytes, *, partial: bool) -> None:
-        entry: LogLine = {
+        entry: SegmentLine = {
             "time": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "stream": self.streams[fd],
             "text": line.decode("utf-8", errors="replace"),
