@@ -599,10 +599,6 @@ def bind_unix(path: str, mode: int = 0o600) -> socket.socket:
 
 def listen_unix(path: str, mode: int = 0o600, backlog: int = 512) -> int:
     """A listening Unix stream socket at ``path`` (``bind_unix``); returns its descriptor."""
-    sock = bind_unix(path, mode)
-    try:
+    with bind_unix(path, mode) as sock:  # closed if listen fails; a detached socket's close is a no-op
         sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return sock.detach()
+        return sock.detach()
