@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
+from adx.config._fields import seconds
 
 __all__ = ["AgentEnvironmentsConfig", "AgentMaintenanceConfig", "AgentWorkerConfig", "FairnessConfig"]
 
 # A dotted module path, optionally ``:attribute`` naming one adx.agents.App in it.
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$")
+
+#: A tenant ID (and a fairness policy's name).
+_TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+def _check_tenant_ids(tenants: Iterable[str]) -> None:
+    for tenant in tenants:
+        if not re.match(_TENANT_PATTERN, tenant):
+            raise ValueError(f"{tenant!r} is not a tenant ID")
 
 
 def _postgres_url(value: str) -> str:
@@ -30,7 +41,7 @@ PostgresUrl = Annotated[
 class FairnessConfig(StrictModel):
     """AGT-12: one worker ticks several tenants by a replica-global smooth weighted round robin."""
 
-    policy: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="name of the persisted policy")
+    policy: str = Field(pattern=_TENANT_PATTERN, description="name of the persisted policy")
     weights: dict[str, int] = Field(description="tenant -> weight (1-1000000); persisted at the first start")
     tenant_database_urls: dict[str, str] = Field(
         default_factory=dict,
@@ -42,9 +53,8 @@ class FairnessConfig(StrictModel):
     def _weights(cls, value: dict[str, int]) -> dict[str, int]:
         if not 1 <= len(value) <= 128:
             raise ValueError("needs 1 to 128 tenants")
+        _check_tenant_ids(value)
         for tenant, weight in value.items():
-            if not re.match(r"^[a-z0-9][a-z0-9_-]{0,62}$", tenant):
-                raise ValueError(f"{tenant!r} is not a tenant ID")
             if not 1 <= weight <= 1_000_000:
                 raise ValueError(f"weight of {tenant!r} must be between 1 and 1000000")
         return value
@@ -58,9 +68,9 @@ class AgentEnvironmentsConfig(StrictModel):
         description="the tenant API key Environments are created with (`adx tenant create`); prefer the override"
         " ADX_AGENT_WORKER__ENVIRONMENTS__API_KEY to writing it in the file"
     )
-    timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="per API call")
-    ready_timeout_seconds: float = Field(
-        default=120.0, gt=0, le=3600, description="how long a create or a resume may take before the node fails"
+    timeout_seconds: float = seconds(30.0, "per API call", le=3600)
+    ready_timeout_seconds: float = seconds(
+        120.0, "how long a create or a resume may take before the node fails", le=3600
     )
 
     @field_validator("api_url")
@@ -75,7 +85,7 @@ class AgentWorkerConfig(StrictModel):
     database_url: PostgresUrl
     tenant_id: str = Field(
         default="default",
-        pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$",
+        pattern=_TENANT_PATTERN,
         description="the tenant whose runs this worker executes (unless fairness names several)",
     )
     registrations: str = Field(
@@ -84,33 +94,28 @@ class AgentWorkerConfig(StrictModel):
         " evidence_provider() and readiness(store); the current directory is importable"
     )
     slots: int = Field(default=4, ge=1, le=1024, description="runs this worker executes at the same time")
-    tick_deadline_seconds: float = Field(
-        default=300.0, gt=0, description="longest one scheduler tick (claim and drive) may take before it is abandoned"
+    tick_deadline_seconds: float = seconds(
+        300.0, "longest one scheduler tick (claim and drive) may take before it is abandoned"
     )
-    drain_seconds: float = Field(
-        default=30.0, gt=0, description="on stop, how long in-flight runs may take to reach a checkpoint"
+    drain_seconds: float = seconds(30.0, "on stop, how long in-flight runs may take to reach a checkpoint")
+    idle_poll_seconds: float = seconds(
+        0.5, "how long an idle worker waits before it looks for work again (a notification wakes it sooner)"
     )
-    idle_poll_seconds: float = Field(
-        default=0.5,
-        gt=0,
-        description="how long an idle worker waits before it looks for work again (a notification wakes it sooner)",
-    )
-    lease_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="how long a claimed run stays owned without a renewal (renewed every third of it); a run"
+    lease_seconds: float = seconds(
+        30.0,
+        "how long a claimed run stays owned without a renewal (renewed every third of it); a run"
         " whose worker stopped renewing is claimable after it. A worker whose process died is detected sooner,"
         " see liveness_grace_seconds",
     )
-    liveness_grace_seconds: float = Field(
-        default=1.0,
-        ge=0,
-        le=3600,
-        description="a dead worker's runs are claimable this long after its last heartbeat, once its database"
+    liveness_grace_seconds: float = seconds(
+        1.0,
+        "a dead worker's runs are claimable this long after its last heartbeat, once its database"
         " session is gone (0 turns this off: only lease expiry then; needed behind transaction-pooling proxies)",
+        le=3600,
+        ge=0,
     )
-    node_timeout_seconds: float = Field(
-        default=120.0, gt=0, description="longest one graph node may run; a slower one counts as a failed attempt"
+    node_timeout_seconds: float = seconds(
+        120.0, "longest one graph node may run; a slower one counts as a failed attempt"
     )
     max_node_attempts: int = Field(default=5, ge=1, description="failed attempts of one node before its run fails")
     max_nodes_per_claim: int = Field(
@@ -155,7 +160,7 @@ class AgentMaintenanceConfig(StrictModel):
     database_url: PostgresUrl
     tenants: list[str] = Field(description="1-128 distinct tenant IDs this maintenance process serves")
     interval_seconds: float = Field(default=0.25, gt=0, le=3600)
-    error_interval_seconds: float = Field(default=1.0, gt=0, le=3600, description="pause after a tick with item errors")
+    error_interval_seconds: float = seconds(1.0, "pause after a tick with item errors", le=3600)
     tick_limit_seconds: float = Field(default=30.0, gt=0, le=3600)
     drain_seconds: float = Field(default=10.0, gt=0, le=3600)
     page_size: int = Field(default=100, ge=1, le=10_000)
@@ -168,7 +173,5 @@ class AgentMaintenanceConfig(StrictModel):
             raise ValueError("needs 1 to 128 tenants")
         if len(set(value)) != len(value):
             raise ValueError("must be distinct")
-        for tenant in value:
-            if not re.match(r"^[a-z0-9][a-z0-9_-]{0,62}$", tenant):
-                raise ValueError(f"{tenant!r} is not a tenant ID")
+        _check_tenant_ids(value)
         return value

@@ -3,30 +3,43 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from adx.config._base import LoggingConfig, StrictModel
-from adx.model import MAX_CPU_OVERCOMMIT
+from adx.config._fields import METRICS_LISTEN_PATTERN, NAME_PATTERN, cpu_overcommit_ratio, seconds
 
 __all__ = ["PostgresServerConfig", "RedisServerConfig", "UpConfig"]
 
 Port = int
 
 
+# Both servers listen and start/stop alike; only their patience differs (PostgreSQL's startup is slower).
+def _host() -> Any:
+    return Field(default="127.0.0.1", description="TCP address to listen on")
+
+
+def _port() -> Any:
+    return Field(default=0, ge=0, le=65535, description="0 picks a free port")
+
+
+def _start_timeout(default: float) -> Any:
+    return seconds(default, "how long the server may take to answer after it is started", le=600)
+
+
+def _stop_timeout(default: float) -> Any:
+    return seconds(default, "how long a clean stop may take before the process is killed", le=600)
+
+
 class RedisServerConfig(StrictModel):
-    host: str = Field(default="127.0.0.1", description="TCP address to listen on")
-    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    host: str = _host()
+    port: int = _port()
     appendfsync: Literal["always", "everysec", "no"] = Field(
         default="always", description="AOF fsync policy; 'always' makes every acknowledged write durable"
     )
-    start_timeout_seconds: float = Field(
-        default=15.0, gt=0, le=600, description="how long the server may take to answer after it is started"
-    )
-    stop_timeout_seconds: float = Field(
-        default=10.0, gt=0, le=600, description="how long a clean stop may take before the process is killed"
-    )
+    start_timeout_seconds: float = _start_timeout(15.0)
+    stop_timeout_seconds: float = _stop_timeout(10.0)
 
 
 class PostgresServerConfig(StrictModel):
@@ -38,8 +51,8 @@ class PostgresServerConfig(StrictModel):
             " version it was created with"
         ),
     )
-    host: str = Field(default="127.0.0.1", description="TCP address to listen on")
-    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    host: str = _host()
+    port: int = _port()
     database: str = Field(
         default="adx",
         min_length=1,
@@ -49,12 +62,8 @@ class PostgresServerConfig(StrictModel):
     )
     fsync: bool = Field(default=True, description="PostgreSQL's fsync; never turn off outside throwaway tests")
     max_connections: int = Field(default=200, ge=10, le=10000, description="PostgreSQL's max_connections")
-    start_timeout_seconds: float = Field(
-        default=60.0, gt=0, le=600, description="how long the server may take to answer after it is started"
-    )
-    stop_timeout_seconds: float = Field(
-        default=20.0, gt=0, le=600, description="how long a clean stop may take before the process is killed"
-    )
+    start_timeout_seconds: float = _start_timeout(60.0)
+    stop_timeout_seconds: float = _stop_timeout(20.0)
 
 
 class UpConfig(StrictModel):
@@ -74,19 +83,17 @@ class UpConfig(StrictModel):
     api_listen: str = Field(default="127.0.0.1:8080", description="host:port of the API server and Ingress")
     node_name: str = Field(
         default="local",
-        pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$",
+        pattern=NAME_PATTERN,
         description="the name of the one node (its certificate is issued for it)",
     )
     node_metrics_listen: str = Field(
         default="",
-        pattern=r"^$|^[^\s:]*:\d{1,5}$",
+        pattern=METRICS_LISTEN_PATTERN,
         description="host:port where the node serves Prometheus /metrics (MET-4); empty: not served",
     )
-    node_cpu_overcommit: float = Field(
-        default=4.0,
-        ge=1.0,
-        le=MAX_CPU_OVERCOMMIT,
-        description="the node's cpu_overcommit: CPU requests may reach 4x this machine's CPUs (idle sandboxes use "
+    node_cpu_overcommit: float = cpu_overcommit_ratio(
+        4.0,
+        "the node's cpu_overcommit: CPU requests may reach 4x this machine's CPUs (idle sandboxes use "
         "little CPU; memory stays hard). docs/resources.md",
     )
     tenant: str = Field(default="default", description="the tenant whose API key `adx up` creates and prints")
@@ -95,8 +102,8 @@ class UpConfig(StrictModel):
         description="the default image: 'host' (host-derived, host /usr read-only) or 'debian' (Debian 12 made by "
         "mmdebstrap on first start, ~2.5-4 min, with a user account and sudo; docs/images.md)",
     )
-    health_interval_seconds: float = Field(
-        default=1.0, gt=0, le=60, description="how often adx up checks each of its servers (a crashed one is restarted)"
+    health_interval_seconds: float = seconds(
+        1.0, "how often adx up checks each of its servers (a crashed one is restarted)", le=60
     )
     max_restarts_per_minute: int = Field(
         default=5,

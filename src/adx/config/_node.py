@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
-from adx.config._base import LoggingConfig, StrictModel, join_targets
-from adx.model import MAX_CPU_OVERCOMMIT
+from adx.config._base import LoggingConfig, StrictModel
+from adx.config._fields import (
+    METRICS_LISTEN_PATTERN,
+    NAME_PATTERN,
+    CoordinatorTargets,
+    cpu_overcommit_ratio,
+    fraction,
+    seconds,
+)
+
+
+def _valid_for() -> Any:
+    # Both resource sources: a sample is trusted this long.
+    return seconds(30.0, "a capacity sample older than this is stale: the node then admits nothing new", le=86_400)
 
 
 class AutoResourceSource(StrictModel):
@@ -16,12 +28,7 @@ class AutoResourceSource(StrictModel):
 
     kind: Literal["auto"] = Field(default="auto", description="measure this machine")
     disk_path: Path = Field(default=Path("/"), description="the filesystem whose free space is the disk capacity")
-    valid_for_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        le=86_400,
-        description="a capacity sample older than this is stale: the node then admits nothing new",
-    )
+    valid_for_seconds: float = _valid_for()
 
 
 class SandboxdResourceSource(StrictModel):
@@ -29,12 +36,7 @@ class SandboxdResourceSource(StrictModel):
 
     kind: Literal["sandboxd"] = Field(default="sandboxd", description="the node's sandboxd")
     socket: Path = Field(description="sandboxd's API socket")
-    valid_for_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        le=86_400,
-        description="a capacity sample older than this is stale: the node then admits nothing new",
-    )
+    valid_for_seconds: float = _valid_for()
 
 
 ResourceSource = Annotated[AutoResourceSource | SandboxdResourceSource, Field(discriminator="kind")]
@@ -46,7 +48,7 @@ class SandboxdRuntimeConfig(StrictModel):
     kind: Literal["sandboxd"] = Field(default="sandboxd", description="the node's sandboxd")
     socket: Path = Field(default=Path("/var/lib/adx/sandboxd/api/sandboxd.sock"), description="sandboxd's API socket")
     python: str = Field(default="python3", description="the interpreter inside sandboxes that runs execd")
-    ready_timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="create -> execd answers")
+    ready_timeout_seconds: float = seconds(60.0, "create -> execd answers", le=3600)
     volumes_dir: Path | None = Field(
         default=None,
         description="the volume root (the API's volumes_dir; shared storage when there is more than one node): "
@@ -80,20 +82,10 @@ class PressureConfig(StrictModel):
     new Environments; both below their low marks reopen it; a failed read closes it. Running ones are untouched."""
 
     enabled: bool = Field(default=True, description="false: pressure never closes admission")
-    memory_high: float = Field(default=0.95, gt=0, le=1, description="memory in use (1 - MemAvailable/MemTotal)")
-    memory_low: float = Field(
-        default=0.90,
-        gt=0,
-        le=1,
-        description="memory in use at or below which admission reopens (with disk below disk_low)",
-    )
-    disk_high: float = Field(default=0.90, gt=0, le=1, description="blocks in use on the sandbox filesystem")
-    disk_low: float = Field(
-        default=0.85,
-        gt=0,
-        le=1,
-        description="disk in use at or below which admission reopens (with memory below memory_low)",
-    )
+    memory_high: float = fraction(0.95, "memory in use (1 - MemAvailable/MemTotal)")
+    memory_low: float = fraction(0.90, "memory in use at or below which admission reopens (with disk below disk_low)")
+    disk_high: float = fraction(0.90, "blocks in use on the sandbox filesystem")
+    disk_low: float = fraction(0.85, "disk in use at or below which admission reopens (with memory below memory_low)")
     meminfo_path: Path = Field(default=Path("/proc/meminfo"), description="where memory is read (meminfo format)")
     disk_path: Path | None = Field(
         default=None,
@@ -110,11 +102,11 @@ class PressureConfig(StrictModel):
 
 
 class NodeConfig(StrictModel):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="node name; must match its certificate")
+    name: str = Field(pattern=NAME_PATTERN, description="node name; must match its certificate")
     listen: str = Field(default="127.0.0.1:7402", description="gRPC for the Coordinator and API server")
     advertise_address: str = Field(default="", description="host:port others dial (default: listen)")
     relay_listen: str = Field(default="127.0.0.1:7403", description="the data-plane Relay")
-    coordinator: Annotated[str, BeforeValidator(join_targets)] = Field(
+    coordinator: CoordinatorTargets = Field(
         default="localhost:7401",
         description="host:port of the Coordinator; with several replicas (HA) a list, or one string "
         "'a:7401,b:7401' (dial it with adx._coordinator_channel.coordinator_channel)",
@@ -125,50 +117,42 @@ class NodeConfig(StrictModel):
     state_dir: Path = Field(
         default=Path(".adx/node"), description="the node's own files (its session, the degradation journal by default)"
     )
-    report_interval_seconds: float = Field(
-        default=5.0, gt=0, le=3600, description="how often the node heartbeats and reports capacity to the Coordinator"
+    report_interval_seconds: float = seconds(
+        5.0, "how often the node heartbeats and reports capacity to the Coordinator", le=3600
     )
-    rpc_timeout_seconds: float = Field(default=5.0, gt=0, le=600, description="bound of each call to the Coordinator")
-    runtime_ready_timeout_seconds: float = Field(
-        default=120.0,
-        gt=0,
-        le=3600,
-        description="how long one round of waiting for sandboxd's health lasts (rounds repeat until it answers)",
+    rpc_timeout_seconds: float = seconds(5.0, "bound of each call to the Coordinator", le=600)
+    runtime_ready_timeout_seconds: float = seconds(
+        120.0, "how long one round of waiting for sandboxd's health lasts (rounds repeat until it answers)", le=3600
     )
     resource_source: ResourceSource | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     pressure: PressureConfig = Field(default_factory=PressureConfig)
     capacity_file: Path | None = Field(default=None, description="legacy: a JSON capacity file instead of a source")
-    capacity_file_valid_for_seconds: float = Field(
-        default=30.0, gt=0, le=86_400, description="validity of a file sample"
-    )
-    cpu_overcommit: float = Field(
-        default=1.0,
-        ge=1.0,
-        le=MAX_CPU_OVERCOMMIT,
-        description="RES-4: CPU reservations may reach the CPU capacity times this ratio (e.g. 4.0: a 2-CPU node "
+    capacity_file_valid_for_seconds: float = seconds(30.0, "validity of a file sample", le=86_400)
+    cpu_overcommit: float = cpu_overcommit_ratio(
+        1.0,
+        "RES-4: CPU reservations may reach the CPU capacity times this ratio (e.g. 4.0: a 2-CPU node "
         "admits 8 CPUs of requests; each Environment keeps its own CPU limit). Memory and disk are never "
         "overcommitted. docs/resources.md",
     )
     runtime: SandboxdRuntimeConfig = SandboxdRuntimeConfig()
-    idle_check_interval_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        le=60,
-        description="the longest an Environment's idle and runtime checks wait without a wake-up; they are woken "
+    idle_check_interval_seconds: float = seconds(
+        5.0,
+        "the longest an Environment's idle and runtime checks wait without a wake-up; they are woken "
         "by its runtime-control events, its Relay streams, its transitions and its own deadlines (CTL-2, CTL-4)",
+        le=60,
     )
     degradation_journal: Path | None = Field(
         default=None,
         description="SQLite file holding results the Coordinator could not store (JRN-1..8, docs/outages.md); "
         "unset: such results wait in memory only",
     )
-    metrics_interval_seconds: float = Field(
-        default=15.0, gt=0, le=3600, description="MET-1: how often running Environments' CPU and memory are sampled"
+    metrics_interval_seconds: float = seconds(
+        15.0, "MET-1: how often running Environments' CPU and memory are sampled", le=3600
     )
     metrics_listen: str = Field(
         default="",
-        pattern=r"^$|^[^\s:]*:\d{1,5}$",
+        pattern=METRICS_LISTEN_PATTERN,
         description="host:port serving Prometheus /metrics (MET-4); empty: not served",
     )
     logging: LoggingConfig = LoggingConfig()

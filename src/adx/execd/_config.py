@@ -12,6 +12,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
+from adx.config._fields import seconds
 from adx.execd._options import ExecdOptions
 
 __all__ = ["ExecdConfig", "ProbeConfig", "to_options"]
@@ -22,8 +23,8 @@ class ProbeConfig(StrictModel):
 
     command: str | None = Field(default=None, min_length=1, description="a shell command; exit 0 = healthy")
     tcp_port: int | None = Field(default=None, ge=1, le=65535, description="healthy when it accepts a connection")
-    interval_seconds: float = Field(default=5.0, gt=0, le=3600, description="time between probes")
-    timeout_seconds: float = Field(default=2.0, gt=0, le=3600, description="a probe slower than this failed")
+    interval_seconds: float = seconds(5.0, "time between probes", le=3600)
+    timeout_seconds: float = seconds(2.0, "a probe slower than this failed", le=3600)
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
@@ -47,11 +48,11 @@ class ExecdConfig(StrictModel):
     workload_cwd: str | None = Field(default=None, description="working directory of the entrypoint")
     exit_with_workload: bool = Field(default=True, description="execd (the sandbox) exits with the workload")
     probe: ProbeConfig | None = Field(default=None, description="health probe of the entrypoint; unset: none")
-    grace_seconds: float = Field(default=5.0, ge=0, le=3600, description="SIGTERM -> SIGKILL at shutdown")
+    grace_seconds: float = seconds(5.0, "SIGTERM -> SIGKILL at shutdown", le=3600, ge=0)
     ring_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30, description="kept output per background stream")
-    coalesce_seconds: float = Field(default=0.05, ge=0, le=60, description="min interval of activity reports")
-    body_idle_timeout_seconds: float = Field(default=60.0, gt=0, le=86400, description="stalled request body -> 408")
-    write_timeout_seconds: float = Field(default=300.0, gt=0, le=86400, description="client reading nothing -> drop")
+    coalesce_seconds: float = seconds(0.05, "min interval of activity reports", le=60, ge=0)
+    body_idle_timeout_seconds: float = seconds(60.0, "stalled request body -> 408", le=86400)
+    write_timeout_seconds: float = seconds(300.0, "client reading nothing -> drop", le=86400)
     unset_env: list[str] = Field(
         default_factory=list, description="variables removed from the workload's and commands' environment"
     )

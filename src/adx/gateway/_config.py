@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import Field, field_validator
 
-from adx.config._base import LoggingConfig, StrictModel, join_targets
+from adx.config._base import LoggingConfig, StrictModel
+from adx.config._fields import NAME_PATTERN, CoordinatorTargets, seconds
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -19,24 +19,20 @@ def split_host_port(value: str) -> tuple[str, int]:
 
 
 class ApiConfig(StrictModel):
-    name: str = Field(
-        default="main", pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$", description="certificate name: presents api:<name>"
-    )
+    name: str = Field(default="main", pattern=NAME_PATTERN, description="certificate name: presents api:<name>")
     listen: str = Field(default="127.0.0.1:8080", description="host:port of the HTTP server (port 0: any free port)")
-    coordinator: Annotated[str, BeforeValidator(join_targets)] = Field(
+    coordinator: CoordinatorTargets = Field(
         default="localhost:7401",
         description="host:port of the Coordinator's gRPC service; with several replicas (HA) a list, or one "
         "string 'a:7401,b:7401': calls go to the active one (docs/high-availability.md)",
     )
     certs_dir: Path = Field(default=Path(".adx/certs"), description="holds ca.pem and api-<name>.pem/.key")
-    coordinator_timeout_seconds: float = Field(default=10.0, gt=0, le=600, description="deadline of a read call")
-    create_timeout_seconds: float = Field(
-        default=30.0, gt=0, le=600, description="deadline of CreateEnvironment (placement and admission on the node)"
+    coordinator_timeout_seconds: float = seconds(10.0, "deadline of a read call", le=600)
+    create_timeout_seconds: float = seconds(
+        30.0, "deadline of CreateEnvironment (placement and admission on the node)", le=600
     )
-    auth_cache_seconds: float = Field(
-        default=30.0, ge=0, le=3600, description="how long a key->tenant answer is reused"
-    )
-    route_cache_seconds: float = Field(default=2.0, ge=0, le=300, description="how long an Ingress route is reused")
+    auth_cache_seconds: float = seconds(30.0, "how long a key->tenant answer is reused", le=3600, ge=0)
+    route_cache_seconds: float = seconds(2.0, "how long an Ingress route is reused", le=300, ge=0)
     ingress: bool = Field(default=True, description="serve the data-plane (Ingress) routes on the same port")
     e2b: bool = Field(
         default=True, description="serve the E2B-compatible API (control plane and envd data plane, docs/e2b.md)"
@@ -47,18 +43,14 @@ class ApiConfig(StrictModel):
         description="E2B: the domain of sandbox host names (get_host: PORT-ID.<proof>.DOMAIN); empty: localhost "
         "with the API's port (docs/e2b.md)",
     )
-    start_wait_seconds: float = Field(
-        default=30.0, ge=0, le=600, description="Ingress: how long a request waits for a pending/starting Environment"
+    start_wait_seconds: float = seconds(
+        30.0, "Ingress: how long a request waits for a pending/starting Environment", le=600, ge=0
     )
-    wake_timeout_seconds: float = Field(
-        default=60.0, gt=0, le=3600, description="how long a request to a paused Environment waits for its resume"
+    wake_timeout_seconds: float = seconds(
+        60.0, "how long a request to a paused Environment waits for its resume", le=3600
     )
-    relay_connect_timeout_seconds: float = Field(
-        default=5.0, gt=0, le=120, description="how long connecting to a node's Relay may take"
-    )
-    relay_timeout_seconds: float = Field(
-        default=300.0, gt=0, le=86_400, description="Ingress: idle read/write timeout towards the Relay"
-    )
+    relay_connect_timeout_seconds: float = seconds(5.0, "how long connecting to a node's Relay may take", le=120)
+    relay_timeout_seconds: float = seconds(300.0, "Ingress: idle read/write timeout towards the Relay", le=86_400)
     max_body_bytes: int = Field(default=1 << 20, gt=0, le=1 << 30, description="largest JSON request body")
     agent_database_url: str | None = Field(
         default=None,

@@ -19,7 +19,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,6 +33,13 @@ def _path(path: str) -> Path:
     from pathlib import Path  # not at import: see the module's docstring
 
     return Path(path)
+
+
+class CgroupsDescription(TypedDict):
+    """Where each controller was found (Health's ``cgroups``): ``v1``, ``v2`` or None (missing)."""
+
+    v2_root: str | None
+    controllers: dict[str, str | None]
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ class CgroupLayout:
     def missing(self) -> list[str]:
         return [c for c in _CONTROLLERS if self.source(c) is None]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> CgroupsDescription:
         return {
             "v2_root": self.v2_dir,
             "controllers": {c: self.source(c) for c in (*_CONTROLLERS, "cpuacct", "freezer")},

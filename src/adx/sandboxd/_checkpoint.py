@@ -22,8 +22,9 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from adx._fs import atomic_write_bytes, fsync_dir
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
@@ -54,6 +55,40 @@ TAR = "tar"
 SNAPSHOT = "btrfs-snapshot"
 _FORMS = (TAR, SNAPSHOT)
 _DELETING = ".deleting-"
+
+
+class ManifestSource(TypedDict):
+    sandbox_id: str
+    generation: int
+    owner: str  # the capturing daemon: only it lists and sweeps the artifact
+
+
+class ManifestSpec(TypedDict):
+    """The checkpointed sandbox's settings a Restore defaults to (JSON forms of its record's fields)."""
+
+    argv: list[str]
+    init_argv: list[str]
+    execd: Mapping[str, object] | None
+    env: dict[str, str]
+    cwd: str
+    network: str
+    network_policy: Mapping[str, object] | None
+    resources: Mapping[str, int]
+    metadata: dict[str, str]
+    id_base: int | None  # the host IDs the layer's files carry (None: no user namespace)
+    image: str | None
+    image_layers: list[str] | None
+    image_user: str | None
+
+
+class ManifestBody(TypedDict):
+    """What the Checkpoint call writes into ``manifest.json``; capture adds ``format``, ``kind`` and ``layer``.
+    Readers take the file as JSON and check what they use (older artifacts lack newer keys)."""
+
+    checkpoint_id: str
+    created_at: float
+    source: ManifestSource
+    spec: ManifestSpec
 
 
 def _compressor() -> tuple[str, list[str], list[str]]:
@@ -90,7 +125,7 @@ def staging_dir(artifact_dir: Path, owner: str) -> Path:
     return artifact_dir.with_name(f"{_CAPTURING}{owner}-{artifact_dir.name}")
 
 
-def capture_layer(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any], owner: str) -> tuple[str, str, int]:
+def capture_layer(upper: Path, artifact_dir: Path, manifest_body: ManifestBody, owner: str) -> tuple[str, str, int]:
     """Write layer + manifest into ``artifact_dir`` (created whole, by a rename of its staging dir).
 
     Returns (manifest digest, layer sha256, size). On failure nothing is left behind."""
@@ -105,7 +140,7 @@ def capture_layer(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]
     return result
 
 
-def _capture_into(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]) -> tuple[str, str, int]:
+def _capture_into(upper: Path, artifact_dir: Path, manifest_body: ManifestBody) -> tuple[str, str, int]:
     name, compress, _ = _compressor()
     layer_name = f"layer.tar.{'zst' if name == 'zstd' else 'gz'}"
     artifact_dir.mkdir(mode=0o700)
@@ -147,7 +182,7 @@ def _capture_into(upper: Path, artifact_dir: Path, manifest_body: dict[str, Any]
 
 
 def write_snapshot_artifact(
-    artifact_dir: Path, manifest_body: dict[str, Any], owner: str, snapshot: str, uuid: str, size: int
+    artifact_dir: Path, manifest_body: ManifestBody, owner: str, snapshot: str, uuid: str, size: int
 ) -> tuple[str, str, int]:
     """An artifact whose layer is the pool snapshot ``snapshot`` (btrfs UUID ``uuid``): manifest only.
 

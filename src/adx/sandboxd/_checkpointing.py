@@ -8,7 +8,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from adx.errors import ConflictError, InvalidInputError, UncertainOutcomeError
 from adx.model import NetworkPolicy
@@ -58,7 +57,7 @@ class Checkpointing(WarmSandboxes):
             checkpoint_id = ckpt.new_checkpoint_id()
             artifact = root / checkpoint_id
             created_at = time.time()
-            body: dict[str, Any] = {
+            body: ckpt.ManifestBody = {
                 "checkpoint_id": checkpoint_id,
                 "created_at": created_at,
                 "source": {"sandbox_id": rec.sandbox_id, "generation": rec.generation, "owner": self.owner},

@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
-from adx.model import MAX_CPU_OVERCOMMIT, NetworkPolicy
+from adx.config._fields import cpu_overcommit_ratio, seconds
+from adx.model import NetworkPolicy
 from adx.sandboxd._devices import DEVICE_ID
 
 __all__ = ["CapacityConfig", "DefaultsConfig", "IdRange", "SandboxdConfig"]
@@ -26,11 +27,9 @@ class CapacityConfig(StrictModel):
         default=0, ge=0, description="disk for sandboxes; 0: the free space of the state directory's filesystem"
     )
     max_sandboxes: int = Field(default=1000, ge=1, le=100_000, description="sandboxes this sandboxd runs at most")
-    cpu_overcommit: float = Field(
-        default=1.0,
-        ge=1.0,
-        le=MAX_CPU_OVERCOMMIT,
-        description="CPU reservations may reach cpu_millis times this (memory and disk never exceed theirs). The "
+    cpu_overcommit: float = cpu_overcommit_ratio(
+        1.0,
+        "CPU reservations may reach cpu_millis times this (memory and disk never exceed theirs). The "
         "node's own cpu_overcommit must not be larger, or sandboxd refuses what placement admitted (adx up sets "
         "both). The Resource call still reports cpu_millis itself",
     )
@@ -152,37 +151,29 @@ class SandboxdConfig(StrictModel):
     capacity: CapacityConfig = CapacityConfig()
     defaults: DefaultsConfig = DefaultsConfig()
     max_record_bytes: int = Field(default=1 << 20, ge=4096, description="larger registry files are refused")
-    create_timeout_seconds: float = Field(
-        default=30.0, gt=0, le=600, description="longest a create (or restore) may take until its sandbox runs"
+    create_timeout_seconds: float = seconds(
+        30.0, "longest a create (or restore) may take until its sandbox runs", le=600
     )
-    delete_timeout_seconds: float = Field(
-        default=10.0,
-        gt=0,
-        le=600,
-        description="how long a delete waits for a sandbox's processes to be gone before it reports failure "
+    delete_timeout_seconds: float = seconds(
+        10.0,
+        "how long a delete waits for a sandbox's processes to be gone before it reports failure "
         "(maintenance retries it)",
+        le=600,
     )
-    checkpoint_timeout_seconds: float = Field(
-        default=300.0, gt=0, le=3600, description="longest a checkpoint, restore or layer commit may take"
+    checkpoint_timeout_seconds: float = seconds(
+        300.0, "longest a checkpoint, restore or layer commit may take", le=3600
     )
-    request_timeout_seconds: float = Field(
-        default=30.0, gt=0, le=600, description="bound of every other call, added to the timeouts above for theirs"
+    request_timeout_seconds: float = seconds(
+        30.0, "bound of every other call, added to the timeouts above for theirs", le=600
     )
-    max_wait_seconds: float = Field(
-        default=3600.0, gt=0, le=86400, description="longest a Wait call may wait for a sandbox's state"
+    max_wait_seconds: float = seconds(3600.0, "longest a Wait call may wait for a sandbox's state", le=86400)
+    maintenance_interval_seconds: float = seconds(
+        1.0, "how often pending deletes and reclaims are retried and expired sandboxes removed", le=3600
     )
-    maintenance_interval_seconds: float = Field(
-        default=1.0,
-        gt=0,
+    resource_refresh_seconds: float = seconds(
+        5.0,
+        "how often the Resource report (capacity, devices) is refreshed; health calls it stale after 3 periods",
         le=3600,
-        description="how often pending deletes and reclaims are retried and expired sandboxes removed",
-    )
-    resource_refresh_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        le=3600,
-        description="how often the Resource report (capacity, devices) is refreshed; health calls it stale "
-        "after 3 periods",
     )
     logs_max_bytes: int = Field(
         default=8 << 20,

@@ -34,6 +34,7 @@ from typing import Any
 
 from adx.errors import NotFoundError, UnavailableError
 from adx.execd import _protocol as P
+from adx.sandboxd import _linux as lx
 
 __all__ = ["ControlHub"]
 
@@ -59,25 +60,12 @@ def bind_unix(path: Path, mode: int = 0o600) -> socket.socket:
     st = os.lstat(path.parent)
     if not stat.S_ISDIR(st.st_mode):
         raise OSError(f"{path.parent} is not a directory (a symlink?): refusing to bind there")
-    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path.name, dir_fd=dir_fd)
-        os.fchmod(sock.fileno(), mode)
-        sock.bind(f"/proc/self/fd/{dir_fd}/{path.name}")  # also works beyond sun_path's 108 bytes
-    except BaseException:
-        sock.close()
-        raise
-    finally:
-        os.close(dir_fd)
-    return sock
+    return lx.bind_unix(str(path), mode)
 
 
 def peer_uid(sock: Any) -> int:
     """The connected peer's UID (``SO_PEERCRED``); ``sock``: a socket or asyncio's TransportSocket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", raw)[1])
+    return lx.peer_credentials(sock)[1]
 
 
 def peer_pid(sock: Any) -> int:

@@ -209,7 +209,7 @@ class SandboxCreator(StartupReconcile):
         if not self._userns:
             return None
         used = {r.id_base for r in self.records.values() if r.id_base is not None} | self.warm.used_id_bases()
-        used |= {int(t.data["id_base"]) for t in self.pending_reclaim.values() if t.data.get("id_base") is not None}
+        used |= {int(i) for t in self.pending_reclaim.values() if (i := t.data.get("id_base")) is not None}
         return allocate_ids(used, self.config.id_range.start, self.config.id_range.count, prefer)
 
     def _allocate_net_index(self) -> int:

@@ -13,6 +13,7 @@ from adx.errors import AdxError, UnavailableError
 from adx.sandboxd._faults import fault
 from adx.sandboxd._models import DeleteResponse, SandboxRecord, SandboxRef
 from adx.sandboxd._observe import SandboxObserver
+from adx.sandboxd._registry import TombstoneExtra
 from adx.sandboxd._sandbox_layout import LOCK_FILE
 from adx.sandboxd._states import State
 from adx.sandboxd._veth import host_if_of
@@ -75,7 +76,12 @@ class SandboxDeleter(SandboxObserver):
                 self.netfilter.remove(
                     host_if_of(rec.sandbox_id, rec.native_name)
                 )  # the veth died with the namespace; now its rules
-            data = {"cgroup": where, "reason": "deleted", "id_base": rec.id_base, "native_name": rec.native_name}
+            data: TombstoneExtra = {
+                "cgroup": where,
+                "reason": "deleted",
+                "id_base": rec.id_base,
+                "native_name": rec.native_name,
+            }
             tomb = self.registry.write_tombstone(rec, data)
             fault("delete.after_tombstone")
             self.pending_reclaim[sandbox_id] = tomb

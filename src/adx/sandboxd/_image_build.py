@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from adx.errors import ImageBuildError, InvalidInputError
 from adx.images import ImageManifest, ImageStore, Instruction, Op, ensure_debian_image, layer_digest
@@ -243,6 +244,17 @@ async def _run_step(
         await client.delete(ref)
 
 
+class BuildOptions(TypedDict, total=False):
+    """``build_steps``'s optional keywords that ``build_image`` passes through (their defaults are there)."""
+
+    build_args: dict[str, str] | None
+    network: str | None
+    memory_bytes: int
+    step_timeout: float
+    progress: Callable[[StepEvent], None] | None
+    base_progress: Callable[[str], None] | None
+
+
 async def build_image(
     client: SandboxdClient,
     store: ImageStore,
@@ -250,28 +262,11 @@ async def build_image(
     name: str,
     *,
     context: Path,
-    build_args: dict[str, str] | None = None,
-    network: str | None = None,
-    memory_bytes: int = 1 << 30,
-    step_timeout: float = 3600.0,
-    progress: Callable[[StepEvent], None] | None = None,
-    base_progress: Callable[[str], None] | None = None,
+    **options: Unpack[BuildOptions],
 ) -> BuildResult:
     """Build image ``name`` from ``dockerfile`` (text) with ``context`` for COPY; returns the manifest and what
     each step did. The manifest is written only when every step succeeded."""
-    return await build_steps(
-        client,
-        store,
-        parse_dockerfile(dockerfile),
-        name,
-        context=context,
-        build_args=build_args,
-        network=network,
-        memory_bytes=memory_bytes,
-        step_timeout=step_timeout,
-        progress=progress,
-        base_progress=base_progress,
-    )
+    return await build_steps(client, store, parse_dockerfile(dockerfile), name, context=context, **options)
 
 
 async def build_steps(

@@ -23,7 +23,7 @@ from typing import NoReturn
 from adx.sandboxd import _linux as lx
 from adx.sandboxd._mounts import mount_plan, receive_mounts
 from adx.sandboxd._sandbox_layout import EXECD_SOCKET_FD
-from adx.sandboxd._spawn_spec import SpawnSpec
+from adx.sandboxd._spawn_spec import SpawnSpec, read_to_eof
 
 __all__ = ["in_namespace_setup"]
 
@@ -176,13 +176,10 @@ def _await_claim(spec: SpawnSpec, wait_go: Callable[[], None], go_fd: int, err_f
     tells the supervisor that this init got this far (its member is only reported ready then)."""
     wait_go()
     os.write(err_fd, b"\0")
-    chunks = []
-    while chunk := os.read(go_fd, 1 << 16):
-        chunks.append(chunk)
-    os.close(go_fd)
-    if not chunks:
+    data = read_to_eof(go_fd)
+    if not data:
         os._exit(0)
-    claim = json.loads(b"".join(chunks))
+    claim = json.loads(data)
     return replace(spec, hostname=claim["hostname"], cwd=claim["cwd"], env=claim["env"], init_argv=claim["init_argv"])
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "MS_REC",
     "MS_REMOUNT",
     "add_default_route",
+    "bind_unix",
     "clone3",
     "configure_interface",
     "detached_bind",
@@ -573,8 +574,8 @@ def peer_credentials(sock: Any) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
-def listen_unix(path: str, mode: int = 0o600, backlog: int = 512) -> int:
-    """A listening Unix stream socket at ``path`` (replacing a stale file); returns its descriptor (CLOEXEC).
+def bind_unix(path: str, mode: int = 0o600) -> socket.socket:
+    """A bound (not yet listening) Unix stream socket at ``path`` (replacing a stale file), CLOEXEC.
 
     The parent must be a real directory that only the host can write to. The mode is set on the socket before
     ``bind`` (Linux applies it to the new file): nothing is changed by path afterwards. Binding through an
@@ -588,10 +589,16 @@ def listen_unix(path: str, mode: int = 0o600, backlog: int = 512) -> int:
             os.unlink(name, dir_fd=dir_fd)
         os.fchmod(sock.fileno(), mode)
         sock.bind(f"/proc/self/fd/{dir_fd}/{name}")
-        sock.listen(backlog)
     except BaseException:
         sock.close()
         raise
     finally:
         os.close(dir_fd)
-    return sock.detach()
+    return sock
+
+
+def listen_unix(path: str, mode: int = 0o600, backlog: int = 512) -> int:
+    """A listening Unix stream socket at ``path`` (``bind_unix``); returns its descriptor."""
+    with bind_unix(path, mode) as sock:  # closed if listen fails; a detached socket's close is a no-op
+        sock.listen(backlog)
+        return sock.detach()

@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from adx.errors import InvalidInputError, NotFoundError
-from adx.sandboxd._models import LOG_GROUP_PATTERN
+from adx.sandboxd._models import LOG_GROUP_PATTERN, WireModel
 from adx.sandboxd._output import SEGMENT_SUFFIX
 
 __all__ = [
@@ -44,11 +44,7 @@ POLL_SECONDS = 0.1
 GroupName = Annotated[str, Field(pattern=LOG_GROUP_PATTERN)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LogLine(_Model):
+class LogLine(WireModel):
     time: datetime = Field(description="when the pump read it (UTC)")
     stream: Literal["stdout", "stderr"]
     text: str = Field(description="without its newline; invalid UTF-8 replaced")
@@ -56,7 +52,7 @@ class LogLine(_Model):
     execution: str = Field(description="the sandbox (the node's execution) that wrote it")
 
 
-class LogsRequest(_Model):
+class LogsRequest(WireModel):
     group: GroupName
     cursor: str | None = Field(default=None, description="continue after what an earlier answer returned")
     tail: int | None = Field(default=None, ge=0, le=MAX_LINES, description="without cursor: only the last N lines")
@@ -65,23 +61,23 @@ class LogsRequest(_Model):
     wait_seconds: float = Field(default=0.0, ge=0, le=60, description="wait this long for a line when none is new")
 
 
-class LogsResponse(_Model):
+class LogsResponse(WireModel):
     lines: list[LogLine]
     cursor: str = Field(description="pass it back to continue (empty: the group has no output yet)")
     truncated: bool = Field(default=False, description="rotation removed output between the cursor and these lines")
 
 
-class LogGroupRequest(_Model):
+class LogGroupRequest(WireModel):
     group: GroupName
 
 
-class LogGroupInfo(_Model):
+class LogGroupInfo(WireModel):
     group: str
     bytes: int
     updated_at: float
 
 
-class LogGroups(_Model):
+class LogGroups(WireModel):
     groups: list[LogGroupInfo]
 
 

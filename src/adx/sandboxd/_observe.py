@@ -9,15 +9,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TypedDict
 
 from adx.errors import AdxError, ConflictError, UnavailableError
 from adx.sandboxd._cgroups import SandboxCgroup
 from adx.sandboxd._host_resources import read_resource, tree_bytes
 from adx.sandboxd._layers import output_tail
 from adx.sandboxd._models import (
+    CgroupsInfo,
     ExitStatus,
     Health,
     ListResponse,
@@ -38,6 +37,14 @@ from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State
 __all__ = ["SandboxObserver"]
 
 log = logging.getLogger("adx.sandboxd")
+
+
+class Observed(TypedDict, total=False):
+    """What a native observation changes on a record besides its state (``_set_sync``'s keywords)."""
+
+    reason: str
+    native: NativeIdentity
+    exit: ExitStatus
 
 
 def _lock_held(path: Path) -> bool:
@@ -95,13 +102,7 @@ class SandboxObserver(HostPreflight):
     def _native_of(self, rec: SandboxRecord) -> NativeIdentity | None:
         if rec.native is not None:
             return rec.native
-        raw = self.registry.read_native(rec.sandbox_id)
-        if raw is None:
-            return None
-        try:
-            return NativeIdentity.model_validate(raw)
-        except ValidationError:
-            return None
+        return self.registry.read_native(rec.sandbox_id)
 
     def _ours(self, native: NativeIdentity | None, cg: SandboxCgroup) -> str:
         """'ours', 'vanished' or 'replaced': is the cgroup on disk the one this record created? (SBX-5, SBX-8)"""
@@ -114,7 +115,7 @@ class SandboxObserver(HostPreflight):
             return "vanished"
         return "ours" if ident == (native.cgroup_dev, native.cgroup_ino) else "replaced"
 
-    def _observe(self, rec: SandboxRecord) -> tuple[State, dict[str, Any]]:
+    def _observe(self, rec: SandboxRecord) -> tuple[State, Observed]:
         """Native state of a started sandbox: Running/Paused/Stopped(Terminated)/Missing(Failed)."""
         native = self._native_of(rec)
         if native is None:
@@ -127,12 +128,12 @@ class SandboxObserver(HostPreflight):
             why = "host rebooted" if native.boot_id != self.boot_id else f"cgroup {where}"
             return State.FAILED, {"reason": f"native sandbox missing ({why})", "native": native}
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
-        exit_raw = self.registry.read_exit(rec.sandbox_id)
-        if exit_raw is None and _lock_held(sdir / LOCK_FILE):
+        exited = self.registry.read_exit(rec.sandbox_id)
+        if exited is None and _lock_held(sdir / LOCK_FILE):
             return (State.PAUSED if cg.frozen() else State.RUNNING), {"native": native}
-        exit_raw = exit_raw or self.registry.read_exit(rec.sandbox_id)  # it may have landed meanwhile
-        if exit_raw is not None:
-            return State.TERMINATED, {"exit": ExitStatus.model_validate(exit_raw), "native": native}
+        exited = exited or self.registry.read_exit(rec.sandbox_id)  # it may have landed meanwhile
+        if exited is not None:
+            return State.TERMINATED, {"exit": exited, "native": native}
         if not cg.is_empty():
             # Supervisor lost (killed) but the workload lives, unsupervised; a frozen one is still paused (calling
             # it running would let a Checkpoint thaw what its caller paused).
@@ -272,7 +273,7 @@ class SandboxObserver(HostPreflight):
             started_at=self.started_at,
             storage_failed=not storage_ok,
             spawner_alive=spawner,
-            cgroups=self.layout.describe(),
+            cgroups=CgroupsInfo(**self.layout.describe()),
             resource_observed_at=observed,
             resource_age_seconds=age,
             resource_fresh=fresh,

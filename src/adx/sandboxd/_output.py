@@ -24,9 +24,9 @@ import os
 import select
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import NotRequired, TypedDict
 
-from adx.sandboxd._spawn_spec import SpawnSpec
+from adx.sandboxd._spawn_spec import SpawnSpec, read_to_eof
 
 __all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "fork_pump", "make_fifos", "open_write_ends", "start_pump"]
 
@@ -90,13 +90,10 @@ def fork_pump(spec: SpawnSpec, reads: list[int], claim_fd: int | None = None) ->
             os.closerange(3, 10)
             os.closerange(13 if claim >= 0 else 12, 65536)  # whatever else, the report pipe above all
             if claim >= 0:
-                chunks = []
-                while chunk := os.read(claim, 1 << 16):
-                    chunks.append(chunk)
-                os.close(claim)
-                if not chunks:
+                data = read_to_eof(claim)
+                if not data:
                     os._exit(0)
-                spec = SpawnSpec.from_json(b"".join(chunks))
+                spec = SpawnSpec.from_json(data)
             Pump(spec, keep).run()
         except BaseException as exc:  # never return into the supervisor's code
             code = 1
@@ -132,6 +129,15 @@ def finish_pump(pid: int | None) -> None:
         if done:
             return
         time.sleep(0.005)
+
+
+class SegmentLine(TypedDict):
+    """One line of a log segment as the pump writes it (JSON lines; ``_logs`` reads it back as a ``LogLine``)."""
+
+    time: str  # RFC 3339, UTC, microseconds
+    stream: str  # 'stdout' or 'stderr'
+    text: str
+    partial: NotRequired[bool]  # the line had no newline yet when flushed
 
 
 class Segments:
@@ -245,7 +251,7 @@ class Pump:
                 self._flush(fd)
 
     def _emit(self, fd: int, line: bytes, *, partial: bool) -> None:
-        entry: dict[str, Any] = {
+        entry: SegmentLine = {
             "time": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "stream": self.streams[fd],
             "text": line.decode("utf-8", errors="replace"),

@@ -15,7 +15,7 @@ from adx.sandboxd import _linux as lx
 from adx.sandboxd._in_namespace import in_namespace_setup
 from adx.sandboxd._mounts import mounts_pair
 from adx.sandboxd._output import open_write_ends
-from adx.sandboxd._spawn_spec import SpawnSpec
+from adx.sandboxd._spawn_spec import SpawnSpec, read_to_eof
 
 __all__ = ["PreparedInit", "hand_to_prepared", "prepare_init"]
 
@@ -75,13 +75,10 @@ def _prepared_init_main(spec_r: int, go_r: int, err_w: int, mounts_r: int) -> in
         lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
         lx.set_loopback_up()
         lx.drop_bounding_set()
-        chunks = []
-        while chunk := os.read(spec_r, 1 << 16):
-            chunks.append(chunk)
-        os.close(spec_r)
-        if not chunks:
+        data = read_to_eof(spec_r)
+        if not data:
             return 0  # the zygote is gone without a spec
-        spec = SpawnSpec.from_json(b"".join(chunks))
+        spec = SpawnSpec.from_json(data)
         log_fds = open_write_ends(spec.sandbox_dir, spec.output_pipes)
     except BaseException as exc:
         with contextlib.suppress(BaseException):

@@ -26,17 +26,17 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from pydantic import ValidationError
 
 from adx._fs import atomic_write_json, fsync_dir
 from adx.errors import AdxError, UnavailableError, UncertainOutcomeError
 from adx.sandboxd import _linux as lx
-from adx.sandboxd._models import SANDBOX_ID_RE, Resources, SandboxRecord
+from adx.sandboxd._models import SANDBOX_ID_RE, ExitStatus, NativeIdentity, Resources, SandboxRecord
 from adx.sandboxd._sandbox_layout import EXIT_FILE, LOCK_FILE, NATIVE_FILE, RECORD_FILE, TOMBSTONE_FILE
 
 __all__ = ["LoadedRegistry", "Registry", "RegistryError", "Tombstone"]
@@ -63,13 +63,40 @@ class RegistryError(AdxError):
     code = "registry_refused"
 
 
+class RegistryHeader(TypedDict):
+    """``registry.json``: activates the v2 tree of per-sandbox records for ``owner``."""
+
+    version: int
+    owner: str
+
+
+class TombstoneExtra(TypedDict, total=False):
+    """What a delete adds to a tombstone: what its reclaim needs once the record is gone."""
+
+    reason: str
+    cgroup: str  # 'ours', 'vanished' or 'replaced' at delete time
+    id_base: int | None  # its user namespace's ID slice stays taken until reclaimed
+    native_name: str | None  # a claimed warm member's cgroup/veth name
+
+
+class TombstoneFile(TombstoneExtra, total=False):
+    """``tombstone.json`` (an ID is never reused). Older or startup-written ones lack the delete's keys."""
+
+    sandbox_id: str
+    generation: int
+    owner: str
+    resources: Mapping[str, int]
+    deleted_at: float
+    native: Mapping[str, object] | None
+
+
 @dataclass(frozen=True)
 class Tombstone:
     sandbox_id: str
     generation: int
     resources: Resources
     deleted_at: float
-    data: dict[str, Any]
+    data: TombstoneFile
 
 
 @dataclass
@@ -77,7 +104,7 @@ class LoadedRegistry:
     """Everything read and validated from the state dir, before any change."""
 
     owner: str | None
-    header: dict[str, Any] | None
+    header: RegistryHeader | None
     v1_records: list[SandboxRecord]
     records: dict[str, SandboxRecord] = field(default_factory=dict)
     tombstones: dict[str, Tombstone] = field(default_factory=dict)
@@ -132,7 +159,7 @@ def _parse_tombstone(raw: Any, path: Path, sandbox_id: str) -> Tombstone:
             generation=int(raw["generation"]),
             resources=Resources.model_validate(raw["resources"]),
             deleted_at=float(raw["deleted_at"]),
-            data=raw,
+            data=cast(TombstoneFile, raw),  # the keys read above are checked; the rest is read with .get
         )
     except (KeyError, TypeError, ValueError, ValidationError):
         raise RegistryError(f"{path}: invalid tombstone; refusing to start") from None
@@ -166,7 +193,7 @@ class Registry:
                 )
             if header.get("owner") != owner:
                 raise RegistryError(f"{self.dir / HEADER_FILE}: owner differs from {OWNER_FILE}; refusing to start")
-            loaded.header = header
+            loaded.header = cast(RegistryHeader, header)  # version and owner checked above
             self._load_tree(loaded, owner)
             return loaded  # SBX-14: an activated v2 tree never falls back to v1
         if v1 is not None:
@@ -388,12 +415,12 @@ class Registry:
         there leaves the old record in place and a temp file the next write truncates."""
         self._install_record(record, before_rename, sync_dir=True)
 
-    def _write_tombstone_raw(self, sandbox_id: str, data: dict[str, Any]) -> None:
+    def _write_tombstone_raw(self, sandbox_id: str, data: TombstoneFile) -> None:
         atomic_write_json(self.sandbox_dir(sandbox_id) / TOMBSTONE_FILE, data)
 
-    def write_tombstone(self, record: SandboxRecord, extra: dict[str, Any]) -> Tombstone:
+    def write_tombstone(self, record: SandboxRecord, extra: TombstoneExtra) -> Tombstone:
         self.check_usable()
-        data = {
+        data: TombstoneFile = {
             "sandbox_id": record.sandbox_id,
             "generation": record.generation,
             "owner": self.owner,
@@ -429,16 +456,20 @@ class Registry:
         sdir = self.sandbox_dir(sandbox_id)
         return any(p.name not in _KEEP_AFTER_RECLAIM for p in sdir.iterdir())
 
-    def read_native(self, sandbox_id: str) -> dict[str, Any] | None:
+    def read_native(self, sandbox_id: str) -> NativeIdentity | None:
+        """The supervisor's ``native.json``; None when missing or not a valid identity."""
         try:
             raw = _read_json(self.sandbox_dir(sandbox_id) / NATIVE_FILE, self.max_bytes)
-        except RegistryError:
-            return None  # written without fsync: after a host crash it may be torn; it then proves nothing
-        return raw if isinstance(raw, dict) else None
+            # written without fsync: after a host crash it may be torn; it then proves nothing
+            return NativeIdentity.model_validate(raw) if isinstance(raw, dict) else None
+        except (RegistryError, ValidationError):
+            return None
 
-    def read_exit(self, sandbox_id: str) -> dict[str, Any] | None:
+    def read_exit(self, sandbox_id: str) -> ExitStatus | None:
+        """The supervisor's ``exit.json``; None when missing or unreadable. An invalid one raises
+        ``ValidationError`` (it is not taken as "no exit")."""
         try:
             raw = _read_json(self.sandbox_dir(sandbox_id) / EXIT_FILE, self.max_bytes)
         except RegistryError:
             return None
-        return raw if isinstance(raw, dict) else None
+        return ExitStatus.model_validate(raw) if isinstance(raw, dict) else None

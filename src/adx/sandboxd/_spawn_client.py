@@ -11,10 +11,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from adx.errors import UnavailableError, UncertainOutcomeError
-from adx.sandboxd._spawn_spec import SpawnSpec
+from adx.sandboxd._spawn_spec import SpawnReport, SpawnSpec
 
 __all__ = ["FAULTS_ENV", "SpawnerProcess"]
 
@@ -43,7 +42,7 @@ class SpawnerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[int, asyncio.Future[SpawnReport]] = {}
         self._next = 0
         self._task: asyncio.Task[None] | None = None
         self._restart_lock = asyncio.Lock()
@@ -99,7 +98,7 @@ class SpawnerProcess:
         self.start()
         await self.attach()
 
-    async def spawn(self, spec: SpawnSpec, deadline_seconds: float) -> dict[str, Any]:
+    async def spawn(self, spec: SpawnSpec, deadline_seconds: float) -> SpawnReport:
         """Returns the supervisor's report. Raises UncertainOutcomeError when the outcome is unknown."""
         if self._writer is None or not self.alive():
             async with self._restart_lock:
@@ -111,7 +110,7 @@ class SpawnerProcess:
         assert self._writer is not None
         self._next += 1
         req = self._next
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[SpawnReport] = asyncio.get_running_loop().create_future()
         self._pending[req] = fut
         self._writer.write(json.dumps({"req": req, "spec": spec.to_wire()}).encode() + b"\n")
         await self._writer.drain()

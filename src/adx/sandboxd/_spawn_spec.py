@@ -8,10 +8,46 @@ every in-process execd PID 1) imports this, and neither pydantic nor pathlib bel
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-__all__ = ["Limits", "SpawnSpec", "UserNamespace", "Veth"]
+__all__ = ["Limits", "NativeFile", "SpawnReport", "SpawnSpec", "UserNamespace", "Veth", "read_to_eof"]
+
+
+class NativeFile(TypedDict):
+    """The native identity the supervisor writes (``native.json``) and reports; sandboxd validates it as
+    ``NativeIdentity``."""
+
+    boot_id: str
+    cgroup_dev: int
+    cgroup_ino: int
+    cgroup_dir: str
+    created_at: float
+
+
+class SpawnReport(TypedDict):
+    """A supervisor's one JSON report of a start, relayed by the spawner (which adds ``req``, the request it
+    answers) to sandboxd's ``SpawnClient``."""
+
+    ok: bool
+    error: NotRequired[str]  # ok false: why
+    native: NotRequired[NativeFile]  # a started sandbox
+    started_at: NotRequired[float]
+    warm: NotRequired[bool]  # a warm pool member is ready (parked until claimed)
+    req: NotRequired[int]
+
+
+def read_to_eof(fd: int) -> bytes:
+    """All a pipe carries until its writer closes it (a spec, a claim, an init's error report); closes ``fd``.
+    Empty means the writer went away without a word (each reader decides what that ends)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 @dataclass(frozen=True)

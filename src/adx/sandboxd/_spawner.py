@@ -34,12 +34,12 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from adx.sandboxd._cgroups import CgroupLayout, detect_layout
 from adx.sandboxd._prepared_init import PreparedInit, prepare_init
 from adx.sandboxd._sandbox_layout import SUPERVISOR_LOG
-from adx.sandboxd._spawn_spec import SpawnSpec
+from adx.sandboxd._spawn_spec import SpawnReport, SpawnSpec, read_to_eof
 from adx.sandboxd._supervisor import run_supervisor
 
 __all__ = ["main"]
@@ -63,12 +63,9 @@ def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout, prepare: bool
     try:
         _detach(keep=(spec_r, result_w))  # while idle: none of this waits for a spec
         init = prepare_init(close=(spec_r, result_w), userns=_USERNS) if prepare else None
-        chunks = []
-        while chunk := os.read(spec_r, 1 << 16):
-            chunks.append(chunk)
-        os.close(spec_r)
+        data = read_to_eof(spec_r)
         # EOF without a spec: the spawner is gone or replaced us; just exit.
-        code = _supervisor_main(SpawnSpec.from_json(b"".join(chunks)), layout, result_w, init) if chunks else 0
+        code = _supervisor_main(SpawnSpec.from_json(data), layout, result_w, init) if data else 0
     finally:
         os._exit(code)
 
@@ -249,7 +246,7 @@ def main() -> int:
     buf = b""
     idle = _Idle(layout, ctrl_fd, template)
 
-    def send(payload: dict[str, Any]) -> None:
+    def send(payload: SpawnReport) -> None:
         data = json.dumps(payload).encode() + b"\n"
         while data:
             data = data[os.write(ctrl_fd, data) :]
@@ -288,11 +285,12 @@ def main() -> int:
                 os.close(fd)
                 del pending[fd]
                 raw = b"".join(chunks)
+                result: SpawnReport
                 try:
                     result = json.loads(raw) if raw else {"ok": False, "error": "supervisor exited before starting"}
                 except ValueError:
                     result = {"ok": False, "error": f"garbled supervisor reply: {raw[:200]!r}"}
-                send({"req": req, **result})
+                send({**result, "req": req})
                 # Only now (not right after the hand-off): a fork here would compete for the CPU with the
                 # supervisor's start; hand_off forks one itself if a request comes first.
                 idle.refill()

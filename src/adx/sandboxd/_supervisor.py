@@ -24,7 +24,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from adx._fs import fsync_dir
 from adx.sandboxd import _linux as lx
@@ -43,7 +42,7 @@ from adx.sandboxd._sandbox_layout import (
     TOMBSTONE_FILE,
     boot_id,
 )
-from adx.sandboxd._spawn_spec import Limits, SpawnSpec, Veth
+from adx.sandboxd._spawn_spec import Limits, NativeFile, SpawnReport, SpawnSpec, Veth, read_to_eof
 
 __all__ = ["run_supervisor"]
 
@@ -74,7 +73,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     """
     sdir: str = spec.sandbox_dir  # paths as str: the template (every in-process execd PID 1) has no pathlib
 
-    def report(payload: dict[str, Any]) -> None:
+    def report(payload: SpawnReport) -> None:
         """Once per result descriptor (a warm member's ready report, then its claim's start report)."""
         nonlocal result_fd
         if result_fd < 0:
@@ -185,7 +184,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         _abandon(pid, go_w, cgroup)
         report({"ok": False, "error": refusal})
         return 0
-    native = {
+    native: NativeFile = {
         "boot_id": _BOOT_ID,
         "cgroup_dev": ident[0],
         "cgroup_ino": ident[1],
@@ -206,13 +205,10 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
         _write_all(go_w, go_payload)
     os.close(go_w)
-    chunks = []
-    while chunk := os.read(err_r, 4096):  # EOF when execve closed the CLOEXEC write end
-        chunks.append(chunk)
-    os.close(err_r)
-    if chunks:
+    said = read_to_eof(err_r)  # EOF when execve closed the CLOEXEC write end
+    if said:
         os.waitpid(pid, 0)
-        report({"ok": False, "error": "sandbox setup failed: " + b"".join(chunks).decode(errors="replace")})
+        report({"ok": False, "error": "sandbox setup failed: " + said.decode(errors="replace")})
         _record_exit(sdir, None, None, cgroup, setup_failed=True)
         return 1
     report({"ok": True, "native": native, "started_at": time.time()})
@@ -392,7 +388,7 @@ def _create_veth(veth: Veth, pid: int) -> bool:
     return True
 
 
-def _write_json_no_sync(path: str, value: dict[str, Any]) -> None:
+def _write_json_no_sync(path: str, value: NativeFile) -> None:
     head, name = os.path.split(path)
     tmp = os.path.join(head, f".{name}.tmp")  # NATIVE_TEMP: pre-made by a spare dir, usually
     with open(tmp, "w") as f:
