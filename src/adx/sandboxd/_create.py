@@ -28,7 +28,7 @@ from adx.sandboxd._sandbox_layout import (
     EXECD_MOUNT,
     SOCKETS_DIR,
 )
-from adx.sandboxd._spawn_spec import Limits, SpawnSpec, UserNamespace
+from adx.sandboxd._spawn_spec import Limits, SpawnReport, SpawnSpec, UserNamespace
 from adx.sandboxd._states import State
 from adx.sandboxd._userns import IDS_PER_SANDBOX, shift_tree
 from adx.sandboxd._userns import allocate as allocate_ids
@@ -292,7 +292,7 @@ class SandboxCreator(StartupReconcile):
         )
 
     def _started(
-        self, rec: SandboxRecord, report: dict[str, Any], event: str, level: int, **fields: Any
+        self, rec: SandboxRecord, report: SpawnReport, event: str, level: int, **fields: Any
     ) -> CreateResponse:
         """The supervisor's start report (a cold start's or a claim's): the record becomes Running with the native
         identity the supervisor recorded, ``event`` is logged with ``fields``, and the create's reply returned;

@@ -33,6 +33,7 @@ from adx.sandboxd._create import SandboxCreator
 from adx.sandboxd._faults import fault
 from adx.sandboxd._models import CreateRequest, CreateResponse, ExecdOptions, Resources, SandboxRecord
 from adx.sandboxd._sandbox_layout import CLAIM_SOCKET, SUPERVISOR_LOG
+from adx.sandboxd._spawn_spec import SpawnReport
 from adx.sandboxd._states import State
 from adx.sandboxd._veth import host_if
 from adx.sandboxd._warm_pool import WarmKey, WarmMember, WarmPool
@@ -300,7 +301,9 @@ class WarmSandboxes(SandboxCreator):
             await asyncio.gather(committed, return_exceptions=True)
         await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
         if error is None:
-            report = json.loads(raw) if raw else {"ok": False, "error": "the supervisor exited before starting"}
+            report: SpawnReport = (
+                json.loads(raw) if raw else {"ok": False, "error": "the supervisor exited before starting"}
+            )
             claim_ms = round((time.perf_counter() - t0) * 1000, 2)
             try:
                 created = self._started(
