@@ -29,7 +29,6 @@ AdminKey = Annotated[
     str | None,
     typer.Option("--admin-key", help=f"default: {ENV_ADMIN_KEY} or the admin.json `adx up` saved"),
 ]
-Json = Annotated[bool, typer.Option("--json", help="print the HTTP answer's JSON instead of text")]
 
 
 def _read_key(path: Path) -> str | None:

@@ -9,6 +9,7 @@ import typer
 
 from adx.cli._app import app, console, fail
 from adx.cli._components import COMPONENTS, load_component_config
+from adx.cli._output import print_json
 from adx.errors import AdxError
 
 config_app = typer.Typer(help="Inspect and validate configuration files.", no_args_is_help=True)
@@ -30,7 +31,7 @@ def check(
     except AdxError as exc:
         fail(exc)
     if show:
-        console.print_json(config.model_dump_json())
+        print_json(config.model_dump(mode="json"))
     else:
         console.print(f"{file}: valid {component} configuration", highlight=False, soft_wrap=True)
 

@@ -14,7 +14,8 @@ from typing import Annotated
 
 import typer
 
-from adx.cli._app import app, console, fail
+from adx.cli._app import app, fail
+from adx.cli._output import print_json
 from adx.config import load_model
 from adx.errors import AdxError, InvalidInputError
 from adx.execd._config import ExecdConfig, ProbeConfig, to_options
@@ -72,9 +73,7 @@ def execd(
     python = cfg.python or sys.executable
     argv = init_argv(to_options(cfg), python=python)
     if print_argv:
-        import json
-
-        console.print_json(json.dumps(argv))
+        print_json(argv)
         return
     sys.stdout.flush()
     sys.stderr.flush()

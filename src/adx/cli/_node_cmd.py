@@ -4,7 +4,6 @@ list|cordon|uncordon|drain``, ``adx cluster status``, through the admin API)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
 import time
@@ -14,9 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
-from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, Json, admin_call, check_name
+from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, admin_call, check_name
 from adx.cli._app import GlobalOptions, app, console, fail, setup_logging
 from adx.cli._cluster import ClusterInfo, fill_from_cluster, log_joined
+from adx.cli._output import Json, print_json
 from adx.config import NodeConfig, load_model
 from adx.errors import AdxError, ConflictError, InvalidInputError
 
@@ -129,7 +129,7 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = N
     """List nodes: health, admission, allocatable/capacity, reservations, last heartbeat, Environments."""
     nodes = admin_call(api_url, admin_key, "GET", "/v1/admin/nodes", "list nodes")
     if as_json:
-        console.print_json(json.dumps(nodes))
+        print_json(nodes)
         return
     sys.stdout.write(nodes_table(nodes, time.time()))
 
@@ -183,7 +183,7 @@ def status(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = 
     except AdxError as exc:
         fail(exc)
     if as_json:
-        console.print_json(json.dumps(answer))
+        print_json(answer)
         return
     nodes = answer["nodes"]
     ready = sum(n["health"] == "ready" for n in nodes)

@@ -6,7 +6,6 @@ any admin key exists); the others go through the admin API with the admin key (`
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,8 +13,9 @@ from typing import Annotated
 import typer
 
 from adx.cli._admin import admin_config
-from adx.cli._admin_http import AdminKey, ApiUrl, Json, admin_call, check_name
+from adx.cli._admin_http import AdminKey, ApiUrl, admin_call, check_name
 from adx.cli._app import app, console, err_console, fail
+from adx.cli._output import Json, print_json
 from adx.errors import AdxError, UnavailableError
 
 tenant_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
@@ -83,7 +83,7 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = N
 
     tenants = admin_call(api_url, admin_key, "GET", "/v1/admin/tenants", "list tenants")
     if as_json:
-        console.print_json(json.dumps(tenants))
+        print_json(tenants)
         return
     rows = [
         (
