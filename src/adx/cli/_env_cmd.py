@@ -24,29 +24,11 @@ app.add_typer(env_app, name="env")
 EnvId = Annotated[str, typer.Argument(help="the Environment's ID")]
 
 
-def _wire(env: Any) -> dict[str, Any]:
-    """The Environment as the HTTP API shows it (camelCase)."""
-    return {
-        "id": env.id,
-        "state": env.state.value,
-        "node": env.node,
-        "executionId": env.execution_id,
-        "createdAt": env.created_at,
-        "updatedAt": env.updated_at,
-        "image": env.image,
-        "resources": env.resources.to_wire(),
-        "entrypoint": env.entrypoint,
-        "metadata": env.metadata,
-        "lifecycle": env.lifecycle.to_wire(),
-        "volumes": [m.to_wire() for m in env.volumes],
-        "restartAttempts": env.restart_attempts,
-        "restartPending": env.restart_pending,
-        "checkpoint": env.checkpoint.to_wire() if env.checkpoint else None,
-        "expiresAt": env.expires_at,
-        "ownershipLost": env.ownership_lost,
-        "lastError": env.last_error,
-        "publicationPending": env.publication_pending,
-    }
+def _wire(env: Any) -> dict[str, object]:
+    """The Environment as the HTTP API shows it (camelCase): the SDK's fields through the API's own model."""
+    from adx.model import EnvironmentView
+
+    return EnvironmentView.model_validate({name: getattr(env, name) for name in EnvironmentView.model_fields}).wire()
 
 
 # An SDK argument (or spec path under it) -> the `adx env create` flag that sets it (longest first), so an

@@ -14,10 +14,10 @@ from typing import Annotated
 
 import typer
 
-from adx.cli._app import app, fail
-from adx.cli._output import print_json
+from adx.cli._app import app
+from adx.cli._output import failing, print_json
 from adx.config import load_model
-from adx.errors import AdxError, InvalidInputError
+from adx.errors import InvalidInputError
 from adx.execd._config import ExecdConfig, ProbeConfig, to_options
 from adx.execd._launch import init_argv
 
@@ -47,7 +47,7 @@ def execd(
     ] = False,
 ) -> None:
     """Run execd (PID 1 of a sandbox): commands, files and activity over HTTP on a Unix socket."""
-    try:
+    with failing():
         cfg = load_model(ExecdConfig, "execd", config)
         update: dict[str, object] = {
             key: value
@@ -68,8 +68,6 @@ def execd(
             except ValueError as exc:
                 raise InvalidInputError("--probe-command/--probe-tcp-port", str(exc).splitlines()[-1]) from None
         cfg = cfg.model_copy(update=update)
-    except AdxError as exc:
-        fail(exc)
     python = cfg.python or sys.executable
     argv = init_argv(to_options(cfg), python=python)
     if print_argv:
