@@ -34,6 +34,10 @@ __all__ = [
     "rebuild_error",
 ]
 
+#: What an error carries beside its message: a JSON object (HTTP ``error.details``, gRPC trailing metadata)
+#: whose keys the error documents (``field`` and ``reason``, ``state``, ``retry_after_seconds``, ...).
+ErrorDetails = dict[str, Any]
+
 #: Every error type that declares its own ``code``, by that code: a client rebuilds the exact subclass a server
 #: raised from the wire code alone (HTTP body, gRPC trailing metadata).
 _BY_CODE: dict[str, type[AdxError]] = {}
@@ -66,10 +70,10 @@ class AdxError(Exception):
             if known is not cls and known.__qualname__ != cls.__qualname__:  # a re-import of a module is fine
                 raise TypeError(f"error code {code!r} is declared by {known.__qualname__} and {cls.__qualname__}")
 
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, *, details: ErrorDetails | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.details: dict[str, Any] = dict(details or {})
+        self.details: ErrorDetails = dict(details or {})
 
     def __str__(self) -> str:
         return self.message
@@ -86,7 +90,7 @@ class InvalidInputError(AdxError):
     grpc_status = "INVALID_ARGUMENT"
     exit_code = 2
 
-    def __init__(self, field: str, reason: str, *, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, field: str, reason: str, *, details: ErrorDetails | None = None) -> None:
         self.field = field
         self.reason = reason
         merged = {"field": field, "reason": reason, **(details or {})}
@@ -221,7 +225,7 @@ def error_type(code: str) -> type[AdxError] | None:
     return _BY_CODE.get(code)
 
 
-def rebuild_error(family: type[AdxError], code: str, message: str, details: dict[str, Any]) -> AdxError:
+def rebuild_error(family: type[AdxError], code: str, message: str, details: ErrorDetails) -> AdxError:
     """The error a server answered, on the client side: the exact subclass when the wire code names one of the
     ``family`` the status stands for, else ``family`` itself keeping the server's code. Constructors of
     subclasses take varied arguments; the wire carries only code, message and details, so they are bypassed."""
@@ -238,7 +242,7 @@ def rebuild_error(family: type[AdxError], code: str, message: str, details: dict
     return exc
 
 
-def error_for_http(status: int, code: str, message: str, details: dict[str, Any]) -> AdxError:
+def error_for_http(status: int, code: str, message: str, details: ErrorDetails) -> AdxError:
     """The error an ADX HTTP answer carries: the exact class its code names when the status agrees with it, else
     the family whose status it is (keeping the server's code), else the root."""
     known = _BY_CODE.get(code)

@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Literal, TextIO
+from typing import Literal, TextIO
 
 __all__ = ["LogFormat", "configure_logging"]
 
@@ -22,7 +22,11 @@ LogFormat = Literal["json", "kv"]
 _STANDARD_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "color_message"}
 
 
-def _context_fields(record: logging.LogRecord) -> dict[str, Any]:
+#: A log line's fields by name: the standard ones and each ``extra=`` value (any object; JSON, or its ``str``).
+LogFields = dict[str, object]
+
+
+def _context_fields(record: logging.LogRecord) -> LogFields:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_ATTRS}
 
 
@@ -38,7 +42,7 @@ class _StructuredFormatter(logging.Formatter):
         self._fmt = fmt
 
     def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {
+        fields: LogFields = {
             "ts": _timestamp(record),
             "level": record.levelname.lower(),
             "component": self._component,
@@ -53,7 +57,7 @@ class _StructuredFormatter(logging.Formatter):
         return " ".join(f"{key}={_kv_value(value)}" for key, value in fields.items())
 
 
-def _kv_value(value: Any) -> str:
+def _kv_value(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if text == "" or any(ch in text for ch in ' "=\n\t'):
         return json.dumps(text)

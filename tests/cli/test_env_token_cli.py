@@ -40,6 +40,7 @@ async def test_env_token_create_list_use_revoke(node_cluster, api_for) -> None: 
     code, out, err = await adx_cli("env", "token", "list", env.id, "--json", env=user)
     assert code == 0, err
     assert {t["id"] for t in json.loads(out)["tokens"]} == {issued["id"], port_token_id}
+    assert out == json.dumps(json.loads(out), indent=2) + "\n", out  # the one --json style (docs/cli.md#output)
 
     # The printed token works on the data plane, with no API key anywhere.
     commands = f"{stack.url}/v1/environments/{env.id}/commands"

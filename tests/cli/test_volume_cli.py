@@ -19,6 +19,7 @@ async def test_volume_create_ls_mount_rm(api_stack, tmp_path: Path) -> None:  # 
     assert code == 0, err
     volume = json.loads(out)
     assert volume["name"] == "data" and volume["id"].startswith("vol-")
+    assert out == json.dumps(volume, indent=2) + "\n", out  # the one --json style (docs/cli.md#output)
     code, out, err = await adx_cli("volume", "create", "data", env=user)
     assert code == 4 and "data" in err, (code, err)  # conflict: the name is taken
     code, out, err = await adx_cli("volume", "ls", env=user)
@@ -30,6 +31,7 @@ async def test_volume_create_ls_mount_rm(api_stack, tmp_path: Path) -> None:  # 
     assert code == 0, err
     env = json.loads(out)
     assert env["volumes"] == [{"name": "data", "path": "/mnt/d"}]
+    assert out == json.dumps(env, indent=2) + "\n", out
     code, out, err = await adx_cli("volume", "rm", "data", env=user)
     assert code == 4 and env["id"] in err, (code, err)  # mounted: refused
 
@@ -40,4 +42,4 @@ async def test_volume_create_ls_mount_rm(api_stack, tmp_path: Path) -> None:  # 
     code, out, err = await adx_cli("volume", "rm", "data", env=user)
     assert code == 3, (code, err)  # not found
     code, out, err = await adx_cli("volume", "ls", "--json", env=user)
-    assert code == 0 and json.loads(out) == {"volumes": []}, err
+    assert code == 0 and out == '{\n  "volumes": []\n}\n', (out, err)

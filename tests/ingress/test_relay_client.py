@@ -16,7 +16,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from adx._certs import Identity, client_ssl_context, component_paths, init_ca, issue
-from adx.ingress._relay_client import RelayClient, RelayConnectError, RelayTransportError
+from adx.ingress._relay_client import RelayClient, RelayConnectError, RelayRequest, RelayTransportError
 from adx.node._relay import RelayServer, serve_asgi
 
 
@@ -82,7 +82,7 @@ async def test_connections_are_reused_and_bodies_stream_both_ways(relay) -> None
         yield b"eamed"
 
     for content in (b"one", b"two", body()):
-        response = await client.send("POST", address, "/echo", [], content, read_timeout=5)
+        response = await client.send(RelayRequest("POST", address, "/echo", [], content), read_timeout=5)
         assert response.status_code == 200
         assert [chunk async for chunk in response.aiter_raw()] != []
     assert server.seen == ["POST one", "POST two", "POST streamed"]
@@ -91,27 +91,27 @@ async def test_connections_are_reused_and_bodies_stream_both_ways(relay) -> None
 
 async def test_a_dropped_connection_is_replaced_for_put_but_not_for_a_command(relay) -> None:
     server, serving, client, address = relay
-    first = await client.send("PUT", address, "/echo", [], b"a", read_timeout=5)
+    first = await client.send(RelayRequest("PUT", address, "/echo", [], b"a"), read_timeout=5)
     assert await first.aread() == b"got:a"
     # The server drops its side of every kept connection (as a Relay restarting or expiring it would): the
     # client learns of it only when it reuses the connection.
     for connection in list(serving.server.server_state.connections):
         connection.transport.abort()  # type: ignore[attr-defined]
-    again = await client.send("PUT", address, "/echo", [], b"b", read_timeout=5)
+    again = await client.send(RelayRequest("PUT", address, "/echo", [], b"b"), read_timeout=5)
     assert await again.aread() == b"got:b"
 
-    kept = await client.send("POST", address, "/echo", [], b"c", read_timeout=5)
+    kept = await client.send(RelayRequest("POST", address, "/echo", [], b"c"), read_timeout=5)
     assert await kept.aread() == b"got:c"
     for connection in list(serving.server.server_state.connections):
         connection.transport.abort()  # type: ignore[attr-defined]
     with pytest.raises(RelayTransportError):
-        await client.send("POST", address, "/echo", [], b"never twice", read_timeout=5)
+        await client.send(RelayRequest("POST", address, "/echo", [], b"never twice"), read_timeout=5)
     assert "POST never twice" not in server.seen
 
 
 async def test_repeated_answer_headers_pass_as_they_came(relay) -> None:
     _, _, client, address = relay
-    response = await client.send("GET", address, "/cookies", [], b"", read_timeout=5)
+    response = await client.send(RelayRequest("GET", address, "/cookies", [], b""), read_timeout=5)
     assert await response.aread() == b"ok"
     assert [v for k, v in response.headers if k.lower() == "set-cookie"] == ["a=1", "b=2"]
 
@@ -119,4 +119,4 @@ async def test_repeated_answer_headers_pass_as_they_came(relay) -> None:
 async def test_no_relay_there_is_a_connect_error(relay) -> None:
     _, _, client, _ = relay
     with pytest.raises(RelayConnectError):
-        await client.send("POST", f"127.0.0.1:{_free_port()}", "/echo", [], b"x", read_timeout=5)
+        await client.send(RelayRequest("POST", f"127.0.0.1:{_free_port()}", "/echo", [], b"x"), read_timeout=5)

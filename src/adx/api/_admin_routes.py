@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Request, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
 
 from adx.errors import AdxError, ForbiddenError, NotFoundError
-from adx.gateway import ErrorBody, Plane, Unauthenticated, plane
+from adx.gateway import OpenApiResponses, Plane, Unauthenticated, error_answer, plane
 from adx.model import ADMIN_KEY_PREFIX, AdminIdentity, ClusterStatus, DrainEvent, IssuedKey, NodeInfo, TenantInfo
 from adx.proto import coordinator_pb2 as pb
 
@@ -34,13 +35,13 @@ admin_bearer = HTTPBearer(
 )
 AdminCredentials = Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)]
 
-ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "missing or unknown admin key"},
-    403: {"model": ErrorBody, "description": "a tenant's API key: admin routes need the admin key"},
-    404: {"model": ErrorBody, "description": "no such tenant, key or node"},
-    409: {"model": ErrorBody, "description": "conflict, e.g. the tenant exists"},
-    422: {"model": ErrorBody, "description": "invalid input; details.field names it"},
-    503: {"model": ErrorBody, "description": "the Coordinator is unavailable"},
+ADMIN_ERRORS: OpenApiResponses = {
+    401: error_answer("missing or unknown admin key"),
+    403: error_answer("a tenant's API key: admin routes need the admin key"),
+    404: error_answer("no such tenant, key or node"),
+    409: error_answer("conflict, e.g. the tenant exists"),
+    422: error_answer("invalid input; details.field names it"),
+    503: error_answer("the Coordinator is unavailable"),
 }
 
 #: A drain waits for every pause (each bounded by its Environment's pause timeout).
@@ -100,6 +101,11 @@ async def _one(p: Plane, what: str, model: type[M], call: Callable[[], Awaitable
     return model.model_validate_json(reply.json)
 
 
+async def _listed(p: Plane, what: str, model: type[M], call: Callable[[], Awaitable[pb.AdminListReply]]) -> list[M]:
+    reply = await p.coordinator.call(what, call, reads=True)
+    return [model.model_validate_json(item) for item in reply.json]
+
+
 def _timeout(p: Plane) -> float:
     return p.config.coordinator_timeout_seconds
 
@@ -120,10 +126,9 @@ async def create_tenant(request: Request, body: CreateTenantBody, who: Admin) ->
 @router.get("/tenants", response_model=list[TenantInfo], summary="List tenants with their keys' IDs")
 async def list_tenants(request: Request, who: Admin) -> list[TenantInfo]:
     p = plane(request)
-    reply = await p.coordinator.call(
-        "list tenants", lambda: p.coordinator.admin.ListTenants(pb.AdminEmpty(), timeout=_timeout(p)), reads=True
+    return await _listed(
+        p, "list tenants", TenantInfo, lambda: p.coordinator.admin.ListTenants(pb.AdminEmpty(), timeout=_timeout(p))
     )
-    return [TenantInfo.model_validate_json(item) for item in reply.json]
 
 
 async def _set_disabled(request: Request, name: str, disabled: bool, who: AdminIdentity) -> TenantInfo:
@@ -206,10 +211,9 @@ async def rotate_key(request: Request, name: str, key_id: KeyId, who: Admin) -> 
 @router.get("/nodes", response_model=list[NodeInfo], summary="List nodes: capacity, allocatable, admission, health")
 async def list_nodes(request: Request, who: Admin) -> list[NodeInfo]:
     p = plane(request)
-    reply = await p.coordinator.call(
-        "list nodes", lambda: p.coordinator.admin.ListNodes(pb.AdminEmpty(), timeout=_timeout(p)), reads=True
+    return await _listed(
+        p, "list nodes", NodeInfo, lambda: p.coordinator.admin.ListNodes(pb.AdminEmpty(), timeout=_timeout(p))
     )
-    return [NodeInfo.model_validate_json(item) for item in reply.json]
 
 
 async def _cordon(request: Request, node: str, cordoned: bool, who: AdminIdentity) -> NodeInfo:
@@ -238,7 +242,7 @@ async def uncordon_node(request: Request, node: str, who: Admin) -> NodeInfo:
     return await _cordon(request, node, False, who)
 
 
-def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+def _inline_schema(model: type[BaseModel]) -> JsonSchemaValue:
     """``model``'s JSON schema with its ``$defs`` put in place: a schema inside an OpenAPI document cannot point
     at ``#/$defs/...`` (that resolves against the document's root)."""
     schema = model.model_json_schema(by_alias=True)

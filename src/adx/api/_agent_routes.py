@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 from fastapi import APIRouter, FastAPI, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from adx.agents._canonical import JsonObject
 from adx.errors import InvalidInputError, NotFoundError, UnavailableError
-from adx.gateway import ErrorBody
+from adx.gateway import OpenApiResponses, error_answer
 
 if TYPE_CHECKING:
     from adx.agents import AgentResult, AgentRuns, AgentStore, RunView
@@ -28,13 +31,15 @@ if TYPE_CHECKING:
 __all__ = ["close_agent_store", "router"]
 
 DATABASE_ENV = "ADX_AGENT_DATABASE_URL"
+P = ParamSpec("P")
+T = TypeVar("T")
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "missing or unknown API key"},
-    404: {"model": ErrorBody, "description": "no such run for this tenant"},
-    409: {"model": ErrorBody, "description": "the run's state does not allow this (e.g. retry of a run not failed)"},
-    422: {"model": ErrorBody, "description": "invalid input; details.field names it"},
-    503: {"model": ErrorBody, "description": "the agent store is not configured or unavailable"},
+ERRORS: OpenApiResponses = {
+    401: error_answer("missing or unknown API key"),
+    404: error_answer("no such run for this tenant"),
+    409: error_answer("the run's state does not allow this (e.g. retry of a run not failed)"),
+    422: error_answer("invalid input; details.field names it"),
+    503: error_answer("the agent store is not configured or unavailable"),
 }
 
 
@@ -69,7 +74,7 @@ class AgentUsage(_Wire):
 class AgentResultView(_Wire):
     status: str = Field(description="succeeded, failed or cancelled")
     artifact: Any = Field(default=None, description="the graph's output (succeeded)")
-    failure: dict[str, Any] | None = Field(default=None, description="why the run failed")
+    failure: JsonObject | None = Field(default=None, description="why the run failed")
     created_at: datetime
 
 
@@ -232,12 +237,34 @@ def _run_id(run_id: str) -> uuid.UUID:
         raise NotFoundError(f"run {run_id[:80]} not found") from None
 
 
-async def _one(runs: AgentRuns, tenant: str, run_id: uuid.UUID) -> AgentRunView:
-    try:
-        view = await runs.get_run(tenant, run_id)
-    except NotFoundError:
-        raise NotFoundError(f"run {run_id} not found") from None
-    return _view(view, await runs.get_result(tenant, run_id) if view.finished else None)
+@dataclass(frozen=True)
+class _RunRef:
+    """The run a request names, of the tenant its key names, and the store to reach it through."""
+
+    runs: AgentRuns
+    tenant: str
+    key: uuid.UUID
+
+    async def do(
+        self, op: Callable[Concatenate[str, uuid.UUID, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``op(tenant, key, ...)``: a missing run, or another tenant's, is the one 404 (SEC-2)."""
+        try:
+            return await op(self.tenant, self.key, *args, **kwargs)
+        except NotFoundError:
+            raise NotFoundError(f"run {self.key} not found") from None
+
+    async def view(self) -> AgentRunView:
+        """The run as the API shows it, with its result once it finished."""
+        view = await self.do(self.runs.get_run)
+        return _view(view, await self.runs.get_result(self.tenant, self.key) if view.finished else None)
+
+
+async def _ref(request: Request, credentials: HTTPAuthorizationCredentials | None, run_id: str) -> _RunRef:
+    """Checked in this order: the key (401), the run ID (a malformed one: 404), then the store (503)."""
+    tenant = await _tenant(request, credentials)
+    key = _run_id(run_id)
+    return _RunRef(await _runs(request), tenant, key)
 
 
 router = APIRouter(prefix="/v1/agent-runs", tags=["agent runs"], responses=ERRORS)
@@ -259,8 +286,7 @@ async def list_agent_runs(
 
 @router.get("/{run_id}", response_model=AgentRunView, response_model_by_alias=True, summary="Get a run")
 async def get_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
-    tenant = await _tenant(request, credentials)
-    return await _one(await _runs(request), tenant, _run_id(run_id))
+    return await (await _ref(request, credentials, run_id)).view()
 
 
 @router.get(
@@ -276,12 +302,8 @@ async def agent_run_children(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> AgentRunChildren:
-    tenant = await _tenant(request, credentials)
-    key = _run_id(run_id)
-    try:
-        page = await (await _runs(request)).children(tenant, key, limit=limit, cursor=cursor)
-    except NotFoundError:
-        raise NotFoundError(f"run {key} not found") from None
+    ref = await _ref(request, credentials, run_id)
+    page = await ref.do(ref.runs.children, limit=limit, cursor=cursor)
     return AgentRunChildren(runs=[_view(v) for v in page.runs], next_cursor=page.next_cursor)
 
 
@@ -289,12 +311,8 @@ async def agent_run_children(
     "/{run_id}/history", response_model=AgentRunHistory, response_model_by_alias=True, summary="A run's journal"
 )
 async def agent_run_history(request: Request, run_id: str, credentials: Credentials) -> AgentRunHistory:
-    tenant = await _tenant(request, credentials)
-    key = _run_id(run_id)
-    try:
-        events = await (await _runs(request)).history(tenant, key)
-    except NotFoundError:
-        raise NotFoundError(f"run {key} not found") from None
+    ref = await _ref(request, credentials, run_id)
+    events = await ref.do(ref.runs.history)
     return AgentRunHistory(
         events=[
             AgentRunEventView(
@@ -314,14 +332,9 @@ async def agent_run_history(request: Request, run_id: str, credentials: Credenti
     "/{run_id}/cancel", response_model=AgentRunView, response_model_by_alias=True, summary="Request cancellation"
 )
 async def cancel_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
-    tenant = await _tenant(request, credentials)
-    runs = await _runs(request)
-    key = _run_id(run_id)
-    try:
-        await runs.request_cancellation(tenant, key)
-    except NotFoundError:
-        raise NotFoundError(f"run {key} not found") from None
-    return await _one(runs, tenant, key)
+    ref = await _ref(request, credentials, run_id)
+    await ref.do(ref.runs.request_cancellation)
+    return await ref.view()
 
 
 @router.post(
@@ -333,15 +346,10 @@ async def cancel_agent_run(request: Request, run_id: str, credentials: Credentia
 async def resolve_agent_interrupt(
     request: Request, run_id: str, wait_id: str, body: ResolveRequest, credentials: Credentials
 ) -> ResolveResponse:
-    tenant = await _tenant(request, credentials)
-    runs = await _runs(request)
-    key = _run_id(run_id)
-    try:
-        await runs.get_run(tenant, key)
-    except NotFoundError:
-        raise NotFoundError(f"run {key} not found") from None
-    outcome = await runs.resolve(tenant, key, wait_id, body.resolution)
-    return ResolveResponse(outcome=outcome.value, run=await _one(runs, tenant, key))
+    ref = await _ref(request, credentials, run_id)
+    await ref.do(ref.runs.get_run)
+    outcome = await ref.runs.resolve(ref.tenant, ref.key, wait_id, body.resolution)
+    return ResolveResponse(outcome=outcome.value, run=await ref.view())
 
 
 @router.post(
@@ -351,14 +359,9 @@ async def resolve_agent_interrupt(
     summary="Go on with a failed run from the last checkpoint before its failure",
 )
 async def retry_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
-    tenant = await _tenant(request, credentials)
-    runs = await _runs(request)
-    key = _run_id(run_id)
-    try:
-        await runs.retry(tenant, key)
-    except NotFoundError:
-        raise NotFoundError(f"run {key} not found") from None
-    return await _one(runs, tenant, key)
+    ref = await _ref(request, credentials, run_id)
+    await ref.do(ref.runs.retry)
+    return await ref.view()
 
 
 class ForkRequest(_Wire):
@@ -373,12 +376,6 @@ class ForkRequest(_Wire):
     summary="Start a new run from a chosen checkpoint of a run (the run itself is unchanged)",
 )
 async def fork_agent_run(request: Request, run_id: str, body: ForkRequest, credentials: Credentials) -> AgentRunView:
-    tenant = await _tenant(request, credentials)
-    runs = await _runs(request)
-    key = _run_id(run_id)
-    try:
-        await runs.get_run(tenant, key)
-    except NotFoundError:
-        raise NotFoundError(f"run {key} not found") from None
-    view = await runs.fork(tenant, key, body.checkpoint_seq)
-    return _view(view)
+    ref = await _ref(request, credentials, run_id)
+    await ref.do(ref.runs.get_run)
+    return _view(await ref.runs.fork(ref.tenant, ref.key, body.checkpoint_seq))

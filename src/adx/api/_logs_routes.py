@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from adx.errors import ConflictError, EnvironmentPausedError
-from adx.gateway import ERRORS, Credentials, ErrorBody, environment_id_or_404, plane
+from adx.gateway import ERRORS, Credentials, error_answer, tenant_environment
 from adx.model import DORMANT_STATES, MAX_LOG_LINES, MAX_LOG_WAIT_SECONDS, EnvironmentLogs, EnvironmentState
 
 __all__ = ["logs_router"]
@@ -28,7 +28,7 @@ _NO_LOGS = frozenset({EnvironmentState.DELETED, EnvironmentState.DELETING})
     response_model=EnvironmentLogs,
     responses={
         **ERRORS,
-        409: {"model": ErrorBody, "description": "no node keeps its output now (e.g. paused on a node that left)"},
+        409: error_answer("no node keeps its output now (e.g. paused on a node that left)"),
     },
     summary="The workload's stdout and stderr (every execution: restarts continue the log); never wakes it",
 )
@@ -45,9 +45,8 @@ async def environment_logs(
         Query(alias="waitSeconds", ge=0, le=MAX_LOG_WAIT_SECONDS, description="wait this long for a new line"),
     ] = 0.0,
 ) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    env_id = environment_id_or_404(environment_id)
+    t = await tenant_environment(request, credentials, environment_id)
+    p, tenant, env_id = t.plane, t.tenant, t.env_id
     route = await p.coordinator.resolve_route(tenant, env_id)
     state = route.record.state
     if not route.node_address or p.nodes is None or state in _NO_LOGS:

@@ -10,7 +10,8 @@ gets a link from each operation that supplies it, so a new route is linked witho
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from adx.gateway import OpenApiObject
 
 __all__ = ["SOURCES", "add_links"]
 
@@ -50,9 +51,9 @@ SOURCES: dict[str, tuple[Source, ...]] = {
 }
 
 
-def add_links(schema: dict[str, Any]) -> None:
+def add_links(schema: OpenApiObject) -> None:
     """Add ``links`` to the source responses of ``schema`` (an OpenAPI document), in place."""
-    paths: dict[str, dict[str, Any]] = schema.get("paths", {})
+    paths: dict[str, OpenApiObject] = schema.get("paths", {})
     for path, operations in paths.items():
         for method in _METHODS:
             target = operations.get(method)

@@ -7,7 +7,7 @@ that tenant only; the Coordinator is the single authority, the API server keeps 
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
@@ -26,16 +26,18 @@ from adx.gateway import (
     MAX_WAIT_SECONDS,
     ON_THE_WAY,
     Credentials,
-    ErrorBody,
     check_volume_mounts,
-    environment_id_or_404,
+    error_answer,
+    json_body,
     plane,
     read_json,
+    tenant_environment,
     wait_running,
     wait_timeout,
 )
 from adx.model import (
     EnvironmentList,
+    EnvironmentRecord,
     EnvironmentSpec,
     EnvironmentState,
     EnvironmentStats,
@@ -81,24 +83,17 @@ WaitSeconds = Annotated[
 ]
 
 
+def _answer(record: EnvironmentRecord) -> JSONResponse:
+    """A lifecycle route's answer: the Environment as its tenant sees it."""
+    return JSONResponse(EnvironmentView.of(record).wire())
+
+
 def _wait_seconds(wait: str | None, seconds: float | None) -> float | None:
     """How long a request asked to wait for running (None: no wait). ``waitSeconds`` alone asks for the one wait
     there is: refusing it would refuse a request its published schema allows."""
     if wait is None and seconds is None:
         return None
     return DEFAULT_WAIT_SECONDS if seconds is None else seconds
-
-
-def json_body(model: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` of a route that reads its JSON body itself (``parse_wire``, so errors name the wire field):
-    the body is required and its schema is ``model``'s, published under components (``BODY_MODELS``)."""
-    BODY_MODELS[model.__name__] = model
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
-
-
-#: Models of request bodies the routes read themselves; the app's OpenAPI document publishes each one.
-BODY_MODELS: dict[str, type[BaseModel]] = {}
 
 
 @router.post(
@@ -162,11 +157,10 @@ async def list_environments(request: Request, credentials: Credentials) -> JSONR
     response_model=EnvironmentView,
     responses={
         **ERRORS,
-        503: {
-            "model": ErrorBody,
-            "description": "wait=running: still on its way after waitSeconds (code wait_timeout, details.state); "
-            "or the Coordinator is unavailable",
-        },
+        503: error_answer(
+            "wait=running: still on its way after waitSeconds (code wait_timeout, details.state); "
+            "or the Coordinator is unavailable"
+        ),
     },
     summary="Get one (wait=running: a long poll until it runs)",
 )
@@ -177,15 +171,14 @@ async def get_environment(
     wait: WaitFor = None,
     wait_seconds: WaitSeconds = None,
 ) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    env_id = environment_id_or_404(environment_id)
+    t = await tenant_environment(request, credentials, environment_id)
+    p, tenant, env_id = t.plane, t.tenant, t.env_id
     seconds = _wait_seconds(wait, wait_seconds)
     if seconds is not None:
         record = await wait_running(p, tenant, await p.coordinator.get_environment(tenant, env_id), seconds)
         if record.state in ON_THE_WAY:
             raise wait_timeout(record, seconds)
-        return JSONResponse(EnvironmentView.of(record).wire())
+        return _answer(record)
     try:
         record = await p.coordinator.get_environment(tenant, env_id)
     except (UnavailableError, UncertainOutcomeError):
@@ -196,7 +189,7 @@ async def get_environment(
             raise
         body = EnvironmentView.of(view.record, publication_pending=view.publication_pending).wire()
         return JSONResponse(body, headers={"X-ADX-Answered-By": "node"})
-    return JSONResponse(EnvironmentView.of(record).wire())
+    return _answer(record)
 
 
 @router.delete(
@@ -206,23 +199,21 @@ async def get_environment(
     summary="Delete (state becomes deleting, then deleted; repeating it is harmless)",
 )
 async def delete_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    record = await p.coordinator.delete_environment(tenant, environment_id_or_404(environment_id))
-    log.info("environment delete requested", extra={"env_id": record.id, "tenant": tenant})
-    return JSONResponse(EnvironmentView.of(record).wire())
+    t = await tenant_environment(request, credentials, environment_id)
+    record = await t.plane.coordinator.delete_environment(t.tenant, t.env_id)
+    log.info("environment delete requested", extra={"env_id": record.id, "tenant": t.tenant})
+    return _answer(record)
 
 
 @router.post(
     "/v1/environments/{environment_id}/pause",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running (e.g. already paused)"}},
+    responses={**ERRORS, 409: error_answer("not running (e.g. already paused)")},
     summary="Pause: checkpoint, publish, release resources; returns once paused (ENV-3)",
 )
 async def pause_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    env_id = environment_id_or_404(environment_id)
+    t = await tenant_environment(request, credentials, environment_id)
+    p, tenant, env_id = t.plane, t.tenant, t.env_id
     route = await p.owner_route(tenant, env_id)
     record = route.record
     if record.state is EnvironmentState.RUNNING and route.node_address and p.nodes is not None:
@@ -240,35 +231,30 @@ async def pause_environment(request: Request, environment_id: str, credentials: 
         # Not running here (or no node): the Coordinator answers with the authoritative state and reason.
         record = await p.coordinator.pause_environment(tenant, env_id)
     log.info("environment paused", extra={"env_id": record.id, "tenant": tenant})
-    return JSONResponse(EnvironmentView.of(record).wire())
+    return _answer(record)
 
 
 @router.get(
     "/v1/environments/{environment_id}/stats",
     response_model=EnvironmentStats,
-    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running (a paused one is not woken)"}},
+    responses={**ERRORS, 409: error_answer("not running (a paused one is not woken)")},
     summary="CPU, memory and disk usage of a running Environment, from its node's last sample (MET-1)",
 )
 async def environment_stats(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    stats = await p.environment_stats(tenant, environment_id_or_404(environment_id))
-    return JSONResponse(stats.to_wire())
+    t = await tenant_environment(request, credentials, environment_id)
+    return JSONResponse((await t.plane.environment_stats(t.tenant, t.env_id)).to_wire())
 
 
 @router.post(
     "/v1/environments/{environment_id}/resume",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: {"model": ErrorBody, "description": "neither paused nor running"}},
+    responses={**ERRORS, 409: error_answer("neither paused nor running")},
     summary="Resume a paused Environment (a running one is returned as it is); returns once running (CRD-5)",
 )
 async def resume_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    route = await p.coordinator.ensure_running(
-        tenant, environment_id_or_404(environment_id), p.config.wake_timeout_seconds
-    )
-    return JSONResponse(EnvironmentView.of(route.record).wire())
+    t = await tenant_environment(request, credentials, environment_id)
+    route = await t.plane.coordinator.ensure_running(t.tenant, t.env_id, t.plane.config.wake_timeout_seconds)
+    return _answer(route.record)
 
 
 class LifetimeRequest(BaseModel):
@@ -283,30 +269,24 @@ class LifetimeRequest(BaseModel):
 @router.post(
     "/v1/environments/{environment_id}/lifetime",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: {"model": ErrorBody, "description": "not running or paused (e.g. deleted)"}},
+    responses={**ERRORS, 409: error_answer("not running or paused (e.g. deleted)")},
     openapi_extra=json_body(LifetimeRequest),
     summary="Move the lifetime deadline (and optionally its action: delete or pause)",
 )
 async def set_lifetime(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    body = parse_wire(LifetimeRequest, await read_json(request, p.config.max_body_bytes))
-    record = await p.coordinator.set_lifetime(
-        tenant, environment_id_or_404(environment_id), float(body.seconds), body.action or ""
-    )
-    return JSONResponse(EnvironmentView.of(record).wire())
+    t = await tenant_environment(request, credentials, environment_id)
+    body = parse_wire(LifetimeRequest, await read_json(request, t.plane.config.max_body_bytes))
+    return _answer(await t.plane.coordinator.set_lifetime(t.tenant, t.env_id, float(body.seconds), body.action or ""))
 
 
 @router.post(
     "/v1/environments/{environment_id}/network",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: {"model": ErrorBody, "description": "its state does not allow a change (e.g. deleted)"}},
+    responses={**ERRORS, 409: error_answer("its state does not allow a change (e.g. deleted)")},
     openapi_extra=json_body(NetworkPolicy),
     summary="Replace the network policy (none, or egress with allow/deny lists); applied without a restart",
 )
 async def set_network(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    body = parse_wire(NetworkPolicy, await read_json(request, p.config.max_body_bytes), root="network")
-    record = await p.coordinator.set_network(tenant, environment_id_or_404(environment_id), body)
-    return JSONResponse(EnvironmentView.of(record).wire())
+    t = await tenant_environment(request, credentials, environment_id)
+    body = parse_wire(NetworkPolicy, await read_json(request, t.plane.config.max_body_bytes), root="network")
+    return _answer(await t.plane.coordinator.set_network(t.tenant, t.env_id, body))

@@ -7,7 +7,6 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -22,15 +21,22 @@ from adx.api._agent_routes import close_agent_store
 from adx.api._agent_routes import router as agent_router
 from adx.api._logs_routes import logs_router
 from adx.api._openapi_links import add_links
-from adx.api._routes import BODY_MODELS, router
+from adx.api._routes import router
 from adx.api._token_routes import token_router
 from adx.api._ui import ui_router
 from adx.api._volume_routes import volume_router
 from adx.e2b import install as install_e2b
 from adx.errors import UnavailableError
-from adx.gateway import ApiConfig, CoordinatorClient, Plane, TenantAuth, install_error_handlers
+from adx.gateway import (
+    BODY_MODELS,
+    ApiConfig,
+    CoordinatorClient,
+    OpenApiObject,
+    Plane,
+    TenantAuth,
+    install_error_handlers,
+)
 from adx.gateway._config import split_host_port
-from adx.ingress import BODY_MODELS as DATA_PLANE_BODY_MODELS
 from adx.ingress import Ingress
 from adx.ingress import router as ingress_router
 
@@ -41,12 +47,12 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
+def _openapi(app: FastAPI) -> OpenApiObject:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for name, model in {**BODY_MODELS, **DATA_PLANE_BODY_MODELS}.items():
+    for name, model in BODY_MODELS.items():
         body = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
         for nested, definition in body.pop("$defs", {}).items():
             components.setdefault(nested, definition)

@@ -13,9 +13,8 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 
-from adx.api._routes import BODY_MODELS
 from adx.errors import InvalidInputError
-from adx.gateway import ERRORS, Credentials, environment_id_or_404, plane
+from adx.gateway import ERRORS, Credentials, TenantEnvironment, json_body, tenant_environment
 from adx.ingress import TokenClient, serving_ingress
 from adx.model import (
     EndpointTokenInfo,
@@ -31,14 +30,6 @@ token_router = APIRouter(tags=["endpoint tokens"])
 
 #: A token request is a tiny document: no reason to read more.
 MAX_TOKEN_BODY_BYTES = 4096
-
-BODY_MODELS[EndpointTokenRequest.__name__] = EndpointTokenRequest
-_BODY = {
-    "requestBody": {
-        "required": False,
-        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{EndpointTokenRequest.__name__}"}}},
-    }
-}
 
 
 async def _token_request(request: Request) -> EndpointTokenRequest:
@@ -57,8 +48,8 @@ async def _token_request(request: Request) -> EndpointTokenRequest:
     return parse_wire(EndpointTokenRequest, data)
 
 
-def _client(request: Request) -> TokenClient:
-    p = plane(request)
+def _client(target: TenantEnvironment) -> TokenClient:
+    p = target.plane
     return TokenClient(p.coordinator, timeout=p.config.coordinator_timeout_seconds)
 
 
@@ -67,19 +58,17 @@ def _client(request: Request) -> TokenClient:
     status_code=201,
     response_model=IssuedEndpointToken,
     responses=ERRORS,
-    openapi_extra=_BODY,
+    openapi_extra=json_body(EndpointTokenRequest, required=False),
     summary="Issue an endpoint token: its holder reaches this Environment's data plane (or one port), nothing else",
 )
 async def create_token(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    p = plane(request)
-    tenant = await p.tenant(credentials)
-    env_id = environment_id_or_404(environment_id)
+    t = await tenant_environment(request, credentials, environment_id)
     spec = await _token_request(request)
-    issued = await _client(request).create(tenant, env_id, spec)
+    issued = await _client(t).create(t.tenant, t.env_id, spec)
     return JSONResponse(
         issued.to_wire(),
         status_code=201,
-        headers={"Location": f"/v1/environments/{env_id}/tokens/{issued.id}", "Cache-Control": "no-store"},
+        headers={"Location": f"/v1/environments/{t.env_id}/tokens/{issued.id}", "Cache-Control": "no-store"},
     )
 
 
@@ -90,9 +79,8 @@ async def create_token(request: Request, environment_id: str, credentials: Crede
     summary="The Environment's live endpoint tokens (never their secrets)",
 )
 async def list_tokens(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    tenant = await plane(request).tenant(credentials)
-    env_id = environment_id_or_404(environment_id)
-    tokens = await _client(request).list(tenant, env_id)
+    t = await tenant_environment(request, credentials, environment_id)
+    tokens = await _client(t).list(t.tenant, t.env_id)
     return JSONResponse(EndpointTokenList(tokens=tokens).to_wire())
 
 
@@ -108,9 +96,8 @@ async def revoke_token(
     token_id: Annotated[str, Path(pattern=r"^tok_[0-9a-f]{12}$", description="from the list or the create answer")],
     credentials: Credentials,
 ) -> JSONResponse:
-    tenant = await plane(request).tenant(credentials)
-    env_id = environment_id_or_404(environment_id)
-    revoked = await _client(request).revoke(tenant, env_id, token_id)
+    t = await tenant_environment(request, credentials, environment_id)
+    revoked = await _client(t).revoke(t.tenant, t.env_id, token_id)
     ingress = serving_ingress(request.app)
     if ingress is not None:
         ingress.tokens.revoked(revoked.id)  # this process refuses it at once, before the route stream says so

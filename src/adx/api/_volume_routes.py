@@ -8,13 +8,21 @@ refused with 409 naming those Environments.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from adx.api._routes import BODY_MODELS
-from adx.gateway import ERRORS, Credentials, delete_volume, plane, read_json, volume_store
+from adx.gateway import (
+    ERRORS,
+    Credentials,
+    OpenApiResponses,
+    delete_volume,
+    error_answer,
+    json_body,
+    plane,
+    read_json,
+    volume_store,
+)
 from adx.model import Volume, VolumeList, VolumeRequest, parse_wire
 
 __all__ = ["volume_router"]
@@ -24,15 +32,8 @@ volume_router = APIRouter(tags=["volumes"])
 #: A volume request is a tiny document: no reason to read more.
 MAX_VOLUME_BODY_BYTES = 4096
 
-BODY_MODELS[VolumeRequest.__name__] = VolumeRequest
-_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{VolumeRequest.__name__}"}}},
-    }
-}
-_CONFLICT: dict[int | str, dict[str, Any]] = {
-    409: {"description": "the name is taken (create), or Environments mount the volume (delete)"}
+_CONFLICT: OpenApiResponses = {
+    409: error_answer("the name is taken (create), or Environments mount the volume (delete)")
 }
 
 
@@ -41,7 +42,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     response_model=Volume,
     status_code=201,
     responses={**ERRORS, **_CONFLICT},
-    openapi_extra=_BODY,
+    openapi_extra=json_body(VolumeRequest),
     summary="Create a named volume",
 )
 async def create_volume(request: Request, credentials: Credentials) -> JSONResponse:

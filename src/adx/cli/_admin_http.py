@@ -13,13 +13,19 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from adx.cli._app import GlobalOptions, fail
+from adx.cli._app import GlobalOptions, console
 from adx.cli._cluster import NO_CLUSTER_FIX, find_cluster, user_cluster_file
+from adx.cli._output import failing
 from adx.errors import AdxError, AuthenticationError, InvalidInputError, NotFoundError, UnavailableError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 ADMIN_FILE = "admin.json"
 ENV_ADMIN_KEY = "ADX_ADMIN_KEY"
@@ -29,7 +35,6 @@ AdminKey = Annotated[
     str | None,
     typer.Option("--admin-key", help=f"default: {ENV_ADMIN_KEY} or the admin.json `adx up` saved"),
 ]
-Json = Annotated[bool, typer.Option("--json", help="print the HTTP answer's JSON instead of text")]
 
 
 def _read_key(path: Path) -> str | None:
@@ -93,20 +98,21 @@ class AdminHttp:
             base_url=self.api_url, headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=timeout
         )
 
-    def request(self, method: str, path: str, what: str, body: dict[str, Any] | None = None) -> Any:
+    def request(self, method: str, path: str, what: str) -> object:
+        """The answer's JSON (``--json`` prints it as it is; the text output parses it with its model)."""
         import httpx
 
         try:
             with self._client(30.0) as client:
-                response = client.request(method, path, json=body)
+                response = client.request(method, path)
         except httpx.TransportError as exc:
             raise UnavailableError(f"{what}: cannot reach the ADX API at {self.api_url}: {exc}") from None
         if response.status_code >= 400:
             raise self._fail(response, what)
         return response.json()
 
-    def stream(self, path: str, what: str) -> Iterator[dict[str, Any]]:
-        """POST ``path`` and yield each JSON line of the answer as it comes (a drain's progress)."""
+    def stream(self, path: str, what: str, model: type[M]) -> Iterator[M]:
+        """POST ``path`` and yield each JSON line of the answer, as ``model``, as it comes (a drain's progress)."""
         import httpx
 
         try:
@@ -120,7 +126,7 @@ class AdminHttp:
                         if "error" in item:
                             error = item["error"]
                             raise UnavailableError(f"{what}: {error.get('message', error)}")
-                        yield item
+                        yield model.model_validate(item)
         except httpx.TransportError as exc:
             raise UnavailableError(f"{what}: the ADX API at {self.api_url} went away: {exc}") from None
 
@@ -131,9 +137,17 @@ def check_name(field: str, value: str) -> str:
     return value
 
 
-def admin_call(api_url: str | None, admin_key: str | None, method: str, path: str, what: str) -> Any:
+def admin_switch(
+    api_url: str | None, admin_key: str | None, kind: str, name: str, verb: str, done: str, *, field: str = ""
+) -> None:
+    """Switch a node or tenant (``POST /v1/admin/{kind}s/NAME/VERB``: cordon, enable, ...) and print
+    ``KIND NAME DONE``; ``field`` names the argument in an error about NAME (default: ``kind``)."""
+    path = f"/v1/admin/{kind}s/{check_name(field or kind, name)}/{verb}"
+    admin_call(api_url, admin_key, "POST", path, f"{verb} {kind} {name}")
+    console.print(f"{kind} {name} {done}")
+
+
+def admin_call(api_url: str | None, admin_key: str | None, method: str, path: str, what: str) -> object:
     """One admin request of a command: its answer, or the command ends with the error (and its exit status)."""
-    try:
+    with failing():
         return AdminHttp.find(api_url, admin_key).request(method, path, what)
-    except AdxError as exc:
-        fail(exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -12,11 +13,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from adx.cli._app import app, console, fail, setup_logging
+from adx.cli._daemon_cmd import run_daemon
+from adx.cli._output import failing
 from adx.config import load_model
-from adx.errors import AdxError
 
 if TYPE_CHECKING:
-    from adx.agents import AgentRuns, RunView
+    from adx.agents import AgentRuns, RunPage, RunView
 
 agent_app = typer.Typer(help="Durable agent runtime.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -30,15 +32,7 @@ def worker(
     from adx.agents._config import AgentWorkerConfig
     from adx.agents._deploy import run_worker
 
-    try:
-        cfg = load_model(AgentWorkerConfig, "agent-worker", config)
-    except AdxError as exc:
-        fail(exc)
-    setup_logging("agent-worker", cfg.logging.level, cfg.logging.format)
-    try:
-        health = asyncio.run(run_worker(cfg))
-    except AdxError as exc:
-        fail(exc)
+    health = run_daemon(AgentWorkerConfig, "agent-worker", config, lambda cfg: asyncio.run(run_worker(cfg)))
     console.print(f"agent worker stopped: ticks={health.ticks} executed={health.executed}")
 
 
@@ -66,7 +60,7 @@ def dev(
         _print(text)
         console.file.flush()
 
-    try:
+    with failing():
         health = asyncio.run(
             run_dev(
                 target,
@@ -78,8 +72,6 @@ def dev(
                 slots=slots,
             )
         )
-    except AdxError as exc:
-        fail(exc)
     runs = ", ".join(f"{n} {kind}" for kind, n in sorted(health.executed.items())) or "none"
     _print(f"agent dev stopped (claims ended: {runs}); the database stopped, its data kept in {state_dir}\n")
 
@@ -93,15 +85,9 @@ def maintenance(
     from adx.agents._config import AgentMaintenanceConfig
     from adx.agents._maintenance import run_maintenance
 
-    try:
-        cfg = load_model(AgentMaintenanceConfig, "agent-maintenance", config)
-    except AdxError as exc:
-        fail(exc)
-    setup_logging("agent-maintenance", cfg.logging.level, cfg.logging.format)
-    try:
-        health = asyncio.run(run_maintenance(cfg))
-    except AdxError as exc:
-        fail(exc)
+    health = run_daemon(
+        AgentMaintenanceConfig, "agent-maintenance", config, lambda cfg: asyncio.run(run_maintenance(cfg))
+    )
     console.print(
         f"agent maintenance stopped: ticks={health.ticks} cancelled={health.deadline_cancellations}"
         f" child_cancellations={health.child_cancellations} joins={health.joins_published}"
@@ -160,10 +146,8 @@ def _operate(config: Path | None, database_url: str | None, tenant: str | None, 
         finally:
             await store.close()
 
-    try:
+    with failing():
         asyncio.run(go())
-    except AdxError as exc:
-        fail(exc)
 
 
 def _when(at: datetime | None) -> str:
@@ -174,6 +158,24 @@ def _when(at: datetime | None) -> str:
 
 def _print(text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True, end="")
+
+
+def _print_page(page: RunPage, empty: str, when: str, cells: Callable[[RunView], tuple[str, str]]) -> None:
+    """A page of runs as columns RUN GRAPH STATUS STEP and ``when`` (``cells`` gives the status and the time),
+    then the cursor of the next page if there is one; ``empty`` when it has none."""
+    from adx.cli._human import table
+
+    if not page.runs:
+        _print(empty + "\n")
+        return
+    rows = [
+        (str(v.run_id), f"{v.graph}@{v.graph_version}", status, str(v.checkpoint_seq), at)
+        for v in page.runs
+        for status, at in [cells(v)]
+    ]
+    _print(table(("RUN", "GRAPH", "STATUS", "STEP", when), rows))
+    if page.next_cursor:
+        _print(f"more: --cursor {page.next_cursor}\n")
 
 
 def _show_run(view: RunView) -> None:
@@ -210,20 +212,10 @@ def runs_list(
     cursor: Annotated[str | None, typer.Option(help="the next-page cursor a previous list printed")] = None,
 ) -> None:
     """List a tenant's runs, newest first."""
-    from adx.cli._human import table
 
     async def action(runs: AgentRuns, tenant_id: str) -> None:
         page = await runs.list_runs(tenant_id, status=status, graph=graph, limit=limit, cursor=cursor)
-        if not page.runs:
-            _print("no runs\n")
-            return
-        rows = [
-            (str(v.run_id), f"{v.graph}@{v.graph_version}", v.status.value, str(v.checkpoint_seq), _when(v.created_at))
-            for v in page.runs
-        ]
-        _print(table(("RUN", "GRAPH", "STATUS", "STEP", "CREATED"), rows))
-        if page.next_cursor:
-            _print(f"more: --cursor {page.next_cursor}\n")
+        _print_page(page, "no runs", "CREATED", lambda v: (v.status.value, _when(v.created_at)))
 
     _operate(config, database_url, tenant, action)
 
@@ -238,26 +230,15 @@ def runs_children(
     cursor: Annotated[str | None, typer.Option(help="the next-page cursor a previous call printed")] = None,
 ) -> None:
     """List the child runs a run spawned (ctx.spawn), oldest first."""
-    from adx.cli._human import table
 
     async def action(runs: AgentRuns, tenant_id: str) -> None:
         page = await runs.children(tenant_id, run_id, limit=limit, cursor=cursor)
-        if not page.runs:
-            _print("no children\n")
-            return
-        rows = [
-            (
-                str(v.run_id),
-                f"{v.graph}@{v.graph_version}",
-                v.status.value + (" (cancel requested)" if v.cancel_requested and not v.finished else ""),
-                str(v.checkpoint_seq),
-                _when(v.finished_at),
-            )
-            for v in page.runs
-        ]
-        _print(table(("RUN", "GRAPH", "STATUS", "STEP", "FINISHED"), rows))
-        if page.next_cursor:
-            _print(f"more: --cursor {page.next_cursor}\n")
+
+        def cells(v: RunView) -> tuple[str, str]:
+            cancelling = v.cancel_requested and not v.finished
+            return v.status.value + (" (cancel requested)" if cancelling else ""), _when(v.finished_at)
+
+        _print_page(page, "no children", "FINISHED", cells)
 
     _operate(config, database_url, tenant, action)
 

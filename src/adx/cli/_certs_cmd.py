@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 
 from adx._certs import KINDS, Identity, init_ca, issue
-from adx.cli._app import GlobalOptions, app, console, fail
+from adx.cli._app import GlobalOptions, app, console
 from adx.cli._cluster import find_cluster
-from adx.errors import AdxError, InvalidInputError
+from adx.cli._output import failing
+from adx.errors import InvalidInputError
 
 certs_app = typer.Typer(help="Create the cluster CA and component certificates (mutual TLS).", no_args_is_help=True)
 app.add_typer(certs_app, name="certs")
@@ -35,11 +36,9 @@ def _directory(given: Path | None) -> Path:
 @certs_app.command("init")
 def init(directory: DirOption = None, cluster: str = "adx") -> None:
     """Create the cluster CA (kept if it already exists)."""
-    try:
+    with failing():
         directory = _directory(directory)
         created = init_ca(directory, cluster=cluster)
-    except AdxError as exc:
-        fail(exc)
     console.print(f"{'created' if created else 'kept existing'} CA in {directory}", soft_wrap=True)
 
 
@@ -51,12 +50,10 @@ def issue_cmd(
     directory: DirOption = None,
 ) -> None:
     """Issue a key and certificate for a node, the Coordinator or the API server."""
-    try:
+    with failing():
         directory = _directory(directory)
         if kind not in KINDS:
             raise InvalidInputError("--kind", f"must be one of {', '.join(KINDS)}")
         identity = Identity.parse(f"{kind}:{name}")
         paths = issue(directory, identity, host)
-    except AdxError as exc:
-        fail(exc)
     console.print(f"issued {identity.common_name}: {paths.cert} (key {paths.key})", soft_wrap=True)

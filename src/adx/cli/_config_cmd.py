@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from adx.cli._app import app, console, fail
+from adx.cli._app import app, console
 from adx.cli._components import COMPONENTS, load_component_config
-from adx.errors import AdxError
+from adx.cli._output import failing, print_json
 
 config_app = typer.Typer(help="Inspect and validate configuration files.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
@@ -25,12 +25,10 @@ def check(
     show: Annotated[bool, typer.Option("--show", help="print the effective configuration as JSON")] = False,
 ) -> None:
     """Exit 0 if FILE (plus ADX_* environment overrides) is a valid configuration for COMPONENT."""
-    try:
+    with failing():
         config = load_component_config(component, file)
-    except AdxError as exc:
-        fail(exc)
     if show:
-        console.print_json(config.model_dump_json())
+        print_json(config.model_dump(mode="json"))
     else:
         console.print(f"{file}: valid {component} configuration", highlight=False, soft_wrap=True)
 
@@ -45,8 +43,6 @@ def reference(
     """Print every configuration key of every component (type, default, bounds, description) as Markdown."""
     from adx.cli._config_reference import configuration_reference
 
-    try:
+    with failing():
         text = configuration_reference(component)
-    except AdxError as exc:
-        fail(exc)
     typer.echo(text, nl=False)

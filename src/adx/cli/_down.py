@@ -18,8 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
-from adx.cli._app import GlobalOptions, app, console, err_console, fail
+from adx.cli._app import GlobalOptions, app, console, err_console
 from adx.cli._cluster import NO_CLUSTER_FIX, ClusterInfo, find_cluster
+from adx.cli._output import failing
 from adx.errors import AdxError, InvalidInputError, NotFoundError
 
 #: ``adx up`` records its own process here (``<state_dir>/up.json``) while it runs.
@@ -139,7 +140,7 @@ def down(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
 ) -> None:
     """Stop the `adx up` cluster and delete or pause its Environments."""
-    try:
+    with failing():
         cluster = find_cluster(GlobalOptions.cluster)
         if cluster is None:
             raise NotFoundError(f"no cluster is recorded: {NO_CLUSTER_FIX}")
@@ -151,6 +152,4 @@ def down(
             console.print("the cluster is not running: its Environments cannot be reached through the API")
         _stop_up(cluster)
         failed = _remove_left_sandboxes(cluster) if action is Action.DELETE else 0
-    except AdxError as exc:
-        fail(exc)
     raise typer.Exit(1 if failed else 0)

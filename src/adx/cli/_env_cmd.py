@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 import signal
 import sys
@@ -12,9 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
-from adx.cli._app import GlobalOptions, app, console, err_console, fail
-from adx.cli._cluster import find_cluster
-from adx.cli._human import format_deadline, format_duration, format_time, format_timer, table
+from adx.cli._api_client import ApiKey, ApiUrl, api_client, with_api
+from adx.cli._app import app, console, err_console
+from adx.cli._human import format_deadline, format_duration, format_time, format_timer
+from adx.cli._output import Json, failing, print_json, print_listing
 from adx.errors import AdxError, InvalidInputError, UnavailableError
 
 env_app = typer.Typer(
@@ -22,54 +21,14 @@ env_app = typer.Typer(
 )
 app.add_typer(env_app, name="env")
 
-ApiUrl = Annotated[str | None, typer.Option("--api-url", help="default: ADX_API_URL or the `adx up` credentials")]
-ApiKey = Annotated[str | None, typer.Option("--api-key", help="default: ADX_API_KEY or the `adx up` credentials")]
-Json = Annotated[bool, typer.Option("--json", help="print JSON (the HTTP object) instead of text")]
 EnvId = Annotated[str, typer.Argument(help="the Environment's ID")]
 
 
-def _client(api_url: str | None, api_key: str | None) -> Any:
-    """The SDK client: the flags, else ADX_API_URL/ADX_API_KEY, else the recorded cluster (``adx --cluster``
-    or the last ``adx up``), else the SDK's own credentials file."""
-    # Start time (docs/cli.md): httpx imports its own command line (click, rich, pygments) and httpcore its
-    # HTTP/2 support (h2, hpack) whenever they are installed; this process runs neither (the SDK speaks
-    # HTTP/1.1). A None entry makes those optional imports fail, as if the extras were not installed.
-    for optional in ("httpx._main", "h2"):
-        sys.modules.setdefault(optional, None)  # type: ignore[arg-type]
-    import adx
+def _wire(env: Any) -> dict[str, object]:
+    """The Environment as the HTTP API shows it (camelCase): the SDK's fields through the API's own model."""
+    from adx.model import EnvironmentView
 
-    if api_url is None and not os.environ.get("ADX_API_URL"):
-        cluster = find_cluster(GlobalOptions.cluster)
-        if cluster is not None:
-            api_url = cluster.api_url
-            if api_key is None and not os.environ.get("ADX_API_KEY"):
-                api_key = cluster.api_key()
-    return adx.Client(api_url=api_url, api_key=api_key)
-
-
-def _wire(env: Any) -> dict[str, Any]:
-    """The Environment as the HTTP API shows it (camelCase)."""
-    return {
-        "id": env.id,
-        "state": env.state.value,
-        "node": env.node,
-        "executionId": env.execution_id,
-        "createdAt": env.created_at,
-        "updatedAt": env.updated_at,
-        "image": env.image,
-        "resources": env.resources.to_wire(),
-        "entrypoint": env.entrypoint,
-        "metadata": env.metadata,
-        "lifecycle": env.lifecycle.to_wire(),
-        "volumes": [m.to_wire() for m in env.volumes],
-        "restartAttempts": env.restart_attempts,
-        "restartPending": env.restart_pending,
-        "checkpoint": env.checkpoint.to_wire() if env.checkpoint else None,
-        "expiresAt": env.expires_at,
-        "ownershipLost": env.ownership_lost,
-        "lastError": env.last_error,
-        "publicationPending": env.publication_pending,
-    }
+    return EnvironmentView.model_validate({name: getattr(env, name) for name in EnvironmentView.model_fields}).wire()
 
 
 # An SDK argument (or spec path under it) -> the `adx env create` flag that sets it (longest first), so an
@@ -101,8 +60,10 @@ _FLAGS = [
 ]
 
 
-def _flag_error(exc: InvalidInputError) -> InvalidInputError:
-    """The same error, naming the command-line flag instead of the SDK argument."""
+def _flag_error(exc: AdxError) -> AdxError:
+    """The same error, naming the command-line flag instead of the SDK argument (an input error)."""
+    if not isinstance(exc, InvalidInputError):
+        return exc
     for prefix, flag in _FLAGS:
         if exc.field == prefix or exc.field.startswith((prefix + ".", prefix + "[")):
             return InvalidInputError(flag, exc.reason)
@@ -127,11 +88,6 @@ def _expiry(env: Any) -> str:
     if env.expires_at is None:
         return "never"
     return f"{format_deadline(env.expires_at)} -> {env.lifecycle.lifetime_action.value}"
-
-
-def _print_json(value: object) -> None:
-    # Plain print: rich would wrap or colour it, and this output is for programs.
-    sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 
 def _pairs(option: str, values: list[str] | None) -> dict[str, str]:
@@ -161,7 +117,7 @@ def _show(env: Any, as_json: bool) -> None:
     from adx.model import format_bytes, format_cpu  # here: pydantic is not loaded for `adx env --help`
 
     if as_json:
-        _print_json(_wire(env))
+        print_json(_wire(env))
         return
     data = _wire(env)
     for key in ("id", "state", "node", "executionId", "image", "entrypoint", "restartAttempts", "lastError"):
@@ -249,7 +205,7 @@ def create(
     """Create an Environment and print it (its ID first)."""
     import adx
 
-    try:
+    with failing(_flag_error):
         pause = None
         if retention is not None or storage is not None or pause_timeout is not None:
             options: dict[str, Any] = {
@@ -266,7 +222,7 @@ def create(
                 "max_backoff_seconds": max_backoff,
             }
             restart = adx.RestartPolicy(**{k: v for k, v in given.items() if v is not None})
-        with _client(api_url, api_key) as client:
+        with api_client(api_url, api_key) as client:
             with err_console.status("creating the Environment..."):
                 created = client.environments.create(
                     cpu=cpu,
@@ -289,10 +245,6 @@ def create(
                 with err_console.status(f"waiting for {created.id} to run (node {created.node})..."):
                     created.wait_until_running(wait_timeout)
             _show(created, as_json)
-    except InvalidInputError as exc:
-        fail(_flag_error(exc))
-    except AdxError as exc:
-        fail(exc)
 
 
 @env_app.command("list")
@@ -300,36 +252,27 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None)
     """List your Environments."""
     from adx.model import format_bytes, format_cpu  # here: pydantic is not loaded for `adx env --help`
 
-    try:
-        with _client(api_url, api_key) as client:
-            environments = client.environments.list()
-    except AdxError as exc:
-        fail(exc)
-    if as_json:
-        _print_json({"environments": [_wire(e) for e in environments]})
-        return
-    rows = [
-        (
+    print_listing(
+        with_api(api_url, api_key, lambda client: client.environments.list()),
+        as_json,
+        key="environments",
+        wire=_wire,
+        header=("ID", "STATE", "NODE", "CPU", "MEMORY", "CREATED"),
+        row=lambda e: (
             e.id,
             e.state.value,
             e.node or "-",
             format_cpu(e.resources.cpu_millis),
             format_bytes(e.resources.memory_bytes),
             format_time(e.created_at),
-        )
-        for e in environments
-    ]
-    sys.stdout.write(table(("ID", "STATE", "NODE", "CPU", "MEMORY", "CREATED"), rows))
+        ),
+    )
 
 
 @env_app.command("get")
 def get(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Show one Environment."""
-    try:
-        with _client(api_url, api_key) as client:
-            _show(client.environments.get(environment_id), as_json)
-    except AdxError as exc:
-        fail(exc)
+    _show(with_api(api_url, api_key, lambda client: client.environments.get(environment_id)), as_json)
 
 
 @env_app.command("stats")
@@ -337,13 +280,9 @@ def stats(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, 
     """CPU, memory and disk usage of a running Environment (its node's last sample; a paused one is not woken)."""
     from adx.model import format_bytes  # here: pydantic is not loaded for `adx env --help`
 
-    try:
-        with _client(api_url, api_key) as client:
-            usage = client.environments.get(environment_id).stats()
-    except AdxError as exc:
-        fail(exc)
+    usage = with_api(api_url, api_key, lambda client: client.environments.get(environment_id).stats())
     if as_json:
-        _print_json(usage.to_wire())
+        print_json(usage.to_wire())
         return
     cpu = "n/a (one sample so far)" if usage.cpu_percent is None else f"{usage.cpu_percent:.1f}%"
     limit = f" of {usage.cpu_limit_cores:g} cores" if usage.cpu_limit_cores else ""
@@ -371,42 +310,38 @@ def delete(
     api_key: ApiKey = None,
 ) -> None:
     """Delete an Environment (repeating it is harmless)."""
-    try:
-        with _client(api_url, api_key) as client:
-            env = client.environments.delete(environment_id)
-            if wait:
-                deadline = time.monotonic() + wait_timeout
-                with err_console.status(f"deleting {environment_id}..."):
-                    while env.state != "deleted":
-                        if time.monotonic() > deadline:
-                            raise UnavailableError(
-                                f"environment {environment_id} is still {env.state.value} after {wait_timeout:g}s"
-                            )
-                        time.sleep(0.1)
-                        env.refresh()
-            if as_json:
-                _print_json(_wire(env))
-            else:
-                console.print(f"{env.id} {env.state.value}", highlight=False)
-    except AdxError as exc:
-        fail(exc)
+    with failing(), api_client(api_url, api_key) as client:
+        env = client.environments.delete(environment_id)
+        if wait:
+            deadline = time.monotonic() + wait_timeout
+            with err_console.status(f"deleting {environment_id}..."):
+                while env.state != "deleted":
+                    if time.monotonic() > deadline:
+                        raise UnavailableError(
+                            f"environment {environment_id} is still {env.state.value} after {wait_timeout:g}s"
+                        )
+                    time.sleep(0.1)
+                    env.refresh()
+    _show_state(env, as_json)
+
+
+def _show_state(env: Any, as_json: bool, more: str = "") -> None:
+    """What a state change prints: the Environment's JSON, or ``ID STATE`` (and ``more``)."""
+    if as_json:
+        print_json(_wire(env))
+    else:
+        console.print(f"{env.id} {env.state.value}{more}", highlight=False)
 
 
 def _transition(
     environment_id: str, doing: str, call: str, as_json: bool, api_url: str | None, api_key: str | None
 ) -> None:
     """Pause or resume (``call``), showing ``doing`` while it runs, then print ``ID STATE`` (or the JSON)."""
-    try:
-        with _client(api_url, api_key) as client:
-            env = client.environments.get(environment_id)
-            with err_console.status(f"{doing} {environment_id}..."):
-                getattr(env, call)()
-    except AdxError as exc:
-        fail(exc)
-    if as_json:
-        _print_json(_wire(env))
-    else:
-        console.print(f"{env.id} {env.state.value}", highlight=False)
+    with failing(), api_client(api_url, api_key) as client:
+        env = client.environments.get(environment_id)
+        with err_console.status(f"{doing} {environment_id}..."):
+            getattr(env, call)()
+    _show_state(env, as_json)
 
 
 @env_app.command("pause")
@@ -433,17 +368,9 @@ def lifetime_(
     api_key: ApiKey = None,
 ) -> None:
     """Move an Environment's lifetime deadline. Prints `ID STATE expires TIME (Ns) -> ACTION`."""
-    try:
-        with _client(api_url, api_key) as client:
-            env = client.environments.get(environment_id).set_lifetime(seconds, action)
-    except InvalidInputError as exc:
-        fail(_flag_error(exc))
-    except AdxError as exc:
-        fail(exc)
-    if as_json:
-        _print_json(_wire(env))
-    else:
-        console.print(f"{env.id} {env.state.value} expires {_expiry(env)}", highlight=False)
+    with failing(_flag_error), api_client(api_url, api_key) as client:
+        env = client.environments.get(environment_id).set_lifetime(seconds, action)
+    _show_state(env, as_json, f" expires {_expiry(env)}")
 
 
 @env_app.command("exec")
@@ -467,19 +394,15 @@ def exec_(
         sys.stderr.write(data)
         sys.stderr.flush()
 
-    try:
-        with _client(api_url, api_key) as client:
-            target = client.environments.get(environment_id)
-            result = target.commands.run(
-                " ".join(command) if shell else command,
-                cwd=cwd,
-                env=_pairs("--env", env),
-                timeout=timeout,
-                on_stdout=out,
-                on_stderr=err,
-            )
-    except AdxError as exc:
-        fail(exc)
+    with failing(), api_client(api_url, api_key) as client:
+        result = client.environments.get(environment_id).commands.run(
+            " ".join(command) if shell else command,
+            cwd=cwd,
+            env=_pairs("--env", env),
+            timeout=timeout,
+            on_stdout=out,
+            on_stderr=err,
+        )
     if result.timed_out:
         err_console.print(f"adx: the command timed out after {timeout:g}s", highlight=False)
     if result.exit_code is not None:

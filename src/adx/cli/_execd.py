@@ -14,9 +14,10 @@ from typing import Annotated
 
 import typer
 
-from adx.cli._app import app, console, fail
+from adx.cli._app import app
+from adx.cli._output import failing, print_json
 from adx.config import load_model
-from adx.errors import AdxError, InvalidInputError
+from adx.errors import InvalidInputError
 from adx.execd._config import ExecdConfig, ProbeConfig, to_options
 from adx.execd._launch import init_argv
 
@@ -46,7 +47,7 @@ def execd(
     ] = False,
 ) -> None:
     """Run execd (PID 1 of a sandbox): commands, files and activity over HTTP on a Unix socket."""
-    try:
+    with failing():
         cfg = load_model(ExecdConfig, "execd", config)
         update: dict[str, object] = {
             key: value
@@ -67,14 +68,10 @@ def execd(
             except ValueError as exc:
                 raise InvalidInputError("--probe-command/--probe-tcp-port", str(exc).splitlines()[-1]) from None
         cfg = cfg.model_copy(update=update)
-    except AdxError as exc:
-        fail(exc)
     python = cfg.python or sys.executable
     argv = init_argv(to_options(cfg), python=python)
     if print_argv:
-        import json
-
-        console.print_json(json.dumps(argv))
+        print_json(argv)
         return
     sys.stdout.flush()
     sys.stderr.flush()

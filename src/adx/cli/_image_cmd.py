@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from adx.cli._app import app, console, fail
+from adx.cli._output import failing
 from adx.config import load_model
 from adx.errors import AdxError, InvalidInputError
 from adx.sandboxd import SandboxdConfig
@@ -52,10 +53,8 @@ def _store(cfg: SandboxdConfig) -> ImageStore:
 
 
 def _open_store(config: Path | None, cluster: str | None) -> ImageStore:
-    try:
+    with failing():
         return _store(_sandboxd_config(config, cluster))
-    except AdxError as exc:
-        fail(exc)
 
 
 def _build_args(values: list[str]) -> dict[str, str]:
@@ -175,10 +174,8 @@ def image_rm(
 ) -> None:
     """Remove an image; layers no other image or live sandbox uses are deleted."""
     store = _open_store(config, cluster)
-    try:
+    with failing():
         removed = store.rm(name, force=force)
-    except AdxError as exc:
-        fail(exc)
     console.print(f"removed image {name} ({len(removed)} unused layers deleted)", highlight=False)
 
 
@@ -193,11 +190,8 @@ def image_base(
 
     store = _open_store(config, cluster)
     t0 = time.monotonic()
-    try:
-        with console.status("building the Debian base image ...") as status:
-            manifest, built = ensure_debian_image(store, name, progress=lambda line: status.update(line[:110]))
-    except AdxError as exc:
-        fail(exc)
+    with failing(), console.status("building the Debian base image ...") as status:
+        manifest, built = ensure_debian_image(store, name, progress=lambda line: status.update(line[:110]))
     how = f"built in {time.monotonic() - t0:.0f}s" if built else "already in the store"
     console.print(f"image {manifest.name}: {how}", highlight=False)
 
@@ -214,10 +208,8 @@ def image_import(
 
     store = _open_store(config, cluster)
     t0 = time.monotonic()
-    try:
+    with failing():
         manifest = import_image(store, source, name, progress=lambda line: console.print(line, highlight=False))
-    except AdxError as exc:
-        fail(exc)
     console.print(
         f"image {manifest.name}: {len(manifest.layers)} layers, user {manifest.user}, workdir {manifest.workdir}, "
         f"{time.monotonic() - t0:.1f}s",
@@ -230,9 +222,7 @@ def image_init(config: Annotated[Path | None, _CONFIG] = None) -> None:
     """Build the host-derived default image once (sandboxd also builds it at start when missing); prints its path."""
     from adx.sandboxd._image import ensure_default_image
 
-    try:
+    with failing():
         cfg = load_model(SandboxdConfig, "sandboxd", config)
-    except AdxError as exc:
-        fail(exc)
     path = ensure_default_image(cfg.images_root)
     console.print(str(path), highlight=False)

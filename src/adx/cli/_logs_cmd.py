@@ -5,17 +5,17 @@ prefixes each line with the time the node read it; ``--json`` prints one JSON ob
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from adx.cli._app import fail
-from adx.cli._env_cmd import ApiKey, ApiUrl, EnvId, Json, _client, env_app
+from adx.cli._api_client import ApiKey, ApiUrl, api_client
+from adx.cli._env_cmd import EnvId, env_app
 from adx.cli._human import parse_duration
-from adx.errors import AdxError, InvalidInputError
+from adx.cli._output import Json, failing, print_json_line
+from adx.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from adx.model import LogEntry
@@ -37,8 +37,7 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 def _print(line: LogEntry, timestamps: bool, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(line.to_wire(), default=str) + "\n")
-        sys.stdout.flush()
+        print_json_line(line.to_wire())
         return
     out = sys.stdout if line.stream == "stdout" else sys.stderr
     prefix = (
@@ -63,17 +62,16 @@ def logs(
 ) -> None:
     """The workload's stdout and stderr, kept by its node across restarts (a paused Environment is not woken)."""
     try:
-        start = parse_since(since) if since is not None else None
-        with _client(api_url, api_key) as client:
-            env = client.environments.get(environment_id)
-            if follow:
-                for line in env.follow_logs(tail=tail, since=start):
+        with failing():
+            start = parse_since(since) if since is not None else None
+            with api_client(api_url, api_key) as client:
+                env = client.environments.get(environment_id)
+                lines = (
+                    env.follow_logs(tail=tail, since=start)
+                    if follow
+                    else env.logs(tail=tail, since=start, limit=10_000).lines
+                )
+                for line in lines:
                     _print(line, timestamps, as_json)
-            else:
-                page = env.logs(tail=tail, since=start, limit=10_000)
-                for line in page.lines:
-                    _print(line, timestamps, as_json)
-    except AdxError as exc:
-        fail(exc)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

@@ -4,21 +4,23 @@ list|cordon|uncordon|drain``, ``adx cluster status``, through the admin API)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+from pydantic import TypeAdapter
 
-from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, Json, admin_call, check_name
-from adx.cli._app import GlobalOptions, app, console, fail, setup_logging
-from adx.cli._cluster import ClusterInfo, fill_from_cluster, log_joined
-from adx.config import NodeConfig, load_model
-from adx.errors import AdxError, ConflictError, InvalidInputError
+from adx.cli._admin_http import AdminHttp, AdminKey, ApiUrl, admin_call, admin_switch, check_name
+from adx.cli._app import app, console, fail
+from adx.cli._daemon_cmd import COORDINATOR_CLIENT, run_daemon
+from adx.cli._output import Json, failing, print_json
+from adx.config import NodeConfig
+from adx.errors import ConflictError, InvalidInputError
+from adx.model import ClusterStatus, DrainEvent, DrainStep, NodeHealth, NodeInfo
 
 
 async def _run(config: NodeConfig) -> None:
@@ -31,14 +33,6 @@ async def _run(config: NodeConfig) -> None:
     await agent.start()
     await agent.stop_event.wait()
     await agent.stop()
-
-
-# A hand-started node joins the recorded `adx up` cluster when its config is silent (its certificate:
-# `adx certs issue NAME`, which writes into the same directory).
-_FROM_CLUSTER: dict[str, Callable[[ClusterInfo], object]] = {
-    "coordinator": lambda c: c.coordinator,
-    "certs_dir": lambda c: c.certs_dir,
-}
 
 
 node_app = typer.Typer(
@@ -68,28 +62,22 @@ def node(
     if config is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
-    try:
-        cfg, cluster = fill_from_cluster(load_model(NodeConfig, "node", config), _FROM_CLUSTER, GlobalOptions.cluster)
-    except AdxError as exc:
-        fail(exc)
-    setup_logging("node", cfg.logging.level, cfg.logging.format)
-    log_joined(cluster)
-    try:
-        asyncio.run(_run(cfg))
-    except AdxError as exc:
-        fail(exc)
+    run_daemon(NodeConfig, "node", config, lambda cfg: asyncio.run(_run(cfg)), COORDINATOR_CLIENT)
+
+
+NODE_LIST = TypeAdapter(list[NodeInfo])
 
 
 def _res(free: int, total: int, fmt: Callable[[int], str]) -> str:
     return f"{fmt(free)}/{fmt(total)}"
 
 
-def _admission(n: dict[str, Any]) -> str:
-    if n["cordoned"]:
+def _admission(n: NodeInfo) -> str:
+    if n.cordoned:
         return "cordoned"
-    if n["admissionOpen"]:
+    if n.admission_open:
         return "open"
-    return "closed" + (f" ({n['admissionReason']})" if n["admissionReason"] else "")
+    return "closed" + (f" ({n.admission_reason})" if n.admission_reason else "")
 
 
 def _heartbeat(at: float, now: float) -> str:
@@ -102,21 +90,21 @@ def _envs(states: dict[str, int]) -> str:
     return ",".join(f"{count} {state}" for state, count in states.items()) or "-"
 
 
-def nodes_table(nodes: list[dict[str, Any]], now: float) -> str:
+def nodes_table(nodes: list[NodeInfo], now: float) -> str:
     from adx.cli._human import table
     from adx.model import format_bytes, format_cpu
 
     rows = [
         (
-            n["name"],
-            n["health"],
+            n.name,
+            n.health.value,
             _admission(n),
-            _res(n["allocatable"]["cpuMillis"], n["capacity"]["cpuMillis"], format_cpu),
-            _res(n["allocatable"]["memoryBytes"], n["capacity"]["memoryBytes"], format_bytes),
-            _res(n["allocatable"]["diskBytes"], n["capacity"]["diskBytes"], format_bytes),
-            f"{format_cpu(n['reserved']['cpuMillis'])}, {format_bytes(n['reserved']['memoryBytes'])}",
-            _heartbeat(n["lastHeartbeatAt"], now),
-            _envs(n["environments"]),
+            _res(n.allocatable.cpu_millis, n.capacity.cpu_millis, format_cpu),
+            _res(n.allocatable.memory_bytes, n.capacity.memory_bytes, format_bytes),
+            _res(n.allocatable.disk_bytes, n.capacity.disk_bytes, format_bytes),
+            f"{format_cpu(n.reserved.cpu_millis)}, {format_bytes(n.reserved.memory_bytes)}",
+            _heartbeat(n.last_heartbeat_at, now),
+            _envs(n.environments),
         )
         for n in nodes
     ]
@@ -129,30 +117,28 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = N
     """List nodes: health, admission, allocatable/capacity, reservations, last heartbeat, Environments."""
     nodes = admin_call(api_url, admin_key, "GET", "/v1/admin/nodes", "list nodes")
     if as_json:
-        console.print_json(json.dumps(nodes))
+        print_json(nodes)
         return
-    sys.stdout.write(nodes_table(nodes, time.time()))
-
-
-def _cordon(name: str, cordoned: bool, api_url: str | None, admin_key: str | None) -> None:
-    verb = "cordon" if cordoned else "uncordon"
-    admin_call(api_url, admin_key, "POST", f"/v1/admin/nodes/{check_name('node', name)}/{verb}", f"{verb} node {name}")
-    if cordoned:
-        console.print(f"node {name} cordoned: it admits no new or resumed Environment; running ones go on")
-    else:
-        console.print(f"node {name} uncordoned: it admits again")
+    sys.stdout.write(nodes_table(NODE_LIST.validate_python(nodes), time.time()))
 
 
 @node_app.command("cordon")
 def cordon(name: NodeName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """Cordon NODE: it admits no new or resumed Environment (its running ones go on)."""
-    _cordon(name, True, api_url, admin_key)
+    admin_switch(
+        api_url,
+        admin_key,
+        "node",
+        name,
+        "cordon",
+        "cordoned: it admits no new or resumed Environment; running ones go on",
+    )
 
 
 @node_app.command("uncordon")
 def uncordon(name: NodeName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """Let a cordoned NODE admit again."""
-    _cordon(name, False, api_url, admin_key)
+    admin_switch(api_url, admin_key, "node", name, "uncordon", "uncordoned: it admits again")
 
 
 @node_app.command("drain")
@@ -160,16 +146,15 @@ def drain(name: NodeName, api_url: ApiUrl = None, admin_key: AdminKey = None) ->
     """Drain NODE: cordon it, then pause every running Environment of it (each resumes on another node on its
     next use when its checkpoint is on shared storage). Paused ones stay paused. Prints each step."""
     failed = 0
-    try:
+    with failing():
         http = AdminHttp.find(api_url, admin_key)
-        for event in http.stream(f"/v1/admin/nodes/{check_name('node', name)}/drain", f"drain node {name}"):
-            step, env = event["step"], event.get("environmentId") or ""
-            failed += step == "failed"
-            what = f"{env} ({event['tenant']}, {event['state']})" if env else f"node {name}"
-            message = f": {event['message']}" if event.get("message") else ""
-            console.print(f"{step:<9} {what}{message}", soft_wrap=True, highlight=False, markup=False)
-    except AdxError as exc:
-        fail(exc)
+        path = f"/v1/admin/nodes/{check_name('node', name)}/drain"
+        for event in http.stream(path, f"drain node {name}", DrainEvent):
+            failed += event.step is DrainStep.FAILED
+            env = event.environment_id
+            what = f"{env} ({event.tenant}, {event.state})" if env else f"node {name}"
+            message = f": {event.message}" if event.message else ""
+            console.print(f"{event.step.value:<9} {what}{message}", soft_wrap=True, highlight=False, markup=False)
     if failed:
         fail(ConflictError(f"node {name}: {failed} Environment(s) could not be paused (see above); drain again"))
 
@@ -177,19 +162,18 @@ def drain(name: NodeName, api_url: ApiUrl = None, admin_key: AdminKey = None) ->
 @cluster_app.command("status")
 def status(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """The cluster: its nodes, every tenant's Environments by state, and the Coordinator leader."""
-    try:
+    with failing():
         http = AdminHttp.find(api_url, admin_key)
         answer = http.request("GET", "/v1/admin/cluster", "cluster status")
-    except AdxError as exc:
-        fail(exc)
     if as_json:
-        console.print_json(json.dumps(answer))
+        print_json(answer)
         return
-    nodes = answer["nodes"]
-    ready = sum(n["health"] == "ready" for n in nodes)
+    cluster = ClusterStatus.model_validate(answer)
+    nodes = cluster.nodes
+    ready = sum(n.health is NodeHealth.READY for n in nodes)
     out = sys.stdout
     out.write(f"API          {http.api_url}\n")
-    out.write(f"Coordinator  {answer['leader']}\n")
-    out.write(f"Nodes        {len(nodes)} ({ready} ready, {sum(n['cordoned'] for n in nodes)} cordoned)\n")
-    out.write(f"Environments {_envs(answer['environments'])}\n\n")
-    out.write(nodes_table(nodes, answer["servedAt"]))
+    out.write(f"Coordinator  {cluster.leader}\n")
+    out.write(f"Nodes        {len(nodes)} ({ready} ready, {sum(n.cordoned for n in nodes)} cordoned)\n")
+    out.write(f"Environments {_envs(cluster.environments)}\n\n")
+    out.write(nodes_table(nodes, cluster.served_at))

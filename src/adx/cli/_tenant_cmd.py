@@ -6,17 +6,25 @@ any admin key exists); the others go through the admin API with the admin key (`
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
+from pydantic import TypeAdapter
 
 from adx.cli._admin import admin_config
-from adx.cli._admin_http import AdminKey, ApiUrl, Json, admin_call, check_name
-from adx.cli._app import app, console, err_console, fail
-from adx.errors import AdxError, UnavailableError
+from adx.cli._admin_http import AdminKey, ApiUrl, admin_call, admin_switch, check_name
+from adx.cli._app import app, console, err_console
+from adx.cli._output import Json, failing, print_json
+from adx.errors import UnavailableError
+from adx.model import IssuedKey, TenantInfo
+
+if TYPE_CHECKING:
+    from adx.gateway import CoordinatorClient
+
+T = TypeVar("T")
 
 tenant_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenant_app, name="tenant")
@@ -42,6 +50,32 @@ CertsDirOption = Annotated[
 ApiConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML file of the API server ('api')")]
 
 
+def _with_coordinator(
+    coordinator: str | None,
+    certs_dir: Path | None,
+    config: Path | None,
+    call: Callable[[CoordinatorClient, float], Awaitable[T]],
+) -> T:
+    """``call(client, timeout)`` on a Coordinator client with the API server's certificate (the cluster's, or
+    the flags'); an error ends the command, an unreachable Coordinator's saying how to point at it."""
+    from adx.gateway import CoordinatorClient
+
+    with failing():
+        cfg = admin_config(coordinator, certs_dir, config)
+
+        async def run() -> T:
+            client = CoordinatorClient.from_config(cfg.api)
+            try:
+                return await call(client, cfg.api.coordinator_timeout_seconds)
+            finally:
+                await client.close()
+
+        try:
+            return asyncio.run(run())
+        except UnavailableError as exc:
+            raise UnavailableError(f"{exc}; {cfg.reach_fix}", details=exc.details) from None
+
+
 @tenant_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="tenant name: 1-64 letters, digits, '-' or '_'")],
@@ -53,24 +87,7 @@ def create(
 
     The Coordinator and certificates are those of the cluster `adx up` recorded, unless --coordinator,
     --certs-dir, --config (or ADX_API__COORDINATOR / ADX_API__CERTS_DIR) say otherwise."""
-    from adx.gateway import CoordinatorClient
-
-    try:
-        cfg = admin_config(coordinator, certs_dir, config)
-
-        async def make() -> str:
-            client = CoordinatorClient.from_config(cfg.api)
-            try:
-                return await client.create_tenant(name)
-            finally:
-                await client.close()
-
-        try:
-            key = asyncio.run(make())
-        except UnavailableError as exc:
-            raise UnavailableError(f"{exc}; {cfg.reach_fix}", details=exc.details) from None
-    except AdxError as exc:
-        fail(exc)
+    key = _with_coordinator(coordinator, certs_dir, config, lambda client, _: client.create_tenant(name))
     # The key alone on stdout (scripts capture it); the advice on stderr.
     console.print(key, soft_wrap=True, highlight=False, markup=False)
     err_console.print(f"tenant {name}: new API key (use it as ADX_API_KEY; it is not shown again)", highlight=False)
@@ -83,48 +100,46 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, admin_key: AdminKey = N
 
     tenants = admin_call(api_url, admin_key, "GET", "/v1/admin/tenants", "list tenants")
     if as_json:
-        console.print_json(json.dumps(tenants))
+        print_json(tenants)
         return
     rows = [
         (
-            t["name"],
-            "disabled" if t["disabled"] else "enabled",
-            format_time(t["createdAt"]),
-            ",".join(k["id"] for k in t["keys"]) or "-",
+            t.name,
+            "disabled" if t.disabled else "enabled",
+            format_time(t.created_at),
+            ",".join(k.id for k in t.keys) or "-",
         )
-        for t in tenants
+        for t in TypeAdapter(list[TenantInfo]).validate_python(tenants)
     ]
     sys.stdout.write(table(("NAME", "STATUS", "CREATED", "KEYS"), rows))
-
-
-def _set_disabled(name: str, disabled: bool, api_url: str | None, admin_key: str | None) -> None:
-    verb = "disable" if disabled else "enable"
-    admin_call(
-        api_url, admin_key, "POST", f"/v1/admin/tenants/{check_name('name', name)}/{verb}", f"{verb} tenant {name}"
-    )
-    if disabled:
-        console.print(f"tenant {name} disabled: its API keys are refused; its Environments are left as they are")
-    else:
-        console.print(f"tenant {name} enabled: its API keys work again")
 
 
 @tenant_app.command("disable")
 def disable(name: TenantName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """Disable tenant NAME: its API keys are refused (401); its Environments are left as they are."""
-    _set_disabled(name, True, api_url, admin_key)
+    admin_switch(
+        api_url,
+        admin_key,
+        "tenant",
+        name,
+        "disable",
+        "disabled: its API keys are refused; its Environments are left as they are",
+        field="name",
+    )
 
 
 @tenant_app.command("enable")
 def enable(name: TenantName, api_url: ApiUrl = None, admin_key: AdminKey = None) -> None:
     """Enable a disabled tenant again."""
-    _set_disabled(name, False, api_url, admin_key)
+    admin_switch(api_url, admin_key, "tenant", name, "enable", "enabled: its API keys work again", field="name")
 
 
-def _print_issued(issued: dict[str, str], what: str) -> None:
+def _print_issued(answer: object, what: str) -> None:
     # The key alone on stdout (scripts capture it); the rest on stderr.
-    console.print(issued["apiKey"], soft_wrap=True, highlight=False, markup=False)
+    issued = IssuedKey.model_validate(answer)
+    console.print(issued.api_key, soft_wrap=True, highlight=False, markup=False)
     err_console.print(
-        f"tenant {issued['owner']}: {what} {issued['keyId']} (use it as ADX_API_KEY; it is not shown again)",
+        f"tenant {issued.owner}: {what} {issued.key_id} (use it as ADX_API_KEY; it is not shown again)",
         highlight=False,
     )
 
@@ -178,34 +193,19 @@ def key_admin(
     """Create an admin key and print it (shown once; only its hash is kept): for a cluster not started by
     `adx up` (docs/deploy.md). Like `tenant create`, it talks to the Coordinator with the API server's
     certificate, so it works before any admin key exists; use the key as ADX_ADMIN_KEY."""
-    from adx.gateway import CoordinatorClient
-    from adx.model import IssuedKey
     from adx.proto import coordinator_pb2 as pb
 
-    try:
+    with failing():
         check_name("--name", name)
-        cfg = admin_config(coordinator, certs_dir, config)
 
-        async def make() -> IssuedKey:
-            client = CoordinatorClient.from_config(cfg.api)
-            try:
-                reply = await client.call(
-                    "create admin key",
-                    lambda: client.admin.CreateAdminKey(
-                        pb.CreateAdminKeyRequest(name=name), timeout=cfg.api.coordinator_timeout_seconds
-                    ),
-                    reads=False,
-                )
-            finally:
-                await client.close()
-            return IssuedKey.model_validate_json(reply.json)
+    async def make(client: CoordinatorClient, rpc_seconds: float) -> IssuedKey:
+        request = pb.CreateAdminKeyRequest(name=name)
+        reply = await client.call(
+            "create admin key", lambda: client.admin.CreateAdminKey(request, timeout=rpc_seconds), reads=False
+        )
+        return IssuedKey.model_validate_json(reply.json)
 
-        try:
-            issued = asyncio.run(make())
-        except UnavailableError as exc:
-            raise UnavailableError(f"{exc}; {cfg.reach_fix}", details=exc.details) from None
-    except AdxError as exc:
-        fail(exc)
+    issued = _with_coordinator(coordinator, certs_dir, config, make)
     console.print(issued.api_key, soft_wrap=True, highlight=False, markup=False)
     err_console.print(
         f"admin {issued.owner}: new admin key {issued.key_id} (use it as ADX_ADMIN_KEY; it is not shown again)",

@@ -3,16 +3,16 @@ plane (or one port of it) and nothing else, for handing a sandbox URL to someone
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from adx.cli._app import console, fail
-from adx.cli._env_cmd import ApiKey, ApiUrl, EnvId, Json, _client, env_app
-from adx.cli._human import format_time, parse_duration, table
-from adx.errors import AdxError, InvalidInputError
+from adx.cli._api_client import ApiKey, ApiUrl, api_client, with_api
+from adx.cli._app import console
+from adx.cli._env_cmd import EnvId, env_app
+from adx.cli._human import format_time, parse_duration
+from adx.cli._output import Json, failing, print_json, print_listing
+from adx.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from adx.model import EndpointTokenInfo
@@ -64,16 +64,14 @@ def create(
     api_key: ApiKey = None,
 ) -> None:
     """Issue a token; its secret is printed once (only its hash is kept)."""
-    try:
+    with failing():
         seconds = parse_ttl(ttl) if ttl is not None else None
-        with _client(api_url, api_key) as client:
+        with api_client(api_url, api_key) as client:
             tokens = _tokens(client, environment_id)
             token = tokens.create(port=port, ttl=seconds)
             link = tokens.url(token) if token.port is not None else None
-    except AdxError as exc:
-        fail(exc)
     if as_json:
-        sys.stdout.write(json.dumps(token.to_wire()) + "\n")
+        print_json(token.to_wire())
         return
     scope = "the whole data plane (commands, files, ports)" if token.port is None else f"port {token.port} only"
     console.print(f"token     {token.token}", highlight=False, soft_wrap=True)
@@ -88,19 +86,15 @@ def create(
 @token_app.command("list")
 def list_tokens(environment_id: EnvId, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """The Environment's live tokens (IDs, scope, expiry; never their secrets)."""
-    try:
-        with _client(api_url, api_key) as client:
-            tokens = _tokens(client, environment_id).list()
-    except AdxError as exc:
-        fail(exc)
-    if as_json:
-        sys.stdout.write(json.dumps({"tokens": [t.to_wire() for t in tokens]}) + "\n")
-        return
-    if not tokens:
-        console.print(f"{environment_id} has no endpoint tokens", highlight=False)
-        return
-    rows = [(t.id, "all" if t.port is None else str(t.port), format_time(t.created_at), _expiry(t)) for t in tokens]
-    console.print(table(("ID", "PORT", "CREATED", "EXPIRES"), rows), highlight=False)
+    print_listing(
+        with_api(api_url, api_key, lambda client: _tokens(client, environment_id).list()),
+        as_json,
+        key="tokens",
+        wire=lambda t: t.to_wire(),
+        header=("ID", "PORT", "CREATED", "EXPIRES"),
+        row=lambda t: (t.id, "all" if t.port is None else str(t.port), format_time(t.created_at), _expiry(t)),
+        empty=f"{environment_id} has no endpoint tokens",
+    )
 
 
 @token_app.command("revoke")
@@ -111,9 +105,5 @@ def revoke(
     api_key: ApiKey = None,
 ) -> None:
     """Revoke a token: every Ingress refuses it from now on."""
-    try:
-        with _client(api_url, api_key) as client:
-            _tokens(client, environment_id).revoke(token_id)
-    except AdxError as exc:
-        fail(exc)
+    with_api(api_url, api_key, lambda client: _tokens(client, environment_id).revoke(token_id))
     console.print(f"revoked {token_id} of {environment_id}", highlight=False)

@@ -19,8 +19,9 @@ import redis
 import typer
 
 from adx._fs import atomic_write_json
-from adx.cli._app import app, console, fail, setup_logging
+from adx.cli._app import app, console, setup_logging
 from adx.cli._down import UP_FILE
+from adx.cli._output import failing
 from adx.cli._up_cluster import (
     admin_credentials_file,
     credentials_file,
@@ -31,7 +32,7 @@ from adx.cli._up_cluster import (
 )
 from adx.config import UpConfig, load_model
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedServer, ServerState
-from adx.errors import AdxError, UnavailableError
+from adx.errors import UnavailableError
 
 log = logging.getLogger("adx.up")
 
@@ -44,17 +45,13 @@ def up(
     config: Annotated[Path | None, typer.Option("--config", help="TOML file (component 'up')", dir_okay=False)] = None,
 ) -> None:
     """Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."""
-    try:
+    with failing():
         cfg = load_model(UpConfig, "up", config)
-    except AdxError as exc:
-        fail(exc)
     if state_dir is not None:
         cfg = cfg.model_copy(update={"state_dir": state_dir})
     setup_logging("up", cfg.logging.level if config else None, cfg.logging.format if config else None)
-    try:
+    with failing():
         asyncio.run(_run(cfg))
-    except AdxError as exc:
-        fail(exc)
 
 
 async def _start(server: ManagedServer, started: list[ManagedServer]) -> None:

@@ -21,9 +21,11 @@ if TYPE_CHECKING:
         Credentials,
         Plane,
         RouteCache,
+        TenantEnvironment,
         environment_id_or_404,
         plane,
         read_json,
+        tenant_environment,
     )
     from adx.gateway._coordinator import CoordinatorClient, Route
     from adx.gateway._errors import (
@@ -35,10 +37,12 @@ if TYPE_CHECKING:
         retry_after_seconds,
         status_for,
     )
+    from adx.gateway._openapi import BODY_MODELS, OpenApiObject, OpenApiResponses, error_answer, json_body, raw_body
     from adx.gateway._volumes import check_volume_mounts, delete_volume, volume_store
     from adx.gateway._wait import MAX_WAIT_SECONDS, ON_THE_WAY, wait_running, wait_timeout
 
 __all__ = [
+    "BODY_MODELS",
     "ERRORS",
     "MAX_WAIT_SECONDS",
     "ON_THE_WAY",
@@ -46,21 +50,28 @@ __all__ = [
     "CoordinatorClient",
     "Credentials",
     "ErrorBody",
+    "OpenApiObject",
+    "OpenApiResponses",
     "Plane",
     "Route",
     "RouteCache",
     "TenantAuth",
+    "TenantEnvironment",
     "Unauthenticated",
     "check_volume_mounts",
     "delete_volume",
     "environment_id_or_404",
+    "error_answer",
     "error_response",
     "install_error_handlers",
+    "json_body",
     "not_found",
     "plane",
+    "raw_body",
     "read_json",
     "retry_after_seconds",
     "status_for",
+    "tenant_environment",
     "volume_store",
     "wait_running",
     "wait_timeout",
@@ -68,6 +79,10 @@ __all__ = [
 
 _LAZY = {
     "TenantAuth": "adx.gateway._auth",
+    "BODY_MODELS": "adx.gateway._openapi",
+    "OpenApiObject": "adx.gateway._openapi",
+    "json_body": "adx.gateway._openapi",
+    "raw_body": "adx.gateway._openapi",
     "ERRORS": "adx.gateway._context",
     "Credentials": "adx.gateway._context",
     "Plane": "adx.gateway._context",
@@ -75,10 +90,14 @@ _LAZY = {
     "environment_id_or_404": "adx.gateway._context",
     "plane": "adx.gateway._context",
     "read_json": "adx.gateway._context",
+    "TenantEnvironment": "adx.gateway._context",
+    "tenant_environment": "adx.gateway._context",
     "CoordinatorClient": "adx.gateway._coordinator",
     "Route": "adx.gateway._coordinator",
     "ErrorBody": "adx.gateway._errors",
     "Unauthenticated": "adx.gateway._errors",
+    "error_answer": "adx.gateway._openapi",
+    "OpenApiResponses": "adx.gateway._openapi",
     "error_response": "adx.gateway._errors",
     "install_error_handlers": "adx.gateway._errors",
     "not_found": "adx.gateway._errors",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, cast
+from typing import Annotated, Protocol, cast
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -20,7 +20,8 @@ from adx.errors import ConflictError, EnvironmentPausedError, InvalidInputError,
 from adx.gateway._auth import TenantAuth
 from adx.gateway._config import ApiConfig
 from adx.gateway._coordinator import CoordinatorClient, Route
-from adx.gateway._errors import ErrorBody, not_found
+from adx.gateway._errors import not_found
+from adx.gateway._openapi import OpenApiResponses, error_answer
 from adx.model import DORMANT_STATES, ENVIRONMENT, EnvironmentState, EnvironmentStats, check_id
 
 
@@ -46,12 +47,12 @@ class RouteCache(Protocol):
 bearer = HTTPBearer(auto_error=False, description="a tenant API key (`adx tenant create NAME` prints one)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "missing or unknown API key"},
-    404: {"model": ErrorBody, "description": "no such Environment for this tenant"},
-    422: {"model": ErrorBody, "description": "invalid input; details.field names the camelCase path"},
-    503: {"model": ErrorBody, "description": "no capacity (code no_capacity) or the Coordinator is unavailable"},
-    504: {"model": ErrorBody, "description": "outcome uncertain: retry with the same Idempotency-Key"},
+ERRORS: OpenApiResponses = {
+    401: error_answer("missing or unknown API key"),
+    404: error_answer("no such Environment for this tenant"),
+    422: error_answer("invalid input; details.field names the camelCase path"),
+    503: error_answer("no capacity (code no_capacity) or the Coordinator is unavailable"),
+    504: error_answer("outcome uncertain: retry with the same Idempotency-Key"),
 }
 
 
@@ -144,6 +145,24 @@ def environment_id_or_404(environment_id: str) -> str:
         return check_id("id", environment_id, ENVIRONMENT)
     except InvalidInputError:
         raise not_found(environment_id[:80]) from None
+
+
+@dataclass(frozen=True)
+class TenantEnvironment:
+    """The Environment a tenant's request names: the plane to act through, the tenant its key names, the ID."""
+
+    plane: Plane
+    tenant: str
+    env_id: str
+
+
+async def tenant_environment(
+    request: Request, credentials: HTTPAuthorizationCredentials | None, environment_id: str
+) -> TenantEnvironment:
+    """The key first (401), then the ID (a malformed one: 404), before anything is asked of anyone."""
+    p = plane(request)
+    tenant = await p.tenant(credentials)
+    return TenantEnvironment(p, tenant, environment_id_or_404(environment_id))
 
 
 async def read_json(request: Request, limit: int) -> object:

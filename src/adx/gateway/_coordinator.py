@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -21,6 +21,15 @@ from adx.proto import coordinator_pb2_grpc as pb_grpc
 from adx.proto import snapshots_pb2_grpc, tokens_pb2_grpc
 
 R = TypeVar("R")
+
+
+class _EnvironmentReply(Protocol):
+    """The replies that carry an Environment's record (as JSON)."""
+
+    @property
+    def environment_json(self) -> str: ...
+
+
 #: A route stream that brings nothing (not even the Coordinator's heartbeat, one a second) for this long is on
 #: a frozen replica: it ends, and the reconnect looks for the active one.
 ROUTE_STREAM_SILENCE_SECONDS = 5.0
@@ -84,6 +93,12 @@ class CoordinatorClient:
                 error = UnavailableError(error.message)
             raise error from None
 
+    async def _record_call(
+        self, what: str, call: Callable[[], Awaitable[_EnvironmentReply]], *, reads: bool
+    ) -> EnvironmentRecord:
+        """``_call``, for the RPCs that answer with an Environment's record."""
+        return _record((await self._call(what, call, reads=reads)).environment_json)
+
     @property
     def admin(self) -> pb_grpc.CoordinatorAdminAsyncStub:
         """The admin service on the same channel (adx.api's admin routes)."""
@@ -139,10 +154,9 @@ class CoordinatorClient:
 
     async def get_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
         request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
-        reply = await self._call(
+        return await self._record_call(
             "get environment", lambda: self._stub.GetEnvironment(request, timeout=self._timeout), reads=True
         )
-        return _record(reply.environment_json)
 
     async def list_environments(self, tenant: str) -> list[EnvironmentRecord]:
         request = pb.ListEnvironmentsRequest(tenant=tenant)
@@ -153,22 +167,20 @@ class CoordinatorClient:
 
     async def delete_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
         request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
-        reply = await self._call(
+        return await self._record_call(
             "delete environment",
             lambda: self._stub.DeleteEnvironment(request, timeout=self._create_timeout),
             reads=False,
         )
-        return _record(reply.environment_json)
 
     async def pause_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
         """Returns once the checkpoint is published and the pause committed; ConflictError if not running."""
         request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
-        reply = await self._call(
+        return await self._record_call(
             "pause environment",
             lambda: self._stub.PauseEnvironment(request, timeout=self._pause_timeout),
             reads=False,
         )
-        return _record(reply.environment_json)
 
     async def ensure_running(self, tenant: str, environment_id: str, timeout: float) -> Route:  # noqa: ASYNC109
         """CRD-5: the Running record (resumed first if it was paused) and its Relay."""
@@ -185,20 +197,18 @@ class CoordinatorClient:
     ) -> EnvironmentRecord:
         """Move the lifetime deadline to now + ``seconds``; ``action`` "delete" | "pause" | "" (unchanged)."""
         request = pb.SetLifetimeRequest(tenant=tenant, environment_id=environment_id, seconds=seconds, action=action)
-        reply = await self._call(
+        return await self._record_call(
             "set lifetime", lambda: self._stub.SetLifetime(request, timeout=self._timeout), reads=False
         )
-        return _record(reply.environment_json)
 
     async def set_network(self, tenant: str, environment_id: str, network: NetworkPolicy) -> EnvironmentRecord:
         """Store a new network policy (a spec revision); the owning node applies it in place."""
         request = pb.SetNetworkRequest(
             tenant=tenant, environment_id=environment_id, network_json=network.model_dump_json(by_alias=True)
         )
-        reply = await self._call(
+        return await self._record_call(
             "set network", lambda: self._stub.SetNetwork(request, timeout=self._timeout), reads=False
         )
-        return _record(reply.environment_json)
 
     async def watch_routes(self) -> AsyncIterator[pb.RouteEvent]:
         """The Coordinator's route publications; ends (raises) when the stream breaks."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TypedDict
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from adx.errors import AdxError, AuthenticationError, InvalidInputError, NotFoundError
+from adx.errors import AdxError, AuthenticationError, ErrorDetails, InvalidInputError, NotFoundError
 from adx.model import field_path
 
 log = logging.getLogger("adx.api")
@@ -47,7 +47,19 @@ def status_for(exc: AdxError) -> int:
     return exc.http_status
 
 
-def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+class ErrorWire(TypedDict):
+    code: str
+    message: str
+    details: ErrorDetails
+
+
+class ErrorBodyWire(TypedDict):
+    """Every error answer's JSON (``ErrorBody`` is its published schema)."""
+
+    error: ErrorWire
+
+
+def error_body(code: str, message: str, details: ErrorDetails | None = None) -> ErrorBodyWire:
     return {"error": {"code": code, "message": message, "details": jsonable_encoder(details or {})}}
 
 

@@ -8,11 +8,10 @@ from adx.ingress._ingress import (
     StillStarting,
     serving_ingress,
 )
-from adx.ingress._routes import BODY_MODELS, router
+from adx.ingress._routes import router
 from adx.ingress._tokens import TokenCache, TokenClient
 
 __all__ = [
-    "BODY_MODELS",
     "Ingress",
     "NotRunning",
     "RelayTimeout",

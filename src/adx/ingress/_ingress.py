@@ -39,6 +39,7 @@ from adx.ingress._published import Published, PublishedStates
 from adx.ingress._relay_client import (
     RelayClient,
     RelayConnectError,
+    RelayRequest,
     RelayResponse,
     RelayTimeoutError,
     RelayTransportError,
@@ -410,7 +411,7 @@ class Ingress:
         for attempt in (1, 2):
             try:
                 return await self._relay.send(
-                    request.method, address, target, headers, content, read_timeout=read_timeout
+                    RelayRequest(request.method, address, target, headers, content), read_timeout=read_timeout
                 )
             except RelayConnectError as exc:
                 # Nothing was sent (not even the body): safe to re-resolve once, the owner may have moved.

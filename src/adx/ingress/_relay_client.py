@@ -34,6 +34,18 @@ class RelayTransportError(Exception):
     """The connection failed after the request began; it may have reached the Relay."""
 
 
+@dataclass(frozen=True)
+class RelayRequest:
+    """One request to a node's Relay: ``target`` is the path (and query) under it, ``content`` a buffered body
+    (sent with its length) or a stream (sent with the caller's length, else chunked)."""
+
+    method: str
+    address: str  # host:port of the Relay
+    target: str
+    headers: list[tuple[str, str]]
+    content: bytes | AsyncIterator[bytes]
+
+
 @dataclass
 class _Connection:
     reader: asyncio.StreamReader
@@ -186,52 +198,36 @@ class RelayClient:
                 raise RelayTransportError(str(exc) or type(exc).__name__) from None
             conn.h11.receive_data(data)
 
-    async def send(
-        self,
-        method: str,
-        address: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        content: bytes | AsyncIterator[bytes],
-        *,
-        read_timeout: float | None,
-    ) -> RelayResponse:
+    async def send(self, request: RelayRequest, *, read_timeout: float | None) -> RelayResponse:
         """Send one request; the answer's head is read, its body is left to ``aiter_raw``/``aread``.
 
         A pooled connection the Relay closed meanwhile is replaced once for an idempotent, buffered request.
         Raises RelayConnectError (nothing sent), RelayTimeoutError or RelayTransportError."""
         for attempt in (1, 2):
-            conn = self._pooled(address)
+            conn = self._pooled(request.address)
             reused = conn is not None
             if conn is None:
-                conn = await self._connect(address)
+                conn = await self._connect(request.address)
             try:
-                return await self._exchange(conn, method, address, target, headers, content, read_timeout)
+                return await self._exchange(conn, request, read_timeout)
             except RelayTransportError:
                 # A kept connection the Relay closed just as it was reused: sent again on a new connection, but
                 # only an idempotent request with a buffered body (a command must never run twice).
-                if attempt == 1 and reused and method in _IDEMPOTENT and isinstance(content, bytes):
+                if attempt == 1 and reused and request.method in _IDEMPOTENT and isinstance(request.content, bytes):
                     continue
                 raise
         raise AssertionError("unreachable")
 
-    async def _exchange(
-        self,
-        conn: _Connection,
-        method: str,
-        address: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        content: bytes | AsyncIterator[bytes],
-        read_timeout: float | None,
-    ) -> RelayResponse:
+    async def _exchange(self, conn: _Connection, request: RelayRequest, read_timeout: float | None) -> RelayResponse:
+        address, headers, content = request.address, request.headers, request.content
         framing = [("content-length", str(len(content)))] if isinstance(content, bytes) else []
         if not framing:
             declared = next((v for k, v in headers if k.lower() == "content-length"), None)
             framing = [("content-length", declared)] if declared is not None else [("transfer-encoding", "chunked")]
         head = [("host", address), *framing, *((k, v) for k, v in headers if k.lower() != "content-length")]
         try:
-            conn.writer.write(conn.h11.send(h11.Request(method=method, target=target, headers=head)) or b"")
+            head_event = h11.Request(method=request.method, target=request.target, headers=head)
+            conn.writer.write(conn.h11.send(head_event) or b"")
             if isinstance(content, bytes):
                 if content:
                     conn.writer.write(conn.h11.send(h11.Data(data=content)) or b"")

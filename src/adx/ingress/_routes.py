@@ -12,12 +12,24 @@ from urllib.parse import quote
 from fastapi import APIRouter, Path, Query, Request, WebSocket
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaValue
 from starlette.requests import HTTPConnection
 from starlette.responses import Response, StreamingResponse
 
 from adx._wsproxy import deny
 from adx.errors import AdxError, InvalidInputError
-from adx.gateway import ERRORS, Credentials, ErrorBody, Plane, environment_id_or_404, error_response, plane
+from adx.gateway import (
+    ERRORS,
+    Credentials,
+    OpenApiResponses,
+    Plane,
+    environment_id_or_404,
+    error_answer,
+    error_response,
+    json_body,
+    plane,
+    raw_body,
+)
 from adx.ingress._ingress import Ingress, serving_ingress
 from adx.ingress._tokens import PresentedToken, check_scope, presented_token, set_token_cookie
 from adx.model import (
@@ -62,23 +74,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 EnvId = Annotated[str, Path(description="the Environment's ID")]
 #: What every data-plane route may answer besides its success: the API's own answers and execd's (which the
 #: Ingress relays as they are: execd says 400 where the API says 422 for invalid input).
-DATA_ERRORS: dict[int | str, dict[str, Any]] = {
+DATA_ERRORS: OpenApiResponses = {
     **ERRORS,
-    400: {"model": ErrorBody, "description": "execd refused the request (code invalid_input, details.field)"},
-    403: {
-        "model": ErrorBody,
-        "description": "an endpoint token of another Environment or port (code forbidden), or the sandbox refused "
-        "access to a file (code permission_denied)",
-    },
-    404: {"model": ErrorBody, "description": "no such Environment for this tenant, command or file"},
-    408: {"model": ErrorBody, "description": "the request body stalled (code request_timeout)"},
-    409: {
-        "model": ErrorBody,
-        "description": "the Environment is not running (code not_running), or the command or file is not in a "
-        "state for this (code conflict, stdin_blocked)",
-    },
-    413: {"model": ErrorBody, "description": "execd: a JSON body over its 1 MiB limit (code payload_too_large)"},
-    502: {"model": ErrorBody, "description": "the node's Relay failed"},
+    400: error_answer("execd refused the request (code invalid_input, details.field)"),
+    403: error_answer(
+        "an endpoint token of another Environment or port (code forbidden), or the sandbox refused "
+        "access to a file (code permission_denied)"
+    ),
+    404: error_answer("no such Environment for this tenant, command or file"),
+    408: error_answer("the request body stalled (code request_timeout)"),
+    409: error_answer(
+        "the Environment is not running (code not_running), or the command or file is not in a "
+        "state for this (code conflict, stdin_blocked)"
+    ),
+    413: error_answer("execd: a JSON body over its 1 MiB limit (code payload_too_large)"),
+    502: error_answer("the node's Relay failed"),
 }
 
 
@@ -132,25 +142,12 @@ async def _small_body(request: Request) -> bytes:
 FRAMES = (CommandStarted, OutputFrame, ExitFrame)
 
 
-def _frame_schema(model: type[BaseModel]) -> dict[str, Any]:
+def _frame_schema(model: type[BaseModel]) -> JsonSchemaValue:
     """A frame's schema in place (an NDJSON line has no component of its own); frames nest no model."""
     schema = model.model_json_schema(by_alias=True)
     assert "$defs" not in schema, model
     return schema
 
-
-def _body(model: type[BaseModel] | None, *, required: bool = True, raw: str = "") -> dict[str, Any]:
-    """``openapi_extra`` of a route that forwards its body unread: its JSON model, or raw bytes."""
-    if model is None:
-        content = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
-        return {"requestBody": {"required": required, "description": raw, "content": content}}
-    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
-    BODY_MODELS[model.__name__] = model
-    return {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
-
-
-#: Request bodies these routes publish under components (the app's OpenAPI document adds them, like the API's).
-BODY_MODELS: dict[str, type[BaseModel]] = {}
 
 # The decoded path parameters go into the Relay's URL, which takes no control character (httpx refuses it: the
 # request failed with 500): they are declared, so anything else is a 422 naming them before any forwarding.
@@ -185,7 +182,7 @@ def _flag(description: str) -> Any:
         201: {"model": CommandStatus, "description": "a background command (background: true): its status, at once"},
         **DATA_ERRORS,
     },
-    openapi_extra=_body(RunCommand),
+    openapi_extra=json_body(RunCommand),
     summary="Run a command; a foreground one streams NDJSON frames as output is produced",
 )
 async def run_command(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
@@ -232,7 +229,7 @@ async def get_command(
     "/v1/environments/{environment_id}/commands/{command_id}",
     status_code=204,
     response_class=Response,
-    responses={**DATA_ERRORS, 409: {"model": ErrorBody, "description": "still running: kill it first"}},
+    responses={**DATA_ERRORS, 409: error_answer("still running: kill it first")},
     summary="Forget a finished command",
 )
 async def forget_command(
@@ -244,7 +241,7 @@ async def forget_command(
 @router.get(
     "/v1/environments/{environment_id}/commands/{command_id}/output",
     response_model=CommandOutput,
-    responses={**DATA_ERRORS, 409: {"model": ErrorBody, "description": "a foreground command keeps no output"}},
+    responses={**DATA_ERRORS, 409: error_answer("a foreground command keeps no output")},
     summary="A background command's kept output, from an offset",
 )
 async def command_output(
@@ -264,7 +261,7 @@ async def command_output(
     "/v1/environments/{environment_id}/commands/{command_id}/kill",
     response_model=Killed,
     responses=DATA_ERRORS,
-    openapi_extra=_body(KillCommand, required=False),
+    openapi_extra=json_body(KillCommand, required=False),
     summary="Send a signal to a command's process group (default SIGKILL)",
 )
 async def kill_command(
@@ -278,9 +275,9 @@ async def kill_command(
     response_model=StdinWritten,
     responses={
         **DATA_ERRORS,
-        409: {"model": ErrorBody, "description": "its stdin is not open (keepStdinOpen), closed, or not read"},
+        409: error_answer("its stdin is not open (keepStdinOpen), closed, or not read"),
     },
-    openapi_extra=_body(None, required=False, raw="written to the command's stdin as it arrives (streamed)"),
+    openapi_extra=raw_body("written to the command's stdin as it arrives (streamed)", required=False),
     summary="Write to a command's stdin (started with keepStdinOpen)",
 )
 async def command_stdin(
@@ -296,8 +293,8 @@ async def command_stdin(
 @router.post(
     "/v1/environments/{environment_id}/commands/{command_id}/resize",
     response_model=Resized,
-    responses={**DATA_ERRORS, 409: {"model": ErrorBody, "description": "no PTY, or it has exited"}},
-    openapi_extra=_body(WindowSize),
+    responses={**DATA_ERRORS, 409: error_answer("no PTY, or it has exited")},
+    openapi_extra=json_body(WindowSize),
     summary="Resize the terminal of a command run with pty",
 )
 async def resize_command(
@@ -334,7 +331,7 @@ async def read_file(
     status_code=201,
     response_model=FileWritten,
     responses=DATA_ERRORS,
-    openapi_extra=_body(None, raw="the file's new contents (streamed; readers see the old or the new file)"),
+    openapi_extra=raw_body("the file's new contents (streamed; readers see the old or the new file)"),
     summary="Write a file (atomically)",
 )
 async def write_file(
@@ -434,7 +431,7 @@ async def rename_file(
         200: {"description": "the service's own answer, streamed", "content": {"*/*": {}}},
         "default": {"description": "the service's own answer, any status", "content": {"*/*": {}}},
         **DATA_ERRORS,
-        502: {"model": ErrorBody, "description": "nothing listens on the port (code port_unavailable)"},
+        502: error_answer("nothing listens on the port (code port_unavailable)"),
     },
     summary="Proxy to a service the Environment listens on (inside its own network namespace)",
 )

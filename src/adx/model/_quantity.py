@@ -75,13 +75,7 @@ def parse_bytes(field: str, value: object) -> int:
         if not match:
             raise InvalidInputError(field, f"is not a byte quantity: {value!r} ({_BYTE_EXAMPLES})")
         number = Decimal(match.group(1)) * _byte_unit(field, value, match.group(2))
-    if number < 0:
-        raise InvalidInputError(field, f"must not be negative, got {_as_given(value)}")
-    if number != number.to_integral_value():
-        raise InvalidInputError(field, f"must be a whole number of bytes, got {_as_given(value)}")
-    if number > MAX_QUANTITY:
-        raise InvalidInputError(field, f"is too large (more than {MAX_QUANTITY})")
-    return _check_int(field, int(number))
+    return _whole(field, value, number, "bytes")
 
 
 def parse_cpu_millis(field: str, value: object) -> int:
@@ -102,13 +96,19 @@ def parse_cpu_millis(field: str, value: object) -> int:
         millis = number * 1000
     if not millis.is_finite():
         raise InvalidInputError(field, f"must be a finite number, got {value!r}")
-    if millis < 0:
+    return _whole(field, value, millis, "millicores")
+
+
+def _whole(field: str, value: object, number: Decimal, unit: str) -> int:
+    """``number`` (of ``unit``, parsed from ``value``) as a whole, non-negative count within MAX_QUANTITY; errors
+    quote the value as given."""
+    if number < 0:
         raise InvalidInputError(field, f"must not be negative, got {_as_given(value)}")
-    if millis != millis.to_integral_value():
-        raise InvalidInputError(field, f"must be a whole number of millicores, got {value!r}")
-    if millis > MAX_QUANTITY:
-        raise InvalidInputError(field, f"is too large (more than {MAX_QUANTITY} millicores)")
-    return _check_int(field, int(millis))
+    if number != number.to_integral_value():
+        raise InvalidInputError(field, f"must be a whole number of {unit}, got {_as_given(value)}")
+    if number > MAX_QUANTITY:
+        raise InvalidInputError(field, f"is too large (more than {MAX_QUANTITY} {unit})")
+    return _check_int(field, int(number))
 
 
 def _as_given(value: object) -> str:

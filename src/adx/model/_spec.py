@@ -6,6 +6,7 @@ import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import JsonSchemaValue
 
 from adx.errors import InvalidInputError
 from adx.model._base import ApiModel
@@ -23,7 +24,7 @@ MAX_METADATA = 64
 MAX_METADATA_VALUE = 1024
 
 
-def _spec_schema(schema: dict[str, Any]) -> None:
+def _spec_schema(schema: JsonSchemaValue) -> None:
     """The published JSON schema carries the rules the validators below enforce, so a client (or a schema-driven
     fuzzer) that follows the schema is never refused. Kept beside the validators: change both together."""
     props = schema["properties"]
