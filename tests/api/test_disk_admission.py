@@ -10,6 +10,7 @@ sandboxd refused it. Real Coordinator, Redis, adxlet, sandboxd and API server.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -27,7 +28,8 @@ def spec(disk: int = 0, memory: int = 64 * MiB) -> dict[str, Any]:
 
 async def settled(http: httpx.AsyncClient, env_id: str) -> dict[str, Any]:
     """The Environment once it left pending/starting (running, or failed with its reason)."""
-    for _ in range(600):
+    deadline = time.monotonic() + 120  # a start takes seconds at load 30 on this 2-core machine
+    while time.monotonic() < deadline:
         body: dict[str, Any] = (await http.get(f"/v1/environments/{env_id}")).json()
         if body["state"] not in ("pending", "starting"):
             return body
