@@ -27,9 +27,11 @@ async def test_sandboxd_device_ids_reach_the_node_record(node_cluster, tmp_path:
         sandboxd_config={"devices": ["gpu0", "gpu1"], "devices_file": str(devices_file)},
     )
     node = await wait_node(nc, lambda n: n.devices == ["gpu0", "gpu1", "npu0"])
-    # The rest of the sample is sandboxd's (RES-2: cores converted to millicores), and nothing is invented.
+    # The rest of the sample is sandboxd's admission capacity (RES-2; the test daemons configure 1000 CPUs, memory
+    # is the host's), and nothing is invented.
     info = await nc.sandboxds["n1"].client().resource()
-    assert node.capacity.cpu_millis == info.cpu_cores * 1000 and node.capacity.memory_bytes == info.memory_bytes
+    assert node.capacity.cpu_millis == info.capacity.cpu_millis == 1_000_000
+    assert node.capacity.memory_bytes == info.capacity.memory_bytes == info.memory_bytes
     # The inventory changes on the host: the next reports carry it.
     devices_file.write_text(json.dumps(["npu0", "npu1"]))
     node = await wait_node(nc, lambda n: n.devices == ["gpu0", "gpu1", "npu0", "npu1"])

@@ -173,3 +173,20 @@ async def test_shared_root_checkpoint_is_a_tar_restored_into_a_limited_layer(
         assert (_upper(d, restored.sandbox_id) / "tmp/k.txt").read_text() == "kept\n"
         report = (_upper(d, restored.sandbox_id) / "work/report").read_text()
         assert "Disk quota exceeded" in report and _field(report, "size") <= 32 * MiB, report
+
+
+@pytest.mark.req("RES-6", "SBX-12")
+async def test_a_sandbox_that_reserves_no_disk_is_limited_by_the_default(quota_sandboxd: DaemonFactory) -> None:
+    """``disk_bytes = 0`` (an Environment that asked no disk: the node sends what placement reserved) reserves no
+    disk, yet its layer still gets a quota: ``defaults.disk_bytes`` as a limit (it was refused: "must be positive
+    when disk quotas are on")."""
+    d = quota_sandboxd(**QUOTA, defaults={"disk_bytes": 32 * MiB})
+    async with d.client() as c:
+        ref = ref_of(
+            await c.create(CreateRequest(request_id="z", argv=_writer(48), resources=ResourcesSpec(disk_bytes=0)))
+        )
+        assert (await c.resource()).reserved.disk_bytes == 0
+        assert wait_until(lambda: (_upper(d, ref.sandbox_id) / "work/report").exists(), timeout=30)
+        report = (_upper(d, ref.sandbox_id) / "work/report").read_text()
+        assert "Disk quota exceeded" in report and _field(report, "rc") == 1, report
+        assert 16 * MiB < _field(report, "size") <= 32 * MiB, report

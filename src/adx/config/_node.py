@@ -54,6 +54,11 @@ class SandboxdRuntimeConfig(StrictModel):
         description="the volume root (the API's volumes_dir; shared storage when there is more than one node): "
         "Environments mount their tenant's volumes from it; unset: Environments with volumes fail to start",
     )
+    bench_record_only: bool = Field(
+        default=False,
+        description="BENCH ONLY (bench/bench_control_plane.py): no sandboxd is used; executions are only "
+        "recorded in the adxlet's memory and nothing runs. Never set it on a node that serves Environments",
+    )
 
 
 class CheckpointConfig(StrictModel):

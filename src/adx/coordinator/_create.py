@@ -12,7 +12,7 @@ import time
 from adx._backoff import Backoff
 from adx._node_client import NodeClients
 from adx.coordinator._cache import CoordinatorCache
-from adx.coordinator._placement import NO_CAPACITY, Refusal, rank_nodes
+from adx.coordinator._placement import NO_CAPACITY, Refusal, count_placed, rank_nodes
 from adx.coordinator._store import CoordinatorStore, NoCapacity, retire_unstarted_environment
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import (
@@ -157,6 +157,7 @@ class EnvironmentCreator:
                 self.cache.apply(outcome.record)
                 return outcome.record, False
             self.cache.apply(outcome.record)
+            self.cache.nodes[node.name] = count_placed(self.cache.nodes.get(node.name, node), spec.resources)
             log.info("environment placed", extra={"env_id": record.id, "node": node.name, "tenant": tenant})
             admitted = await self._admit(outcome.record, node, idempotency, refused)
             if admitted is not None:

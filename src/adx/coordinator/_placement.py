@@ -70,3 +70,13 @@ def rank_nodes(
 
     eligible.sort(key=headroom)
     return eligible, refused
+
+
+def count_placed(node: NodeRecord, need: Resources) -> NodeRecord:
+    """``node``'s cached record with ``need`` reserved as well: what ranking must see right after a placement.
+
+    The Coordinator ranks from cached node records that the nodes' reports refresh (every few seconds); without
+    this, every create between two reports saw the same room and went to the same node (bench_control_plane:
+    all 50 of a burst on one of two nodes). Admission itself stays the store's atomic check; a report that read
+    the store after this placement may count it twice until the next report, which only tilts ranking."""
+    return node.model_copy(update={"reserved": node.reserved + need})

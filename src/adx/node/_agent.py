@@ -54,6 +54,7 @@ from adx.node._snapshot_service import NodeSnapshotsService
 from adx.node._watch import EnvironmentWatch
 from adx.proto import coordinator_pb2_grpc, health_pb2_grpc, node_pb2_grpc, snapshots_pb2_grpc
 from adx.runtime import Execution, InventoryItem
+from adx.runtime._recording import RecordingDriver
 from adx.runtime._sandboxd import ExecdReadiness, SandboxdDriver, SubscriptionReadiness
 from adx.sandboxd import RuntimeControlSubscription
 
@@ -72,8 +73,12 @@ class NodeAgent(Recovery, RuntimeChecks):
         self.config = config
         self.name = config.name
         self.paths = component_paths(config.certs_dir, Identity("node", config.name))
-        self.driver = SandboxdDriver(
-            config.runtime.socket, python=config.runtime.python, volumes_dir=config.runtime.volumes_dir
+        self.driver = (
+            RecordingDriver(config.state_dir)  # bench only: executions are recorded, nothing runs
+            if config.runtime.bench_record_only
+            else SandboxdDriver(
+                config.runtime.socket, python=config.runtime.python, volumes_dir=config.runtime.volumes_dir
+            )
         )
         self.readiness: ReadinessProbe = ExecdReadiness(self.driver)
         self.control: RuntimeControlSubscription | None = None

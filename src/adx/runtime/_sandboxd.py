@@ -117,7 +117,9 @@ class SandboxdDriver:
             "resources": ResourcesSpec(
                 cpu_millis=max(env_spec.resources.cpu_millis, 10),
                 memory_bytes=max(env_spec.resources.memory_bytes, 8 << 20),
-                disk_bytes=env_spec.resources.disk_bytes or None,
+                # Exactly what placement reserved: no disk asked is no disk reserved (RES-6), never sandboxd's
+                # default, which the Coordinator cannot count (it placed ~250 such starts past sandboxd's room).
+                disk_bytes=env_spec.resources.disk_bytes,
             ),
             "metadata": {META_ENV: spec.env_id, META_EXECUTION: spec.execution_id},
             # None: the node's default (sandboxd's defaults.network / defaults.network_policy).
@@ -323,10 +325,17 @@ class SandboxdDriver:
         return (await self.resources_and_devices())[0]
 
     async def resources_and_devices(self) -> tuple[Resources, tuple[str, ...]]:
-        """RES-2: one Resource call: CPU cores (as millicores), memory, free storage and whole-device IDs."""
+        """RES-2: one Resource call: the capacity sandboxd admits sandboxes against, and whole-device IDs.
+
+        That capacity (its ``[capacity]`` config, else the host's CPU cores as millicores, memory and the state
+        filesystem's size) is the one rule: placement then refuses what sandboxd would refuse. The host's free
+        storage is not it: sandboxd counts reservations against its capacity, and free space moves with what
+        sandboxes write (disk pressure, RES-7, watches that)."""
         info = await self.client.resource()
         capacity = Resources(
-            cpu_millis=info.cpu_cores * 1000, memory_bytes=info.memory_bytes, disk_bytes=info.storage_free_bytes
+            cpu_millis=info.capacity.cpu_millis,
+            memory_bytes=info.capacity.memory_bytes,
+            disk_bytes=info.capacity.disk_bytes,
         )
         return capacity, tuple(info.device_ids)
 

@@ -77,6 +77,11 @@ class SandboxCreator(StartupReconcile):
         async with self._lock(rec.sandbox_id):
             return await self._create_locked(rec, restore)
 
+    def _layer_limit(self, disk_bytes: int) -> int:
+        """The quota of a writable layer (disk_quota on): the sandbox's disk, or for one that reserved none (an
+        Environment that asked no disk: RES-6) the defaults' disk, as a limit only (it reserves nothing)."""
+        return disk_bytes or self.config.defaults.disk_bytes
+
     def _reserve(self, req: CreateRequest, digest: str, restore: tuple[Path, dict[str, Any]] | None) -> SandboxRecord:
         d = self.config.defaults
         if req.sandbox_id is not None:
@@ -376,7 +381,7 @@ class SandboxCreator(StartupReconcile):
 
                     def from_snapshot() -> None:
                         # A writable snapshot of the checkpoint: metadata, however many bytes the layer holds.
-                        pool.restore(*snapshot, rec.sandbox_id, rec.resources.disk_bytes)
+                        pool.restore(*snapshot, rec.sandbox_id, self._layer_limit(rec.resources.disk_bytes))
                         self._shift_restored(rec, manifest)
                         fault("restore.after_extract", delay=0.3)  # as the tar path's: the layer is in place
 
@@ -384,7 +389,9 @@ class SandboxCreator(StartupReconcile):
                     restore = None
                 else:
                     tl = time.perf_counter()
-                    await asyncio.to_thread(self._pool.create, rec.sandbox_id, rec.resources.disk_bytes)
+                    await asyncio.to_thread(
+                        self._pool.create, rec.sandbox_id, self._layer_limit(rec.resources.disk_bytes)
+                    )
                     phases["layer_ms"] = round((time.perf_counter() - tl) * 1000, 2)
             except AdxError as exc:
                 error = exc

@@ -157,7 +157,7 @@ class WarmSandboxes(SandboxCreator):
                 self.spares.make_named, dir_name, key.execd_python is not None
             )
             if self._pool is not None:
-                await asyncio.to_thread(self._pool.create, member_id, key.disk_bytes)
+                await asyncio.to_thread(self._pool.create, member_id, self._layer_limit(key.disk_bytes))
             if key.image_layers:
                 await asyncio.to_thread(self.images.hold, member_id, list(key.image_layers))
             if policy is not None and self.netfilter.ready:
