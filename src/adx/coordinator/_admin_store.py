@@ -10,33 +10,25 @@ import secrets
 import time
 
 from adx.coordinator import _scripts
-from adx.coordinator._store import (
+from adx.coordinator._keys import (
+    ADMIN_KEYS,
     TENANT_SET,
-    CoordinatorStore,
+    admin_key_key,
     api_key_key,
-    hash_api_key,
     node_key,
     tenant_key,
     tenant_keys_key,
 )
+from adx.coordinator._store import CoordinatorStore, _text, hash_api_key
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
 from adx.model import ADMIN_KEY_PREFIX, TENANT_KEY_PREFIX, AdminIdentity, IssuedKey, KeyInfo, TenantInfo
 
-ADMIN_KEYS = "adx:admin-keys"  # hash -> "name created_at"
 KEY_ID_PREFIX = "key_"
 KEY_ID_DIGITS = 12
 
 
-def admin_key_key(digest: str) -> str:
-    return f"adx:adminkey:{digest}"
-
-
 def key_id(digest: str) -> str:
     return KEY_ID_PREFIX + digest[:KEY_ID_DIGITS]
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def check_name(field: str, name: str) -> str:

@@ -24,6 +24,22 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from adx.coordinator import _scripts
+from adx.coordinator._keys import (
+    NODE_SET,
+    RETIRED_CHECKPOINTS,
+    ROUTES_CHANNEL,
+    SNAPSHOT_CHECKPOINTS,
+    TENANT_SET,
+    api_key_key,
+    checkpoint_key,
+    env_key,
+    idempotency_key,
+    node_key,
+    node_reservations_key,
+    tenant_index_key,
+    tenant_key,
+    tenant_keys_key,
+)
 from adx.coordinator._lease import LEASE_KEY
 from adx.coordinator._redis import redis_client
 from adx.errors import (
@@ -41,56 +57,9 @@ from adx.model._records import RecordChanges
 
 T = TypeVar("T")
 
-ROUTES_CHANNEL = "adx:routes"
-NODE_SET = "adx:nodes"
 API_KEY_PREFIX = "adxk_"
 DELETED_RECORD_TTL_SECONDS = 24 * 3600
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
-
-
-def env_key(env_id: str) -> str:
-    return f"adx:env:{env_id}"
-
-
-def tenant_index_key(tenant: str) -> str:
-    return f"adx:tenant-envs:{tenant}"
-
-
-def tenant_key(name: str) -> str:
-    return f"adx:tenant:{name}"
-
-
-TENANT_SET = "adx:tenants"
-
-
-def tenant_keys_key(name: str) -> str:
-    """The tenant's key index: key hash -> created_at (admin list, revoke, rotate)."""
-    return f"adx:tenant-keys:{name}"
-
-
-def api_key_key(digest: str) -> str:
-    return f"adx:apikey:{digest}"
-
-
-def node_key(name: str) -> str:
-    return f"adx:node:{name}"
-
-
-def node_reservations_key(name: str) -> str:
-    return f"adx:node-res:{name}"
-
-
-def checkpoint_key(checkpoint_id: str) -> str:
-    return f"adx:ckpt:{checkpoint_id}"
-
-
-RETIRED_CHECKPOINTS = "adx:ckpts-retired"
-#: The artifacts snapshots hold (adx.coordinator._snapshot_store): referenced, though no record names them.
-SNAPSHOT_CHECKPOINTS = "adx:snap-ckpts"
-
-
-def idempotency_key(tenant: str, key: str) -> str:
-    return f"adx:idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 ScriptArg = str | int | float
@@ -312,7 +281,7 @@ class CoordinatorStore:
 
         async def scan() -> list[EnvironmentRecord]:
             records = []
-            async for key in self._redis.scan_iter(match="adx:env:*", count=batch):
+            async for key in self._redis.scan_iter(match=env_key("*"), count=batch):
                 doc = await self._redis.hget(key, "doc")
                 if doc is not None:
                     records.append(EnvironmentRecord.model_validate_json(doc))

@@ -16,8 +16,9 @@ import time
 from functools import partial
 from typing import Any
 
+from adx.coordinator._keys import ROUTES_CHANNEL, env_key, env_tokens_key, token_key
 from adx.coordinator._scripts import fenced
-from adx.coordinator._store import ROUTES_CHANNEL, CoordinatorStore, ScriptArg, env_key, hash_api_key
+from adx.coordinator._store import CoordinatorStore, ScriptArg, _text, hash_api_key
 from adx.errors import ConflictError, NotFoundError
 from adx.model import (
     ENDPOINT_TOKEN_PREFIX,
@@ -33,14 +34,6 @@ from adx.model import (
 EXPIRED_KEPT_SECONDS = 86_400
 #: The route channel message field that carries a revoked token's ID (WatchRoutes turns it into a RouteEvent).
 REVOKED_FIELD = "revokedToken"
-
-
-def token_key(digest: str) -> str:
-    return f"adx:etoken:{digest}"
-
-
-def env_tokens_key(env_id: str) -> str:
-    return f"adx:env-tokens:{env_id}"
 
 
 # KEYS: environment, token, the Environment's token index
@@ -89,11 +82,7 @@ end
 return {1, tostring(#KEYS - 3)}
 """
 )
-ENV_TOKENS_PATTERN = "adx:env-tokens:*"
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+ENV_TOKENS_PATTERN = env_tokens_key("*")
 
 
 def _info(fields: dict[str, str]) -> EndpointTokenInfo:
