@@ -355,14 +355,6 @@ async def serve_relay(relay: Relay, listen: str, certs: CertPaths) -> RelayServe
 async def serve_asgi(app: Any, listen: str, certs: CertPaths | None, what: str) -> RelayServer:
     """Serve an ASGI app on ``host:port`` inside this event loop; mutual TLS when ``certs`` are given."""
     host, _, port = listen.rpartition(":")
-    tls: dict[str, Any] = {}
-    if certs is not None:
-        tls = {
-            "ssl_certfile": str(certs.cert),
-            "ssl_keyfile": str(certs.key),
-            "ssl_ca_certs": str(certs.ca),
-            "ssl_cert_reqs": ssl.CERT_REQUIRED,
-        }
     config = uvicorn.Config(
         app,
         host=host or "127.0.0.1",
@@ -378,7 +370,11 @@ async def serve_asgi(app: Any, listen: str, certs: CertPaths | None, what: str) 
         # WebSocket through port routing (adx._wsproxy): wsproto, with the proxy's own message limit.
         ws="wsproto",
         ws_max_size=MAX_MESSAGE_BYTES,
-        **tls,
+        # No certificates: plain TCP (uvicorn's defaults: no certificate, CERT_NONE).
+        ssl_certfile=None if certs is None else str(certs.cert),
+        ssl_keyfile=None if certs is None else str(certs.key),
+        ssl_ca_certs=None if certs is None else str(certs.ca),
+        ssl_cert_reqs=ssl.CERT_NONE if certs is None else ssl.CERT_REQUIRED,
     )
     server = EmbeddedUvicorn(config)
     task = asyncio.create_task(server.serve(), name=what)
