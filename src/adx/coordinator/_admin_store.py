@@ -19,7 +19,8 @@ from adx.coordinator._keys import (
     tenant_key,
     tenant_keys_key,
 )
-from adx.coordinator._store import CoordinatorStore, _text, hash_api_key
+from adx.coordinator._redis_store import _text
+from adx.coordinator._store import CoordinatorStore, hash_api_key
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
 from adx.model import ADMIN_KEY_PREFIX, TENANT_KEY_PREFIX, AdminIdentity, IssuedKey, KeyInfo, TenantInfo
 

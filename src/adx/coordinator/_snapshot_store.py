@@ -22,8 +22,9 @@ from adx.coordinator._keys import (
     snapshot_key,
     tenant_snapshots_key,
 )
+from adx.coordinator._redis_store import _text
 from adx.coordinator._scripts import fenced
-from adx.coordinator._store import CoordinatorStore, _text
+from adx.coordinator._store import CoordinatorStore
 from adx.errors import NotFoundError
 from adx.model import Snapshot
 

@@ -17,8 +17,9 @@ from functools import partial
 from typing import Any
 
 from adx.coordinator._keys import ROUTES_CHANNEL, env_key, env_tokens_key, token_key
+from adx.coordinator._redis_store import ScriptArg, _text
 from adx.coordinator._scripts import fenced
-from adx.coordinator._store import CoordinatorStore, ScriptArg, _text, hash_api_key
+from adx.coordinator._store import CoordinatorStore, hash_api_key
 from adx.errors import ConflictError, NotFoundError
 from adx.model import (
     ENDPOINT_TOKEN_PREFIX,
