@@ -9,6 +9,8 @@ from __future__ import annotations
 import secrets
 import time
 
+from redis.commands.core import AsyncScript
+
 from adx.coordinator import _scripts
 from adx.coordinator._keys import (
     ADMIN_KEYS,
@@ -120,14 +122,8 @@ class AdminStore:
         return IssuedKey(owner=name, key_id=key_id(hash_api_key(api_key)), api_key=api_key)
 
     async def set_disabled(self, name: str, disabled: bool) -> TenantInfo:
-        status, _ = await self._store._script(
-            "disable tenant" if disabled else "enable tenant",
-            self._set_disabled,
-            [tenant_key(name)],
-            ["1" if disabled else "0"],
-        )
-        if status == -1:
-            raise NotFoundError(f"tenant {name} not found")
+        what = "disable tenant" if disabled else "enable tenant"
+        await self._set_flag(what, self._set_disabled, tenant_key(name), disabled, f"tenant {name} not found")
         return await self.tenant(name)
 
     async def create_key(self, tenant: str) -> IssuedKey:
@@ -183,11 +179,13 @@ class AdminStore:
 
     # -- nodes --------------------------------------------------------------------------------------
     async def set_cordoned(self, node: str, cordoned: bool) -> None:
-        status, _ = await self._store._script(
-            "cordon node" if cordoned else "uncordon node",
-            self._set_cordoned,
-            [node_key(node)],
-            ["1" if cordoned else "0"],
-        )
+        what = "cordon node" if cordoned else "uncordon node"
+        missing = f"node {node} not found (`adx node list` shows the nodes)"
+        await self._set_flag(what, self._set_cordoned, node_key(node), cordoned, missing)
+
+    async def _set_flag(self, what: str, script: AsyncScript, key: str, on: bool, missing: str) -> None:
+        """An admin's on/off flag on ``key`` (a tenant's disabled, a node's cordon); NotFoundError(``missing``)
+        when there is no such tenant or node."""
+        status, _ = await self._store._script(what, script, [key], ["1" if on else "0"])
         if status == -1:
-            raise NotFoundError(f"node {node} not found (`adx node list` shows the nodes)")
+            raise NotFoundError(missing)
