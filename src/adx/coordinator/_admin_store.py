@@ -6,7 +6,6 @@ hash: enough to tell a tenant's keys apart, useless to guess the key. Every chan
 
 from __future__ import annotations
 
-import secrets
 import time
 
 from redis.commands.core import AsyncScript
@@ -22,7 +21,7 @@ from adx.coordinator._keys import (
     tenant_keys_key,
 )
 from adx.coordinator._redis_store import _text
-from adx.coordinator._store import CoordinatorStore, hash_api_key
+from adx.coordinator._store import CoordinatorStore, hash_api_key, new_api_key
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
 from adx.model import ADMIN_KEY_PREFIX, TENANT_KEY_PREFIX, AdminIdentity, IssuedKey, KeyInfo, TenantInfo
 
@@ -54,8 +53,7 @@ class AdminStore:
     # -- admin keys ---------------------------------------------------------------------------------
     async def create_admin_key(self, name: str) -> IssuedKey:
         check_name("name", name)
-        api_key = ADMIN_KEY_PREFIX + secrets.token_urlsafe(32)
-        digest = hash_api_key(api_key)
+        api_key, digest = new_api_key(ADMIN_KEY_PREFIX)
         await self._store._script(
             "create admin key",
             self._create_admin_key,
@@ -127,8 +125,7 @@ class AdminStore:
         return await self.tenant(name)
 
     async def create_key(self, tenant: str) -> IssuedKey:
-        api_key = TENANT_KEY_PREFIX + secrets.token_urlsafe(32)
-        digest = hash_api_key(api_key)
+        api_key, digest = new_api_key(TENANT_KEY_PREFIX)
         status, _ = await self._store._script(
             "create key",
             self._create_key,
@@ -165,8 +162,7 @@ class AdminStore:
     async def rotate_key(self, tenant: str, kid: str) -> IssuedKey:
         """A new key replacing ``kid`` in one step: the old one is refused from then on."""
         digest = await self._digest_of(tenant, kid)
-        api_key = TENANT_KEY_PREFIX + secrets.token_urlsafe(32)
-        new = hash_api_key(api_key)
+        api_key, new = new_api_key(TENANT_KEY_PREFIX)
         status, _ = await self._store._script(
             "rotate key",
             self._revoke_key,

@@ -58,6 +58,13 @@ def hash_api_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
+def new_api_key(prefix: str) -> tuple[str, str]:
+    """A new secret (API key, admin key, endpoint token) starting with ``prefix``, and its hash: only the hash is
+    stored (SEC-2, SEC-4); the secret is shown once."""
+    secret = prefix + secrets.token_urlsafe(32)
+    return secret, hash_api_key(secret)
+
+
 #: The node's session is not the registered one: the node must re-register (NOD-6).
 SessionRejected = SessionRejectedError
 
@@ -114,10 +121,8 @@ class CoordinatorStore(NodeRegistry):
         """Create tenant ``name`` (or add a key to it) and return a new API key, shown only once."""
         if not name or len(name) > 64 or not all(c.isalnum() or c in "-_" for c in name):
             raise InvalidInputError("name", "must be 1-64 letters, digits, '-' or '_'")
-        api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        api_key, digest = new_api_key(API_KEY_PREFIX)
         now = time.time()
-
-        digest = hash_api_key(api_key)
         keys = [tenant_key(name), TENANT_SET, api_key_key(digest), tenant_keys_key(name)]
         await self._script("create tenant", self._create_tenant, keys, [repr(now), name, digest])
         return api_key

@@ -11,7 +11,6 @@ reclaimed by ``sweep`` (the Coordinator runs it every minute): revoked in the sa
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from functools import partial
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from adx.coordinator._keys import ROUTES_CHANNEL, env_key, env_tokens_key, token_key
 from adx.coordinator._redis_store import ScriptArg, _text
 from adx.coordinator._scripts import fenced
-from adx.coordinator._store import CoordinatorStore, hash_api_key
+from adx.coordinator._store import CoordinatorStore, hash_api_key, new_api_key
 from adx.errors import ConflictError, NotFoundError
 from adx.model import (
     ENDPOINT_TOKEN_PREFIX,
@@ -105,8 +104,7 @@ class TokenStore:
         self._forget = self._redis.register_script(FORGET_TOKENS)
 
     async def create(self, tenant: str, env_id: str, request: EndpointTokenRequest) -> IssuedEndpointToken:
-        token = ENDPOINT_TOKEN_PREFIX + secrets.token_urlsafe(32)
-        digest = hash_api_key(token)
+        token, digest = new_api_key(ENDPOINT_TOKEN_PREFIX)
         now = time.time()
         expires_at = now + request.ttl_seconds if request.ttl_seconds is not None else None
         info = EndpointTokenInfo(
