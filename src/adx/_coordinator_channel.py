@@ -31,9 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import grpc
 from grpc.aio import Metadata
@@ -113,8 +114,8 @@ def _never_processed(exc: grpc.aio.AioRpcError) -> bool:
     """The call certainly did not reach a serving Coordinator (so sending it elsewhere cannot apply it twice)."""
     if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return False
-    trailing: dict[str, Any] = {item[0]: item[1] for item in exc.trailing_metadata() or ()}  # type: ignore[index]
-    if trailing.get("adx-error-code") == _STANDBY_CODE:
+    trailing = exc.trailing_metadata()
+    if isinstance(trailing, Metadata) and trailing.get("adx-error-code") == _STANDBY_CODE:
         return True
     text = f"{exc.details()} {exc.debug_error_string()}".lower()
     return "failed to connect" in text or "connection refused" in text
@@ -212,37 +213,28 @@ class FailoverChannel(grpc.aio.Channel):
         return self._active, self._channel(self._active)
 
     # -- calls ----------------------------------------------------------------------------------------------
-    async def _unary(
-        self,
-        method: str,
-        serializer: Any,
-        deserializer: Any,
-        request: Any,
-        within: float | None,
-        kwargs: dict[str, Any],
-    ) -> Any:
+    async def _unary(self, rpc: _Rpc, request: Any, within: float | None, options: _CallOptions) -> Any:
         deadline = time.monotonic() + (within if within is not None else self._failover_timeout)
         while True:
             target, channel = await self._find(deadline)
-            call = channel.unary_unary(method, serializer, deserializer)
+            call = channel.unary_unary(rpc.method, rpc.serializer, rpc.deserializer)
             try:
-                return await call(request, timeout=max(deadline - time.monotonic(), 0.001), **kwargs)
+                return await call(request, timeout=max(deadline - time.monotonic(), 0.001), **options)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
                 self.suspect(target)
                 retry = _never_processed(exc) or (
-                    method in self._idempotent and exc.code() == grpc.StatusCode.UNAVAILABLE
+                    rpc.method in self._idempotent and exc.code() == grpc.StatusCode.UNAVAILABLE
                 )
                 if not retry or time.monotonic() >= deadline:
                     raise
 
-    async def _stream(
-        self, method: str, serializer: Any, deserializer: Any, request: Any, within: float | None, kwargs: Any
-    ) -> AsyncIterator[Any]:
+    async def _stream(self, rpc: _Rpc, request: Any, within: float | None, options: _CallOptions) -> AsyncIterator[Any]:
         find_within = within if within is not None else self._failover_timeout
         target, channel = await self._find(time.monotonic() + find_within)
-        stream = channel.unary_stream(method, serializer, deserializer)(request, timeout=within, **kwargs)
+        unary_stream = channel.unary_stream(rpc.method, rpc.serializer, rpc.deserializer)
+        stream = unary_stream(request, timeout=within, **options)
         try:
             while True:
                 try:
@@ -265,12 +257,12 @@ class FailoverChannel(grpc.aio.Channel):
     def unary_unary(
         self, method: str, request_serializer: Any = None, response_deserializer: Any = None, *_: Any, **__: Any
     ) -> grpc.aio.UnaryUnaryMultiCallable[Any, Any]:
-        return _UnaryUnaryCallable(self, method, request_serializer, response_deserializer)
+        return _UnaryUnaryCallable(self, _Rpc(method, request_serializer, response_deserializer))
 
     def unary_stream(
         self, method: str, request_serializer: Any = None, response_deserializer: Any = None, *_: Any, **__: Any
     ) -> grpc.aio.UnaryStreamMultiCallable[Any, Any]:
-        return _UnaryStreamCallable(self, method, request_serializer, response_deserializer)
+        return _UnaryStreamCallable(self, _Rpc(method, request_serializer, response_deserializer))
 
     def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> grpc.aio.StreamUnaryMultiCallable[Any, Any]:
         raise NotImplementedError("the Coordinator has no client-streaming methods")
@@ -310,26 +302,50 @@ class FailoverChannel(grpc.aio.Channel):
         await self.close(None)
 
 
-class _UnaryUnaryCallable(grpc.aio.UnaryUnaryMultiCallable[Any, Any]):
-    def __init__(self, owner: FailoverChannel, method: str, serializer: Any, deserializer: Any) -> None:
-        self._owner, self._method, self._ser, self._de = owner, method, serializer, deserializer
+@dataclass(frozen=True)
+class _Rpc:
+    """A method's full name and its request serializer and response deserializer, as the generated stubs give them."""
 
+    method: str
+    serializer: Any
+    deserializer: Any
+
+
+class _CallOptions(TypedDict, total=False):
+    """What a call may carry besides its request and deadline; passed on as given to the active replica's channel."""
+
+    metadata: Metadata | Sequence[tuple[str, str | bytes]]
+    credentials: grpc.CallCredentials
+    wait_for_ready: bool
+    compression: grpc.Compression
+
+
+class _FailoverMethod:
+    """One method of a FailoverChannel, as the multi-callable gRPC's generated stubs hold: calling it goes
+    through the channel's failover (``_unary`` / ``_stream``)."""
+
+    def __init__(self, owner: FailoverChannel, rpc: _Rpc) -> None:
+        self._owner, self._rpc = owner, rpc
+
+    @staticmethod
+    def _options(given: Mapping[str, object]) -> _CallOptions:
+        # The stubs pass every option, unset ones as None: only those set are passed on.
+        return cast(_CallOptions, {k: v for k, v in given.items() if v is not None})
+
+
+class _UnaryUnaryCallable(_FailoverMethod, grpc.aio.UnaryUnaryMultiCallable[Any, Any]):
     def __call__(  # type: ignore[override]
-        self, request: Any, *, timeout: float | None = None, **kwargs: Any
+        self, request: Any, *, timeout: float | None = None, **options: Any
     ) -> _UnaryCall:
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return _UnaryCall(self._owner._unary(self._method, self._ser, self._de, request, timeout, kwargs), timeout)
+        unary = self._owner._unary(self._rpc, request, timeout, self._options(options))
+        return _UnaryCall(unary, timeout)
 
 
-class _UnaryStreamCallable(grpc.aio.UnaryStreamMultiCallable[Any, Any]):
-    def __init__(self, owner: FailoverChannel, method: str, serializer: Any, deserializer: Any) -> None:
-        self._owner, self._method, self._ser, self._de = owner, method, serializer, deserializer
-
+class _UnaryStreamCallable(_FailoverMethod, grpc.aio.UnaryStreamMultiCallable[Any, Any]):
     def __call__(  # type: ignore[override]
-        self, request: Any, *, timeout: float | None = None, **kwargs: Any
+        self, request: Any, *, timeout: float | None = None, **options: Any
     ) -> _StreamCall:
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return _StreamCall(self._owner._stream(self._method, self._ser, self._de, request, timeout, kwargs))
+        return _StreamCall(self._owner._stream(self._rpc, request, timeout, self._options(options)))
 
 
 def _metadata(items: Any) -> Metadata:

@@ -21,7 +21,8 @@ from adx._certs import Identity, issue
 from adx._grpc_tls import channel_credentials
 from adx.coordinator import CoordinatorStore
 from adx.coordinator._lease import LEASE_KEY, LeaderLease, token_of
-from adx.coordinator._store import NotLeader, env_key, hash_api_key, tenant_index_key
+from adx.coordinator._redis_store import NotLeader
+from adx.coordinator._store import env_key, hash_api_key, tenant_index_key
 from adx.embedded import EmbeddedRedis
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, Resources, new_id
 from adx.proto import coordinator_pb2 as pb

@@ -210,7 +210,7 @@ async def test_a_journal_deleted_while_it_held_results_is_reported_lost_an_empti
 
 
 @pytest.mark.req("JRN-7")
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign-schema"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign-schema", "revision-gap"])
 async def test_a_corrupt_journal_is_refused_naming_the_file_never_read_as_empty(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "journal.sqlite3"
     journal = DegradationJournal(path)
@@ -224,6 +224,11 @@ async def test_a_corrupt_journal_is_refused_naming_the_file_never_read_as_empty(
         for name in database_files(path)[1:]:
             (path.parent / name).unlink()
         path.write_bytes(data[:1500])
+    elif damage == "revision-gap":  # a row whose commit would not produce its stored revision
+        db = sqlite3.connect(str(path))
+        db.execute("UPDATE pending_results SET revision = revision + 1 WHERE base_revision = 4")
+        db.commit()
+        db.close()
     else:
         path.unlink()
         db = sqlite3.connect(str(path))

@@ -137,7 +137,6 @@ def test_a_journaled_result_replays_over_a_network_change_instead_of_conflicting
         env_id="env-1",
         generation=1,
         base_revision=3,
-        revision=4,
         base_state=EnvironmentState.RUNNING,
         base_execution_id="exe-1",
         state=EnvironmentState.PAUSING,

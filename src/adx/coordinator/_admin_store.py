@@ -6,37 +6,31 @@ hash: enough to tell a tenant's keys apart, useless to guess the key. Every chan
 
 from __future__ import annotations
 
-import secrets
 import time
 
+from redis.commands.core import AsyncScript
+
 from adx.coordinator import _scripts
-from adx.coordinator._store import (
+from adx.coordinator._keys import (
+    ADMIN_KEYS,
     TENANT_SET,
-    CoordinatorStore,
+    admin_key_key,
     api_key_key,
-    hash_api_key,
     node_key,
     tenant_key,
     tenant_keys_key,
 )
+from adx.coordinator._redis_store import _text
+from adx.coordinator._store import CoordinatorStore, hash_api_key, new_api_key
 from adx.errors import ConflictError, InvalidInputError, NotFoundError
 from adx.model import ADMIN_KEY_PREFIX, TENANT_KEY_PREFIX, AdminIdentity, IssuedKey, KeyInfo, TenantInfo
 
-ADMIN_KEYS = "adx:admin-keys"  # hash -> "name created_at"
 KEY_ID_PREFIX = "key_"
 KEY_ID_DIGITS = 12
 
 
-def admin_key_key(digest: str) -> str:
-    return f"adx:adminkey:{digest}"
-
-
 def key_id(digest: str) -> str:
     return KEY_ID_PREFIX + digest[:KEY_ID_DIGITS]
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def check_name(field: str, name: str) -> str:
@@ -59,8 +53,7 @@ class AdminStore:
     # -- admin keys ---------------------------------------------------------------------------------
     async def create_admin_key(self, name: str) -> IssuedKey:
         check_name("name", name)
-        api_key = ADMIN_KEY_PREFIX + secrets.token_urlsafe(32)
-        digest = hash_api_key(api_key)
+        api_key, digest = new_api_key(ADMIN_KEY_PREFIX)
         await self._store._script(
             "create admin key",
             self._create_admin_key,
@@ -127,19 +120,12 @@ class AdminStore:
         return IssuedKey(owner=name, key_id=key_id(hash_api_key(api_key)), api_key=api_key)
 
     async def set_disabled(self, name: str, disabled: bool) -> TenantInfo:
-        status, _ = await self._store._script(
-            "disable tenant" if disabled else "enable tenant",
-            self._set_disabled,
-            [tenant_key(name)],
-            ["1" if disabled else "0"],
-        )
-        if status == -1:
-            raise NotFoundError(f"tenant {name} not found")
+        what = "disable tenant" if disabled else "enable tenant"
+        await self._set_flag(what, self._set_disabled, tenant_key(name), disabled, f"tenant {name} not found")
         return await self.tenant(name)
 
     async def create_key(self, tenant: str) -> IssuedKey:
-        api_key = TENANT_KEY_PREFIX + secrets.token_urlsafe(32)
-        digest = hash_api_key(api_key)
+        api_key, digest = new_api_key(TENANT_KEY_PREFIX)
         status, _ = await self._store._script(
             "create key",
             self._create_key,
@@ -176,8 +162,7 @@ class AdminStore:
     async def rotate_key(self, tenant: str, kid: str) -> IssuedKey:
         """A new key replacing ``kid`` in one step: the old one is refused from then on."""
         digest = await self._digest_of(tenant, kid)
-        api_key = TENANT_KEY_PREFIX + secrets.token_urlsafe(32)
-        new = hash_api_key(api_key)
+        api_key, new = new_api_key(TENANT_KEY_PREFIX)
         status, _ = await self._store._script(
             "rotate key",
             self._revoke_key,
@@ -190,11 +175,13 @@ class AdminStore:
 
     # -- nodes --------------------------------------------------------------------------------------
     async def set_cordoned(self, node: str, cordoned: bool) -> None:
-        status, _ = await self._store._script(
-            "cordon node" if cordoned else "uncordon node",
-            self._set_cordoned,
-            [node_key(node)],
-            ["1" if cordoned else "0"],
-        )
+        what = "cordon node" if cordoned else "uncordon node"
+        missing = f"node {node} not found (`adx node list` shows the nodes)"
+        await self._set_flag(what, self._set_cordoned, node_key(node), cordoned, missing)
+
+    async def _set_flag(self, what: str, script: AsyncScript, key: str, on: bool, missing: str) -> None:
+        """An admin's on/off flag on ``key`` (a tenant's disabled, a node's cordon); NotFoundError(``missing``)
+        when there is no such tenant or node."""
+        status, _ = await self._store._script(what, script, [key], ["1" if on else "0"])
         if status == -1:
-            raise NotFoundError(f"node {node} not found (`adx node list` shows the nodes)")
+            raise NotFoundError(missing)

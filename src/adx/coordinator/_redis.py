@@ -12,7 +12,7 @@ Redis servers, not to the sentinels. After a failover the next connection goes t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 from urllib.parse import unquote
 
 import redis.asyncio as aioredis
@@ -59,15 +59,21 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     return SentinelUrl(tuple(sentinels), unquote(parts[0]), int(parts[1]) if len(parts) == 2 else 0, username, password)
 
 
+class _ClientOptions(TypedDict):
+    """What every connection of a client gets, direct or through Sentinel."""
+
+    socket_timeout: float
+    socket_connect_timeout: float
+    retry: Retry
+    client_name: str | None
+
+
 def redis_client(url: str, *, timeout: float, client_name: str | None = None) -> aioredis.Redis:
     """A client for ``url`` with no silent retries (a re-sent CAS script could turn our own success into a
     "stale revision"; failures surface to the caller instead) and ``timeout`` on connect and on each reply."""
-    common: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "retry": Retry(NoBackoff(), 0),
-        "client_name": client_name,
-    }
+    common = _ClientOptions(
+        socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), client_name=client_name
+    )
     if not url.startswith(SENTINEL_SCHEME):
         return aioredis.Redis.from_url(url, **common)
     parsed = parse_sentinel_url(url)

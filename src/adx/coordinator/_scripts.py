@@ -48,6 +48,21 @@ local function admit(node_key, now, cpu, mem, disk)
 end
 """
 
+# Shared fragment: give back what ``env_id`` holds in the node's reservations (RES-4): the hash's entry goes and
+# the node's reserved totals drop by its amounts. Nothing held, nothing changes.
+_RELEASE = """
+local function release(reservations_key, node_key, env_id)
+  local held = redis.call('HGET', reservations_key, env_id)
+  if not held then return end
+  -- Amounts stay strings (Lua numbers are doubles and print large values as 1e+15); Redis rejects "-0".
+  local cpu, mem, disk = string.match(held, '(%d+) (%d+) (%d+)')
+  if cpu ~= '0' then redis.call('HINCRBY', node_key, 'res_cpu', '-' .. cpu) end
+  if mem ~= '0' then redis.call('HINCRBY', node_key, 'res_mem', '-' .. mem) end
+  if disk ~= '0' then redis.call('HINCRBY', node_key, 'res_disk', '-' .. disk) end
+  redis.call('HDEL', reservations_key, env_id)
+end
+"""
+
 # KEYS: env, tenant index, node, node reservations, idempotency key (or a dummy)
 # ARGV: env_id, doc, tenant, node, generation, state, cpu, mem, disk, now, created_at, idem_ttl, route
 CREATE_ENV = fenced(
@@ -97,6 +112,7 @@ end
 #       old checkpoint id ('' = none), new checkpoint id, new checkpoint doc, now
 COMMIT_ENV = fenced(
     _CATALOG
+    + _RELEASE
     + """
 local cur = redis.call('HMGET', KEYS[1], 'rev', 'gen')
 if not cur[1] then return {-1, 'not found'} end
@@ -104,17 +120,7 @@ if cur[1] ~= ARGV[1] then return {0, cur[1]} end
 if ARGV[2] ~= '' and cur[2] ~= ARGV[2] then return {-3, cur[2]} end
 local new_rev = tostring(tonumber(cur[1]) + 1)
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'rev', new_rev, 'state', ARGV[4])
-if ARGV[5] == '1' then
-  local held = redis.call('HGET', KEYS[2], ARGV[7])
-  if held then
-    -- Amounts stay strings (Lua numbers are doubles and print large values as 1e+15); Redis rejects "-0".
-    local cpu, mem, disk = string.match(held, '(%d+) (%d+) (%d+)')
-    if cpu ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_cpu', '-' .. cpu) end
-    if mem ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_mem', '-' .. mem) end
-    if disk ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_disk', '-' .. disk) end
-    redis.call('HDEL', KEYS[2], ARGV[7])
-  end
-end
+if ARGV[5] == '1' then release(KEYS[2], KEYS[3], ARGV[7]) end
 if ARGV[6] ~= '0' then
   redis.call('ZREM', KEYS[4], ARGV[7])
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
@@ -222,21 +228,15 @@ return {1, ''}
 # ARGV: env_id, route (published so route caches drop it)
 # Returns {1, ''} retired, {-1, ''} no such record, {0, rev} started (or changed) meanwhile: kept.
 RETIRE_UNSTARTED_ENV = fenced(
-    """
+    _RELEASE
+    + """
 local cur = redis.call('HMGET', KEYS[1], 'rev', 'state')
 if not cur[1] then
   if redis.call('GET', KEYS[5]) == ARGV[1] then redis.call('DEL', KEYS[5]) end
   return {-1, ''}
 end
 if cur[1] ~= '1' or cur[2] ~= 'pending' then return {0, cur[1]} end
-local held = redis.call('HGET', KEYS[4], ARGV[1])
-if held then
-  local cpu, mem, disk = string.match(held, '(%d+) (%d+) (%d+)')
-  if cpu ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_cpu', '-' .. cpu) end
-  if mem ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_mem', '-' .. mem) end
-  if disk ~= '0' then redis.call('HINCRBY', KEYS[3], 'res_disk', '-' .. disk) end
-  redis.call('HDEL', KEYS[4], ARGV[1])
-end
+release(KEYS[4], KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('GET', KEYS[5]) == ARGV[1] then redis.call('DEL', KEYS[5]) end

@@ -14,27 +14,19 @@ from __future__ import annotations
 
 import time
 
-from adx.coordinator._scripts import fenced
-from adx.coordinator._store import (
+from adx.coordinator._keys import (
     RETIRED_CHECKPOINTS,
     SNAPSHOT_CHECKPOINTS,
-    CoordinatorStore,
-    _text,
+    SNAPSHOT_EXPIRY,
     checkpoint_key,
+    snapshot_key,
+    tenant_snapshots_key,
 )
+from adx.coordinator._redis_store import _text
+from adx.coordinator._scripts import fenced
+from adx.coordinator._store import CoordinatorStore
 from adx.errors import NotFoundError
 from adx.model import Snapshot
-
-SNAPSHOT_EXPIRY = "adx:snaps-expiry"
-
-
-def snapshot_key(snapshot_id: str) -> str:
-    return f"adx:snap:{snapshot_id}"
-
-
-def tenant_snapshots_key(tenant: str) -> str:
-    return f"adx:snaps:{tenant}"
-
 
 # KEYS: snapshot, tenant index, expiry index, snapshot checkpoints, checkpoint
 # ARGV: id, doc, tenant, name, created_at, expires_at ('' = never), checkpoint id, checkpoint doc, source env

@@ -1,13 +1,9 @@
 """The Coordinator's store on Redis: the only authority for Environments, nodes, tenants and API keys.
 
-Every change that touches more than one key, or must not overwrite a newer version, is one Lua script
-(``_scripts``). Redis errors are translated here: a connection failure before a command was sent is
-UnavailableError; a failure after it may have been applied is UncertainOutcomeError, and callers must
-reload the authoritative record before acting (CRD-2).
-
-High availability: the daemon's store is fenced (``fence_with``): every script carries the leader lease's
-value and refuses to write when the lease is no longer this replica's (NotLeader). With ``wait_replicas``,
-each write also waits (``WAIT``) for that many replicas to have it before it is acknowledged.
+This module holds Environments (create with its placement reservation, CAS commits, resume intents), tenants
+and their API keys, the checkpoint catalog's reads and the route publications. The nodes are
+``_node_store``'s; how every write reaches Redis (one fenced Lua script each, replica acknowledgement, errors
+translated for CRD-2) is ``_redis_store``'s; the key layout is ``_keys``'s.
 """
 
 from __future__ import annotations
@@ -16,107 +12,61 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from adx.coordinator import _scripts
-from adx.coordinator._lease import LEASE_KEY
+from adx.coordinator._keys import (
+    RETIRED_CHECKPOINTS,
+    ROUTES_CHANNEL,
+    SNAPSHOT_CHECKPOINTS,
+    TENANT_SET,
+    api_key_key,
+    checkpoint_key,
+    env_key,
+    idempotency_key,
+    node_key,
+    node_reservations_key,
+    tenant_index_key,
+    tenant_key,
+    tenant_keys_key,
+)
+from adx.coordinator._node_store import NodeRegistry
 from adx.coordinator._redis import redis_client
+from adx.coordinator._redis_store import ScriptArg, _text
 from adx.errors import (
-    AdxError,
     ConflictError,
     InvalidInputError,
     NoCapacityError,
     NotFoundError,
     SessionRejectedError,
     UnavailableError,
-    UncertainOutcomeError,
 )
-from adx.model import MAX_CPU_OVERCOMMIT, CheckpointRef, EnvironmentRecord, EnvironmentState, NodeRecord, Resources
+from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState
 from adx.model._records import RecordChanges
 
-T = TypeVar("T")
-
-ROUTES_CHANNEL = "adx:routes"
-NODE_SET = "adx:nodes"
 API_KEY_PREFIX = "adxk_"
 DELETED_RECORD_TTL_SECONDS = 24 * 3600
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
-
-
-def env_key(env_id: str) -> str:
-    return f"adx:env:{env_id}"
-
-
-def tenant_index_key(tenant: str) -> str:
-    return f"adx:tenant-envs:{tenant}"
-
-
-def tenant_key(name: str) -> str:
-    return f"adx:tenant:{name}"
-
-
-TENANT_SET = "adx:tenants"
-
-
-def tenant_keys_key(name: str) -> str:
-    """The tenant's key index: key hash -> created_at (admin list, revoke, rotate)."""
-    return f"adx:tenant-keys:{name}"
-
-
-def api_key_key(digest: str) -> str:
-    return f"adx:apikey:{digest}"
-
-
-def node_key(name: str) -> str:
-    return f"adx:node:{name}"
-
-
-def node_reservations_key(name: str) -> str:
-    return f"adx:node-res:{name}"
-
-
-def checkpoint_key(checkpoint_id: str) -> str:
-    return f"adx:ckpt:{checkpoint_id}"
-
-
-RETIRED_CHECKPOINTS = "adx:ckpts-retired"
-#: The artifacts snapshots hold (adx.coordinator._snapshot_store): referenced, though no record names them.
-SNAPSHOT_CHECKPOINTS = "adx:snap-ckpts"
-
-
-def idempotency_key(tenant: str, key: str) -> str:
-    return f"adx:idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
-
-
-ScriptArg = str | int | float
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _never_connected(exc: redis_errors.ConnectionError) -> bool:
-    # redis-py words connect failures as "Error <errno> connecting to host:port."
-    return isinstance(exc.__cause__, ConnectionRefusedError) or " connecting to " in str(exc)
 
 
 def hash_api_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
+def new_api_key(prefix: str) -> tuple[str, str]:
+    """A new secret (API key, admin key, endpoint token) starting with ``prefix``, and its hash: only the hash is
+    stored (SEC-2, SEC-4); the secret is shown once."""
+    secret = prefix + secrets.token_urlsafe(32)
+    return secret, hash_api_key(secret)
+
+
 #: The node's session is not the registered one: the node must re-register (NOD-6).
 SessionRejected = SessionRejectedError
-
-
-class NotLeader(UnavailableError):
-    """This replica no longer holds the leader lease: Redis refused the write (fencing), nothing changed."""
-
-    code = "not_leader"
 
 
 #: The node refused the reservation (capacity, expired sample, closed admission).
@@ -147,19 +97,15 @@ def _route(record: EnvironmentRecord) -> str:
     )
 
 
-class CoordinatorStore:
+class CoordinatorStore(NodeRegistry):
+    """Environments, tenants and API keys, the checkpoint catalog and route publications; nodes are
+    :class:`NodeRegistry`'s, the Redis access (fencing, WAIT, errors) :class:`RedisStore`'s."""
+
     def __init__(self, client: aioredis.Redis, *, wait_replicas: int = 0, wait_timeout: float = 1.0) -> None:
-        self._redis = client
-        self._fence = ""  # the leader lease value every script must find in Redis ('' = unfenced)
-        self._on_fenced: Callable[[str], None] | None = None
-        self._wait_replicas = wait_replicas
-        self._wait_timeout_ms = max(1, round(wait_timeout * 1000))
+        super().__init__(client, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
         self._create_tenant = client.register_script(_scripts.CREATE_TENANT)
         self._create_env = client.register_script(_scripts.CREATE_ENV)
         self._commit_env = client.register_script(_scripts.COMMIT_ENV)
-        self._register_node = client.register_script(_scripts.REGISTER_NODE)
-        self._heartbeat = client.register_script(_scripts.HEARTBEAT)
-        self._report_capacity = client.register_script(_scripts.REPORT_CAPACITY)
         self._resume_env = client.register_script(_scripts.RESUME_ENV)
         self._forget_checkpoint = client.register_script(_scripts.FORGET_CHECKPOINT)
 
@@ -170,76 +116,13 @@ class CoordinatorStore:
         """``url``: redis://, rediss://, unix:// or redis+sentinel:// (``_redis``)."""
         return cls(redis_client(url, timeout=timeout), wait_replicas=wait_replicas, wait_timeout=wait_timeout)
 
-    def fence_with(self, lease_value: str, on_fenced: Callable[[str], None]) -> None:
-        """From now on every write requires the leader lease to hold ``lease_value``; ``on_fenced(holder)``
-        is told when Redis refused one (the caller stops serving)."""
-        self._fence = lease_value
-        self._on_fenced = on_fenced
-
-    async def _script(self, what: str, script: Any, keys: list[str], args: list[ScriptArg]) -> tuple[int, Any]:
-        """Run a fenced write script; raises NotLeader when this replica's lease is gone (nothing written)."""
-        keys = [*keys, LEASE_KEY]
-        args = [*args, self._fence]
-
-        async def op() -> Any:
-            if not self._wait_replicas:
-                return await script(keys=keys, args=args)
-            # WAIT must follow the write on the same connection: one pipeline (not a transaction).
-            async with self._redis.pipeline(transaction=False) as pipe:
-                await script(keys=keys, args=args, client=pipe)
-                pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
-                result, acks = await pipe.execute()
-            if int(result[0]) == 1 and int(acks) < self._wait_replicas:
-                raise UncertainOutcomeError(
-                    f"{what}: written on the Redis primary but confirmed by {acks} of {self._wait_replicas} "
-                    "replicas in time (redis_wait_replicas); a failover now could lose it"
-                )
-            return result
-
-        status, detail = await self._call(what, op, writes=True)
-        if int(status) == _scripts.FENCED:
-            holder = _text(detail)
-            if self._on_fenced is not None:
-                self._on_fenced(holder)
-            raise NotLeader(f"{what}: refused: this Coordinator replica lost the leader lease (standby)")
-        return int(status), detail
-
-    async def close(self) -> None:
-        await self._redis.aclose()
-
-    async def _call(self, what: str, op: Callable[[], Awaitable[T]], *, writes: bool) -> T:
-        try:
-            return await op()
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            # The server went away or stalled: its other pooled connections are as suspect as this one.
-            await self._redis.connection_pool.disconnect(inuse_connections=False)
-            raise self._translate(what, exc, writes) from exc
-        except redis_errors.RedisError as exc:
-            raise UnavailableError(f"{what}: Redis error: {exc}") from exc
-
-    @staticmethod
-    def _translate(what: str, exc: redis_errors.RedisError, writes: bool) -> AdxError:
-        if isinstance(exc, redis_errors.ConnectionError):
-            # A connection that could not be made never carried the command; a lost one may have.
-            if writes and not _never_connected(exc):
-                return UncertainOutcomeError(f"{what}: connection lost after sending; outcome unknown")
-            return UnavailableError(f"{what}: Redis unavailable: {exc}")
-        if writes:
-            return UncertainOutcomeError(f"{what}: Redis timed out; outcome unknown")
-        return UnavailableError(f"{what}: Redis timed out")
-
-    async def ping(self) -> None:
-        await self._call("ping", self._redis.ping, writes=False)
-
     # -- tenants and API keys (SEC-2: only hashes are stored) ---------------------------------------------
     async def create_tenant(self, name: str) -> str:
         """Create tenant ``name`` (or add a key to it) and return a new API key, shown only once."""
         if not name or len(name) > 64 or not all(c.isalnum() or c in "-_" for c in name):
             raise InvalidInputError("name", "must be 1-64 letters, digits, '-' or '_'")
-        api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        api_key, digest = new_api_key(API_KEY_PREFIX)
         now = time.time()
-
-        digest = hash_api_key(api_key)
         keys = [tenant_key(name), TENANT_SET, api_key_key(digest), tenant_keys_key(name)]
         await self._script("create tenant", self._create_tenant, keys, [repr(now), name, digest])
         return api_key
@@ -312,7 +195,7 @@ class CoordinatorStore:
 
         async def scan() -> list[EnvironmentRecord]:
             records = []
-            async for key in self._redis.scan_iter(match="adx:env:*", count=batch):
+            async for key in self._redis.scan_iter(match=env_key("*"), count=batch):
                 doc = await self._redis.hget(key, "doc")
                 if doc is not None:
                     records.append(EnvironmentRecord.model_validate_json(doc))
@@ -470,103 +353,6 @@ class CoordinatorStore:
         await self._call("subscribe routes", lambda: pubsub.subscribe(ROUTES_CHANNEL), writes=False)
         return _route_messages(pubsub)
 
-    # -- nodes ------------------------------------------------------------------------------------
-    async def register_node(
-        self,
-        name: str,
-        *,
-        session: str,
-        address: str,
-        relay_address: str = "",
-        session_ttl: float = 15.0,
-        checkpoint_capable: bool = False,
-        shared_storage: bool = False,
-    ) -> str:
-        """Register (or re-register) a node under a new process session; returns the previous session."""
-        args: list[ScriptArg] = [
-            session,
-            session_ttl,
-            time.time(),
-            address,
-            relay_address,
-            int(checkpoint_capable),
-            int(shared_storage),
-            name,
-        ]
-        _, previous = await self._script("register node", self._register_node, [node_key(name), NODE_SET], args)
-        return _text(previous)
-
-    async def heartbeat(self, name: str, session: str, session_ttl: float = 15.0) -> None:
-        status, detail = await self._script(
-            "heartbeat", self._heartbeat, [node_key(name)], [session, session_ttl, time.time()]
-        )
-        self._check_node_status(name, status, detail)
-
-    async def report_capacity(
-        self,
-        name: str,
-        session: str,
-        capacity: Resources,
-        *,
-        valid_for: float,
-        admission_open: bool = True,
-        admission_reason: str = "",
-        devices: Sequence[str] = (),
-        cpu_overcommit: float = 1.0,
-    ) -> None:
-        """Replace the node's capacity sample (RES-4). ``cpu_overcommit``: how far its CPU reservations may exceed
-        its CPU capacity (0: a node that does not say, i.e. one of an earlier version: 1.0, no overcommit)."""
-        ratio = cpu_overcommit or 1.0
-        if not 1.0 <= ratio <= MAX_CPU_OVERCOMMIT:  # also refuses NaN
-            raise InvalidInputError("cpuOvercommit", f"must be between 1 and {MAX_CPU_OVERCOMMIT:g}, got {ratio!r}")
-        args: list[ScriptArg] = [
-            session,
-            capacity.cpu_millis,
-            capacity.memory_bytes,
-            capacity.disk_bytes,
-            time.time() + valid_for,
-            "1" if admission_open else "0",
-            admission_reason,
-            json.dumps(list(devices)),
-            repr(ratio),
-        ]
-        status, detail = await self._script("report capacity", self._report_capacity, [node_key(name)], args)
-        self._check_node_status(name, status, detail)
-
-    @staticmethod
-    def _check_node_status(name: str, status: int, detail: Any) -> None:
-        if status == 1:
-            return
-        if status == -1:
-            raise NotFoundError(f"node {name} is not registered")
-        raise SessionRejected(f"node {name}: session is not the registered one")
-
-    async def get_node(self, name: str) -> NodeRecord:
-        raw = await self._call("get node", lambda: self._redis.hgetall(node_key(name)), writes=False)
-        if not raw:
-            raise NotFoundError(f"node {name} not found")
-        return _node_from_hash(name, {_text(k): _text(v) for k, v in raw.items()})
-
-    async def list_nodes(self) -> list[NodeRecord]:
-        names = await self._call("list nodes", lambda: self._redis.smembers(NODE_SET), writes=False)
-        nodes = []
-        for raw in sorted(names):
-            try:
-                nodes.append(await self.get_node(_text(raw)))
-            except NotFoundError:
-                continue
-        return nodes
-
-    async def node_reservations(self, name: str) -> dict[str, Resources]:
-        raw = await self._call(
-            "node reservations", lambda: self._redis.hgetall(node_reservations_key(name)), writes=False
-        )
-        out = {}
-        for env_id, held in raw.items():
-            cpu, mem, disk = (int(x) for x in _text(held).split())
-            out[_text(env_id)] = Resources(cpu_millis=cpu, memory_bytes=mem, disk_bytes=disk)
-        return out
-
 
 async def _route_messages(pubsub: Any) -> AsyncGenerator[RouteMessage, None]:
     try:
@@ -579,34 +365,6 @@ async def _route_messages(pubsub: Any) -> AsyncGenerator[RouteMessage, None]:
                 yield json.loads(message["data"])
     finally:
         await pubsub.aclose()
-
-
-def _node_from_hash(name: str, h: dict[str, str]) -> NodeRecord:
-    return NodeRecord(
-        name=name,
-        address=h.get("address", ""),
-        relay_address=h.get("relay_address", ""),
-        session=h.get("session", ""),
-        session_expires_at=float(h.get("session_expires_at", 0)),
-        capacity=Resources(
-            cpu_millis=int(h.get("cap_cpu", 0)),
-            memory_bytes=int(h.get("cap_mem", 0)),
-            disk_bytes=int(h.get("cap_disk", 0)),
-        ),
-        capacity_valid_until=float(h.get("cap_valid_until", 0)),
-        admission_open=h.get("admission") == "1",
-        admission_reason=h.get("admission_reason", ""),
-        devices=json.loads(h.get("devices") or "[]"),
-        reserved=Resources(
-            cpu_millis=int(h.get("res_cpu", 0)),
-            memory_bytes=int(h.get("res_mem", 0)),
-            disk_bytes=int(h.get("res_disk", 0)),
-        ),
-        checkpoint_capable=h.get("checkpoint_capable") == "1",
-        shared_storage=h.get("shared_storage") == "1",
-        cpu_overcommit=float(h.get("cpu_overcommit") or 1.0),
-        cordoned=h.get("cordoned") == "1",
-    )
 
 
 async def retire_unstarted_environment(

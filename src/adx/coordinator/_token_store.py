@@ -11,13 +11,14 @@ reclaimed by ``sweep`` (the Coordinator runs it every minute): revoked in the sa
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from functools import partial
 from typing import Any
 
+from adx.coordinator._keys import ROUTES_CHANNEL, env_key, env_tokens_key, token_key
+from adx.coordinator._redis_store import ScriptArg, _text
 from adx.coordinator._scripts import fenced
-from adx.coordinator._store import ROUTES_CHANNEL, CoordinatorStore, ScriptArg, env_key, hash_api_key
+from adx.coordinator._store import CoordinatorStore, hash_api_key, new_api_key
 from adx.errors import ConflictError, NotFoundError
 from adx.model import (
     ENDPOINT_TOKEN_PREFIX,
@@ -33,14 +34,6 @@ from adx.model import (
 EXPIRED_KEPT_SECONDS = 86_400
 #: The route channel message field that carries a revoked token's ID (WatchRoutes turns it into a RouteEvent).
 REVOKED_FIELD = "revokedToken"
-
-
-def token_key(digest: str) -> str:
-    return f"adx:etoken:{digest}"
-
-
-def env_tokens_key(env_id: str) -> str:
-    return f"adx:env-tokens:{env_id}"
 
 
 # KEYS: environment, token, the Environment's token index
@@ -89,11 +82,7 @@ end
 return {1, tostring(#KEYS - 3)}
 """
 )
-ENV_TOKENS_PATTERN = "adx:env-tokens:*"
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+ENV_TOKENS_PATTERN = env_tokens_key("*")
 
 
 def _info(fields: dict[str, str]) -> EndpointTokenInfo:
@@ -115,8 +104,7 @@ class TokenStore:
         self._forget = self._redis.register_script(FORGET_TOKENS)
 
     async def create(self, tenant: str, env_id: str, request: EndpointTokenRequest) -> IssuedEndpointToken:
-        token = ENDPOINT_TOKEN_PREFIX + secrets.token_urlsafe(32)
-        digest = hash_api_key(token)
+        token, digest = new_api_key(ENDPOINT_TOKEN_PREFIX)
         now = time.time()
         expires_at = now + request.ttl_seconds if request.ttl_seconds is not None else None
         info = EndpointTokenInfo(

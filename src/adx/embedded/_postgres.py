@@ -19,7 +19,7 @@ from psycopg import sql
 
 from adx.config import PostgresServerConfig
 from adx.embedded._binaries import postgres_bin_dir, unshare_binary
-from adx.embedded._process import MAX_UNIX_SOCKET_PATH, ManagedServer
+from adx.embedded._process import MAX_UNIX_SOCKET_PATH, ManagedServer, listen_and_timeouts
 from adx.errors import UnavailableError
 
 _NOBODY = 65534
@@ -36,13 +36,7 @@ class EmbeddedPostgres(ManagedServer):
         self, state_dir: Path, config: PostgresServerConfig | None = None, bin_dir: Path | None = None
     ) -> None:
         self.config = config or PostgresServerConfig()
-        super().__init__(
-            state_dir,
-            self.config.host,
-            self.config.port,
-            self.config.start_timeout_seconds,
-            self.config.stop_timeout_seconds,
-        )
+        super().__init__(state_dir, *listen_and_timeouts(self.config))
         self.bin_dir = postgres_bin_dir(bin_dir, self.config.major)
         self.data_dir = self.dir / "data"
         self._as_root = os.geteuid() == 0

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 from adx._fs import atomic_write_json, exclusive_lock
 from adx.errors import UnavailableError
@@ -102,6 +103,28 @@ def tail(path: Path, lines: int = 8) -> str:
 
 class PortInUse(Exception):
     """Internal: the server failed to bind its port (mapped to UnavailableError at the boundary)."""
+
+
+class ServerSettings(Protocol):
+    """The part of a server's configuration section (``RedisServerConfig``, ``PostgresServerConfig``) that says
+    where it listens and how long it may take to start and to stop."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def start_timeout_seconds(self) -> float: ...
+
+    @property
+    def stop_timeout_seconds(self) -> float: ...
+
+
+def listen_and_timeouts(settings: ServerSettings) -> tuple[str, int, float, float]:
+    """``settings`` as :class:`ManagedServer`'s host, port, start and stop timeout arguments."""
+    return settings.host, settings.port, settings.start_timeout_seconds, settings.stop_timeout_seconds
 
 
 class ManagedServer:

@@ -8,7 +8,7 @@ import redis
 
 from adx.config import RedisServerConfig
 from adx.embedded._binaries import redis_server_binary
-from adx.embedded._process import MAX_UNIX_SOCKET_PATH, ManagedServer
+from adx.embedded._process import MAX_UNIX_SOCKET_PATH, ManagedServer, listen_and_timeouts
 
 
 class EmbeddedRedis(ManagedServer):
@@ -23,13 +23,7 @@ class EmbeddedRedis(ManagedServer):
 
     def __init__(self, state_dir: Path, config: RedisServerConfig | None = None, binary: Path | None = None) -> None:
         self.config = config or RedisServerConfig()
-        super().__init__(
-            state_dir,
-            self.config.host,
-            self.config.port,
-            self.config.start_timeout_seconds,
-            self.config.stop_timeout_seconds,
-        )
+        super().__init__(state_dir, *listen_and_timeouts(self.config))
         self.binary = redis_server_binary(binary)
         self.data_dir = self.dir / "data"
 

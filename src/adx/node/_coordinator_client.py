@@ -11,6 +11,7 @@ import grpc
 from adx._grpc_errors import from_rpc_error
 from adx.model import CheckpointRef, EnvironmentRecord
 from adx.model._records import RecordChanges
+from adx.node._replay import WireCommit
 from adx.proto import coordinator_pb2 as pb
 
 if TYPE_CHECKING:
@@ -34,37 +35,25 @@ class CoordinatorSink:
     async def commit(
         self, record: EnvironmentRecord, changes: RecordChanges, *, release_reservation: bool = False
     ) -> EnvironmentRecord:
+        wire = wire_changes(record, changes)
         return await self.commit_wire(
-            record.id,
-            record.revision,
-            record.generation,
-            wire_changes(record, changes),
-            release_reservation=release_reservation,
+            WireCommit(record.id, record.revision, record.generation, wire, release_reservation=release_reservation)
         )
 
-    async def commit_wire(
-        self,
-        env_id: str,
-        expected_revision: int,
-        expected_generation: int,
-        changes: dict[str, object],
-        *,
-        release_reservation: bool = False,
-    ) -> EnvironmentRecord:
-        """One compare-and-set commit of ``changes`` (wire names), e.g. a journaled result being replayed."""
+    async def commit_wire(self, commit: WireCommit) -> EnvironmentRecord:
         request = pb.CommitResultRequest(
             node=self.node,
             session=self._session(),
-            environment_id=env_id,
-            expected_revision=expected_revision,
-            expected_generation=expected_generation,
-            changes_json=json.dumps(changes),
-            release_reservation=release_reservation,
+            environment_id=commit.env_id,
+            expected_revision=commit.expected_revision,
+            expected_generation=commit.expected_generation,
+            changes_json=json.dumps(commit.changes),
+            release_reservation=commit.release_reservation,
         )
         try:
             reply = await self.stub.CommitResult(request, timeout=self.rpc_timeout)
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"commit {env_id}") from None
+            raise from_rpc_error(exc, f"commit {commit.env_id}") from None
         return EnvironmentRecord.model_validate_json(reply.environment_json)
 
     async def catalog(self, *, with_references: bool = False) -> list[EnvironmentRecord]:

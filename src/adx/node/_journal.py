@@ -84,28 +84,9 @@ def spec_digest(spec: EnvironmentSpec) -> str:
 
 
 @dataclass(frozen=True)
-class PendingResult:
-    """One commit the Coordinator has not stored yet: ``changes`` (wire names) applied on ``base_revision``
-    of ownership ``generation`` produce ``revision``."""
-
-    seq: int
-    env_id: str
-    generation: int
-    base_revision: int
-    revision: int
-    base_state: EnvironmentState
-    base_execution_id: str | None
-    state: EnvironmentState
-    execution_id: str | None
-    changes: dict[str, object]
-    release_reservation: bool
-    spec_digest: str
-    recorded_at: float
-
-
-@dataclass(frozen=True)
 class NewResult:
-    """What a Controller hands to :meth:`DegradationJournal.append` (the sequence number is the journal's)."""
+    """One commit a Controller hands to :meth:`DegradationJournal.append`: ``changes`` (wire names) applied on
+    ``base_revision`` of ownership ``generation`` produce ``revision``."""
 
     env_id: str
     generation: int
@@ -121,6 +102,15 @@ class NewResult:
     @property
     def revision(self) -> int:
         return self.base_revision + 1
+
+
+@dataclass(frozen=True)
+class PendingResult(NewResult):
+    """A result as the journal holds it until the Coordinator has stored it: with its place in the journal's
+    order (``seq``) and when it was recorded."""
+
+    seq: int
+    recorded_at: float
 
 
 class JournalCorruptError(InvalidInputError):
@@ -389,12 +379,14 @@ def _entry(row: tuple[Any, ...]) -> PendingResult:
     changes = json.loads(row[9])
     if not isinstance(changes, dict):
         raise ValueError(f"entry {row[0]}: changes is not an object")
+    if int(row[4]) != int(row[3]) + 1:
+        # The revision column is stored for the UNIQUE key; a commit always produces its base revision + 1.
+        raise ValueError(f"entry {row[0]}: revision {row[4]} does not follow base revision {row[3]}")
     return PendingResult(
         seq=int(row[0]),
         env_id=str(row[1]),
         generation=int(row[2]),
         base_revision=int(row[3]),
-        revision=int(row[4]),
         base_state=EnvironmentState(row[5]),
         base_execution_id=row[6],
         state=EnvironmentState(row[7]),

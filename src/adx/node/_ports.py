@@ -114,10 +114,7 @@ async def http_over_socket(
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()
         while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await reader.read(65536))
-                continue
+            event = await _next_event(conn, reader)
             if isinstance(event, h11.Response):
                 break
             if isinstance(event, h11.ConnectionClosed):
@@ -129,10 +126,7 @@ async def http_over_socket(
     async def stream() -> AsyncIterator[bytes]:
         try:
             while True:
-                next_event = conn.next_event()
-                if next_event is h11.NEED_DATA:
-                    conn.receive_data(await reader.read(65536))
-                    continue
+                next_event = await _next_event(conn, reader)
                 if isinstance(next_event, h11.Data):
                     yield bytes(next_event.data)
                 elif isinstance(next_event, h11.EndOfMessage | h11.ConnectionClosed):
@@ -142,3 +136,15 @@ async def http_over_socket(
 
     response_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
     return PortResponse(event.status_code, response_headers, stream())
+
+
+async def _next_event(
+    conn: h11.Connection, reader: asyncio.StreamReader
+) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+    """The next event of ``conn``, reading from ``reader`` as long as h11 needs more data (so never NEED_DATA;
+    the type is h11's own, which mypy does not narrow on ``is``)."""
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        conn.receive_data(await reader.read(65536))

@@ -39,7 +39,7 @@ from adx.errors import (
     NotFoundError,
     UnavailableError,
 )
-from adx.node._ports import NamespaceConnector, http_over_socket
+from adx.node._ports import NamespaceConnector, PortResponse, http_over_socket
 
 log = logging.getLogger("adx.node.relay")
 
@@ -240,16 +240,7 @@ class Relay:
         except (OSError, h11.ProtocolError) as exc:
             self.streams.closed(env_id)
             return _error(502, "port_unavailable", f"port {port}: {exc}")
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.body:
-                    yield chunk
-            finally:
-                self.streams.closed(env_id)
-
-        response_headers = {k: v for k, v in upstream.headers if k.lower() not in _DROP_HEADERS}
-        return StreamingResponse(body(), status_code=upstream.status, headers=response_headers)
+        return self._stream_back(env_id, upstream)
 
     async def websocket_port(self, websocket: WebSocket) -> None:
         """A WebSocket to a user's service on ``port``: opened there with the client's path, query, headers and
@@ -311,6 +302,10 @@ class Relay:
             self.streams.closed(env_id)
             detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {detail}")
+        return self._stream_back(env_id, upstream)
+
+    def _stream_back(self, env_id: str, upstream: PortResponse) -> StreamingResponse:
+        """``upstream``'s answer to the caller; the stream ``env_id`` holds open (IDLE-2) ends with its body."""
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -360,14 +355,6 @@ async def serve_relay(relay: Relay, listen: str, certs: CertPaths) -> RelayServe
 async def serve_asgi(app: Any, listen: str, certs: CertPaths | None, what: str) -> RelayServer:
     """Serve an ASGI app on ``host:port`` inside this event loop; mutual TLS when ``certs`` are given."""
     host, _, port = listen.rpartition(":")
-    tls: dict[str, Any] = {}
-    if certs is not None:
-        tls = {
-            "ssl_certfile": str(certs.cert),
-            "ssl_keyfile": str(certs.key),
-            "ssl_ca_certs": str(certs.ca),
-            "ssl_cert_reqs": ssl.CERT_REQUIRED,
-        }
     config = uvicorn.Config(
         app,
         host=host or "127.0.0.1",
@@ -383,7 +370,11 @@ async def serve_asgi(app: Any, listen: str, certs: CertPaths | None, what: str) 
         # WebSocket through port routing (adx._wsproxy): wsproto, with the proxy's own message limit.
         ws="wsproto",
         ws_max_size=MAX_MESSAGE_BYTES,
-        **tls,
+        # No certificates: plain TCP (uvicorn's defaults: no certificate, CERT_NONE).
+        ssl_certfile=None if certs is None else str(certs.cert),
+        ssl_keyfile=None if certs is None else str(certs.key),
+        ssl_ca_certs=None if certs is None else str(certs.ca),
+        ssl_cert_reqs=ssl.CERT_NONE if certs is None else ssl.CERT_REQUIRED,
     )
     server = EmbeddedUvicorn(config)
     task = asyncio.create_task(server.serve(), name=what)

@@ -27,16 +27,20 @@ from adx.node._journal import DegradationJournal, PendingResult, spec_digest
 log = logging.getLogger("adx.node.journal")
 
 
+@dataclass(frozen=True)
+class WireCommit:
+    """One compare-and-set commit of ``changes`` (wire names) on the record's ``expected_revision`` of ownership
+    ``expected_generation``, e.g. a journaled result being replayed."""
+
+    env_id: str
+    expected_revision: int
+    expected_generation: int
+    changes: dict[str, object]
+    release_reservation: bool = False
+
+
 class WireCommitter(Protocol):
-    async def commit_wire(
-        self,
-        env_id: str,
-        expected_revision: int,
-        expected_generation: int,
-        changes: dict[str, object],
-        *,
-        release_reservation: bool = False,
-    ) -> EnvironmentRecord: ...
+    async def commit_wire(self, commit: WireCommit) -> EnvironmentRecord: ...
 
 
 class ReplayEnd(enum.Enum):
@@ -143,11 +147,7 @@ def _landed(entries: list[PendingResult], current: EnvironmentRecord | None) -> 
 
 async def _commit(sink: WireCommitter, entry: PendingResult, on_revision: int) -> EnvironmentRecord:
     return await sink.commit_wire(
-        entry.env_id,
-        on_revision,
-        entry.generation,
-        entry.changes,
-        release_reservation=entry.release_reservation,
+        WireCommit(entry.env_id, on_revision, entry.generation, entry.changes, entry.release_reservation)
     )
 
 
