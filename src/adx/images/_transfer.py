@@ -125,7 +125,7 @@ class LayerReceiver:
 
     async def feed(self, data: bytes) -> None:
         assert self._proc is not None and self._proc.stdin is not None
-        self._hash.update(data)
+        await asyncio.to_thread(self._hash.update, data)  # hashlib drops the GIL: off the loop
         self.received += len(data)
         try:
             self._proc.stdin.write(data)

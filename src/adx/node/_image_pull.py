@@ -54,7 +54,8 @@ class Peer:
 
 @dataclass
 class PullReport:
-    """What one pull did: from where, which layers it fetched, how many bytes, how long."""
+    """What one pull did: from where, which layers it fetched itself (not those another pull here fetched at the
+    same time, nor those the store had), how many bytes, how long."""
 
     image: str
     source: str
@@ -82,7 +83,7 @@ async def layer_chunks(store: ImageStore, digest: str) -> AsyncIterator[pb.Layer
     size = 0
     index = 0
     async for chunk in layer_stream(store, digest):
-        h.update(chunk)
+        await asyncio.to_thread(h.update, chunk)  # hashlib drops the GIL: the loop serves on meanwhile
         size += len(chunk)
         sent = chunk if send_fault is None else await send_fault(index, chunk)
         index += 1
@@ -111,7 +112,6 @@ class ImagePuller:
         self._store: ImageStore | None = None
         self._images: dict[str, asyncio.Future[PullReport | None]] = {}
         self._layers: dict[str, asyncio.Future[int]] = {}
-        self._swept = False
 
     async def ensure(self, name: str | None) -> PullReport | None:
         """Make image ``name`` (None: ``base``) present in this node's store, pulling it when it is not: None
@@ -144,11 +144,9 @@ class ImagePuller:
         return [Peer(name, address) for name, address in sorted((await self._peer_map()).items())]
 
     async def _pull_once(self, store: ImageStore, name: str, source: Peer | None) -> PullReport | None:
-        if not self._swept:
-            removed = await asyncio.to_thread(remove_dead_pull_staging, store)
-            if removed:
-                log.info("removed the staging of %d interrupted pulls", len(removed), extra={"node": self.node})
-            self._swept = True
+        removed = await asyncio.to_thread(remove_dead_pull_staging, store)
+        if removed:
+            log.info("removed the staging of %d interrupted pulls", len(removed), extra={"node": self.node})
         started = time.monotonic()
         peer, manifest, infos = await self._find(name, source)
         report = PullReport(image=name, source=peer.name)
@@ -165,8 +163,10 @@ class ImagePuller:
         async with grpc.aio.secure_channel(peer.address, self.credentials) as channel:
             stub = pb_grpc.NodeStub(channel)
             for i, info in enumerate(missing, 1):
-                report.bytes += await self._layer_once(store, stub, peer, info)
-                report.layers_pulled.append(info.digest)
+                fetched = await self._layer_once(store, stub, peer, info)
+                if fetched is not None:
+                    report.bytes += fetched
+                    report.layers_pulled.append(info.digest)
                 log.info(
                     "image %s: layer %d/%d (%s) in, %.1f MiB so far",
                     name,
@@ -219,12 +219,15 @@ class ImagePuller:
             details={"field": "image", "image": name},
         )
 
-    async def _layer_once(self, store: ImageStore, stub: pb_grpc.NodeAsyncStub, peer: Peer, info: LayerInfo) -> int:
-        """Pull one layer unless another pull of it is running here (then wait for that one): bytes fetched."""
+    async def _layer_once(
+        self, store: ImageStore, stub: pb_grpc.NodeAsyncStub, peer: Peer, info: LayerInfo
+    ) -> int | None:
+        """Pull one layer unless another pull of it is running here (then wait for that one, and None): the
+        bytes fetched."""
         running = self._layers.get(info.digest)
         if running is not None:
             await asyncio.shield(running)
-            return 0
+            return None
         future = asyncio.ensure_future(self._fetch_layer(store, stub, peer, info))
         self._layers[info.digest] = future
         future.add_done_callback(lambda _: self._layers.pop(info.digest, None))
