@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adx.errors import UnavailableError
+from adx.errors import InvalidInputError, UnavailableError
 from adx.images import ImageStore, LayerInfo, layer_digest
 from adx.images._transfer import LayerReceiver, layer_stream, remove_dead_pull_staging
 
@@ -107,3 +107,16 @@ def test_staging_of_a_killed_pull_is_removed_and_a_live_ones_kept(tmp_path: Path
     build = store.staging()
     assert remove_dead_pull_staging(store) == [killed.name]
     assert live.exists() and build.exists() and not killed.exists()
+
+
+async def test_a_digest_that_is_not_one_never_becomes_a_path(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "store").ensure()
+    (tmp_path / "outside" / "tree").mkdir(parents=True)
+    (tmp_path / "outside" / "layer.json").write_text("{}")  # what a traversal would find
+    with pytest.raises(InvalidInputError) as refused:
+        async for _ in layer_stream(store, "../../outside"):
+            pass
+    assert refused.value.field == "digest"
+    with pytest.raises(InvalidInputError) as refused:
+        LayerReceiver(store, LayerInfo(digest="../escape", step="x"))
+    assert refused.value.field == "layer.digest"

@@ -22,10 +22,10 @@ import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from adx.errors import NotFoundError, UnavailableError
+from adx.errors import InvalidInputError, NotFoundError, UnavailableError
 from adx.images._store import ImageStore, LayerInfo
 
-__all__ = ["CHUNK_BYTES", "LayerReceiver", "layer_stream", "remove_dead_pull_staging"]
+__all__ = ["CHUNK_BYTES", "LayerReceiver", "check_digest", "layer_stream", "remove_dead_pull_staging"]
 
 log = logging.getLogger("adx.images.transfer")
 
@@ -35,10 +35,20 @@ _PULL_PREFIX = "pull-"
 _XATTRS = ("--xattrs", "--xattrs-include=*")
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def check_digest(digest: str, field: str = "digest") -> str:
+    """A layer digest is 64 lowercase hex digits: anything else (``../x``) never becomes a path in the store."""
+    if len(digest) != 64 or not set(digest) <= _HEX:
+        raise InvalidInputError(field, f"{digest[:80]!r} is not a layer digest (64 lowercase hex digits)")
+    return digest
+
+
 async def layer_stream(store: ImageStore, digest: str) -> AsyncIterator[bytes]:
     """The tar stream of layer ``digest``, in chunks of up to ``CHUNK_BYTES``. NotFoundError when the store lacks
     it; UnavailableError when tar fails (e.g. the layer was collected meanwhile)."""
-    if not store.has_layer(digest):
+    if not store.has_layer(check_digest(digest)):
         raise NotFoundError(f"layer {digest} is not in this node's image store", details={"layer": digest})
     proc = await asyncio.create_subprocess_exec(
         "tar",
@@ -98,6 +108,7 @@ class LayerReceiver:
     committed), or ``abort``. Nothing is in the store under the layer's digest before ``finish`` succeeds."""
 
     def __init__(self, store: ImageStore, info: LayerInfo) -> None:
+        check_digest(info.digest, "layer.digest")
         self.store = store
         self.info = info
         self.received = 0

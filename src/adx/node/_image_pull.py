@@ -28,7 +28,7 @@ import grpc
 from adx._grpc_errors import from_rpc_error
 from adx.errors import InvalidInputError, NotFoundError, UnavailableError
 from adx.images import ImageManifest, ImageStore, LayerInfo
-from adx.images._transfer import LayerReceiver, layer_stream, remove_dead_pull_staging
+from adx.images._transfer import LayerReceiver, check_digest, layer_stream, remove_dead_pull_staging
 from adx.proto import node_pb2 as pb
 from adx.proto import node_pb2_grpc as pb_grpc
 
@@ -278,6 +278,8 @@ def _checked(name: str, peer: Peer, reply: pb.GetImageResponse) -> tuple[ImageMa
         infos = [LayerInfo.model_validate_json(doc) for doc in reply.layer_json]
     except ValueError as exc:
         raise InvalidInputError("manifest", f"node {peer.name} sent a malformed image {name!r}: {exc}") from None
+    for info in infos:
+        check_digest(info.digest, "layer.digest")  # a peer's digest becomes a path here: hex digits only
     if manifest.name != name or [i.digest for i in infos] != manifest.layers:
         raise InvalidInputError(
             "manifest", f"node {peer.name} answered for image {name!r} with records that do not match it"
