@@ -10,8 +10,8 @@ Needs root, cgroups, overlayfs, mmdebstrap and Debian's mirror. Usage: ``uv run 
 
 ``--pull MIB``: instead, the pull of an image of MIB MiB (one layer of 1 MiB random files) from a node that has
 it (the serving side a separate process, as on another host; GetImage + PullLayer over mutual TLS on loopback,
-verified, synced, renamed) beside same-run baselines on the same bytes: ``cp -a`` + sync of the layer's tree
-(a local copy) and ``tar -c | tar -x`` + sync (the same transformation without gRPC).
+verified, synced, renamed) beside same-run baselines on the same bytes: ``cp -a`` of the layer's tree (a local
+copy) and ``tar -c | tar -x``, each with the pull's fsync of every file (the same transformation without gRPC).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from bench_pause import start_daemon
 from bench_sandboxd import cleanup_cgroups
 
 from adx.images import ImageManifest, ImageStore, ensure_debian_image, layer_digest
+from adx.images._transfer import fsync_tree
 from adx.sandboxd import CreateRequest, ResourcesSpec, SandboxdClient, ref_of
 from adx.sandboxd._image_build import build_image
 
@@ -167,7 +168,7 @@ async def _serve(store_dir: Path, certs: Path) -> None:
 def _timed_sync(argv: list[str], target: Path, *, shell: bool = False) -> float:
     t0 = time.perf_counter()
     subprocess.run(" ".join(argv) if shell else argv, shell=shell, check=True)
-    subprocess.run(["sync", "--file-system", str(target)], check=True)
+    fsync_tree(target)  # as durable as a pulled layer
     return time.perf_counter() - t0
 
 
@@ -199,7 +200,7 @@ async def pull_main(args: argparse.Namespace) -> None:
         )
         (work / "tar").mkdir()
         pipe = ["tar", "-C", str(tree), "-cf", "-", ".", "|", "tar", "-C", str(work / "tar"), "-xpf", "-"]
-        figures["tar_pipe_s"] = round(await asyncio.to_thread(_timed_sync, pipe, work, shell=True), 3)
+        figures["tar_pipe_s"] = round(await asyncio.to_thread(_timed_sync, pipe, work / "tar", shell=True), 3)
 
         async def path() -> Path:
             return b.root

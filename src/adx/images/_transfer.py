@@ -6,7 +6,7 @@ capabilities). The sender hashes what it sends; the receiver hashes what it got 
 both the sha256 and the byte count match. A layer's store digest names the step that made it, not its bytes, so
 the stream's own sha256 is what proves the bytes arrived as they left.
 
-The receiver extracts into a staging dir of the store (``layers/.tmp-pull-<pid>-*``), syncs that filesystem,
+The receiver extracts into a staging dir of the store (``layers/.tmp-pull-<pid>-*``), fsyncs what it extracted,
 then renames it to the digest (``ImageStore.commit_layer``): a pull cut short at any moment leaves no layer,
 only staging debris, which the next pull on this host removes when its process is gone.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 from adx.errors import InvalidInputError, NotFoundError, UnavailableError
 from adx.images._store import ImageStore, LayerInfo
 
-__all__ = ["CHUNK_BYTES", "LayerReceiver", "check_digest", "layer_stream", "remove_dead_pull_staging"]
+__all__ = ["CHUNK_BYTES", "LayerReceiver", "check_digest", "fsync_tree", "layer_stream", "remove_dead_pull_staging"]
 
 log = logging.getLogger("adx.images.transfer")
 
@@ -103,6 +103,26 @@ def remove_dead_pull_staging(store: ImageStore) -> list[str]:
     return removed
 
 
+def fsync_tree(root: Path) -> None:
+    """fsync every regular file and directory under ``root`` (and ``root``). Not syncfs: that would also flush
+    whatever else is dirty on the filesystem, stalling every other writer's fsync meanwhile (a shared host)."""
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.isfile(path) or os.path.islink(path):
+                continue  # symlinks and device nodes live in their directory's entries, synced below
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class LayerReceiver:
     """One layer arriving: ``feed`` its chunks, then ``finish`` with what the sender declared (verified, then
     committed), or ``abort``. Nothing is in the store under the layer's digest before ``finish`` succeeds."""
@@ -170,8 +190,7 @@ class LayerReceiver:
             await self.abort()
             raise UnavailableError(f"layer {digest}: extraction failed: {message}", details={"layer": digest})
         # Durable before visible: the files reach the disk before the rename names them a layer.
-        sync = await asyncio.create_subprocess_exec("sync", "--file-system", str(self._staging))
-        await sync.wait()
+        await asyncio.to_thread(fsync_tree, self._staging)
         staging, self._staging = self._staging, None
         return await asyncio.to_thread(self.store.commit_layer, staging, digest, self.info.parent, self.info.step)
 
