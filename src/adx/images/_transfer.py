@@ -19,7 +19,7 @@ import hashlib
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 from adx.errors import InvalidInputError, NotFoundError, UnavailableError
@@ -45,7 +45,7 @@ def check_digest(digest: str, field: str = "digest") -> str:
     return digest
 
 
-async def layer_stream(store: ImageStore, digest: str) -> AsyncIterator[bytes]:
+async def layer_stream(store: ImageStore, digest: str) -> AsyncGenerator[bytes, None]:
     """The tar stream of layer ``digest``, in chunks of up to ``CHUNK_BYTES``. NotFoundError when the store lacks
     it; UnavailableError when tar fails (e.g. the layer was collected meanwhile)."""
     if not store.has_layer(check_digest(digest)):
@@ -77,14 +77,16 @@ async def layer_stream(store: ImageStore, digest: str) -> AsyncIterator[bytes]:
         if buffer:
             yield bytes(buffer)
         code = await proc.wait()
+        message = (await errors).decode(errors="replace").strip()[-500:]
         if code != 0:
-            message = (await errors).decode(errors="replace").strip()[-500:]
             raise UnavailableError(f"layer {digest}: tar exited {code}: {message}", details={"layer": digest})
     finally:
         if proc.returncode is None:  # the reader went away mid-stream
             proc.kill()
             await proc.wait()
-        errors.cancel()
+        # Read to the end: a pipe left open keeps the process transport alive past the event loop.
+        with contextlib.suppress(Exception):
+            await errors
 
 
 def remove_dead_pull_staging(store: ImageStore) -> list[str]:
@@ -135,6 +137,7 @@ class LayerReceiver:
         self._hash = hashlib.sha256()
         self._staging: Path | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._errors: asyncio.Future[bytes] | None = None
 
     async def open(self) -> LayerReceiver:
         self._staging = self.store.staging(f"{_PULL_PREFIX}{os.getpid()}-")
@@ -152,6 +155,8 @@ class LayerReceiver:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
+        assert self._proc.stderr is not None
+        self._errors = asyncio.ensure_future(self._proc.stderr.read())
         return self
 
     async def feed(self, data: bytes) -> None:
@@ -168,9 +173,10 @@ class LayerReceiver:
             ) from None
 
     async def _tar_errors(self) -> str:
-        assert self._proc is not None and self._proc.stderr is not None
+        """tar's complaints, once it ended (read to the end either way: an open pipe outlives the loop)."""
+        assert self._proc is not None and self._errors is not None
         await self._proc.wait()
-        return (await self._proc.stderr.read()).decode(errors="replace").strip()[-500:]
+        return (await self._errors).decode(errors="replace").strip()[-500:]
 
     async def finish(self, sha256: str, size: int, source: str) -> LayerInfo:
         """Verify the stream against the sender's ``sha256`` and ``size`` (from node ``source``), then commit."""
@@ -185,8 +191,8 @@ class LayerReceiver:
                 details={"layer": digest, "node": source, "reason": "digest_mismatch"},
             )
         self._proc.stdin.close()
-        if await self._proc.wait() != 0:
-            message = await self._tar_errors()
+        message = await self._tar_errors()
+        if self._proc.returncode != 0:
             await self.abort()
             raise UnavailableError(f"layer {digest}: extraction failed: {message}", details={"layer": digest})
         # Durable before visible: the files reach the disk before the rename names them a layer.
@@ -195,10 +201,14 @@ class LayerReceiver:
         return await asyncio.to_thread(self.store.commit_layer, staging, digest, self.info.parent, self.info.step)
 
     async def abort(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
-            await self._proc.wait()
+        if self._proc is not None:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()  # else its pipe outlives the process (and the event loop)
+            if self._proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+            with contextlib.suppress(Exception):
+                await self._tar_errors()
         if self._staging is not None:
             await asyncio.to_thread(shutil.rmtree, self._staging, True)
             self._staging = None

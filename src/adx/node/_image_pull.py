@@ -16,10 +16,11 @@ The serving side (GetImage, PullLayer) is here too: both are read-only views of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,17 +78,19 @@ def image_reply(store: ImageStore, name: str) -> pb.GetImageResponse:
     )
 
 
-async def layer_chunks(store: ImageStore, digest: str) -> AsyncIterator[pb.LayerChunk]:
+async def layer_chunks(store: ImageStore, digest: str) -> AsyncGenerator[pb.LayerChunk, None]:
     """PullLayer: the layer's tar stream in chunks, then the trailer with its sha256 and size."""
     h = hashlib.sha256()
     size = 0
     index = 0
-    async for chunk in layer_stream(store, digest):
-        await asyncio.to_thread(h.update, chunk)  # hashlib drops the GIL: the loop serves on meanwhile
-        size += len(chunk)
-        sent = chunk if send_fault is None else await send_fault(index, chunk)
-        index += 1
-        yield pb.LayerChunk(data=sent)
+    # aclosing: a caller gone mid-stream (a cancelled call) stops tar now, not whenever the generator is collected.
+    async with contextlib.aclosing(layer_stream(store, digest)) as stream:
+        async for chunk in stream:
+            await asyncio.to_thread(h.update, chunk)  # hashlib drops the GIL: the loop serves on meanwhile
+            size += len(chunk)
+            sent = chunk if send_fault is None else await send_fault(index, chunk)
+            index += 1
+            yield pb.LayerChunk(data=sent)
     yield pb.LayerChunk(sha256=h.hexdigest(), size=size)
 
 

@@ -4,7 +4,8 @@ usage and the node's own view of an Environment for the API server."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -114,13 +115,14 @@ class NodeService(node_pb2_grpc.NodeServicer):
     async def PullLayer(
         self, request: node_pb2.PullLayerRequest, context: Context
     ) -> AsyncIterator[node_pb2.LayerChunk]:
-        async def work() -> AsyncIterator[node_pb2.LayerChunk]:
+        async def work() -> AsyncGenerator[node_pb2.LayerChunk, None]:
             return layer_chunks(await self.agent.images.store(), request.digest)
 
         chunks = await serve(context, work, "node")
         try:
-            async for chunk in chunks:
-                yield chunk
+            async with contextlib.aclosing(chunks):  # a cancelled call stops the layer's tar at once
+                async for chunk in chunks:
+                    yield chunk
         except AdxError as exc:
             await abort_with(context, exc)
 
