@@ -16,25 +16,22 @@ import uuid
 from pathlib import Path
 
 import pytest
+from image_cache import CACHE, cached_debian_store
 from sbx_helpers import Daemon, DaemonFactory
 from test_runtime_control import execd_call, run
 
 from adx.errors import ImageBuildError, InvalidInputError, UnavailableError
-from adx.images import ImageStore, ensure_debian_image
+from adx.images import ImageStore
 from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RestoreRequest, SandboxdClient, SandboxRef, ref_of
 from adx.sandboxd._image_build import build_image
 
 HOST_ONLY = f"{Path(sys.executable).parent} {Path(__file__).parent}"  # pyenv's interpreter, this checkout
-CACHE = Path(os.environ.get("ADX_TEST_IMAGE_CACHE", "/var/tmp/adx-test-images"))
-
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
 def debian_store() -> ImageStore:
-    store = ImageStore(CACHE / "store").ensure()
-    ensure_debian_image(store, progress=print)  # ~2-3 min the first time on this machine, then found
-    return store
+    return cached_debian_store()
 
 
 def _execd_request(name: str, image: str, **kw: object) -> CreateRequest:

@@ -182,6 +182,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             retired_checkpoint_json=retired,
             referenced_checkpoint_ids=references,
             references_included=request.with_references,
+            # Issue 13: where this node may pull an image its store lacks (nodes of a live session only).
+            peers=[
+                pb.PeerNode(name=n.name, address=n.address)
+                for n in self.cache.nodes.values()
+                if n.name != request.node and n.session_expires_at > time.time() and n.address
+            ],
         )
 
     async def ConfirmCheckpointDeleted(

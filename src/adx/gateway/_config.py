@@ -61,7 +61,8 @@ class ApiConfig(StrictModel):
     images_dir: Path | None = Field(
         default=None,
         description="the nodes' image store (sandboxd's images_dir, shared): creates naming an image it lacks get "
-        "422 (field image / templateID) at once; unset: the node refuses them when it starts the Environment",
+        "422 (field image / templateID) at once; unset: the node pulls the image from a node that has it, or fails "
+        "the start naming it",
     )
     volumes_dir: Path | None = Field(
         default=None,

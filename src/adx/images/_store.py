@@ -139,10 +139,11 @@ class ImageStore:
         except FileNotFoundError:
             raise NotFoundError(f"layer {digest} is not in the image store", details={"layer": digest}) from None
 
-    def staging(self) -> Path:
-        """A fresh directory to assemble a layer in (its ``tree`` is the layer's root), on the store's filesystem."""
+    def staging(self, tag: str = "") -> Path:
+        """A fresh directory to assemble a layer in (its ``tree`` is the layer's root), on the store's filesystem;
+        named ``.tmp-<tag>*`` (a pull tags its own with its PID, so a later one can remove a killed one's)."""
         self.ensure()
-        path = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.layers_dir))
+        path = Path(tempfile.mkdtemp(prefix=f".tmp-{tag}", dir=self.layers_dir))
         (path / "tree").mkdir(mode=0o755)
         return path
 

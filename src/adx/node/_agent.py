@@ -41,6 +41,7 @@ from adx.node._convergence import CatalogConvergence
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._idle import IdleDetector
+from adx.node._image_pull import ImagePuller
 from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._logs import WorkloadLogs
 from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
@@ -130,6 +131,7 @@ class NodeAgent(CatalogConvergence, RuntimeChecks):
         self._disconnected: dict[str, float] = {}  # env -> when its execd observation disappeared (CTL-5)
         self._ended: dict[str, str] = {}  # env -> execution handed to the exit flow by the runtime watch
         self.reporter: Reporter
+        self.images: ImagePuller
         self.sink: CoordinatorSink
         self.port = 0
 
@@ -157,6 +159,9 @@ class NodeAgent(CatalogConvergence, RuntimeChecks):
             log.warning("runtime control not connected yet, going on: %s", exc, extra={"node": self.name})
         self.readiness = SubscriptionReadiness(self.driver, self.control)
         credentials = channel_credentials(self.paths)
+        # Issue 13: an image this node's store lacks is pulled from a node that has it before a start mounts it.
+        self.images = ImagePuller(self.name, credentials, self.driver.image_store, lambda: self.sink.peers())
+        self.driver.ensure_image = self.images.ensure
         self._channel = coordinator_channel(self.config.coordinator, credentials)
         stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         # Listen first: the advertised addresses are part of the registration.

@@ -70,6 +70,15 @@ class CoordinatorSink:
             self.referenced_checkpoints = set(reply.referenced_checkpoint_ids) if included else None
         return [EnvironmentRecord.model_validate_json(doc) for doc in reply.environment_json]
 
+    async def peers(self) -> dict[str, str]:
+        """The cluster's other live nodes, name -> gRPC address (where an image may be pulled from)."""
+        request = pb.InspectNodeRequest(node=self.node, session=self._session())
+        try:
+            reply = await self.stub.InspectNode(request, timeout=self.rpc_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "inspect node") from None
+        return {peer.name: peer.address for peer in reply.peers}
+
     async def confirm_checkpoint_deleted(self, checkpoint_id: str) -> None:
         request = pb.ConfirmCheckpointDeletedRequest(
             node=self.node, session=self._session(), checkpoint_id=checkpoint_id

@@ -3,14 +3,18 @@ usage and the node's own view of an Environment for the API server."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import grpc
 
+from adx._grpc_errors import abort_with
 from adx._grpc_serve import serve
-from adx.errors import InvalidInputError, NotFoundError
+from adx.errors import AdxError, InvalidInputError, NotFoundError
 from adx.model import EnvironmentLogs, EnvironmentRecord, EnvironmentStats
+from adx.node._image_pull import image_reply, layer_chunks
 from adx.proto import node_pb2, node_pb2_grpc
 
 if TYPE_CHECKING:
@@ -99,6 +103,28 @@ class NodeService(node_pb2_grpc.NodeServicer):
 
         logs = await serve(context, work, "api")
         return node_pb2.EnvironmentLogsResponse(logs_json=logs.model_dump_json(by_alias=True))
+
+    # -- images, for other nodes (issue 13) --------------------------------------------------------------------
+    async def GetImage(self, request: node_pb2.GetImageRequest, context: Context) -> node_pb2.GetImageResponse:
+        async def work() -> node_pb2.GetImageResponse:
+            store = await self.agent.images.store()
+            return await asyncio.to_thread(image_reply, store, request.name)
+
+        return await serve(context, work, "node")
+
+    async def PullLayer(
+        self, request: node_pb2.PullLayerRequest, context: Context
+    ) -> AsyncIterator[node_pb2.LayerChunk]:
+        async def work() -> AsyncGenerator[node_pb2.LayerChunk, None]:
+            return layer_chunks(await self.agent.images.store(), request.digest)
+
+        chunks = await serve(context, work, "node")
+        try:
+            async with contextlib.aclosing(chunks):  # a cancelled call stops the layer's tar at once
+                async for chunk in chunks:
+                    yield chunk
+        except AdxError as exc:
+            await abort_with(context, exc)
 
     def _held(self, env_id: str, tenant: str) -> Controller:
         """The Controller of ``env_id``; NotFoundError unless this node holds it for ``tenant`` (another tenant's

@@ -220,6 +220,7 @@ class InspectNodeResponse(_message.Message):
     RETIRED_CHECKPOINT_JSON_FIELD_NUMBER: _builtins.int
     REFERENCED_CHECKPOINT_IDS_FIELD_NUMBER: _builtins.int
     REFERENCES_INCLUDED_FIELD_NUMBER: _builtins.int
+    PEERS_FIELD_NUMBER: _builtins.int
     served_at: _builtins.float
     references_included: _builtins.bool
     """True when referenced_checkpoint_ids was computed (a Coordinator that predates it leaves this false, and an
@@ -241,6 +242,10 @@ class InspectNodeResponse(_message.Message):
         a workload checkpoint of a running one): the complete global reference catalog of CRD-9.
         """
 
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerNode]:
+        """The cluster's other nodes with a live session (where an image this node lacks may be pulled from)."""
+
     def __init__(
         self,
         *,
@@ -249,14 +254,38 @@ class InspectNodeResponse(_message.Message):
         retired_checkpoint_json: _abc.Iterable[_builtins.str] | None = ...,
         referenced_checkpoint_ids: _abc.Iterable[_builtins.str] | None = ...,
         references_included: _builtins.bool = ...,
+        peers: _abc.Iterable[Global___PeerNode] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "referenced_checkpoint_ids", b"referenced_checkpoint_ids", "references_included", b"references_included", "retired_checkpoint_json", b"retired_checkpoint_json", "served_at", b"served_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_json", b"environment_json", "peers", b"peers", "referenced_checkpoint_ids", b"referenced_checkpoint_ids", "references_included", b"references_included", "retired_checkpoint_json", b"retired_checkpoint_json", "served_at", b"served_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InspectNodeResponse: _TypeAlias = InspectNodeResponse  # noqa: Y015
+
+@_typing.final
+class PeerNode(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    address: _builtins.str
+    """host:port of its gRPC API"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerNode: _TypeAlias = PeerNode  # noqa: Y015
 
 @_typing.final
 class ConfirmCheckpointDeletedRequest(_message.Message):

@@ -69,6 +69,16 @@ class NodeStub:
                 request_serializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsRequest.SerializeToString,
                 response_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsResponse.FromString,
                 _registered_method=True)
+        self.GetImage = channel.unary_unary(
+                '/adx.node.v1.Node/GetImage',
+                request_serializer=adx_dot_proto_dot_node__pb2.GetImageRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_node__pb2.GetImageResponse.FromString,
+                _registered_method=True)
+        self.PullLayer = channel.unary_stream(
+                '/adx.node.v1.Node/PullLayer',
+                request_serializer=adx_dot_proto_dot_node__pb2.PullLayerRequest.SerializeToString,
+                response_deserializer=adx_dot_proto_dot_node__pb2.LayerChunk.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -122,6 +132,19 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetImage(self, request, context):
+        """Other nodes: an image's manifest and layer records (NOT_FOUND when this node's store lacks it), a layer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullLayer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +182,16 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.EnvironmentLogs,
                     request_deserializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsRequest.FromString,
                     response_serializer=adx_dot_proto_dot_node__pb2.EnvironmentLogsResponse.SerializeToString,
+            ),
+            'GetImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetImage,
+                    request_deserializer=adx_dot_proto_dot_node__pb2.GetImageRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_node__pb2.GetImageResponse.SerializeToString,
+            ),
+            'PullLayer': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullLayer,
+                    request_deserializer=adx_dot_proto_dot_node__pb2.PullLayerRequest.FromString,
+                    response_serializer=adx_dot_proto_dot_node__pb2.LayerChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +383,60 @@ class Node:
             '/adx.node.v1.Node/EnvironmentLogs',
             adx_dot_proto_dot_node__pb2.EnvironmentLogsRequest.SerializeToString,
             adx_dot_proto_dot_node__pb2.EnvironmentLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/adx.node.v1.Node/GetImage',
+            adx_dot_proto_dot_node__pb2.GetImageRequest.SerializeToString,
+            adx_dot_proto_dot_node__pb2.GetImageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullLayer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/adx.node.v1.Node/PullLayer',
+            adx_dot_proto_dot_node__pb2.PullLayerRequest.SerializeToString,
+            adx_dot_proto_dot_node__pb2.LayerChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,9 @@ class SandboxdDriver:
         self.client = SandboxdClient(socket, timeout=call_timeout)
         self.python = python
         self.volumes_dir = volumes_dir
+        #: Makes a named image present in sandboxd's store before a start or restore mounts it (the node pulls
+        #: it from another node, issue 13); None: the store has what it has.
+        self.ensure_image: Callable[[str], Awaitable[object]] | None = None
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -179,8 +183,14 @@ class SandboxdDriver:
         ref = SandboxRef(sandbox_id=spec.execution_id, generation=spec.generation, token=spec.secret)
         return Execution(spec.env_id, spec.generation, spec.execution_id, native=ref.model_dump())
 
+    async def _ensure_image(self, spec: ExecutionSpec) -> None:
+        # ``base`` (and no image) is each node's own default: never pulled.
+        if spec.spec.image not in (None, "base") and self.ensure_image is not None:
+            await self.ensure_image(spec.spec.image)
+
     async def start(self, spec: ExecutionSpec) -> Execution:
         await self._check_volumes(spec)
+        await self._ensure_image(spec)
         request = CreateRequest(
             argv=list(spec.spec.entrypoint or []),  # execd's workload (none: execd alone keeps it running)
             execd=self._execd(spec),
@@ -191,6 +201,7 @@ class SandboxdDriver:
 
     async def restore(self, spec: ExecutionSpec, location: str, digest: str) -> Execution:
         await self._check_volumes(spec)
+        await self._ensure_image(spec)
         request = RestoreRequest(
             location=location,
             digest=digest,
@@ -351,6 +362,11 @@ class SandboxdDriver:
         """Remove a log group (idempotent: a missing one counts as removed)."""
         with contextlib.suppress(NotFoundError):
             await self.client.delete_logs(group)
+
+    async def image_store(self) -> Path | None:
+        """sandboxd's image store (its health names it; None from a sandboxd too old to say)."""
+        health = await self.client.health()
+        return Path(health.image_store) if health.image_store else None
 
     async def state_dir(self) -> Path | None:
         """sandboxd's state directory (its health names it): where sandbox data lives, for disk pressure."""

@@ -80,6 +80,7 @@ class Health(WireModel):
     resource_fresh: bool
     resource_error: str | None = Field(default=None, description="why the last resource refresh failed (RES-8)")
     state_dir: str | None = Field(default=None, description="sandboxd's state directory (node disk pressure)")
+    image_store: str | None = Field(default=None, description="its image store (where a node pulls images into)")
     deferred_errors: list[str]
     runtime_control_socket: str | None = Field(
         default=None, description="the node-level runtime-control subscription socket (CTL-2)"

@@ -279,6 +279,7 @@ class SandboxObserver(HostPreflight):
             resource_fresh=fresh,
             resource_error=self._resource_error,
             state_dir=str(self.config.state_dir),
+            image_store=str(self.config.images_root / "store"),
             deferred_errors=list(self.deferred_errors),
             runtime_control_socket=str(self.config.runtime_control_socket),
             artifact_roots={name: str(path) for name, path in self.config.artifact_roots().items()},
