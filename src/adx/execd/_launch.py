@@ -34,6 +34,8 @@ RUNTIME_MODULES = (
     "adx/execd/_options.py",
     "adx/execd/_daemon.py",
     "adx/execd/_accounts.py",
+    "adx/execd/_atomic.py",
+    "adx/execd/_commands.py",
     "adx/execd/_http.py",
     "adx/execd/_files.py",
     "adx/execd/_procs.py",
