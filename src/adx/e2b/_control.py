@@ -2,7 +2,7 @@
 
 | E2B | ADX |
 |---|---|
-| ``POST /v2/sandboxes`` ``{templateID, timeout, autoPause, metadata, envVars}`` | create, wait until running |
+| ``POST /v2/sandboxes`` ``{templateID, timeout, autoPause, metadata, envVars}`` | create, wait until running, ready |
 | ``GET /v2/sandboxes`` (``metadata``, ``state``, ``startedAfter``, ``template``, ``order``, ``limit``) | list |
 | ``GET /sandboxes/{id}``, ``DELETE /sandboxes/{id}`` | get, delete |
 | ``POST /sandboxes/{id}/timeout`` ``{timeout}`` | set the lifetime deadline (``set_lifetime``) |
@@ -18,6 +18,7 @@ one (SEC-2). ``templateID`` is the image (``base``: the default one); ``timeout`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -34,7 +35,10 @@ from fastapi.responses import JSONResponse, Response
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import e2b_network_options, network_policy
+from adx.e2b._process import sandbox_variables
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
+from adx.e2b._start_cmd import run_start_command, start_command_of
+from adx.e2b._upstream import Execd
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import (
     ON_THE_WAY,
@@ -47,6 +51,7 @@ from adx.gateway import (
     status_for,
     wait_running,
 )
+from adx.ingress import serving_ingress
 from adx.model import (
     SNAPSHOT,
     EnvironmentRecord,
@@ -257,7 +262,38 @@ async def create_sandbox(request: Request) -> Response:
     else:
         record, _ = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)
+    if not from_snapshot:
+        await _start_template_command(p, request, record)
     return JSONResponse(created_view(request, record), status_code=201)
+
+
+async def _start_template_command(p: Plane, request: Request, record: EnvironmentRecord) -> None:
+    """A template's start command, launched, and its ready command, succeeded, before the create answers
+    (adx.e2b._start_cmd); a sandbox that does not get ready is deleted and the create fails naming why."""
+    images = p.config.images_dir
+    if images is None:
+        return
+    from adx.images import ImageStore  # only where the API has an image store
+
+    manifest = await asyncio.to_thread(ImageStore(images / "store").find, record.spec.image)
+    command = start_command_of(manifest)
+    if command is None:
+        return
+    ingress = serving_ingress(request.app)
+    if ingress is None:
+        raise UnavailableError(
+            f"template {record.spec.image!r} has a start command, and this server has no data plane to run it"
+            " (ingress = false)"
+        )
+    execd = Execd(ingress, record.tenant, record.id)
+    try:
+        await run_start_command(
+            execd, command, sandbox_variables(execd, record.spec.image), p.config.start_wait_seconds
+        )
+    except BaseException:
+        with contextlib.suppress(AdxError):  # already going: the create's error is the one to report
+            await p.coordinator.delete_environment(record.tenant, record.id)
+        raise
 
 
 async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
