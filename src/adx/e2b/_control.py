@@ -152,9 +152,10 @@ def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detai
         view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
         view["domain"] = _domain(p, request, record)
         pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
-        # ADX wakes a paused sandbox on its own traffic whatever was asked: auto-resume is on wherever the timeout
-        # pauses (E2B allows it only there).
-        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses}
+        # Traffic wakes a paused sandbox unless the create said autoResume false (E2B allows it only where the
+        # timeout pauses).
+        wakes = record.spec.lifecycle.wake_on_traffic
+        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses and wakes}
         allow_internet_access, network = e2b_network_options(record.spec.network)
         view["allowInternetAccess"] = allow_internet_access
         if network is not None:
@@ -232,6 +233,7 @@ async def create_sandbox(request: Request) -> Response:
     auto_pause = body.get("autoPause", False)
     if not isinstance(auto_pause, bool):
         raise InvalidInputError("autoPause", "must be a boolean")
+    wakes = _auto_resume(body.get("autoResume"))
     network = network_policy(body.get("allow_internet_access"), body.get("network"))
     from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
@@ -244,6 +246,7 @@ async def create_sandbox(request: Request) -> Response:
         "lifecycle": {
             "lifetimeSeconds": _timeout(body.get("timeout", DEFAULT_TIMEOUT_SECONDS)),
             "lifetimeAction": "pause" if auto_pause else "delete",
+            "wakeOnTraffic": wakes,
         },
         "volumes": body.get("volumeMounts") or [],
     }
@@ -294,6 +297,17 @@ async def _start_template_command(p: Plane, request: Request, record: Environmen
         with contextlib.suppress(AdxError):  # already going: the create's error is the one to report
             await p.coordinator.delete_environment(record.tenant, record.id)
         raise
+
+
+def _auto_resume(value: object) -> bool:
+    """E2B's ``autoResume`` (the SDK's ``lifecycle={"auto_resume": ...}``: ``{"enabled": bool}``): whether traffic
+    wakes the sandbox once paused. Not said: it does (ADX's rule, ENV-4)."""
+    if value is None:
+        return True
+    enabled = _object(value, "autoResume").get("enabled")
+    if not isinstance(enabled, bool):
+        raise InvalidInputError("autoResume.enabled", f"must be a boolean, got {enabled!r}")
+    return enabled
 
 
 async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
