@@ -260,12 +260,13 @@ async def create_sandbox(request: Request) -> Response:
         # The same rules as /v1 (absolute path, not /, /proc, /sys, /dev, each once), named as E2B names them.
         await check_volume_mounts(p, tenant, spec, field="volumeMounts")
     key = request.headers.get("idempotency-key") or None
+    created = False  # a sandbox from a snapshot starts afresh on its files: no template start command
     if from_snapshot:
         record = await create_from_snapshot(p, tenant, template, spec, key)
     else:
-        record, _ = await p.coordinator.create_environment(tenant, spec, key)
+        record, created = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)
-    if not from_snapshot:
+    if created:  # a retried create (the same idempotency key) finds it started already
         await _start_template_command(p, request, record)
     return JSONResponse(created_view(request, record), status_code=201)
 

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import TypedDict
 
 from adx.e2b._upstream import Execd, execd_error
 from adx.errors import ConflictError
@@ -52,6 +53,17 @@ def start_command_of(manifest: ImageManifest | None) -> StartCommand | None:
     return StartCommand(manifest.start_cmd or None, manifest.ready_cmd or None, manifest.user, manifest.workdir)
 
 
+class _CommandBody(TypedDict, total=False):
+    """execd's ``POST /v1/commands`` body, the fields this module sends."""
+
+    argv: list[str]
+    background: bool
+    user: str
+    cwd: str
+    env: dict[str, str]
+    timeoutSeconds: float
+
+
 @dataclass
 class _Run:
     exit_code: int | None
@@ -76,7 +88,7 @@ def _frames_result(body: bytes) -> _Run:
 async def _launch(execd: Execd, command: StartCommand, env: dict[str, str]) -> str:
     """The start command, in the background (it outlives the create); its execd ID."""
     assert command.start is not None
-    body = {
+    body: _CommandBody = {
         "argv": command.argv(command.start),
         "background": True,
         "user": command.user,
@@ -109,7 +121,7 @@ async def _ended(execd: Execd, command_id: str) -> _Run | None:
 
 async def _ready_once(execd: Execd, command: StartCommand, env: dict[str, str], seconds: float) -> _Run:
     assert command.ready is not None
-    body = {
+    body: _CommandBody = {
         "argv": command.argv(command.ready),
         "user": command.user,
         "cwd": command.workdir,
