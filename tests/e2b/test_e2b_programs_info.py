@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 if TYPE_CHECKING:
@@ -94,3 +95,40 @@ def test_a_timeout_past_the_longest_lifetime_is_refused_naming_timeout(adx_up: U
         sandbox.set_timeout(30 * 86400)  # the longest is fine
     finally:
         sandbox.kill()
+
+
+def test_auto_resume_false_keeps_a_paused_sandbox_paused_until_connect(adx_up: Up) -> None:
+    """``lifecycle={"on_timeout": "pause", "auto_resume": False}``: ``get_info`` says so; once paused, the
+    sandbox's own traffic (a command, a file read, a ``get_host`` port) gets E2B's proxy answer for a paused
+    sandbox (409) and does not wake it; ``Sandbox.connect`` resumes it and its traffic works again."""
+    sandbox = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False}, **adx_up.opts())
+    try:
+        assert sandbox.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        sandbox.files.write("kept.txt", "kept")
+        assert sandbox.pause() is True
+        with pytest.raises(SandboxException, match="paused and auto-resume is off"):
+            sandbox.commands.run("echo woken")
+        with pytest.raises(SandboxException, match="409"):
+            sandbox.files.read("kept.txt")
+        port = httpx.get(adx_up.url + "/", headers={"Host": sandbox.get_host(8000)}, timeout=30)
+        assert port.status_code == 409 and "auto-resume is off" in port.json()["message"], port.text
+        assert sandbox.get_info().state.value == "paused"  # none of it woke the sandbox
+        Sandbox.connect(sandbox.sandbox_id, **adx_up.opts())
+        assert sandbox.commands.run("cat kept.txt").stdout == "kept"
+        assert sandbox.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+    finally:
+        sandbox.kill()
+
+
+async def test_auto_resume_false_async(adx_up: Up) -> None:
+    sandbox = await AsyncSandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False}, **adx_up.opts())
+    try:
+        assert (await sandbox.get_info()).lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        assert await sandbox.pause() is True
+        with pytest.raises(SandboxException, match="paused and auto-resume is off"):
+            await sandbox.commands.run("true")
+        assert (await sandbox.get_info()).state.value == "paused"
+        await sandbox.connect()
+        assert (await sandbox.commands.run("echo back")).stdout == "back\n"
+    finally:
+        await sandbox.kill()

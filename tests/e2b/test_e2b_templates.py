@@ -14,7 +14,16 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from e2b import AsyncSandbox, AsyncTemplate, BuildException, LogEntry, Sandbox, Template
+from e2b import (
+    AsyncSandbox,
+    AsyncTemplate,
+    BuildException,
+    LogEntry,
+    Sandbox,
+    SandboxException,
+    Template,
+    wait_for_file,
+)
 from e2b_up import Up, running_up, seed_debian_image
 from test_e2b_template_steps import _schema
 
@@ -185,5 +194,45 @@ def test_async_template_build_and_sandbox(up: Up, tmp_path: Path) -> None:
         )
         text = _messages(logs)
         assert "CACHED" not in text and "RUN" in text and "built in" in text, text
+
+    asyncio.run(go())
+
+
+def test_a_templates_start_command_runs_at_create_and_the_create_waits_until_ready(up: Up) -> None:
+    """``set_start_cmd(start, ready)``: a sandbox created from the template has its start command running, started
+    as the template's user in its workdir, and the create answers only once the ready command succeeded (the start
+    command writes its file a second late: the first command sees it)."""
+    name = f"tpl-start-{uuid.uuid4().hex[:8]}"
+    template = (
+        Template()
+        .from_base_image()
+        .set_workdir("/opt/app")
+        .set_start_cmd(
+            "sleep 1; echo started-$(whoami)-$(pwd) > /tmp/started; exec sleep 600", wait_for_file("/tmp/started")
+        )
+    )
+    Template.build(template, alias=name, **up.opts())
+    sandbox = Sandbox.create(template=name, **up.opts())
+    try:
+        assert sandbox.commands.run("cat /tmp/started").stdout == "started-user-/opt/app\n"
+        running = [" ".join([p.cmd, *p.args]) for p in sandbox.commands.list()]
+        assert any("exec sleep 600" in line for line in running), running
+    finally:
+        sandbox.kill()
+
+
+def test_a_start_command_that_fails_fails_the_create_naming_it(up: Up) -> None:
+    """A start command that exits non-zero before the ready command succeeds: the async create raises the SDK's
+    error with the command, its exit code and its output, and leaves no sandbox behind."""
+    name = f"tpl-badstart-{uuid.uuid4().hex[:8]}"
+    template = Template().from_base_image().set_start_cmd("echo boom-output; exit 7", "test -e /tmp/never")
+
+    async def go() -> None:
+        await AsyncTemplate.build(template, alias=name, **up.opts())
+        with pytest.raises(SandboxException) as raised:
+            await AsyncSandbox.create(template=name, **up.opts())
+        message = str(raised.value)
+        assert "start command" in message and "exited with code 7" in message and "boom-output" in message, message
+        assert [s for s in (await AsyncSandbox.list(**up.opts()).next_items()) if s.name == name] == []
 
     asyncio.run(go())

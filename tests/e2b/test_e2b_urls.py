@@ -194,3 +194,40 @@ async def test_get_host_async(adx_up: Up) -> None:
         assert got.status_code == 200 and got.text == "async port", got.text
     finally:
         await sandbox.kill()
+
+
+def test_range_requests_on_downloads_answer_206_and_416_as_envd(adx_up: Up, sandbox: Sandbox) -> None:
+    """``GET /files`` with ``Range`` (a signed download URL, and the SDK's own headers) as envd's Go
+    ``ServeContent``: 206 with ``Content-Range`` for one range (``a-b``, ``a-``, ``-n``; an end past the file is cut
+    at its end), 416 with ``Content-Range: bytes */size`` when it starts past the end or cannot be parsed; without
+    ``Range`` (or with several ranges) the whole file, 200, saying ``Accept-Ranges: bytes``."""
+    sandbox.files.write("ranged.txt", "0123456789")
+    url = sandbox.download_url("ranged.txt")
+    for wanted, body, content_range in (
+        ("bytes=2-5", b"2345", "bytes 2-5/10"),
+        ("bytes=7-", b"789", "bytes 7-9/10"),
+        ("bytes=-3", b"789", "bytes 7-9/10"),
+        ("bytes=5-100", b"56789", "bytes 5-9/10"),
+        ("bytes=0-0", b"0", "bytes 0-0/10"),
+    ):
+        got = httpx.get(url, headers={"Range": wanted})
+        assert (got.status_code, got.content, got.headers["content-range"]) == (206, body, content_range), wanted
+        assert got.headers["content-length"] == str(len(body)) and got.headers["content-type"].startswith("text/plain")
+    for wanted in ("bytes=10-", "bytes=abc", "bytes=5-2", "bytes=-0"):
+        got = httpx.get(url, headers={"Range": wanted})
+        assert (got.status_code, got.headers["content-range"]) == (416, "bytes */10"), wanted
+        assert got.json()["code"] == 416
+    whole = httpx.get(url)
+    assert (whole.status_code, whole.content, whole.headers["accept-ranges"]) == (200, b"0123456789", "bytes")
+    several = httpx.get(url, headers={"Range": "bytes=0-1,4-5"})
+    assert (several.status_code, several.content) == (200, b"0123456789")
+    # The SDK's own envd call (access token and sandbox headers) takes a Range too.
+    headers = {"X-Access-Token": sandbox._envd_access_token or "", "E2b-Sandbox-Id": sandbox.sandbox_id}
+    got = httpx.get(f"{adx_up.url}/files", params={"path": "ranged.txt"}, headers={**headers, "Range": "bytes=-2"})
+    assert (got.status_code, got.content) == (206, b"89"), got.text
+    # A range inside a file larger than one chunk of the stream: cut across chunk boundaries.
+    data = bytes(range(256)) * 1200
+    sandbox.files.write("big.bin", data)
+    got = httpx.get(sandbox.download_url("big.bin"), headers={"Range": "bytes=70000-250000"})
+    assert (got.status_code, got.content) == (206, data[70000:250001])
+    assert got.headers["content-range"] == f"bytes 70000-250000/{len(data)}"

@@ -1,12 +1,17 @@
 """E2B's ``user`` account through the real ``e2b`` SDK against ``adx up``: commands run as ``user`` in
 ``/home/user`` with HOME set, relative file paths resolve there, written files belong to ``user`` and entries
-report owner and group; ``user="root"`` acts as root in ``/root``. The default image has no ``user``: execd makes
-it on first use in the sandbox's own writable ``/etc`` (the host's account files stay as they were)."""
+report owner and group; ``user="root"`` acts as root in ``/root``. The host-derived default image carries
+``user`` in its skeleton (made once per node, not by execd at a sandbox's first command); an image without it
+gets it from execd on first use, in the sandbox's own writable ``/etc`` (the host's account files stay as they
+were)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +21,8 @@ from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox
 from e2b.sandbox.filesystem.filesystem import FileType
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 from e2b_up import Up, running_up, seed_debian_image
+
+from adx.sandboxd._image import ensure_default_image
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +57,66 @@ def test_commands_run_as_user_in_its_home(sandbox: Sandbox) -> None:
     terminal.wait(on_pty=seen.extend)
     assert b"who-user-at-/home/user-home-/home/user" in seen, bytes(seen)
     assert _host_accounts() == host_before, "the account was made inside the sandbox, not on the host"
+
+
+def test_the_host_derived_image_carries_e2bs_user(tmp_path: Path) -> None:
+    """The skeleton's ``/etc`` is the host's, with E2B's ``user`` (uid/gid 1000, ``/home/user``, bash) in place of
+    a host account that held uid or gid 1000 (its home is never in a sandbox), and ``/home/user`` is the user's
+    own, with ``/etc/skel``'s files: no sandbox pays for making it at its first command (issue 14's TTI)."""
+    host = tmp_path / "host"
+    (host / "etc/skel").mkdir(parents=True)
+    (host / "etc/skel/.profile").write_text("# skel\n")
+    (host / "etc/passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\ncloudsdk:x:1000:1000::/home/cloudsdk:/bin/bash\n"
+        "user:x:1500:1500::/home/user:/bin/sh\nother:x:1001:1001::/home/other:/bin/sh\n"
+    )
+    (host / "etc/group").write_text("root:x:0:\ncloudsdk:x:1000:\nuser:x:1500:\nother:x:1001:\n")
+    (host / "etc/profile").write_text('if [ "$(id -u)" -eq 0 ]; then PATH=/root-path; else PATH=/user-path; fi\n')
+    root = ensure_default_image(tmp_path / "images", host_root=host) / "root"
+    passwd = (root / "etc/passwd").read_text().splitlines()
+    assert passwd == [
+        "root:x:0:0:root:/root:/bin/bash",
+        "other:x:1001:1001::/home/other:/bin/sh",
+        "user:x:1000:1000::/home/user:/bin/bash",
+    ]
+    assert (root / "etc/group").read_text().splitlines() == ["root:x:0:", "other:x:1001:", "user:x:1000:"]
+    home = root / "home/user"
+    assert (home.stat().st_uid, home.stat().st_gid, home.stat().st_mode & 0o777) == (1000, 1000, 0o755)
+    profile = home / ".profile"
+    assert profile.read_text() == "# skel\n" and (profile.stat().st_uid, profile.stat().st_gid) == (1000, 1000)
+    assert not (root / "etc/shadow").exists()  # still no secrets in the shared layer (SEC-3)
+    # The host's own files are as they were.
+    assert "cloudsdk" in (host / "etc/passwd").read_text()
+    # Every E2B command is a login shell: its /etc/profile reads bash's EUID instead of running id (same answer;
+    # sh still runs id).
+    profile = (root / "etc/profile").read_text()
+    assert '"$(id -u)"' not in profile and '"${EUID:-$(id -u)}"' in profile
+    for shell in ("bash", "sh"):
+        out = subprocess.run([shell, "-c", f". {root}/etc/profile; echo $PATH"], capture_output=True, text=True)
+        assert out.stdout == ("/root-path\n" if os.geteuid() == 0 else "/user-path\n"), shell
+
+
+def test_a_node_image_of_the_older_skeleton_is_replaced_and_kept_aside(tmp_path: Path) -> None:
+    """A node built its image before the skeleton had ``user``: its next start gives it the new one, and the old
+    directory stays (renamed aside) for sandboxes that run on it."""
+    images = tmp_path / "images"
+    old = ensure_default_image(images)
+    meta = json.loads((old / "image.json").read_text())
+    del meta["skeleton"]  # what an image of the first skeleton says
+    (old / "image.json").write_text(json.dumps(meta))
+    (old / "root/etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    new = ensure_default_image(images)
+    assert new == old and "user:x:1000:1000:" in (new / "root/etc/passwd").read_text()
+    [aside] = images.glob(".default-skeleton-1-*/default")
+    assert (aside / "root/etc/passwd").read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    assert ensure_default_image(images) == new and len(list(images.glob(".default-skeleton-*"))) == 1
+
+
+def test_a_fresh_sandbox_has_user_before_its_first_command(sandbox: Sandbox) -> None:
+    """The first command as ``user`` finds the account in the image: execd made nothing (its lazy creation
+    writes ``/etc/shadow``, which the host-derived image does not have)."""
+    out = sandbox.commands.run("id; stat -c '%u:%g %a' /home/user; test -e /etc/shadow && echo made || echo none")
+    assert out.stdout.splitlines() == ["uid=1000(user) gid=1000(user) groups=1000(user)", "1000:1000 755", "none"]
 
 
 def test_relative_paths_and_ownership_of_written_files(sandbox: Sandbox) -> None:

@@ -69,6 +69,7 @@ def test_lifecycle_wire_names_are_camel_case_and_round_trip() -> None:
         "lifetimeSeconds",
         "lifetimeAction",
         "healthProbe",
+        "wakeOnTraffic",
     }
 
 

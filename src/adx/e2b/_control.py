@@ -2,7 +2,7 @@
 
 | E2B | ADX |
 |---|---|
-| ``POST /v2/sandboxes`` ``{templateID, timeout, autoPause, metadata, envVars}`` | create, wait until running |
+| ``POST /v2/sandboxes`` ``{templateID, timeout, autoPause, metadata, envVars}`` | create, wait until running, ready |
 | ``GET /v2/sandboxes`` (``metadata``, ``state``, ``startedAfter``, ``template``, ``order``, ``limit``) | list |
 | ``GET /sandboxes/{id}``, ``DELETE /sandboxes/{id}`` | get, delete |
 | ``POST /sandboxes/{id}/timeout`` ``{timeout}`` | set the lifetime deadline (``set_lifetime``) |
@@ -18,6 +18,7 @@ one (SEC-2). ``templateID`` is the image (``base``: the default one); ``timeout`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -34,7 +35,10 @@ from fastapi.responses import JSONResponse, Response
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import e2b_network_options, network_policy
+from adx.e2b._process import sandbox_variables
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
+from adx.e2b._start_cmd import run_start_command, start_command_of
+from adx.e2b._upstream import Execd
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import (
     ON_THE_WAY,
@@ -47,6 +51,7 @@ from adx.gateway import (
     status_for,
     wait_running,
 )
+from adx.ingress import serving_ingress
 from adx.model import (
     SNAPSHOT,
     EnvironmentRecord,
@@ -147,9 +152,10 @@ def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detai
         view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
         view["domain"] = _domain(p, request, record)
         pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
-        # ADX wakes a paused sandbox on its own traffic whatever was asked: auto-resume is on wherever the timeout
-        # pauses (E2B allows it only there).
-        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses}
+        # Traffic wakes a paused sandbox unless the create said autoResume false (E2B allows it only where the
+        # timeout pauses).
+        wakes = record.spec.lifecycle.wake_on_traffic
+        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses and wakes}
         allow_internet_access, network = e2b_network_options(record.spec.network)
         view["allowInternetAccess"] = allow_internet_access
         if network is not None:
@@ -227,6 +233,7 @@ async def create_sandbox(request: Request) -> Response:
     auto_pause = body.get("autoPause", False)
     if not isinstance(auto_pause, bool):
         raise InvalidInputError("autoPause", "must be a boolean")
+    wakes = _auto_resume(body.get("autoResume"))
     network = network_policy(body.get("allow_internet_access"), body.get("network"))
     from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
@@ -239,6 +246,7 @@ async def create_sandbox(request: Request) -> Response:
         "lifecycle": {
             "lifetimeSeconds": _timeout(body.get("timeout", DEFAULT_TIMEOUT_SECONDS)),
             "lifetimeAction": "pause" if auto_pause else "delete",
+            "wakeOnTraffic": wakes,
         },
         "volumes": body.get("volumeMounts") or [],
     }
@@ -252,12 +260,55 @@ async def create_sandbox(request: Request) -> Response:
         # The same rules as /v1 (absolute path, not /, /proc, /sys, /dev, each once), named as E2B names them.
         await check_volume_mounts(p, tenant, spec, field="volumeMounts")
     key = request.headers.get("idempotency-key") or None
+    created = False  # a sandbox from a snapshot starts afresh on its files: no template start command
     if from_snapshot:
         record = await create_from_snapshot(p, tenant, template, spec, key)
     else:
-        record, _ = await p.coordinator.create_environment(tenant, spec, key)
+        record, created = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)
+    if created:  # a retried create (the same idempotency key) finds it started already
+        await _start_template_command(p, request, record)
     return JSONResponse(created_view(request, record), status_code=201)
+
+
+async def _start_template_command(p: Plane, request: Request, record: EnvironmentRecord) -> None:
+    """A template's start command, launched, and its ready command, succeeded, before the create answers
+    (adx.e2b._start_cmd); a sandbox that does not get ready is deleted and the create fails naming why."""
+    images = p.config.images_dir
+    if images is None:
+        return
+    from adx.images import ImageStore  # only where the API has an image store
+
+    manifest = await asyncio.to_thread(ImageStore(images / "store").find, record.spec.image)
+    command = start_command_of(manifest)
+    if command is None:
+        return
+    ingress = serving_ingress(request.app)
+    if ingress is None:
+        raise UnavailableError(
+            f"template {record.spec.image!r} has a start command, and this server has no data plane to run it"
+            " (ingress = false)"
+        )
+    execd = Execd(ingress, record.tenant, record.id)
+    try:
+        await run_start_command(
+            execd, command, sandbox_variables(execd, record.spec.image), p.config.start_wait_seconds
+        )
+    except BaseException:
+        with contextlib.suppress(AdxError):  # already going: the create's error is the one to report
+            await p.coordinator.delete_environment(record.tenant, record.id)
+        raise
+
+
+def _auto_resume(value: object) -> bool:
+    """E2B's ``autoResume`` (the SDK's ``lifecycle={"auto_resume": ...}``: ``{"enabled": bool}``): whether traffic
+    wakes the sandbox once paused. Not said: it does (ADX's rule, ENV-4)."""
+    if value is None:
+        return True
+    enabled = _object(value, "autoResume").get("enabled")
+    if not isinstance(enabled, bool):
+        raise InvalidInputError("autoResume.enabled", f"must be a boolean, got {enabled!r}")
+    return enabled
 
 
 async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:

@@ -45,6 +45,18 @@ def tokens_for(app: Any) -> EnvdTokens:
     return cast(EnvdTokens, tokens)
 
 
+def _paused_answer(exc: AdxError, sandbox_id: str) -> JSONResponse | None:
+    """E2B's proxy answer for traffic to a paused sandbox made with ``autoResume`` off: 409, the sandbox left
+    paused (``Sandbox.connect`` resumes it). None: ``exc`` is another error."""
+    if exc.details.get("wakeOnTraffic") is not False:
+        return None
+    return _http_error(
+        409,
+        f"The sandbox {sandbox_id} is paused and auto-resume is off (lifecycle auto_resume False): resume it with"
+        " Sandbox.connect",
+    )
+
+
 def _unreachable(exc: AdxError, sandbox_id: str) -> RpcError:
     """How the E2B edge answers for a sandbox it cannot reach: 'not found' makes the SDK say it is not running."""
     if isinstance(exc, NotFoundError | ConflictError) and not isinstance(exc, NoCapacityError):
@@ -128,6 +140,8 @@ class EnvdDataPlane:
         try:
             return await ingress.forward(request, host.tenant, host.sandbox_id, path, read_timeout=timeout)
         except AdxError as exc:
+            if (paused := _paused_answer(exc, host.sandbox_id)) is not None:
+                return paused
             error = _unreachable(exc, host.sandbox_id)
             return _http_error(502 if error.code == "unavailable" else HTTP_STATUS[error.code], error.message)
 
@@ -152,6 +166,9 @@ class EnvdDataPlane:
         try:
             await ingress.forward_websocket(websocket, host.tenant, host.sandbox_id, path)
         except AdxError as exc:
+            if (paused := _paused_answer(exc, host.sandbox_id)) is not None:
+                await deny(websocket, paused)
+                return True
             error = _unreachable(exc, host.sandbox_id)
             status = 502 if error.code == "unavailable" else HTTP_STATUS[error.code]
             await deny(websocket, _http_error(status, error.message))
@@ -169,6 +186,8 @@ class EnvdDataPlane:
         except HttpFailure as exc:
             return exc.response()
         except AdxError as exc:
+            if (paused := _paused_answer(exc, sandbox_id)) is not None:
+                return paused  # the proxy's answer, before envd: plain HTTP for RPCs too
             error = _unreachable(exc, sandbox_id)
             if rpc:
                 return error_response(request, error)

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from adx.e2b._multipart import MultipartReader, boundary_of, disposition
+from adx.e2b._ranges import ranged
 from adx.e2b._upstream import Execd, execd_error, read_all
 from adx.errors import InvalidInputError
 
@@ -60,7 +61,7 @@ async def download(execd: Execd, request: Request, user: str) -> Response:
     # As envd (Go's ServeContent): the type by the name's extension, so a download URL opened in a browser shows
     # a page or an image; an unknown one stays octet-stream.
     upstream.headers["content-type"] = content_type(path)
-    return upstream
+    return await ranged(upstream, request.headers.get("range"))
 
 
 _COMPRESSED = {"gzip": "application/gzip", "bzip2": "application/x-bzip2", "xz": "application/x-xz"}

@@ -8,7 +8,8 @@
   the current USER. ``COPY [src, dest, user, mode]`` with ``filesHash``: COPY of the uploaded files, owned by
   ``user`` (else root) with ``mode``. ``ENV``, ``WORKDIR``, ``USER``: the same.
 - ``force`` (``skip_cache()``): from that step on the keys include the build's ID, so those layers are rebuilt.
-- ``startCmd``, ``readyCmd`` (``set_start_cmd``, ``set_ready_cmd``): recorded on the image's manifest.
+- ``startCmd``, ``readyCmd`` (``set_start_cmd``, ``set_ready_cmd``): recorded on the image's manifest; every
+  sandbox created from the template runs them before its create answers (adx.e2b._start_cmd).
 
 Steps run as the base image's user (``user`` on Debian, as on E2B's base image, whose ``pip_install`` and
 ``apt_install`` ask for ``root`` themselves). E2B numbers the steps from 1 (``base`` is the FROM): each ADX step

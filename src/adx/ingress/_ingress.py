@@ -45,7 +45,7 @@ from adx.ingress._relay_client import (
     RelayTransportError,
 )
 from adx.ingress._tokens import TokenCache, TokenClient, without_token_query
-from adx.model import DORMANT_STATES, ENDPOINT_TOKEN_QUERY, EnvironmentState
+from adx.model import DORMANT_STATES, ENDPOINT_TOKEN_QUERY, EnvironmentRecord, EnvironmentState
 from adx.proto import coordinator_pb2 as pb
 
 log = logging.getLogger("adx.ingress")
@@ -269,7 +269,7 @@ class Ingress:
                     raise RelayUnavailable(f"environment {environment_id} has no reachable node right now")
                 return self._remember(key, route)
             if state in _WAKEABLE:
-                return await self.wake(tenant, environment_id)
+                return await self.wake(tenant, environment_id, route.record)
             if state in _WAITABLE:
                 # Wait out a start in progress instead of failing a request that would succeed in a moment.
                 if time.monotonic() + delay > deadline:
@@ -284,8 +284,10 @@ class Ingress:
                 f"environment {environment_id} is {state.value}, not running", details={"state": state.value}
             )
 
-    async def wake(self, tenant: str, environment_id: str) -> str:
-        """Resume a paused Environment (CRD-5: the shared resume entry) and return its Relay."""
+    async def wake(self, tenant: str, environment_id: str, record: EnvironmentRecord | None = None) -> str:
+        """Resume a paused Environment (CRD-5: the shared resume entry) and return its Relay; refused (NotRunning)
+        for one whose ``lifecycle.wakeOnTraffic`` is false (``record``: its record, when the caller has it)."""
+        await self._check_wakes_on_traffic(tenant, environment_id, record)
         started = time.monotonic()
         route = await self._coordinator.ensure_running(tenant, environment_id, self._config.wake_timeout_seconds)
         if not route.relay_address:
@@ -297,6 +299,19 @@ class Ingress:
             extra={"env_id": environment_id, "node": route.record.node},
         )
         return self._remember((tenant, environment_id), route)
+
+    async def _check_wakes_on_traffic(self, tenant: str, environment_id: str, record: EnvironmentRecord | None) -> None:
+        if record is None:
+            cached = self.cached_route(tenant, environment_id, stale=True)  # the flag never changes: stale is fine
+            if cached is None:
+                cached = await self._coordinator.resolve_route(tenant, environment_id)
+            record = cached.record
+        if not record.spec.lifecycle.wake_on_traffic:
+            raise NotRunning(
+                f"environment {environment_id} is paused and its traffic does not wake it (lifecycle.wakeOnTraffic"
+                " is false): resume it explicitly",
+                details={"state": EnvironmentState.PAUSED.value, "wakeOnTraffic": False},
+            )
 
     def remember(self, tenant: str, route: Route) -> None:
         if route.record.state is EnvironmentState.RUNNING and route.relay_address:

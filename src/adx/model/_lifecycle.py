@@ -152,6 +152,9 @@ class Lifecycle(ApiModel):
     # the deadline it is deleted or paused (``lifetime_action``). None: no deadline.
     lifetime_seconds: Annotated[int, Strict(), Field(ge=1, le=30 * 86_400), INTEGRAL] | None = None
     lifetime_action: IdleAction = IdleAction.DELETE
+    # ENV-4: business traffic to a paused Environment resumes it. False: it stays paused until an explicit
+    # resume (EnsureRunning: the E2B ``connect``); its traffic is refused meanwhile (E2B's ``autoResume`` off).
+    wake_on_traffic: bool = True
 
     @model_validator(mode="after")
     def _pause_needs_a_window(self) -> Lifecycle:

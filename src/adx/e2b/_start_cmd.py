@@ -1,0 +1,166 @@
+"""A template's start and ready commands (``Template().set_start_cmd(start, ready)``), run when a sandbox is
+created from it.
+
+E2B runs the start command at the end of the template build and snapshots the sandbox with the process running,
+so a sandbox made from the template has it running from the first moment. ADX keeps no process memory in an
+image (nor across a pause), so the create does what the build did there: it launches the start command in the
+background (``bash -l -c``, as E2B runs commands) as the template's user in its workdir, then runs the ready
+command until it exits 0, and only then answers. A start command that ends with a non-zero exit before it is
+ready, or a ready command that has not succeeded by the deadline, fails the create with both commands' output
+(the caller deletes the sandbox: E2B never hands out a template sandbox that is not ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import TypedDict
+
+from adx.e2b._upstream import Execd, execd_error
+from adx.errors import ConflictError
+from adx.images import ImageManifest
+
+__all__ = ["StartCommand", "run_start_command", "start_command_of"]
+
+#: Between two runs of the ready command (E2B runs it in a loop until it exits 0).
+READY_INTERVAL_SECONDS = 0.2
+#: One run of the ready command at most (a hanging check is killed and run again while time remains).
+READY_ATTEMPT_SECONDS = 10.0
+#: Output kept for the error message, per command and stream.
+OUTPUT_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class StartCommand:
+    """What a sandbox of a template runs at create: E2B's ``startCmd`` and ``readyCmd``, as the template's user
+    in its workdir."""
+
+    start: str | None
+    ready: str | None
+    user: str
+    workdir: str
+
+    def argv(self, command: str) -> list[str]:
+        return ["/bin/bash", "-l", "-c", command]  # as the SDK's commands.run: a login shell
+
+
+def start_command_of(manifest: ImageManifest | None) -> StartCommand | None:
+    """The image's start/ready commands, None when it has neither (any image that is not such a template)."""
+    if manifest is None or not (manifest.start_cmd or manifest.ready_cmd):
+        return None
+    return StartCommand(manifest.start_cmd or None, manifest.ready_cmd or None, manifest.user, manifest.workdir)
+
+
+class _CommandBody(TypedDict, total=False):
+    """execd's ``POST /v1/commands`` body, the fields this module sends."""
+
+    argv: list[str]
+    background: bool
+    user: str
+    cwd: str
+    env: dict[str, str]
+    timeoutSeconds: float
+
+
+@dataclass
+class _Run:
+    exit_code: int | None
+    output: str
+
+
+def _frames_result(body: bytes) -> _Run:
+    """A foreground execd answer (NDJSON: start, output frames, end) as its exit code and combined output."""
+    output: list[str] = []
+    exit_code: int | None = None
+    for line in body.splitlines():
+        if not line.strip():
+            continue
+        frame = json.loads(line)
+        if "stream" in frame:
+            output.append(str(frame.get("data") or ""))
+        elif "exitCode" in frame:
+            exit_code = -1 if frame.get("signal") or frame.get("timedOut") else int(frame.get("exitCode") or 0)
+    return _Run(exit_code, "".join(output)[-OUTPUT_CHARS:])
+
+
+async def _launch(execd: Execd, command: StartCommand, env: dict[str, str]) -> str:
+    """The start command, in the background (it outlives the create); its execd ID."""
+    assert command.start is not None
+    body: _CommandBody = {
+        "argv": command.argv(command.start),
+        "background": True,
+        "user": command.user,
+        "cwd": command.workdir,
+        "env": env,
+    }
+    status, answer = await execd.call("POST", "/v1/commands", json_body=body)
+    if status != 201:
+        code, message = execd_error(answer)
+        raise ConflictError(f"the template's start command {command.start!r} could not be started: {message} ({code})")
+    return str(json.loads(answer)["id"])
+
+
+async def _ended(execd: Execd, command_id: str) -> _Run | None:
+    """The start command's end (exit code and output) once it has exited, else None (still running)."""
+    status, answer = await execd.call("GET", f"/v1/commands/{command_id}")
+    if status != 200:
+        return None
+    state = json.loads(answer)
+    if state.get("state") == "running":
+        return None
+    code = -1 if state.get("signal") else int(state.get("exitCode") or 0)
+    output = []
+    for stream in ("stdout", "stderr"):
+        got, text = await execd.call("GET", f"/v1/commands/{command_id}/output", query={"stream": stream})
+        if got == 200:
+            output.append(str(json.loads(text).get("data") or ""))
+    return _Run(code, "".join(output)[-OUTPUT_CHARS:])
+
+
+async def _ready_once(execd: Execd, command: StartCommand, env: dict[str, str], seconds: float) -> _Run:
+    assert command.ready is not None
+    body: _CommandBody = {
+        "argv": command.argv(command.ready),
+        "user": command.user,
+        "cwd": command.workdir,
+        "env": env,
+        "timeoutSeconds": max(0.1, min(READY_ATTEMPT_SECONDS, seconds)),
+    }
+    status, answer = await execd.call("POST", "/v1/commands", json_body=body)
+    if status != 200:
+        code, message = execd_error(answer)
+        raise ConflictError(f"the template's ready command {command.ready!r} could not be run: {message} ({code})")
+    return _frames_result(answer)
+
+
+async def run_start_command(execd: Execd, command: StartCommand, env: dict[str, str], within: float) -> None:
+    """Launch the start command, then run the ready command until it exits 0 (``within`` seconds in all).
+
+    Raises ``ConflictError`` (409, as a sandbox that did not start) naming the command, why, and its output."""
+    deadline = time.monotonic() + within
+    started = await _launch(execd, command, env) if command.start else None
+    if command.ready is None:
+        return  # nothing says when it is ready: launched is all E2B's build would have waited for either
+    last: _Run | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            last = await _ready_once(execd, command, env, remaining)
+            if last.exit_code == 0:
+                return
+        if started is not None:
+            ended = await _ended(execd, started)
+            if ended is not None and ended.exit_code != 0:
+                raise ConflictError(
+                    f"the template's start command {command.start!r} exited with code {ended.exit_code} before "
+                    f"its ready command {command.ready!r} succeeded; its output: {ended.output!r}"
+                )
+        if time.monotonic() + READY_INTERVAL_SECONDS >= deadline:
+            seen = f"exit code {last.exit_code}, output {last.output!r}" if last is not None else "it never ran"
+            raise ConflictError(
+                f"the template's ready command {command.ready!r} did not succeed within {within:g} s (its last run:"
+                f" {seen}); the start command {command.start!r} runs as {command.user!r} in {command.workdir}"
+            )
+        await asyncio.sleep(READY_INTERVAL_SECONDS)
