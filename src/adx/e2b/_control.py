@@ -24,7 +24,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qsl
@@ -206,6 +206,17 @@ def _object(value: object, field: str) -> dict[str, Any]:
     return value
 
 
+async def _body(request: Request, fields: Collection[str] | None = None, *, optional: bool = False) -> dict[str, Any]:
+    """The request's JSON object (``{}`` for an absent body when ``optional``); with ``fields``, a field outside
+    them is refused by name, as E2B's API refuses what it does not know."""
+    value = await read_json(request, plane(request).config.max_body_bytes)
+    body = _object({} if value is None and optional else value, "body")
+    unknown = sorted(set(body) - set(fields)) if fields is not None else []
+    if unknown:
+        raise InvalidInputError(unknown[0], "unknown field")
+    return body
+
+
 def _timeout(value: object, field: str = "timeout", *, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         wanted = "an integer >= 0" if allow_zero else "a positive integer"
@@ -220,10 +231,7 @@ def _timeout(value: object, field: str = "timeout", *, allow_zero: bool = False)
 async def create_sandbox(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = _object(await read_json(request, p.config.max_body_bytes), "body")
-    unknown = sorted(set(body) - _CREATE_FIELDS)
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+    body = await _body(request, _CREATE_FIELDS)
     for unsupported in ("mcp", "iam"):
         if body.get(unsupported):
             raise InvalidInputError(unsupported, "is not supported by this server")
@@ -435,7 +443,7 @@ async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
 async def set_timeout(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = _object(await read_json(request, p.config.max_body_bytes), "body")
+    body = await _body(request)
     seconds = body.get("timeout")
     if seconds == 0 and not isinstance(seconds, bool):
         # E2B counts the timeout from now: 0 expires the sandbox at once, with its timeout action.
@@ -471,7 +479,7 @@ async def update_network(request: Request, sandbox_id: str) -> Response:
     (docs/network.md; a sandbox made without egress gets it at its next start or resume)."""
     p = plane(request)
     tenant = await _tenant(request)
-    body = _object(await read_json(request, p.config.max_body_bytes), "body")
+    body = await _body(request)
     network = network_policy(None, body, field="body")
     record = await _visible(p, tenant, sandbox_id)
     await p.coordinator.set_network(tenant, record.id, network)

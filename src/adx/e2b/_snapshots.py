@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._control import (
-    _object,
+    _body,
     _tenant,
     _timeout,
     _visible,
@@ -37,7 +37,7 @@ from adx.e2b._control import (
 )
 from adx.e2b._snapshot_client import create_from_snapshot, create_snapshot, delete_snapshot, list_snapshots
 from adx.errors import AdxError, InvalidInputError
-from adx.gateway import Plane, plane, read_json, status_for
+from adx.gateway import Plane, plane, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, Snapshot
 
 snapshot_router = APIRouter(include_in_schema=False)
@@ -66,10 +66,7 @@ def _memory(body: dict[str, Any]) -> None:
 async def create_snapshot_route(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = _object(await read_json(request, p.config.max_body_bytes) or {}, "body")
-    unknown = sorted(set(body) - {"name", "memory"})
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+    body = await _body(request, {"name", "memory"}, optional=True)
     _memory(body)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
@@ -114,10 +111,7 @@ async def delete_snapshot_route(request: Request, template_id: str) -> Response:
 async def fork_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = _object(await read_json(request, p.config.max_body_bytes) or {}, "body")
-    unknown = sorted(set(body) - {"timeout", "count"})
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+    body = await _body(request, {"timeout", "count"}, optional=True)
     count = body.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_FORKS:
         raise InvalidInputError("count", f"must be an integer from 1 to {MAX_FORKS}, got {count!r}")

@@ -39,7 +39,7 @@ from typing import Any, ParamSpec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from adx.e2b._control import _object, _tenant, e2b_errors
+from adx.e2b._control import _body, _object, _tenant, e2b_errors
 from adx.e2b._envd import tokens_for
 from adx.e2b._snapshot_client import delete_snapshot
 from adx.e2b._template_build import DEFAULT_STEP_MEMORY_BYTES, BuildJob, TemplateBuilder
@@ -144,13 +144,9 @@ def _in_progress(templates: TemplateStore, record: TemplateRecord) -> bool:
 @template_router.post("/v3/templates")
 @template_route
 async def request_build(request: Request) -> Response:
-    p = plane(request)
     tenant = await _tenant(request)
     builder = _builder(request)
-    body = _object(await read_json(request, p.config.max_body_bytes), "body")
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+    body = await _body(request, _FIELDS)
     if body.get("tags"):
         raise InvalidInputError("tags", "tags are not supported (a template is one image, its last build)")
     name = _name(body)

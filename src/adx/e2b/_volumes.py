@@ -24,11 +24,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from adx.e2b._control import _iso, _object, _tenant, e2b_errors
+from adx.e2b._control import _body, _iso, _tenant, e2b_errors
 from adx.e2b._envd import tokens_for
 from adx.e2b._tokens import _b64, _unb64
 from adx.errors import AuthenticationError, InvalidInputError
-from adx.gateway import delete_volume, plane, read_json, volume_store
+from adx.gateway import delete_volume, plane, volume_store
 from adx.model import Volume
 from adx.volumes import EntryStat, VolumeFiles
 
@@ -68,10 +68,7 @@ def _with_token(request: Request, volume: Volume) -> dict[str, Any]:
 async def create_volume(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = _object(await read_json(request, p.config.max_body_bytes), "body")
-    unknown = sorted(set(body) - {"name"})
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+    body = await _body(request, {"name"})
     name = body.get("name")
     if not isinstance(name, str):
         raise InvalidInputError("name", "required (a string)")
@@ -193,10 +190,7 @@ async def stat_path(request: Request, volume_id: str) -> Response:
 @e2b_errors
 async def patch_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
-    body = _object(await read_json(request, plane(request).config.max_body_bytes), "body")
-    unknown = sorted(set(body) - {"uid", "gid", "mode"})
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+    body = await _body(request, {"uid", "gid", "mode"})
     for name, value in body.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise InvalidInputError(name, "must be a non-negative integer")
