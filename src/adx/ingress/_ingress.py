@@ -14,7 +14,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from urllib.parse import quote
 
 from fastapi import Request
@@ -45,7 +45,13 @@ from adx.ingress._relay_client import (
     RelayTransportError,
 )
 from adx.ingress._tokens import TokenCache, TokenClient, without_token_query
-from adx.model import DORMANT_STATES, ENDPOINT_TOKEN_QUERY, EnvironmentRecord, EnvironmentState
+from adx.model import (
+    DORMANT_STATES,
+    ENDPOINT_TOKEN_QUERY,
+    FORWARDED_HOST_HEADER,
+    EnvironmentRecord,
+    EnvironmentState,
+)
 from adx.proto import coordinator_pb2 as pb
 
 log = logging.getLogger("adx.ingress")
@@ -367,7 +373,7 @@ class Ingress:
         As ``forward``: a paused or pausing Environment is woken and the upgrade sent again (ENV-4, IDLE-6); the
         Relay's or the service's refusal (any HTTP answer but 101) is the client's answer, as it came. AdxError
         (not found, relay unavailable...) is raised before anything is answered."""
-        headers = [(k, v) for k, v in websocket.headers.items() if k.lower() not in _HOP and not _carries_token(k, v)]
+        headers = _relayed_headers(websocket.headers, _HOP)
         query = without_token_query(websocket.url.query)
         target = quote(f"/{environment_id}{execd_path}", safe=_PATH_SAFE) + (f"?{query}" if query else "")
         subprotocols = list(websocket.scope.get("subprotocols") or [])
@@ -420,7 +426,7 @@ class Ingress:
         # A buffered body is sent with its own Content-Length; a streamed one keeps the caller's (if any), so it
         # is not re-encoded as chunked on the way.
         drop = _HOP | {"content-length"} if body is not None else _HOP
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop and not _carries_token(k, v)]
+        headers = _relayed_headers(request.headers, drop)
         query = without_token_query(request.url.query)  # an endpoint token never reaches the workload
         target = quote(f"/{environment_id}{execd_path}", safe=_PATH_SAFE) + (f"?{query}" if query else "")
         for attempt in (1, 2):
@@ -440,6 +446,21 @@ class Ingress:
             except RelayTransportError as exc:
                 raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc}") from None
         raise AssertionError("unreachable")
+
+
+def _relayed_headers(incoming: Mapping[str, str], drop: frozenset[str]) -> list[tuple[str, str]]:
+    """The client's headers as sent on to the Relay: hop-by-hop and credentials dropped, and the Host the client
+    asked for carried as ``X-Forwarded-Host`` (a client's own is replaced): the Relay gives it to a service in the
+    sandbox as its Host, as E2B's proxy passes the sandbox host name on."""
+    headers = [
+        (k, v)
+        for k, v in incoming.items()
+        if k.lower() not in drop and k.lower() != FORWARDED_HOST_HEADER and not _carries_token(k, v)
+    ]
+    host = incoming.get("host")
+    if host:
+        headers.append((FORWARDED_HOST_HEADER, host))
+    return headers
 
 
 def _carries_token(name: str, value: str) -> bool:

@@ -17,6 +17,7 @@ from adx.model._base import WholeNumber
 from adx.model._dataplane import (
     ACCOUNT,
     COMMAND_ID,
+    FORWARDED_HOST_HEADER,
     NO_NUL,
     CommandList,
     CommandOutput,
@@ -102,6 +103,7 @@ __all__ = [
     "ENDPOINT_TOKEN_QUERY",
     "ENVIRONMENT",
     "EXECUTION",
+    "FORWARDED_HOST_HEADER",
     "MAX_CPU_OVERCOMMIT",
     "MAX_ENDPOINT_TOKENS",
     "MAX_ENDPOINT_TOKEN_TTL_SECONDS",

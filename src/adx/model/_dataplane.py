@@ -16,6 +16,9 @@ from pydantic.config import JsonDict
 
 from adx.model._base import INTEGRAL, ApiModel
 
+#: The header in which the Ingress tells the Relay what Host a client asked for; the Relay gives it to a service in
+#: the sandbox as its Host (a ``get_host(port)`` name, as E2B's proxy passes the sandbox host name on).
+FORWARDED_HOST_HEADER = "x-forwarded-host"
 #: execd's longest command timeout (``MAX_TIMEOUT``): seven days.
 MAX_COMMAND_TIMEOUT_SECONDS = 7 * 86_400.0
 #: No NUL anywhere: the kernel takes none inside an argument, a path, a variable or an account name.

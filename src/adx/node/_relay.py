@@ -39,6 +39,7 @@ from adx.errors import (
     NotFoundError,
     UnavailableError,
 )
+from adx.model import FORWARDED_HOST_HEADER
 from adx.node._ports import NamespaceConnector, PortResponse, http_over_socket
 
 log = logging.getLogger("adx.node.relay")
@@ -232,7 +233,7 @@ class Relay:
                 _raw_target(request, f"/{env_id}/port/{port}"),
                 headers,
                 request.stream(),
-                host=f"127.0.0.1:{port}",
+                host=request.headers.get(FORWARDED_HOST_HEADER) or f"127.0.0.1:{port}",
             )
         except AdxError as exc:
             self.streams.closed(env_id)
@@ -259,7 +260,7 @@ class Relay:
                 upstream = await WebSocketClient.open(
                     reader,
                     writer,
-                    host=f"127.0.0.1:{port}",
+                    host=websocket.headers.get(FORWARDED_HOST_HEADER) or f"127.0.0.1:{port}",
                     target=_raw_target(websocket, f"/{env_id}/port/{port}"),
                     headers=headers,
                     subprotocols=list(websocket.scope.get("subprotocols") or []),
