@@ -77,17 +77,15 @@ class Node:
         return created
 
 
-@pytest.fixture
-async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIterator[Node]:
-    cluster, _ = await coordinator_cluster()
-    channel, stub = cluster.stub("n1")
+async def registered_reporter(stub: Any, node: str = "n1") -> Reporter:
+    """The node's real Reporter, registered with the Coordinator behind ``stub`` (a first report)."""
 
     async def capacity() -> Resources:
         return Resources(cpu_millis=8000, memory_bytes=16 * GiB)
 
     reporter = Reporter(
         stub,
-        node="n1",
+        node=node,
         address="127.0.0.1:1",
         relay_address="127.0.0.1:2",
         tracker=CapacityTracker(capacity, 60),
@@ -95,6 +93,14 @@ async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIt
         rpc_timeout=5,
     )
     await reporter.report_once()
+    return reporter
+
+
+@pytest.fixture
+async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIterator[Node]:
+    cluster, _ = await coordinator_cluster()
+    channel, stub = cluster.stub("n1")
+    reporter = await registered_reporter(stub)
     driver = SandboxdDriver(sandboxd.socket)
     store = CoordinatorStore.from_url(cluster.config.redis_url)
     sink = CoordinatorSink(stub, "n1", lambda: reporter.state.session, rpc_timeout=5)
