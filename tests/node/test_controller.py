@@ -60,21 +60,26 @@ class Node:
         return controller
 
     async def new_environment(self, **spec: Any) -> EnvironmentRecord:
-        now = time.time()
-        record = EnvironmentRecord(
-            id=new_id("env"),
-            tenant="acme",
-            spec=EnvironmentSpec(resources=Resources(cpu_millis=250, memory_bytes=256 * 2**20), **spec),
-            state=EnvironmentState.PENDING,
-            node="n1",
-            generation=1,
-            revision=1,
-            created_at=now,
-            updated_at=now,
-        )
-        created = (await self.store.create_environment(record)).record
-        self.cluster.coordinator.service.cache.apply(created)
-        return created
+        return await placed_environment(self.store, self.cluster, **spec)
+
+
+async def placed_environment(store: CoordinatorStore, cluster: Any, **spec: Any) -> EnvironmentRecord:
+    """A pending Environment placed on n1, stored in Redis and in the Coordinator's cache (as a create does)."""
+    now = time.time()
+    record = EnvironmentRecord(
+        id=new_id("env"),
+        tenant="acme",
+        spec=EnvironmentSpec(resources=Resources(cpu_millis=250, memory_bytes=256 * 2**20), **spec),
+        state=EnvironmentState.PENDING,
+        node="n1",
+        generation=1,
+        revision=1,
+        created_at=now,
+        updated_at=now,
+    )
+    created = (await store.create_environment(record)).record
+    cluster.coordinator.service.cache.apply(created)
+    return created
 
 
 async def registered_reporter(stub: Any, node: str = "n1") -> Reporter:

@@ -11,15 +11,14 @@ never to be published.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
-from test_controller import registered_reporter
+from test_controller import placed_environment, registered_reporter
 
 from adx.coordinator import CoordinatorStore
 from adx.errors import SessionRejectedError
-from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, Resources, new_id
+from adx.model import EnvironmentRecord, EnvironmentState, new_id
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._journal import DegradationJournal, NewResult, spec_digest
 from adx.node._replay import ReplayEnd, replay
@@ -57,23 +56,7 @@ async def test_a_session_rejected_during_replay_keeps_the_journaled_results_and_
         reporter = await registered_reporter(stub)
         old_session = reporter.state.session
         assert reporter.state.registered and old_session
-        now = time.time()
-        created = (
-            await store.create_environment(
-                EnvironmentRecord(
-                    id=new_id("env"),
-                    tenant="acme",
-                    spec=EnvironmentSpec(resources=Resources(cpu_millis=250, memory_bytes=256 * 2**20)),
-                    state=S.PENDING,
-                    node="n1",
-                    generation=1,
-                    revision=1,
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
-        ).record
-        cluster.coordinator.service.cache.apply(created)
+        created = await placed_environment(store, cluster)
         execution_id = new_id("exe")
         await journal.append(_result(created, 1, S.PENDING, S.STARTING, execution_id))
         await journal.append(_result(created, 2, S.STARTING, S.RUNNING, execution_id))
