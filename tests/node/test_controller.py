@@ -60,34 +60,37 @@ class Node:
         return controller
 
     async def new_environment(self, **spec: Any) -> EnvironmentRecord:
-        now = time.time()
-        record = EnvironmentRecord(
-            id=new_id("env"),
-            tenant="acme",
-            spec=EnvironmentSpec(resources=Resources(cpu_millis=250, memory_bytes=256 * 2**20), **spec),
-            state=EnvironmentState.PENDING,
-            node="n1",
-            generation=1,
-            revision=1,
-            created_at=now,
-            updated_at=now,
-        )
-        created = (await self.store.create_environment(record)).record
-        self.cluster.coordinator.service.cache.apply(created)
-        return created
+        return await placed_environment(self.store, self.cluster, **spec)
 
 
-@pytest.fixture
-async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIterator[Node]:
-    cluster, _ = await coordinator_cluster()
-    channel, stub = cluster.stub("n1")
+async def placed_environment(store: CoordinatorStore, cluster: Any, **spec: Any) -> EnvironmentRecord:
+    """A pending Environment placed on n1, stored in Redis and in the Coordinator's cache (as a create does)."""
+    now = time.time()
+    record = EnvironmentRecord(
+        id=new_id("env"),
+        tenant="acme",
+        spec=EnvironmentSpec(resources=Resources(cpu_millis=250, memory_bytes=256 * 2**20), **spec),
+        state=EnvironmentState.PENDING,
+        node="n1",
+        generation=1,
+        revision=1,
+        created_at=now,
+        updated_at=now,
+    )
+    created = (await store.create_environment(record)).record
+    cluster.coordinator.service.cache.apply(created)
+    return created
+
+
+async def registered_reporter(stub: Any, node: str = "n1") -> Reporter:
+    """The node's real Reporter, registered with the Coordinator behind ``stub`` (a first report)."""
 
     async def capacity() -> Resources:
         return Resources(cpu_millis=8000, memory_bytes=16 * GiB)
 
     reporter = Reporter(
         stub,
-        node="n1",
+        node=node,
         address="127.0.0.1:1",
         relay_address="127.0.0.1:2",
         tracker=CapacityTracker(capacity, 60),
@@ -95,6 +98,14 @@ async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIt
         rpc_timeout=5,
     )
     await reporter.report_once()
+    return reporter
+
+
+@pytest.fixture
+async def node(coordinator_cluster, sandboxd: Daemon, tmp_path: Path) -> AsyncIterator[Node]:
+    cluster, _ = await coordinator_cluster()
+    channel, stub = cluster.stub("n1")
+    reporter = await registered_reporter(stub)
     driver = SandboxdDriver(sandboxd.socket)
     store = CoordinatorStore.from_url(cluster.config.redis_url)
     sink = CoordinatorSink(stub, "n1", lambda: reporter.state.session, rpc_timeout=5)

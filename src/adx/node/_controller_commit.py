@@ -47,7 +47,11 @@ class CommitSteps(ControllerCore):
                     journaled = True
                     break
                 # The journal refuses writes: publish what it holds if the Coordinator is back, then commit.
-                await self._publish_journaled()
+                try:
+                    await self._publish_journaled()
+                except SessionRejectedError as exc:
+                    # NOD-6: the node registers again; the entries stay journaled and this result pending.
+                    log.warning("journal replay waits for the node's new session: %s", exc, extra=self._context())
                 if self.unpublished:
                     await retry_delay.sleep()
                 continue

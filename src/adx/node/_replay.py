@@ -20,7 +20,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from adx.errors import AdxError, ConflictError, NotFoundError, UnavailableError, UncertainOutcomeError
+from adx.errors import (
+    AdxError,
+    ConflictError,
+    NotFoundError,
+    SessionRejectedError,
+    UnavailableError,
+    UncertainOutcomeError,
+)
 from adx.model import EnvironmentRecord
 from adx.node._journal import DegradationJournal, PendingResult, spec_digest
 
@@ -67,7 +74,10 @@ async def replay(
     entries: list[PendingResult],
     latest: Callable[[str], Awaitable[EnvironmentRecord | None]],
 ) -> ReplayOutcome:
-    """Replay one Environment's ``entries`` (ordered by sequence) and forget those that are done."""
+    """Replay one Environment's ``entries`` (ordered by sequence) and forget those that are done.
+
+    Raises SessionRejectedError (after forgetting what is done) when the Coordinator refused the node's session:
+    the node registers again and the rest stays journaled for the next replay (NOD-6)."""
     outcome = ReplayOutcome(ReplayEnd.DONE)
     finished: list[int] = []
     index = 0
@@ -77,6 +87,11 @@ async def replay(
             try:
                 outcome.record = await _commit(sink, entry, entry.base_revision)
                 done = [entry]
+            except SessionRejectedError:
+                # NOD-6: a refused session (expired, or replaced while this commit was in flight) says nothing of
+                # the entry; judged as a conflict against a record read under the new session, the authority
+                # still showing the entry's base read as "conflict" and dropped every entry for good.
+                raise
             except (ConflictError, NotFoundError) as exc:
                 current = await latest(entry.env_id)
                 landed = _landed(entries[index:], current)
