@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 import adx.model
 from adx.errors import ConflictError, InvalidInputError
@@ -262,3 +263,12 @@ def test_ids() -> None:
 def test_public_exports_are_honest() -> None:
     for name in adx.model.__all__:
         assert hasattr(adx.model, name), name
+
+
+@pytest.mark.parametrize("value", [0, 1, "true", "no", 1.0])
+def test_wake_on_traffic_takes_only_a_json_boolean(value: object) -> None:
+    """The published schema says boolean: a number or a string is refused naming the field (schemathesis found
+    ``"wakeOnTraffic": 0`` accepted as false)."""
+    with pytest.raises(ValidationError) as info:
+        Lifecycle.model_validate({"wakeOnTraffic": value})
+    assert "wakeOnTraffic" in str(info.value)

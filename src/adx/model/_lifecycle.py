@@ -154,7 +154,7 @@ class Lifecycle(ApiModel):
     lifetime_action: IdleAction = IdleAction.DELETE
     # ENV-4: business traffic to a paused Environment resumes it. False: it stays paused until an explicit
     # resume (EnsureRunning: the E2B ``connect``); its traffic is refused meanwhile (E2B's ``autoResume`` off).
-    wake_on_traffic: bool = True
+    wake_on_traffic: Annotated[bool, Strict()] = True
 
     @model_validator(mode="after")
     def _pause_needs_a_window(self) -> Lifecycle:
