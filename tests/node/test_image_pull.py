@@ -223,3 +223,19 @@ async def test_an_image_on_no_node_is_not_found_naming_it(node_cluster) -> None:
         await nc.nodes["n2"].images.ensure("nowhere")
     assert missing.value.details == {"field": "image", "image": "nowhere"}
     assert "'nowhere'" in missing.value.message and "n1" in missing.value.message
+
+
+async def test_the_nodes_own_images_are_never_pulled(
+    node_cluster,
+    api_for,  # noqa: F811
+) -> None:
+    """``base`` and ``host`` are every node's own (the host-derived skeleton or the node's base): a create naming
+    one runs on its node and is never looked for in a store or on a peer."""
+    nc = await node_cluster(nodes=("n1", "n2"))
+    stack: ApiStack = await api_for(nc.cluster)
+    key = await stack.tenant("acme")
+    async with adx.AsyncClient(api_url=stack.url, api_key=key) as api:
+        for image in ("host", "base"):
+            env = await api.environments.create(image=image, cpu=0.5, memory="256Mi")
+            assert (await env.commands.run("true")).exit_code == 0, image
+            await env.delete()

@@ -58,7 +58,7 @@ from adx.e2b._template_store import (
 from adx.errors import AdxError, ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 from adx.gateway import plane, read_json
 from adx.images import ImageStore, validate_image_name
-from adx.model import parse_wire
+from adx.model import NODE_IMAGES, parse_wire
 
 __all__ = ["template_router"]
 
@@ -172,7 +172,7 @@ def _new_build_locked(
     templates.sweep_staging()  # uploads and unpackings a crash left (cheap: a glob of two directories)
     record = templates.find_template(name)
     if record is None:
-        if builder.images.find(name) is not None or name in ("base", "host"):
+        if builder.images.find(name) is not None or name in NODE_IMAGES:
             raise ConflictError(f"{name!r} is an image not built from an E2B template: choose another name")
         record = TemplateRecord(name=name, tenant=tenant, created_at=time.time())
     elif record.tenant != tenant:
@@ -391,7 +391,7 @@ async def alias_exists(request: Request, alias: str) -> Response:
             return JSONResponse({"code": 403, "message": f"template {alias} belongs to another team"}, status_code=403)
         if record.ready_build is not None:
             return JSONResponse({"templateID": alias, "public": False})
-    elif alias in ("base", "host") or await asyncio.to_thread(_is_image, builder, alias):
+    elif alias in NODE_IMAGES or await asyncio.to_thread(_is_image, builder, alias):
         return JSONResponse({"templateID": alias, "public": True})  # an image every tenant may start
     raise NotFoundError(f"template {alias} not found")
 

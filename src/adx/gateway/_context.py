@@ -22,7 +22,7 @@ from adx.gateway._config import ApiConfig
 from adx.gateway._coordinator import CoordinatorClient, Route
 from adx.gateway._errors import not_found
 from adx.gateway._openapi import OpenApiResponses, error_answer
-from adx.model import DORMANT_STATES, ENVIRONMENT, EnvironmentState, EnvironmentStats, check_id
+from adx.model import DORMANT_STATES, ENVIRONMENT, NODE_IMAGES, EnvironmentState, EnvironmentStats, check_id
 
 
 class RouteCache(Protocol):
@@ -103,7 +103,7 @@ class Plane:
         """422 naming ``field`` when the configured image store lacks image ``name`` (``base``/``host``: the
         nodes' default, always there)."""
         images = self.config.images_dir
-        if images is None or name in ("base", "host"):
+        if images is None or name in NODE_IMAGES:
             return
         from adx.images import ImageStore
 

@@ -54,6 +54,11 @@ def _spec_schema(schema: JsonSchemaValue) -> None:
     )
 
 
+#: The images every node has of its own (its ``base`` image and the host-derived skeleton ``host``): never looked
+#: up in an image store, never pulled from another node.
+NODE_IMAGES = frozenset({"base", "host"})
+
+
 class EnvironmentSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(json_schema_extra=_spec_schema)
 

@@ -116,10 +116,10 @@ class ImagePuller:
         self._images: dict[str, asyncio.Future[PullReport | None]] = {}
         self._layers: dict[str, asyncio.Future[int]] = {}
 
-    async def ensure(self, name: str | None) -> PullReport | None:
-        """Make image ``name`` (None: ``base``) present in this node's store, pulling it when it is not: None
-        when it was there already. Concurrent calls for one image share one pull."""
-        name = name or "base"
+    async def ensure(self, name: str) -> PullReport | None:
+        """Make image ``name`` present in this node's store, pulling it when it is not: None when it was there
+        already. Concurrent calls for one image share one pull. (The node's own images, ``NODE_IMAGES``, are
+        never asked for: the driver skips them.)"""
         store = await self.store()
         if await asyncio.to_thread(_complete, store, name):
             return None

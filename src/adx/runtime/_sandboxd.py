@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from adx._fs import ShortUnixPath
 from adx.errors import AdxError, InvalidInputError, NotFoundError, UnavailableError, VersionMismatchError
-from adx.model import NetworkPolicy, Resources, volume_data_dir
+from adx.model import NODE_IMAGES, NetworkPolicy, Resources, volume_data_dir
 from adx.runtime._driver import (
     Artifact,
     DriverCapabilities,
@@ -184,8 +184,7 @@ class SandboxdDriver:
         return Execution(spec.env_id, spec.generation, spec.execution_id, native=ref.model_dump())
 
     async def _ensure_image(self, spec: ExecutionSpec) -> None:
-        # ``base`` (and no image) is each node's own default: never pulled.
-        if spec.spec.image not in (None, "base") and self.ensure_image is not None:
+        if spec.spec.image not in NODE_IMAGES and self.ensure_image is not None:
             await self.ensure_image(spec.spec.image)
 
     async def start(self, spec: ExecutionSpec) -> Execution:
