@@ -218,3 +218,47 @@ async def test_commit_result_checks_owner_version_and_fields(coordinator_cluster
         await call("commit", stub.CommitResult(commit("n1", session, 1, {"state": "running"})))
     await channel.close()
     await other_channel.close()
+
+
+@pytest.mark.req("CRD-2")
+async def test_a_commit_between_two_inspects_is_served_by_the_second(coordinator_cluster) -> None:
+    """Issue 16: InspectNode reuses each record's wire form while the record is unchanged; a commit (the node's
+    own, or one interleaved with concurrent InspectNode calls) is in the next reply."""
+    cluster, seeded = await coordinator_cluster(before_start=seeder("n1", 3))
+    channel, stub = cluster.stub("n1")
+    session = await register(stub, "n1")
+
+    async def inspect() -> dict[str, EnvironmentRecord]:
+        reply = await call("inspect", stub.InspectNode(pb.InspectNodeRequest(node="n1", session=session)))
+        records = [EnvironmentRecord.model_validate_json(doc) for doc in reply.environment_json]
+        return {r.id: r for r in records}
+
+    def commit(env: EnvironmentRecord, revision: int, state: str) -> pb.CommitResultRequest:
+        return pb.CommitResultRequest(
+            node="n1",
+            session=session,
+            environment_id=env.id,
+            expected_revision=revision,
+            expected_generation=1,
+            changes_json=json.dumps({"state": state}),
+        )
+
+    env = seeded[0]
+    assert (await inspect())[env.id].state is EnvironmentState.PENDING
+    await call("commit", stub.CommitResult(commit(env, 1, "starting")))
+    second = await inspect()
+    assert (second[env.id].revision, second[env.id].state) == (2, EnvironmentState.STARTING)
+    assert {r.revision for r in second.values()} == {1, 2}
+
+    # Commits racing InspectNode calls: every reply shows each record at a revision no older than the one
+    # committed before that call began, and the last reply shows what was committed last.
+    revision = 2
+    for state in ("running", "failed", "starting", "running"):
+        committed_before = revision
+        seen, _ = await asyncio.gather(inspect(), call("commit", stub.CommitResult(commit(env, revision, state))))
+        assert seen[env.id].revision >= committed_before
+        revision += 1
+        assert (await inspect())[env.id].revision == revision
+    final = (await inspect())[env.id]
+    assert (final.revision, final.state) == (6, EnvironmentState.RUNNING)
+    await channel.close()

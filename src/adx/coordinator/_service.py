@@ -169,7 +169,6 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
         except AdxError as exc:
             await abort_with(context, exc)
-        catalog = self.cache.node_catalog(request.node)
         node = self.cache.nodes[request.node]
         retired = [
             ref.model_dump_json(by_alias=True)
@@ -177,7 +176,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             if ref.node == request.node or (ref.storage == "shared" and node.shared_storage)
         ]
         return pb.InspectNodeResponse(
-            environment_json=[record.model_dump_json(by_alias=True) for record in catalog],
+            environment_json=self.cache.node_catalog_wire(request.node),
             served_at=time.time(),
             retired_checkpoint_json=retired,
             referenced_checkpoint_ids=references,
