@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import json
-import time
+
+from test_service import new_record
 
 from adx.coordinator._cache import CoordinatorCache
-from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, Resources, new_id
-
-
-def record(node: str = "n1") -> EnvironmentRecord:
-    now = time.time()
-    return EnvironmentRecord(
-        id=new_id("env"),
-        tenant="acme",
-        spec=EnvironmentSpec(resources=Resources(cpu_millis=100, memory_bytes=2**27)),
-        state=EnvironmentState.RUNNING,
-        node=node,
-        generation=1,
-        revision=1,
-        created_at=now,
-        updated_at=now,
-    )
+from adx.model import EnvironmentState
 
 
 def test_a_records_wire_form_is_made_once_per_version_and_follows_every_commit() -> None:
     cache = CoordinatorCache()
-    first = record()
+    first = new_record("n1")
     cache.apply(first)
     (wire,) = cache.node_catalog_wire("n1")
     assert json.loads(wire) == first.to_wire()
@@ -46,7 +32,7 @@ def test_a_records_wire_form_is_made_once_per_version_and_follows_every_commit()
 
 def test_an_older_version_neither_replaces_the_record_nor_its_wire_form() -> None:
     cache = CoordinatorCache()
-    newer = record().model_copy(update={"revision": 5, "state": EnvironmentState.PAUSED})
+    newer = new_record("n1").model_copy(update={"revision": 5, "state": EnvironmentState.PAUSED})
     cache.apply(newer)
     (wire,) = cache.node_catalog_wire("n1")
     cache.apply(newer.model_copy(update={"revision": 4, "state": EnvironmentState.RUNNING}))
@@ -56,7 +42,7 @@ def test_an_older_version_neither_replaces_the_record_nor_its_wire_form() -> Non
 
 def test_a_deleted_record_leaves_the_catalog_and_its_wire_form_is_dropped() -> None:
     cache = CoordinatorCache()
-    kept, gone = record(), record()
+    kept, gone = new_record("n1"), new_record("n1")
     cache.apply(kept)
     cache.apply(gone)
     assert len(cache.node_catalog_wire("n1")) == 2
