@@ -97,13 +97,22 @@ def coordinator_channel(
 ) -> FailoverChannel:
     """A ``grpc.aio.Channel`` to the active one of ``targets`` (``"a:1,b:2"`` or a list). Create it inside the
     event loop that uses it (grpc.aio binds to it)."""
-    return FailoverChannel(
-        parse_targets(targets),
-        credentials,
-        probe_timeout=probe_timeout,
-        failover_timeout=failover_timeout,
-        stream_silence_timeout=stream_silence_timeout,
-    )
+    policy = FailoverPolicy(probe_timeout, failover_timeout, stream_silence_timeout)
+    return FailoverChannel(parse_targets(targets), credentials, policy)
+
+
+@dataclass(frozen=True)
+class FailoverPolicy:
+    """How a FailoverChannel looks for the active replica and what it may send again."""
+
+    #: How long each replica's Health probe may take.
+    probe_timeout: float = 1.0
+    #: How long a call waits for an active replica to be found.
+    failover_timeout: float = 30.0
+    #: A server stream silent this long is taken for a frozen replica (None: never).
+    stream_silence_timeout: float | None = None
+    #: Methods that may be sent again after a failure once they were sent (reads).
+    idempotent: frozenset[str] = IDEMPOTENT_METHODS
 
 
 def _unavailable(details: str) -> grpc.aio.AioRpcError:
@@ -126,18 +135,11 @@ class FailoverChannel(grpc.aio.Channel):
         self,
         targets: tuple[str, ...],
         credentials: grpc.ChannelCredentials,
-        *,
-        probe_timeout: float = 1.0,
-        failover_timeout: float = 30.0,
-        idempotent: frozenset[str] = IDEMPOTENT_METHODS,
-        stream_silence_timeout: float | None = None,
+        policy: FailoverPolicy = FailoverPolicy(),
     ) -> None:
         self.targets = targets
-        self._stream_silence = stream_silence_timeout
         self._credentials = credentials
-        self._probe_timeout = probe_timeout
-        self._failover_timeout = failover_timeout
-        self._idempotent = idempotent
+        self._policy = policy
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._active: str | None = None
         self._finding: asyncio.Lock | None = None
@@ -204,7 +206,7 @@ class FailoverChannel(grpc.aio.Channel):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise _unavailable(f"no active Coordinator among {', '.join(self.targets)}")
-                self._active = await self._probe_all(min(self._probe_timeout, remaining))
+                self._active = await self._probe_all(min(self._policy.probe_timeout, remaining))
                 if self._active is None and len(self.targets) == 1:
                     # No standby can take over: fail at once, as a plain channel to a stopped server would.
                     raise _unavailable(f"the Coordinator at {self.targets[0]} is not serving")
@@ -214,7 +216,7 @@ class FailoverChannel(grpc.aio.Channel):
 
     # -- calls ----------------------------------------------------------------------------------------------
     async def _unary(self, rpc: _Rpc, request: Any, within: float | None, options: _CallOptions) -> Any:
-        deadline = time.monotonic() + (within if within is not None else self._failover_timeout)
+        deadline = time.monotonic() + (within if within is not None else self._policy.failover_timeout)
         while True:
             target, channel = await self._find(deadline)
             call = channel.unary_unary(rpc.method, rpc.serializer, rpc.deserializer)
@@ -225,24 +227,25 @@ class FailoverChannel(grpc.aio.Channel):
                     raise
                 self.suspect(target)
                 retry = _never_processed(exc) or (
-                    rpc.method in self._idempotent and exc.code() == grpc.StatusCode.UNAVAILABLE
+                    rpc.method in self._policy.idempotent and exc.code() == grpc.StatusCode.UNAVAILABLE
                 )
                 if not retry or time.monotonic() >= deadline:
                     raise
 
     async def _stream(self, rpc: _Rpc, request: Any, within: float | None, options: _CallOptions) -> AsyncIterator[Any]:
-        find_within = within if within is not None else self._failover_timeout
+        find_within = within if within is not None else self._policy.failover_timeout
         target, channel = await self._find(time.monotonic() + find_within)
         unary_stream = channel.unary_stream(rpc.method, rpc.serializer, rpc.deserializer)
         stream = unary_stream(request, timeout=within, **options)
+        silence = self._policy.stream_silence_timeout
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(stream.read(), self._stream_silence)
+                    item = await asyncio.wait_for(stream.read(), silence)
                 except TimeoutError:
                     self.suspect(target)
                     raise _unavailable(
-                        f"no message from Coordinator {target} within {self._stream_silence:g}s (a frozen replica?)"
+                        f"no message from Coordinator {target} within {silence:g}s (a frozen replica?)"
                     ) from None
                 if item is grpc.aio.EOF:  # type: ignore[attr-defined]  # (missing from the grpc stubs)
                     return
@@ -283,7 +286,7 @@ class FailoverChannel(grpc.aio.Channel):
         await self._channel(self._active).wait_for_state_change(last_observed_state)
 
     async def channel_ready(self) -> None:
-        await self._find(time.monotonic() + self._failover_timeout)
+        await self._find(time.monotonic() + self._policy.failover_timeout)
 
     async def close(self, grace: float | None = None) -> None:
         self._closed = True

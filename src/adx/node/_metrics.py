@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -110,23 +110,18 @@ class MetricsCache:
                 del self.samples[env_id]
 
 
+@dataclass(eq=False)
 class MetricsSampler:
-    def __init__(
-        self,
-        driver: RuntimeDriver,
-        controllers: Callable[[], dict[str, Controller]],
-        *,
-        node: str,
-        interval: float,
-        call_timeout: float,
-    ) -> None:
-        self.driver = driver
-        self.controllers = controllers
-        self.node = node
-        self.interval = interval
-        self.call_timeout = call_timeout
-        self.cache = MetricsCache()
-        self._slots = asyncio.Semaphore(MAX_CONCURRENT_STATS)
+    """Samples the usage of every running Environment of the node each ``interval`` (MET-1)."""
+
+    driver: RuntimeDriver
+    controllers: Callable[[], dict[str, Controller]]
+    _: KW_ONLY
+    node: str
+    interval: float
+    call_timeout: float
+    cache: MetricsCache = field(default_factory=MetricsCache, init=False)
+    _slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_CONCURRENT_STATS), init=False)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

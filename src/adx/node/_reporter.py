@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 import grpc
 
@@ -40,34 +40,23 @@ class ReportState:
     retake_pending: bool = False
 
 
+@dataclass(eq=False)
 class Reporter:
-    def __init__(
-        self,
-        stub: pb_grpc.CoordinatorAsyncStub,
-        *,
-        node: str,
-        address: str,
-        relay_address: str,
-        tracker: CapacityTracker,
-        interval: float,
-        rpc_timeout: float,
-        checkpoint_capable: bool = False,
-        shared_storage: bool = False,
-        pressure: PressureMonitor | None = None,
-        cpu_overcommit: float = 1.0,
-    ) -> None:
-        self.stub = stub
-        self.cpu_overcommit = cpu_overcommit
-        self.node = node
-        self.address = address
-        self.relay_address = relay_address
-        self.tracker = tracker
-        self.interval = interval
-        self.rpc_timeout = rpc_timeout
-        self.checkpoint_capable = checkpoint_capable
-        self.shared_storage = shared_storage
-        self.pressure = pressure
-        self.state = ReportState()
+    """What the node says about itself on registration and every report, and the state of that conversation."""
+
+    stub: pb_grpc.CoordinatorAsyncStub
+    _: KW_ONLY
+    node: str
+    address: str
+    relay_address: str
+    tracker: CapacityTracker
+    interval: float
+    rpc_timeout: float
+    checkpoint_capable: bool = False
+    shared_storage: bool = False
+    pressure: PressureMonitor | None = None
+    cpu_overcommit: float = 1.0
+    state: ReportState = field(default_factory=ReportState, init=False)
 
     @property
     def admission_open(self) -> bool:
