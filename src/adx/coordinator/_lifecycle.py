@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from adx._node_client import NodeClients
 from adx.coordinator._cache import CoordinatorCache
@@ -49,29 +50,26 @@ class ResumeTimeout(UnavailableError):
     code = "resume_timeout"
 
 
+@dataclass(eq=False)
 class LifecycleOps:
-    def __init__(
-        self,
-        store: CoordinatorStore,
-        cache: CoordinatorCache,
-        nodes: NodeClients | None,
-        *,
-        delete: Callable[[str, str], Awaitable[EnvironmentRecord]],
-        resume_retry_seconds: float = 30.0,
-    ) -> None:
-        self.store = store
-        self.cache = cache
-        self.nodes = nodes
-        self._delete = delete
-        self.resume_retry_seconds = resume_retry_seconds
-        self._resume_locks: dict[str, asyncio.Lock] = {}
-        # env -> time before which a resume that every node refused is not driven again (capacity round)
-        self._refused_until: dict[str, float] = {}
-        # Environments whose refused resume the background capacity round asks again for (at _refused_until)
-        self._capacity_round: set[str] = set()
-        self._busy: set[str] = set()  # Environments with a scan action in flight
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._nudged: dict[str, float] = {}  # env -> when a stalled resume was last handed over again
+    """Pause, resume, lifetime and network changes of Environments, and the background scan that drives them."""
+
+    store: CoordinatorStore
+    cache: CoordinatorCache
+    nodes: NodeClients | None
+    _: KW_ONLY
+    #: The Coordinator's delete (tenant, Environment ID): what an expired lifetime with action 'delete' runs.
+    delete: Callable[[str, str], Awaitable[EnvironmentRecord]]
+    resume_retry_seconds: float = 30.0
+    _resume_locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
+    #: env -> time before which a resume that every node refused is not driven again (capacity round)
+    _refused_until: dict[str, float] = field(default_factory=dict, init=False)
+    #: Environments whose refused resume the background capacity round asks again for (at _refused_until)
+    _capacity_round: set[str] = field(default_factory=set, init=False)
+    _busy: set[str] = field(default_factory=set, init=False)  # Environments with a scan action in flight
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    #: env -> when a stalled resume was last handed over again
+    _nudged: dict[str, float] = field(default_factory=dict, init=False)
 
     def _alive(self, name: str | None, now: float) -> NodeRecord | None:
         node = self.cache.nodes.get(name or "")
@@ -379,7 +377,7 @@ class LifecycleOps:
                 self.cache.apply(deleted)
                 log.info("paused environment retired: %s", action, extra={"env_id": record.id})
             elif action == "lifetime-delete":
-                await self._delete(record.tenant, record.id)
+                await self.delete(record.tenant, record.id)
             elif action == "lifetime-pause":
                 paused = await self._pause(record)
                 # The deadline is consumed: a resume starts a new lifetime (else it would pause again at once).
