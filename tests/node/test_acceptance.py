@@ -22,7 +22,7 @@ from test_restart_policy import restarting
 
 from adx.errors import AdxError, UnavailableError
 from adx.model import EnvironmentRecord, EnvironmentState
-from adx.node._operations import Noop, Restart
+from adx.node._operations import Step
 from adx.proto import coordinator_pb2 as pb
 
 S = EnvironmentState
@@ -453,7 +453,7 @@ async def test_ownership_revocation_cleans_the_old_execution_behind_admitted_ope
     try:
         running = await api.wait_state((await api.create()).id, S.RUNNING)
         old = agent.controllers[running.id]
-        admitted_before = old.submit(Noop())
+        admitted_before = old.submit(Step.NOOP)
         newer = running.model_copy(
             update={
                 "generation": running.generation + 1,
@@ -463,7 +463,7 @@ async def test_ownership_revocation_cleans_the_old_execution_behind_admitted_ope
             }
         )
         new = agent._take_over(old, newer)
-        late = old.submit(Restart())
+        late = old.submit(Step.RESTART)
         await asyncio.wait_for(admitted_before, 10)
         with pytest.raises(ConflictError, match="revoked"):
             await asyncio.wait_for(late, 30)

@@ -21,7 +21,7 @@ from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, Reso
 from adx.node._controller import Controller, ControllerTimings
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
-from adx.node._operations import Delete, Start
+from adx.node._operations import Delete, Step
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker
 from adx.runtime import ExecutionState
@@ -129,7 +129,7 @@ async def run_in_execd(socket: Path, argv: list[str]) -> tuple[str, int]:
 async def test_start_run_a_command_then_delete_releases_everything(node: Node) -> None:
     record = await node.new_environment()
     controller = node.controller(record)
-    running = await asyncio.wait_for(controller.submit(Start()), 60)
+    running = await asyncio.wait_for(controller.submit(Step.START), 60)
     assert running.state is EnvironmentState.RUNNING and running.execution_id
     execution = controller.execution
     assert execution is not None and execution.execd_socket is not None
@@ -152,7 +152,7 @@ async def test_start_run_a_command_then_delete_releases_everything(node: Node) -
 async def test_workload_exit_retires_cleans_up_then_fails(node: Node) -> None:
     record = await node.new_environment(entrypoint=["sh", "-c", "sleep 1; exit 3"])
     controller = node.controller(record)
-    await asyncio.wait_for(controller.submit(Start()), 60)
+    await asyncio.wait_for(controller.submit(Step.START), 60)
     execution = controller.execution
     assert execution is not None
     deadline = time.monotonic() + 30
@@ -171,13 +171,13 @@ async def test_workload_exit_retires_cleans_up_then_fails(node: Node) -> None:
 async def test_a_failed_first_start_is_failed_at_once_and_releases(node: Node) -> None:
     record = await node.new_environment(entrypoint=["/does/not/exist"])
     controller = node.controller(record)
-    failed = await asyncio.wait_for(controller.submit(Start()), 60)
+    failed = await asyncio.wait_for(controller.submit(Step.START), 60)
     assert failed.state is EnvironmentState.FAILED
     assert "start failed" in (failed.last_error or "")
     assert (await node.store.get_node("n1")).reserved == Resources()
     # It never becomes Running, and a second start is refused.
     with pytest.raises(Exception, match="not pending"):
-        await controller.submit(Start())
+        await controller.submit(Step.START)
 
 
 @pytest.mark.req("RES-2")

@@ -45,7 +45,7 @@ from adx.node._image_pull import ImagePuller
 from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._logs import WorkloadLogs
 from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
-from adx.node._operations import Delete, Pause, Resume, Start
+from adx.node._operations import Delete, Pause, Resume, Step
 from adx.node._pressure import PressureMonitor
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_relay
 from adx.node._reporter import Reporter
@@ -406,7 +406,7 @@ class NodeAgent(CatalogConvergence, RuntimeChecks):
         if record.id in self._orphan_envs():
             raise UnavailableError(f"environment {record.id}: an earlier execution's cleanup is not confirmed yet")
         controller = self._controller(record)
-        controller.submit(Start())
+        controller.submit(Step.START)
         return controller.record
 
     def delete(self, record: EnvironmentRecord) -> EnvironmentRecord:

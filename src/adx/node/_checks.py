@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from adx._backoff import Backoff
 from adx.errors import AdxError, UnavailableError
 from adx.model import EnvironmentState, IdleAction
-from adx.node._operations import Delete, Exited, Pause, ResumeLocal
+from adx.node._operations import Delete, Exited, Pause, Step
 from adx.runtime import Execution, ExecutionState, ExitInfo
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ class RuntimeChecks:
         controller = self.controllers.get(env_id)
         if controller is None or controller.state is not S.PAUSED or not controller.unpublished:
             return
-        done = controller.submit(ResumeLocal())
+        done = controller.submit(Step.RESUME_LOCAL)
         with contextlib.suppress(AdxError, TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), LOCAL_RESUME_WAIT_SECONDS)
 

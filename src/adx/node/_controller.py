@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from adx.errors import AdxError, ConflictError, UnavailableError
 from adx.model import EnvironmentRecord
@@ -32,22 +33,14 @@ from adx.node._controller_start import StartSteps
 from adx.node._operations import (
     Adopt,
     After,
-    CancelPause,
-    ContinueStart,
     Delete,
     Exited,
-    FinishStart,
-    Noop,
     Operation,
     Pause,
-    Replay,
-    Restart,
     Resume,
-    ResumeLocal,
-    Revoke,
     SetNetwork,
     Snapshot,
-    Start,
+    Step,
     WorkloadCheckpoint,
 )
 
@@ -72,13 +65,13 @@ class Controller(StartSteps, PauseSteps, DeleteSteps, NetworkSteps):
         one pending)."""
         if self.unpublished and not self._replay_queued and not self.closed_for_good:
             self._replay_queued = True
-            self.submit(Replay())
+            self.submit(Step.REPLAY)
 
     async def drained(self) -> None:
         """Wait until every operation admitted so far has run (a barrier's drain, NOD-1/NOD-6)."""
         if self.closed_for_good:
             return
-        marker = self.submit(Noop())
+        marker = self.submit(Step.NOOP)
         await asyncio.shield(marker)
 
     def start_task(self) -> None:
@@ -109,7 +102,7 @@ class Controller(StartSteps, PauseSteps, DeleteSteps, NetworkSteps):
             queued = await self._queue.get()
             op = queued.operation
             try:
-                if self.revoked and not isinstance(op, Noop | Revoke):
+                if self.revoked and op not in (Step.NOOP, Step.REVOKE):
                     # NOD-12: nothing that arrives after the revocation acts on the old ownership.
                     raise ConflictError(f"environment {self.env_id}: generation {self.record.generation} was revoked")
                 result = await self._dispatch(op)
@@ -132,39 +125,40 @@ class Controller(StartSteps, PauseSteps, DeleteSteps, NetworkSteps):
 
     async def _dispatch(self, op: Operation) -> EnvironmentRecord:
         match op:
-            case Start():
-                return await self._start()
-            case ContinueStart():
-                return await self._continue_start()
-            case FinishStart():
-                return await self._finish_start()
+            case Step():
+                return await _STEPS[op](self)
             case Delete(record=record):
                 return await self._delete(record)
             case Exited(execution_id=execution_id, info=info):
                 return await self._exited(execution_id, info)
-            case Restart():
-                return await self._restart()
             case Pause(auto=auto):
                 return await self._pause(auto)
-            case CancelPause():
-                return await self._recover_pausing()
             case Resume(record=record):
                 return await self._resume(record)
-            case ResumeLocal():
-                return await self._resume_local()
             case WorkloadCheckpoint(operation_id=operation_id):
                 return await self._workload_checkpoint(operation_id)
             case Snapshot(operation_id=operation_id, result=result):
                 return await self._snapshot(operation_id, result)
-            case Replay():
-                return await self._replay()
-            case Noop():
-                return self.record
-            case Revoke():
-                return await self._revoke()
             case After(prior=prior):
                 return await self._after(prior)
             case Adopt(record=record):
                 return await self._adopt(record)
             case SetNetwork(record=record):
                 return await self._set_network(record)
+
+    async def _barrier(self) -> EnvironmentRecord:
+        return self.record
+
+
+#: The step that runs each operation that needs nothing but its name.
+_STEPS: dict[Step, Callable[[Controller], Awaitable[EnvironmentRecord]]] = {
+    Step.START: Controller._start,
+    Step.CONTINUE_START: Controller._continue_start,
+    Step.FINISH_START: Controller._finish_start,
+    Step.RESTART: Controller._restart,
+    Step.CANCEL_PAUSE: Controller._recover_pausing,
+    Step.RESUME_LOCAL: Controller._resume_local,
+    Step.REPLAY: Controller._replay,
+    Step.NOOP: Controller._barrier,
+    Step.REVOKE: Controller._revoke,
+}

@@ -10,7 +10,7 @@ from adx.errors import AdxError
 from adx.model import EnvironmentRecord, new_id
 from adx.node._controller_core import S, log
 from adx.node._controller_execution import ExecutionSteps
-from adx.node._operations import Restart
+from adx.node._operations import Step
 from adx.runtime import ExitInfo
 
 
@@ -45,7 +45,7 @@ class FailureSteps(ExecutionSteps):
 
         async def later() -> None:
             await asyncio.sleep(delay)
-            self.submit(Restart())
+            self.submit(Step.RESTART)
 
         if self._restart_timer is not None:
             self._restart_timer.cancel()

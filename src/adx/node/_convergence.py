@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from adx.errors import AdxError
 from adx.model import EnvironmentRecord, EnvironmentState
-from adx.node._operations import Adopt, After, Delete, Resume, Revoke, SetNetwork, Start
+from adx.node._operations import Adopt, After, Delete, Resume, SetNetwork, Step
 from adx.node._recovery import Recovery
 from adx.runtime import Execution
 
@@ -65,7 +65,7 @@ class CatalogConvergence(Recovery):
                 if record.state is S.PENDING:
                     # NOD-8/NOD-20: a placed Environment starts when this node admits; until then it waits.
                     if self.reporter.admission_open:
-                        self._controller(record).submit(Start())
+                        self._controller(record).submit(Step.START)
                 elif record.state is S.DELETING:
                     self._controller(record).submit(Delete())
                 elif record.state is S.RESUMING:
@@ -150,7 +150,7 @@ class CatalogConvergence(Recovery):
             old.record.generation,
             extra={"node": self.name, "env_id": record.id, "generation": record.generation},
         )
-        revoked = old.submit(Revoke())
+        revoked = old.submit(Step.REVOKE)
         self.controllers.pop(record.id, None)
         revoked.add_done_callback(lambda _: self._spawn_close(old))
         controller = self._controller(record, execution)

@@ -1,13 +1,15 @@
 """The operations a Controller runs, one at a time, in the order they were submitted (NOD-1).
 
-Each is a small frozen value naming what it needs, so a submitter cannot misspell an operation or forget its
-argument, and the Controller's loop dispatches on the type. ``kind`` is the name its log lines use.
+The ones that need nothing are the values of ``Step``; each other is a small frozen value naming what it needs,
+so a submitter cannot misspell an operation or forget its argument, and the Controller's loop dispatches on the
+value or the type. ``kind`` is the name its log lines use.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from enum import Enum
 from typing import ClassVar
 
 from adx.model import CheckpointRef, EnvironmentRecord
@@ -16,45 +18,43 @@ from adx.runtime import ExitInfo
 __all__ = [
     "Adopt",
     "After",
-    "CancelPause",
-    "ContinueStart",
     "Delete",
     "Exited",
-    "FinishStart",
-    "Noop",
     "Operation",
     "Pause",
-    "Replay",
-    "Restart",
     "Resume",
-    "ResumeLocal",
-    "Revoke",
     "SetNetwork",
     "Snapshot",
-    "Start",
+    "Step",
     "WorkloadCheckpoint",
 ]
 
 
-@dataclass(frozen=True)
-class Start:
-    """The first start of a Pending Environment placed here."""
+class Step(Enum):
+    """The operations that carry nothing but what to do: one value each, its name the one log lines use."""
 
-    kind: ClassVar[str] = "start"
+    #: The first start of a Pending Environment placed here.
+    START = "start"
+    #: After a node restart: a Starting record whose execution never came up goes on under the same execution.
+    CONTINUE_START = "continue_start"
+    #: After a node restart: the execution of a Starting record runs; only its Running commit was cut short.
+    FINISH_START = "finish_start"
+    #: A pending restart's backoff ran out (RST-2).
+    RESTART = "restart"
+    #: After a node restart mid-pause with nothing published: the execution runs on.
+    CANCEL_PAUSE = "cancel_pause"
+    #: Demand for an Environment whose pause is done here but not published yet (JRN-3, JRN-4).
+    RESUME_LOCAL = "resume_local"
+    #: Publish this Environment's journaled results in order (NOD-17).
+    REPLAY = "replay"
+    #: A barrier: done once every operation submitted before it has run.
+    NOOP = "noop"
+    #: A newer generation took this Environment over: clean this generation's execution, then refuse (NOD-12).
+    REVOKE = "revoke"
 
-
-@dataclass(frozen=True)
-class ContinueStart:
-    """After a node restart: a Starting record whose execution never came up goes on under the same execution."""
-
-    kind: ClassVar[str] = "continue_start"
-
-
-@dataclass(frozen=True)
-class FinishStart:
-    """After a node restart: the execution of a Starting record runs; only its Running commit was cut short."""
-
-    kind: ClassVar[str] = "finish_start"
+    @property
+    def kind(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -75,13 +75,6 @@ class Exited:
 
 
 @dataclass(frozen=True)
-class Restart:
-    """A pending restart's backoff ran out (RST-2)."""
-
-    kind: ClassVar[str] = "restart"
-
-
-@dataclass(frozen=True)
 class Pause:
     """Checkpoint and release; ``auto`` when the idle timer asked (admission is already closed by then)."""
 
@@ -90,25 +83,11 @@ class Pause:
 
 
 @dataclass(frozen=True)
-class CancelPause:
-    """After a node restart mid-pause with nothing published: the execution runs on."""
-
-    kind: ClassVar[str] = "cancel_pause"
-
-
-@dataclass(frozen=True)
 class Resume:
     """Restore from the record's checkpoint; ``record`` is the Coordinator's newer Resuming record, if any."""
 
     record: EnvironmentRecord | None = None
     kind: ClassVar[str] = "resume"
-
-
-@dataclass(frozen=True)
-class ResumeLocal:
-    """Demand for an Environment whose pause is done here but not published yet (JRN-3, JRN-4)."""
-
-    kind: ClassVar[str] = "resume_local"
 
 
 @dataclass(frozen=True)
@@ -127,27 +106,6 @@ class Snapshot:
     operation_id: str
     result: asyncio.Future[CheckpointRef]
     kind: ClassVar[str] = "snapshot"
-
-
-@dataclass(frozen=True)
-class Replay:
-    """Publish this Environment's journaled results in order (NOD-17)."""
-
-    kind: ClassVar[str] = "replay"
-
-
-@dataclass(frozen=True)
-class Noop:
-    """A barrier: done once every operation submitted before it has run."""
-
-    kind: ClassVar[str] = "noop"
-
-
-@dataclass(frozen=True)
-class Revoke:
-    """A newer generation took this Environment over: clean this generation's execution, then refuse (NOD-12)."""
-
-    kind: ClassVar[str] = "revoke"
 
 
 @dataclass(frozen=True)
@@ -174,23 +132,4 @@ class SetNetwork:
     kind: ClassVar[str] = "network"
 
 
-Operation = (
-    Start
-    | ContinueStart
-    | FinishStart
-    | Delete
-    | Exited
-    | Restart
-    | Pause
-    | CancelPause
-    | Resume
-    | ResumeLocal
-    | WorkloadCheckpoint
-    | Snapshot
-    | Replay
-    | Noop
-    | Revoke
-    | After
-    | Adopt
-    | SetNetwork
-)
+Operation = Step | Delete | Exited | Pause | Resume | WorkloadCheckpoint | Snapshot | After | Adopt | SetNetwork

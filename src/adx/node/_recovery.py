@@ -20,7 +20,7 @@ from adx._backoff import Backoff
 from adx.errors import AdxError, NotFoundError, UnavailableError, UncertainOutcomeError
 from adx.model import EnvironmentRecord, EnvironmentState
 from adx.node._journal import DegradationJournal, PendingResult
-from adx.node._operations import CancelPause, ContinueStart, Delete, Exited, FinishStart, Resume, Start
+from adx.node._operations import Delete, Exited, Resume, Step
 from adx.node._replay import ReplayEnd, replay
 from adx.runtime import Execution, ExecutionState, ExitInfo, InventoryItem
 
@@ -294,7 +294,7 @@ class Recovery:
     async def _recover(self, record: EnvironmentRecord, execution: Execution | None) -> None:
         controller = self._controller(record, execution)
         if record.state is S.PENDING:
-            controller.submit(Start())
+            controller.submit(Step.START)
         elif record.state is S.DELETING:
             controller.submit(Delete())
         elif record.state is S.FAILED and record.restart_pending:
@@ -302,13 +302,13 @@ class Recovery:
         elif record.state is S.RESUMING:
             controller.submit(Resume())  # a half-done restore left nothing referenced: it was cleaned above
         elif record.state is S.STARTING and execution is None:
-            controller.submit(ContinueStart())
+            controller.submit(Step.CONTINUE_START)
         elif record.state in (S.RUNNING, S.STARTING, S.PAUSING) and execution is not None:
             if execution.execd_socket is None and record.state is S.STARTING:
                 # Only planned: the node stopped while the runtime was creating it. A crash of the node is not a
                 # failed start: the same create (same execution ID and secret, so the runtime returns what it
                 # made, never a second one) goes on; a real failure of it fails the start as usual (RST-7).
-                controller.submit(ContinueStart())
+                controller.submit(Step.CONTINUE_START)
                 return
             if execution.execd_socket is None:
                 # Only planned, under any other state: whatever the call made is cleaned by the exit flow.
@@ -329,9 +329,9 @@ class Recovery:
                 )
                 return
             if state is ExecutionState.PAUSED or (state is ExecutionState.RUNNING and record.state is S.PAUSING):
-                controller.submit(CancelPause())  # the pause was not published: the execution runs on
+                controller.submit(Step.CANCEL_PAUSE)  # the pause was not published: the execution runs on
             elif state is ExecutionState.RUNNING and record.state is S.STARTING:
-                controller.submit(FinishStart())  # it started; only its Running commit was cut short
+                controller.submit(Step.FINISH_START)  # it started; only its Running commit was cut short
             elif state is ExecutionState.RUNNING:
                 controller.adopt_running()
             else:
