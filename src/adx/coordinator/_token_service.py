@@ -14,7 +14,7 @@ from adx.coordinator._service import CoordinatorService
 from adx.coordinator._sweeps import sweep_every
 from adx.coordinator._token_store import TokenStore
 from adx.errors import InvalidInputError, NotFoundError
-from adx.model import EndpointTokenRequest, TokenGrant, is_endpoint_token_id, parse_wire
+from adx.model import EndpointTokenInfo, EndpointTokenRequest, TokenGrant, is_endpoint_token_id, parse_wire
 from adx.proto import tokens_pb2 as pb
 from adx.proto import tokens_pb2_grpc as pb_grpc
 
@@ -42,11 +42,7 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
                 raise InvalidInputError("body", f"is not valid JSON: {exc}") from None
             spec = parse_wire(EndpointTokenRequest, body, root="")
             issued = await self.tokens.create(request.tenant, request.environment_id, spec)
-            log.info(
-                "endpoint token created",
-                extra={"tenant": request.tenant, "env_id": request.environment_id, "token_id": issued.id},
-            )
-            return issued.model_dump_json(by_alias=True)
+            return _logged("created", request.tenant, issued)
 
         return pb.TokenReply(json=await serve(context, work, "api"))
 
@@ -64,11 +60,7 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
                 raise InvalidInputError("tokenId", "must look like tok_0123456789ab (listing the tokens shows them)")
             await self._owned(request.tenant, request.environment_id)
             revoked = await self.tokens.revoke(request.environment_id, request.token_id)
-            log.info(
-                "endpoint token revoked",
-                extra={"tenant": request.tenant, "env_id": request.environment_id, "token_id": revoked.id},
-            )
-            return revoked.model_dump_json(by_alias=True)
+            return _logged("revoked", request.tenant, revoked)
 
         return pb.TokenReply(json=await serve(context, work, "api"))
 
@@ -93,3 +85,9 @@ class CoordinatorTokensService(pb_grpc.CoordinatorTokensServicer):
             what="endpoint token sweep",
             reclaimed="endpoint tokens of deleted Environments reclaimed",
         )
+
+
+def _logged(change: str, tenant: str, token: EndpointTokenInfo) -> str:
+    """The token's JSON answer, once its change (created, revoked) is in the log."""
+    log.info(f"endpoint token {change}", extra={"tenant": tenant, "env_id": token.environment_id, "token_id": token.id})
+    return token.model_dump_json(by_alias=True)
