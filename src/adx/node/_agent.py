@@ -160,7 +160,7 @@ class NodeAgent(CatalogConvergence, RuntimeChecks):
         self.readiness = SubscriptionReadiness(self.driver, self.control)
         credentials = channel_credentials(self.paths)
         # Issue 13: an image this node's store lacks is pulled from a node that has it before a start mounts it.
-        self.images = ImagePuller(self.name, credentials, self.driver.image_store, lambda: self.sink.peers())
+        self.images = ImagePuller(self.name, credentials, self._image_store, lambda: self.sink.peers())
         self.driver.ensure_image = self.images.ensure
         self._channel = coordinator_channel(self.config.coordinator, credentials)
         stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
@@ -323,10 +323,13 @@ class NodeAgent(CatalogConvergence, RuntimeChecks):
 
         return CapacityTracker(read, valid_for)
 
+    async def _image_store(self) -> Path | None:
+        return (await self.driver.storage()).image_store
+
     async def _sandbox_disk_path(self) -> Path:
         """RES-7: disk pressure is measured on the filesystem holding sandboxd's state directory."""
         try:
-            path = await self.driver.state_dir()
+            path = (await self.driver.storage()).state_dir
         except AdxError as exc:
             raise UnavailableError(f"sandboxd's state directory: {exc}") from None
         if path is None:

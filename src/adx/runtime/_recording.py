@@ -30,7 +30,7 @@ from adx.runtime._driver import (
     ExitInfo,
     InventoryItem,
 )
-from adx.runtime._sandboxd import SandboxdDriver
+from adx.runtime._sandboxd import SandboxdDriver, SandboxdStorage
 from adx.sandboxd import LogsRequest, LogsResponse, RuntimeControlSubscription
 from adx.sandboxd._control_client import AdmissionResult, RuntimeControlEvent
 from adx.sandboxd._models import ActivityObservation, RuntimeObservation
@@ -202,6 +202,6 @@ class RecordingDriver(SandboxdDriver):
     async def delete_logs(self, group: str) -> None:
         return None
 
-    async def state_dir(self) -> Path | None:
-        """The node's own state directory: disk pressure (RES-7) still measures a real filesystem."""
-        return self._state_dir
+    async def storage(self) -> SandboxdStorage:
+        """No image store; the node's own state directory: disk pressure (RES-7) still measures a real filesystem."""
+        return SandboxdStorage(image_store=None, state_dir=self._state_dir)

@@ -17,6 +17,7 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -362,15 +363,23 @@ class SandboxdDriver:
         with contextlib.suppress(NotFoundError):
             await self.client.delete_logs(group)
 
-    async def image_store(self) -> Path | None:
-        """sandboxd's image store (its health names it; None from a sandboxd too old to say)."""
+    async def storage(self) -> SandboxdStorage:
+        """Where sandboxd keeps images and sandbox data: one health call names both."""
         health = await self.client.health()
-        return Path(health.image_store) if health.image_store else None
+        return SandboxdStorage(
+            image_store=Path(health.image_store) if health.image_store else None,
+            state_dir=Path(health.state_dir) if health.state_dir else None,
+        )
 
-    async def state_dir(self) -> Path | None:
-        """sandboxd's state directory (its health names it): where sandbox data lives, for disk pressure."""
-        health = await self.client.health()
-        return Path(health.state_dir) if health.state_dir else None
+
+@dataclass(frozen=True)
+class SandboxdStorage:
+    """sandboxd's image store (images pulled from peers land there) and state directory (where sandbox data
+    lives: disk pressure is measured on its filesystem), as its health names them; None from a sandboxd too old
+    to say."""
+
+    image_store: Path | None
+    state_dir: Path | None
 
 
 def _namespace_init_pid(cgroup_dir: Path) -> int | None:
