@@ -242,6 +242,7 @@ async def node_cluster(
         node_config: dict[str, Any] | None = None,
         sandboxd_config: dict[str, Any] | None = None,
         sandboxd_resources: bool = False,
+        recording: bool = False,
         **coordinator: Any,
     ) -> NodeCluster:
         """``shared_checkpoints``: every node's sandboxd gets the artifact root ``shared`` on one directory (the
@@ -249,7 +250,8 @@ async def node_cluster(
         pauseOptions.storage 'shared'.
         ``metrics_listen``: each adxlet serves /metrics on a free port (``agent.metrics_port``).
         ``node_config`` / ``sandboxd_config``: further settings of every adxlet / sandboxd.
-        ``sandboxd_resources``: capacity comes from sandboxd's Resource call instead of a capacity file."""
+        ``sandboxd_resources``: capacity comes from sandboxd's Resource call instead of a capacity file.
+        ``recording``: no sandboxd; every adxlet runs the bench-only recording runtime (nothing runs)."""
         cluster, _ = await coordinator_cluster(**coordinator)
         started: dict[str, Any] = {}
         sandboxds: dict[str, Any] = {}
@@ -268,7 +270,7 @@ async def node_cluster(
                 extra = dict(sandboxd_config or {})
             # Off the event loop: sandboxd's start is waited for synchronously, and on a loaded machine it takes
             # longer than the in-process Coordinator's leader lease (5 s), which then expires unrenewed.
-            daemon = await asyncio.to_thread(factory, name, **extra)
+            daemon = None if recording else await asyncio.to_thread(factory, name, **extra)
             issue(cluster.certs, Identity("node", name))
             cap_file = tmp_path / f"{name}-capacity.json"
             cap_file.write_text(json.dumps(capacity or {"cpuMillis": 8000, "memoryBytes": 16 * 2**30}))
@@ -282,10 +284,12 @@ async def node_cluster(
                 report_interval_seconds=report_interval,
                 capacity_file=None if sandboxd_resources else cap_file,
                 resource_source={"kind": "sandboxd", "socket": daemon.socket, "valid_for_seconds": capacity_valid_for}
-                if sandboxd_resources
+                if sandboxd_resources and daemon is not None
                 else None,
                 capacity_file_valid_for_seconds=capacity_valid_for,
-                runtime={"socket": daemon.socket, "ready_timeout_seconds": 30},
+                runtime={"socket": daemon.socket, "ready_timeout_seconds": 30}
+                if daemon is not None
+                else {"socket": tmp_path / "no-sandboxd.sock", "bench_record_only": True},
                 checkpoints={"shared_root": "shared"} if shared_checkpoints else {},
                 metrics_interval_seconds=metrics_interval,
                 metrics_listen="127.0.0.1:0" if metrics_listen else "",
@@ -295,7 +299,8 @@ async def node_cluster(
             await agent.start()
             agents.append(agent)
             started[name] = agent
-            sandboxds[name] = daemon
+            if daemon is not None:
+                sandboxds[name] = daemon
         # The Coordinator learns capacities through the node reports; placement needs them.
         made = NodeCluster(cluster, started, sandboxds)
         clusters.append(made)

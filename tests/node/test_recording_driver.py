@@ -4,60 +4,18 @@ still go through the whole control plane: placement, the Starting and Running co
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
-
 import pytest
 from test_node_agent import Api
 
-from adx._certs import Identity, issue
-from adx._grpc_tls import channel_credentials
-from adx.config import NodeConfig
 from adx.model import EnvironmentState
-from adx.node._agent import NodeAgent
 from adx.runtime._recording import RecordingDriver
 
 
-async def recording_node(cluster: Any, tmp_path: Path, name: str, report_interval: float = 0.5) -> NodeAgent:
-    """A real adxlet on the recording runtime, started (registered, its capacity reported)."""
-    issue(cluster.certs, Identity("node", name))
-    capacity = tmp_path / f"{name}-capacity.json"
-    capacity.write_text(json.dumps({"cpuMillis": 1000, "memoryBytes": 2**30}))
-    agent = NodeAgent(
-        NodeConfig(
-            name=name,
-            listen="127.0.0.1:0",
-            relay_listen="127.0.0.1:0",
-            coordinator=cluster.target,
-            certs_dir=cluster.certs,
-            state_dir=tmp_path / f"{name}-state",
-            report_interval_seconds=report_interval,
-            capacity_file=capacity,
-            runtime={"socket": tmp_path / "no-such-sandboxd.sock", "bench_record_only": True},
-        )
-    )
-    assert isinstance(agent.driver, RecordingDriver)
-    await agent.start()
-    return agent
-
-
-def api_of(cluster: Any) -> Api:
-    return Api(
-        SimpleNamespace(
-            cluster=cluster,
-            api_credentials=lambda: channel_credentials(issue(cluster.certs, Identity("api", "main"))),
-        )
-    )
-
-
-async def test_a_recording_node_runs_the_control_plane_and_nothing_else(coordinator_cluster, tmp_path: Path) -> None:
-    cluster, _ = await coordinator_cluster()
-    agent = await recording_node(cluster, tmp_path, "n1")
-    driver = agent.driver
+async def test_a_recording_node_runs_the_control_plane_and_nothing_else(node_cluster) -> None:
+    nc = await node_cluster(capacity={"cpuMillis": 1000, "memoryBytes": 2**30}, recording=True)
+    driver = nc.nodes["n1"].driver
     assert isinstance(driver, RecordingDriver)
-    api = api_of(cluster)
+    api = Api(nc)
     try:
         made = [await api.create(resources={"cpuMillis": 300, "memoryBytes": 2**28}) for _ in range(3)]
         for record in made:
@@ -75,23 +33,21 @@ async def test_a_recording_node_runs_the_control_plane_and_nothing_else(coordina
         assert driver.stops == 1 and len(driver.recorded) == 2
     finally:
         await api.close()
-        await agent.stop()
 
 
 @pytest.mark.req("RES-4")
-async def test_a_burst_of_creates_spreads_over_the_nodes(coordinator_cluster, tmp_path: Path) -> None:
+async def test_a_burst_of_creates_spreads_over_the_nodes(node_cluster) -> None:
     """Placement ranks nodes by the room they have left, from the Coordinator's cached node records, which the
     nodes' reports refresh. A create between two reports must count in that view at once: it did not, so every
     create of a burst went to the same node (bench_control_plane: 50 of 50 on one of two nodes, 169 of 300 on
     one of four). Ten creates on two nodes that report once a minute: five each."""
-    cluster, _ = await coordinator_cluster()
-    agents = [await recording_node(cluster, tmp_path, name, report_interval=60) for name in ("n1", "n2")]
-    api = api_of(cluster)
+    nc = await node_cluster(
+        nodes=("n1", "n2"), capacity={"cpuMillis": 1000, "memoryBytes": 2**30}, report_interval=60, recording=True
+    )
+    api = Api(nc)
     try:
         made = [await api.create(resources={"cpuMillis": 50, "memoryBytes": 2**20}) for _ in range(10)]
         placed = [record.node for record in made]
         assert sorted(placed.count(name) for name in ("n1", "n2")) == [5, 5], placed
     finally:
         await api.close()
-        for agent in agents:
-            await agent.stop()
