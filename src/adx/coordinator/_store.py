@@ -262,18 +262,25 @@ class CoordinatorStore(NodeRegistry):
             updated.checkpoint.model_dump_json(by_alias=True) if updated.checkpoint else "",
             now,
         ]
-        status, detail = await self._script("commit environment", self._commit_env, keys, args)
-        detail = _text(detail)
+        status, detail = await self._compare_and_set("commit environment", self._commit_env, current.id, keys, args)
         if status == 1:
             return updated
-        if status == -1:
-            raise NotFoundError(f"environment {current.id} not found")
         what = "revision" if status == 0 else "generation"
         expected = current.revision if status == 0 else current.generation
         raise ConflictError(
             f"environment {current.id}: stale {what} (expected {expected}, stored {detail})",
             details={"stored_" + what: int(detail)},
         )
+
+    async def _compare_and_set(
+        self, what: str, script: Any, env_id: str, keys: list[str], args: list[ScriptArg]
+    ) -> tuple[int, str]:
+        """Run a compare-and-set script on an Environment record: its status (1: written; others the script's
+        refusals) and detail; NotFoundError when the record is gone (-1)."""
+        status, detail = await self._script(what, script, keys, args)
+        if status == -1:
+            raise NotFoundError(f"environment {env_id} not found")
+        return status, _text(detail)
 
     async def record_resume_intent(
         self, current: EnvironmentRecord, changes: RecordChanges, *, node: str, generation: int
@@ -306,12 +313,9 @@ class CoordinatorStore(NodeRegistry):
             current.id,
             _route(updated),
         ]
-        status, detail = await self._script("record resume intent", self._resume_env, keys, args)
-        detail = _text(detail)
+        status, detail = await self._compare_and_set("record resume intent", self._resume_env, current.id, keys, args)
         if status == 1:
             return updated
-        if status == -1:
-            raise NotFoundError(f"environment {current.id} not found")
         if status == -2:
             raise NoCapacity(f"node {node} refused: {detail}", details={"node": node})
         raise ConflictError(
