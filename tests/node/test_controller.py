@@ -18,7 +18,7 @@ from sbx_helpers import Daemon, DaemonFactory
 from adx._fs import ShortUnixPath
 from adx.coordinator import CoordinatorStore
 from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, Resources, new_id
-from adx.node._controller import Controller, ControllerTimings
+from adx.node._controller import CheckpointPlaces, Controller, ControllerTimings
 from adx.node._coordinator_client import CoordinatorSink
 from adx.node._executions import ExecutionFiles
 from adx.node._operations import Delete, Step
@@ -55,6 +55,7 @@ class Node:
             executions=self.executions,
             readiness=ExecdReadiness(self.driver),
             timings=ControllerTimings(ready_timeout_seconds=30, retry_min_seconds=0.05, retry_max_seconds=0.5),
+            places=CheckpointPlaces(node=record.node or ""),
         )
         controller.start_task()
         return controller

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Protocol, TypedDict
 
@@ -151,66 +151,50 @@ class LogContext(TypedDict):
     state: str
 
 
+@dataclass(eq=False)
 class ControllerCore:
     """The state of one Environment's Controller, shared by its steps."""
 
-    def __init__(
-        self,
-        record: EnvironmentRecord,
-        *,
-        driver: RuntimeDriver,
-        sink: ResultSink,
-        executions: ExecutionStore,
-        readiness: ReadinessProbe,
-        on_route_change: Callable[[EnvironmentRecord, Execution | None], Awaitable[None]] | None = None,
-        timings: ControllerTimings = ControllerTimings(),
-        execution: Execution | None = None,
-        admission: Admission | None = None,
-        places: CheckpointPlaces | None = None,
-        ack_checkpoint: Callable[[Execution, str], Awaitable[None]] | None = None,
-        journal: DegradationJournal | None = None,
-        unpublished: int = 0,
-        on_transition: Callable[[str], None] | None = None,
-    ) -> None:
-        self.record = record
-        self.driver = driver
-        self.sink = sink
-        self.executions = executions
-        self.readiness = readiness
-        self.on_route_change = on_route_change
-        self.timings = timings
-        self.execution = execution
-        self.admission = admission
-        self.places = places or CheckpointPlaces(node=record.node or "")
-        self.pause_gate: PauseGate | None = None
-        self.ack_checkpoint = ack_checkpoint
-        self.checkpoint_requests: dict[str, PendingCheckpoint] = {}
-        self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        self._exit_watch: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self._restart_timer: asyncio.Task[None] | None = None
-        # True while the current execution may take data-plane traffic (ready, not being retired).
-        self.serving = False
-        # True while a result is done locally and its commit is retried in memory (NOD-7; no journal entry).
-        self.commit_retrying = False
-        self.journal = journal
-        self.on_transition = on_transition
-        # JRN-3: how many of this Environment's results wait in the degradation journal; while any does, later
-        # results are journaled behind them, never committed ahead of them.
-        self.unpublished = unpublished
-        self._replay_queued = False
-        # NOD-10/NOD-11: a journaled result the Coordinator refused; only this Controller waits for the routine
-        # check to bring the authority's record.
-        self.restricted = False
-        # NOD-10: the newest network revision the running execution cannot take in place (no veth); its next
-        # start or resume applies it, so the routine check does not ask the runtime again every round.
-        self.network_deferred_revision = 0
-        # The Coordinator retired this Environment's placement before anything ran here (the node forgets it).
-        self.retired = False
-        # NOD-12: a newer generation took this Environment over; this Controller only cleaned its execution.
-        self.revoked = False
-        self.closed = False
+    record: EnvironmentRecord
+    _: KW_ONLY
+    driver: RuntimeDriver
+    sink: ResultSink
+    executions: ExecutionStore
+    readiness: ReadinessProbe
+    on_route_change: Callable[[EnvironmentRecord, Execution | None], Awaitable[None]] | None = None
+    timings: ControllerTimings = ControllerTimings()
+    execution: Execution | None = None
+    admission: Admission | None = None
+    places: CheckpointPlaces
+    ack_checkpoint: Callable[[Execution, str], Awaitable[None]] | None = None
+    journal: DegradationJournal | None = None
+    # JRN-3: how many of this Environment's results wait in the degradation journal; while any does, later
+    # results are journaled behind them, never committed ahead of them.
+    unpublished: int = 0
+    on_transition: Callable[[str], None] | None = None
+    pause_gate: PauseGate | None = field(default=None, init=False)
+    checkpoint_requests: dict[str, PendingCheckpoint] = field(default_factory=dict, init=False)
+    _queue: asyncio.Queue[_Queued] = field(default_factory=asyncio.Queue, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _exit_watch: asyncio.Task[None] | None = field(default=None, init=False)
+    _background: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    _restart_timer: asyncio.Task[None] | None = field(default=None, init=False)
+    # True while the current execution may take data-plane traffic (ready, not being retired).
+    serving: bool = field(default=False, init=False)
+    # True while a result is done locally and its commit is retried in memory (NOD-7; no journal entry).
+    commit_retrying: bool = field(default=False, init=False)
+    _replay_queued: bool = field(default=False, init=False)
+    # NOD-10/NOD-11: a journaled result the Coordinator refused; only this Controller waits for the routine
+    # check to bring the authority's record.
+    restricted: bool = field(default=False, init=False)
+    # NOD-10: the newest network revision the running execution cannot take in place (no veth); its next
+    # start or resume applies it, so the routine check does not ask the runtime again every round.
+    network_deferred_revision: int = field(default=0, init=False)
+    # The Coordinator retired this Environment's placement before anything ran here (the node forgets it).
+    retired: bool = field(default=False, init=False)
+    # NOD-12: a newer generation took this Environment over; this Controller only cleaned its execution.
+    revoked: bool = field(default=False, init=False)
+    closed: bool = field(default=False, init=False)
 
     @property
     def env_id(self) -> str:
