@@ -285,16 +285,28 @@ class Bench:
             await redis.get("bench:nothing")
 
         calls = self.args.calls
+        coordinator = self.coordinator
+        assert coordinator is not None
+
+        async def with_cpu(fn: Any) -> dict[str, Any]:
+            """Latency, and the Coordinator's CPU per call (its process, so also what it did meanwhile: the
+            adxlets' reports and checks; compare with the Health baseline's figure of the same phase)."""
+            cpu = coordinator.cpu_seconds()
+            samples = await timed(calls, fn)
+            return summarize(samples) | {
+                "coordinator_cpu_ms_per_call": round((coordinator.cpu_seconds() - cpu) * 1000 / calls, 3)
+            }
+
         await inspect()
         figures = {
             "nodes": len(self.nodes),
             "environments": len(self.ids),
             "inspected_node_holds": counts[busiest],
             "environments_per_node_min_max": [min(counts.values()), max(counts.values())],
-            "inspect_node": summarize(await timed(calls, inspect)),
+            "inspect_node": await with_cpu(inspect),
             "get_environment": summarize(await timed(calls, get)),
             "list_environments_of_tenant_first_1000": summarize(await timed(max(calls // 10, 5), listing)),
-            "baseline_grpc_health_mtls": summarize(await timed(calls, health_call)),
+            "baseline_grpc_health_mtls": await with_cpu(health_call),
             "baseline_redis_get": summarize(await timed(calls, redis_get)),
         }
         await node_channel.close(None)
