@@ -45,6 +45,7 @@ __all__ = [
     "CLIENT_OPTIONS",
     "IDEMPOTENT_METHODS",
     "FailoverChannel",
+    "FailoverPolicy",
     "coordinator_channel",
     "parse_targets",
 ]
