@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -44,13 +43,11 @@ class NodeService(node_pb2_grpc.NodeServicer):
     async def PauseEnvironment(
         self, request: node_pb2.PauseEnvironmentRequest, context: Context
     ) -> node_pb2.PauseEnvironmentResponse:
-        timeout = request.timeout_seconds or 330.0
+        async def work() -> EnvironmentRecord:
+            return await self.agent.pause(_record_arg(request.environment_json), request.timeout_seconds or 330.0)
 
-        async def pause(record: EnvironmentRecord) -> EnvironmentRecord:
-            return await self.agent.pause(record, timeout)
-
-        paused = await self._hand_over(context, request.environment_json, pause, "coordinator", "api")
-        return node_pb2.PauseEnvironmentResponse(environment_json=paused)
+        paused = await serve(context, work, "coordinator", "api")
+        return node_pb2.PauseEnvironmentResponse(environment_json=paused.model_dump_json(by_alias=True))
 
     async def ResumeEnvironment(
         self, request: node_pb2.ResumeEnvironmentRequest, context: Context
@@ -59,17 +56,12 @@ class NodeService(node_pb2_grpc.NodeServicer):
         return node_pb2.ResumeEnvironmentResponse(environment_json=queued)
 
     async def _hand_over(
-        self,
-        context: Context,
-        text: str,
-        act: Callable[[EnvironmentRecord], EnvironmentRecord | Awaitable[EnvironmentRecord]],
-        *peers: str,
+        self, context: Context, text: str, queue: Callable[[EnvironmentRecord], EnvironmentRecord], *peers: str
     ) -> str:
-        """Admit, delete, pause, resume: the record in ``text`` handed to the agent, and its answer as JSON."""
+        """Admit, delete, resume: the record in ``text`` handed to the agent, and its answer as JSON."""
 
         async def work() -> EnvironmentRecord:
-            answer = act(_record_arg(text))
-            return await answer if inspect.isawaitable(answer) else answer
+            return queue(_record_arg(text))
 
         return (await serve(context, work, *peers)).model_dump_json(by_alias=True)
 
