@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated, TypeVar
 
+import grpc
 from fastapi import APIRouter, Depends, Path, Request, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from google.protobuf.message import Message
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
@@ -27,6 +29,7 @@ from adx.proto import coordinator_pb2 as pb
 log = logging.getLogger("adx.api")
 
 M = TypeVar("M", bound=BaseModel)
+Req = TypeVar("Req", bound=Message)
 
 admin_bearer = HTTPBearer(
     auto_error=False,
@@ -96,13 +99,25 @@ class CreateTenantBody(_Body):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="the tenant's name")
 
 
-async def _one(p: Plane, what: str, model: type[M], call: Callable[[], Awaitable[pb.AdminReply]]) -> M:
-    reply = await p.coordinator.call(what, call, reads=False)
+async def _one(
+    p: Plane,
+    what: str,
+    model: type[M],
+    rpc: grpc.aio.UnaryUnaryMultiCallable[Req, pb.AdminReply],
+    request: Req,
+    *,
+    reads: bool = False,
+) -> M:
+    """One admin RPC (``p.coordinator.admin.X``) whose reply is one ``model`` as JSON."""
+    reply = await p.coordinator.call(what, lambda: rpc(request, timeout=_timeout(p)), reads=reads)
     return model.model_validate_json(reply.json)
 
 
-async def _listed(p: Plane, what: str, model: type[M], call: Callable[[], Awaitable[pb.AdminListReply]]) -> list[M]:
-    reply = await p.coordinator.call(what, call, reads=True)
+async def _listed(
+    p: Plane, what: str, model: type[M], rpc: grpc.aio.UnaryUnaryMultiCallable[pb.AdminEmpty, pb.AdminListReply]
+) -> list[M]:
+    """One admin list RPC: each item of its reply is one ``model`` as JSON."""
+    reply = await p.coordinator.call(what, lambda: rpc(pb.AdminEmpty(), timeout=_timeout(p)), reads=True)
     return [model.model_validate_json(item) for item in reply.json]
 
 
@@ -113,12 +128,8 @@ def _timeout(p: Plane) -> float:
 @router.post("/tenants", status_code=201, response_model=IssuedKey, summary="Create a tenant and its first API key")
 async def create_tenant(request: Request, body: CreateTenantBody, who: Admin) -> IssuedKey:
     p = plane(request)
-    issued = await _one(
-        p,
-        "create tenant",
-        IssuedKey,
-        lambda: p.coordinator.admin.CreateTenant(pb.TenantRequest(name=body.name), timeout=_timeout(p)),
-    )
+    named = pb.TenantRequest(name=body.name)
+    issued = await _one(p, "create tenant", IssuedKey, p.coordinator.admin.CreateTenant, named)
     log.info("admin: tenant created", extra={"tenant": body.name, "admin": who.name})
     return issued
 
@@ -126,21 +137,14 @@ async def create_tenant(request: Request, body: CreateTenantBody, who: Admin) ->
 @router.get("/tenants", response_model=list[TenantInfo], summary="List tenants with their keys' IDs")
 async def list_tenants(request: Request, who: Admin) -> list[TenantInfo]:
     p = plane(request)
-    return await _listed(
-        p, "list tenants", TenantInfo, lambda: p.coordinator.admin.ListTenants(pb.AdminEmpty(), timeout=_timeout(p))
-    )
+    return await _listed(p, "list tenants", TenantInfo, p.coordinator.admin.ListTenants)
 
 
 async def _set_disabled(request: Request, name: str, disabled: bool, who: AdminIdentity) -> TenantInfo:
     p = plane(request)
-    tenant = await _one(
-        p,
-        "disable tenant" if disabled else "enable tenant",
-        TenantInfo,
-        lambda: p.coordinator.admin.SetTenantDisabled(
-            pb.SetTenantDisabledRequest(name=name, disabled=disabled), timeout=_timeout(p)
-        ),
-    )
+    what = "disable tenant" if disabled else "enable tenant"
+    change = pb.SetTenantDisabledRequest(name=name, disabled=disabled)
+    tenant = await _one(p, what, TenantInfo, p.coordinator.admin.SetTenantDisabled, change)
     p.auth.forget_all()  # this replica refuses the tenant's keys from now on
     log.info("admin: tenant %s", "disabled" if disabled else "enabled", extra={"tenant": name, "admin": who.name})
     return tenant
@@ -163,12 +167,7 @@ async def enable_tenant(request: Request, name: str, who: Admin) -> TenantInfo:
 @router.post("/tenants/{name}/keys", status_code=201, response_model=IssuedKey, summary="Add an API key to a tenant")
 async def create_key(request: Request, name: str, who: Admin) -> IssuedKey:
     p = plane(request)
-    issued = await _one(
-        p,
-        "create key",
-        IssuedKey,
-        lambda: p.coordinator.admin.CreateKey(pb.TenantRequest(name=name), timeout=_timeout(p)),
-    )
+    issued = await _one(p, "create key", IssuedKey, p.coordinator.admin.CreateKey, pb.TenantRequest(name=name))
     log.info("admin: key created", extra={"tenant": name, "key_id": issued.key_id, "admin": who.name})
     return issued
 
@@ -178,12 +177,8 @@ async def create_key(request: Request, name: str, who: Admin) -> IssuedKey:
 )
 async def revoke_key(request: Request, name: str, key_id: KeyId, who: Admin) -> TenantInfo:
     p = plane(request)
-    tenant = await _one(
-        p,
-        "revoke key",
-        TenantInfo,
-        lambda: p.coordinator.admin.RevokeKey(pb.KeyRequest(tenant=name, key_id=key_id), timeout=_timeout(p)),
-    )
+    key = pb.KeyRequest(tenant=name, key_id=key_id)
+    tenant = await _one(p, "revoke key", TenantInfo, p.coordinator.admin.RevokeKey, key)
     p.auth.forget_all()
     log.info("admin: key revoked", extra={"tenant": name, "key_id": key_id, "admin": who.name})
     return tenant
@@ -196,12 +191,8 @@ async def revoke_key(request: Request, name: str, key_id: KeyId, who: Admin) -> 
 )
 async def rotate_key(request: Request, name: str, key_id: KeyId, who: Admin) -> IssuedKey:
     p = plane(request)
-    issued = await _one(
-        p,
-        "rotate key",
-        IssuedKey,
-        lambda: p.coordinator.admin.RotateKey(pb.KeyRequest(tenant=name, key_id=key_id), timeout=_timeout(p)),
-    )
+    key = pb.KeyRequest(tenant=name, key_id=key_id)
+    issued = await _one(p, "rotate key", IssuedKey, p.coordinator.admin.RotateKey, key)
     p.auth.forget_all()
     log.info("admin: key rotated", extra={"tenant": name, "key_id": key_id, "admin": who.name})
     return issued
@@ -211,21 +202,14 @@ async def rotate_key(request: Request, name: str, key_id: KeyId, who: Admin) -> 
 @router.get("/nodes", response_model=list[NodeInfo], summary="List nodes: capacity, allocatable, admission, health")
 async def list_nodes(request: Request, who: Admin) -> list[NodeInfo]:
     p = plane(request)
-    return await _listed(
-        p, "list nodes", NodeInfo, lambda: p.coordinator.admin.ListNodes(pb.AdminEmpty(), timeout=_timeout(p))
-    )
+    return await _listed(p, "list nodes", NodeInfo, p.coordinator.admin.ListNodes)
 
 
 async def _cordon(request: Request, node: str, cordoned: bool, who: AdminIdentity) -> NodeInfo:
     p = plane(request)
-    info = await _one(
-        p,
-        "cordon node" if cordoned else "uncordon node",
-        NodeInfo,
-        lambda: p.coordinator.admin.SetNodeCordoned(
-            pb.SetNodeCordonedRequest(node=node, cordoned=cordoned), timeout=_timeout(p)
-        ),
-    )
+    what = "cordon node" if cordoned else "uncordon node"
+    change = pb.SetNodeCordonedRequest(node=node, cordoned=cordoned)
+    info = await _one(p, what, NodeInfo, p.coordinator.admin.SetNodeCordoned, change)
     log.info("admin: node %s", "cordoned" if cordoned else "uncordoned", extra={"node": node, "admin": who.name})
     return info
 
@@ -297,7 +281,5 @@ async def drain_node(request: Request, node: str, who: Admin) -> StreamingRespon
 @router.get("/cluster", response_model=ClusterStatus, summary="The cluster: nodes, Environments by state, leader")
 async def cluster_status(request: Request, who: Admin) -> ClusterStatus:
     p = plane(request)
-    reply = await p.coordinator.call(
-        "cluster status", lambda: p.coordinator.admin.ClusterStatus(pb.AdminEmpty(), timeout=_timeout(p)), reads=True
-    )
-    return ClusterStatus.model_validate_json(reply.json)
+    status = p.coordinator.admin.ClusterStatus
+    return await _one(p, "cluster status", ClusterStatus, status, pb.AdminEmpty(), reads=True)
