@@ -25,7 +25,7 @@ from adx.errors import InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import Credentials, OpenApiResponses, error_answer
 
 if TYPE_CHECKING:
-    from adx.agents import AgentResult, AgentRuns, AgentStore, RunView
+    from adx.agents import AgentResult, AgentRuns, AgentStore, RunEvent, RunView
 
 __all__ = ["close_agent_store", "router"]
 
@@ -272,19 +272,13 @@ async def agent_run_children(
 @router.get("/{run_id}/history", response_model=AgentRunHistory, summary="A run's journal")
 async def agent_run_history(ref: Run) -> AgentRunHistory:
     events = await ref.do(ref.runs.history)
-    return AgentRunHistory(
-        events=[
-            AgentRunEventView(
-                id=e.id,
-                kind=e.kind,
-                fence=e.fence,
-                checkpoint_seq=e.checkpoint_seq,
-                created_at=e.created_at,
-                node=e.payload.get("node") if isinstance(e.payload, dict) else None,
-            )
-            for e in events
-        ]
-    )
+    return AgentRunHistory(events=[_event(e) for e in events])
+
+
+def _event(event: RunEvent) -> AgentRunEventView:
+    """A journal entry as the API shows it: its fields by name, and the node a commit names (in its payload)."""
+    node = event.payload.get("node") if isinstance(event.payload, dict) else None
+    return AgentRunEventView.model_validate(event, from_attributes=True).model_copy(update={"node": node})
 
 
 @router.post("/{run_id}/cancel", response_model=AgentRunView, summary="Request cancellation")
