@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
+import grpc
 from fastapi import APIRouter, Depends, Path, Request, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from google.protobuf.message import Message
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
@@ -23,10 +26,12 @@ from adx.errors import AdxError, ForbiddenError, NotFoundError
 from adx.gateway import OpenApiResponses, Plane, Unauthenticated, error_answer, plane
 from adx.model import ADMIN_KEY_PREFIX, AdminIdentity, ClusterStatus, DrainEvent, IssuedKey, NodeInfo, TenantInfo
 from adx.proto import coordinator_pb2 as pb
+from adx.proto import coordinator_pb2_grpc as pb_grpc
 
 log = logging.getLogger("adx.api")
 
 M = TypeVar("M", bound=BaseModel)
+Req = TypeVar("Req", bound=Message)
 
 admin_bearer = HTTPBearer(
     auto_error=False,
@@ -50,24 +55,64 @@ DRAIN_TIMEOUT_SECONDS = 3700.0
 ADMIN_KEY_FIX = "use the admin key: `adx up` saved it in STATE_DIR/admin.json (the adx CLI reads it by itself)"
 
 
-async def admin(request: Request, credentials: AdminCredentials) -> AdminIdentity:
+@dataclass(frozen=True)
+class AdminService:
+    """The Coordinator's admin service, reached through the plane's client (its error translation, its timeout)."""
+
+    plane: Plane
+
+    @property
+    def rpc(self) -> pb_grpc.CoordinatorAdminAsyncStub:
+        return self.plane.coordinator.admin
+
+    async def one(
+        self,
+        what: str,
+        model: type[M],
+        rpc: grpc.aio.UnaryUnaryMultiCallable[Req, pb.AdminReply],
+        request: Req,
+        *,
+        reads: bool = False,
+    ) -> M:
+        """One admin RPC (``self.rpc.X``) whose reply is one ``model`` as JSON."""
+        p = self.plane
+        reply = await p.coordinator.call(what, lambda: rpc(request, timeout=_timeout(p)), reads=reads)
+        return model.model_validate_json(reply.json)
+
+    async def listed(
+        self, what: str, model: type[M], rpc: grpc.aio.UnaryUnaryMultiCallable[pb.AdminEmpty, pb.AdminListReply]
+    ) -> list[M]:
+        """One admin list RPC: each item of its reply is one ``model`` as JSON."""
+        p = self.plane
+        reply = await p.coordinator.call(what, lambda: rpc(pb.AdminEmpty(), timeout=_timeout(p)), reads=True)
+        return [model.model_validate_json(item) for item in reply.json]
+
+
+@dataclass(frozen=True)
+class AdminCall(AdminService):
+    """An admin's request: the admin service, and who asks (the logs name it)."""
+
+    who: AdminIdentity
+
+
+def _timeout(p: Plane) -> float:
+    return p.config.coordinator_timeout_seconds
+
+
+async def admin(request: Request, credentials: AdminCredentials) -> AdminCall:
     """The admin behind the request; 401 for no or an unknown key, 403 for a tenant's key."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthenticated(f"missing 'Authorization: Bearer <admin key>'; {ADMIN_KEY_FIX}")
     key = credentials.credentials.strip()
     p = plane(request)
+    service = AdminService(p)
+    asked = pb.AuthenticateAdminRequest(api_key=key)
     try:
-        reply = await p.coordinator.call(
-            "authenticate admin",
-            lambda: p.coordinator.admin.AuthenticateAdmin(
-                pb.AuthenticateAdminRequest(api_key=key), timeout=p.config.coordinator_timeout_seconds
-            ),
-            reads=True,
-        )
+        who = await service.one("authenticate admin", AdminIdentity, service.rpc.AuthenticateAdmin, asked, reads=True)
     except NotFoundError:
         pass
     else:
-        return AdminIdentity.model_validate_json(reply.json)
+        return AdminCall(p, who)
     if not key.startswith(ADMIN_KEY_PREFIX):
         # Tell a tenant key apart from garbage, so the caller learns which credential to use instead.
         try:
@@ -81,7 +126,7 @@ async def admin(request: Request, credentials: AdminCredentials) -> AdminIdentit
     raise Unauthenticated(f"unknown admin key; {ADMIN_KEY_FIX}")
 
 
-Admin = Annotated[AdminIdentity, Depends(admin)]
+Admin = Annotated[AdminCall, Depends(admin)]
 #: What the Coordinator takes as a key's ID (``key_`` and 12 hex digits): the schema says it too.
 KeyId = Annotated[str, Path(pattern=r"^key_[0-9a-f]{12}$", description="a key's ID (`adx tenant list` shows them)")]
 
@@ -96,53 +141,24 @@ class CreateTenantBody(_Body):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="the tenant's name")
 
 
-async def _one(p: Plane, what: str, model: type[M], call: Callable[[], Awaitable[pb.AdminReply]]) -> M:
-    reply = await p.coordinator.call(what, call, reads=False)
-    return model.model_validate_json(reply.json)
-
-
-async def _listed(p: Plane, what: str, model: type[M], call: Callable[[], Awaitable[pb.AdminListReply]]) -> list[M]:
-    reply = await p.coordinator.call(what, call, reads=True)
-    return [model.model_validate_json(item) for item in reply.json]
-
-
-def _timeout(p: Plane) -> float:
-    return p.config.coordinator_timeout_seconds
-
-
 @router.post("/tenants", status_code=201, response_model=IssuedKey, summary="Create a tenant and its first API key")
-async def create_tenant(request: Request, body: CreateTenantBody, who: Admin) -> IssuedKey:
-    p = plane(request)
-    issued = await _one(
-        p,
-        "create tenant",
-        IssuedKey,
-        lambda: p.coordinator.admin.CreateTenant(pb.TenantRequest(name=body.name), timeout=_timeout(p)),
-    )
-    log.info("admin: tenant created", extra={"tenant": body.name, "admin": who.name})
+async def create_tenant(body: CreateTenantBody, admin: Admin) -> IssuedKey:
+    issued = await admin.one("create tenant", IssuedKey, admin.rpc.CreateTenant, pb.TenantRequest(name=body.name))
+    log.info("admin: tenant created", extra={"tenant": body.name, "admin": admin.who.name})
     return issued
 
 
 @router.get("/tenants", response_model=list[TenantInfo], summary="List tenants with their keys' IDs")
-async def list_tenants(request: Request, who: Admin) -> list[TenantInfo]:
-    p = plane(request)
-    return await _listed(
-        p, "list tenants", TenantInfo, lambda: p.coordinator.admin.ListTenants(pb.AdminEmpty(), timeout=_timeout(p))
-    )
+async def list_tenants(admin: Admin) -> list[TenantInfo]:
+    return await admin.listed("list tenants", TenantInfo, admin.rpc.ListTenants)
 
 
-async def _set_disabled(request: Request, name: str, disabled: bool, who: AdminIdentity) -> TenantInfo:
-    p = plane(request)
-    tenant = await _one(
-        p,
-        "disable tenant" if disabled else "enable tenant",
-        TenantInfo,
-        lambda: p.coordinator.admin.SetTenantDisabled(
-            pb.SetTenantDisabledRequest(name=name, disabled=disabled), timeout=_timeout(p)
-        ),
-    )
-    p.auth.forget_all()  # this replica refuses the tenant's keys from now on
-    log.info("admin: tenant %s", "disabled" if disabled else "enabled", extra={"tenant": name, "admin": who.name})
+async def _set_disabled(admin: AdminCall, name: str, disabled: bool) -> TenantInfo:
+    what = "disable tenant" if disabled else "enable tenant"
+    change = pb.SetTenantDisabledRequest(name=name, disabled=disabled)
+    tenant = await admin.one(what, TenantInfo, admin.rpc.SetTenantDisabled, change)
+    admin.plane.auth.forget_all()  # this replica refuses the tenant's keys from now on
+    log.info("admin: tenant %s", "disabled" if disabled else "enabled", extra={"tenant": name, "admin": admin.who.name})
     return tenant
 
 
@@ -151,41 +167,29 @@ async def _set_disabled(request: Request, name: str, disabled: bool, who: AdminI
     response_model=TenantInfo,
     summary="Disable a tenant: its keys are refused; its Environments are left as they are",
 )
-async def disable_tenant(request: Request, name: str, who: Admin) -> TenantInfo:
-    return await _set_disabled(request, name, True, who)
+async def disable_tenant(name: str, admin: Admin) -> TenantInfo:
+    return await _set_disabled(admin, name, True)
 
 
 @router.post("/tenants/{name}/enable", response_model=TenantInfo, summary="Enable a disabled tenant again")
-async def enable_tenant(request: Request, name: str, who: Admin) -> TenantInfo:
-    return await _set_disabled(request, name, False, who)
+async def enable_tenant(name: str, admin: Admin) -> TenantInfo:
+    return await _set_disabled(admin, name, False)
 
 
 @router.post("/tenants/{name}/keys", status_code=201, response_model=IssuedKey, summary="Add an API key to a tenant")
-async def create_key(request: Request, name: str, who: Admin) -> IssuedKey:
-    p = plane(request)
-    issued = await _one(
-        p,
-        "create key",
-        IssuedKey,
-        lambda: p.coordinator.admin.CreateKey(pb.TenantRequest(name=name), timeout=_timeout(p)),
-    )
-    log.info("admin: key created", extra={"tenant": name, "key_id": issued.key_id, "admin": who.name})
+async def create_key(name: str, admin: Admin) -> IssuedKey:
+    issued = await admin.one("create key", IssuedKey, admin.rpc.CreateKey, pb.TenantRequest(name=name))
+    log.info("admin: key created", extra={"tenant": name, "key_id": issued.key_id, "admin": admin.who.name})
     return issued
 
 
 @router.delete(
     "/tenants/{name}/keys/{key_id}", response_model=TenantInfo, summary="Revoke an API key (refused from now on)"
 )
-async def revoke_key(request: Request, name: str, key_id: KeyId, who: Admin) -> TenantInfo:
-    p = plane(request)
-    tenant = await _one(
-        p,
-        "revoke key",
-        TenantInfo,
-        lambda: p.coordinator.admin.RevokeKey(pb.KeyRequest(tenant=name, key_id=key_id), timeout=_timeout(p)),
-    )
-    p.auth.forget_all()
-    log.info("admin: key revoked", extra={"tenant": name, "key_id": key_id, "admin": who.name})
+async def revoke_key(name: str, key_id: KeyId, admin: Admin) -> TenantInfo:
+    tenant = await admin.one("revoke key", TenantInfo, admin.rpc.RevokeKey, pb.KeyRequest(tenant=name, key_id=key_id))
+    admin.plane.auth.forget_all()
+    log.info("admin: key revoked", extra={"tenant": name, "key_id": key_id, "admin": admin.who.name})
     return tenant
 
 
@@ -194,52 +198,37 @@ async def revoke_key(request: Request, name: str, key_id: KeyId, who: Admin) -> 
     response_model=IssuedKey,
     summary="Replace an API key with a new one in one step (the old one is refused from then on)",
 )
-async def rotate_key(request: Request, name: str, key_id: KeyId, who: Admin) -> IssuedKey:
-    p = plane(request)
-    issued = await _one(
-        p,
-        "rotate key",
-        IssuedKey,
-        lambda: p.coordinator.admin.RotateKey(pb.KeyRequest(tenant=name, key_id=key_id), timeout=_timeout(p)),
-    )
-    p.auth.forget_all()
-    log.info("admin: key rotated", extra={"tenant": name, "key_id": key_id, "admin": who.name})
+async def rotate_key(name: str, key_id: KeyId, admin: Admin) -> IssuedKey:
+    issued = await admin.one("rotate key", IssuedKey, admin.rpc.RotateKey, pb.KeyRequest(tenant=name, key_id=key_id))
+    admin.plane.auth.forget_all()
+    log.info("admin: key rotated", extra={"tenant": name, "key_id": key_id, "admin": admin.who.name})
     return issued
 
 
 # -- nodes and the cluster ------------------------------------------------------------------------------
 @router.get("/nodes", response_model=list[NodeInfo], summary="List nodes: capacity, allocatable, admission, health")
-async def list_nodes(request: Request, who: Admin) -> list[NodeInfo]:
-    p = plane(request)
-    return await _listed(
-        p, "list nodes", NodeInfo, lambda: p.coordinator.admin.ListNodes(pb.AdminEmpty(), timeout=_timeout(p))
-    )
+async def list_nodes(admin: Admin) -> list[NodeInfo]:
+    return await admin.listed("list nodes", NodeInfo, admin.rpc.ListNodes)
 
 
-async def _cordon(request: Request, node: str, cordoned: bool, who: AdminIdentity) -> NodeInfo:
-    p = plane(request)
-    info = await _one(
-        p,
-        "cordon node" if cordoned else "uncordon node",
-        NodeInfo,
-        lambda: p.coordinator.admin.SetNodeCordoned(
-            pb.SetNodeCordonedRequest(node=node, cordoned=cordoned), timeout=_timeout(p)
-        ),
-    )
-    log.info("admin: node %s", "cordoned" if cordoned else "uncordoned", extra={"node": node, "admin": who.name})
+async def _cordon(admin: AdminCall, node: str, cordoned: bool) -> NodeInfo:
+    what = "cordon node" if cordoned else "uncordon node"
+    change = pb.SetNodeCordonedRequest(node=node, cordoned=cordoned)
+    info = await admin.one(what, NodeInfo, admin.rpc.SetNodeCordoned, change)
+    log.info("admin: node %s", "cordoned" if cordoned else "uncordoned", extra={"node": node, "admin": admin.who.name})
     return info
 
 
 @router.post(
     "/nodes/{node}/cordon", response_model=NodeInfo, summary="Cordon a node: it admits no new or resumed Environment"
 )
-async def cordon_node(request: Request, node: str, who: Admin) -> NodeInfo:
-    return await _cordon(request, node, True, who)
+async def cordon_node(node: str, admin: Admin) -> NodeInfo:
+    return await _cordon(admin, node, True)
 
 
 @router.post("/nodes/{node}/uncordon", response_model=NodeInfo, summary="Let a cordoned node admit again")
-async def uncordon_node(request: Request, node: str, who: Admin) -> NodeInfo:
-    return await _cordon(request, node, False, who)
+async def uncordon_node(node: str, admin: Admin) -> NodeInfo:
+    return await _cordon(admin, node, False)
 
 
 def _inline_schema(model: type[BaseModel]) -> JsonSchemaValue:
@@ -266,13 +255,13 @@ def _inline_schema(model: type[BaseModel]) -> JsonSchemaValue:
         }
     },
 )
-async def drain_node(request: Request, node: str, who: Admin) -> StreamingResponse:
-    p = plane(request)
-    stream = p.coordinator.admin.DrainNode(pb.NodeRequest(node=node), timeout=DRAIN_TIMEOUT_SECONDS)
+async def drain_node(node: str, admin: Admin) -> StreamingResponse:
+    p = admin.plane
+    stream = admin.rpc.DrainNode(pb.NodeRequest(node=node), timeout=DRAIN_TIMEOUT_SECONDS)
     events = aiter(stream)
     # The first event (the cordon) before answering: an unknown node is a 404, not a stream.
     first = await p.coordinator.call("drain node", lambda: anext(events), reads=False)
-    log.info("admin: node drain started", extra={"node": node, "admin": who.name})
+    log.info("admin: node drain started", extra={"node": node, "admin": admin.who.name})
 
     async def lines() -> AsyncIterator[bytes]:
         yield first.json.encode() + b"\n"
@@ -295,9 +284,5 @@ async def drain_node(request: Request, node: str, who: Admin) -> StreamingRespon
 
 
 @router.get("/cluster", response_model=ClusterStatus, summary="The cluster: nodes, Environments by state, leader")
-async def cluster_status(request: Request, who: Admin) -> ClusterStatus:
-    p = plane(request)
-    reply = await p.coordinator.call(
-        "cluster status", lambda: p.coordinator.admin.ClusterStatus(pb.AdminEmpty(), timeout=_timeout(p)), reads=True
-    )
-    return ClusterStatus.model_validate_json(reply.json)
+async def cluster_status(admin: Admin) -> ClusterStatus:
+    return await admin.one("cluster status", ClusterStatus, admin.rpc.ClusterStatus, pb.AdminEmpty(), reads=True)

@@ -16,17 +16,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Concatenate, ParamSpec, TypeVar
 
-from fastapi import APIRouter, FastAPI, Query, Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from adx.agents._canonical import JsonObject
 from adx.errors import InvalidInputError, NotFoundError, UnavailableError
-from adx.gateway import OpenApiResponses, error_answer
+from adx.gateway import Credentials, OpenApiResponses, error_answer
 
 if TYPE_CHECKING:
-    from adx.agents import AgentResult, AgentRuns, AgentStore, RunView
+    from adx.agents import AgentResult, AgentRuns, AgentStore, RunEvent, RunView
 
 __all__ = ["close_agent_store", "router"]
 
@@ -41,10 +40,6 @@ ERRORS: OpenApiResponses = {
     422: error_answer("invalid input; details.field names it"),
     503: error_answer("the agent store is not configured or unavailable"),
 }
-
-
-bearer = HTTPBearer(auto_error=False, description="a tenant API key (`adx tenant create NAME` prints one)")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
 
 
 class _Wire(BaseModel):
@@ -133,44 +128,11 @@ class ResolveResponse(_Wire):
 
 
 def _view(view: RunView, result: AgentResult | None = None) -> AgentRunView:
-    return AgentRunView(
-        run_id=view.run_id,
-        graph=view.graph,
-        graph_version=view.graph_version,
-        status=view.status.value,
-        checkpoint_seq=view.checkpoint_seq,
-        fence=view.fence,
-        leased=view.leased,
-        cancel_requested=view.cancel_requested,
-        created_at=view.created_at,
-        updated_at=view.updated_at,
-        finished_at=view.finished_at,
-        usage=AgentUsage(**view.usage),
-        waits=[
-            AgentWaitView(
-                wait_id=w.wait_id,
-                kind=w.kind.value,
-                payload=w.payload,
-                registered_at=w.registered_at,
-                due_at=w.due_at,
-                resolved=w.resolved,
-            )
-            for w in view.waits
-        ],
-        result=(
-            AgentResultView(
-                status=result.status.value,
-                artifact=result.artifact,
-                failure=result.failure,
-                created_at=result.created_at,
-            )
-            if result is not None
-            else None
-        ),
-        parent_run_id=view.parent_run_id,
-        children=view.children,
-        children_settled=view.children_settled,
-    )
+    """The run as the API shows it: the read models' fields by name (their enums as the values)."""
+    shown = AgentRunView.model_validate(view, from_attributes=True)
+    if result is None:
+        return shown
+    return shown.model_copy(update={"result": AgentResultView.model_validate(result, from_attributes=True)})
 
 
 class _Stores:
@@ -218,7 +180,7 @@ async def close_agent_store(app: FastAPI) -> None:
         holder.store = None
 
 
-async def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str:
+async def _tenant(request: Request, credentials: Credentials) -> str:
     from adx.agents._pg import check_tenant
     from adx.gateway import plane
 
@@ -260,17 +222,22 @@ class _RunRef:
         return _view(view, await self.runs.get_result(self.tenant, self.key) if view.finished else None)
 
 
-async def _ref(request: Request, credentials: HTTPAuthorizationCredentials | None, run_id: str) -> _RunRef:
+async def _ref(request: Request, credentials: Credentials, run_id: str) -> _RunRef:
     """Checked in this order: the key (401), the run ID (a malformed one: 404), then the store (503)."""
     tenant = await _tenant(request, credentials)
     key = _run_id(run_id)
     return _RunRef(await _runs(request), tenant, key)
 
 
+#: :func:`_ref` as the dependency of a route with no parameter of its own besides ``{run_id}`` (FastAPI solves it
+#: before it validates a route's own parameters: a route with some calls ``_ref`` itself, so they are a 422 first).
+Run = Annotated[_RunRef, Depends(_ref)]
+
+
 router = APIRouter(prefix="/v1/agent-runs", tags=["agent runs"], responses=ERRORS)
 
 
-@router.get("", response_model=AgentRunList, response_model_by_alias=True, summary="List runs, newest first")
+@router.get("", response_model=AgentRunList, summary="List runs, newest first")
 async def list_agent_runs(
     request: Request,
     credentials: Credentials,
@@ -284,17 +251,12 @@ async def list_agent_runs(
     return AgentRunList(runs=[_view(v) for v in page.runs], next_cursor=page.next_cursor)
 
 
-@router.get("/{run_id}", response_model=AgentRunView, response_model_by_alias=True, summary="Get a run")
-async def get_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
-    return await (await _ref(request, credentials, run_id)).view()
+@router.get("/{run_id}", response_model=AgentRunView, summary="Get a run")
+async def get_agent_run(ref: Run) -> AgentRunView:
+    return await ref.view()
 
 
-@router.get(
-    "/{run_id}/children",
-    response_model=AgentRunChildren,
-    response_model_by_alias=True,
-    summary="The child runs a run spawned, oldest first",
-)
+@router.get("/{run_id}/children", response_model=AgentRunChildren, summary="The child runs a run spawned, oldest first")
 async def agent_run_children(
     request: Request,
     run_id: str,
@@ -307,32 +269,20 @@ async def agent_run_children(
     return AgentRunChildren(runs=[_view(v) for v in page.runs], next_cursor=page.next_cursor)
 
 
-@router.get(
-    "/{run_id}/history", response_model=AgentRunHistory, response_model_by_alias=True, summary="A run's journal"
-)
-async def agent_run_history(request: Request, run_id: str, credentials: Credentials) -> AgentRunHistory:
-    ref = await _ref(request, credentials, run_id)
+@router.get("/{run_id}/history", response_model=AgentRunHistory, summary="A run's journal")
+async def agent_run_history(ref: Run) -> AgentRunHistory:
     events = await ref.do(ref.runs.history)
-    return AgentRunHistory(
-        events=[
-            AgentRunEventView(
-                id=e.id,
-                kind=e.kind,
-                fence=e.fence,
-                checkpoint_seq=e.checkpoint_seq,
-                created_at=e.created_at,
-                node=e.payload.get("node") if isinstance(e.payload, dict) else None,
-            )
-            for e in events
-        ]
-    )
+    return AgentRunHistory(events=[_event(e) for e in events])
 
 
-@router.post(
-    "/{run_id}/cancel", response_model=AgentRunView, response_model_by_alias=True, summary="Request cancellation"
-)
-async def cancel_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
-    ref = await _ref(request, credentials, run_id)
+def _event(event: RunEvent) -> AgentRunEventView:
+    """A journal entry as the API shows it: its fields by name, and the node a commit names (in its payload)."""
+    node = event.payload.get("node") if isinstance(event.payload, dict) else None
+    return AgentRunEventView.model_validate(event, from_attributes=True).model_copy(update={"node": node})
+
+
+@router.post("/{run_id}/cancel", response_model=AgentRunView, summary="Request cancellation")
+async def cancel_agent_run(ref: Run) -> AgentRunView:
     await ref.do(ref.runs.request_cancellation)
     return await ref.view()
 
@@ -340,7 +290,6 @@ async def cancel_agent_run(request: Request, run_id: str, credentials: Credentia
 @router.post(
     "/{run_id}/interrupts/{wait_id}/resolve",
     response_model=ResolveResponse,
-    response_model_by_alias=True,
     summary="Resolve an interrupt (an approval), also before the run reaches it when its graph declares it",
 )
 async def resolve_agent_interrupt(
@@ -355,11 +304,9 @@ async def resolve_agent_interrupt(
 @router.post(
     "/{run_id}/retry",
     response_model=AgentRunView,
-    response_model_by_alias=True,
     summary="Go on with a failed run from the last checkpoint before its failure",
 )
-async def retry_agent_run(request: Request, run_id: str, credentials: Credentials) -> AgentRunView:
-    ref = await _ref(request, credentials, run_id)
+async def retry_agent_run(ref: Run) -> AgentRunView:
     await ref.do(ref.runs.retry)
     return await ref.view()
 
@@ -371,7 +318,6 @@ class ForkRequest(_Wire):
 @router.post(
     "/{run_id}/fork",
     response_model=AgentRunView,
-    response_model_by_alias=True,
     status_code=201,
     summary="Start a new run from a chosen checkpoint of a run (the run itself is unchanged)",
 )

@@ -26,6 +26,7 @@ from adx.gateway import (
     MAX_WAIT_SECONDS,
     ON_THE_WAY,
     Credentials,
+    TenantEnv,
     check_volume_mounts,
     error_answer,
     json_body,
@@ -60,7 +61,7 @@ def _idempotency_key(value: str | None) -> str | None:
     return value
 
 
-router = APIRouter(tags=["environments"])
+router = APIRouter(tags=["environments"], responses=ERRORS)
 
 #: How long ``?wait=running`` waits when ``waitSeconds`` is not given.
 DEFAULT_WAIT_SECONDS = 30.0
@@ -100,7 +101,7 @@ def _wait_seconds(wait: str | None, seconds: float | None) -> float | None:
     "/v1/environments",
     status_code=201,
     response_model=EnvironmentView,
-    responses={200: {"model": EnvironmentView, "description": "replay: the Idempotency-Key matched"}, **ERRORS},
+    responses={200: {"model": EnvironmentView, "description": "replay: the Idempotency-Key matched"}},
     openapi_extra=json_body(EnvironmentSpec),
     summary="Create an Environment (wait=running: answer once it runs, or as it is after waitSeconds)",
 )
@@ -143,7 +144,7 @@ async def create_environment(
     )
 
 
-@router.get("/v1/environments", response_model=EnvironmentList, responses=ERRORS, summary="List Environments")
+@router.get("/v1/environments", response_model=EnvironmentList, summary="List Environments")
 async def list_environments(request: Request, credentials: Credentials) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
@@ -156,7 +157,6 @@ async def list_environments(request: Request, credentials: Credentials) -> JSONR
     "/v1/environments/{environment_id}",
     response_model=EnvironmentView,
     responses={
-        **ERRORS,
         503: error_answer(
             "wait=running: still on its way after waitSeconds (code wait_timeout, details.state); "
             "or the Coordinator is unavailable"
@@ -195,11 +195,9 @@ async def get_environment(
 @router.delete(
     "/v1/environments/{environment_id}",
     response_model=EnvironmentView,
-    responses=ERRORS,
     summary="Delete (state becomes deleting, then deleted; repeating it is harmless)",
 )
-async def delete_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def delete_environment(t: TenantEnv) -> JSONResponse:
     record = await t.plane.coordinator.delete_environment(t.tenant, t.env_id)
     log.info("environment delete requested", extra={"env_id": record.id, "tenant": t.tenant})
     return _answer(record)
@@ -208,11 +206,10 @@ async def delete_environment(request: Request, environment_id: str, credentials:
 @router.post(
     "/v1/environments/{environment_id}/pause",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: error_answer("not running (e.g. already paused)")},
+    responses={409: error_answer("not running (e.g. already paused)")},
     summary="Pause: checkpoint, publish, release resources; returns once paused (ENV-3)",
 )
-async def pause_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def pause_environment(t: TenantEnv) -> JSONResponse:
     p, tenant, env_id = t.plane, t.tenant, t.env_id
     route = await p.owner_route(tenant, env_id)
     record = route.record
@@ -237,22 +234,20 @@ async def pause_environment(request: Request, environment_id: str, credentials: 
 @router.get(
     "/v1/environments/{environment_id}/stats",
     response_model=EnvironmentStats,
-    responses={**ERRORS, 409: error_answer("not running (a paused one is not woken)")},
+    responses={409: error_answer("not running (a paused one is not woken)")},
     summary="CPU, memory and disk usage of a running Environment, from its node's last sample (MET-1)",
 )
-async def environment_stats(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def environment_stats(t: TenantEnv) -> JSONResponse:
     return JSONResponse((await t.plane.environment_stats(t.tenant, t.env_id)).to_wire())
 
 
 @router.post(
     "/v1/environments/{environment_id}/resume",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: error_answer("neither paused nor running")},
+    responses={409: error_answer("neither paused nor running")},
     summary="Resume a paused Environment (a running one is returned as it is); returns once running (CRD-5)",
 )
-async def resume_environment(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def resume_environment(t: TenantEnv) -> JSONResponse:
     route = await t.plane.coordinator.ensure_running(t.tenant, t.env_id, t.plane.config.wake_timeout_seconds)
     return _answer(route.record)
 
@@ -269,12 +264,11 @@ class LifetimeRequest(BaseModel):
 @router.post(
     "/v1/environments/{environment_id}/lifetime",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: error_answer("not running or paused (e.g. deleted)")},
+    responses={409: error_answer("not running or paused (e.g. deleted)")},
     openapi_extra=json_body(LifetimeRequest),
     summary="Move the lifetime deadline (and optionally its action: delete or pause)",
 )
-async def set_lifetime(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def set_lifetime(request: Request, t: TenantEnv) -> JSONResponse:
     body = parse_wire(LifetimeRequest, await read_json(request, t.plane.config.max_body_bytes))
     return _answer(await t.plane.coordinator.set_lifetime(t.tenant, t.env_id, float(body.seconds), body.action or ""))
 
@@ -282,11 +276,10 @@ async def set_lifetime(request: Request, environment_id: str, credentials: Crede
 @router.post(
     "/v1/environments/{environment_id}/network",
     response_model=EnvironmentView,
-    responses={**ERRORS, 409: error_answer("its state does not allow a change (e.g. deleted)")},
+    responses={409: error_answer("its state does not allow a change (e.g. deleted)")},
     openapi_extra=json_body(NetworkPolicy),
     summary="Replace the network policy (none, or egress with allow/deny lists); applied without a restart",
 )
-async def set_network(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def set_network(request: Request, t: TenantEnv) -> JSONResponse:
     body = parse_wire(NetworkPolicy, await read_json(request, t.plane.config.max_body_bytes), root="network")
     return _answer(await t.plane.coordinator.set_network(t.tenant, t.env_id, body))

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 
 from adx.errors import InvalidInputError
-from adx.gateway import ERRORS, Credentials, TenantEnvironment, json_body, tenant_environment
+from adx.gateway import ERRORS, Credentials, TenantEnv, TenantEnvironment, json_body, read_body, tenant_environment
 from adx.ingress import TokenClient, serving_ingress
 from adx.model import (
     EndpointTokenInfo,
@@ -26,7 +26,7 @@ from adx.model import (
 
 __all__ = ["token_router"]
 
-token_router = APIRouter(tags=["endpoint tokens"])
+token_router = APIRouter(tags=["endpoint tokens"], responses=ERRORS)
 
 #: A token request is a tiny document: no reason to read more.
 MAX_TOKEN_BODY_BYTES = 4096
@@ -34,11 +34,7 @@ MAX_TOKEN_BODY_BYTES = 4096
 
 async def _token_request(request: Request) -> EndpointTokenRequest:
     """The body, or no body at all (a token for the whole data plane that never expires)."""
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_TOKEN_BODY_BYTES:
-            raise InvalidInputError("body", f"is larger than {MAX_TOKEN_BODY_BYTES} bytes")
+    body = await read_body(request, MAX_TOKEN_BODY_BYTES)
     if not body.strip():
         return EndpointTokenRequest()
     try:
@@ -57,12 +53,10 @@ def _client(target: TenantEnvironment) -> TokenClient:
     "/v1/environments/{environment_id}/tokens",
     status_code=201,
     response_model=IssuedEndpointToken,
-    responses=ERRORS,
     openapi_extra=json_body(EndpointTokenRequest, required=False),
     summary="Issue an endpoint token: its holder reaches this Environment's data plane (or one port), nothing else",
 )
-async def create_token(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def create_token(request: Request, t: TenantEnv) -> JSONResponse:
     spec = await _token_request(request)
     issued = await _client(t).create(t.tenant, t.env_id, spec)
     return JSONResponse(
@@ -75,11 +69,9 @@ async def create_token(request: Request, environment_id: str, credentials: Crede
 @token_router.get(
     "/v1/environments/{environment_id}/tokens",
     response_model=EndpointTokenList,
-    responses=ERRORS,
     summary="The Environment's live endpoint tokens (never their secrets)",
 )
-async def list_tokens(request: Request, environment_id: str, credentials: Credentials) -> JSONResponse:
-    t = await tenant_environment(request, credentials, environment_id)
+async def list_tokens(t: TenantEnv) -> JSONResponse:
     tokens = await _client(t).list(t.tenant, t.env_id)
     return JSONResponse(EndpointTokenList(tokens=tokens).to_wire())
 
@@ -87,7 +79,6 @@ async def list_tokens(request: Request, environment_id: str, credentials: Creden
 @token_router.delete(
     "/v1/environments/{environment_id}/tokens/{token_id}",
     response_model=EndpointTokenInfo,
-    responses=ERRORS,
     summary="Revoke an endpoint token (refused by every Ingress from now on)",
 )
 async def revoke_token(

@@ -27,7 +27,7 @@ from adx.model import Volume, VolumeList, VolumeRequest, parse_wire
 
 __all__ = ["volume_router"]
 
-volume_router = APIRouter(tags=["volumes"])
+volume_router = APIRouter(tags=["volumes"], responses=ERRORS)
 
 #: A volume request is a tiny document: no reason to read more.
 MAX_VOLUME_BODY_BYTES = 4096
@@ -41,7 +41,7 @@ _CONFLICT: OpenApiResponses = {
     "/v1/volumes",
     response_model=Volume,
     status_code=201,
-    responses={**ERRORS, **_CONFLICT},
+    responses={**_CONFLICT},
     openapi_extra=json_body(VolumeRequest),
     summary="Create a named volume",
 )
@@ -53,7 +53,7 @@ async def create_volume(request: Request, credentials: Credentials) -> JSONRespo
     return JSONResponse(volume.to_wire(), status_code=201)
 
 
-@volume_router.get("/v1/volumes", response_model=VolumeList, responses=ERRORS, summary="List volumes")
+@volume_router.get("/v1/volumes", response_model=VolumeList, summary="List volumes")
 async def list_volumes(request: Request, credentials: Credentials) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
@@ -61,7 +61,7 @@ async def list_volumes(request: Request, credentials: Credentials) -> JSONRespon
     return JSONResponse(VolumeList(volumes=volumes).to_wire())
 
 
-@volume_router.get("/v1/volumes/{volume_id}", response_model=Volume, responses=ERRORS, summary="Get a volume")
+@volume_router.get("/v1/volumes/{volume_id}", response_model=Volume, summary="Get a volume")
 async def get_volume(request: Request, volume_id: str, credentials: Credentials) -> JSONResponse:
     p = plane(request)
     tenant = await p.tenant(credentials)
@@ -71,7 +71,7 @@ async def get_volume(request: Request, volume_id: str, credentials: Credentials)
 @volume_router.delete(
     "/v1/volumes/{volume_id}",
     response_model=Volume,
-    responses={**ERRORS, **_CONFLICT},
+    responses={**_CONFLICT},
     summary="Delete a volume and its files",
 )
 async def delete_volume_route(request: Request, volume_id: str, credentials: Credentials) -> JSONResponse:

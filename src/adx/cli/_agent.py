@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
@@ -19,6 +19,8 @@ from adx.config import load_model
 
 if TYPE_CHECKING:
     from adx.agents import AgentRuns, RunPage, RunView
+
+T = TypeVar("T")
 
 agent_app = typer.Typer(help="Durable agent runtime.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -134,20 +136,26 @@ def _target(config: Path | None, database_url: str | None, tenant: str | None) -
     return database_url, tenant
 
 
-def _operate(config: Path | None, database_url: str | None, tenant: str | None, action: Any) -> None:
-    """Open the store (no migrations: operating never changes the schema), run ``action(runs, tenant)``."""
+def _operate(
+    config: Path | None,
+    database_url: str | None,
+    tenant: str | None,
+    action: Callable[[AgentRuns, str], Awaitable[T]],
+) -> T:
+    """Open the store (no migrations: operating never changes the schema), run ``action(runs, tenant)`` and
+    return what it returns; an error ends the command."""
     from adx.agents import AgentRuns, AgentStore
 
-    async def go() -> None:
+    async def go() -> T:
         url, tenant_id = _target(config, database_url, tenant)
         store = await AgentStore.open(url, min_size=1, max_size=2, migrate=False, timeout=10)
         try:
-            await action(AgentRuns(store), tenant_id)
+            return await action(AgentRuns(store), tenant_id)
         finally:
             await store.close()
 
     with failing():
-        asyncio.run(go())
+        return asyncio.run(go())
 
 
 def _when(at: datetime | None) -> str:
@@ -212,12 +220,13 @@ def runs_list(
     cursor: Annotated[str | None, typer.Option(help="the next-page cursor a previous list printed")] = None,
 ) -> None:
     """List a tenant's runs, newest first."""
-
-    async def action(runs: AgentRuns, tenant_id: str) -> None:
-        page = await runs.list_runs(tenant_id, status=status, graph=graph, limit=limit, cursor=cursor)
-        _print_page(page, "no runs", "CREATED", lambda v: (v.status.value, _when(v.created_at)))
-
-    _operate(config, database_url, tenant, action)
+    page = _operate(
+        config,
+        database_url,
+        tenant,
+        lambda runs, tenant_id: runs.list_runs(tenant_id, status=status, graph=graph, limit=limit, cursor=cursor),
+    )
+    _print_page(page, "no runs", "CREATED", lambda v: (v.status.value, _when(v.created_at)))
 
 
 @runs_app.command("children")
@@ -230,17 +239,18 @@ def runs_children(
     cursor: Annotated[str | None, typer.Option(help="the next-page cursor a previous call printed")] = None,
 ) -> None:
     """List the child runs a run spawned (ctx.spawn), oldest first."""
+    page = _operate(
+        config,
+        database_url,
+        tenant,
+        lambda runs, tenant_id: runs.children(tenant_id, run_id, limit=limit, cursor=cursor),
+    )
 
-    async def action(runs: AgentRuns, tenant_id: str) -> None:
-        page = await runs.children(tenant_id, run_id, limit=limit, cursor=cursor)
+    def cells(v: RunView) -> tuple[str, str]:
+        cancelling = v.cancel_requested and not v.finished
+        return v.status.value + (" (cancel requested)" if cancelling else ""), _when(v.finished_at)
 
-        def cells(v: RunView) -> tuple[str, str]:
-            cancelling = v.cancel_requested and not v.finished
-            return v.status.value + (" (cancel requested)" if cancelling else ""), _when(v.finished_at)
-
-        _print_page(page, "no children", "FINISHED", cells)
-
-    _operate(config, database_url, tenant, action)
+    _print_page(page, "no children", "FINISHED", cells)
 
 
 @runs_app.command("get")
@@ -267,23 +277,20 @@ def runs_history(
     """A run's journal: node commits, waits, releases, terminal events and operator actions, in order."""
     from adx.cli._human import table
 
-    async def action(runs: AgentRuns, tenant_id: str) -> None:
-        events = await runs.history(tenant_id, run_id)
-        rows = []
-        for e in events:
-            detail = e.payload.get("node") or e.payload.get("reason") or e.payload.get("from_checkpoint") or ""
-            rows.append(
-                (
-                    _when(e.created_at),
-                    e.kind,
-                    "-" if e.fence is None else str(e.fence),
-                    str(e.checkpoint_seq),
-                    str(detail)[:80],
-                )
+    events = _operate(config, database_url, tenant, lambda runs, tenant_id: runs.history(tenant_id, run_id))
+    rows = []
+    for e in events:
+        detail = e.payload.get("node") or e.payload.get("reason") or e.payload.get("from_checkpoint") or ""
+        rows.append(
+            (
+                _when(e.created_at),
+                e.kind,
+                "-" if e.fence is None else str(e.fence),
+                str(e.checkpoint_seq),
+                str(detail)[:80],
             )
-        _print(table(("TIME", "EVENT", "FENCE", "CHECKPOINT", "DETAIL"), rows))
-
-    _operate(config, database_url, tenant, action)
+        )
+    _print(table(("TIME", "EVENT", "FENCE", "CHECKPOINT", "DETAIL"), rows))
 
 
 @runs_app.command("cancel")
@@ -291,12 +298,8 @@ def runs_cancel(
     run_id: RunArg, config: ConfigOpt = None, database_url: DatabaseOpt = None, tenant: TenantOpt = None
 ) -> None:
     """Ask for cancellation; a worker confirms it (the run ends as cancelled)."""
-
-    async def action(runs: AgentRuns, tenant_id: str) -> None:
-        view = await runs.request_cancellation(tenant_id, run_id)
-        _print(f"cancellation requested: run {view.run_id} is {view.status.value}\n")
-
-    _operate(config, database_url, tenant, action)
+    view = _operate(config, database_url, tenant, lambda runs, tenant_id: runs.request_cancellation(tenant_id, run_id))
+    _print(f"cancellation requested: run {view.run_id} is {view.status.value}\n")
 
 
 @runs_app.command("resolve")
@@ -316,16 +319,15 @@ def runs_resolve(
     except json.JSONDecodeError as exc:
         fail(InvalidInputError("--value", f"is not JSON: {exc}"))
 
-    async def action(runs: AgentRuns, tenant_id: str) -> None:
-        outcome = await runs.resolve(tenant_id, run_id, wait_id, resolution)
-        messages = {
-            "resolved": f"resolved {wait_id!r}: the run wakes",
-            "stored_early": f"stored: the run has not reached {wait_id!r} yet and will use it there",
-            "duplicate": f"{wait_id!r} already had this resolution: nothing changed",
-        }
-        _print(messages[outcome.value] + "\n")
-
-    _operate(config, database_url, tenant, action)
+    outcome = _operate(
+        config, database_url, tenant, lambda runs, tenant_id: runs.resolve(tenant_id, run_id, wait_id, resolution)
+    )
+    messages = {
+        "resolved": f"resolved {wait_id!r}: the run wakes",
+        "stored_early": f"stored: the run has not reached {wait_id!r} yet and will use it there",
+        "duplicate": f"{wait_id!r} already had this resolution: nothing changed",
+    }
+    _print(messages[outcome.value] + "\n")
 
 
 @runs_app.command("retry")
@@ -333,12 +335,8 @@ def runs_retry(
     run_id: RunArg, config: ConfigOpt = None, database_url: DatabaseOpt = None, tenant: TenantOpt = None
 ) -> None:
     """Go on with a failed run from the last checkpoint before its failure."""
-
-    async def action(runs: AgentRuns, tenant_id: str) -> None:
-        view = await runs.retry(tenant_id, run_id)
-        _print(f"run {view.run_id} is {view.status.value} again, from checkpoint {view.checkpoint_seq}\n")
-
-    _operate(config, database_url, tenant, action)
+    view = _operate(config, database_url, tenant, lambda runs, tenant_id: runs.retry(tenant_id, run_id))
+    _print(f"run {view.run_id} is {view.status.value} again, from checkpoint {view.checkpoint_seq}\n")
 
 
 @runs_app.command("fork")
@@ -350,9 +348,5 @@ def runs_fork(
     tenant: TenantOpt = None,
 ) -> None:
     """Start a new run from a chosen checkpoint of a run (the run itself is unchanged)."""
-
-    async def action(runs: AgentRuns, tenant_id: str) -> None:
-        view = await runs.fork(tenant_id, run_id, checkpoint)
-        _print(f"run {view.run_id} forked from {run_id} at checkpoint {checkpoint}: {view.status.value}\n")
-
-    _operate(config, database_url, tenant, action)
+    view = _operate(config, database_url, tenant, lambda runs, tenant_id: runs.fork(tenant_id, run_id, checkpoint))
+    _print(f"run {view.run_id} forked from {run_id} at checkpoint {checkpoint}: {view.status.value}\n")

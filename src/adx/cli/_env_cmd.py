@@ -6,7 +6,8 @@ import shlex
 import signal
 import sys
 import time
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -22,6 +23,7 @@ env_app = typer.Typer(
 app.add_typer(env_app, name="env")
 
 EnvId = Annotated[str, typer.Argument(help="the Environment's ID")]
+P = TypeVar("P")
 
 
 def _wire(env: Any) -> dict[str, object]:
@@ -82,6 +84,12 @@ def _retention(text: str) -> Any:
     if kind == "ttl" and seconds.isdigit():
         return adx.Retention.ttl(int(seconds))
     raise InvalidInputError("--retention", f"expected ttl:SECONDS, ttl or forever, got {text!r}")
+
+
+def _policy(policy: Callable[..., P], **flags: object) -> P | None:
+    """``policy`` built from the flags given (None: not given, so the SDK's default); None when none was given."""
+    given = {name: value for name, value in flags.items() if value is not None}
+    return policy(**given) if given else None
 
 
 def _expiry(env: Any) -> str:
@@ -206,22 +214,15 @@ def create(
     import adx
 
     with failing(_flag_error):
-        pause = None
-        if retention is not None or storage is not None or pause_timeout is not None:
-            options: dict[str, Any] = {
-                "retention": _retention(retention) if retention is not None else None,
-                "timeout_seconds": pause_timeout,
-                "storage": storage,
-            }
-            pause = adx.PausePolicy(**{k: v for k, v in options.items() if v is not None})
-        restart = None
-        if max_retries is not None or backoff is not None or max_backoff is not None:
-            given: dict[str, Any] = {
-                "max_retries": max_retries,
-                "initial_backoff_seconds": backoff,
-                "max_backoff_seconds": max_backoff,
-            }
-            restart = adx.RestartPolicy(**{k: v for k, v in given.items() if v is not None})
+        pause = _policy(
+            adx.PausePolicy,
+            retention=_retention(retention) if retention is not None else None,
+            timeout_seconds=pause_timeout,
+            storage=storage,
+        )
+        restart = _policy(
+            adx.RestartPolicy, max_retries=max_retries, initial_backoff_seconds=backoff, max_backoff_seconds=max_backoff
+        )
         with api_client(api_url, api_key) as client:
             with err_console.status("creating the Environment..."):
                 created = client.environments.create(

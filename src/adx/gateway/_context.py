@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Protocol, cast
 
-from fastapi import Request, Security
+from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from adx._node_client import NodeClients, NodeView
@@ -156,16 +156,21 @@ class TenantEnvironment:
     env_id: str
 
 
-async def tenant_environment(
-    request: Request, credentials: HTTPAuthorizationCredentials | None, environment_id: str
-) -> TenantEnvironment:
+async def tenant_environment(request: Request, credentials: Credentials, environment_id: str) -> TenantEnvironment:
     """The key first (401), then the ID (a malformed one: 404), before anything is asked of anyone."""
     p = plane(request)
     tenant = await p.tenant(credentials)
     return TenantEnvironment(p, tenant, environment_id_or_404(environment_id))
 
 
-async def read_json(request: Request, limit: int) -> object:
+#: :func:`tenant_environment` as a route's dependency (``{environment_id}`` and the key). FastAPI solves a
+#: dependency before it validates the route's own parameters, so a route with query parameters of its own calls
+#: the function itself instead: an invalid parameter stays a 422 whatever the key and the ID.
+TenantEnv = Annotated[TenantEnvironment, Depends(tenant_environment)]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body; over ``limit`` bytes (as declared, or as it streams) is a 422 naming ``body``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise InvalidInputError("body", f"is larger than {limit} bytes")
@@ -174,6 +179,11 @@ async def read_json(request: Request, limit: int) -> object:
         body += chunk
         if len(body) > limit:
             raise InvalidInputError("body", f"is larger than {limit} bytes")
+    return bytes(body)
+
+
+async def read_json(request: Request, limit: int) -> object:
+    body = await read_body(request, limit)
     if not body:
         raise InvalidInputError("body", "is empty; expected a JSON object")
     try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from adx._certs import Identity, component_paths
 from adx._coordinator_channel import coordinator_channel
@@ -21,6 +22,7 @@ from adx.proto import coordinator_pb2_grpc as pb_grpc
 from adx.proto import snapshots_pb2_grpc, tokens_pb2_grpc
 
 R = TypeVar("R")
+Req = TypeVar("Req", bound=Message)
 
 
 class _EnvironmentReply(Protocol):
@@ -29,6 +31,8 @@ class _EnvironmentReply(Protocol):
     @property
     def environment_json(self) -> str: ...
 
+
+Rep = TypeVar("Rep", bound=_EnvironmentReply)
 
 #: A route stream that brings nothing (not even the Coordinator's heartbeat, one a second) for this long is on
 #: a frozen replica: it ends, and the reconnect looks for the active one.
@@ -94,10 +98,17 @@ class CoordinatorClient:
             raise error from None
 
     async def _record_call(
-        self, what: str, call: Callable[[], Awaitable[_EnvironmentReply]], *, reads: bool
+        self,
+        what: str,
+        rpc: grpc.aio.UnaryUnaryMultiCallable[Req, Rep],
+        request: Req,
+        rpc_timeout: float,
+        *,
+        reads: bool,
     ) -> EnvironmentRecord:
-        """``_call``, for the RPCs that answer with an Environment's record."""
-        return _record((await self._call(what, call, reads=reads)).environment_json)
+        """``_call`` of ``rpc(request)``, for the RPCs that answer with an Environment's record."""
+        reply = await self._call(what, lambda: rpc(request, timeout=rpc_timeout), reads=reads)
+        return _record(reply.environment_json)
 
     @property
     def admin(self) -> pb_grpc.CoordinatorAdminAsyncStub:
@@ -154,9 +165,7 @@ class CoordinatorClient:
 
     async def get_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
         request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
-        return await self._record_call(
-            "get environment", lambda: self._stub.GetEnvironment(request, timeout=self._timeout), reads=True
-        )
+        return await self._record_call("get environment", self._stub.GetEnvironment, request, self._timeout, reads=True)
 
     async def list_environments(self, tenant: str) -> list[EnvironmentRecord]:
         request = pb.ListEnvironmentsRequest(tenant=tenant)
@@ -167,20 +176,14 @@ class CoordinatorClient:
 
     async def delete_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
         request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
-        return await self._record_call(
-            "delete environment",
-            lambda: self._stub.DeleteEnvironment(request, timeout=self._create_timeout),
-            reads=False,
-        )
+        rpc = self._stub.DeleteEnvironment
+        return await self._record_call("delete environment", rpc, request, self._create_timeout, reads=False)
 
     async def pause_environment(self, tenant: str, environment_id: str) -> EnvironmentRecord:
         """Returns once the checkpoint is published and the pause committed; ConflictError if not running."""
         request = pb.EnvironmentRequest(tenant=tenant, environment_id=environment_id)
-        return await self._record_call(
-            "pause environment",
-            lambda: self._stub.PauseEnvironment(request, timeout=self._pause_timeout),
-            reads=False,
-        )
+        rpc = self._stub.PauseEnvironment
+        return await self._record_call("pause environment", rpc, request, self._pause_timeout, reads=False)
 
     async def ensure_running(self, tenant: str, environment_id: str, timeout: float) -> Route:  # noqa: ASYNC109
         """CRD-5: the Running record (resumed first if it was paused) and its Relay."""
@@ -197,18 +200,14 @@ class CoordinatorClient:
     ) -> EnvironmentRecord:
         """Move the lifetime deadline to now + ``seconds``; ``action`` "delete" | "pause" | "" (unchanged)."""
         request = pb.SetLifetimeRequest(tenant=tenant, environment_id=environment_id, seconds=seconds, action=action)
-        return await self._record_call(
-            "set lifetime", lambda: self._stub.SetLifetime(request, timeout=self._timeout), reads=False
-        )
+        return await self._record_call("set lifetime", self._stub.SetLifetime, request, self._timeout, reads=False)
 
     async def set_network(self, tenant: str, environment_id: str, network: NetworkPolicy) -> EnvironmentRecord:
         """Store a new network policy (a spec revision); the owning node applies it in place."""
         request = pb.SetNetworkRequest(
             tenant=tenant, environment_id=environment_id, network_json=network.model_dump_json(by_alias=True)
         )
-        return await self._record_call(
-            "set network", lambda: self._stub.SetNetwork(request, timeout=self._timeout), reads=False
-        )
+        return await self._record_call("set network", self._stub.SetNetwork, request, self._timeout, reads=False)
 
     async def watch_routes(self) -> AsyncIterator[pb.RouteEvent]:
         """The Coordinator's route publications; ends (raises) when the stream breaks."""

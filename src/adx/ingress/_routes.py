@@ -29,6 +29,7 @@ from adx.gateway import (
     json_body,
     plane,
     raw_body,
+    read_body,
 )
 from adx.ingress._ingress import Ingress, serving_ingress
 from adx.ingress._tokens import PresentedToken, check_scope, presented_token, set_token_cookie
@@ -55,8 +56,6 @@ from adx.model import (
     TokenGrant,
     WindowSize,
 )
-
-router = APIRouter(tags=["data plane"])
 
 
 def route(path: str, methods: list[str], **options: Any) -> Callable[[F], F]:
@@ -90,6 +89,8 @@ DATA_ERRORS: OpenApiResponses = {
     413: error_answer("execd: a JSON body over its 1 MiB limit (code payload_too_large)"),
     502: error_answer("the node's Relay failed"),
 }
+
+router = APIRouter(tags=["data plane"], responses=DATA_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -130,13 +131,7 @@ async def _setup(request: HTTPConnection, credentials: object, environment_id: s
 
 
 async def _small_body(request: Request) -> bytes:
-    limit = plane(request).config.max_body_bytes
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise InvalidInputError("body", f"is larger than {limit} bytes")
-    return bytes(body)
+    return await read_body(request, plane(request).config.max_body_bytes)
 
 
 FRAMES = (CommandStarted, OutputFrame, ExitFrame)
@@ -180,7 +175,6 @@ def _flag(description: str) -> Any:
             "content": {"application/x-ndjson": {"schema": {"oneOf": [_frame_schema(m) for m in FRAMES]}}},
         },
         201: {"model": CommandStatus, "description": "a background command (background: true): its status, at once"},
-        **DATA_ERRORS,
     },
     openapi_extra=json_body(RunCommand),
     summary="Run a command; a foreground one streams NDJSON frames as output is produced",
@@ -193,12 +187,7 @@ async def run_command(request: Request, environment_id: EnvId, credentials: Cred
     return await a.forward(request, "/v1/commands", body=body, read_timeout=None)
 
 
-@router.get(
-    "/v1/environments/{environment_id}/commands",
-    response_model=CommandList,
-    responses=DATA_ERRORS,
-    summary="List commands",
-)
+@router.get("/v1/environments/{environment_id}/commands", response_model=CommandList, summary="List commands")
 async def list_commands(request: Request, environment_id: EnvId, credentials: Credentials) -> StreamingResponse:
     a = await _setup(request, credentials, environment_id)
     return await a.forward(request, "/v1/commands", body=b"", read_timeout=None)
@@ -216,7 +205,6 @@ async def _command(
 @router.get(
     "/v1/environments/{environment_id}/commands/{command_id}",
     response_model=CommandStatus,
-    responses=DATA_ERRORS,
     summary="A command's status",
 )
 async def get_command(
@@ -229,7 +217,7 @@ async def get_command(
     "/v1/environments/{environment_id}/commands/{command_id}",
     status_code=204,
     response_class=Response,
-    responses={**DATA_ERRORS, 409: error_answer("still running: kill it first")},
+    responses={409: error_answer("still running: kill it first")},
     summary="Forget a finished command",
 )
 async def forget_command(
@@ -241,7 +229,7 @@ async def forget_command(
 @router.get(
     "/v1/environments/{environment_id}/commands/{command_id}/output",
     response_model=CommandOutput,
-    responses={**DATA_ERRORS, 409: error_answer("a foreground command keeps no output")},
+    responses={409: error_answer("a foreground command keeps no output")},
     summary="A background command's kept output, from an offset",
 )
 async def command_output(
@@ -260,7 +248,6 @@ async def command_output(
 @router.post(
     "/v1/environments/{environment_id}/commands/{command_id}/kill",
     response_model=Killed,
-    responses=DATA_ERRORS,
     openapi_extra=json_body(KillCommand, required=False),
     summary="Send a signal to a command's process group (default SIGKILL)",
 )
@@ -274,7 +261,6 @@ async def kill_command(
     "/v1/environments/{environment_id}/commands/{command_id}/stdin",
     response_model=StdinWritten,
     responses={
-        **DATA_ERRORS,
         409: error_answer("its stdin is not open (keepStdinOpen), closed, or not read"),
     },
     openapi_extra=raw_body("written to the command's stdin as it arrives (streamed)", required=False),
@@ -293,7 +279,7 @@ async def command_stdin(
 @router.post(
     "/v1/environments/{environment_id}/commands/{command_id}/resize",
     response_model=Resized,
-    responses={**DATA_ERRORS, 409: error_answer("no PTY, or it has exited")},
+    responses={409: error_answer("no PTY, or it has exited")},
     openapi_extra=json_body(WindowSize),
     summary="Resize the terminal of a command run with pty",
 )
@@ -316,7 +302,6 @@ async def _files(request: Request, credentials: object, environment_id: str, act
     response_class=Response,
     responses={
         200: {"description": "the file's bytes, streamed", "content": {"application/octet-stream": {}}},
-        **DATA_ERRORS,
     },
     summary="Read a file",
 )
@@ -330,7 +315,6 @@ async def read_file(
     "/v1/environments/{environment_id}/files",
     status_code=201,
     response_model=FileWritten,
-    responses=DATA_ERRORS,
     openapi_extra=raw_body("the file's new contents (streamed; readers see the old or the new file)"),
     summary="Write a file (atomically)",
 )
@@ -350,7 +334,6 @@ async def write_file(
     "/v1/environments/{environment_id}/files",
     status_code=204,
     response_class=Response,
-    responses=DATA_ERRORS,
     summary="Delete a file or directory",
 )
 async def delete_file(
@@ -367,7 +350,6 @@ async def delete_file(
 @router.get(
     "/v1/environments/{environment_id}/files/stat",
     response_model=FileStat,
-    responses=DATA_ERRORS,
     summary="Describe one entry (a symlink is not followed)",
 )
 async def stat_file(
@@ -376,12 +358,7 @@ async def stat_file(
     return await _files(request, credentials, environment_id, "stat")
 
 
-@router.get(
-    "/v1/environments/{environment_id}/files/list",
-    response_model=FileList,
-    responses=DATA_ERRORS,
-    summary="List a directory",
-)
+@router.get("/v1/environments/{environment_id}/files/list", response_model=FileList, summary="List a directory")
 async def list_files(
     request: Request, environment_id: EnvId, credentials: Credentials, path: SandboxPath, user: User = None
 ) -> StreamingResponse:
@@ -392,7 +369,6 @@ async def list_files(
     "/v1/environments/{environment_id}/files/mkdir",
     status_code=201,
     response_model=PathAnswer,
-    responses=DATA_ERRORS,
     summary="Make a directory",
 )
 async def make_directory(
@@ -409,7 +385,6 @@ async def make_directory(
 @router.post(
     "/v1/environments/{environment_id}/files/rename",
     response_model=PathAnswer,
-    responses=DATA_ERRORS,
     summary="Rename (move) an entry; a file at the destination is replaced",
 )
 async def rename_file(
@@ -430,7 +405,6 @@ async def rename_file(
     responses={
         200: {"description": "the service's own answer, streamed", "content": {"*/*": {}}},
         "default": {"description": "the service's own answer, any status", "content": {"*/*": {}}},
-        **DATA_ERRORS,
         502: error_answer("nothing listens on the port (code port_unavailable)"),
     },
     summary="Proxy to a service the Environment listens on (inside its own network namespace)",

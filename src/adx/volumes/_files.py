@@ -96,6 +96,23 @@ class VolumeFiles:
         finally:
             os.close(fd)
 
+    def _open(self, path: str, flags: int) -> int:
+        """A descriptor of ``path`` (normalized), resolved inside the volume (openat2); a missing one is a 404."""
+        with self._root() as root:
+            try:
+                return _openat2(root, path, flags)
+            except OSError as exc:
+                raise _not_found(exc, path) from None
+
+    @contextlib.contextmanager
+    def _opened(self, path: str, flags: int) -> Iterator[int]:
+        """:meth:`_open`, closed on leaving."""
+        fd = self._open(path, flags)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     @contextlib.contextmanager
     def _parent(self, path: str) -> Iterator[tuple[int, str]]:
         """(descriptor of the parent directory, final name) of ``path`` (not ``/``)."""
@@ -103,15 +120,8 @@ class VolumeFiles:
         if norm == "/":
             raise InvalidInputError("path", "must name an entry inside the volume, not its top")
         parent, name = posixpath.split(norm)
-        with self._root() as root:
-            try:
-                fd = _openat2(root, parent, os.O_PATH | os.O_DIRECTORY)
-            except OSError as exc:
-                raise _not_found(exc, parent) from None
-            try:
-                yield fd, name
-            finally:
-                os.close(fd)
+        with self._opened(parent, os.O_PATH | os.O_DIRECTORY) as fd:
+            yield fd, name
 
     def _stat_at(self, dir_fd: int, name: str, path: str) -> EntryStat:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -147,17 +157,10 @@ class VolumeFiles:
         if depth < 1 or depth > MAX_DEPTH:
             raise InvalidInputError("depth", f"must be 1 to {MAX_DEPTH}")
         norm = normalize(path)
-        with self._root() as root:
-            try:
-                fd = _openat2(root, norm, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError as exc:
-                raise _not_found(exc, norm) from None
-            try:
-                out: list[EntryStat] = []
-                self._walk(fd, norm, depth, out)
-                return out
-            finally:
-                os.close(fd)
+        with self._opened(norm, os.O_RDONLY | os.O_DIRECTORY) as fd:
+            out: list[EntryStat] = []
+            self._walk(fd, norm, depth, out)
+            return out
 
     def _walk(self, fd: int, path: str, depth: int, out: list[EntryStat]) -> None:
         for name in sorted(os.listdir(fd)):
@@ -212,11 +215,7 @@ class VolumeFiles:
     def read(self, path: str) -> Iterator[bytes]:
         """The file's bytes in chunks (opened before the first chunk: a missing file raises here)."""
         norm = normalize(path)
-        with self._root() as root:
-            try:
-                fd = _openat2(root, norm, os.O_RDONLY)
-            except OSError as exc:
-                raise _not_found(exc, norm) from None
+        fd = self._open(norm, os.O_RDONLY)
         if stat.S_ISDIR(os.fstat(fd).st_mode):
             os.close(fd)
             raise InvalidInputError("path", f"{norm} is a directory")
