@@ -34,7 +34,7 @@ from typing import Any
 
 from adx.errors import NotFoundError, UnavailableError
 from adx.execd import _protocol as P
-from adx.sandboxd import _linux as lx
+from adx.sandboxd import _unix_sockets as usock
 
 __all__ = ["ControlHub"]
 
@@ -60,12 +60,12 @@ def bind_unix(path: Path, mode: int = 0o600) -> socket.socket:
     st = os.lstat(path.parent)
     if not stat.S_ISDIR(st.st_mode):
         raise OSError(f"{path.parent} is not a directory (a symlink?): refusing to bind there")
-    return lx.bind_unix(str(path), mode)
+    return usock.bind_unix(str(path), mode)
 
 
 def peer_uid(sock: Any) -> int:
     """The connected peer's UID (``SO_PEERCRED``); ``sock``: a socket or asyncio's TransportSocket."""
-    return lx.peer_credentials(sock)[1]
+    return usock.peer_credentials(sock)[1]
 
 
 def peer_pid(sock: Any) -> int:
