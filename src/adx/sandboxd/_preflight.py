@@ -115,6 +115,4 @@ class HostPreflight(ControlSockets):
         return None
 
     def _cgroup_parents(self) -> list[Path]:
-        roots = [self.layout.v2_root] if self.layout.v2_root else []
-        roots += list(dict.fromkeys(self.layout.v1_mounts.values()))
-        return [r / self.config.cgroup_parent for r in roots]
+        return [r / self.config.cgroup_parent for r in self.layout.roots]
