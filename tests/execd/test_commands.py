@@ -100,6 +100,19 @@ def test_kill_a_background_command(execd: ExecdProcess) -> None:
         assert client.post(f"/v1/commands/{cid}/kill", json={}).json()["delivered"] is False
 
 
+def test_kill_takes_a_signal_name_or_number_never_a_boolean(execd: ExecdProcess) -> None:
+    """JSON true is no signal number: it was read as 1 (SIGHUP) and delivered; it is refused like any bad value."""
+    with execd.client() as client:
+        started = client.post("/v1/commands", json={"argv": ["sleep", "30"], "background": True})
+        cid = started.json()["id"]
+        for bad in (True, 1.5, [9], "SIGNOPE"):
+            refused = client.post(f"/v1/commands/{cid}/kill", json={"signal": bad})
+            assert refused.status_code == 400 and refused.json()["error"]["details"]["field"] == "signal", bad
+            assert client.get(f"/v1/commands/{cid}").json()["state"] == "running"
+        killed = client.post(f"/v1/commands/{cid}/kill", json={"signal": 9})
+        assert killed.json() == {"id": cid, "signal": "SIGKILL", "delivered": True}
+
+
 def test_stdin_env_and_cwd(execd: ExecdProcess, short_dir: Path) -> None:
     with execd.client() as client:
         frames, end = run(client, argv=["cat"], stdin="hello stdin")

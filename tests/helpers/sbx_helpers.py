@@ -29,8 +29,7 @@ LAYOUT: CgroupLayout = detect_layout()
 
 
 def _hierarchy_roots() -> list[Path]:
-    roots = [LAYOUT.v2_root] if LAYOUT.v2_root else []
-    return roots + list(dict.fromkeys(LAYOUT.v1_mounts.values()))
+    return LAYOUT.roots
 
 
 def cleanup_cgroup_parent(parent: str) -> None:

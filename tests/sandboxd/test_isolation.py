@@ -13,7 +13,7 @@ import pytest
 from sbx_helpers import DaemonFactory, wait_until
 
 from adx.sandboxd import CreateRequest, ResourcesSpec, State, ref_of
-from adx.sandboxd._linux import KEEP_CAPABILITIES
+from adx.sandboxd._confinement import KEEP_CAPABILITIES
 
 PROBE = r"""
 import os, json

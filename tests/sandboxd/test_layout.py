@@ -33,7 +33,7 @@ def test_hybrid_layout_uses_v1_for_limits_and_cgroup2_for_identity() -> None:
     assert {c: layout.source(c) for c in ("memory", "cpu", "pids")} == {"memory": "v1", "cpu": "v1", "pids": "v1"}
     cg = SandboxCgroup(layout, "adx", "sb-1")
     assert cg.identity_dir() == Path("/sys/fs/cgroup/unified/adx/sb-1")
-    assert set(cg.v1) == {"memory", "cpu", "cpuacct", "pids"}  # no v1 freezer: cgroup2 freezes and kills
+    assert set(cg.v1_dirs) == {"memory", "cpu", "cpuacct", "pids"}  # no v1 freezer: cgroup2 freezes and kills
 
 
 def test_v2_only_layout_needs_the_controllers_enabled_in_cgroup2() -> None:
@@ -50,6 +50,6 @@ def test_v1_only_layout_uses_the_memory_dir_for_identity_and_the_freezer_for_kil
     assert layout.v2_root is None
     cg = SandboxCgroup(layout, "adx", "sb-1")
     assert cg.identity_dir() == Path("/sys/fs/cgroup/memory/adx/sb-1")
-    assert cg.v1["cpu"] == cg.v1["cpuacct"] == Path("/sys/fs/cgroup/cpu,cpuacct/adx/sb-1")
-    assert "freezer" in cg.v1
+    assert cg.v1_dirs["cpu"] == cg.v1_dirs["cpuacct"] == "/sys/fs/cgroup/cpu,cpuacct/adx/sb-1"
+    assert "freezer" in cg.v1_dirs
     assert len(cg.dirs()) == 4  # co-mounted cpu,cpuacct share one directory

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from adx.sandboxd import _linux as lx
+from adx.sandboxd import _mount_api as mapi
 
 
 @pytest.fixture
 def by_path() -> Iterator[None]:
-    saved = lx.LOWER_BY_DESCRIPTOR[0]
-    lx.LOWER_BY_DESCRIPTOR[0] = False
+    saved = mapi.LOWER_BY_DESCRIPTOR[0]
+    mapi.LOWER_BY_DESCRIPTOR[0] = False
     try:
         yield
     finally:
-        lx.LOWER_BY_DESCRIPTOR[0] = saved
+        mapi.LOWER_BY_DESCRIPTOR[0] = saved
 
 
 @pytest.mark.parametrize("mode", ["descriptor", "path"])
@@ -35,18 +35,18 @@ def test_the_overlay_mounts_both_ways_without_host_paths(
         d.mkdir()
     (base / "from-base").write_text("base\n")
     (top / "from-top").write_text("top\n")
-    lowers = [lx.detached_bind(str(top), lx.MOUNT_ATTR_RDONLY, None, recursive=False),
-              lx.detached_bind(str(base), lx.MOUNT_ATTR_RDONLY, None, recursive=False)]  # fmt: skip
+    lowers = [mapi.detached_bind(str(top), mapi.MOUNT_ATTR_RDONLY, None, recursive=False),
+              mapi.detached_bind(str(base), mapi.MOUNT_ATTR_RDONLY, None, recursive=False)]  # fmt: skip
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        overlay = lx.detached_overlay(lowers, "upper", "work", {"xino": "off", "index": "off"}, 0)
+        overlay = mapi.detached_overlay(lowers, "upper", "work", {"xino": "off", "index": "off"}, 0)
     finally:
         os.chdir(cwd)
         for fd in lowers:
             os.close(fd)
     try:
-        lx.move_mount(overlay, str(target))
+        mapi.move_mount(overlay, str(target))
     finally:
         os.close(overlay)
     try:

@@ -336,7 +336,12 @@ class CommandRoutes:
         strict_fields(body, frozenset({"signal"}))
         raw = body.get("signal", "SIGKILL")
         try:
-            sig = signal.Signals[raw] if isinstance(raw, str) else signal.Signals(raw)
+            if isinstance(raw, str):
+                sig = signal.Signals[raw]
+            elif isinstance(raw, int) and not isinstance(raw, bool):  # JSON true is no signal 1 (SIGHUP)
+                sig = signal.Signals(raw)
+            else:
+                raise ValueError(raw)
         except (KeyError, ValueError):
             raise invalid("signal", f"unknown signal {raw!r}") from None
         delivered = command.kill(sig)

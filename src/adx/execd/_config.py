@@ -18,10 +18,13 @@ from adx.execd._options import ExecdOptions
 __all__ = ["ExecdConfig", "ProbeConfig", "to_options"]
 
 
+# The one definition of execd's probe: ``adx execd``'s TOML takes it, and sandboxd's Create as ``ProbeOptions``.
 class ProbeConfig(StrictModel):
     """Health probe of the workload: exactly one of ``command`` (exit 0 = healthy) or ``tcp_port``."""
 
-    command: str | None = Field(default=None, min_length=1, description="a shell command; exit 0 = healthy")
+    command: str | None = Field(
+        default=None, min_length=1, max_length=4096, description="a shell command; exit 0 = healthy"
+    )
     tcp_port: int | None = Field(default=None, ge=1, le=65535, description="healthy when it accepts a connection")
     interval_seconds: float = seconds(5.0, "time between probes", le=3600)
     timeout_seconds: float = seconds(2.0, "a probe slower than this failed", le=3600)

@@ -53,7 +53,7 @@ REASONS = {
 
 
 #: A request body: JSON the client sent, checked field by field where a route reads it.
-JsonObject: TypeAlias = dict[str, Any]
+JsonObject: TypeAlias = dict[str, object]
 
 
 class ErrorWire(TypedDict):

@@ -86,56 +86,53 @@ _LOG_FORMATS = ("kv", "json")
 
 class Option(NamedTuple):
     field: str
-    flag: str
     kind: Callable[[str], Any] | str  # a converter, or _FLAG_OFF / _APPEND
     help: str
+    named: str | None = None  # the flag where it is not derived from the field (``socket_fd``: ``--socket-fd``)
+
+    @property
+    def flag(self) -> str:
+        return self.named or "--" + self.field.replace("_", "-")
 
 
 #: Every field of ExecdOptions but ``workload`` (``-- ARGV...``), in the order argv is written.
 CLI: tuple[Option, ...] = (
-    Option("socket", "--socket", str, "client HTTP Unix socket to listen on (standalone use)"),
+    Option("socket", str, "client HTTP Unix socket to listen on (standalone use)"),
     Option(
         "socket_fd",
-        "--socket-fd",
         int,
         "inherited, already listening client socket (socket activation by sandboxd; replaces --socket)",
     ),
-    Option("admin_socket", "--admin-socket", str, "privileged HTTP socket: activity and admission control"),
-    Option("admin_socket_fd", "--admin-socket-fd", int, "inherited, already listening admin socket"),
-    Option("control_socket", "--control-socket", str, "sandboxd's per-sandbox control socket to report to"),
-    Option("sandbox_id", "--sandbox-id", str, "identity sent in the control hello"),
-    Option("execution_id", "--execution-id", str, "execution identity sent in the control hello"),
-    Option("socket_mode", "--socket-mode", _octal, "mode of the sockets (default 600)"),
-    Option("workload_cwd", "--workload-cwd", str, "working directory of the workload"),
-    Option("user", "--user", str, "run the workload and commands as this account of the image (name or uid)"),
+    Option("admin_socket", str, "privileged HTTP socket: activity and admission control"),
+    Option("admin_socket_fd", int, "inherited, already listening admin socket"),
+    Option("control_socket", str, "sandboxd's per-sandbox control socket to report to"),
+    Option("sandbox_id", str, "identity sent in the control hello"),
+    Option("execution_id", str, "execution identity sent in the control hello"),
+    Option("socket_mode", _octal, "mode of the sockets (default 600)"),
+    Option("workload_cwd", str, "working directory of the workload"),
+    Option("user", str, "run the workload and commands as this account of the image (name or uid)"),
     Option(
         "exit_with_workload",
-        "--keep-running-after-workload-exit",
         _FLAG_OFF,
         "by default execd (and so the sandbox) exits with the workload's status",
+        named="--keep-running-after-workload-exit",
     ),
-    Option("probe_command", "--probe-command", str, "shell command; exit 0 = healthy"),
-    Option("probe_tcp_port", "--probe-tcp-port", int, "TCP port on 127.0.0.1 that must accept"),
-    Option("probe_interval", "--probe-interval", _positive, "seconds between probes"),
-    Option("probe_timeout", "--probe-timeout", _positive, "seconds one probe may take"),
-    Option("grace_seconds", "--grace-seconds", float, "SIGTERM -> SIGKILL grace at shutdown"),
-    Option("ring_bytes", "--ring-bytes", int, "kept output per background stream"),
-    Option("coalesce_seconds", "--coalesce-seconds", float, "min interval between activity reports"),
-    Option("unset_env", "--unset-env", _APPEND, "remove NAME from the workload's and commands' environment"),
+    Option("probe_command", str, "shell command; exit 0 = healthy"),
+    Option("probe_tcp_port", int, "TCP port on 127.0.0.1 that must accept"),
+    Option("probe_interval", _positive, "seconds between probes"),
+    Option("probe_timeout", _positive, "seconds one probe may take"),
+    Option("grace_seconds", float, "SIGTERM -> SIGKILL grace at shutdown"),
+    Option("ring_bytes", int, "kept output per background stream"),
+    Option("coalesce_seconds", float, "min interval between activity reports"),
+    Option("unset_env", _APPEND, "remove NAME from the workload's and commands' environment"),
     Option(
         "body_idle_timeout",
-        "--body-idle-timeout",
         _positive,
         "seconds a request body may stall before 408 (an abandoned upload is not activity forever)",
     ),
-    Option(
-        "write_timeout",
-        "--write-timeout",
-        _positive,
-        "seconds a client may read nothing of a response before it is dropped",
-    ),
-    Option("log_level", "--log-level", str, "default: $ADX_LOG_LEVEL or info"),
-    Option("log_format", "--log-format", str, "kv or json (default: $ADX_LOG_FORMAT or kv)"),
+    Option("write_timeout", _positive, "seconds a client may read nothing of a response before it is dropped"),
+    Option("log_level", str, "default: $ADX_LOG_LEVEL or info"),
+    Option("log_format", str, "kv or json (default: $ADX_LOG_FORMAT or kv)"),
 )
 
 

@@ -46,7 +46,7 @@ protocol (the node does not start).
 from __future__ import annotations
 
 import json
-from typing import Any, TypeAlias, TypedDict, cast
+from typing import TypeAlias, TypedDict, cast
 
 __all__ = [
     "MAX_LINE",
@@ -84,8 +84,9 @@ DELTA = "delta"
 
 
 #: One control message as it travels: a JSON object whose string ``type`` says which fields it has. Messages come
-#: from the peer (sandboxd or execd), so a reader checks each field it uses (``_int``, :func:`apply_event`).
-Message: TypeAlias = dict[str, Any]
+#: from the peer (sandboxd or execd), so a reader checks each field it uses (``_int``, :func:`apply_event`):
+#: ``object`` values make the type checker insist on that.
+Message: TypeAlias = dict[str, object]
 
 
 class Reply(TypedDict, total=False):
@@ -161,6 +162,13 @@ def decode(line: bytes) -> Message:
     return value
 
 
+def _optional_text(message: Message, key: str) -> str | None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"{message['type']}.{key} must be a string or null")
+    return value
+
+
 def _int(message: Message, key: str) -> int:
     value = message.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
@@ -195,7 +203,7 @@ def apply_event(state: SandboxState, message: Message) -> bool:
         probe: ProbeState = {
             "ok": bool(message.get("ok")),
             "consecutiveFailures": _int(message, "consecutiveFailures"),
-            "reason": message.get("reason"),
+            "reason": _optional_text(message, "reason"),
         }
         changed = state["probe"] != probe
         state["probe"] = probe
@@ -216,8 +224,11 @@ def apply_event(state: SandboxState, message: Message) -> bool:
             raise ProtocolError("checkpoint_request.operationId must be a non-empty string")
         if any(item["operationId"] == op for item in state["checkpointRequests"]):
             return False  # duplicates never add a second item (CTL-7)
+        requested_at = message.get("requestedAt", 0)
+        if not isinstance(requested_at, int | float) or isinstance(requested_at, bool):
+            raise ProtocolError("checkpoint_request.requestedAt must be a number")
         state["checkpointRequests"].append(
-            {"operationId": op, "reason": message.get("reason"), "requestedAt": float(message.get("requestedAt", 0))}
+            {"operationId": op, "reason": _optional_text(message, "reason"), "requestedAt": float(requested_at)}
         )
         return True
     if kind == CHECKPOINT_ACK:

@@ -57,7 +57,7 @@ from adx.model._quantity import MAX_QUANTITY, format_bytes, format_cpu, parse_by
 from adx.model._records import CheckpointRef, EnvironmentRecord, NodeRecord, ResumeIntent
 from adx.model._resources import MAX_CPU_OVERCOMMIT, Resources, admission_limit, allocatable
 from adx.model._snapshots import SNAPSHOT, Snapshot, source_spec
-from adx.model._spec import NODE_IMAGES, EnvironmentSpec, field_path, parse_wire
+from adx.model._spec import NODE_IMAGES, EnvironmentSpec, ImageName, field_path, parse_wire
 from adx.model._states import (
     ALLOWED_TRANSITIONS,
     DORMANT_STATES,
@@ -148,6 +148,7 @@ __all__ = [
     "FileWritten",
     "HealthProbe",
     "IdleAction",
+    "ImageName",
     "IssuedEndpointToken",
     "IssuedKey",
     "KeyInfo",

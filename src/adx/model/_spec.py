@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import JsonSchemaValue
 
 from adx.errors import InvalidInputError
@@ -22,6 +22,16 @@ MAX_ARG_CHARS = 8192  # at most 32 KiB in UTF-8: far inside the kernel's 128 KiB
 MAX_ENV_VARS = 256
 MAX_METADATA = 64
 MAX_METADATA_VALUE = 1024
+
+
+def _image_name(value: str) -> str:
+    if not _IMAGE_NAME.match(value):
+        raise ValueError("must be 1-63 lowercase letters, digits, '.', '_' or '-'")
+    return value
+
+
+#: An image's name, as an Environment's spec and sandboxd's Create take it (one rule for both).
+ImageName = Annotated[str, AfterValidator(_image_name)]
 
 
 def _spec_schema(schema: JsonSchemaValue) -> None:
@@ -62,7 +72,7 @@ NODE_IMAGES = frozenset({"base", "host"})
 class EnvironmentSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(json_schema_extra=_spec_schema)
 
-    image: str = Field(default="base", description="the root image (``base`` is the node's default image)")
+    image: ImageName = Field(default="base", description="the root image (``base`` is the node's default image)")
     resources: Resources
     entrypoint: list[str] | None = Field(default=None, description="optional workload argv, started by execd")
     env: dict[str, str] = Field(default_factory=dict)
@@ -76,13 +86,6 @@ class EnvironmentSpec(ApiModel):
         max_length=MAX_VOLUME_MOUNTS,
         description="the tenant's named volumes mounted read-write (docs/volumes.md); each path once",
     )
-
-    @field_validator("image")
-    @classmethod
-    def _image_name(cls, value: str) -> str:
-        if not _IMAGE_NAME.match(value):
-            raise ValueError("must be 1-63 lowercase letters, digits, '.', '_' or '-'")
-        return value
 
     @field_validator("entrypoint")
     @classmethod

@@ -7,9 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from adx.model import NetworkPolicy
+from adx.model import ImageName, NetworkPolicy
 from adx.sandboxd._sandbox_models import (
-    SANDBOX_ID_RE,
     TOKEN_PATTERN,
     CallerToken,
     ExecdOptions,
@@ -18,6 +17,7 @@ from adx.sandboxd._sandbox_models import (
     NativeIdentity,
     Resources,
     ResourcesSpec,
+    SandboxId,
     SandboxRef,
     VolumeBinds,
     WireModel,
@@ -38,13 +38,12 @@ __all__ = [
     "WaitResponse",
 ]
 
-_IMAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CreateRequest(WireModel):
     request_id: str = Field(min_length=1, max_length=200, description="idempotency key")
-    sandbox_id: str | None = Field(default=None, description="optional caller-chosen ID (never reused)")
+    sandbox_id: SandboxId | None = Field(default=None, description="optional caller-chosen ID (never reused)")
     generation: int = Field(default=1, ge=1)
     token: CallerToken = None
     argv: list[str] = Field(
@@ -71,7 +70,7 @@ class CreateRequest(WireModel):
         "default: the sandbox ID",
     )
     volumes: VolumeBinds = Field(default_factory=dict, description="mount point inside -> host dir, read-write")
-    image: str | None = Field(
+    image: ImageName | None = Field(
         default=None,
         description="image of the image store (its env, workdir and user apply); unset or 'base': the node's default",
     )
@@ -81,25 +80,11 @@ class CreateRequest(WireModel):
         description="explicit store layers, bottom first, instead of a named image (image builds, restores)",
     )
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, value: str | None) -> str | None:
-        if value is not None and not _IMAGE_NAME_RE.match(value):
-            raise ValueError("must be 1-63 lowercase letters, digits, '.', '_' or '-'")
-        return value
-
     @field_validator("image_layers")
     @classmethod
     def _layers(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and not all(_DIGEST_RE.match(d) for d in value):
             raise ValueError("must be sha256 hex digests of store layers")
-        return value
-
-    @field_validator("sandbox_id")
-    @classmethod
-    def _id(cls, value: str | None) -> str | None:
-        if value is not None and not SANDBOX_ID_RE.match(value):
-            raise ValueError("must match ^[a-z0-9][a-z0-9-]{0,62}$")
         return value
 
     @field_validator("cwd")
@@ -201,18 +186,11 @@ class ReclaimRequest(WireModel):
     """
 
     owner: str = Field(min_length=1, max_length=200, description="this sandboxd's owner UUID (Health.owner)")
-    sandbox_id: str = Field(min_length=1, max_length=63)
+    sandbox_id: SandboxId = Field(min_length=1, max_length=63)
     generation: int = Field(ge=1, description="the sandbox's current generation")
     token: str = Field(
         min_length=32, max_length=128, pattern=TOKEN_PATTERN, description="the new secret (32-128 of [A-Za-z0-9_-])"
     )
-
-    @field_validator("sandbox_id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        if not SANDBOX_ID_RE.match(value):
-            raise ValueError("must match ^[a-z0-9][a-z0-9-]{0,62}$")
-        return value
 
 
 class ReclaimResponse(WireModel):

@@ -7,7 +7,7 @@
 
 Paths are kept as ``str`` (``os.path``), not ``pathlib``: the spawner's template imports this module, and every
 page the template holds counts in each in-process execd PID 1 (pathlib pulls urllib.parse and ipaddress,
-~0.65 MiB). The ``Path`` views (``v2_root``, ``v1_mounts``, ``v2``, ``v1``, ``dirs``, ``identity_dir``) import
+~0.65 MiB). The ``Path`` views (``v2_root``, ``v1_mounts``, ``roots``, ``dirs``, ``identity_dir``) import
 it on first use, for sandboxd and tests.
 """
 
@@ -55,6 +55,12 @@ class CgroupLayout:
     @property
     def v1_mounts(self) -> dict[str, Path]:
         return {controller: _path(mount) for controller, mount in self.v1_dirs.items()}
+
+    @property
+    def roots(self) -> list[Path]:
+        """Every hierarchy's mount point, each once (co-mounted v1 controllers share one), cgroup2's first."""
+        roots = [self.v2_root] if self.v2_root else []
+        return roots + list(dict.fromkeys(self.v1_mounts.values()))
 
     def source(self, controller: str) -> str | None:
         """'v1', 'v2' or None: which hierarchy provides ``controller``."""
@@ -169,14 +175,6 @@ class SandboxCgroup:
             self.v1_dirs[controller] = _normpath(f"{layout.v1_dirs[controller]}/{leaf}")
 
     # -- paths --------------------------------------------------------------------------------------
-    @property
-    def v2(self) -> Path | None:
-        return _path(self.v2_dir) if self.v2_dir is not None else None
-
-    @property
-    def v1(self) -> dict[str, Path]:
-        return {controller: _path(path) for controller, path in self.v1_dirs.items()}
-
     def _dirs(self) -> list[str]:
         seen: list[str] = []
         for path in ([self.v2_dir] if self.v2_dir else []) + list(self.v1_dirs.values()):
@@ -402,8 +400,6 @@ class SandboxCgroup:
 
 def remove_parent_if_empty(layout: CgroupLayout, parent: str) -> None:
     """Remove the ``parent`` directories when no sandbox cgroup is left (used by tests and tooling)."""
-    roots = [layout.v2_root] if layout.v2_root else []
-    roots += list(dict.fromkeys(layout.v1_mounts.values()))
-    for root in roots:
+    for root in layout.roots:
         with contextlib.suppress(OSError):
             (root / parent.strip("/")).rmdir()

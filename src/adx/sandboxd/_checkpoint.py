@@ -24,7 +24,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Literal, TypedDict, cast
 
 from adx._fs import atomic_write_bytes, fsync_dir
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
@@ -32,6 +32,8 @@ from adx.sandboxd._faults import fault
 
 __all__ = [
     "CHECKPOINT_KIND",
+    "Manifest",
+    "ManifestLayer",
     "capture_layer",
     "deleting_dir",
     "list_artifacts",
@@ -71,7 +73,7 @@ class ManifestSpec(TypedDict):
     execd: Mapping[str, object] | None
     env: dict[str, str]
     cwd: str
-    network: str
+    network: Literal["none", "host", "veth"]
     network_policy: Mapping[str, object] | None
     resources: Mapping[str, int]
     metadata: dict[str, str]
@@ -89,6 +91,28 @@ class ManifestBody(TypedDict):
     created_at: float
     source: ManifestSource
     spec: ManifestSpec
+
+
+class ManifestLayer(TypedDict, total=False):
+    """Where the artifact's layer is: a compressed tar beside the manifest, or a snapshot in sandboxd's pool.
+    Not total: readers take the file as JSON and check what they use (an older artifact has no ``form``: its
+    ``compression`` tells)."""
+
+    form: str  # TAR or SNAPSHOT
+    file: str  # a tar layer's file name in the artifact dir ("" for a snapshot)
+    compression: str  # zstd or gzip (SNAPSHOT for a snapshot)
+    sha256: str  # a tar layer's content digest
+    size: int
+    snapshot: str  # a snapshot layer's name in the pool
+    uuid: str  # and the btrfs UUID it must still carry
+
+
+class Manifest(ManifestBody):
+    """``manifest.json`` as captured: the Checkpoint call's body plus what capture adds."""
+
+    format: int  # MANIFEST_FORMAT
+    kind: str  # CHECKPOINT_KIND
+    layer: ManifestLayer
 
 
 def _compressor() -> tuple[str, list[str], list[str]]:
@@ -170,7 +194,7 @@ def _capture_into(upper: Path, artifact_dir: Path, manifest_body: ManifestBody) 
             )
         out.flush()
         os.fsync(out.fileno())
-    manifest = {
+    manifest: Manifest = {
         **manifest_body,
         "format": MANIFEST_FORMAT,
         "kind": CHECKPOINT_KIND,
@@ -190,7 +214,7 @@ def write_snapshot_artifact(
     read-only and lives in sandboxd's private pool, so no content hash is taken (that would read every byte,
     which is what this kind exists to avoid). Returns (manifest digest, the UUID, size)."""
     staging = staging_dir(artifact_dir, owner)
-    manifest = {
+    manifest: Manifest = {
         **manifest_body,
         "format": MANIFEST_FORMAT,
         "kind": CHECKPOINT_KIND,
@@ -216,7 +240,7 @@ def write_snapshot_artifact(
     return hashlib.sha256(raw).hexdigest(), uuid, size
 
 
-def snapshot_of(manifest: dict[str, Any]) -> tuple[str, str] | None:
+def snapshot_of(manifest: Manifest) -> tuple[str, str] | None:
     """(snapshot name, UUID) when the artifact is a pool snapshot, else None (a tar layer)."""
     layer = manifest.get("layer", {})
     if layer.get("form", SNAPSHOT if layer.get("compression") == SNAPSHOT else TAR) != SNAPSHOT:
@@ -227,11 +251,11 @@ def snapshot_of(manifest: dict[str, Any]) -> tuple[str, str] | None:
     return name, str(layer.get("uuid", ""))
 
 
-def list_artifacts(root: Path, owner: str) -> list[tuple[Path, str, dict[str, Any]]]:
+def list_artifacts(root: Path, owner: str) -> list[tuple[Path, str, Manifest]]:
     """(dir, digest, manifest) of every whole artifact under ``root`` that the daemon ``owner`` captured.
 
     A shared root holds other daemons' artifacts too; those are never listed (nor swept) here."""
-    found: list[tuple[Path, str, dict[str, Any]]] = []
+    found: list[tuple[Path, str, Manifest]] = []
     if not root.is_dir():
         return found
     for entry in sorted(root.iterdir()):
@@ -243,7 +267,8 @@ def list_artifacts(root: Path, owner: str) -> list[tuple[Path, str, dict[str, An
         except (OSError, ValueError):
             continue  # not an artifact (or one being deleted by its owner right now)
         if isinstance(manifest, dict) and manifest.get("source", {}).get("owner") == owner:
-            found.append((entry, hashlib.sha256(raw).hexdigest(), manifest))
+            # A Manifest as far as its readers go: each checks the keys it uses (older artifacts lack newer ones).
+            found.append((entry, hashlib.sha256(raw).hexdigest(), cast(Manifest, manifest)))
     return found
 
 
@@ -265,7 +290,7 @@ def deleting_dir(artifact_dir: Path) -> Path:
     return artifact_dir.with_name(f"{_DELETING}{artifact_dir.name}")
 
 
-def read_manifest(artifact_dir: Path, expected_digest: str) -> dict[str, Any]:
+def read_manifest(artifact_dir: Path, expected_digest: str) -> Manifest:
     try:
         raw = (artifact_dir / MANIFEST).read_bytes()
     except FileNotFoundError:
@@ -275,7 +300,7 @@ def read_manifest(artifact_dir: Path, expected_digest: str) -> dict[str, Any]:
             f"checkpoint {artifact_dir}: manifest digest does not match; artifact refused",
             details={"location": str(artifact_dir)},
         )
-    manifest: dict[str, Any] = json.loads(raw)
+    manifest: Manifest = json.loads(raw)  # what the checks below and the readers look at is checked there
     if manifest.get("format") != MANIFEST_FORMAT or manifest.get("kind") != CHECKPOINT_KIND:
         raise InvalidInputError("location", "unsupported checkpoint format or kind")
     form = manifest.get("layer", {}).get("form", TAR)
@@ -284,7 +309,7 @@ def read_manifest(artifact_dir: Path, expected_digest: str) -> dict[str, Any]:
     return manifest
 
 
-def verify_and_extract(artifact_dir: Path, manifest: dict[str, Any], scratch: Path, upper: Path) -> None:
+def verify_and_extract(artifact_dir: Path, manifest: Manifest, scratch: Path, upper: Path) -> None:
     """Copy the layer to ``scratch`` while hashing, compare with the manifest, then extract into ``upper``."""
     layer = manifest["layer"]
     name = Path(layer["file"]).name  # never follow a path out of the artifact dir

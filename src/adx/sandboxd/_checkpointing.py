@@ -26,6 +26,7 @@ from adx.sandboxd._models import (
     ExecdOptions,
     ListCheckpointsRequest,
     ListCheckpointsResponse,
+    ResourcesSpec,
     RestoreRequest,
     StoredCheckpoint,
 )
@@ -181,7 +182,7 @@ class Checkpointing(WarmSandboxes):
             execd=execd,
             env=req.env if req.env is not None else spec["env"],
             cwd=spec["cwd"],
-            resources=req.resources or spec["resources"],
+            resources=req.resources or ResourcesSpec.model_validate(spec["resources"]),
             metadata=req.metadata if req.metadata is not None else spec["metadata"],
             ttl_seconds=req.ttl_seconds,
             network=spec["network"],

@@ -11,6 +11,7 @@ import asyncio
 import json
 import select
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -261,6 +262,6 @@ class SandboxdClient:
         """The tail of a sandbox's PID 1 output (sandboxes without execd)."""
         return await self._call("Output", ref, OutputResponse)
 
-    async def raw(self, name: str, payload: dict[str, Any]) -> RawResponse:
+    async def raw(self, name: str, payload: Mapping[str, object]) -> RawResponse:
         """Low-level call (tests use it to send requests the typed models would refuse)."""
         return await self._post(name, json.dumps(payload).encode(), self._timeout)

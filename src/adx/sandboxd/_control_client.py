@@ -29,7 +29,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from adx._fs import ShortUnixPath
 from adx.errors import (
@@ -39,7 +39,7 @@ from adx.errors import (
     UncertainOutcomeError,
     VersionMismatchError,
 )
-from adx.execd._protocol import PROTOCOL_VERSION
+from adx.execd._protocol import PROTOCOL_VERSION, Message
 from adx.sandboxd._errors import PermissionDeniedError
 from adx.sandboxd._models import RuntimeObservation
 
@@ -92,7 +92,7 @@ class RuntimeControlSubscription:
         self.last_error: str | None = None
         self._events: asyncio.Queue[RuntimeControlEvent] = asyncio.Queue(max_queue)
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[int, asyncio.Future[Message]] = {}
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._snapshot_seen = asyncio.Event()
@@ -191,17 +191,17 @@ class RuntimeControlSubscription:
 
     async def ack_checkpoint(self, sandbox_id: str, operation_id: str) -> None:
         """The node took the workload's checkpoint request over: execd drops it from its pending list."""
-        message = {"type": "checkpoint_ack", "sandboxId": sandbox_id, "operationId": operation_id}
+        message: Message = {"type": "checkpoint_ack", "sandboxId": sandbox_id, "operationId": operation_id}
         reply = await self._request(message)
         if not reply.get("ok"):
             _raise(reply)
 
-    async def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def _request(self, message: Message) -> Message:
         writer = self._writer
         if writer is None or not self.connected:
             raise UnavailableError(f"runtime-control subscription {self.path} is not connected")
         request_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
             writer.write(json.dumps({**message, "requestId": request_id}).encode() + b"\n")
@@ -293,18 +293,19 @@ class RuntimeControlSubscription:
                     future.set_result(message)
 
 
-def _admission(reply: dict[str, Any]) -> AdmissionResult:
+def _admission(reply: Message) -> AdmissionResult:
     if reply.get("error") == "invalid_input":
         raise InvalidInputError(str(reply.get("field") or "expectedVersion"), "must be an integer")
+    version, admission_open, error = reply.get("version"), reply.get("admissionOpen"), reply.get("error")
     return AdmissionResult(
         ok=bool(reply.get("ok")),
-        version=reply.get("version"),
-        admission_open=reply.get("admissionOpen"),
-        error=reply.get("error"),
+        version=version if isinstance(version, int) and not isinstance(version, bool) else None,
+        admission_open=admission_open if isinstance(admission_open, bool) else None,
+        error=None if error is None else str(error),
     )
 
 
-def _raise(reply: dict[str, Any]) -> None:
+def _raise(reply: Message) -> None:
     message = str(reply.get("message") or reply.get("error") or "request failed")
     if reply.get("error") == "not_found":
         raise NotFoundError(message)

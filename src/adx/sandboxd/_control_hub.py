@@ -34,7 +34,7 @@ from typing import Any
 
 from adx.errors import NotFoundError, UnavailableError
 from adx.execd import _protocol as P
-from adx.sandboxd import _linux as lx
+from adx.sandboxd import _unix_sockets as usock
 
 __all__ = ["ControlHub"]
 
@@ -60,12 +60,12 @@ def bind_unix(path: Path, mode: int = 0o600) -> socket.socket:
     st = os.lstat(path.parent)
     if not stat.S_ISDIR(st.st_mode):
         raise OSError(f"{path.parent} is not a directory (a symlink?): refusing to bind there")
-    return lx.bind_unix(str(path), mode)
+    return usock.bind_unix(str(path), mode)
 
 
 def peer_uid(sock: Any) -> int:
     """The connected peer's UID (``SO_PEERCRED``); ``sock``: a socket or asyncio's TransportSocket."""
-    return lx.peer_credentials(sock)[1]
+    return usock.peer_credentials(sock)[1]
 
 
 def peer_pid(sock: Any) -> int:
@@ -81,8 +81,8 @@ class _Sandbox:
         self.server: asyncio.AbstractServer | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.state: P.SandboxState | None = None  # None: no live execd connection (no fresh information)
-        self.hello: dict[str, Any] = {}
-        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.hello: P.Message = {}
+        self.pending: dict[int, asyncio.Future[P.Message]] = {}
         self.connections = 0
 
 
@@ -182,7 +182,7 @@ class ControlHub:
         return sandbox is not None and sandbox.state is not None
 
     # -- requests to an execd -----------------------------------------------------------------------------
-    async def request(self, sandbox_id: str, message: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, sandbox_id: str, message: P.Message) -> P.Message:
         """Send ``message`` to the sandbox's execd and wait for its reply (raise UnavailableError if none)."""
         sandbox = self._sandboxes.get(sandbox_id)
         if sandbox is None:
@@ -190,7 +190,7 @@ class ControlHub:
         if sandbox.writer is None or sandbox.state is None:
             raise UnavailableError(f"execd of sandbox {sandbox_id} is not connected")
         request_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         sandbox.pending[request_id] = future
         try:
             sandbox.writer.write(P.encode({**message, "requestId": request_id}))
@@ -201,11 +201,11 @@ class ControlHub:
         finally:
             sandbox.pending.pop(request_id, None)
 
-    async def close_admission(self, sandbox_id: str, expected_version: int) -> dict[str, Any]:
+    async def close_admission(self, sandbox_id: str, expected_version: int) -> P.Message:
         """IDLE-6: ``{"ok": true, ...}`` if execd closed admission at ``expected_version``, else ``ok: false``."""
         return await self.request(sandbox_id, {"type": P.CLOSE_ADMISSION, "expectedVersion": expected_version})
 
-    async def open_admission(self, sandbox_id: str) -> dict[str, Any]:
+    async def open_admission(self, sandbox_id: str) -> P.Message:
         return await self.request(sandbox_id, {"type": P.OPEN_ADMISSION})
 
     async def ack_checkpoint(self, sandbox_id: str, operation_id: str) -> None:
@@ -213,7 +213,7 @@ class ControlHub:
         sandbox = self._sandboxes.get(sandbox_id)
         if sandbox is None:
             raise NotFoundError(f"no sandbox {sandbox_id!r} on this control hub")
-        message = {"type": P.CHECKPOINT_ACK, "operationId": operation_id}
+        message: P.Message = {"type": P.CHECKPOINT_ACK, "operationId": operation_id}
         if sandbox.state is not None and P.apply_event(sandbox.state, message):
             self._changed(sandbox)
         if sandbox.writer is not None:
@@ -255,7 +255,8 @@ class ControlHub:
             while line := await reader.readline():
                 message = P.decode(line)
                 if message["type"] == P.REPLY:
-                    future = sandbox.pending.get(message.get("requestId"))  # type: ignore[arg-type]
+                    request_id = message.get("requestId")
+                    future = sandbox.pending.get(request_id) if isinstance(request_id, int) else None
                     if future is not None and not future.done():
                         future.set_result(message)
                     continue
@@ -270,7 +271,7 @@ class ControlHub:
                 self._clear(sandbox)
             writer.close()
 
-    def _refuse(self, sandbox: _Sandbox, protocol: Any) -> None:
+    def _refuse(self, sandbox: _Sandbox, protocol: object) -> None:
         """CTL-8: an execd of another version is refused loudly, never served half-understood; subscribers see
         why (the node fails the execution with this reason instead of waiting for a Ready that cannot come)."""
         reason = (
@@ -366,11 +367,12 @@ class ControlHub:
                     continue
                 self._spawn(self._forward(sub, message))
 
-    async def _forward(self, sub: _Subscriber, message: dict[str, Any]) -> None:
+    async def _forward(self, sub: _Subscriber, message: P.Message) -> None:
         request_id = message.get("requestId")
         sandbox_id = message.get("sandboxId")
         kind = message["type"]
-        reply: dict[str, Any] = {"type": P.REPLY, "requestId": request_id, "sandboxId": sandbox_id}
+        reply: P.Message = {"type": P.REPLY, "requestId": request_id, "sandboxId": sandbox_id}
+        answer: P.Message
         try:
             if not isinstance(sandbox_id, str):
                 raise NotFoundError("sandboxId must be a string")
@@ -388,7 +390,7 @@ class ControlHub:
             reply.update({"ok": False, "error": exc.code, "message": str(exc)})
         await self._reply(sub, reply)
 
-    async def _reply(self, sub: _Subscriber, reply: dict[str, Any]) -> None:
+    async def _reply(self, sub: _Subscriber, reply: P.Message) -> None:
         sub.writer.write(P.encode(reply))
         with contextlib.suppress(OSError, TimeoutError):
             await asyncio.wait_for(sub.writer.drain(), WRITE_TIMEOUT)

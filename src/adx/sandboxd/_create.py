@@ -18,6 +18,7 @@ from adx.errors import AdxError, ConflictError, InvalidInputError, UnavailableEr
 from adx.images import ImageManifest
 from adx.model import NetworkMode, NetworkPolicy
 from adx.sandboxd import _checkpoint as ckpt
+from adx.sandboxd._checkpoint import Manifest
 from adx.sandboxd._faults import fault
 from adx.sandboxd._layers import ensure_mountpoints
 from adx.sandboxd._models import CreateRequest, CreateResponse, NativeIdentity, Resources, SandboxRecord
@@ -43,7 +44,7 @@ log = logging.getLogger("adx.sandboxd")
 class SandboxCreator(StartupReconcile):
     """The create pipeline (a restore is a create with a checkpoint's layer)."""
 
-    async def create(self, req: CreateRequest, restore: tuple[Path, dict[str, Any]] | None = None) -> CreateResponse:
+    async def create(self, req: CreateRequest, restore: tuple[Path, Manifest] | None = None) -> CreateResponse:
         self.registry.check_usable()
         digest = hashlib.sha256(json.dumps(req.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
         assert self._alloc_lock is not None
@@ -82,7 +83,7 @@ class SandboxCreator(StartupReconcile):
         Environment that asked no disk: RES-6) the defaults' disk, as a limit only (it reserves nothing)."""
         return disk_bytes or self.config.defaults.disk_bytes
 
-    def _reserve(self, req: CreateRequest, digest: str, restore: tuple[Path, dict[str, Any]] | None) -> SandboxRecord:
+    def _reserve(self, req: CreateRequest, digest: str, restore: tuple[Path, Manifest] | None) -> SandboxRecord:
         d = self.config.defaults
         if req.sandbox_id is not None:
             sandbox_id = req.sandbox_id
@@ -165,7 +166,7 @@ class SandboxCreator(StartupReconcile):
         return rec
 
     def _resolve_image(
-        self, req: CreateRequest, restore: tuple[Path, dict[str, Any]] | None
+        self, req: CreateRequest, restore: tuple[Path, Manifest] | None
     ) -> tuple[list[str] | None, ImageManifest | None, str | None]:
         """(store layers bottom first, or None for the host-derived skeleton; the manifest; the user execd runs
         commands as). A restore mounts the very layers its checkpoint was taken on, whatever the name means now.
@@ -244,7 +245,7 @@ class SandboxCreator(StartupReconcile):
             os.close(lock_fd)
         self.registry.sync_created(rec.sandbox_id)
 
-    def _shift_restored(self, rec: SandboxRecord, manifest: dict[str, Any]) -> None:
+    def _shift_restored(self, rec: SandboxRecord, manifest: Manifest) -> None:
         """A restored layer's files carry the checkpointed sandbox's host IDs: re-own them to this one's slice
         when it got another (usually it gets the same back: nothing to do)."""
         old = manifest["spec"].get("id_base")
@@ -268,7 +269,7 @@ class SandboxCreator(StartupReconcile):
             sandbox_dir=str(sdir),
             # overlayfs lower layers, topmost first (a store image), or the host-derived skeleton and its binds.
             image_root=self.images.lowerdir_of(rec.image_layers) if rec.image_layers else str(self._image_root),
-            image_binds=[] if rec.image_layers else list(self._image["binds"]),
+            image_binds=[] if rec.image_layers else list(self.skeleton_binds),
             allow_setuid=bool(rec.image_layers),  # store images: sudo works (see _in_namespace)
             init_argv=rec.init_argv,
             env=env,
@@ -317,7 +318,7 @@ class SandboxCreator(StartupReconcile):
         """The claim of a warm member (``_warm_create``)."""
         raise NotImplementedError
 
-    async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, dict[str, Any]] | None) -> CreateResponse:
+    async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, Manifest] | None) -> CreateResponse:
         member = self.warm.claiming.get(rec.sandbox_id)
         if member is not None:
             return await self._start_claimed(rec, member)
@@ -359,7 +360,7 @@ class SandboxCreator(StartupReconcile):
     async def _start_created(
         self,
         rec: SandboxRecord,
-        restore: tuple[Path, dict[str, Any]] | None,
+        restore: tuple[Path, Manifest] | None,
         committed: asyncio.Future[None],
         t0: float,
     ) -> CreateResponse:

@@ -32,7 +32,7 @@ from adx.errors import (
     UncertainOutcomeError,
 )
 from adx.sandboxd._errors import PermissionDeniedError
-from adx.sandboxd._linux import peer_credentials
+from adx.sandboxd._unix_sockets import peer_credentials
 
 __all__ = ["ApiServer", "Route"]
 

@@ -18,11 +18,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from adx._fs import atomic_write_json, fsync_dir
 
-__all__ = ["IMAGE_FORMAT", "ensure_default_image", "load_image"]
+__all__ = ["IMAGE_FORMAT", "ImageMeta", "ensure_default_image", "load_image"]
 
 IMAGE_FORMAT = 1
 #: What the skeleton holds, in ``image.json``: a node whose image is older is given a new one (2: E2B's ``user``).
@@ -97,7 +97,16 @@ def _copy_filtered(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
-def _build(root: Path, host_root: Path) -> dict[str, Any]:
+class ImageMeta(TypedDict):
+    """The host-derived skeleton's ``image.json``."""
+
+    format: int  # IMAGE_FORMAT
+    name: str
+    binds: list[str]  # host dirs the skeleton binds read-only at the same path
+    skeleton: int  # SKELETON_VERSION it was built by (an older one is rebuilt)
+
+
+def _build(root: Path, host_root: Path) -> ImageMeta:
     binds: list[str] = ["/usr"]
     for name in _TOP_DIRS:
         (root / name).mkdir(parents=True, exist_ok=True)
@@ -215,8 +224,8 @@ def _skeleton_of(image: Path) -> int:
     return version if isinstance(version, int) else 0
 
 
-def load_image(path: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads((path / "image.json").read_text())
+def load_image(path: Path) -> ImageMeta:
+    meta: ImageMeta = json.loads((path / "image.json").read_text())  # written by _build; its format is checked
     if meta.get("format") != IMAGE_FORMAT:
         raise ValueError(f"image {path}: unsupported format {meta.get('format')!r}")
     return meta

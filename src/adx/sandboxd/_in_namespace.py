@@ -20,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import NoReturn
 
+from adx.sandboxd import _confinement as confine
 from adx.sandboxd import _linux as lx
+from adx.sandboxd import _mount_api as mapi
+from adx.sandboxd import _netif as netif
 from adx.sandboxd._mounts import mount_plan, receive_mounts
 from adx.sandboxd._sandbox_layout import EXECD_SOCKET_FD
 from adx.sandboxd._spawn_spec import SpawnSpec, read_to_eof
@@ -77,7 +80,7 @@ def in_namespace_setup(
         fds = receive_mounts(mounts_fd)
         # The root first, while we are still host uid 0 (the sandbox dir's path is host root's, mode 0700);
         # then everything relative to it, from inside it.
-        lx.move_mount(fds[0], root)
+        mapi.move_mount(fds[0], root)
         os.close(fds[0])
         os.chdir(root)
         root = "."
@@ -87,11 +90,11 @@ def in_namespace_setup(
             os.setresgid(0, 0, 0)
             os.setgroups([])
             os.setresuid(0, 0, 0)
-            lx.set_dumpable()
+            confine.set_dumpable()
         for (target, _, _), fd in zip(mount_plan(spec)[1:], fds[1:], strict=True):
             path = f"{root}{target}"
             os.makedirs(path, exist_ok=True)  # a missing mount point lands in the upper layer (an empty dir)
-            lx.move_mount(fd, path)
+            mapi.move_mount(fd, path)
             os.close(fd)
         lx.mount("proc", f"{root}/proc", "proc", lx.MS_NOSUID | lx.MS_NODEV | lx.MS_NOEXEC)
         _harden_proc(f"{root}/proc")
@@ -117,12 +120,12 @@ def in_namespace_setup(
         # /tmp and /var/tmp are plain directories of the overlay (the image makes them 1777): their files live in
         # the sandbox's upper layer, so a checkpoint keeps them like /work's. A tmpfs here lost them on pause.
         if spec.network in ("none", "veth") and not prepared:
-            lx.set_loopback_up()
+            netif.set_loopback_up()
         if spec.veth is not None:  # network 'veth'
             wait_go()  # the supervisor moves our end of the veth pair into this namespace first
             veth = spec.veth
-            lx.configure_interface("eth0", veth.sandbox_ip, veth.prefix)
-            lx.add_default_route(veth.host_ip)  # egress goes through the node (nftables policy + NAT)
+            netif.configure_interface("eth0", veth.sandbox_ip, veth.prefix)
+            netif.add_default_route(veth.host_ip)  # egress goes through the node (nftables policy + NAT)
         if spec.warm:
             spec = _await_claim(spec, wait_go, go_fd, err_fd)
         lx.sethostname(spec.hostname)
@@ -139,11 +142,11 @@ def in_namespace_setup(
             # Store images (E2B-like: ``sudo``): no no_new_privs, so setuid programs work; what they gain is
             # bounded by the same trimmed capability set. Seccomp goes first: without no_new_privs installing
             # it needs CAP_SYS_ADMIN, which the drop removes (the filter allows prctl and capset).
-            lx.install_seccomp()
-            lx.drop_capabilities(no_new_privs=False)
+            confine.install_seccomp()
+            confine.drop_capabilities(no_new_privs=False)
         else:
-            lx.drop_capabilities()
-            lx.install_seccomp()  # last: it forbids mount/pivot_root, which the setup above needed
+            confine.drop_capabilities()
+            confine.install_seccomp()  # last: it forbids mount/pivot_root, which the setup above needed
         wait_go()
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)

@@ -11,19 +11,20 @@ import os
 import socket
 
 from adx.sandboxd import _linux as lx
+from adx.sandboxd import _mount_api as mapi
 from adx.sandboxd._sandbox_layout import CONTROL_DIR_INSIDE
 from adx.sandboxd._spawn_spec import SpawnSpec
 
 __all__ = ["mount_plan", "mounts_pair", "receive_mounts", "send_mounts"]
 
 #: Mount kinds of :func:`mount_plan`, and the attributes of each (only ever added to the host mount's).
-_RO = lx.MOUNT_ATTR_RDONLY | lx.MOUNT_ATTR_NOSUID | lx.MOUNT_ATTR_NODEV
+_RO = mapi.MOUNT_ATTR_RDONLY | mapi.MOUNT_ATTR_NOSUID | mapi.MOUNT_ATTR_NODEV
 _ATTRS = {
-    "image": lx.MOUNT_ATTR_RDONLY | lx.MOUNT_ATTR_NODEV,  # the image's host dirs (/usr): setuid sudo works
+    "image": mapi.MOUNT_ATTR_RDONLY | mapi.MOUNT_ATTR_NODEV,  # the image's host dirs (/usr): setuid sudo works
     "ro": _RO,
-    "control": _RO | lx.MOUNT_ATTR_NOEXEC,
-    "run": lx.MOUNT_ATTR_NOSUID | lx.MOUNT_ATTR_NODEV,
-    "volume": lx.MOUNT_ATTR_NOSUID | lx.MOUNT_ATTR_NODEV,  # a tenant's named volume, read-write
+    "control": _RO | mapi.MOUNT_ATTR_NOEXEC,
+    "run": mapi.MOUNT_ATTR_NOSUID | mapi.MOUNT_ATTR_NODEV,
+    "volume": mapi.MOUNT_ATTR_NOSUID | mapi.MOUNT_ATTR_NODEV,  # a tenant's named volume, read-write
 }
 
 
@@ -74,7 +75,7 @@ def _build_mounts(spec: SpawnSpec, pid: int) -> list[int]:
             elif kind == "ro":
                 fds.append(_read_only_overlay(spec, source, uns_fd))
             else:
-                fds.append(lx.detached_bind(source, _ATTRS[kind], uns_fd if kind != "run" else None))
+                fds.append(mapi.detached_bind(source, _ATTRS[kind], uns_fd if kind != "run" else None))
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -97,13 +98,13 @@ def _build_overlay(spec: SpawnSpec, uns_fd: int | None) -> int:
     lowers: list[int] = []
     try:
         for layer in spec.image_root.split(":"):
-            lowers.append(lx.detached_bind(layer, lx.MOUNT_ATTR_RDONLY, uns_fd, recursive=False))
+            lowers.append(mapi.detached_bind(layer, mapi.MOUNT_ATTR_RDONLY, uns_fd, recursive=False))
         os.chdir(parent)
         # xino=off, index=off: no inode-number composition or index bookkeeping (measurably faster mounts);
         # the layers share one filesystem here, so (st_dev, st_ino) stay unique anyway.
         options = {"xino": "off", "index": "off"}
-        return lx.detached_overlay(
-            lowers, os.path.basename(upper), os.path.basename(work), options, lx.MOUNT_ATTR_NODEV
+        return mapi.detached_overlay(
+            lowers, os.path.basename(upper), os.path.basename(work), options, mapi.MOUNT_ATTR_NODEV
         )
     finally:
         os.chdir("/")
@@ -119,8 +120,8 @@ def _read_only_overlay(spec: SpawnSpec, source: str, uns_fd: int | None) -> int:
     lowers: list[int] = []
     try:
         for layer in (source, f"{spec.sandbox_dir}/rootfs"):
-            lowers.append(lx.detached_bind(layer, lx.MOUNT_ATTR_RDONLY, uns_fd, recursive=False))
-        return lx.detached_overlay(lowers, None, None, {}, _ATTRS["ro"])
+            lowers.append(mapi.detached_bind(layer, mapi.MOUNT_ATTR_RDONLY, uns_fd, recursive=False))
+        return mapi.detached_overlay(lowers, None, None, {}, _ATTRS["ro"])
     finally:
         for fd in lowers:
             os.close(fd)

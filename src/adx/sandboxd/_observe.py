@@ -62,6 +62,11 @@ def _lock_held(path: Path) -> bool:
     return False
 
 
+#: The record's fields a SandboxInfo shows as stored (every field the two declare alike); the rest of the info is
+#: derived below. Only what SandboxInfo declares is copied, so a record's secrets (its token) never leak.
+_SHOWN_AS_STORED = tuple(name for name in SandboxInfo.model_fields if name in SandboxRecord.model_fields)
+
+
 class SandboxObserver(HostPreflight):
     """Native observation and reconciliation of records, and the read-only API."""
 
@@ -69,34 +74,15 @@ class SandboxObserver(HostPreflight):
         veth = self.veth_pool.veth(rec.sandbox_id, rec.net_index)
         sdir = self.registry.sandbox_dir(rec.sandbox_id)
         return SandboxInfo(
-            sandbox_id=rec.sandbox_id,
-            generation=rec.generation,
+            **{name: getattr(rec, name) for name in _SHOWN_AS_STORED},
             owner=self.owner,
-            state=rec.state,
-            request_id=rec.request_id,
-            argv=rec.argv,
-            init_argv=rec.init_argv,
-            cwd=rec.cwd,
-            network=rec.network,
-            resources=rec.resources,
-            metadata=rec.metadata,
-            created_at=rec.created_at,
-            updated_at=rec.updated_at,
-            expires_at=rec.expires_at,
-            native=rec.native,
-            exit=rec.exit,
-            reason=rec.reason,
-            restored_from=rec.restored_from,
             run_dir=str(sdir / "run"),
-            execd=rec.execd,
             execd_socket=str(sdir / SOCKETS_DIR / EXECD_SOCKET_NAMES[0]) if rec.execd else None,
             execd_admin_socket=str(sdir / SOCKETS_DIR / EXECD_SOCKET_NAMES[1]) if rec.execd else None,
             address=veth.sandbox_ip if veth else None,
             host_address=veth.host_ip if veth else None,
             network_policy=rec.net_policy,
             observation_error=observation_error,
-            reclaimed_at=rec.reclaimed_at,
-            id_base=rec.id_base,
         )
 
     def _native_of(self, rec: SandboxRecord) -> NativeIdentity | None:
@@ -221,15 +207,10 @@ class SandboxObserver(HostPreflight):
             cg = self._cgroup(rec.sandbox_id)
             if self._ours(self._native_of(rec), cg) != "ours":
                 raise ConflictError(f"sandbox {rec.sandbox_id} has no live cgroup", details={"state": str(rec.state)})
-            s = cg.stats()
+            # Stats is the cgroup's numbers (CgroupStats, field for field) plus the sandbox's and the disk's.
             return Stats(
                 sandbox_id=rec.sandbox_id,
-                cpu_usage_ns=s.cpu_usage_ns,
-                memory_bytes=s.memory_bytes,
-                memory_peak_bytes=s.memory_peak_bytes,
-                memory_cache_bytes=s.memory_cache_bytes,
-                pids=s.pids,
-                oom_kills=s.oom_kills,
+                **vars(cg.stats()),
                 disk_bytes=tree_bytes(self._upper(rec.sandbox_id)),
                 observed_at=time.time(),
             )

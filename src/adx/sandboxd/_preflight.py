@@ -82,7 +82,7 @@ class HostPreflight(ControlSockets):
 
     def _under_image_binds(self, path: str) -> bool:
         """True when ``path`` inside a sandbox is the host's same path (a read-only bind of the image)."""
-        return any(path == b or path.startswith(b + "/") for b in self._image["binds"])
+        return any(path == b or path.startswith(b + "/") for b in self.skeleton_binds)
 
     def _execd_python(self) -> str | None:
         """The host interpreter execd sandboxes exec by default, when PID 1 can run execd in process instead:
@@ -115,6 +115,4 @@ class HostPreflight(ControlSockets):
         return None
 
     def _cgroup_parents(self) -> list[Path]:
-        roots = [self.layout.v2_root] if self.layout.v2_root else []
-        roots += list(dict.fromkeys(self.layout.v1_mounts.values()))
-        return [r / self.config.cgroup_parent for r in roots]
+        return [r / self.config.cgroup_parent for r in self.layout.roots]

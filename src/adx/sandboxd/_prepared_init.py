@@ -11,7 +11,9 @@ import os
 import signal
 from dataclasses import dataclass
 
+from adx.sandboxd import _confinement as confine
 from adx.sandboxd import _linux as lx
+from adx.sandboxd import _netif as netif
 from adx.sandboxd._in_namespace import in_namespace_setup
 from adx.sandboxd._mounts import mounts_pair
 from adx.sandboxd._output import open_write_ends
@@ -73,8 +75,8 @@ def _prepared_init_main(spec_r: int, go_r: int, err_w: int, mounts_r: int) -> in
     """A prepared init: the spec-independent setup, then its spec, then :func:`in_namespace_setup`."""
     try:
         lx.mount(None, "/", None, lx.MS_REC | lx.MS_PRIVATE)
-        lx.set_loopback_up()
-        lx.drop_bounding_set()
+        netif.set_loopback_up()
+        confine.drop_bounding_set()
         data = read_to_eof(spec_r)
         if not data:
             return 0  # the zygote is gone without a spec

@@ -90,10 +90,8 @@ def _mounts_under(prefix: str) -> list[str]:
 
 
 def _sandbox_ids(layout: CgroupLayout, parent: str) -> list[str]:
-    roots = [layout.v2_root] if layout.v2_root else []
-    roots += list(dict.fromkeys(layout.v1_mounts.values()))
     ids: set[str] = set()
-    for root in roots:
+    for root in layout.roots:
         with contextlib.suppress(OSError):
             ids.update(e.name for e in os.scandir(root / parent.strip("/")) if e.is_dir(follow_symlinks=False))
     return sorted(ids)

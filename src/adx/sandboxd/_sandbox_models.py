@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from adx.execd import _options as execd_options
+from adx.execd._config import ProbeConfig
 from adx.execd._launch import init_argv
 from adx.model import NetworkPolicy
 from adx.sandboxd._sandbox_layout import CONTROL_DIR_INSIDE, CONTROL_SOCKET, EXECD_ADMIN_SOCKET_FD, EXECD_SOCKET_FD
@@ -28,6 +29,7 @@ __all__ = [
     "ProbeOptions",
     "Resources",
     "ResourcesSpec",
+    "SandboxId",
     "SandboxRecord",
     "SandboxRef",
     "VolumeBinds",
@@ -35,6 +37,17 @@ __all__ = [
 ]
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def _sandbox_id(value: str) -> str:
+    if not SANDBOX_ID_RE.match(value):
+        raise ValueError("must match ^[a-z0-9][a-z0-9-]{0,62}$")
+    return value
+
+
+#: A sandbox ID as a caller names it (Create's chosen ID, Reclaim's).
+SandboxId = Annotated[str, AfterValidator(_sandbox_id)]
+
 #: A log group names a directory under ``<state_dir>/logs``: no separators, no dot files.
 LOG_GROUP_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 LogGroup = Annotated[str | None, Field(pattern=LOG_GROUP_PATTERN)]
@@ -62,19 +75,8 @@ class Resources(WireModel):
     disk_bytes: int  # accounted against capacity; not enforced by overlayfs on ext4
 
 
-class ProbeOptions(WireModel):
-    """execd's health probe of the workload: exactly one of ``command`` (exit 0 = healthy) or ``tcp_port``."""
-
-    command: str | None = Field(default=None, min_length=1, max_length=4096)
-    tcp_port: int | None = Field(default=None, ge=1, le=65535)
-    interval_seconds: float = Field(default=5.0, gt=0, le=3600)
-    timeout_seconds: float = Field(default=2.0, gt=0, le=3600)
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> ProbeOptions:
-        if (self.command is None) == (self.tcp_port is None):
-            raise ValueError("give exactly one of command or tcp_port")
-        return self
+#: execd's health probe of the workload, as execd's own configuration defines it (the same model).
+ProbeOptions = ProbeConfig
 
 
 class ExecdOptions(WireModel):

@@ -118,7 +118,7 @@ class SpawnSpec:
     def from_json(cls, data: bytes | str) -> SpawnSpec:
         return cls.from_wire(json.loads(data))
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """The JSON object form (inside the spawner's request line). Shallow on purpose: ``asdict`` deep-copies
         every list and dict, several times slower on the create path, and JSON only reads them."""
         wire = dict(vars(self))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,17 @@ def _is_mountpoint(path: Path) -> bool:
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         # Field 5 is the mount point (octal escapes for spaces; our paths have none).
         return any(line.split(" ", 5)[4] == target for line in f)
+
+
+def _sweep(root: Path, keep: set[str], delete: Callable[[str], None]) -> list[str]:
+    """Delete (with ``delete``) every entry of ``root`` not named in ``keep``; the names deleted, sorted."""
+    removed: list[str] = []
+    if root.is_dir():
+        for entry in sorted(root.iterdir()):
+            if entry.name not in keep:
+                delete(entry.name)
+                removed.append(entry.name)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -125,14 +137,7 @@ class StoragePool:
         A restore makes its writable snapshot while the new record's commit runs beside it, so a crash before
         the commit leaves a layer no record names; the registry only blocks such an ID, and nothing else would
         ever delete its subvolume."""
-        root = self.mount / _SBX
-        removed: list[str] = []
-        if root.is_dir():
-            for entry in sorted(root.iterdir()):
-                if entry.name not in keep:
-                    self.delete(entry.name)
-                    removed.append(entry.name)
-        return removed
+        return _sweep(self.mount / _SBX, keep, self.delete)
 
     # == local checkpoints as read-only snapshots =============================================================
     # A pause of a large layer costs metadata, not a copy: the checkpoint is a read-only snapshot of the
@@ -213,11 +218,4 @@ class StoragePool:
 
     def sweep_snapshots(self, referenced: set[str]) -> list[str]:
         """Delete the snapshots no whole artifact names (a capture or delete a crash interrupted)."""
-        root = self.mount / _CKPT
-        removed: list[str] = []
-        if root.is_dir():
-            for entry in sorted(root.iterdir()):
-                if entry.name not in referenced:
-                    self.delete_snapshot(entry.name)
-                    removed.append(entry.name)
-        return removed
+        return _sweep(self.mount / _CKPT, referenced, self.delete_snapshot)

@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from adx._fs import fsync_dir
+from adx.sandboxd import _confinement as confine
 from adx.sandboxd import _linux as lx
+from adx.sandboxd import _unix_sockets as usock
 from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._in_namespace import in_namespace_setup
 from adx.sandboxd._mounts import mounts_pair, send_mounts
@@ -113,7 +115,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         try:
             # The sandbox's init inherits it (what it would otherwise do first thing, ~40 prctl calls); this
             # process keeps its effective capabilities and execs nothing.
-            lx.drop_bounding_set()
+            confine.drop_bounding_set()
         except OSError as exc:
             report({"ok": False, "error": f"capability bounding set: {exc}"})
             return 1
@@ -248,7 +250,7 @@ def _park(
     if not ok:
         return "the warm member's cgroups or network could not be set up"
     try:
-        listener = socket.socket(fileno=lx.listen_unix(f"{sdir}/{CLAIM_SOCKET}", backlog=1))
+        listener = socket.socket(fileno=usock.listen_unix(f"{sdir}/{CLAIM_SOCKET}", backlog=1))
         os.write(go_w, b"1")  # placed: the init configures eth0 and waits for its claim
     except OSError as exc:
         return f"warm member setup failed: {exc}"
@@ -331,7 +333,7 @@ def _clone_init(
     cg_fd = None
     try:
         if spec.execd_sockets:
-            listen_fds = tuple(lx.listen_unix(f"{spec.execd_sockets}/{name}") for name in EXECD_SOCKET_NAMES)
+            listen_fds = tuple(usock.listen_unix(f"{spec.execd_sockets}/{name}") for name in EXECD_SOCKET_NAMES)
         cg_fd = os.open(cgroup.v2_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if cgroup.v2_dir else None
         pid = lx.clone3(flags, cg_fd)
     except OSError as exc:

@@ -16,6 +16,7 @@ from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
 from adx.sandboxd._config import SandboxdConfig
 from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._errors import PermissionDeniedError
+from adx.sandboxd._image import ImageMeta
 from adx.sandboxd._layers import BaseImageBuilder
 from adx.sandboxd._logs import LogStore
 from adx.sandboxd._models import ResourceInfo, Resources, SandboxRecord, SandboxRef
@@ -52,7 +53,7 @@ class SandboxTable:
         self.boot_id = boot_id()
         self._locks: dict[str, asyncio.Lock] = {}
         self._alloc_lock: asyncio.Lock | None = None
-        self._image: dict[str, Any] = {}
+        self._image: ImageMeta | None = None  # the host-derived skeleton, loaded at start (preflight)
         self._image_root = Path()
         # Named images and their layers (``adx image``); the host-derived skeleton above stays the fallback.
         self.images = ImageStore(config.images_root / "store")
@@ -69,6 +70,12 @@ class SandboxTable:
         self.spares = SpareDirs(self.registry)
         self.warm = WarmPool(config.warm_pool, config.warm_pool_shapes)  # pre-warmed sandboxes (_warm_create)
         self.capacity = Resources(cpu_millis=0, memory_bytes=0, pids_max=0, disk_bytes=0)
+
+    @property
+    def skeleton_binds(self) -> list[str]:
+        """The host dirs the host-derived skeleton binds read-only at the same path."""
+        assert self._image is not None, "the skeleton is loaded at start (preflight), before any sandbox"
+        return self._image["binds"]
 
     @property
     def owner(self) -> str:
