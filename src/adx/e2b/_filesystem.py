@@ -10,19 +10,19 @@ import posixpath
 import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from adx.e2b._connect import RpcError, single_message, timeout_seconds
+from adx.e2b._connect import single_message, timeout_seconds
 from adx.e2b._files import metadata_of
+from adx.e2b._messages import ListDirRequest, Message, MoveRequest, PathRequest, handler_of, message_as, path_of
 from adx.e2b._upstream import Execd, rpc_error_of
-from adx.e2b._watch import WatchService, dispatch_watch
+from adx.e2b._watch import WatchService
 
 _TYPES = {"file": "FILE_TYPE_FILE", "directory": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _TYPE_BITS = {"file": stat.S_IFREG, "directory": stat.S_IFDIR, "symlink": stat.S_IFLNK}
-MAX_DEPTH = 16
 
 
 def timestamp(seconds: float) -> str:
@@ -58,20 +58,6 @@ def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def _path(message: dict[str, Any], field: str, *, empty_is_home: bool = True) -> str:
-    """The path as given: absolute, or relative to the user's home (execd resolves it, ``~/`` too). An empty one
-    (proto3 JSON omits it) is the home, as envd resolves it; except for ``Remove``, where it is refused rather
-    than taken as 'remove the home'."""
-    value = message.get(field, "")
-    if not isinstance(value, str):
-        raise RpcError("invalid_argument", f"{field}: must be a string")
-    if not value:
-        if not empty_is_home:
-            raise RpcError("invalid_argument", f"{field}: required (an empty path would be the whole home)")
-        return "~"
-    return posixpath.normpath(value) if value.startswith("/") else value
-
-
 @dataclass
 class FilesystemService:
     execd: Execd
@@ -82,37 +68,35 @@ class FilesystemService:
 
     async def dispatch(self, method: str, request: Request) -> Response:
         watch = WatchService(self.execd, self.user)
-        if method in ("WatchDir", "CreateWatcher"):
-            message = await single_message(request)
-            path = _path(message, "path")
-            if method == "WatchDir":
-                return await watch.watch_dir(path, message, timeout_seconds(request))
-            return await watch.create_watcher(path, message)
-        watch_handler = dispatch_watch(watch, method)
-        if watch_handler is not None:
-            return cast(Response, await watch_handler(await single_message(request)))
-        handler = {
-            "Stat": self.stat,
-            "ListDir": self.list_dir,
-            "MakeDir": self.make_dir,
-            "Remove": self.remove,
-            "Move": self.move,
-        }.get(method)
-        if handler is None:
-            raise RpcError("unimplemented", f"filesystem.Filesystem/{method} is not implemented")
+        if method == "WatchDir":  # the one stream: it ends at the call's deadline
+            return await watch.watch_dir(await single_message(request), timeout_seconds(request))
+        handler = handler_of(
+            "filesystem.Filesystem",
+            method,
+            {
+                "Stat": self.stat,
+                "ListDir": self.list_dir,
+                "MakeDir": self.make_dir,
+                "Remove": self.remove,
+                "Move": self.move,
+                "CreateWatcher": watch.create_watcher,
+                "GetWatcherEvents": watch.get_watcher_events,
+                "RemoveWatcher": watch.remove_watcher,
+            },
+        )
         return await handler(await single_message(request))
 
-    async def _stat(self, path: str) -> dict[str, Any]:
+    async def _stat(self, path: str) -> dict[str, object]:
         status, body = await self.execd.call("GET", "/v1/files/stat", query=self._query(path))
         if status != 200:
             raise rpc_error_of(status, body)
         described = json.loads(body)
         return entry_info(str(described["path"]), described)
 
-    async def stat(self, message: dict[str, Any]) -> Response:
-        return JSONResponse({"entry": await self._stat(_path(message, "path"))})
+    async def stat(self, message: Message) -> Response:
+        return JSONResponse({"entry": await self._stat(message_as(PathRequest, message).where())})
 
-    async def _list(self, path: str, depth: int, out: list[dict[str, Any]]) -> None:
+    async def _list(self, path: str, depth: int, out: list[dict[str, object]]) -> None:
         status, body = await self.execd.call("GET", "/v1/files/list", query=self._query(path))
         if status != 200:  # not a directory: envd's invalid argument (the SDK's InvalidArgumentException)
             raise rpc_error_of(status, body, conflict="invalid_argument")
@@ -123,18 +107,15 @@ class FilesystemService:
             if depth > 1 and described.get("type") == "directory":
                 await self._list(child, depth - 1, out)
 
-    async def list_dir(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path")
-        depth = message.get("depth") or 1
-        if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-            raise RpcError("invalid_argument", f"depth: must be 1-{MAX_DEPTH}")
-        entries: list[dict[str, Any]] = []
-        await self._list(path, depth, entries)
+    async def list_dir(self, message: Message) -> Response:
+        wanted = message_as(ListDirRequest, message)
+        entries: list[dict[str, object]] = []
+        await self._list(wanted.where(), wanted.depth or 1, entries)
         return JSONResponse({"entries": entries})
 
-    async def make_dir(self, message: dict[str, Any]) -> Response:
+    async def make_dir(self, message: Message) -> Response:
         """Parents are made as needed; an existing path is ``already_exists`` (envd's answer)."""
-        path = _path(message, "path")
+        path = message_as(PathRequest, message).where()
         status, body = await self.execd.call("POST", "/v1/files/mkdir", query=self._query(path))
         if status == 404:  # a missing parent: make the whole chain
             query = self._query(path, parents="true")
@@ -143,18 +124,19 @@ class FilesystemService:
             raise rpc_error_of(status, body, conflict="already_exists")
         return JSONResponse({"entry": await self._stat(str(json.loads(body)["path"]))})
 
-    async def remove(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path", empty_is_home=False)
+    async def remove(self, message: Message) -> Response:
+        path = message_as(PathRequest, message).where(empty_is_home=False)
         query = self._query(path, recursive="true")
         status, body = await self.execd.call("DELETE", "/v1/files", query=query)
         if status != 204 and status != 404:  # a missing path: nothing to remove, no error (as envd)
             raise rpc_error_of(status, body)
         return JSONResponse({})
 
-    async def move(self, message: dict[str, Any]) -> Response:
+    async def move(self, message: Message) -> Response:
         """``rename(2)``, as envd's Move (a missing source is ``not_found``; missing parents of the destination
         are made, the user's)."""
-        source, destination = _path(message, "source"), _path(message, "destination")
+        wanted = message_as(MoveRequest, message)
+        source, destination = path_of(wanted.source, "source"), path_of(wanted.destination, "destination")
         query = self._query(source, to=destination)
         status, body = await self.execd.call("POST", "/v1/files/rename", query=query)
         if status != 200:

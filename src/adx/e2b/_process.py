@@ -31,14 +31,25 @@ import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._connect import STREAM_TYPE, RpcError, end_stream, envelope, envelopes, single_message, timeout_seconds
 from adx.e2b._ends import UNKNOWN_END, EndEvent, Frame, end_of, frame_of
-from adx.e2b._upstream import Execd, chunks, close, read_all, rpc_error_of
+from adx.e2b._messages import (
+    ConnectRequest,
+    ProcessInput,
+    ProcessSelector,
+    SendInputRequest,
+    SendSignalRequest,
+    StartRequest,
+    StreamInputMessage,
+    UpdateRequest,
+    handler_of,
+    message_as,
+)
+from adx.e2b._upstream import CommandBody, Execd, WindowBody, chunks, close, read_all, rpc_error_of
 from adx.model import CommandList, CommandStarted, CommandState, CommandStatus, ExitFrame, OutputFrame
 
 #: Output frames queued towards one client before execd is slowed down (backpressure, not loss).
@@ -95,8 +106,8 @@ class StartedConfig:
     envs: dict[str, str]
     cwd: str | None
 
-    def wire(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
+    def wire(self) -> dict[str, object]:
+        config: dict[str, object] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
         if self.cwd is not None:
             config["cwd"] = self.cwd
         return config
@@ -227,44 +238,32 @@ class ProcessService:
     template: Callable[[], Awaitable[str]]  # the sandbox's template (image), asked only by ``Start``
 
     async def dispatch(self, method: str, request: Request) -> Response:
-        handler = {
-            "Start": self.start,
-            "Connect": self.connect,
-            "List": self.list,
-            "SendSignal": self.send_signal,
-            "SendInput": self.send_input,
-            "StreamInput": self.stream_input,
-            "CloseStdin": self.close_stdin,
-            "Update": self.update,
-        }.get(method)
-        if handler is None:
-            raise RpcError("unimplemented", f"process.Process/{method} is not implemented")
+        handler = handler_of(
+            "process.Process",
+            method,
+            {
+                "Start": self.start,
+                "Connect": self.connect,
+                "List": self.list,
+                "SendSignal": self.send_signal,
+                "SendInput": self.send_input,
+                "StreamInput": self.stream_input,
+                "CloseStdin": self.close_stdin,
+                "Update": self.update,
+            },
+        )
         return await handler(request)
 
     async def start(self, request: Request) -> Response:
-        message = await single_message(request)
-        process = message.get("process") or {}
-        cmd, args, envs, cwd = (
-            process.get("cmd"),
-            process.get("args") or [],
-            process.get("envs") or {},
-            process.get("cwd"),
-        )
-        if not isinstance(cmd, str) or not cmd:
-            raise RpcError("invalid_argument", "process.cmd: required")
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise RpcError("invalid_argument", "process.args: must be a list of strings")
-        if not isinstance(envs, dict):
-            raise RpcError("invalid_argument", "process.envs: must be an object")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
-            raise RpcError("invalid_argument", "process.envs: must map strings to strings")
-        body: dict[str, Any] = {"argv": [cmd, *args], "encoding": "base64", "user": self.user}
-        body["env"] = {**sandbox_variables(self.execd, await self.template()), **envs}
-        if cwd:
-            body["cwd"] = str(cwd)  # a relative one is in the user's home: execd resolves it
-        if message.get("pty") is not None:
-            body["pty"] = _window_size(message["pty"])
-        elif message.get("stdin"):
+        message = message_as(StartRequest, await single_message(request))
+        process = message.process
+        body: CommandBody = {"argv": [process.cmd, *process.args], "encoding": "base64", "user": self.user}
+        body["env"] = {**sandbox_variables(self.execd, await self.template()), **process.envs}
+        if process.cwd:
+            body["cwd"] = process.cwd  # a relative one is in the user's home: execd resolves it
+        if message.pty is not None:
+            body["pty"] = {"rows": message.pty.size.rows, "cols": message.pty.size.cols}
+        elif message.stdin:
             body["keepStdinOpen"] = True
         deadline = timeout_seconds(request)
         if deadline is not None:
@@ -272,7 +271,7 @@ class ProcessService:
         upstream = await self.execd.open("POST", "/v1/commands", json_body=body, read_timeout=None)
         if upstream.status_code != 200:
             raise rpc_error_of(upstream.status_code, await read_all(upstream))
-        pump = _Pump(upstream, self.execd, StartedConfig(cmd, list(args), dict(envs), str(cwd) if cwd else None))
+        pump = _Pump(upstream, self.execd, StartedConfig(process.cmd, process.args, process.envs, process.cwd or None))
         return StreamingResponse(_start_events(pump, _keepalive_interval(request)), media_type=STREAM_TYPE)
 
     async def _commands(self) -> list[CommandStatus]:
@@ -281,11 +280,10 @@ class ProcessService:
             raise rpc_error_of(status, body)
         return CommandList.model_validate_json(body).commands
 
-    async def _find(self, selector: Any) -> CommandStatus:
-        if not isinstance(selector, dict) or "pid" not in selector:
-            tag = selector.get("tag") if isinstance(selector, dict) else None
-            raise RpcError("not_found", f"process with tag {tag!r} not found (tags are not supported)")
-        pid = selector["pid"]
+    async def _find(self, selector: ProcessSelector) -> CommandStatus:
+        pid = selector.pid
+        if pid is None:
+            raise RpcError("not_found", f"process with tag {selector.tag!r} not found (tags are not supported)")
         for command in await self._commands():
             if command.pid == pid and command.state is CommandState.RUNNING:
                 return command
@@ -307,13 +305,13 @@ class ProcessService:
         return JSONResponse({"processes": processes})
 
     async def send_signal(self, request: Request) -> Response:
-        message = await single_message(request)
-        name = _SIGNALS.get(message.get("signal", "SIGNAL_UNSPECIFIED"))
+        message = message_as(SendSignalRequest, await single_message(request))
+        name = _SIGNALS.get(message.signal)
         if name is None:
             raise RpcError(
-                "invalid_argument", f"signal: must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {message.get('signal')!r}"
+                "invalid_argument", f"signal: must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {message.signal!r}"
             )
-        command = await self._find(message.get("process"))
+        command = await self._find(message.process)
         status, body = await self.execd.call("POST", f"/v1/commands/{command.id}/kill", json_body={"signal": name})
         if status != 200:
             raise rpc_error_of(status, body)
@@ -334,45 +332,46 @@ class ProcessService:
             raise rpc_error_of(status, body)
 
     async def send_input(self, request: Request) -> Response:
-        message = await single_message(request)
-        command = await self._find(message.get("process"))
-        await self._write_stdin(command.id, _stdin_bytes(message.get("input")))
+        message = message_as(SendInputRequest, await single_message(request))
+        command = await self._find(message.process)
+        await self._write_stdin(command.id, _stdin_bytes(message.input))
         return JSONResponse({})
 
     async def stream_input(self, request: Request) -> Response:
         command: CommandStatus | None = None
         try:
-            async for message in envelopes(request):
-                if "start" in message:
-                    command = await self._find((message["start"] or {}).get("process"))
-                elif "data" in message:
+            async for raw in envelopes(request):
+                message = message_as(StreamInputMessage, raw)
+                if message.start is not None:
+                    command = await self._find(message.start.process)
+                elif message.data is not None:
                     if command is None:
                         raise RpcError("failed_precondition", "the input stream must start with a start event")
-                    await self._write_stdin(command.id, _stdin_bytes((message["data"] or {}).get("input")))
+                    await self._write_stdin(command.id, _stdin_bytes(message.data.input))
         except RpcError as exc:
             return Response(end_stream(exc), media_type=STREAM_TYPE)
         return Response(envelope({}) + end_stream(), media_type=STREAM_TYPE)
 
     async def close_stdin(self, request: Request) -> Response:
-        message = await single_message(request)
-        command = await self._find(message.get("process"))
+        message = message_as(ConnectRequest, await single_message(request))
+        command = await self._find(message.process)
         await self._write_stdin(command.id, b"", close_stdin=True)
         return JSONResponse({})
 
     async def update(self, request: Request) -> Response:
-        message = await single_message(request)
-        if message.get("pty") is None:
+        message = message_as(UpdateRequest, await single_message(request))
+        if message.pty is None:
             return JSONResponse({})  # nothing to change
-        size = _window_size(message["pty"])
-        command = await self._find(message.get("process"))
+        size: WindowBody = {"rows": message.pty.size.rows, "cols": message.pty.size.cols}
+        command = await self._find(message.process)
         status, body = await self.execd.call("POST", f"/v1/commands/{command.id}/resize", json_body=size)
         if status != 200:
             raise rpc_error_of(status, body)
         return JSONResponse({})
 
     async def connect(self, request: Request) -> Response:
-        message = await single_message(request)
-        command = await self._find(message.get("process"))
+        message = message_as(ConnectRequest, await single_message(request))
+        command = await self._find(message.process)
         keepalive = _keepalive_interval(request) or CONNECT_POLL_SECONDS * 20
         pump = _LIVE.get((self.execd.tenant, self.execd.environment_id, command.pid))
         if pump is not None:
@@ -427,26 +426,13 @@ class ProcessService:
                 yield _event("keepalive", {})
 
 
-def _stdin_bytes(value: Any) -> bytes:
+def _stdin_bytes(value: ProcessInput | None) -> bytes:
     """``ProcessInput``: ``stdin`` or ``pty`` bytes; both are written to what the command reads (pipe or PTY)."""
-    kind = next((k for k in ("stdin", "pty") if isinstance(value, dict) and k in value), None)
-    if kind is None:
+    given = [] if value is None else [(k, d) for k, d in (("stdin", value.stdin), ("pty", value.pty)) if d is not None]
+    if not given:
         raise RpcError("invalid_argument", "input: give stdin or pty")
+    kind, data = given[0]
     try:
-        return base64.b64decode(value[kind] or "", validate=True)
-    except (binascii.Error, TypeError):
+        return base64.b64decode(data, validate=True)
+    except binascii.Error:
         raise RpcError("invalid_argument", f"input.{kind}: must be base64") from None
-
-
-def _window_size(pty: Any) -> dict[str, int]:
-    """envd's ``PTY {size {cols, rows}}`` as execd's ``{"rows", "cols"}``."""
-    size = pty.get("size") if isinstance(pty, dict) else None
-    if not isinstance(size, dict):
-        raise RpcError("invalid_argument", "pty.size: required")
-    out = {}
-    for key in ("rows", "cols"):
-        value = size.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            raise RpcError("invalid_argument", f"pty.size.{key}: must be an integer 1-65535")
-        out[key] = value
-    return out

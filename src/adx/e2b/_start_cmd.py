@@ -15,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TypedDict
 
 from adx.e2b._ends import EndEvent, end_of, frame_of
-from adx.e2b._upstream import Execd, execd_error
+from adx.e2b._upstream import CommandBody, Execd, execd_error
 from adx.errors import ConflictError
 from adx.images import ImageManifest
 from adx.model import CommandOutput, CommandState, CommandStatus, ExitFrame, OutputFrame
@@ -52,17 +51,6 @@ def start_command_of(manifest: ImageManifest | None) -> StartCommand | None:
     if manifest is None or not (manifest.start_cmd or manifest.ready_cmd):
         return None
     return StartCommand(manifest.start_cmd or None, manifest.ready_cmd or None, manifest.user, manifest.workdir)
-
-
-class _CommandBody(TypedDict, total=False):
-    """execd's ``POST /v1/commands`` body, the fields this module sends."""
-
-    argv: list[str]
-    background: bool
-    user: str
-    cwd: str
-    env: dict[str, str]
-    timeoutSeconds: float
 
 
 @dataclass
@@ -101,7 +89,7 @@ def frames_result(body: bytes) -> _Run:
 async def _launch(execd: Execd, command: StartCommand, env: dict[str, str]) -> str:
     """The start command, in the background (it outlives the create); its execd ID."""
     assert command.start is not None
-    body: _CommandBody = {
+    body: CommandBody = {
         "argv": command.argv(command.start),
         "background": True,
         "user": command.user,
@@ -133,7 +121,7 @@ async def _ended(execd: Execd, command_id: str) -> _Run | None:
 
 async def _ready_once(execd: Execd, command: StartCommand, env: dict[str, str], seconds: float) -> _Run:
     assert command.ready is not None
-    body: _CommandBody = {
+    body: CommandBody = {
         "argv": command.argv(command.ready),
         "user": command.user,
         "cwd": command.workdir,
