@@ -16,7 +16,6 @@ token comes back from create and get.
 from __future__ import annotations
 
 import asyncio
-import binascii
 import hmac
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -26,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._control import _body, _iso, _tenant, e2b_errors
 from adx.e2b._envd import tokens_for
-from adx.e2b._tokens import _b64, _unb64
+from adx.e2b._tokens import TokenForm
 from adx.errors import AuthenticationError, InvalidInputError
 from adx.gateway import delete_volume, plane, volume_store
 from adx.model import Volume
@@ -34,26 +33,23 @@ from adx.volumes import EntryStat, VolumeFiles
 
 volume_router = APIRouter(include_in_schema=False)
 
-TOKEN_PREFIX = "vol1"
-MAX_TOKEN = 1024
+VOLUME_TOKEN = TokenForm("vol1")
 
 
 def volume_token(request: Request, volume: Volume) -> str:
     mac = tokens_for(request.app).proof("volume", volume.tenant, volume.id)
-    return f"{TOKEN_PREFIX}.{_b64(volume.tenant.encode())}.{_b64(mac)}"
+    return VOLUME_TOKEN.make(volume.tenant, mac)
 
 
 def _token_tenant(request: Request, volume_id: str) -> str:
     """The tenant a valid ``Authorization: Bearer`` volume token acts for (401 otherwise)."""
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    parts = token.strip().split(".")
-    if scheme.lower() != "bearer" or len(token) > MAX_TOKEN or len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+    if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationError("authorization", "a volume token (Authorization: Bearer <token>) is required")
-    try:
-        tenant = _unb64(parts[1]).decode()
-        mac = _unb64(parts[2])
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise AuthenticationError("authorization", "invalid volume token") from None
+    read = VOLUME_TOKEN.read(token.strip())
+    if read is None:
+        raise AuthenticationError("authorization", "invalid volume token")
+    tenant, mac = read
     if not hmac.compare_digest(mac, tokens_for(request.app).proof("volume", tenant, volume_id)):
         raise AuthenticationError("authorization", "invalid volume token for this volume")
     return tenant
