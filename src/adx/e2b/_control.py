@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from adx.e2b._bodies import DEFAULT_TIMEOUT_SECONDS, ConnectSandbox, SandboxTimeoutRequest, body_of, seconds
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import e2b_network_options, network_policy
@@ -64,8 +65,6 @@ from adx.model import (
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
-DEFAULT_TIMEOUT_SECONDS = 300
-MAX_TIMEOUT_SECONDS = 30 * 86_400  # an Environment's longest lifetime (Lifecycle.lifetime_seconds)
 DEFAULT_CPU_MILLIS = 500
 DEFAULT_MEMORY_BYTES = 512 << 20
 MAX_PAGE = 100
@@ -217,13 +216,12 @@ async def _body(request: Request, fields: Collection[str] | None = None, *, opti
     return body
 
 
-def _timeout(value: object, field: str = "timeout", *, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        wanted = "an integer >= 0" if allow_zero else "a positive integer"
-        raise InvalidInputError(field, f"must be {wanted} (seconds), got {value!r}")
-    if value > MAX_TIMEOUT_SECONDS:  # said here, naming the SDK's field, not by the lifetime it becomes
-        raise InvalidInputError(field, f"must be at most {MAX_TIMEOUT_SECONDS} seconds (30 days), got {value}")
-    return value
+def _timeout(value: object) -> int:
+    """The create's ``timeout`` (:func:`adx.e2b._bodies.seconds`)."""
+    try:
+        return seconds(value)
+    except ValueError as exc:
+        raise InvalidInputError("timeout", str(exc)) from None
 
 
 @router.post("/v2/sandboxes")
@@ -443,16 +441,13 @@ async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
 async def set_timeout(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request)
-    seconds = body.get("timeout")
-    if seconds == 0 and not isinstance(seconds, bool):
-        # E2B counts the timeout from now: 0 expires the sandbox at once, with its timeout action.
-        record = await _visible(p, tenant, sandbox_id)
-        await _expire_now(p, tenant, record)
-        return Response(status_code=204)
-    seconds = _timeout(seconds, allow_zero=True)
+    timeout = (await body_of(request, SandboxTimeoutRequest)).timeout
     record = await _visible(p, tenant, sandbox_id)
-    await _set_lifetime(p, tenant, record, seconds)
+    if timeout == 0:
+        # E2B counts the timeout from now: 0 expires the sandbox at once, with its timeout action.
+        await _expire_now(p, tenant, record)
+    else:
+        await _set_lifetime(p, tenant, record, timeout)
     return Response(status_code=204)
 
 
@@ -505,13 +500,12 @@ async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
     raw = await request.body()
-    body = _object(await read_json(request, p.config.max_body_bytes), "body") if raw.strip() else {}
+    timeout = (await body_of(request, ConnectSandbox)).timeout if raw.strip() else None
     record = await _visible(p, tenant, sandbox_id)
     resumed = record.state in _PAUSED
     if resumed:
         record = (await p.coordinator.ensure_running(tenant, record.id, p.config.wake_timeout_seconds)).record
     record = await _wait_running(p, record)
-    timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else None
     if resumed and record.spec.lifecycle.lifetime_seconds is not None:
         # A resumed sandbox gets a fresh deadline (its old one may have been what paused it).
         record = await _set_lifetime(p, tenant, record, timeout or DEFAULT_TIMEOUT_SECONDS)

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from adx.e2b._bodies import NewVolume, body_of
 from adx.e2b._control import _body, _iso, _tenant, e2b_errors
 from adx.e2b._envd import tokens_for
 from adx.e2b._tokens import TokenForm
@@ -64,10 +65,7 @@ def _with_token(request: Request, volume: Volume) -> dict[str, Any]:
 async def create_volume(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request, {"name"})
-    name = body.get("name")
-    if not isinstance(name, str):
-        raise InvalidInputError("name", "required (a string)")
+    name = (await body_of(request, NewVolume)).name
     volume = await asyncio.to_thread(volume_store(p).create, tenant, name)
     return JSONResponse(_with_token(request, volume), status_code=201)
 
