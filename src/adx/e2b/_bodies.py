@@ -23,9 +23,11 @@ __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "ConnectSandbox",
     "NewVolume",
+    "PatchVolumecontentVolumeIdPathBody",
     "SandboxForkRequest",
     "SandboxSnapshotRequest",
     "SandboxTimeoutRequest",
+    "TemplateBuildRequestV3",
     "body_as",
     "body_of",
     "seconds",
@@ -117,6 +119,44 @@ def _required_string(value: object) -> str:
 class NewVolume(_Exact):
     # Checked when absent too, so a missing name is refused with the same reason as one of another type.
     name: Annotated[str, BeforeValidator(_required_string)] = Field(default=None, validate_default=True)
+
+
+def _at_least(floor: int) -> BeforeValidator:
+    def check(value: object) -> object:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < floor):
+            raise ValueError(f"must be an integer >= {floor}, got {value!r}")
+        return value
+
+    return BeforeValidator(check)
+
+
+class TemplateBuildRequestV3(_Exact):
+    """``POST /v3/templates``: a template (by ``name``, or the older ``alias``) and its sandboxes' size."""
+
+    name: Annotated[str | None, BeforeValidator(_string)] = None
+    alias: Annotated[str | None, BeforeValidator(_string)] = None
+    tags: list[str] | None = None
+    team_id: object = Field(default=None, alias="teamID")  # the key's team is the tenant: not read
+    cpu_count: Annotated[int | None, _at_least(1)] = Field(default=None, alias="cpuCount")
+    memory_mb: Annotated[int | None, _at_least(128)] = Field(default=None, alias="memoryMB")
+    min_free_disk_mb: Annotated[int | None, _at_least(0)] = Field(default=None, alias="minFreeDiskMb")
+
+
+def _non_negative(value: object) -> object:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError("must be a non-negative integer")
+    return value
+
+
+NonNegative = Annotated[int | None, BeforeValidator(_non_negative)]
+
+
+class PatchVolumecontentVolumeIdPathBody(_Exact):
+    """``PATCH /volumecontent/{id}/path``: an entry's owner and permissions, each left as it is when not given."""
+
+    uid: NonNegative = None
+    gid: NonNegative = None
+    mode: NonNegative = None
 
 
 def body_as(model: type[B], body: Any) -> B:

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
@@ -40,6 +40,7 @@ from adx.e2b._process import sandbox_variables
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.e2b._start_cmd import run_start_command, start_command_of
 from adx.e2b._upstream import Execd
+from adx.e2b._views import CreatedSandbox, SandboxLifecycle, SandboxMetric, SandboxState, SandboxView, wire
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import (
     ON_THE_WAY,
@@ -121,7 +122,7 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def e2b_state(record: EnvironmentRecord) -> str | None:
+def e2b_state(record: EnvironmentRecord) -> SandboxState | None:
     if record.state in _RUNNING:
         return "running"
     if record.state in _PAUSED:
@@ -129,37 +130,40 @@ def e2b_state(record: EnvironmentRecord) -> str | None:
     return None  # deleting, deleted, failed: E2B knows no such sandbox
 
 
-def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detail: bool) -> dict[str, Any]:
+def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detail: bool) -> dict[str, object]:
     resources = record.spec.resources
     expires = record.expires_at
-    view: dict[str, Any] = {
-        "templateID": record.spec.image,
-        "sandboxID": record.id,
-        "clientID": record.node or "adx",
-        "startedAt": _iso(record.created_at),
+    listed = SandboxView(
+        template_id=record.spec.image,
+        sandbox_id=record.id,
+        client_id=record.node or "adx",
+        started_at=_iso(record.created_at),
         # No deadline (an Environment made without one): E2B has no such state; a far end says so.
-        "endAt": _iso(expires if expires is not None else record.created_at + 100 * 365 * 86400),
-        "cpuCount": _cpu_count(resources.cpu_millis / 1000),
-        "memoryMB": resources.memory_bytes // MiB,
-        "diskSizeMB": resources.disk_bytes // MiB,
-        "state": e2b_state(record),
-        "envdVersion": ENVD_VERSION,
-        "metadata": dict(record.spec.metadata),
-        "alias": record.spec.image,  # the template's name: the SDK's ``SandboxInfo.name``
+        end_at=_iso(expires if expires is not None else record.created_at + 100 * 365 * 86400),
+        cpu_count=_cpu_count(resources.cpu_millis / 1000),
+        memory_mb=resources.memory_bytes // MiB,
+        disk_size_mb=resources.disk_bytes // MiB,
+        state=e2b_state(record),
+        envd_version=ENVD_VERSION,
+        metadata=dict(record.spec.metadata),
+        alias=record.spec.image,
+    )
+    if not detail:
+        return wire(listed)
+    pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
+    # Traffic wakes a paused sandbox unless the create said autoResume false (E2B allows it only where the
+    # timeout pauses).
+    wakes = record.spec.lifecycle.wake_on_traffic
+    allow_internet_access, network = e2b_network_options(record.spec.network)
+    detail_fields: dict[str, object] = {
+        "envd_access_token": tokens_for(request.app).mint(record.tenant, record.id),
+        "domain": _domain(p, request, record),
+        "lifecycle": SandboxLifecycle(on_timeout="pause" if pauses else "kill", auto_resume=pauses and wakes),
+        "allow_internet_access": allow_internet_access,
     }
-    if detail:
-        view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
-        view["domain"] = _domain(p, request, record)
-        pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
-        # Traffic wakes a paused sandbox unless the create said autoResume false (E2B allows it only where the
-        # timeout pauses).
-        wakes = record.spec.lifecycle.wake_on_traffic
-        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses and wakes}
-        allow_internet_access, network = e2b_network_options(record.spec.network)
-        view["allowInternetAccess"] = allow_internet_access
-        if network is not None:
-            view["network"] = network
-    return view
+    if network is not None:
+        detail_fields["network"] = network
+    return wire(listed.model_copy(update=detail_fields))  # the copy counts them as set: they are sent
 
 
 def _domain(p: Plane, request: Request, record: EnvironmentRecord) -> str:
@@ -168,15 +172,16 @@ def _domain(p: Plane, request: Request, record: EnvironmentRecord) -> str:
     return sandbox_domain(tokens_for(request.app), record.tenant, record.id, base)
 
 
-def created_view(request: Request, record: EnvironmentRecord) -> dict[str, Any]:
-    return {
-        "templateID": record.spec.image,
-        "sandboxID": record.id,
-        "clientID": record.node or "adx",
-        "envdVersion": ENVD_VERSION,
-        "envdAccessToken": tokens_for(request.app).mint(record.tenant, record.id),
-        "domain": _domain(plane(request), request, record),
-    }
+def created_view(request: Request, record: EnvironmentRecord) -> dict[str, object]:
+    created = CreatedSandbox(
+        template_id=record.spec.image,
+        sandbox_id=record.id,
+        client_id=record.node or "adx",
+        envd_version=ENVD_VERSION,
+        envd_access_token=tokens_for(request.app).mint(record.tenant, record.id),
+        domain=_domain(plane(request), request, record),
+    )
+    return wire(created)
 
 
 async def _visible(p: Plane, tenant: str, sandbox_id: str) -> EnvironmentRecord:
@@ -199,17 +204,16 @@ async def _wait_running(p: Plane, record: EnvironmentRecord) -> EnvironmentRecor
     return record
 
 
-def _object(value: object, field: str) -> dict[str, Any]:
+def _object(value: object, field: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise InvalidInputError(field, "must be a JSON object")
     return value
 
 
-async def _body(request: Request, fields: Collection[str] | None = None, *, optional: bool = False) -> dict[str, Any]:
-    """The request's JSON object (``{}`` for an absent body when ``optional``); with ``fields``, a field outside
-    them is refused by name, as E2B's API refuses what it does not know."""
-    value = await read_json(request, plane(request).config.max_body_bytes)
-    body = _object({} if value is None and optional else value, "body")
+async def _body(request: Request, fields: Collection[str] | None = None) -> dict[str, object]:
+    """The request's JSON object; with ``fields``, a field outside them is refused by name, as E2B's API refuses
+    what it does not know (the bodies of ``adx.e2b._bodies`` say the same with ``extra="forbid"``)."""
+    body = _object(await read_json(request, plane(request).config.max_body_bytes), "body")
     unknown = sorted(set(body) - set(fields)) if fields is not None else []
     if unknown:
         raise InvalidInputError(unknown[0], "unknown field")
@@ -541,21 +545,22 @@ def _unix_param(request: Request, name: str) -> int | None:
     return int(value)
 
 
-def metric_view(usage: EnvironmentStats) -> dict[str, Any]:
+def metric_view(usage: EnvironmentStats) -> dict[str, object]:
     """One E2B metric entry; ``cpuUsedPct`` is relative to ``cpuCount`` (the limit rounded up to whole cores)."""
     cpu_count = _cpu_count(usage.cpu_limit_cores)
     used_cores = (usage.cpu_percent or 0.0) / 100.0 * (usage.cpu_limit_cores or cpu_count)
-    return {
-        "timestamp": _iso(usage.sampled_at),
-        "timestampUnix": int(usage.sampled_at),
-        "cpuCount": cpu_count,
-        "cpuUsedPct": round(100.0 * used_cores / cpu_count, 2),
-        "memUsed": usage.memory_bytes - usage.memory_cache_bytes,
-        "memTotal": usage.memory_limit_bytes,
-        "memCache": usage.memory_cache_bytes,
-        "diskUsed": usage.disk_bytes,
-        "diskTotal": usage.disk_limit_bytes,
-    }
+    metric = SandboxMetric(
+        timestamp=_iso(usage.sampled_at),
+        timestamp_unix=int(usage.sampled_at),
+        cpu_count=cpu_count,
+        cpu_used_pct=round(100.0 * used_cores / cpu_count, 2),
+        mem_used=usage.memory_bytes - usage.memory_cache_bytes,
+        mem_total=usage.memory_limit_bytes,
+        mem_cache=usage.memory_cache_bytes,
+        disk_used=usage.disk_bytes,
+        disk_total=usage.disk_limit_bytes,
+    )
+    return wire(metric)
 
 
 async def not_served(request: Request) -> Response:

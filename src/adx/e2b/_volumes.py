@@ -18,15 +18,15 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from adx.e2b._bodies import NewVolume, body_of
-from adx.e2b._control import _body, _iso, _tenant, e2b_errors
+from adx.e2b._bodies import NewVolume, PatchVolumecontentVolumeIdPathBody, body_of
+from adx.e2b._control import _iso, _tenant, e2b_errors
 from adx.e2b._envd import tokens_for
 from adx.e2b._tokens import TokenForm
+from adx.e2b._views import VolumeAndToken, VolumeEntryStat, wire
 from adx.errors import AuthenticationError, InvalidInputError
 from adx.gateway import delete_volume, plane, volume_store
 from adx.model import Volume
@@ -56,8 +56,8 @@ def _token_tenant(request: Request, volume_id: str) -> str:
     return tenant
 
 
-def _with_token(request: Request, volume: Volume) -> dict[str, Any]:
-    return {"volumeID": volume.id, "name": volume.name, "token": volume_token(request, volume)}
+def _with_token(request: Request, volume: Volume) -> dict[str, object]:
+    return wire(VolumeAndToken(volume_id=volume.id, name=volume.name, token=volume_token(request, volume)))
 
 
 @volume_router.post("/volumes")
@@ -106,22 +106,20 @@ async def _files(request: Request, volume_id: str) -> VolumeFiles:
     return VolumeFiles(store.data_dir(volume))
 
 
-def _stat_view(entry: EntryStat) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "name": entry.name,
-        "type": entry.type,
-        "path": entry.path,
-        "size": entry.size,
-        "mode": entry.mode,
-        "uid": entry.uid,
-        "gid": entry.gid,
-        "atime": _iso(entry.atime),
-        "mtime": _iso(entry.mtime),
-        "ctime": _iso(entry.ctime),
-    }
-    if entry.target is not None:
-        view["target"] = entry.target
-    return view
+def _stat_view(entry: EntryStat) -> dict[str, object]:
+    stat = VolumeEntryStat(
+        name=entry.name,
+        type=entry.type,
+        path=entry.path,
+        size=entry.size,
+        mode=entry.mode,
+        uid=entry.uid,
+        gid=entry.gid,
+        atime=_iso(entry.atime),
+        mtime=_iso(entry.mtime),
+        ctime=_iso(entry.ctime),
+    )
+    return wire(stat if entry.target is None else stat.model_copy(update={"target": entry.target}))
 
 
 def _path(request: Request) -> str:
@@ -184,13 +182,8 @@ async def stat_path(request: Request, volume_id: str) -> Response:
 @e2b_errors
 async def patch_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
-    body = await _body(request, {"uid", "gid", "mode"})
-    for name, value in body.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise InvalidInputError(name, "must be a non-negative integer")
-    entry = await asyncio.to_thread(
-        files.set_metadata, _path(request), body.get("uid"), body.get("gid"), body.get("mode")
-    )
+    body = await body_of(request, PatchVolumecontentVolumeIdPathBody)
+    entry = await asyncio.to_thread(files.set_metadata, _path(request), body.uid, body.gid, body.mode)
     return JSONResponse(_stat_view(entry))
 
 
