@@ -10,7 +10,6 @@ import posixpath
 import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -20,6 +19,7 @@ from adx.e2b._files import metadata_of
 from adx.e2b._messages import ListDirRequest, Message, MoveRequest, PathRequest, handler_of, message_as, path_of
 from adx.e2b._upstream import Execd, rpc_error_of
 from adx.e2b._watch import WatchService
+from adx.model import FileEntry, FileList, FileStat, FileType
 
 _TYPES = {"file": "FILE_TYPE_FILE", "directory": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _TYPE_BITS = {"file": stat.S_IFREG, "directory": stat.S_IFDIR, "symlink": stat.S_IFLNK}
@@ -31,30 +31,29 @@ def timestamp(seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{moment.microsecond:06d}Z"
 
 
-def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
-    """execd's ``{"name", "type", "size", "mode", "mtime"}`` as envd's EntryInfo (proto3 JSON)."""
-    kind = str(described.get("type", "other"))
-    mode = int(described.get("mode") or 0)
-    entry: dict[str, Any] = {
-        "name": described.get("name") or posixpath.basename(path) or "/",  # envd's name of the root is "/"
+def entry_info(path: str, described: FileEntry) -> dict[str, object]:
+    """execd's entry (``adx.model.FileEntry``) as envd's EntryInfo (proto3 JSON)."""
+    kind = described.type.value
+    entry: dict[str, object] = {
+        "name": described.name or posixpath.basename(path) or "/",  # envd's name of the root is "/"
         "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
         "path": path,
-        "size": str(int(described.get("size") or 0)),  # int64: a string in proto3 JSON
-        "mode": mode,
-        "permissions": stat.filemode(_TYPE_BITS.get(kind, 0) | mode),
-        "owner": str(described.get("owner") or ""),
-        "group": str(described.get("group") or ""),
+        "size": str(described.size),  # int64: a string in proto3 JSON
+        "mode": described.mode,
+        "permissions": stat.filemode(_TYPE_BITS.get(kind, 0) | described.mode),
+        "owner": described.owner or "",
+        "group": described.group or "",
+        "modifiedTime": timestamp(described.mtime),
     }
-    if described.get("mtime") is not None:
-        entry["modifiedTime"] = timestamp(float(described["mtime"]))
     if metadata := metadata_of(described):
         entry["metadata"] = metadata
-    if kind == "symlink":
+    if described.type is FileType.SYMLINK:
         # As newer envd: ``type`` is what the link resolves to, ``isSymlink`` marks the link itself.
-        entry["type"] = _TYPES.get(str(described.get("targetType")), "FILE_TYPE_SYMLINK")
+        resolved = described.target_type.value if described.target_type is not None else ""
+        entry["type"] = _TYPES.get(resolved, "FILE_TYPE_SYMLINK")
         entry["isSymlink"] = True
-        if described.get("target"):
-            entry["symlinkTarget"] = str(described["target"])
+        if described.target:
+            entry["symlinkTarget"] = described.target
     return entry
 
 
@@ -90,8 +89,8 @@ class FilesystemService:
         status, body = await self.execd.call("GET", "/v1/files/stat", query=self._query(path))
         if status != 200:
             raise rpc_error_of(status, body)
-        described = json.loads(body)
-        return entry_info(str(described["path"]), described)
+        described = FileStat.model_validate_json(body)
+        return entry_info(described.path, described)
 
     async def stat(self, message: Message) -> Response:
         return JSONResponse({"entry": await self._stat(message_as(PathRequest, message).where())})
@@ -100,11 +99,11 @@ class FilesystemService:
         status, body = await self.execd.call("GET", "/v1/files/list", query=self._query(path))
         if status != 200:  # not a directory: envd's invalid argument (the SDK's InvalidArgumentException)
             raise rpc_error_of(status, body, conflict="invalid_argument")
-        listed = json.loads(body)
-        for described in listed["entries"]:
-            child = posixpath.join(listed["path"], described["name"])
+        listed = FileList.model_validate_json(body)
+        for described in listed.entries:
+            child = posixpath.join(listed.path, described.name)
             out.append(entry_info(child, described))
-            if depth > 1 and described.get("type") == "directory":
+            if depth > 1 and described.type is FileType.DIRECTORY:
                 await self._list(child, depth - 1, out)
 
     async def list_dir(self, message: Message) -> Response:

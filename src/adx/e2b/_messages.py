@@ -12,7 +12,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
 
 from adx.e2b._connect import RpcError
@@ -152,8 +152,15 @@ class ConnectRequest(_Message):
     process: ProcessSelector = Field(default_factory=ProcessSelector)
 
 
+def _signal(value: object) -> object:
+    # Checked as one field: a failed union would name its branches (``signal.str``), not the field.
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"must be a signal's name (SIGNAL_SIGKILL) or number, got {value!r}")
+    return value
+
+
 class SendSignalRequest(ConnectRequest):
-    signal: StrictStr | StrictInt = "SIGNAL_UNSPECIFIED"
+    signal: Annotated[str | int, BeforeValidator(_signal)] = "SIGNAL_UNSPECIFIED"
 
 
 class ProcessInput(_Message):
