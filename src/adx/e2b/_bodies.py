@@ -22,6 +22,7 @@ __all__ = [
     "MAX_FORKS",
     "MAX_TIMEOUT_SECONDS",
     "ConnectSandbox",
+    "NewSandbox",
     "NewVolume",
     "PatchVolumecontentVolumeIdPathBody",
     "SandboxForkRequest",
@@ -119,6 +120,58 @@ def _required_string(value: object) -> str:
 class NewVolume(_Exact):
     # Checked when absent too, so a missing name is refused with the same reason as one of another type.
     name: Annotated[str, BeforeValidator(_required_string)] = Field(default=None, validate_default=True)
+
+
+def _object_or_none(value: object) -> object:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    return value
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be a boolean, got {value!r}")
+    return value
+
+
+def _template(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError("required")
+    return value
+
+
+class SandboxAutoResumeConfig(_Lenient):
+    """E2B's ``autoResume`` (the SDK's ``lifecycle={"auto_resume": ...}``): whether traffic wakes the sandbox once
+    paused."""
+
+    enabled: Annotated[bool, BeforeValidator(_flag)] = Field(default=None, validate_default=True)
+
+
+class NewSandbox(_Exact):
+    """``POST /v2/sandboxes``. The fields kept as ``object`` are checked by what they become (the Environment's
+    spec and network policy, adx.e2b._network), which names them as E2B does."""
+
+    # Absent: None, refused by the route naming templateID (a default's error would name the Python field).
+    template_id: Annotated[str | None, BeforeValidator(_template)] = Field(default=None, alias="templateID")
+    timeout: Seconds = DEFAULT_TIMEOUT_SECONDS
+    auto_pause: Annotated[bool, BeforeValidator(_flag)] = Field(default=False, alias="autoPause")
+    # Not said: traffic wakes a paused sandbox (ADX's rule, ENV-4).
+    auto_resume: Annotated[SandboxAutoResumeConfig | None, BeforeValidator(_object_or_none)] = Field(
+        default=None, alias="autoResume"
+    )
+    auto_pause_memory: object = Field(default=None, alias="autoPauseMemory")  # ADX keeps files, not memory
+    metadata: object = None
+    env_vars: object = Field(default=None, alias="envVars")
+    secure: object = None  # every sandbox's envd calls carry a token
+    allow_internet_access: object = None
+    network: object = None
+    mcp: object = None  # refused when given (not supported)
+    iam: object = None  # refused when given (not supported)
+    volume_mounts: object = Field(default=None, alias="volumeMounts")
+
+    @property
+    def wakes(self) -> bool:
+        return self.auto_resume.enabled if self.auto_resume is not None else True
 
 
 def _at_least(floor: int) -> BeforeValidator:

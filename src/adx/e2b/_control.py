@@ -24,7 +24,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeVar
 from urllib.parse import parse_qsl
@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from adx.e2b._bodies import DEFAULT_TIMEOUT_SECONDS, ConnectSandbox, SandboxTimeoutRequest, body_of, seconds
+from adx.e2b._bodies import DEFAULT_TIMEOUT_SECONDS, ConnectSandbox, NewSandbox, SandboxTimeoutRequest, body_of
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import e2b_network_options, network_policy
@@ -74,11 +74,6 @@ _RUNNING = frozenset(
     {EnvironmentState.PENDING, EnvironmentState.STARTING, EnvironmentState.RUNNING, EnvironmentState.RESUMING}
 )
 _PAUSED = frozenset({EnvironmentState.PAUSING, EnvironmentState.PAUSED})
-_CREATE_FIELDS = frozenset(
-    {"templateID", "timeout", "autoPause", "autoResume", "autoPauseMemory", "metadata", "envVars", "secure",
-     "allow_internet_access", "network", "mcp", "iam", "volumeMounts"}
-)  # fmt: skip
-
 router = APIRouter(include_in_schema=False)
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -204,28 +199,13 @@ async def _wait_running(p: Plane, record: EnvironmentRecord) -> EnvironmentRecor
     return record
 
 
-def _object(value: object, field: str) -> dict[str, object]:
-    if not isinstance(value, dict):
-        raise InvalidInputError(field, "must be a JSON object")
-    return value
-
-
-async def _body(request: Request, fields: Collection[str] | None = None) -> dict[str, object]:
-    """The request's JSON object; with ``fields``, a field outside them is refused by name, as E2B's API refuses
-    what it does not know (the bodies of ``adx.e2b._bodies`` say the same with ``extra="forbid"``)."""
-    body = _object(await read_json(request, plane(request).config.max_body_bytes), "body")
-    unknown = sorted(set(body) - set(fields)) if fields is not None else []
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+async def _body(request: Request) -> dict[str, object]:
+    """The request's JSON object, for the body read field by field (``update_network``); the others are the
+    typed bodies of ``adx.e2b._bodies``."""
+    body = await read_json(request, plane(request).config.max_body_bytes)
+    if not isinstance(body, dict):
+        raise InvalidInputError("body", "must be a JSON object")
     return body
-
-
-def _timeout(value: object) -> int:
-    """The create's ``timeout`` (:func:`adx.e2b._bodies.seconds`)."""
-    try:
-        return seconds(value)
-    except ValueError as exc:
-        raise InvalidInputError("timeout", str(exc)) from None
 
 
 @router.post("/v2/sandboxes")
@@ -233,32 +213,28 @@ def _timeout(value: object) -> int:
 async def create_sandbox(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request, _CREATE_FIELDS)
-    for unsupported in ("mcp", "iam"):
-        if body.get(unsupported):
+    body = await body_of(request, NewSandbox)
+    for unsupported, given in (("mcp", body.mcp), ("iam", body.iam)):
+        if given:
             raise InvalidInputError(unsupported, "is not supported by this server")
-    template = body.get("templateID")
-    if not isinstance(template, str) or not template:
+    template = body.template_id
+    if template is None:
         raise InvalidInputError("templateID", "required")
-    auto_pause = body.get("autoPause", False)
-    if not isinstance(auto_pause, bool):
-        raise InvalidInputError("autoPause", "must be a boolean")
-    wakes = _auto_resume(body.get("autoResume"))
-    network = network_policy(body.get("allow_internet_access"), body.get("network"))
+    network = network_policy(body.allow_internet_access, body.network)
     from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
         "network": network.model_dump(mode="json", by_alias=True, exclude_none=True),
         # From a snapshot the image is the snapshot's (the Coordinator sets it): the template names no image.
         "image": "base" if from_snapshot else template,
         "resources": {"cpuMillis": DEFAULT_CPU_MILLIS, "memoryBytes": DEFAULT_MEMORY_BYTES},
-        "env": body.get("envVars") or {},
-        "metadata": body.get("metadata") or {},
+        "env": body.env_vars or {},
+        "metadata": body.metadata or {},
         "lifecycle": {
-            "lifetimeSeconds": _timeout(body.get("timeout", DEFAULT_TIMEOUT_SECONDS)),
-            "lifetimeAction": "pause" if auto_pause else "delete",
-            "wakeOnTraffic": wakes,
+            "lifetimeSeconds": body.timeout,
+            "lifetimeAction": "pause" if body.auto_pause else "delete",
+            "wakeOnTraffic": body.wakes,
         },
-        "volumes": body.get("volumeMounts") or [],
+        "volumes": body.volume_mounts or [],
     }
     try:
         spec = parse_wire(EnvironmentSpec, wire)
@@ -308,17 +284,6 @@ async def _start_template_command(p: Plane, request: Request, record: Environmen
         with contextlib.suppress(AdxError):  # already going: the create's error is the one to report
             await p.coordinator.delete_environment(record.tenant, record.id)
         raise
-
-
-def _auto_resume(value: object) -> bool:
-    """E2B's ``autoResume`` (the SDK's ``lifecycle={"auto_resume": ...}``: ``{"enabled": bool}``): whether traffic
-    wakes the sandbox once paused. Not said: it does (ADX's rule, ENV-4)."""
-    if value is None:
-        return True
-    enabled = _object(value, "autoResume").get("enabled")
-    if not isinstance(enabled, bool):
-        raise InvalidInputError("autoResume.enabled", f"must be a boolean, got {enabled!r}")
-    return enabled
 
 
 async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
