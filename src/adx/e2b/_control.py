@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
-from typing import ParamSpec, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 
 from adx.e2b._bodies import DEFAULT_TIMEOUT_SECONDS, ConnectSandbox, NewSandbox, SandboxTimeoutRequest, body_of
 from adx.e2b._envd import tokens_for
@@ -74,8 +75,6 @@ _RUNNING = frozenset(
     {EnvironmentState.PENDING, EnvironmentState.STARTING, EnvironmentState.RUNNING, EnvironmentState.RESUMING}
 )
 _PAUSED = frozenset({EnvironmentState.PAUSING, EnvironmentState.PAUSED})
-router = APIRouter(include_in_schema=False)
-P = ParamSpec("P")
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 #: The first path segments of E2B's API (its SDK's routes): anything under them that ADX does not serve still
@@ -84,23 +83,32 @@ E2B_PREFIXES = ("sandboxes", "v2", "v3", "templates", "snapshots", "volumes", "s
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-def e2b_errors(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
-    """ADX errors in E2B's shape: ``{"code": status, "message"}``."""
+class E2bRoute(APIRoute):
+    """A route of E2B's API: its errors answer in E2B's shape ``{"code": status, "message"}`` (the SDK parses only
+    that; ADX's own would crash it, KeyError). The routers of E2B's routes are made with it, so no route of them
+    can answer otherwise."""
 
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
-        try:
-            return await fn(*args, **kwargs)
-        except AdxError as exc:
-            status = 400 if status_for(exc) == 422 else status_for(exc)
-            # A 503 (no capacity, not admitting now) says when to ask again, as the native API does.
-            headers = {"Retry-After": str(retry_after_seconds(exc))} if status in (503, 504) else None
-            return JSONResponse({"code": status, "message": exc.message}, status_code=status, headers=headers)
-        except Exception as exc:  # the SDK can only parse E2B's shape; ADX's own would crash it (KeyError)
-            _log.exception("E2B control-plane call failed")
-            return JSONResponse({"code": 500, "message": f"internal error: {type(exc).__name__}"}, status_code=500)
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
 
-    return wrapper
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (HTTPException, RequestValidationError):  # FastAPI's own answers, not the route's errors
+                raise
+            except AdxError as exc:
+                status = 400 if status_for(exc) == 422 else status_for(exc)
+                # A 503 (no capacity, not admitting now) says when to ask again, as the native API does.
+                headers = {"Retry-After": str(retry_after_seconds(exc))} if status in (503, 504) else None
+                return JSONResponse({"code": status, "message": exc.message}, status_code=status, headers=headers)
+            except Exception as exc:
+                _log.exception("E2B control-plane call failed")
+                return JSONResponse({"code": 500, "message": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+        return answer
+
+
+router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 
 
 async def _tenant(request: Request) -> str:
@@ -209,7 +217,6 @@ async def _body(request: Request) -> dict[str, object]:
 
 
 @router.post("/v2/sandboxes")
-@e2b_errors
 async def create_sandbox(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -308,7 +315,6 @@ async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
 
 
 @router.get("/v2/sandboxes")
-@e2b_errors
 async def list_sandboxes(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -386,7 +392,6 @@ def _instant_param(value: str | None, field: str) -> float | None:
 
 
 @router.get("/sandboxes/{sandbox_id}")
-@e2b_errors
 async def get_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     record = await _visible(p, await _tenant(request), sandbox_id)
@@ -394,7 +399,6 @@ async def get_sandbox(request: Request, sandbox_id: str) -> Response:
 
 
 @router.delete("/sandboxes/{sandbox_id}")
-@e2b_errors
 async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -406,7 +410,6 @@ async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout")
-@e2b_errors
 async def set_timeout(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -437,7 +440,6 @@ async def _set_lifetime(p: Plane, tenant: str, record: EnvironmentRecord, second
 
 
 @router.put("/sandboxes/{sandbox_id}/network")
-@e2b_errors
 async def update_network(request: Request, sandbox_id: str) -> Response:
     """``update_network``: the new options replace the sandbox's policy, applied in place by its node
     (docs/network.md; a sandbox made without egress gets it at its next start or resume)."""
@@ -451,7 +453,6 @@ async def update_network(request: Request, sandbox_id: str) -> Response:
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")
-@e2b_errors
 async def pause_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -463,7 +464,6 @@ async def pause_sandbox(request: Request, sandbox_id: str) -> Response:
 @router.post("/v2/sandboxes/{sandbox_id}/connect")
 @router.post("/sandboxes/{sandbox_id}/connect")
 @router.post("/sandboxes/{sandbox_id}/resume")
-@e2b_errors
 async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
     """EnsureRunning: 200 when it was running, 201 when it had to be resumed."""
     p = plane(request)
@@ -485,7 +485,6 @@ async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
-@e2b_errors
 async def sandbox_metrics(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)

@@ -25,11 +25,11 @@ from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._bodies import SandboxForkRequest, SandboxSnapshotRequest, body_of
 from adx.e2b._control import (
+    E2bRoute,
     _tenant,
     _visible,
     _wait_running,
     created_view,
-    e2b_errors,
     page_limit,
     paged,
 )
@@ -38,7 +38,7 @@ from adx.errors import AdxError, InvalidInputError
 from adx.gateway import Plane, plane, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, Snapshot
 
-snapshot_router = APIRouter(include_in_schema=False)
+snapshot_router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 _log = logging.getLogger(__name__)
 
 
@@ -47,7 +47,6 @@ def snapshot_view(snapshot: Snapshot) -> dict[str, object]:
 
 
 @snapshot_router.post("/sandboxes/{sandbox_id}/snapshots")
-@e2b_errors
 async def create_snapshot_route(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -62,7 +61,6 @@ async def create_snapshot_route(request: Request, sandbox_id: str) -> Response:
 
 
 @snapshot_router.get("/snapshots")
-@e2b_errors
 async def list_snapshots_route(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -81,7 +79,6 @@ async def list_snapshots_route(request: Request) -> Response:
 
 
 @snapshot_router.delete("/templates/{template_id:path}")
-@e2b_errors
 async def delete_snapshot_route(request: Request, template_id: str) -> Response:
     """The SDK deletes a snapshot as a template. Templates that are not snapshots (images) are not deleted
     through E2B's API: they answer the same 404 as a missing snapshot."""
@@ -92,7 +89,6 @@ async def delete_snapshot_route(request: Request, template_id: str) -> Response:
 
 
 @snapshot_router.post("/sandboxes/{sandbox_id}/fork")
-@e2b_errors
 async def fork_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)

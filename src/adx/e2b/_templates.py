@@ -40,7 +40,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._bodies import TemplateBuildRequestV3, body_of
-from adx.e2b._control import _tenant, e2b_errors
+from adx.e2b._control import E2bRoute, _tenant
 from adx.e2b._envd import tokens_for
 from adx.e2b._snapshot_client import delete_snapshot
 from adx.e2b._template_build import DEFAULT_STEP_MEMORY_BYTES, BuildJob, TemplateBuilder
@@ -64,7 +64,7 @@ from adx.model import NODE_IMAGES
 
 __all__ = ["template_router"]
 
-template_router = APIRouter(include_in_schema=False)
+template_router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 P = ParamSpec("P")
 #: ``logsOffset`` pages hold at most this many entries (E2B's status route answers 100 at most).
 MAX_LOG_PAGE = 100
@@ -77,8 +77,8 @@ class _NotConfigured(Exception):
 
 
 def template_route(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
-    """E2B's error shape (``e2b_errors``), and 501 where this API server runs no template builds (caught inside
-    ``e2b_errors``, which makes any other exception a 500)."""
+    """501 where this API server runs no template builds (caught before :class:`E2bRoute` would make any other
+    exception a 500)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
@@ -87,7 +87,7 @@ def template_route(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitabl
         except _NotConfigured as exc:
             return JSONResponse({"code": 501, "message": str(exc)}, status_code=501)
 
-    return e2b_errors(wrapper)
+    return wrapper
 
 
 def _builder(request: Request, *, build: bool = True) -> TemplateBuilder:

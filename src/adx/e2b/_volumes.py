@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._bodies import NewVolume, PatchVolumecontentVolumeIdPathBody, body_of
-from adx.e2b._control import _iso, _tenant, e2b_errors
+from adx.e2b._control import E2bRoute, _iso, _tenant
 from adx.e2b._envd import tokens_for
 from adx.e2b._tokens import TokenForm
 from adx.e2b._views import VolumeAndToken, VolumeEntryStat, wire
@@ -32,7 +32,7 @@ from adx.gateway import delete_volume, plane, volume_store
 from adx.model import Volume
 from adx.volumes import EntryStat, VolumeFiles
 
-volume_router = APIRouter(include_in_schema=False)
+volume_router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 
 VOLUME_TOKEN = TokenForm("vol1")
 
@@ -61,7 +61,6 @@ def _with_token(request: Request, volume: Volume) -> dict[str, object]:
 
 
 @volume_router.post("/volumes")
-@e2b_errors
 async def create_volume(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -71,7 +70,6 @@ async def create_volume(request: Request) -> Response:
 
 
 @volume_router.get("/volumes")
-@e2b_errors
 async def list_volumes(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -80,7 +78,6 @@ async def list_volumes(request: Request) -> Response:
 
 
 @volume_router.get("/volumes/{volume_id}")
-@e2b_errors
 async def get_volume(request: Request, volume_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -89,7 +86,6 @@ async def get_volume(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.delete("/volumes/{volume_id}")
-@e2b_errors
 async def delete_volume_route(request: Request, volume_id: str) -> Response:
     p = plane(request)
     await delete_volume(p, await _tenant(request), volume_id)
@@ -154,7 +150,6 @@ def _owner(request: Request) -> tuple[int | None, int | None, int | None]:
 
 
 @volume_router.get("/volumecontent/{volume_id}/dir")
-@e2b_errors
 async def list_dir(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     depth = _int(request, "depth", low=1, high=32) or 1
@@ -163,7 +158,6 @@ async def list_dir(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.post("/volumecontent/{volume_id}/dir")
-@e2b_errors
 async def make_dir(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     uid, gid, mode = _owner(request)
@@ -172,14 +166,12 @@ async def make_dir(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.get("/volumecontent/{volume_id}/path")
-@e2b_errors
 async def stat_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     return JSONResponse(_stat_view(await asyncio.to_thread(files.stat, _path(request))))
 
 
 @volume_router.patch("/volumecontent/{volume_id}/path")
-@e2b_errors
 async def patch_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     body = await body_of(request, PatchVolumecontentVolumeIdPathBody)
@@ -188,7 +180,6 @@ async def patch_path(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.delete("/volumecontent/{volume_id}/path")
-@e2b_errors
 async def remove_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     await asyncio.to_thread(files.remove, _path(request))
@@ -196,7 +187,6 @@ async def remove_path(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.get("/volumecontent/{volume_id}/file")
-@e2b_errors
 async def read_file(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     chunks = await asyncio.to_thread(files.read, _path(request))
@@ -205,7 +195,6 @@ async def read_file(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.put("/volumecontent/{volume_id}/file")
-@e2b_errors
 async def write_file(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     path = _path(request)
