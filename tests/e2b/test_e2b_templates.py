@@ -236,3 +236,32 @@ def test_a_start_command_that_fails_fails_the_create_naming_it(up: Up) -> None:
         assert [s for s in (await AsyncSandbox.list(**up.opts()).next_items()) if s.name == name] == []
 
     asyncio.run(go())
+
+
+def test_a_ready_command_that_timed_out_is_not_ready_and_reports_envds_exit_code() -> None:
+    """A timed-out end frame without a signal (the command exited 0 as execd's deadline passed): the ready loop
+    reads it by the same rule as the process service's EndEvent, so it reports exit code 0 with envd's
+    ``context deadline exceeded``, and a run out of time is not a ready sandbox (it used to say exit code -1)."""
+    from adx.e2b._ends import end_of
+    from adx.e2b._start_cmd import frames_result
+    from adx.model import ExitFrame
+
+    body = (
+        b'{"id":"0123456789ab","pid":42}\n{"stream":"stdout","data":"checking\\n"}\n'
+        b'{"exitCode":0,"signal":null,"timedOut":true}\n'
+    )
+    run = frames_result(body)
+    assert run.end == end_of(ExitFrame(exit_code=0, signal=None, timed_out=True))
+    assert run.end is not None and run.end.wire() == {
+        "exitCode": 0,
+        "exited": True,
+        "status": "exit status 0",
+        "error": "context deadline exceeded",
+    }
+    assert not run.succeeded
+    assert run.describe() == "exit code 0 (context deadline exceeded), output 'checking\\n'"
+    # Killed by execd at its deadline (the usual case): exit code -1 by signal, as envd's os/exec says it.
+    killed = frames_result(b'{"exitCode":null,"signal":9,"timedOut":true}\n')
+    assert killed.end is not None and (killed.end.exit_code, killed.end.exited) == (-1, False)
+    assert not killed.succeeded
+    assert frames_result(b'{"exitCode":0,"signal":null,"timedOut":false}\n').succeeded

@@ -153,6 +153,36 @@ def test_unknown_rpc_is_a_connect_unimplemented_error(adx_up: Up) -> None:
         sandbox.kill()
 
 
+@pytest.mark.slow
+def test_a_request_message_of_the_wrong_shape_is_invalid_argument_naming_the_field(adx_up: Up) -> None:
+    """envd's request messages are read as typed objects (adx.e2b._messages): a field of the wrong type or out of
+    its range is Connect's invalid_argument naming the field, before anything reaches the sandbox."""
+    sandbox = Sandbox.create(**adx_up.opts())
+    try:
+        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": sandbox._envd_access_token or ""}
+        cases = [
+            ("/process.Process/Start", {"process": {"cmd": "/bin/echo", "args": [1]}}, "process.args[0]"),
+            ("/process.Process/Start", {"process": {"args": ["x"]}}, "process.cmd"),
+            (
+                "/process.Process/Start",
+                {"process": {"cmd": "sh"}, "pty": {"size": {"rows": 0, "cols": 80}}},
+                "pty.size.rows",
+            ),
+            ("/process.Process/SendSignal", {"process": {"pid": 1}, "signal": ["SIGKILL"]}, "signal"),
+            ("/filesystem.Filesystem/ListDir", {"path": "/", "depth": 99}, "depth"),
+            ("/filesystem.Filesystem/GetWatcherEvents", {}, "watcherId"),
+            ("/filesystem.Filesystem/Stat", {"path": 5}, "path"),
+        ]
+        with httpx.Client(base_url=adx_up.url, headers=headers, timeout=30) as http:
+            for path, message, field in cases:
+                answer = http.post(path, json=message, headers={"Content-Type": "application/json"})
+                assert answer.status_code == 400, (path, answer.text)
+                assert answer.json()["code"] == "invalid_argument", (path, answer.text)
+                assert answer.json()["message"].startswith(f"{field}: "), (path, answer.text)
+    finally:
+        sandbox.kill()
+
+
 def streamed_message(response: httpx.Response) -> str:
     return str(_frames(response.content)[-1][1]["error"]["message"])
 

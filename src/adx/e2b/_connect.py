@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -77,7 +76,7 @@ def rpc_error(exc: AdxError) -> RpcError:
     return RpcError("unavailable" if exc.code == "relay_timeout" else "unknown", exc.message)
 
 
-def envelope(message: dict[str, Any], flags: int = 0) -> bytes:
+def envelope(message: Mapping[str, object], flags: int = 0) -> bytes:
     data = json.dumps(message, separators=(",", ":")).encode()
     return struct.pack(">BI", flags, len(data)) + data
 
@@ -97,7 +96,8 @@ def error_response(request: Request, error: RpcError) -> Response:
     return JSONResponse(error.body(), status_code=HTTP_STATUS[error.code])
 
 
-def _decode(data: bytes) -> dict[str, Any]:
+def _decode(data: bytes) -> dict[str, object]:
+    """One request message as a JSON object, untyped until the RPC reads it (``adx.e2b._messages``)."""
     try:
         value = json.loads(data) if data.strip() else {}
     except ValueError as exc:
@@ -107,7 +107,7 @@ def _decode(data: bytes) -> dict[str, Any]:
     return value
 
 
-async def envelopes(request: Request) -> AsyncIterator[dict[str, Any]]:
+async def envelopes(request: Request) -> AsyncIterator[dict[str, object]]:
     """The messages of a streaming request body, one at a time as they arrive."""
     buffer = bytearray()
     async for chunk in request.stream():
@@ -129,7 +129,7 @@ async def envelopes(request: Request) -> AsyncIterator[dict[str, Any]]:
         raise RpcError("invalid_argument", "the request stream ended inside a message")
 
 
-async def single_message(request: Request) -> dict[str, Any]:
+async def single_message(request: Request) -> dict[str, object]:
     """The one request message of a unary or server-streaming call."""
     if is_streaming(request):
         async for message in envelopes(request):

@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 
+from adx.e2b._bodies import DEFAULT_TIMEOUT_SECONDS, ConnectSandbox, NewSandbox, SandboxTimeoutRequest, body_of
 from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import e2b_network_options, network_policy
@@ -39,6 +41,7 @@ from adx.e2b._process import sandbox_variables
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.e2b._start_cmd import run_start_command, start_command_of
 from adx.e2b._upstream import Execd
+from adx.e2b._views import CreatedSandbox, SandboxLifecycle, SandboxMetric, SandboxState, SandboxView, wire
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from adx.gateway import (
     ON_THE_WAY,
@@ -64,8 +67,6 @@ from adx.model import (
 
 #: The envd version the SDK is told: the features it gates on that version are the ones served here.
 ENVD_VERSION = "0.6.4"
-DEFAULT_TIMEOUT_SECONDS = 300
-MAX_TIMEOUT_SECONDS = 30 * 86_400  # an Environment's longest lifetime (Lifecycle.lifetime_seconds)
 DEFAULT_CPU_MILLIS = 500
 DEFAULT_MEMORY_BYTES = 512 << 20
 MAX_PAGE = 100
@@ -74,13 +75,6 @@ _RUNNING = frozenset(
     {EnvironmentState.PENDING, EnvironmentState.STARTING, EnvironmentState.RUNNING, EnvironmentState.RESUMING}
 )
 _PAUSED = frozenset({EnvironmentState.PAUSING, EnvironmentState.PAUSED})
-_CREATE_FIELDS = frozenset(
-    {"templateID", "timeout", "autoPause", "autoResume", "autoPauseMemory", "metadata", "envVars", "secure",
-     "allow_internet_access", "network", "mcp", "iam", "volumeMounts"}
-)  # fmt: skip
-
-router = APIRouter(include_in_schema=False)
-P = ParamSpec("P")
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 #: The first path segments of E2B's API (its SDK's routes): anything under them that ADX does not serve still
@@ -89,23 +83,32 @@ E2B_PREFIXES = ("sandboxes", "v2", "v3", "templates", "snapshots", "volumes", "s
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-def e2b_errors(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
-    """ADX errors in E2B's shape: ``{"code": status, "message"}``."""
+class E2bRoute(APIRoute):
+    """A route of E2B's API: its errors answer in E2B's shape ``{"code": status, "message"}`` (the SDK parses only
+    that; ADX's own would crash it, KeyError). The routers of E2B's routes are made with it, so no route of them
+    can answer otherwise."""
 
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
-        try:
-            return await fn(*args, **kwargs)
-        except AdxError as exc:
-            status = 400 if status_for(exc) == 422 else status_for(exc)
-            # A 503 (no capacity, not admitting now) says when to ask again, as the native API does.
-            headers = {"Retry-After": str(retry_after_seconds(exc))} if status in (503, 504) else None
-            return JSONResponse({"code": status, "message": exc.message}, status_code=status, headers=headers)
-        except Exception as exc:  # the SDK can only parse E2B's shape; ADX's own would crash it (KeyError)
-            _log.exception("E2B control-plane call failed")
-            return JSONResponse({"code": 500, "message": f"internal error: {type(exc).__name__}"}, status_code=500)
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
 
-    return wrapper
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (HTTPException, RequestValidationError):  # FastAPI's own answers, not the route's errors
+                raise
+            except AdxError as exc:
+                status = 400 if status_for(exc) == 422 else status_for(exc)
+                # A 503 (no capacity, not admitting now) says when to ask again, as the native API does.
+                headers = {"Retry-After": str(retry_after_seconds(exc))} if status in (503, 504) else None
+                return JSONResponse({"code": status, "message": exc.message}, status_code=status, headers=headers)
+            except Exception as exc:
+                _log.exception("E2B control-plane call failed")
+                return JSONResponse({"code": 500, "message": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+        return answer
+
+
+router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 
 
 async def _tenant(request: Request) -> str:
@@ -122,7 +125,7 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def e2b_state(record: EnvironmentRecord) -> str | None:
+def e2b_state(record: EnvironmentRecord) -> SandboxState | None:
     if record.state in _RUNNING:
         return "running"
     if record.state in _PAUSED:
@@ -130,37 +133,40 @@ def e2b_state(record: EnvironmentRecord) -> str | None:
     return None  # deleting, deleted, failed: E2B knows no such sandbox
 
 
-def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detail: bool) -> dict[str, Any]:
+def sandbox_view(p: Plane, request: Request, record: EnvironmentRecord, *, detail: bool) -> dict[str, object]:
     resources = record.spec.resources
     expires = record.expires_at
-    view: dict[str, Any] = {
-        "templateID": record.spec.image,
-        "sandboxID": record.id,
-        "clientID": record.node or "adx",
-        "startedAt": _iso(record.created_at),
+    listed = SandboxView(
+        template_id=record.spec.image,
+        sandbox_id=record.id,
+        client_id=record.node or "adx",
+        started_at=_iso(record.created_at),
         # No deadline (an Environment made without one): E2B has no such state; a far end says so.
-        "endAt": _iso(expires if expires is not None else record.created_at + 100 * 365 * 86400),
-        "cpuCount": _cpu_count(resources.cpu_millis / 1000),
-        "memoryMB": resources.memory_bytes // MiB,
-        "diskSizeMB": resources.disk_bytes // MiB,
-        "state": e2b_state(record),
-        "envdVersion": ENVD_VERSION,
-        "metadata": dict(record.spec.metadata),
-        "alias": record.spec.image,  # the template's name: the SDK's ``SandboxInfo.name``
+        end_at=_iso(expires if expires is not None else record.created_at + 100 * 365 * 86400),
+        cpu_count=_cpu_count(resources.cpu_millis / 1000),
+        memory_mb=resources.memory_bytes // MiB,
+        disk_size_mb=resources.disk_bytes // MiB,
+        state=e2b_state(record),
+        envd_version=ENVD_VERSION,
+        metadata=dict(record.spec.metadata),
+        alias=record.spec.image,
+    )
+    if not detail:
+        return wire(listed)
+    pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
+    # Traffic wakes a paused sandbox unless the create said autoResume false (E2B allows it only where the
+    # timeout pauses).
+    wakes = record.spec.lifecycle.wake_on_traffic
+    allow_internet_access, network = e2b_network_options(record.spec.network)
+    detail_fields: dict[str, object] = {
+        "envd_access_token": tokens_for(request.app).mint(record.tenant, record.id),
+        "domain": _domain(p, request, record),
+        "lifecycle": SandboxLifecycle(on_timeout="pause" if pauses else "kill", auto_resume=pauses and wakes),
+        "allow_internet_access": allow_internet_access,
     }
-    if detail:
-        view["envdAccessToken"] = tokens_for(request.app).mint(record.tenant, record.id)
-        view["domain"] = _domain(p, request, record)
-        pauses = record.spec.lifecycle.lifetime_action is IdleAction.PAUSE
-        # Traffic wakes a paused sandbox unless the create said autoResume false (E2B allows it only where the
-        # timeout pauses).
-        wakes = record.spec.lifecycle.wake_on_traffic
-        view["lifecycle"] = {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses and wakes}
-        allow_internet_access, network = e2b_network_options(record.spec.network)
-        view["allowInternetAccess"] = allow_internet_access
-        if network is not None:
-            view["network"] = network
-    return view
+    if network is not None:
+        detail_fields["network"] = network
+    return wire(listed.model_copy(update=detail_fields))  # the copy counts them as set: they are sent
 
 
 def _domain(p: Plane, request: Request, record: EnvironmentRecord) -> str:
@@ -169,15 +175,16 @@ def _domain(p: Plane, request: Request, record: EnvironmentRecord) -> str:
     return sandbox_domain(tokens_for(request.app), record.tenant, record.id, base)
 
 
-def created_view(request: Request, record: EnvironmentRecord) -> dict[str, Any]:
-    return {
-        "templateID": record.spec.image,
-        "sandboxID": record.id,
-        "clientID": record.node or "adx",
-        "envdVersion": ENVD_VERSION,
-        "envdAccessToken": tokens_for(request.app).mint(record.tenant, record.id),
-        "domain": _domain(plane(request), request, record),
-    }
+def created_view(request: Request, record: EnvironmentRecord) -> dict[str, object]:
+    created = CreatedSandbox(
+        template_id=record.spec.image,
+        sandbox_id=record.id,
+        client_id=record.node or "adx",
+        envd_version=ENVD_VERSION,
+        envd_access_token=tokens_for(request.app).mint(record.tenant, record.id),
+        domain=_domain(plane(request), request, record),
+    )
+    return wire(created)
 
 
 async def _visible(p: Plane, tenant: str, sandbox_id: str) -> EnvironmentRecord:
@@ -200,63 +207,41 @@ async def _wait_running(p: Plane, record: EnvironmentRecord) -> EnvironmentRecor
     return record
 
 
-def _object(value: object, field: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidInputError(field, "must be a JSON object")
-    return value
-
-
-async def _body(request: Request, fields: Collection[str] | None = None, *, optional: bool = False) -> dict[str, Any]:
-    """The request's JSON object (``{}`` for an absent body when ``optional``); with ``fields``, a field outside
-    them is refused by name, as E2B's API refuses what it does not know."""
-    value = await read_json(request, plane(request).config.max_body_bytes)
-    body = _object({} if value is None and optional else value, "body")
-    unknown = sorted(set(body) - set(fields)) if fields is not None else []
-    if unknown:
-        raise InvalidInputError(unknown[0], "unknown field")
+async def _body(request: Request) -> dict[str, object]:
+    """The request's JSON object, for the body read field by field (``update_network``); the others are the
+    typed bodies of ``adx.e2b._bodies``."""
+    body = await read_json(request, plane(request).config.max_body_bytes)
+    if not isinstance(body, dict):
+        raise InvalidInputError("body", "must be a JSON object")
     return body
 
 
-def _timeout(value: object, field: str = "timeout", *, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        wanted = "an integer >= 0" if allow_zero else "a positive integer"
-        raise InvalidInputError(field, f"must be {wanted} (seconds), got {value!r}")
-    if value > MAX_TIMEOUT_SECONDS:  # said here, naming the SDK's field, not by the lifetime it becomes
-        raise InvalidInputError(field, f"must be at most {MAX_TIMEOUT_SECONDS} seconds (30 days), got {value}")
-    return value
-
-
 @router.post("/v2/sandboxes")
-@e2b_errors
 async def create_sandbox(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request, _CREATE_FIELDS)
-    for unsupported in ("mcp", "iam"):
-        if body.get(unsupported):
+    body = await body_of(request, NewSandbox)
+    for unsupported, given in (("mcp", body.mcp), ("iam", body.iam)):
+        if given:
             raise InvalidInputError(unsupported, "is not supported by this server")
-    template = body.get("templateID")
-    if not isinstance(template, str) or not template:
+    template = body.template_id
+    if template is None:
         raise InvalidInputError("templateID", "required")
-    auto_pause = body.get("autoPause", False)
-    if not isinstance(auto_pause, bool):
-        raise InvalidInputError("autoPause", "must be a boolean")
-    wakes = _auto_resume(body.get("autoResume"))
-    network = network_policy(body.get("allow_internet_access"), body.get("network"))
+    network = network_policy(body.allow_internet_access, body.network)
     from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
         "network": network.model_dump(mode="json", by_alias=True, exclude_none=True),
         # From a snapshot the image is the snapshot's (the Coordinator sets it): the template names no image.
         "image": "base" if from_snapshot else template,
         "resources": {"cpuMillis": DEFAULT_CPU_MILLIS, "memoryBytes": DEFAULT_MEMORY_BYTES},
-        "env": body.get("envVars") or {},
-        "metadata": body.get("metadata") or {},
+        "env": body.env_vars or {},
+        "metadata": body.metadata or {},
         "lifecycle": {
-            "lifetimeSeconds": _timeout(body.get("timeout", DEFAULT_TIMEOUT_SECONDS)),
-            "lifetimeAction": "pause" if auto_pause else "delete",
-            "wakeOnTraffic": wakes,
+            "lifetimeSeconds": body.timeout,
+            "lifetimeAction": "pause" if body.auto_pause else "delete",
+            "wakeOnTraffic": body.wakes,
         },
-        "volumes": body.get("volumeMounts") or [],
+        "volumes": body.volume_mounts or [],
     }
     try:
         spec = parse_wire(EnvironmentSpec, wire)
@@ -308,17 +293,6 @@ async def _start_template_command(p: Plane, request: Request, record: Environmen
         raise
 
 
-def _auto_resume(value: object) -> bool:
-    """E2B's ``autoResume`` (the SDK's ``lifecycle={"auto_resume": ...}``: ``{"enabled": bool}``): whether traffic
-    wakes the sandbox once paused. Not said: it does (ADX's rule, ENV-4)."""
-    if value is None:
-        return True
-    enabled = _object(value, "autoResume").get("enabled")
-    if not isinstance(enabled, bool):
-        raise InvalidInputError("autoResume.enabled", f"must be a boolean, got {enabled!r}")
-    return enabled
-
-
 async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
     """E2B starts a sandbox from a snapshot by naming it as the template: a snapshot ID (``snap-...``), or a
     snapshot's name where no image has that name (an image wins: the image store is asked first)."""
@@ -341,7 +315,6 @@ async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
 
 
 @router.get("/v2/sandboxes")
-@e2b_errors
 async def list_sandboxes(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -419,7 +392,6 @@ def _instant_param(value: str | None, field: str) -> float | None:
 
 
 @router.get("/sandboxes/{sandbox_id}")
-@e2b_errors
 async def get_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     record = await _visible(p, await _tenant(request), sandbox_id)
@@ -427,7 +399,6 @@ async def get_sandbox(request: Request, sandbox_id: str) -> Response:
 
 
 @router.delete("/sandboxes/{sandbox_id}")
-@e2b_errors
 async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -439,20 +410,16 @@ async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout")
-@e2b_errors
 async def set_timeout(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request)
-    seconds = body.get("timeout")
-    if seconds == 0 and not isinstance(seconds, bool):
-        # E2B counts the timeout from now: 0 expires the sandbox at once, with its timeout action.
-        record = await _visible(p, tenant, sandbox_id)
-        await _expire_now(p, tenant, record)
-        return Response(status_code=204)
-    seconds = _timeout(seconds, allow_zero=True)
+    timeout = (await body_of(request, SandboxTimeoutRequest)).timeout
     record = await _visible(p, tenant, sandbox_id)
-    await _set_lifetime(p, tenant, record, seconds)
+    if timeout == 0:
+        # E2B counts the timeout from now: 0 expires the sandbox at once, with its timeout action.
+        await _expire_now(p, tenant, record)
+    else:
+        await _set_lifetime(p, tenant, record, timeout)
     return Response(status_code=204)
 
 
@@ -473,7 +440,6 @@ async def _set_lifetime(p: Plane, tenant: str, record: EnvironmentRecord, second
 
 
 @router.put("/sandboxes/{sandbox_id}/network")
-@e2b_errors
 async def update_network(request: Request, sandbox_id: str) -> Response:
     """``update_network``: the new options replace the sandbox's policy, applied in place by its node
     (docs/network.md; a sandbox made without egress gets it at its next start or resume)."""
@@ -487,7 +453,6 @@ async def update_network(request: Request, sandbox_id: str) -> Response:
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")
-@e2b_errors
 async def pause_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -499,19 +464,17 @@ async def pause_sandbox(request: Request, sandbox_id: str) -> Response:
 @router.post("/v2/sandboxes/{sandbox_id}/connect")
 @router.post("/sandboxes/{sandbox_id}/connect")
 @router.post("/sandboxes/{sandbox_id}/resume")
-@e2b_errors
 async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
     """EnsureRunning: 200 when it was running, 201 when it had to be resumed."""
     p = plane(request)
     tenant = await _tenant(request)
     raw = await request.body()
-    body = _object(await read_json(request, p.config.max_body_bytes), "body") if raw.strip() else {}
+    timeout = (await body_of(request, ConnectSandbox)).timeout if raw.strip() else None
     record = await _visible(p, tenant, sandbox_id)
     resumed = record.state in _PAUSED
     if resumed:
         record = (await p.coordinator.ensure_running(tenant, record.id, p.config.wake_timeout_seconds)).record
     record = await _wait_running(p, record)
-    timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else None
     if resumed and record.spec.lifecycle.lifetime_seconds is not None:
         # A resumed sandbox gets a fresh deadline (its old one may have been what paused it).
         record = await _set_lifetime(p, tenant, record, timeout or DEFAULT_TIMEOUT_SECONDS)
@@ -522,7 +485,6 @@ async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
-@e2b_errors
 async def sandbox_metrics(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -547,21 +509,22 @@ def _unix_param(request: Request, name: str) -> int | None:
     return int(value)
 
 
-def metric_view(usage: EnvironmentStats) -> dict[str, Any]:
+def metric_view(usage: EnvironmentStats) -> dict[str, object]:
     """One E2B metric entry; ``cpuUsedPct`` is relative to ``cpuCount`` (the limit rounded up to whole cores)."""
     cpu_count = _cpu_count(usage.cpu_limit_cores)
     used_cores = (usage.cpu_percent or 0.0) / 100.0 * (usage.cpu_limit_cores or cpu_count)
-    return {
-        "timestamp": _iso(usage.sampled_at),
-        "timestampUnix": int(usage.sampled_at),
-        "cpuCount": cpu_count,
-        "cpuUsedPct": round(100.0 * used_cores / cpu_count, 2),
-        "memUsed": usage.memory_bytes - usage.memory_cache_bytes,
-        "memTotal": usage.memory_limit_bytes,
-        "memCache": usage.memory_cache_bytes,
-        "diskUsed": usage.disk_bytes,
-        "diskTotal": usage.disk_limit_bytes,
-    }
+    metric = SandboxMetric(
+        timestamp=_iso(usage.sampled_at),
+        timestamp_unix=int(usage.sampled_at),
+        cpu_count=cpu_count,
+        cpu_used_pct=round(100.0 * used_cores / cpu_count, 2),
+        mem_used=usage.memory_bytes - usage.memory_cache_bytes,
+        mem_total=usage.memory_limit_bytes,
+        mem_cache=usage.memory_cache_bytes,
+        disk_used=usage.disk_bytes,
+        disk_total=usage.disk_limit_bytes,
+    )
+    return wire(metric)
 
 
 async def not_served(request: Request) -> Response:

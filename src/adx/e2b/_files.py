@@ -21,6 +21,7 @@ from adx.e2b._multipart import MultipartReader, boundary_of, disposition
 from adx.e2b._ranges import ranged
 from adx.e2b._upstream import Execd, execd_error, read_all
 from adx.errors import InvalidInputError
+from adx.model import FileEntry, FileStat, FileType
 
 
 class HttpFailure(Exception):
@@ -97,18 +98,15 @@ def upload_metadata(request: Request) -> dict[str, str]:
     return metadata
 
 
-def metadata_of(described: dict[str, object]) -> dict[str, str]:
+def metadata_of(entry: FileEntry) -> dict[str, str]:
     """The E2B metadata among execd's ``xattrs`` of an entry."""
-    xattrs = described.get("xattrs")
-    if not isinstance(xattrs, dict):
-        return {}
-    return {k.removeprefix(METADATA_XATTR): str(v) for k, v in xattrs.items() if k.startswith(METADATA_XATTR)}
+    xattrs = entry.xattrs or {}
+    return {k.removeprefix(METADATA_XATTR): v for k, v in xattrs.items() if k.startswith(METADATA_XATTR)}
 
 
-async def _stat(execd: Execd, path: str, user: str) -> dict[str, object] | None:
+async def _stat(execd: Execd, path: str, user: str) -> FileStat | None:
     status, body = await execd.call("GET", "/v1/files/stat", query={"path": path, "user": user})
-    described: dict[str, object] | None = json.loads(body) if status == 200 else None
-    return described
+    return FileStat.model_validate_json(body) if status == 200 else None
 
 
 @dataclass(frozen=True)
@@ -125,13 +123,12 @@ async def _in_place(execd: Execd, path: str, user: str) -> _Landing:
     file atomically by a new one, so all is said to it: the target's path, the old mode and metadata."""
     described = await _stat(execd, path, user)
     shown = None
-    if described is not None and described.get("type") == "symlink" and described.get("target"):
-        shown, path = str(described["path"]), str(described["target"])
-        described = await _stat(execd, path, user) if described.get("targetType") else None
-    if described is None or described.get("type") != "file":
+    if described is not None and described.type is FileType.SYMLINK and described.target:
+        shown, path = described.path, described.target
+        described = await _stat(execd, path, user) if described.target_type else None
+    if described is None or described.type is not FileType.FILE:
         return _Landing(path, None, shown, {})
-    mode = described.get("mode")
-    return _Landing(path, mode if isinstance(mode, int) else None, shown, metadata_of(described))
+    return _Landing(path, described.mode, shown, metadata_of(described))
 
 
 async def _write(

@@ -10,19 +10,19 @@ import posixpath
 import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from adx.e2b._connect import RpcError, single_message, timeout_seconds
+from adx.e2b._connect import single_message, timeout_seconds
 from adx.e2b._files import metadata_of
+from adx.e2b._messages import ListDirRequest, Message, MoveRequest, PathRequest, handler_of, message_as, path_of
 from adx.e2b._upstream import Execd, rpc_error_of
-from adx.e2b._watch import WatchService, dispatch_watch
+from adx.e2b._watch import WatchService
+from adx.model import FileEntry, FileList, FileStat, FileType
 
 _TYPES = {"file": "FILE_TYPE_FILE", "directory": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _TYPE_BITS = {"file": stat.S_IFREG, "directory": stat.S_IFDIR, "symlink": stat.S_IFLNK}
-MAX_DEPTH = 16
 
 
 def timestamp(seconds: float) -> str:
@@ -31,45 +31,30 @@ def timestamp(seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{moment.microsecond:06d}Z"
 
 
-def entry_info(path: str, described: dict[str, Any]) -> dict[str, Any]:
-    """execd's ``{"name", "type", "size", "mode", "mtime"}`` as envd's EntryInfo (proto3 JSON)."""
-    kind = str(described.get("type", "other"))
-    mode = int(described.get("mode") or 0)
-    entry: dict[str, Any] = {
-        "name": described.get("name") or posixpath.basename(path) or "/",  # envd's name of the root is "/"
+def entry_info(path: str, described: FileEntry) -> dict[str, object]:
+    """execd's entry (``adx.model.FileEntry``) as envd's EntryInfo (proto3 JSON)."""
+    kind = described.type.value
+    entry: dict[str, object] = {
+        "name": described.name or posixpath.basename(path) or "/",  # envd's name of the root is "/"
         "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
         "path": path,
-        "size": str(int(described.get("size") or 0)),  # int64: a string in proto3 JSON
-        "mode": mode,
-        "permissions": stat.filemode(_TYPE_BITS.get(kind, 0) | mode),
-        "owner": str(described.get("owner") or ""),
-        "group": str(described.get("group") or ""),
+        "size": str(described.size),  # int64: a string in proto3 JSON
+        "mode": described.mode,
+        "permissions": stat.filemode(_TYPE_BITS.get(kind, 0) | described.mode),
+        "owner": described.owner or "",
+        "group": described.group or "",
+        "modifiedTime": timestamp(described.mtime),
     }
-    if described.get("mtime") is not None:
-        entry["modifiedTime"] = timestamp(float(described["mtime"]))
     if metadata := metadata_of(described):
         entry["metadata"] = metadata
-    if kind == "symlink":
+    if described.type is FileType.SYMLINK:
         # As newer envd: ``type`` is what the link resolves to, ``isSymlink`` marks the link itself.
-        entry["type"] = _TYPES.get(str(described.get("targetType")), "FILE_TYPE_SYMLINK")
+        resolved = described.target_type.value if described.target_type is not None else ""
+        entry["type"] = _TYPES.get(resolved, "FILE_TYPE_SYMLINK")
         entry["isSymlink"] = True
-        if described.get("target"):
-            entry["symlinkTarget"] = str(described["target"])
+        if described.target:
+            entry["symlinkTarget"] = described.target
     return entry
-
-
-def _path(message: dict[str, Any], field: str, *, empty_is_home: bool = True) -> str:
-    """The path as given: absolute, or relative to the user's home (execd resolves it, ``~/`` too). An empty one
-    (proto3 JSON omits it) is the home, as envd resolves it; except for ``Remove``, where it is refused rather
-    than taken as 'remove the home'."""
-    value = message.get(field, "")
-    if not isinstance(value, str):
-        raise RpcError("invalid_argument", f"{field}: must be a string")
-    if not value:
-        if not empty_is_home:
-            raise RpcError("invalid_argument", f"{field}: required (an empty path would be the whole home)")
-        return "~"
-    return posixpath.normpath(value) if value.startswith("/") else value
 
 
 @dataclass
@@ -82,59 +67,54 @@ class FilesystemService:
 
     async def dispatch(self, method: str, request: Request) -> Response:
         watch = WatchService(self.execd, self.user)
-        if method in ("WatchDir", "CreateWatcher"):
-            message = await single_message(request)
-            path = _path(message, "path")
-            if method == "WatchDir":
-                return await watch.watch_dir(path, message, timeout_seconds(request))
-            return await watch.create_watcher(path, message)
-        watch_handler = dispatch_watch(watch, method)
-        if watch_handler is not None:
-            return cast(Response, await watch_handler(await single_message(request)))
-        handler = {
-            "Stat": self.stat,
-            "ListDir": self.list_dir,
-            "MakeDir": self.make_dir,
-            "Remove": self.remove,
-            "Move": self.move,
-        }.get(method)
-        if handler is None:
-            raise RpcError("unimplemented", f"filesystem.Filesystem/{method} is not implemented")
+        if method == "WatchDir":  # the one stream: it ends at the call's deadline
+            return await watch.watch_dir(await single_message(request), timeout_seconds(request))
+        handler = handler_of(
+            "filesystem.Filesystem",
+            method,
+            {
+                "Stat": self.stat,
+                "ListDir": self.list_dir,
+                "MakeDir": self.make_dir,
+                "Remove": self.remove,
+                "Move": self.move,
+                "CreateWatcher": watch.create_watcher,
+                "GetWatcherEvents": watch.get_watcher_events,
+                "RemoveWatcher": watch.remove_watcher,
+            },
+        )
         return await handler(await single_message(request))
 
-    async def _stat(self, path: str) -> dict[str, Any]:
+    async def _stat(self, path: str) -> dict[str, object]:
         status, body = await self.execd.call("GET", "/v1/files/stat", query=self._query(path))
         if status != 200:
             raise rpc_error_of(status, body)
-        described = json.loads(body)
-        return entry_info(str(described["path"]), described)
+        described = FileStat.model_validate_json(body)
+        return entry_info(described.path, described)
 
-    async def stat(self, message: dict[str, Any]) -> Response:
-        return JSONResponse({"entry": await self._stat(_path(message, "path"))})
+    async def stat(self, message: Message) -> Response:
+        return JSONResponse({"entry": await self._stat(message_as(PathRequest, message).where())})
 
-    async def _list(self, path: str, depth: int, out: list[dict[str, Any]]) -> None:
+    async def _list(self, path: str, depth: int, out: list[dict[str, object]]) -> None:
         status, body = await self.execd.call("GET", "/v1/files/list", query=self._query(path))
         if status != 200:  # not a directory: envd's invalid argument (the SDK's InvalidArgumentException)
             raise rpc_error_of(status, body, conflict="invalid_argument")
-        listed = json.loads(body)
-        for described in listed["entries"]:
-            child = posixpath.join(listed["path"], described["name"])
+        listed = FileList.model_validate_json(body)
+        for described in listed.entries:
+            child = posixpath.join(listed.path, described.name)
             out.append(entry_info(child, described))
-            if depth > 1 and described.get("type") == "directory":
+            if depth > 1 and described.type is FileType.DIRECTORY:
                 await self._list(child, depth - 1, out)
 
-    async def list_dir(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path")
-        depth = message.get("depth") or 1
-        if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-            raise RpcError("invalid_argument", f"depth: must be 1-{MAX_DEPTH}")
-        entries: list[dict[str, Any]] = []
-        await self._list(path, depth, entries)
+    async def list_dir(self, message: Message) -> Response:
+        wanted = message_as(ListDirRequest, message)
+        entries: list[dict[str, object]] = []
+        await self._list(wanted.where(), wanted.depth or 1, entries)
         return JSONResponse({"entries": entries})
 
-    async def make_dir(self, message: dict[str, Any]) -> Response:
+    async def make_dir(self, message: Message) -> Response:
         """Parents are made as needed; an existing path is ``already_exists`` (envd's answer)."""
-        path = _path(message, "path")
+        path = message_as(PathRequest, message).where()
         status, body = await self.execd.call("POST", "/v1/files/mkdir", query=self._query(path))
         if status == 404:  # a missing parent: make the whole chain
             query = self._query(path, parents="true")
@@ -143,18 +123,19 @@ class FilesystemService:
             raise rpc_error_of(status, body, conflict="already_exists")
         return JSONResponse({"entry": await self._stat(str(json.loads(body)["path"]))})
 
-    async def remove(self, message: dict[str, Any]) -> Response:
-        path = _path(message, "path", empty_is_home=False)
+    async def remove(self, message: Message) -> Response:
+        path = message_as(PathRequest, message).where(empty_is_home=False)
         query = self._query(path, recursive="true")
         status, body = await self.execd.call("DELETE", "/v1/files", query=query)
         if status != 204 and status != 404:  # a missing path: nothing to remove, no error (as envd)
             raise rpc_error_of(status, body)
         return JSONResponse({})
 
-    async def move(self, message: dict[str, Any]) -> Response:
+    async def move(self, message: Message) -> Response:
         """``rename(2)``, as envd's Move (a missing source is ``not_found``; missing parents of the destination
         are made, the user's)."""
-        source, destination = _path(message, "source"), _path(message, "destination")
+        wanted = message_as(MoveRequest, message)
+        source, destination = path_of(wanted.source, "source"), path_of(wanted.destination, "destination")
         query = self._query(source, to=destination)
         status, body = await self.execd.call("POST", "/v1/files/rename", query=query)
         if status != 200:

@@ -17,7 +17,6 @@ say: it is refused (400) rather than enforced differently. Options ADX does not 
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
 
 from adx.errors import InvalidInputError
 from adx.model import NetworkMode, NetworkPolicy, parse_wire
@@ -93,7 +92,7 @@ def network_policy(allow_internet_access: object, network: object, field: str = 
     if allow_internet_access is False:
         deny = [*deny, "0.0.0.0/0"]
     if any(entry in ALL_TRAFFIC for entry in deny):
-        wire: dict[str, Any] = {"mode": "egress", "allow": allow} if allow else {"mode": "none"}
+        wire: dict[str, object] = {"mode": "egress", "allow": allow} if allow else {"mode": "none"}
     else:
         for i, entry in enumerate(allow):
             if _overlaps(entry, deny):

@@ -28,17 +28,29 @@ import asyncio
 import base64
 import binascii
 import json
-import signal
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._connect import STREAM_TYPE, RpcError, end_stream, envelope, envelopes, single_message, timeout_seconds
-from adx.e2b._upstream import Execd, chunks, close, read_all, rpc_error_of
+from adx.e2b._ends import UNKNOWN_END, EndEvent, Frame, end_of, frame_of
+from adx.e2b._messages import (
+    ConnectRequest,
+    ProcessInput,
+    ProcessSelector,
+    SendInputRequest,
+    SendSignalRequest,
+    StartRequest,
+    StreamInputMessage,
+    UpdateRequest,
+    handler_of,
+    message_as,
+)
+from adx.e2b._upstream import CommandBody, Execd, WindowBody, chunks, close, read_all, rpc_error_of
+from adx.model import CommandList, CommandStarted, CommandState, CommandStatus, ExitFrame, OutputFrame
 
 #: Output frames queued towards one client before execd is slowed down (backpressure, not loss).
 QUEUE_FRAMES = 64
@@ -48,7 +60,7 @@ _SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKIL
 _DETACHED: set[asyncio.Task[None]] = set()
 #: The final frames of commands this process streamed, by (tenant, Environment, pid): execd forgets a finished
 #: foreground command, so a Connect that finds it gone reports its end from here (newest FINISHED_KEPT only).
-_FINISHED: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
+_FINISHED: OrderedDict[tuple[str, str, int], ExitFrame] = OrderedDict()
 FINISHED_KEPT = 1024
 #: The readers of running commands' output, by (tenant, Environment, pid), for Connect.
 _LIVE: dict[tuple[str, str, int], _Pump] = {}
@@ -64,30 +76,25 @@ def _keepalive_interval(request: Request) -> float | None:
         return None
 
 
-def _event(name: str, value: dict[str, Any]) -> bytes:
+def _event(name: str, value: dict[str, object]) -> bytes:
     return envelope({"event": {name: value}})
 
 
-def end_event(frame: dict[str, Any]) -> dict[str, Any]:
-    """execd's final frame as envd's EndEvent (a signal: exit code -1, ``exited`` false, like Go's os/exec)."""
-    number = frame.get("signal")
-    if number:
-        try:
-            name = (signal.strsignal(number) or str(number)).lower()
-        except ValueError:
-            name = str(number)
-        code, exited, status = -1, False, f"signal: {name}"
-    else:
-        code = int(frame.get("exitCode") or 0)
-        exited, status = True, f"exit status {code}"
-    end: dict[str, Any] = {"exitCode": code, "exited": exited, "status": status}
-    if frame.get("unknown"):
-        end.update(exited=False, status="unknown", error="the command ended; its exit status is not known here")
-    elif frame.get("timedOut"):
-        end["error"] = "context deadline exceeded"
-    elif code != 0:
-        end["error"] = status
-    return end
+def _end(end: EndEvent) -> bytes:
+    return _event("end", end.wire()) + end_stream()
+
+
+def _data(frame: OutputFrame) -> bytes:
+    """envd's DataEvent (``{"stdout"|"stderr"|"pty": base64}``); empty output is not sent."""
+    return _event("data", {frame.stream: frame.data}) if frame.data else b""
+
+
+class _Lost:
+    """Handed to a connected client that fell too far behind: it is ended with an error."""
+
+
+#: What a connected client's queue carries: frames as read, then None at the end of the stream.
+_Followed = Frame | _Lost | None
 
 
 @dataclass(frozen=True)
@@ -99,8 +106,8 @@ class StartedConfig:
     envs: dict[str, str]
     cwd: str | None
 
-    def wire(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
+    def wire(self) -> dict[str, object]:
+        config: dict[str, object] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
         if self.cwd is not None:
             config["cwd"] = self.cwd
         return config
@@ -125,12 +132,12 @@ class _Pump:
         self.config = config
         self.key = (execd.tenant, execd.environment_id)
         self.pid = 0
-        self.queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
+        self.queue: asyncio.Queue[Frame | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
         self.detached = False
-        self.followers: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self.followers: set[asyncio.Queue[_Followed]] = set()
         self.task = asyncio.create_task(self._run(), name="e2b-process-stream")
 
-    async def _put(self, item: dict[str, Any] | BaseException | None) -> None:
+    async def _put(self, item: Frame | BaseException | None) -> None:
         if not self.detached:
             await self.queue.put(item)
 
@@ -142,7 +149,7 @@ class _Pump:
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        frame = json.loads(line)
+                        frame = frame_of(line)
                         self._remember(frame)
                         self._fan_out(frame)
                         await self._put(frame)
@@ -156,28 +163,28 @@ class _Pump:
                 self._give(follower, None)
             await close(self.upstream)
 
-    def _give(self, follower: asyncio.Queue[dict[str, Any] | None], frame: dict[str, Any] | None) -> None:
+    def _give(self, follower: asyncio.Queue[_Followed], frame: Frame | None) -> None:
         try:
             follower.put_nowait(frame)
         except asyncio.QueueFull:  # too slow a client: it is ended with an error, never fed a gap in silence
             self.followers.discard(follower)
             follower.get_nowait()
-            follower.put_nowait({"lost": True})
+            follower.put_nowait(_Lost())
 
-    def _fan_out(self, frame: dict[str, Any]) -> None:
+    def _fan_out(self, frame: Frame) -> None:
         for follower in list(self.followers):
             self._give(follower, frame)
 
-    def follow(self) -> asyncio.Queue[dict[str, Any] | None]:
-        follower: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(FOLLOWER_FRAMES)
+    def follow(self) -> asyncio.Queue[_Followed]:
+        follower: asyncio.Queue[_Followed] = asyncio.Queue(FOLLOWER_FRAMES)
         self.followers.add(follower)
         return follower
 
-    def _remember(self, frame: dict[str, Any]) -> None:
-        if "pid" in frame:
-            self.pid = int(frame["pid"])
+    def _remember(self, frame: Frame) -> None:
+        if isinstance(frame, CommandStarted):
+            self.pid = frame.pid
             _LIVE[(*self.key, self.pid)] = self
-        elif "exitCode" in frame and self.pid:
+        elif isinstance(frame, ExitFrame) and self.pid:
             _FINISHED[(*self.key, self.pid)] = frame
             while len(_FINISHED) > FINISHED_KEPT:
                 _FINISHED.popitem(last=False)
@@ -205,19 +212,18 @@ async def _start_events(pump: _Pump, keepalive: float | None) -> AsyncIterator[b
                 yield end_stream(RpcError("unavailable", f"the command's output stream was lost{reason}"))
                 finished = True
                 return
-            if "pid" in item:
-                yield _event("start", {"pid": item["pid"]})
-            elif "stream" in item:
-                if item.get("data"):
-                    yield _event("data", {item["stream"]: item["data"]})
-            elif "exitCode" in item:
-                if item.get("timedOut"):
+            if isinstance(item, CommandStarted):
+                yield _event("start", {"pid": item.pid})
+            elif isinstance(item, OutputFrame):
+                if item.data:
+                    yield _data(item)
+            else:
+                if item.timed_out:
                     # envd's stream ends with the call's context: Connect's deadline_exceeded, no end event
                     # (the SDK raises TimeoutException, not a CommandExitException with exit -1).
                     yield end_stream(RpcError("deadline_exceeded", "context deadline exceeded"))
                 else:
-                    yield _event("end", end_event(item))
-                    yield end_stream()
+                    yield _end(end_of(item))
                 finished = True
                 return
     finally:
@@ -232,44 +238,32 @@ class ProcessService:
     template: Callable[[], Awaitable[str]]  # the sandbox's template (image), asked only by ``Start``
 
     async def dispatch(self, method: str, request: Request) -> Response:
-        handler = {
-            "Start": self.start,
-            "Connect": self.connect,
-            "List": self.list,
-            "SendSignal": self.send_signal,
-            "SendInput": self.send_input,
-            "StreamInput": self.stream_input,
-            "CloseStdin": self.close_stdin,
-            "Update": self.update,
-        }.get(method)
-        if handler is None:
-            raise RpcError("unimplemented", f"process.Process/{method} is not implemented")
+        handler = handler_of(
+            "process.Process",
+            method,
+            {
+                "Start": self.start,
+                "Connect": self.connect,
+                "List": self.list,
+                "SendSignal": self.send_signal,
+                "SendInput": self.send_input,
+                "StreamInput": self.stream_input,
+                "CloseStdin": self.close_stdin,
+                "Update": self.update,
+            },
+        )
         return await handler(request)
 
     async def start(self, request: Request) -> Response:
-        message = await single_message(request)
-        process = message.get("process") or {}
-        cmd, args, envs, cwd = (
-            process.get("cmd"),
-            process.get("args") or [],
-            process.get("envs") or {},
-            process.get("cwd"),
-        )
-        if not isinstance(cmd, str) or not cmd:
-            raise RpcError("invalid_argument", "process.cmd: required")
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise RpcError("invalid_argument", "process.args: must be a list of strings")
-        if not isinstance(envs, dict):
-            raise RpcError("invalid_argument", "process.envs: must be an object")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in envs.items()):
-            raise RpcError("invalid_argument", "process.envs: must map strings to strings")
-        body: dict[str, Any] = {"argv": [cmd, *args], "encoding": "base64", "user": self.user}
-        body["env"] = {**sandbox_variables(self.execd, await self.template()), **envs}
-        if cwd:
-            body["cwd"] = str(cwd)  # a relative one is in the user's home: execd resolves it
-        if message.get("pty") is not None:
-            body["pty"] = _window_size(message["pty"])
-        elif message.get("stdin"):
+        message = message_as(StartRequest, await single_message(request))
+        process = message.process
+        body: CommandBody = {"argv": [process.cmd, *process.args], "encoding": "base64", "user": self.user}
+        body["env"] = {**sandbox_variables(self.execd, await self.template()), **process.envs}
+        if process.cwd:
+            body["cwd"] = process.cwd  # a relative one is in the user's home: execd resolves it
+        if message.pty is not None:
+            body["pty"] = {"rows": message.pty.size.rows, "cols": message.pty.size.cols}
+        elif message.stdin:
             body["keepStdinOpen"] = True
         deadline = timeout_seconds(request)
         if deadline is not None:
@@ -277,23 +271,21 @@ class ProcessService:
         upstream = await self.execd.open("POST", "/v1/commands", json_body=body, read_timeout=None)
         if upstream.status_code != 200:
             raise rpc_error_of(upstream.status_code, await read_all(upstream))
-        pump = _Pump(upstream, self.execd, StartedConfig(cmd, list(args), dict(envs), str(cwd) if cwd else None))
+        pump = _Pump(upstream, self.execd, StartedConfig(process.cmd, process.args, process.envs, process.cwd or None))
         return StreamingResponse(_start_events(pump, _keepalive_interval(request)), media_type=STREAM_TYPE)
 
-    async def _commands(self) -> list[dict[str, Any]]:
+    async def _commands(self) -> list[CommandStatus]:
         status, body = await self.execd.call("GET", "/v1/commands")
         if status != 200:
             raise rpc_error_of(status, body)
-        commands: list[dict[str, Any]] = json.loads(body)["commands"]
-        return commands
+        return CommandList.model_validate_json(body).commands
 
-    async def _find(self, selector: Any) -> dict[str, Any]:
-        if not isinstance(selector, dict) or "pid" not in selector:
-            tag = selector.get("tag") if isinstance(selector, dict) else None
-            raise RpcError("not_found", f"process with tag {tag!r} not found (tags are not supported)")
-        pid = selector["pid"]
+    async def _find(self, selector: ProcessSelector) -> CommandStatus:
+        pid = selector.pid
+        if pid is None:
+            raise RpcError("not_found", f"process with tag {selector.tag!r} not found (tags are not supported)")
         for command in await self._commands():
-            if command.get("pid") == pid and command.get("state") == "running":
+            if command.pid == pid and command.state is CommandState.RUNNING:
                 return command
         raise RpcError("not_found", f"process with pid {pid} not found")
 
@@ -301,30 +293,30 @@ class ProcessService:
         await single_message(request)
         processes = []
         for command in await self._commands():
-            if command.get("state") != "running":
+            if command.state is not CommandState.RUNNING:
                 continue
-            pump = _LIVE.get((self.execd.tenant, self.execd.environment_id, int(command["pid"])))
+            pump = _LIVE.get((self.execd.tenant, self.execd.environment_id, command.pid))
             if pump is not None:
                 config = pump.config
             else:  # started through another API process: execd knows only its argv
-                argv = command.get("argv") or [""]
-                config = StartedConfig(str(argv[0]), [str(a) for a in argv[1:]], {}, None)
-            processes.append({"config": config.wire(), "pid": command["pid"]})
+                argv = command.argv or [""]
+                config = StartedConfig(argv[0], argv[1:], {}, None)
+            processes.append({"config": config.wire(), "pid": command.pid})
         return JSONResponse({"processes": processes})
 
     async def send_signal(self, request: Request) -> Response:
-        message = await single_message(request)
-        name = _SIGNALS.get(message.get("signal", "SIGNAL_UNSPECIFIED"))
+        message = message_as(SendSignalRequest, await single_message(request))
+        name = _SIGNALS.get(message.signal)
         if name is None:
             raise RpcError(
-                "invalid_argument", f"signal: must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {message.get('signal')!r}"
+                "invalid_argument", f"signal: must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {message.signal!r}"
             )
-        command = await self._find(message.get("process"))
-        status, body = await self.execd.call("POST", f"/v1/commands/{command['id']}/kill", json_body={"signal": name})
+        command = await self._find(message.process)
+        status, body = await self.execd.call("POST", f"/v1/commands/{command.id}/kill", json_body={"signal": name})
         if status != 200:
             raise rpc_error_of(status, body)
         if not json.loads(body).get("delivered"):
-            raise RpcError("not_found", f"process with pid {command['pid']} not found")
+            raise RpcError("not_found", f"process with pid {command.pid} not found")
         return JSONResponse({})
 
     async def _write_stdin(self, command_id: str, data: bytes, *, close_stdin: bool = False) -> None:
@@ -340,49 +332,50 @@ class ProcessService:
             raise rpc_error_of(status, body)
 
     async def send_input(self, request: Request) -> Response:
-        message = await single_message(request)
-        command = await self._find(message.get("process"))
-        await self._write_stdin(command["id"], _stdin_bytes(message.get("input")))
+        message = message_as(SendInputRequest, await single_message(request))
+        command = await self._find(message.process)
+        await self._write_stdin(command.id, _stdin_bytes(message.input))
         return JSONResponse({})
 
     async def stream_input(self, request: Request) -> Response:
-        command: dict[str, Any] | None = None
+        command: CommandStatus | None = None
         try:
-            async for message in envelopes(request):
-                if "start" in message:
-                    command = await self._find((message["start"] or {}).get("process"))
-                elif "data" in message:
+            async for raw in envelopes(request):
+                message = message_as(StreamInputMessage, raw)
+                if message.start is not None:
+                    command = await self._find(message.start.process)
+                elif message.data is not None:
                     if command is None:
                         raise RpcError("failed_precondition", "the input stream must start with a start event")
-                    await self._write_stdin(command["id"], _stdin_bytes((message["data"] or {}).get("input")))
+                    await self._write_stdin(command.id, _stdin_bytes(message.data.input))
         except RpcError as exc:
             return Response(end_stream(exc), media_type=STREAM_TYPE)
         return Response(envelope({}) + end_stream(), media_type=STREAM_TYPE)
 
     async def close_stdin(self, request: Request) -> Response:
-        message = await single_message(request)
-        command = await self._find(message.get("process"))
-        await self._write_stdin(command["id"], b"", close_stdin=True)
+        message = message_as(ConnectRequest, await single_message(request))
+        command = await self._find(message.process)
+        await self._write_stdin(command.id, b"", close_stdin=True)
         return JSONResponse({})
 
     async def update(self, request: Request) -> Response:
-        message = await single_message(request)
-        if message.get("pty") is None:
+        message = message_as(UpdateRequest, await single_message(request))
+        if message.pty is None:
             return JSONResponse({})  # nothing to change
-        size = _window_size(message["pty"])
-        command = await self._find(message.get("process"))
-        status, body = await self.execd.call("POST", f"/v1/commands/{command['id']}/resize", json_body=size)
+        size: WindowBody = {"rows": message.pty.size.rows, "cols": message.pty.size.cols}
+        command = await self._find(message.process)
+        status, body = await self.execd.call("POST", f"/v1/commands/{command.id}/resize", json_body=size)
         if status != 200:
             raise rpc_error_of(status, body)
         return JSONResponse({})
 
     async def connect(self, request: Request) -> Response:
-        message = await single_message(request)
-        command = await self._find(message.get("process"))
+        message = message_as(ConnectRequest, await single_message(request))
+        command = await self._find(message.process)
         keepalive = _keepalive_interval(request) or CONNECT_POLL_SECONDS * 20
-        pump = _LIVE.get((self.execd.tenant, self.execd.environment_id, int(command["pid"])))
+        pump = _LIVE.get((self.execd.tenant, self.execd.environment_id, command.pid))
         if pump is not None:
-            return StreamingResponse(self._live(pump, int(command["pid"]), keepalive), media_type=STREAM_TYPE)
+            return StreamingResponse(self._live(pump, command.pid, keepalive), media_type=STREAM_TYPE)
         return StreamingResponse(self._follow(command, keepalive), media_type=STREAM_TYPE)
 
     async def _live(self, pump: _Pump, pid: int, keepalive: float) -> AsyncIterator[bytes]:
@@ -395,37 +388,37 @@ class ProcessService:
                 except TimeoutError:
                     yield _event("keepalive", {})
                     continue
-                if frame is None or frame.get("lost"):
-                    why = "the client fell behind its output" if frame else "the command's output stream was lost"
-                    yield end_stream(RpcError("unavailable" if frame is None else "resource_exhausted", why))
+                if frame is None:
+                    yield end_stream(RpcError("unavailable", "the command's output stream was lost"))
                     return
-                if "stream" in frame:
-                    if frame.get("data"):
-                        yield _event("data", {frame["stream"]: frame["data"]})
-                elif "exitCode" in frame:
-                    yield _event("end", end_event(frame))
-                    yield end_stream()
+                if isinstance(frame, _Lost):
+                    yield end_stream(RpcError("resource_exhausted", "the client fell behind its output"))
+                    return
+                if isinstance(frame, OutputFrame):
+                    if frame.data:
+                        yield _data(frame)
+                elif isinstance(frame, ExitFrame):
+                    yield _end(end_of(frame))
                     return
         finally:
             pump.followers.discard(follower)
 
-    async def _follow(self, command: dict[str, Any], keepalive: float) -> AsyncIterator[bytes]:
-        yield _event("start", {"pid": command["pid"]})
+    async def _follow(self, command: CommandStatus, keepalive: float) -> AsyncIterator[bytes]:
+        yield _event("start", {"pid": command.pid})
         quiet = 0.0
         while True:
             await asyncio.sleep(CONNECT_POLL_SECONDS)
-            status, body = await self.execd.call("GET", f"/v1/commands/{command['id']}")
+            status, body = await self.execd.call("GET", f"/v1/commands/{command.id}")
             if status == 404:  # a finished foreground command is forgotten by execd
-                key = (self.execd.tenant, self.execd.environment_id, int(command["pid"]))
-                current = _FINISHED.get(key, {"exitCode": -1, "signal": None, "timedOut": False, "unknown": True})
-            elif status != 200:
+                seen = _FINISHED.get((self.execd.tenant, self.execd.environment_id, command.pid))
+                yield _end(end_of(seen) if seen is not None else UNKNOWN_END)
+                return
+            if status != 200:
                 yield end_stream(rpc_error_of(status, body))
                 return
-            else:
-                current = json.loads(body)
-            if current.get("state") != "running":
-                yield _event("end", end_event(current))
-                yield end_stream()
+            current = CommandStatus.model_validate_json(body)
+            if current.state is not CommandState.RUNNING:
+                yield _end(end_of(current))
                 return
             quiet += CONNECT_POLL_SECONDS
             if quiet >= keepalive:
@@ -433,26 +426,13 @@ class ProcessService:
                 yield _event("keepalive", {})
 
 
-def _stdin_bytes(value: Any) -> bytes:
+def _stdin_bytes(value: ProcessInput | None) -> bytes:
     """``ProcessInput``: ``stdin`` or ``pty`` bytes; both are written to what the command reads (pipe or PTY)."""
-    kind = next((k for k in ("stdin", "pty") if isinstance(value, dict) and k in value), None)
-    if kind is None:
+    given = [] if value is None else [(k, d) for k, d in (("stdin", value.stdin), ("pty", value.pty)) if d is not None]
+    if not given:
         raise RpcError("invalid_argument", "input: give stdin or pty")
+    kind, data = given[0]
     try:
-        return base64.b64decode(value[kind] or "", validate=True)
-    except (binascii.Error, TypeError):
+        return base64.b64decode(data, validate=True)
+    except binascii.Error:
         raise RpcError("invalid_argument", f"input.{kind}: must be base64") from None
-
-
-def _window_size(pty: Any) -> dict[str, int]:
-    """envd's ``PTY {size {cols, rows}}`` as execd's ``{"rows", "cols"}``."""
-    size = pty.get("size") if isinstance(pty, dict) else None
-    if not isinstance(size, dict):
-        raise RpcError("invalid_argument", "pty.size: required")
-    out = {}
-    for key in ("rows", "cols"):
-        value = size.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            raise RpcError("invalid_argument", f"pty.size.{key}: must be an integer 1-65535")
-        out[key] = value
-    return out

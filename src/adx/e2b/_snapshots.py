@@ -19,19 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from adx.e2b._bodies import SandboxForkRequest, SandboxSnapshotRequest, body_of
 from adx.e2b._control import (
-    _body,
+    E2bRoute,
     _tenant,
-    _timeout,
     _visible,
     _wait_running,
     created_view,
-    e2b_errors,
     page_limit,
     paged,
 )
@@ -40,44 +38,29 @@ from adx.errors import AdxError, InvalidInputError
 from adx.gateway import Plane, plane, status_for
 from adx.model import EnvironmentRecord, EnvironmentSpec, Snapshot
 
-snapshot_router = APIRouter(include_in_schema=False)
+snapshot_router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 _log = logging.getLogger(__name__)
-#: E2B's fork limits and default lifetime of a fork (its API's ``SandboxForkRequest``).
-MAX_FORKS = 20
-FORK_TIMEOUT_SECONDS = 15
 
 
-def snapshot_view(snapshot: Snapshot) -> dict[str, Any]:
+def snapshot_view(snapshot: Snapshot) -> dict[str, object]:
     return {"snapshotID": snapshot.id, "names": [snapshot.name] if snapshot.name else []}
 
 
-def _memory(body: dict[str, Any]) -> None:
-    memory = body.get("memory")
-    if memory is not None and not isinstance(memory, bool):
-        raise InvalidInputError("memory", "must be a boolean")
-    if memory:
-        raise InvalidInputError(
-            "memory", "memory snapshots are not supported by this server: use mode='filesystem' (files are kept)"
-        )
-
-
 @snapshot_router.post("/sandboxes/{sandbox_id}/snapshots")
-@e2b_errors
 async def create_snapshot_route(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request, {"name", "memory"}, optional=True)
-    _memory(body)
-    name = body.get("name")
-    if name is not None and not isinstance(name, str):
-        raise InvalidInputError("name", "must be a string")
+    wanted = await body_of(request, SandboxSnapshotRequest, optional=True)
+    if wanted.memory:
+        raise InvalidInputError(
+            "memory", "memory snapshots are not supported by this server: use mode='filesystem' (files are kept)"
+        )
     record = await _visible(p, tenant, sandbox_id)
-    snapshot = await create_snapshot(p, tenant, record.id, name or None)
+    snapshot = await create_snapshot(p, tenant, record.id, wanted.name or None)
     return JSONResponse(snapshot_view(snapshot), status_code=201)
 
 
 @snapshot_router.get("/snapshots")
-@e2b_errors
 async def list_snapshots_route(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -96,7 +79,6 @@ async def list_snapshots_route(request: Request) -> Response:
 
 
 @snapshot_router.delete("/templates/{template_id:path}")
-@e2b_errors
 async def delete_snapshot_route(request: Request, template_id: str) -> Response:
     """The SDK deletes a snapshot as a template. Templates that are not snapshots (images) are not deleted
     through E2B's API: they answer the same 404 as a missing snapshot."""
@@ -107,23 +89,18 @@ async def delete_snapshot_route(request: Request, template_id: str) -> Response:
 
 
 @snapshot_router.post("/sandboxes/{sandbox_id}/fork")
-@e2b_errors
 async def fork_sandbox(request: Request, sandbox_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request, {"timeout", "count"}, optional=True)
-    count = body.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_FORKS:
-        raise InvalidInputError("count", f"must be an integer from 1 to {MAX_FORKS}, got {count!r}")
-    seconds = _timeout(body.get("timeout", FORK_TIMEOUT_SECONDS))
+    wanted = await body_of(request, SandboxForkRequest, optional=True)
     source = await _visible(p, tenant, sandbox_id)
     snapshot = await create_snapshot(p, tenant, source.id, None)
-    lifecycle = source.spec.lifecycle.model_copy(update={"lifetime_seconds": seconds})
+    lifecycle = source.spec.lifecycle.model_copy(update={"lifetime_seconds": wanted.timeout})
     spec = source.spec.model_copy(update={"lifecycle": lifecycle})
     outcomes = await asyncio.gather(
-        *(_fork_one(p, tenant, snapshot, spec) for _ in range(count)), return_exceptions=True
+        *(_fork_one(p, tenant, snapshot, spec) for _ in range(wanted.count)), return_exceptions=True
     )
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     settled = True
     for outcome in outcomes:
         if isinstance(outcome, EnvironmentRecord):

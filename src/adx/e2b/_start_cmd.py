@@ -13,14 +13,14 @@ ready, or a ready command that has not succeeded by the deadline, fails the crea
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
-from typing import TypedDict
 
-from adx.e2b._upstream import Execd, execd_error
+from adx.e2b._ends import EndEvent, end_of, frame_of
+from adx.e2b._upstream import CommandBody, Execd, execd_error
 from adx.errors import ConflictError
 from adx.images import ImageManifest
+from adx.model import CommandOutput, CommandState, CommandStatus, ExitFrame, OutputFrame
 
 __all__ = ["StartCommand", "run_start_command", "start_command_of"]
 
@@ -53,42 +53,43 @@ def start_command_of(manifest: ImageManifest | None) -> StartCommand | None:
     return StartCommand(manifest.start_cmd or None, manifest.ready_cmd or None, manifest.user, manifest.workdir)
 
 
-class _CommandBody(TypedDict, total=False):
-    """execd's ``POST /v1/commands`` body, the fields this module sends."""
-
-    argv: list[str]
-    background: bool
-    user: str
-    cwd: str
-    env: dict[str, str]
-    timeoutSeconds: float
-
-
 @dataclass
 class _Run:
-    exit_code: int | None
+    """One run of a command: how it ended (envd's rule, as the SDK would see it) and its combined output."""
+
+    end: EndEvent | None  # None: the stream ended without an end frame
     output: str
 
+    @property
+    def succeeded(self) -> bool:
+        return self.end is not None and self.end.succeeded
 
-def _frames_result(body: bytes) -> _Run:
-    """A foreground execd answer (NDJSON: start, output frames, end) as its exit code and combined output."""
+    def describe(self) -> str:
+        if self.end is None:
+            return f"no exit status, output {self.output!r}"
+        why = f" ({self.end.error})" if self.end.error and self.end.error != self.end.status else ""
+        return f"exit code {self.end.exit_code}{why}, output {self.output!r}"
+
+
+def frames_result(body: bytes) -> _Run:
+    """A foreground execd answer (NDJSON: start, output frames, end) as its end and combined output."""
     output: list[str] = []
-    exit_code: int | None = None
+    end: EndEvent | None = None
     for line in body.splitlines():
         if not line.strip():
             continue
-        frame = json.loads(line)
-        if "stream" in frame:
-            output.append(str(frame.get("data") or ""))
-        elif "exitCode" in frame:
-            exit_code = -1 if frame.get("signal") or frame.get("timedOut") else int(frame.get("exitCode") or 0)
-    return _Run(exit_code, "".join(output)[-OUTPUT_CHARS:])
+        frame = frame_of(line)
+        if isinstance(frame, OutputFrame):
+            output.append(frame.data)
+        elif isinstance(frame, ExitFrame):
+            end = end_of(frame)
+    return _Run(end, "".join(output)[-OUTPUT_CHARS:])
 
 
 async def _launch(execd: Execd, command: StartCommand, env: dict[str, str]) -> str:
     """The start command, in the background (it outlives the create); its execd ID."""
     assert command.start is not None
-    body: _CommandBody = {
+    body: CommandBody = {
         "argv": command.argv(command.start),
         "background": True,
         "user": command.user,
@@ -99,7 +100,7 @@ async def _launch(execd: Execd, command: StartCommand, env: dict[str, str]) -> s
     if status != 201:
         code, message = execd_error(answer)
         raise ConflictError(f"the template's start command {command.start!r} could not be started: {message} ({code})")
-    return str(json.loads(answer)["id"])
+    return CommandStatus.model_validate_json(answer).id
 
 
 async def _ended(execd: Execd, command_id: str) -> _Run | None:
@@ -107,21 +108,20 @@ async def _ended(execd: Execd, command_id: str) -> _Run | None:
     status, answer = await execd.call("GET", f"/v1/commands/{command_id}")
     if status != 200:
         return None
-    state = json.loads(answer)
-    if state.get("state") == "running":
+    state = CommandStatus.model_validate_json(answer)
+    if state.state is CommandState.RUNNING:
         return None
-    code = -1 if state.get("signal") else int(state.get("exitCode") or 0)
     output = []
     for stream in ("stdout", "stderr"):
         got, text = await execd.call("GET", f"/v1/commands/{command_id}/output", query={"stream": stream})
         if got == 200:
-            output.append(str(json.loads(text).get("data") or ""))
-    return _Run(code, "".join(output)[-OUTPUT_CHARS:])
+            output.append(CommandOutput.model_validate_json(text).data)
+    return _Run(end_of(state), "".join(output)[-OUTPUT_CHARS:])
 
 
 async def _ready_once(execd: Execd, command: StartCommand, env: dict[str, str], seconds: float) -> _Run:
     assert command.ready is not None
-    body: _CommandBody = {
+    body: CommandBody = {
         "argv": command.argv(command.ready),
         "user": command.user,
         "cwd": command.workdir,
@@ -132,7 +132,7 @@ async def _ready_once(execd: Execd, command: StartCommand, env: dict[str, str], 
     if status != 200:
         code, message = execd_error(answer)
         raise ConflictError(f"the template's ready command {command.ready!r} could not be run: {message} ({code})")
-    return _frames_result(answer)
+    return frames_result(answer)
 
 
 async def run_start_command(execd: Execd, command: StartCommand, env: dict[str, str], within: float) -> None:
@@ -148,17 +148,18 @@ async def run_start_command(execd: Execd, command: StartCommand, env: dict[str, 
         remaining = deadline - time.monotonic()
         if remaining > 0:
             last = await _ready_once(execd, command, env, remaining)
-            if last.exit_code == 0:
+            if last.succeeded:
                 return
         if started is not None:
             ended = await _ended(execd, started)
-            if ended is not None and ended.exit_code != 0:
+            if ended is not None and not ended.succeeded:
+                assert ended.end is not None  # a command execd reports exited has an end
                 raise ConflictError(
-                    f"the template's start command {command.start!r} exited with code {ended.exit_code} before "
+                    f"the template's start command {command.start!r} exited with code {ended.end.exit_code} before "
                     f"its ready command {command.ready!r} succeeded; its output: {ended.output!r}"
                 )
         if time.monotonic() + READY_INTERVAL_SECONDS >= deadline:
-            seen = f"exit code {last.exit_code}, output {last.output!r}" if last is not None else "it never ran"
+            seen = last.describe() if last is not None else "it never ran"
             raise ConflictError(
                 f"the template's ready command {command.ready!r} did not succeed within {within:g} s (its last run:"
                 f" {seen}); the start command {command.start!r} runs as {command.user!r} in {command.workdir}"

@@ -39,7 +39,8 @@ from typing import Any, ParamSpec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from adx.e2b._control import _body, _object, _tenant, e2b_errors
+from adx.e2b._bodies import TemplateBuildRequestV3, body_of
+from adx.e2b._control import E2bRoute, _tenant
 from adx.e2b._envd import tokens_for
 from adx.e2b._snapshot_client import delete_snapshot
 from adx.e2b._template_build import DEFAULT_STEP_MEMORY_BYTES, BuildJob, TemplateBuilder
@@ -55,20 +56,20 @@ from adx.e2b._template_store import (
     owner_is_gone,
     process_owner,
 )
+from adx.e2b._views import BuildLogEntry, BuildStatusReason, TemplateBuildInfo, wire
 from adx.errors import AdxError, ConflictError, ForbiddenError, InvalidInputError, NotFoundError
-from adx.gateway import plane, read_json
+from adx.gateway import plane
 from adx.images import ImageStore, validate_image_name
-from adx.model import NODE_IMAGES, parse_wire
+from adx.model import NODE_IMAGES
 
 __all__ = ["template_router"]
 
-template_router = APIRouter(include_in_schema=False)
+template_router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 P = ParamSpec("P")
 #: ``logsOffset`` pages hold at most this many entries (E2B's status route answers 100 at most).
 MAX_LOG_PAGE = 100
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _UPLOAD_PURPOSE = "e2b-template-upload"
-_FIELDS = frozenset({"name", "alias", "tags", "teamID", "cpuCount", "memoryMB", "minFreeDiskMb"})
 
 
 class _NotConfigured(Exception):
@@ -76,8 +77,8 @@ class _NotConfigured(Exception):
 
 
 def template_route(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
-    """E2B's error shape (``e2b_errors``), and 501 where this API server runs no template builds (caught inside
-    ``e2b_errors``, which makes any other exception a 500)."""
+    """501 where this API server runs no template builds (caught before :class:`E2bRoute` would make any other
+    exception a 500)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
@@ -86,7 +87,7 @@ def template_route(fn: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitabl
         except _NotConfigured as exc:
             return JSONResponse({"code": 501, "message": str(exc)}, status_code=501)
 
-    return e2b_errors(wrapper)
+    return wrapper
 
 
 def _builder(request: Request, *, build: bool = True) -> TemplateBuilder:
@@ -112,23 +113,13 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _name(body: dict[str, Any]) -> str:
-    name = body.get("name") or body.get("alias")
-    field = "name" if body.get("name") else "alias"
-    if not isinstance(name, str) or not name:
+def _name(body: TemplateBuildRequestV3) -> str:
+    name, field = (body.name, "name") if body.name else (body.alias, "alias")
+    if not name:
         raise InvalidInputError("name", "required")
     if ":" in name:
         raise InvalidInputError(field, f"{name!r}: tags are not supported (a template is one image, its last build)")
     return validate_image_name(name, field)
-
-
-def _positive(body: dict[str, Any], field: str, floor: int) -> int | None:
-    value = body.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < floor:
-        raise InvalidInputError(field, f"must be an integer >= {floor}, got {value!r}")
-    return value
 
 
 def _in_progress(templates: TemplateStore, record: TemplateRecord) -> bool:
@@ -146,14 +137,11 @@ def _in_progress(templates: TemplateStore, record: TemplateRecord) -> bool:
 async def request_build(request: Request) -> Response:
     tenant = await _tenant(request)
     builder = _builder(request)
-    body = await _body(request, _FIELDS)
-    if body.get("tags"):
+    body = await body_of(request, TemplateBuildRequestV3)
+    if body.tags:
         raise InvalidInputError("tags", "tags are not supported (a template is one image, its last build)")
     name = _name(body)
-    cpu_count = _positive(body, "cpuCount", 1)
-    memory_mb = _positive(body, "memoryMB", 128)
-    _positive(body, "minFreeDiskMb", 0)
-    build = await asyncio.to_thread(_new_build, builder, tenant, name, cpu_count, memory_mb)
+    build = await asyncio.to_thread(_new_build, builder, tenant, name, body.cpu_count, body.memory_mb)
     view = {"templateID": name, "buildID": build.id, "public": False, "names": [name], "tags": [], "aliases": [name]}
     return JSONResponse(view, status_code=202)
 
@@ -273,10 +261,9 @@ def _finish(out: Any, tail: bytes) -> None:
 @template_router.post("/v2/templates/{template_id}/builds/{build_id}")
 @template_route
 async def start_build(request: Request, template_id: str, build_id: str) -> Response:
-    p = plane(request)
     tenant = await _tenant(request)
     builder = _builder(request)
-    start = parse_wire(BuildStart, _object(await read_json(request, p.config.max_body_bytes), "body"))
+    start = await body_of(request, BuildStart)
     template = await _own_template(builder, tenant, template_id)
     build = await asyncio.to_thread(_claim, builder.templates, tenant, template_id, build_id)
     try:
@@ -334,11 +321,9 @@ def _mark_ready(templates: TemplateStore, build: BuildRecord) -> None:
         templates.put_template(record.model_copy(update={"ready_build": build.id}))
 
 
-def _entry_view(entry: LogEntry) -> dict[str, Any]:
-    view: dict[str, Any] = {"timestamp": _iso(entry.timestamp), "level": entry.level, "message": entry.message}
-    if entry.step is not None:
-        view["step"] = entry.step
-    return view
+def _entry_view(entry: LogEntry) -> BuildLogEntry:
+    view = BuildLogEntry(timestamp=_iso(entry.timestamp), level=entry.level, message=entry.message)
+    return view if entry.step is None else view.model_copy(update={"step": entry.step})
 
 
 @template_router.get("/templates/{template_id}/builds/{build_id}/status")
@@ -357,19 +342,22 @@ async def build_status(request: Request, template_id: str, build_id: str) -> Res
     offset = _int_param(query.get("logsOffset"), "logsOffset", 0)
     limit = min(_int_param(query.get("limit"), "limit", MAX_LOG_PAGE), MAX_LOG_PAGE)
     page = build.logs[offset : offset + limit]
-    view: dict[str, Any] = {
-        "templateID": template_id,
-        "buildID": build.id,
-        "status": build.status.value,
-        "logEntries": [_entry_view(e) for e in page],
-        "logs": [f"[{_iso(e.timestamp)}] {e.message}" for e in page],
-    }
+    reason = None
     if build.reason is not None:
         tail = [e for e in build.logs if e.step == build.reason.step][-20:] if build.reason.step else []
-        view["reason"] = {"message": build.reason.message, "logEntries": [_entry_view(e) for e in tail]}
+        reason = BuildStatusReason(message=build.reason.message, log_entries=[_entry_view(e) for e in tail])
         if build.reason.step is not None:
-            view["reason"]["step"] = build.reason.step
-    return JSONResponse(view)
+            reason = reason.model_copy(update={"step": build.reason.step})
+    view = TemplateBuildInfo(
+        template_id=template_id,
+        build_id=build.id,
+        status=build.status.value,
+        log_entries=[_entry_view(e) for e in page],
+        logs=[f"[{_iso(e.timestamp)}] {e.message}" for e in page],
+    )
+    if reason is not None:
+        view = view.model_copy(update={"reason": reason})
+    return JSONResponse(wire(view))
 
 
 def _int_param(value: str | None, field: str, default: int) -> int:

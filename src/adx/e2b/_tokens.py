@@ -14,12 +14,12 @@ import binascii
 import hashlib
 import hmac
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from adx._certs import Identity, component_paths
 from adx.e2b._connect import RpcError
 from adx.gateway import ApiConfig
 
-PREFIX = "e2b1"
 MAX_TOKEN = 1024
 #: How many (tenant, sandbox) pairs a signed URL without a sandbox in it is checked against (KnownSandboxes).
 KNOWN_SANDBOXES = 4096
@@ -56,6 +56,31 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+@dataclass(frozen=True)
+class TokenForm:
+    """The API's self-checking tokens, ``<prefix>.<tenant, base64url>.<MAC, base64url>``: envd access tokens
+    (``e2b1``) and volume tokens (``vol1``). The tenant is in the clear; the MAC proves the API made it."""
+
+    prefix: str
+
+    def make(self, tenant: str, mac: bytes) -> str:
+        return f"{self.prefix}.{_b64(tenant.encode())}.{_b64(mac)}"
+
+    def read(self, token: str) -> tuple[str, bytes] | None:
+        """(tenant, MAC) of a token of this form; None for anything else (too long, another prefix, not
+        base64url, a tenant that is not UTF-8). The caller checks the MAC."""
+        parts = token.split(".")
+        if len(token) > MAX_TOKEN or len(parts) != 3 or parts[0] != self.prefix:
+            return None
+        try:
+            return _unb64(parts[1]).decode(), _unb64(parts[2])
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            return None
+
+
+ACCESS_TOKEN = TokenForm("e2b1")
+
+
 class EnvdTokens:
     def __init__(self, key: bytes) -> None:
         self._key = hashlib.sha256(b"adx-e2b-envd-access-token\x00" + key).digest()
@@ -78,21 +103,15 @@ class EnvdTokens:
         return self.token(tenant, sandbox_id)
 
     def token(self, tenant: str, sandbox_id: str) -> str:
-        return f"{PREFIX}.{_b64(tenant.encode())}.{_b64(self._mac(tenant, sandbox_id))}"
+        return ACCESS_TOKEN.make(tenant, self._mac(tenant, sandbox_id))
 
     def tenant(self, token: str | None, sandbox_id: str) -> str:
         """The tenant a valid token acts for; anything else is ``unauthenticated`` (nothing is forwarded)."""
         if not token:
             raise RpcError("unauthenticated", "missing X-Access-Token")
-        parts = token.split(".")
-        if len(token) > MAX_TOKEN or len(parts) != 3 or parts[0] != PREFIX:
+        read = ACCESS_TOKEN.read(token)
+        if read is None or not hmac.compare_digest(read[1], self._mac(read[0], sandbox_id)):
             raise RpcError("unauthenticated", "invalid X-Access-Token")
-        try:
-            tenant = _unb64(parts[1]).decode()
-            mac = _unb64(parts[2])
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            raise RpcError("unauthenticated", "invalid X-Access-Token") from None
-        if not hmac.compare_digest(mac, self._mac(tenant, sandbox_id)):
-            raise RpcError("unauthenticated", "invalid X-Access-Token")
+        tenant = read[0]
         self.known.remember(tenant, sandbox_id)
         return tenant

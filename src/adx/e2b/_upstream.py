@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, TypedDict, Unpack
 from urllib.parse import urlencode
 
 from starlette.requests import Request
@@ -51,6 +51,37 @@ def _request(
     return Request(scope, receive)
 
 
+class WindowBody(TypedDict):
+    """A terminal's size as execd takes it (``pty`` of a command, ``POST .../resize``)."""
+
+    rows: int
+    cols: int
+
+
+class CommandBody(TypedDict, total=False):
+    """execd's ``POST /v1/commands`` body, the fields the E2B API sends (``adx.model.RunCommand`` states them all;
+    the path rules are execd's, so a relative ``cwd`` goes through to be resolved in the user's home)."""
+
+    argv: list[str]
+    background: bool
+    user: str
+    cwd: str
+    env: dict[str, str]
+    timeoutSeconds: float
+    encoding: Literal["utf-8", "base64"]
+    pty: WindowBody
+    keepStdinOpen: bool
+
+
+class Send(TypedDict, total=False):
+    """What a call to execd sends besides its method and path."""
+
+    query: dict[str, str] | None
+    json_body: object  # sent as JSON (instead of ``content``)
+    content: bytes | AsyncIterator[bytes]
+    content_type: str | None
+
+
 @dataclass
 class Execd:
     """One Environment's execd, as one tenant sees it."""
@@ -60,44 +91,26 @@ class Execd:
     environment_id: str
 
     async def open(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, str] | None = None,
-        json_body: Any = None,
-        content: bytes | AsyncIterator[bytes] = b"",
-        content_type: str | None = None,
-        read_timeout: float | None = None,
+        self, method: str, path: str, *, read_timeout: float | None = None, **send: Unpack[Send]
     ) -> Response:
         """The execd response, unread: the caller streams ``body_iterator`` and must call :func:`close`.
 
         ``content`` given as bytes is sent whole (a retry after a failed connect stays safe); as an iterator
         it is streamed through.
         """
-        if json_body is not None:
-            content, content_type = json.dumps(json_body).encode(), "application/json"
+        content, content_type = send.get("content", b""), send.get("content_type")
+        if send.get("json_body") is not None:
+            content, content_type = json.dumps(send["json_body"]).encode(), "application/json"
         stream = None if isinstance(content, bytes) else content
         body = content if isinstance(content, bytes) else None
-        request = _request(method, query or {}, content_type, stream)
+        request = _request(method, send.get("query") or {}, content_type, stream)
         return await self.ingress.forward(
             request, self.tenant, self.environment_id, path, body=body, read_timeout=read_timeout
         )
 
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, str] | None = None,
-        json_body: Any = None,
-        content: bytes | AsyncIterator[bytes] = b"",
-        content_type: str | None = None,
-    ) -> tuple[int, bytes]:
+    async def call(self, method: str, path: str, **send: Unpack[Send]) -> tuple[int, bytes]:
         """The whole execd answer: (status, body)."""
-        response = await self.open(
-            method, path, query=query, json_body=json_body, content=content, content_type=content_type
-        )
+        response = await self.open(method, path, **send)
         return response.status_code, await read_all(response)
 
 

@@ -16,68 +16,60 @@ token comes back from create and get.
 from __future__ import annotations
 
 import asyncio
-import binascii
 import hmac
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from adx.e2b._control import _body, _iso, _tenant, e2b_errors
+from adx.e2b._bodies import NewVolume, PatchVolumecontentVolumeIdPathBody, body_of
+from adx.e2b._control import E2bRoute, _iso, _tenant
 from adx.e2b._envd import tokens_for
-from adx.e2b._tokens import _b64, _unb64
+from adx.e2b._tokens import TokenForm
+from adx.e2b._views import VolumeAndToken, VolumeEntryStat, wire
 from adx.errors import AuthenticationError, InvalidInputError
 from adx.gateway import delete_volume, plane, volume_store
 from adx.model import Volume
 from adx.volumes import EntryStat, VolumeFiles
 
-volume_router = APIRouter(include_in_schema=False)
+volume_router = APIRouter(include_in_schema=False, route_class=E2bRoute)
 
-TOKEN_PREFIX = "vol1"
-MAX_TOKEN = 1024
+VOLUME_TOKEN = TokenForm("vol1")
 
 
 def volume_token(request: Request, volume: Volume) -> str:
     mac = tokens_for(request.app).proof("volume", volume.tenant, volume.id)
-    return f"{TOKEN_PREFIX}.{_b64(volume.tenant.encode())}.{_b64(mac)}"
+    return VOLUME_TOKEN.make(volume.tenant, mac)
 
 
 def _token_tenant(request: Request, volume_id: str) -> str:
     """The tenant a valid ``Authorization: Bearer`` volume token acts for (401 otherwise)."""
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    parts = token.strip().split(".")
-    if scheme.lower() != "bearer" or len(token) > MAX_TOKEN or len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+    if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationError("authorization", "a volume token (Authorization: Bearer <token>) is required")
-    try:
-        tenant = _unb64(parts[1]).decode()
-        mac = _unb64(parts[2])
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise AuthenticationError("authorization", "invalid volume token") from None
+    read = VOLUME_TOKEN.read(token.strip())
+    if read is None:
+        raise AuthenticationError("authorization", "invalid volume token")
+    tenant, mac = read
     if not hmac.compare_digest(mac, tokens_for(request.app).proof("volume", tenant, volume_id)):
         raise AuthenticationError("authorization", "invalid volume token for this volume")
     return tenant
 
 
-def _with_token(request: Request, volume: Volume) -> dict[str, Any]:
-    return {"volumeID": volume.id, "name": volume.name, "token": volume_token(request, volume)}
+def _with_token(request: Request, volume: Volume) -> dict[str, object]:
+    return wire(VolumeAndToken(volume_id=volume.id, name=volume.name, token=volume_token(request, volume)))
 
 
 @volume_router.post("/volumes")
-@e2b_errors
 async def create_volume(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
-    body = await _body(request, {"name"})
-    name = body.get("name")
-    if not isinstance(name, str):
-        raise InvalidInputError("name", "required (a string)")
+    name = (await body_of(request, NewVolume)).name
     volume = await asyncio.to_thread(volume_store(p).create, tenant, name)
     return JSONResponse(_with_token(request, volume), status_code=201)
 
 
 @volume_router.get("/volumes")
-@e2b_errors
 async def list_volumes(request: Request) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -86,7 +78,6 @@ async def list_volumes(request: Request) -> Response:
 
 
 @volume_router.get("/volumes/{volume_id}")
-@e2b_errors
 async def get_volume(request: Request, volume_id: str) -> Response:
     p = plane(request)
     tenant = await _tenant(request)
@@ -95,7 +86,6 @@ async def get_volume(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.delete("/volumes/{volume_id}")
-@e2b_errors
 async def delete_volume_route(request: Request, volume_id: str) -> Response:
     p = plane(request)
     await delete_volume(p, await _tenant(request), volume_id)
@@ -112,22 +102,20 @@ async def _files(request: Request, volume_id: str) -> VolumeFiles:
     return VolumeFiles(store.data_dir(volume))
 
 
-def _stat_view(entry: EntryStat) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "name": entry.name,
-        "type": entry.type,
-        "path": entry.path,
-        "size": entry.size,
-        "mode": entry.mode,
-        "uid": entry.uid,
-        "gid": entry.gid,
-        "atime": _iso(entry.atime),
-        "mtime": _iso(entry.mtime),
-        "ctime": _iso(entry.ctime),
-    }
-    if entry.target is not None:
-        view["target"] = entry.target
-    return view
+def _stat_view(entry: EntryStat) -> dict[str, object]:
+    stat = VolumeEntryStat(
+        name=entry.name,
+        type=entry.type,
+        path=entry.path,
+        size=entry.size,
+        mode=entry.mode,
+        uid=entry.uid,
+        gid=entry.gid,
+        atime=_iso(entry.atime),
+        mtime=_iso(entry.mtime),
+        ctime=_iso(entry.ctime),
+    )
+    return wire(stat if entry.target is None else stat.model_copy(update={"target": entry.target}))
 
 
 def _path(request: Request) -> str:
@@ -162,7 +150,6 @@ def _owner(request: Request) -> tuple[int | None, int | None, int | None]:
 
 
 @volume_router.get("/volumecontent/{volume_id}/dir")
-@e2b_errors
 async def list_dir(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     depth = _int(request, "depth", low=1, high=32) or 1
@@ -171,7 +158,6 @@ async def list_dir(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.post("/volumecontent/{volume_id}/dir")
-@e2b_errors
 async def make_dir(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     uid, gid, mode = _owner(request)
@@ -180,28 +166,20 @@ async def make_dir(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.get("/volumecontent/{volume_id}/path")
-@e2b_errors
 async def stat_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     return JSONResponse(_stat_view(await asyncio.to_thread(files.stat, _path(request))))
 
 
 @volume_router.patch("/volumecontent/{volume_id}/path")
-@e2b_errors
 async def patch_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
-    body = await _body(request, {"uid", "gid", "mode"})
-    for name, value in body.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise InvalidInputError(name, "must be a non-negative integer")
-    entry = await asyncio.to_thread(
-        files.set_metadata, _path(request), body.get("uid"), body.get("gid"), body.get("mode")
-    )
+    body = await body_of(request, PatchVolumecontentVolumeIdPathBody)
+    entry = await asyncio.to_thread(files.set_metadata, _path(request), body.uid, body.gid, body.mode)
     return JSONResponse(_stat_view(entry))
 
 
 @volume_router.delete("/volumecontent/{volume_id}/path")
-@e2b_errors
 async def remove_path(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     await asyncio.to_thread(files.remove, _path(request))
@@ -209,7 +187,6 @@ async def remove_path(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.get("/volumecontent/{volume_id}/file")
-@e2b_errors
 async def read_file(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     chunks = await asyncio.to_thread(files.read, _path(request))
@@ -218,7 +195,6 @@ async def read_file(request: Request, volume_id: str) -> Response:
 
 
 @volume_router.put("/volumecontent/{volume_id}/file")
-@e2b_errors
 async def write_file(request: Request, volume_id: str) -> Response:
     files = await _files(request, volume_id)
     path = _path(request)

@@ -14,11 +14,11 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._connect import STREAM_TYPE, RpcError, end_stream, envelope
+from adx.e2b._messages import Message, WatcherRequest, WatchRequest, message_as
 from adx.e2b._upstream import Execd, rpc_error_of
 
 _TYPES = {
@@ -69,11 +69,9 @@ class WatchService:
     execd: Execd
     user: str  # a relative path is in this account's home
 
-    async def _create(self, path: str, message: dict[str, Any]) -> str:
-        recursive = message.get("recursive", False)
-        if not isinstance(recursive, bool):
-            raise RpcError("invalid_argument", "recursive: must be a boolean")
-        watch = {"path": path, "recursive": recursive, "user": self.user}
+    async def _create(self, message: Message) -> str:
+        wanted = message_as(WatchRequest, message)
+        watch = {"path": wanted.where(), "recursive": wanted.recursive, "user": self.user}
         status, body = await self.execd.call("POST", "/v1/watchers", json_body=watch)
         if status != 201:
             raise rpc_error_of(status, body)
@@ -90,27 +88,21 @@ class WatchService:
         if status != 204:
             raise rpc_error_of(status, body)
 
-    @staticmethod
-    def _watcher_id(message: dict[str, Any]) -> str:
-        value = message.get("watcherId")
-        if not isinstance(value, str) or not value or "/" in value:
-            raise RpcError("invalid_argument", "watcher_id: required")
-        return value
+    async def create_watcher(self, message: Message) -> Response:
+        return JSONResponse({"watcherId": await self._create(message)})
 
-    async def create_watcher(self, path: str, message: dict[str, Any]) -> Response:
-        return JSONResponse({"watcherId": await self._create(path, message)})
+    async def get_watcher_events(self, message: Message) -> Response:
+        watcher_id = message_as(WatcherRequest, message).watcher_id
+        return JSONResponse({"events": await self._take(watcher_id, 0, _Events())})
 
-    async def get_watcher_events(self, message: dict[str, Any]) -> Response:
-        return JSONResponse({"events": await self._take(self._watcher_id(message), 0, _Events())})
-
-    async def remove_watcher(self, message: dict[str, Any]) -> Response:
-        await self._remove(self._watcher_id(message))
+    async def remove_watcher(self, message: Message) -> Response:
+        await self._remove(message_as(WatcherRequest, message).watcher_id)
         return JSONResponse({})
 
-    async def watch_dir(self, path: str, message: dict[str, Any], deadline: float | None) -> Response:
+    async def watch_dir(self, message: Message, deadline: float | None) -> Response:
         """``deadline``: the call's (``Connect-Timeout-Ms``, the SDK's ``timeout``); the stream ends at it with
         Connect's ``deadline_exceeded``, as envd's does, so the SDK's ``on_exit`` gets its TimeoutException."""
-        watcher_id = await self._create(path, message)  # a missing path fails here, before the stream starts
+        watcher_id = await self._create(message)  # a missing path fails here, before the stream starts
         ends = None if deadline is None else time.monotonic() + deadline
         return StreamingResponse(self._stream(watcher_id, ends), media_type=STREAM_TYPE)
 
@@ -143,12 +135,3 @@ class WatchService:
             await self._remove(watcher_id)
         except Exception:  # the sandbox went away: so did its watchers
             return
-
-
-def dispatch_watch(service: WatchService, method: str) -> Any:
-    """The handler of a watch RPC, or None."""
-    return {
-        "CreateWatcher": service.create_watcher,
-        "GetWatcherEvents": service.get_watcher_events,
-        "RemoveWatcher": service.remove_watcher,
-    }.get(method)
