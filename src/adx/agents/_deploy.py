@@ -20,12 +20,7 @@ from adx.agents._graph import ExecutableGraphRegistry, ExecutableGraphRegistryBu
 from adx.agents._lifecycle import DurableGraphLifecycleOptions, GraphLifecycleEvidenceProvider
 from adx.agents._loading import load_application
 from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions
-from adx.agents._schemas import (
-    JsonSchemaRegistryBuilder,
-    register_standard_agent_cancellation_event_schema,
-    register_standard_graph_driver_event_schema,
-    register_standard_graph_lifecycle_event_schema,
-)
+from adx.agents._schemas import WORKER_AUDIT_SCHEMAS, JsonSchemaRegistryBuilder, register_standard_schemas
 from adx.agents._store import AgentStore
 from adx.agents._worker import (
     AgentWorker,
@@ -48,9 +43,7 @@ def load_registrations(path: str) -> ModuleType:
 def build_executables(module: ModuleType) -> ExecutableGraphRegistry:
     """Standard audit schemas, then the application's schemas, frozen; then its graphs, frozen (AGT-1)."""
     schemas = JsonSchemaRegistryBuilder.with_default_limits()
-    register_standard_graph_driver_event_schema(schemas)
-    register_standard_graph_lifecycle_event_schema(schemas)
-    register_standard_agent_cancellation_event_schema(schemas)
+    register_standard_schemas(schemas, WORKER_AUDIT_SCHEMAS)
     register_schemas = getattr(module, "register_schemas", None)
     if register_schemas is not None:
         register_schemas(schemas)

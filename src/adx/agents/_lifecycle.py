@@ -31,8 +31,8 @@ from adx.agents._options import require_at_least, require_positive
 from adx.agents._rows import Claim, RunKey, WaitCommit
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
-    GRAPH_DRIVER_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
+    WORKER_AUDIT_SCHEMAS,
 )
 from adx.agents._status import AttemptStatus, RunStatus
 from adx.agents._store import AgentStore
@@ -159,11 +159,7 @@ class DurableGraphLifecycle:
         options: DurableGraphLifecycleOptions,
     ) -> None:
         schemas = executables.schemas
-        for schema_id in (
-            GRAPH_DRIVER_EVENT_SCHEMA_ID,
-            GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
-            AGENT_CANCELLATION_EVENT_SCHEMA_ID,
-        ):
+        for schema_id in WORKER_AUDIT_SCHEMAS:
             if schema_id not in schemas:
                 raise InvalidInputError(
                     "schemas", f"lifecycle start-up refused: the standard schema {schema_id} is not registered"
