@@ -75,6 +75,12 @@ class ShutdownSignal:
     async def wait(self) -> None:
         await self._event.wait()
 
+    async def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less when the flag is set meanwhile; returns whether it is set."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout=seconds)
+        return self._event.is_set()
+
 
 @dataclass(frozen=True, slots=True)
 class DurableGraphDriverOptions:

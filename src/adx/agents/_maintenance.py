@@ -192,19 +192,15 @@ class AgentMaintenance:
         try:
             while not self._signal.is_set():
                 if not await self._ready():  # AGT-19: expired readiness pauses new work
-                    await self._pause(opts.error_interval_seconds)
+                    await self._signal.sleep(opts.error_interval_seconds)
                     continue
                 try:
                     errors = await asyncio.wait_for(self.tick(), timeout=opts.tick_limit_seconds)
                 except TimeoutError:
                     raise UnavailableError(f"maintenance tick exceeded {opts.tick_limit_seconds}s") from None
-                await self._pause(opts.error_interval_seconds if errors else opts.interval_seconds)
+                await self._signal.sleep(opts.error_interval_seconds if errors else opts.interval_seconds)
         finally:
             self._state = "stopped"
-
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._signal.wait(), timeout=seconds)
 
     def stop(self) -> None:
         """Initiate the stop; the running tick finishes (never closes the store: it may be shared, AGT-19)."""

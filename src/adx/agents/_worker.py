@@ -9,7 +9,6 @@ tick was aborted keeps its last checkpoint; its lease expires and a higher fence
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -252,11 +251,7 @@ class AgentWorker:
 
     async def _readiness_loop(self) -> None:
         # One task runs every check in sequence: checks never overlap.
-        while not self._signal.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), timeout=self.readiness.interval_seconds)
-            if self._signal.is_set():
-                return
+        while not await self._signal.sleep(self.readiness.interval_seconds):
             await self._check_once()
 
     def _is_ready(self) -> bool:
@@ -268,15 +263,11 @@ class AgentWorker:
 
     # --- slots -------------------------------------------------------------------------------------------
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._signal.wait(), timeout=seconds)
-
     async def _slot(self, index: int) -> None:
         opts = self.options
         while not self._signal.is_set():
             if not self._is_ready():
-                await self._pause(min(opts.idle_poll_seconds, self.readiness.interval_seconds))
+                await self._signal.sleep(min(opts.idle_poll_seconds, self.readiness.interval_seconds))
                 continue
             self._busy += 1
             try:
@@ -288,12 +279,12 @@ class AgentWorker:
             except AdxError as exc:
                 self._counters.tick_errors += 1
                 log.warning("tick failed", extra={"slot": index, "error": str(exc)})
-                await self._pause(opts.error_backoff_seconds)
+                await self._signal.sleep(opts.error_backoff_seconds)
                 continue
             except Exception:  # a bug must not silently retire a slot: count it, back off, keep ticking
                 self._counters.tick_errors += 1
                 log.exception("tick raised unexpectedly", extra={"slot": index})
-                await self._pause(opts.error_backoff_seconds)
+                await self._signal.sleep(opts.error_backoff_seconds)
                 continue
             finally:
                 self._busy -= 1
@@ -301,9 +292,9 @@ class AgentWorker:
             if report.executed is not None:
                 self._counters.executed[report.executed.value] += 1
             if report.outcome is TickOutcome.IDLE:
-                await self._pause(opts.idle_poll_seconds)
+                await self._signal.sleep(opts.idle_poll_seconds)
             elif report.outcome is TickOutcome.EXECUTION_FAILED:
-                await self._pause(min(opts.error_backoff_seconds, opts.idle_poll_seconds))
+                await self._signal.sleep(min(opts.error_backoff_seconds, opts.idle_poll_seconds))
             elif report.outcome is TickOutcome.CANCELLED:
                 return
             # EXECUTED and SCAN_LIMIT_REACHED: schedule the next bounded tick at once.
