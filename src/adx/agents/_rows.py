@@ -27,6 +27,7 @@ __all__ = [
     "RUN_COLUMNS",
     "TERMINAL",
     "USAGE_COLS",
+    "USAGE_KEYS",
     "CallAttempt",
     "Candidate",
     "Checkpoint",
@@ -203,13 +204,15 @@ class NodeCommitResult:
     next_attempt_id: uuid.UUID | None
 
 
+#: A run's usage counters: the adx_agent_usage columns, and the keys of every usage document.
+USAGE_KEYS = ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")
+USAGE_COLS = ", ".join(USAGE_KEYS)
 #: What a run's view reads: the run row and its running usage (``FROM adx_agent_runs r JOIN adx_agent_usage u``).
-RUN_COLUMNS = "r.*, u.input_tokens, u.output_tokens, u.model_calls, u.tool_calls, u.node_commits, u.missing_usage"
-USAGE_COLS = "input_tokens, output_tokens, model_calls, tool_calls, node_commits"
+RUN_COLUMNS = "r.*, " + ", ".join(f"u.{k}" for k in USAGE_KEYS) + ", u.missing_usage"
 
 
 def usage_of(row: Any) -> dict[str, int]:
-    return {k: int(row[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")}
+    return {k: int(row[k]) for k in USAGE_KEYS}
 
 
 #: The first key of every worker's liveness advisory lock (two-int4 form: this, hashtext(identity)).
