@@ -182,7 +182,7 @@ class DurableGraphDriver:
         schemas = executables.schemas
         if GRAPH_DRIVER_EVENT_SCHEMA_ID not in schemas:
             raise InvalidInputError("schemas", f"the standard schema {GRAPH_DRIVER_EVENT_SCHEMA_ID} is not registered")
-        self._schema = (GRAPH_DRIVER_EVENT_SCHEMA_ID, schemas.digest(GRAPH_DRIVER_EVENT_SCHEMA_ID))
+        self._schema = schemas.ref(GRAPH_DRIVER_EVENT_SCHEMA_ID)
         self.environments = EnvironmentBroker(store, options.environments) if options.environments else None
 
     @contextlib.asynccontextmanager

@@ -170,8 +170,8 @@ class DurableGraphLifecycle:
         self.executables = executables
         self.evidence = evidence
         self.options = options
-        self._lifecycle_schema = (GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, schemas.digest(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID))
-        self._cancel_schema = (AGENT_CANCELLATION_EVENT_SCHEMA_ID, schemas.digest(AGENT_CANCELLATION_EVENT_SCHEMA_ID))
+        self._lifecycle_schema = schemas.ref(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID)
+        self._cancel_schema = schemas.ref(AGENT_CANCELLATION_EVENT_SCHEMA_ID)
 
     async def commit(self, handoff: Handoff) -> LifecycleResult:
         if isinstance(handoff, WaitHandoff):
@@ -398,12 +398,8 @@ class DurableGraphLifecycle:
         event["usage"] = ev.usage
         if not cancelled:  # the cancellation event's schema has no result digest
             event["result_digest"] = digest(result)
-        schema_id, schema = (
-            (AGENT_CANCELLATION_EVENT_SCHEMA_ID, self._cancel_schema)
-            if cancelled
-            else (GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, self._lifecycle_schema)
-        )
-        self.executables.schemas.validate(schema_id, event)
+        schema = self._cancel_schema if cancelled else self._lifecycle_schema
+        self.executables.schemas.validate(schema.schema_id, event)
 
         async def commit() -> LifecycleResult:
             revision = await self.store.commit_terminal(

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from adx.agents._canonical import JsonObject
 from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Conn
+from adx.agents._schemas import SchemaRef
 from adx.agents._status import AttemptStatus, CheckpointKind, RunStatus, Wake
 from adx.errors import NotFoundError
 
@@ -276,7 +277,7 @@ async def fetch_checkpoint(conn: Conn, key: RunKey, seq: int) -> Checkpoint | No
     return Checkpoint(int(row["seq"]), CheckpointKind(row["kind"]), row["next_node"], row["state"], row["artifact"])
 
 
-def edge_params(claim: Claim, event_id: uuid.UUID, schema: tuple[str, str], event: JsonObject) -> dict[str, object]:
+def edge_params(claim: Claim, event_id: uuid.UUID, schema: SchemaRef, event: JsonObject) -> dict[str, object]:
     """The named parameters every fenced edge statement shares: the run (``t``, ``r``), the fence and owner it
     holds (``f``, ``o``) and the journal event it writes (``eid``, ``sid``, ``sdig``, ``payload``)."""
     return {
@@ -285,7 +286,7 @@ def edge_params(claim: Claim, event_id: uuid.UUID, schema: tuple[str, str], even
         "f": claim.fence,
         "o": claim.owner,
         "eid": event_id,
-        "sid": schema[0],
-        "sdig": schema[1],
+        "sid": schema.schema_id,
+        "sdig": schema.digest,
         "payload": Jsonb(event),
     }

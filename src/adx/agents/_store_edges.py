@@ -27,6 +27,7 @@ from adx.agents._rows import (
     fetch_run,
     usage_of,
 )
+from adx.agents._schemas import SchemaRef
 from adx.agents._status import RunStatus
 
 __all__ = ["EdgeQueries"]
@@ -37,7 +38,7 @@ class EdgeQueries(Database):
 
     # --- lifecycle edges ---------------------------------------------------------------------------------
 
-    async def commit_wait(self, h: WaitHandoff, *, event: JsonObject, schema: tuple[str, str]) -> WaitCommit:
+    async def commit_wait(self, h: WaitHandoff, *, event: JsonObject, schema: SchemaRef) -> WaitCommit:
         """AGT-5 in ONE statement: journal event, result consumption, successor checkpoint, waits registered
         with database time, status Waiting, lease released."""
         claim, step, waits = h.claim, h.step, h.waits
@@ -129,7 +130,7 @@ class EdgeQueries(Database):
         event_id: uuid.UUID,
         event_kind: str,
         event: JsonObject,
-        schema: tuple[str, str],
+        schema: SchemaRef,
         attempt_id: uuid.UUID | None,
         error: str | None,
     ) -> int:
@@ -223,7 +224,7 @@ class EdgeQueries(Database):
             result_status=row["result_status"],
         )
 
-    async def release(self, h: ReleaseHandoff, *, requeue: bool, event: JsonObject, schema: tuple[str, str]) -> int:
+    async def release(self, h: ReleaseHandoff, *, requeue: bool, event: JsonObject, schema: SchemaRef) -> int:
         """Give the run back (Deferred, Yielded, RecoveryReleased): ONE transaction clears our exact lease."""
         claim = h.claim
         k = claim.key
