@@ -24,6 +24,8 @@ from adx.agents import (
     register_standard_graph_driver_event_schema,
     register_standard_graph_lifecycle_event_schema,
 )
+from adx.agents._maintenance_schemas import MAINTENANCE_AUDIT_SCHEMAS
+from adx.agents._schemas import WORKER_AUDIT_SCHEMAS, register_standard_schemas
 from adx.errors import InvalidInputError
 
 HELPERS = {
@@ -109,3 +111,19 @@ async def test_a_bound_maintenance_works_and_a_refused_one_touched_nothing(store
     bound = AgentMaintenance(store, [TENANT], AgentWorkerReadiness.database(store), schemas=registry_without(None))
     assert await bound.tick() == 0
     assert (await runs.get_run(TENANT, late.run_id)).cancel_requested
+
+
+def test_registering_a_standard_schema_that_is_not_one_names_the_schema_id() -> None:
+    builder = JsonSchemaRegistryBuilder.with_default_limits()
+    with pytest.raises(InvalidInputError) as err:
+        register_standard_schemas(builder, [*MAINTENANCE_AUDIT_SCHEMAS, "urn:app:schema:mine"])
+    assert err.value.field == "schema_id"
+
+
+def test_the_worker_registry_holds_exactly_the_worker_audit_schemas() -> None:
+    builder = JsonSchemaRegistryBuilder.with_default_limits()
+    register_standard_schemas(builder, WORKER_AUDIT_SCHEMAS)
+    registry = builder.build()
+    assert all(schema_id in registry for schema_id in WORKER_AUDIT_SCHEMAS)
+    assert AGENT_MAINTENANCE_EVENT_SCHEMA_ID not in registry
+    assert MAINTENANCE_AUDIT_SCHEMAS[:3] == WORKER_AUDIT_SCHEMAS

@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import signal
 from collections.abc import Callable
 from types import ModuleType
 
@@ -19,13 +18,10 @@ from adx.agents._fair import DurableFairScheduler, FairnessPolicy
 from adx.agents._graph import ExecutableGraphRegistry, ExecutableGraphRegistryBuilder
 from adx.agents._lifecycle import DurableGraphLifecycleOptions, GraphLifecycleEvidenceProvider
 from adx.agents._loading import load_application
+from adx.agents._options import options_from
 from adx.agents._scheduler import DurableTenantScheduler, DurableTenantSchedulerOptions
-from adx.agents._schemas import (
-    JsonSchemaRegistryBuilder,
-    register_standard_agent_cancellation_event_schema,
-    register_standard_graph_driver_event_schema,
-    register_standard_graph_lifecycle_event_schema,
-)
+from adx.agents._schemas import WORKER_AUDIT_SCHEMAS, JsonSchemaRegistryBuilder, register_standard_schemas
+from adx.agents._signals import stop_on_signals
 from adx.agents._store import AgentStore
 from adx.agents._worker import (
     AgentWorker,
@@ -48,9 +44,7 @@ def load_registrations(path: str) -> ModuleType:
 def build_executables(module: ModuleType) -> ExecutableGraphRegistry:
     """Standard audit schemas, then the application's schemas, frozen; then its graphs, frozen (AGT-1)."""
     schemas = JsonSchemaRegistryBuilder.with_default_limits()
-    register_standard_graph_driver_event_schema(schemas)
-    register_standard_graph_lifecycle_event_schema(schemas)
-    register_standard_agent_cancellation_event_schema(schemas)
+    register_standard_schemas(schemas, WORKER_AUDIT_SCHEMAS)
     register_schemas = getattr(module, "register_schemas", None)
     if register_schemas is not None:
         register_schemas(schemas)
@@ -112,13 +106,7 @@ async def run_worker(cfg: AgentWorkerConfig, module: ModuleType | None = None) -
                 tenant_store,
                 executables,
                 evidence,
-                DurableGraphDriverOptions(
-                    lease_seconds=cfg.lease_seconds,
-                    node_timeout_seconds=cfg.node_timeout_seconds,
-                    max_node_attempts=cfg.max_node_attempts,
-                    max_nodes_per_claim=cfg.max_nodes_per_claim,
-                    environments=environments,
-                ),
+                options_from(DurableGraphDriverOptions, cfg, environments=environments),
                 DurableGraphLifecycleOptions(),
                 DurableTenantSchedulerOptions(tenant_id=tenant_id),
             )
@@ -147,13 +135,7 @@ async def run_worker(cfg: AgentWorkerConfig, module: ModuleType | None = None) -
         worker = await AgentWorker.start(
             binding,
             readiness,
-            AgentWorkerOptions(
-                slots=cfg.slots,
-                tick_deadline_seconds=cfg.tick_deadline_seconds,
-                drain_seconds=cfg.drain_seconds,
-                idle_poll_seconds=cfg.idle_poll_seconds,
-                liveness_grace_seconds=cfg.liveness_grace_seconds or None,
-            ),
+            options_from(AgentWorkerOptions, cfg, liveness_grace_seconds=cfg.liveness_grace_seconds or None),
         )
         server = (
             await serve_health(worker.health, cfg.health_host, cfg.health_port) if cfg.health_port is not None else None
@@ -161,22 +143,18 @@ async def run_worker(cfg: AgentWorkerConfig, module: ModuleType | None = None) -
         if server is not None:
             bound = server.sockets[0].getsockname()
             log.info("health endpoint listening", extra={"address": f"{bound[0]}:{bound[1]}"})
-        loop = asyncio.get_running_loop()
         stopping: list[asyncio.Task[None]] = []
 
         def stop() -> None:
             if not stopping:
                 stopping.append(asyncio.ensure_future(worker.shutdown()))
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop)
         try:
-            await worker.wait()
-            if stopping:
-                await stopping[0]
+            with stop_on_signals(stop):
+                await worker.wait()
+                if stopping:
+                    await stopping[0]
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
             if server is not None:
                 server.close()
                 await server.wait_closed()

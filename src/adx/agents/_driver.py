@@ -75,6 +75,12 @@ class ShutdownSignal:
     async def wait(self) -> None:
         await self._event.wait()
 
+    async def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less when the flag is set meanwhile; returns whether it is set."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout=seconds)
+        return self._event.is_set()
+
 
 @dataclass(frozen=True, slots=True)
 class DurableGraphDriverOptions:
@@ -176,7 +182,7 @@ class DurableGraphDriver:
         schemas = executables.schemas
         if GRAPH_DRIVER_EVENT_SCHEMA_ID not in schemas:
             raise InvalidInputError("schemas", f"the standard schema {GRAPH_DRIVER_EVENT_SCHEMA_ID} is not registered")
-        self._schema = (GRAPH_DRIVER_EVENT_SCHEMA_ID, schemas.digest(GRAPH_DRIVER_EVENT_SCHEMA_ID))
+        self._schema = schemas.ref(GRAPH_DRIVER_EVENT_SCHEMA_ID)
         self.environments = EnvironmentBroker(store, options.environments) if options.environments else None
 
     @contextlib.asynccontextmanager

@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 
 from adx.agents._canonical import JsonObject
 from adx.agents._errors import StaleFenceError
+from adx.agents._pg import Conn
 from adx.agents._rows import Claim
 from adx.agents._store import AgentStore
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError
@@ -143,7 +144,7 @@ class _Rows:
             )
             return [_Row.of(r) for r in await cur.fetchall()]
 
-    async def intend(self, claim: Claim, name: str, generation: int, keep: bool, spec: Any) -> _Row:
+    async def intend(self, claim: Claim, name: str, generation: int, keep: bool, spec: JsonObject) -> _Row:
         """Record the intent to create (or, after a deletion, re-create) ``name``; the stored row wins."""
         key = _key(claim, name, generation)
         async with self.store.transaction("record environment intent") as conn:
@@ -192,7 +193,7 @@ class _Rows:
             if await cur.fetchone() is None:
                 raise StaleFenceError(f"run {claim.key.run_id}: fence {claim.fence} is no longer held")
 
-    async def _check_fence(self, conn: Any, claim: Claim) -> None:
+    async def _check_fence(self, conn: Conn, claim: Claim) -> None:
         cur = await conn.execute(
             "SELECT 1 FROM adx_agent_runs WHERE tenant_id = %s AND run_id = %s AND fence = %s AND lease_owner = %s",
             (claim.key.tenant_id, claim.key.run_id, claim.fence, claim.owner),

@@ -234,14 +234,27 @@ class ExecutableGraph:
         return target
 
 
+@dataclass(frozen=True, slots=True)
+class _GraphContract:
+    """What :meth:`ExecutableGraphRegistryBuilder.graph` declares besides the nodes (checked when it is built)."""
+
+    entry: str
+    input_schema: str  # schema IDs in the registry's frozen schemas
+    output_schema: str
+    budget: Budget
+    interrupts: tuple[str, ...]  # sorted, distinct
+
+
 class GraphBuilder:
     """Declares one graph; obtained from :meth:`ExecutableGraphRegistryBuilder.graph`."""
 
-    def __init__(self, owner: ExecutableGraphRegistryBuilder, name: str, version: str, **spec: Any) -> None:
+    def __init__(
+        self, owner: ExecutableGraphRegistryBuilder, name: str, version: str, contract: _GraphContract
+    ) -> None:
         self._owner = owner
         self.name = name
         self.version = version
-        self._spec = spec
+        self._contract = contract
         self._nodes: dict[str, NodeDef] = {}
         self._edges: dict[str, str] = {}
         self._routes: dict[str, tuple[RouteFn, tuple[str, ...]]] = {}
@@ -258,17 +271,19 @@ class GraphBuilder:
         self._nodes[name] = NodeDef(name, fn, reducer)
         return self
 
-    def edge(self, source: str, target: str) -> GraphBuilder:
+    def _check_leaves_once(self, source: str) -> None:
+        # A node leaves by exactly one edge or one route.
         self._owner._check_open()
         if source in self._edges or source in self._routes:
             raise ConflictError(f"node {source!r} already has an outgoing edge or route")
+
+    def edge(self, source: str, target: str) -> GraphBuilder:
+        self._check_leaves_once(source)
         self._edges[source] = target
         return self
 
     def route(self, source: str, fn: RouteFn, targets: list[str] | tuple[str, ...]) -> GraphBuilder:
-        self._owner._check_open()
-        if source in self._edges or source in self._routes:
-            raise ConflictError(f"node {source!r} already has an outgoing edge or route")
+        self._check_leaves_once(source)
         if not targets:
             raise InvalidInputError(f"routes.{source}", "needs at least one target")
         self._routes[source] = (fn, tuple(targets))
@@ -281,14 +296,14 @@ class GraphBuilder:
 
     def _build(self, schemas: JsonSchemaRegistry, reducers: Mapping[str, Reducer]) -> ExecutableGraph:
         where = f"graphs.{self.name}"
-        entry = self._spec["entry"]
-        if entry not in self._nodes:
-            raise InvalidInputError(f"{where}.entry", f"{entry!r} is not a node of the graph")
+        c = self._contract
+        if c.entry not in self._nodes:
+            raise InvalidInputError(f"{where}.entry", f"{c.entry!r} is not a node of the graph")
         if self._terminal is None:
             raise InvalidInputError(f"{where}.terminal", "a graph needs a terminal function")
-        for key in ("input_schema", "output_schema"):
-            if self._spec[key] not in schemas:
-                raise InvalidInputError(f"{where}.{key}", f"schema {self._spec[key]!r} is not registered")
+        for key, schema_id in (("input_schema", c.input_schema), ("output_schema", c.output_schema)):
+            if schema_id not in schemas:
+                raise InvalidInputError(f"{where}.{key}", f"schema {schema_id!r} is not registered")
         for name, node in self._nodes.items():
             if node.reducer not in reducers:
                 raise InvalidInputError(f"{where}.nodes.{name}.reducer", f"reducer {node.reducer!r} is not registered")
@@ -305,29 +320,29 @@ class GraphBuilder:
         structure = {
             "name": self.name,
             "version": self.version,
-            "entry": entry,
+            "entry": c.entry,
             "nodes": {n: d.reducer for n, d in sorted(self._nodes.items())},
             "edges": dict(sorted(self._edges.items())),
             "routes": {s: list(ts) for s, (_, ts) in sorted(self._routes.items())},
-            "input_schema": schemas.digest(self._spec["input_schema"]),
-            "output_schema": schemas.digest(self._spec["output_schema"]),
-            "budget": self._spec["budget"].to_json(),
+            "input_schema": schemas.digest(c.input_schema),
+            "output_schema": schemas.digest(c.output_schema),
+            "budget": c.budget.to_json(),
         }
-        if self._spec["interrupts"]:  # absent when none: digests of graphs declaring none are unchanged
-            structure["interrupts"] = list(self._spec["interrupts"])
+        if c.interrupts:  # absent when none: digests of graphs declaring none are unchanged
+            structure["interrupts"] = list(c.interrupts)
         return ExecutableGraph(
             name=self.name,
             version=self.version,
-            entry=entry,
+            entry=c.entry,
             nodes=MappingProxyType(dict(self._nodes)),
             edges=MappingProxyType(dict(self._edges)),
             routes=MappingProxyType(dict(self._routes)),
             terminal=self._terminal,
-            input_schema=self._spec["input_schema"],
-            output_schema=self._spec["output_schema"],
-            budget=self._spec["budget"],
+            input_schema=c.input_schema,
+            output_schema=c.output_schema,
+            budget=c.budget,
             reducers=reducers,
-            interrupts=self._spec["interrupts"],
+            interrupts=c.interrupts,
             digest=digest(structure),
         )
 
@@ -438,11 +453,7 @@ class ExecutableGraphRegistryBuilder:
             self,
             name,
             version,
-            entry=entry,
-            input_schema=input_schema,
-            output_schema=output_schema,
-            budget=budget or Budget(),
-            interrupts=tuple(sorted(set(interrupts))),
+            _GraphContract(entry, input_schema, output_schema, budget or Budget(), tuple(sorted(set(interrupts)))),
         )
         self._graphs[(name, version)] = builder
         return builder

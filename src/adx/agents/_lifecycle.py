@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -31,8 +31,8 @@ from adx.agents._options import require_at_least, require_positive
 from adx.agents._rows import Claim, RunKey, WaitCommit
 from adx.agents._schemas import (
     AGENT_CANCELLATION_EVENT_SCHEMA_ID,
-    GRAPH_DRIVER_EVENT_SCHEMA_ID,
     GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
+    WORKER_AUDIT_SCHEMAS,
 )
 from adx.agents._status import AttemptStatus, RunStatus
 from adx.agents._store import AgentStore
@@ -159,11 +159,7 @@ class DurableGraphLifecycle:
         options: DurableGraphLifecycleOptions,
     ) -> None:
         schemas = executables.schemas
-        for schema_id in (
-            GRAPH_DRIVER_EVENT_SCHEMA_ID,
-            GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
-            AGENT_CANCELLATION_EVENT_SCHEMA_ID,
-        ):
+        for schema_id in WORKER_AUDIT_SCHEMAS:
             if schema_id not in schemas:
                 raise InvalidInputError(
                     "schemas", f"lifecycle start-up refused: the standard schema {schema_id} is not registered"
@@ -174,8 +170,8 @@ class DurableGraphLifecycle:
         self.executables = executables
         self.evidence = evidence
         self.options = options
-        self._lifecycle_schema = (GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, schemas.digest(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID))
-        self._cancel_schema = (AGENT_CANCELLATION_EVENT_SCHEMA_ID, schemas.digest(AGENT_CANCELLATION_EVENT_SCHEMA_ID))
+        self._lifecycle_schema = schemas.ref(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID)
+        self._cancel_schema = schemas.ref(AGENT_CANCELLATION_EVENT_SCHEMA_ID)
 
     async def commit(self, handoff: Handoff) -> LifecycleResult:
         if isinstance(handoff, WaitHandoff):
@@ -204,24 +200,28 @@ class DurableGraphLifecycle:
             ],
         }
         self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
+
+        async def commit() -> LifecycleResult:
+            wait = await self.store.commit_wait(h, event=event, schema=self._lifecycle_schema)
+            return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, wait["revision"], wait=wait)
+
+        return await self._commit_or_replay(commit, lambda: self.replay_wait(h))
+
+    async def _commit_or_replay(
+        self,
+        commit: Callable[[], Awaitable[LifecycleResult]],
+        replay: Callable[[], Awaitable[LifecycleResult | None]],
+    ) -> LifecycleResult:
+        """Commit an edge, up to ``commit_attempts`` times. After an uncertain outcome or a stale fence the
+        committed facts decide: a lost-ACK replay of this very edge answers; otherwise a stale fence, or the last
+        uncertain attempt, raises (AGT-9, AGT-10)."""
         for attempt in range(self.options.commit_attempts):
             try:
-                commit = await self.store.commit_wait(
-                    h.claim,
-                    attempt_id=h.attempt_id,
-                    step=h.step,
-                    resume_node=h.resume_node,
-                    state=h.state,
-                    waits=list(h.waits),
-                    event_id=h.event_id,
-                    event=event,
-                    schema=self._lifecycle_schema,
-                )
-                return LifecycleResult(ExecutedOutcome.WAITING, h.event_id, commit["revision"], wait=commit)
+                return await commit()
             except (UncertainOutcomeError, StaleFenceError) as exc:
-                replay = await self.replay_wait(h)
-                if replay is not None:
-                    return replay
+                replayed = await replay()
+                if replayed is not None:
+                    return replayed
                 if isinstance(exc, StaleFenceError) or attempt + 1 == self.options.commit_attempts:
                     raise
         raise AssertionError("unreachable")
@@ -398,36 +398,29 @@ class DurableGraphLifecycle:
         event["usage"] = ev.usage
         if not cancelled:  # the cancellation event's schema has no result digest
             event["result_digest"] = digest(result)
-        schema_id, schema = (
-            (AGENT_CANCELLATION_EVENT_SCHEMA_ID, self._cancel_schema)
-            if cancelled
-            else (GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, self._lifecycle_schema)
+        schema = self._cancel_schema if cancelled else self._lifecycle_schema
+        self.executables.schemas.validate(schema.schema_id, event)
+
+        async def commit() -> LifecycleResult:
+            revision = await self.store.commit_terminal(
+                h.claim,
+                status=status,
+                step=h.step,
+                artifact=artifact,
+                result=result,
+                usage=ev.usage,
+                event_id=h.event_id,
+                event_kind=event_kind,
+                event=event,
+                schema=schema,
+                attempt_id=attempt_id,
+                error=error,
+            )
+            return LifecycleResult(ExecutedOutcome(status), h.event_id, revision, result=result, usage=ev.usage)
+
+        return await self._commit_or_replay(
+            commit, lambda: self.replay_terminal(h.claim, h.event_id, status, h.revision)
         )
-        self.executables.schemas.validate(schema_id, event)
-        for attempt in range(self.options.commit_attempts):
-            try:
-                revision = await self.store.commit_terminal(
-                    h.claim,
-                    status=status,
-                    step=h.step,
-                    artifact=artifact,
-                    result=result,
-                    usage=ev.usage,
-                    event_id=h.event_id,
-                    event_kind=event_kind,
-                    event=event,
-                    schema=schema,
-                    attempt_id=attempt_id,
-                    error=error,
-                )
-                return LifecycleResult(ExecutedOutcome(status), h.event_id, revision, result=result, usage=ev.usage)
-            except (UncertainOutcomeError, StaleFenceError) as exc:
-                replay = await self.replay_terminal(h.claim, h.event_id, status, h.revision)
-                if replay is not None:
-                    return replay
-                if isinstance(exc, StaleFenceError) or attempt + 1 == self.options.commit_attempts:
-                    raise
-        raise AssertionError("unreachable")
 
     async def commit_success(self, h: SuccessHandoff) -> LifecycleResult:
         ev = await self._evidence(h, RunStatus.SUCCEEDED, "success", lambda ev: self._check_success(h, ev))
@@ -500,16 +493,6 @@ class DurableGraphLifecycle:
     async def commit_release(self, h: ReleaseHandoff) -> LifecycleResult:
         event = {**_event_base("released", h, h.step), "outcome": h.kind.value, "reason": h.reason[:1024]}
         self.executables.schemas.validate(GRAPH_LIFECYCLE_EVENT_SCHEMA_ID, event)
-        revision = await self.store.release(
-            h.claim,
-            reason=h.reason,
-            delay_s=h.delay_s,
-            requeue=True,  # a released run goes to the back of the queue: no head-of-line blocking
-            event_id=h.event_id,
-            event=event,
-            schema=self._lifecycle_schema,
-            attempt_id=h.attempt_id,
-            attempt_status=h.attempt_status,
-            error=h.error,
-        )
+        # A released run goes to the back of the queue: no head-of-line blocking.
+        revision = await self.store.release(h, requeue=True, event=event, schema=self._lifecycle_schema)
         return LifecycleResult(ExecutedOutcome(h.kind.value), h.event_id, revision, reason=h.reason)

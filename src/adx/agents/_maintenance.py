@@ -37,9 +37,10 @@ from adx.agents._config import AgentMaintenanceConfig
 from adx.agents._driver import ShutdownSignal
 from adx.agents._maintenance_schemas import bind_audit_schemas, maintenance_audit_schemas
 from adx.agents._maintenance_tasks import MaintenanceTask, act, discover
-from adx.agents._options import require_between, require_positive
+from adx.agents._options import options_from, require_between, require_positive
 from adx.agents._pg import check_tenant
 from adx.agents._schemas import JsonSchemaRegistry
+from adx.agents._signals import stop_on_signals
 from adx.agents._store import AgentStore
 from adx.agents._worker import AgentWorkerReadiness
 from adx.errors import AdxError, InvalidInputError, UnavailableError
@@ -178,14 +179,7 @@ class AgentMaintenance:
     async def _ready(self) -> bool:
         if time.monotonic() < self._ready_until:
             return True
-        try:
-            ok = await asyncio.wait_for(self.readiness.check(), timeout=self.readiness.timeout_seconds)
-        except (AdxError, OSError, TimeoutError):
-            ok = False
-        except Exception as exc:  # an application check's own bug is "not ready" (as for the worker), not a stop
-            log.warning("maintenance readiness check raised", extra={"error": f"{type(exc).__name__}: {exc}"})
-            ok = False
-        if ok is False:
+        if not await self.readiness.probe(log):
             self._ready_until = 0.0
             return False
         self._ready_until = time.monotonic() + self.readiness.ttl_seconds
@@ -198,19 +192,15 @@ class AgentMaintenance:
         try:
             while not self._signal.is_set():
                 if not await self._ready():  # AGT-19: expired readiness pauses new work
-                    await self._pause(opts.error_interval_seconds)
+                    await self._signal.sleep(opts.error_interval_seconds)
                     continue
                 try:
                     errors = await asyncio.wait_for(self.tick(), timeout=opts.tick_limit_seconds)
                 except TimeoutError:
                     raise UnavailableError(f"maintenance tick exceeded {opts.tick_limit_seconds}s") from None
-                await self._pause(opts.error_interval_seconds if errors else opts.interval_seconds)
+                await self._signal.sleep(opts.error_interval_seconds if errors else opts.interval_seconds)
         finally:
             self._state = "stopped"
-
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._signal.wait(), timeout=seconds)
 
     def stop(self) -> None:
         """Initiate the stop; the running tick finishes (never closes the store: it may be shared, AGT-19)."""
@@ -235,39 +225,28 @@ class AgentMaintenance:
 
 async def run_maintenance(cfg: AgentMaintenanceConfig) -> AgentMaintenanceHealth:
     """``adx agent maintenance``: run until SIGTERM/SIGINT, then let the running tick finish (drain)."""
-    import signal
-
     store = await AgentStore.open(cfg.database_url, max_size=2, migrate=False)
     try:
         maintenance = AgentMaintenance(
             store,
             cfg.tenants,
             AgentWorkerReadiness.database(store),
-            AgentMaintenanceOptions(
-                interval_seconds=cfg.interval_seconds,
-                error_interval_seconds=cfg.error_interval_seconds,
-                tick_limit_seconds=cfg.tick_limit_seconds,
-                page_size=cfg.page_size,
-            ),
+            options_from(AgentMaintenanceOptions, cfg),
         )
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, maintenance.stop)
-        task = asyncio.create_task(maintenance.run())
-        log.info("agent maintenance started", extra={"tenants": len(cfg.tenants)})
-        stopper = asyncio.create_task(maintenance._signal.wait())
-        try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():  # stopping: the running tick may finish within the drain period
-                done, _ = await asyncio.wait({task}, timeout=cfg.drain_seconds)
-                if not done:
-                    task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task  # a discovery error or tick timeout surfaces here
-        finally:
-            stopper.cancel()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+        with stop_on_signals(maintenance.stop):
+            task = asyncio.create_task(maintenance.run())
+            log.info("agent maintenance started", extra={"tenants": len(cfg.tenants)})
+            stopper = asyncio.create_task(maintenance._signal.wait())
+            try:
+                await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if not task.done():  # stopping: the running tick may finish within the drain period
+                    done, _ = await asyncio.wait({task}, timeout=cfg.drain_seconds)
+                    if not done:
+                        task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task  # a discovery error or tick timeout surfaces here
+            finally:
+                stopper.cancel()
         return maintenance.health()
     finally:
         await store.close()

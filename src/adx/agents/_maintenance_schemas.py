@@ -14,38 +14,26 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from adx.agents._schemas import (
-    AGENT_CANCELLATION_EVENT_SCHEMA_ID,
     AGENT_MAINTENANCE_EVENT_SCHEMA_ID,
-    GRAPH_DRIVER_EVENT_SCHEMA_ID,
-    GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
+    WORKER_AUDIT_SCHEMAS,
     JsonSchemaRegistry,
     JsonSchemaRegistryBuilder,
     SchemaRef,
-    register_standard_agent_cancellation_event_schema,
-    register_standard_agent_maintenance_event_schema,
-    register_standard_graph_driver_event_schema,
-    register_standard_graph_lifecycle_event_schema,
+    register_standard_schemas,
     standard_schema_digest,
 )
 from adx.errors import InvalidInputError
 
 __all__ = ["MAINTENANCE_AUDIT_SCHEMAS", "bind_audit_schemas", "maintenance_audit_schemas"]
 
-MAINTENANCE_AUDIT_SCHEMAS: tuple[str, ...] = (
-    GRAPH_DRIVER_EVENT_SCHEMA_ID,
-    GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
-    AGENT_CANCELLATION_EVENT_SCHEMA_ID,
-    AGENT_MAINTENANCE_EVENT_SCHEMA_ID,
-)
+#: The worker's three, then the maintenance role's own action event.
+MAINTENANCE_AUDIT_SCHEMAS: tuple[str, ...] = (*WORKER_AUDIT_SCHEMAS, AGENT_MAINTENANCE_EVENT_SCHEMA_ID)
 
 
 def maintenance_audit_schemas() -> JsonSchemaRegistry:
-    """A frozen registry of the four, registered through the runtime helpers (no digest written by hand)."""
+    """A frozen registry of the four, registered with the runtime's own bodies (no digest written by hand)."""
     builder = JsonSchemaRegistryBuilder.with_default_limits()
-    register_standard_graph_driver_event_schema(builder)
-    register_standard_graph_lifecycle_event_schema(builder)
-    register_standard_agent_cancellation_event_schema(builder)
-    register_standard_agent_maintenance_event_schema(builder)
+    register_standard_schemas(builder, MAINTENANCE_AUDIT_SCHEMAS)
     return builder.build()
 
 

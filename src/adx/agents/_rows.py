@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from adx.agents._canonical import JsonObject
 from adx.agents._errors import StaleFenceError
 from adx.agents._pg import Conn
+from adx.agents._schemas import SchemaRef
 from adx.agents._status import AttemptStatus, CheckpointKind, RunStatus, Wake
 from adx.errors import NotFoundError
 
@@ -27,6 +28,7 @@ __all__ = [
     "RUN_COLUMNS",
     "TERMINAL",
     "USAGE_COLS",
+    "USAGE_KEYS",
     "CallAttempt",
     "Candidate",
     "Checkpoint",
@@ -203,13 +205,15 @@ class NodeCommitResult:
     next_attempt_id: uuid.UUID | None
 
 
+#: A run's usage counters: the adx_agent_usage columns, and the keys of every usage document.
+USAGE_KEYS = ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")
+USAGE_COLS = ", ".join(USAGE_KEYS)
 #: What a run's view reads: the run row and its running usage (``FROM adx_agent_runs r JOIN adx_agent_usage u``).
-RUN_COLUMNS = "r.*, u.input_tokens, u.output_tokens, u.model_calls, u.tool_calls, u.node_commits, u.missing_usage"
-USAGE_COLS = "input_tokens, output_tokens, model_calls, tool_calls, node_commits"
+RUN_COLUMNS = "r.*, " + ", ".join(f"u.{k}" for k in USAGE_KEYS) + ", u.missing_usage"
 
 
 def usage_of(row: Any) -> dict[str, int]:
-    return {k: int(row[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")}
+    return {k: int(row[k]) for k in USAGE_KEYS}
 
 
 #: The first key of every worker's liveness advisory lock (two-int4 form: this, hashtext(identity)).
@@ -273,7 +277,7 @@ async def fetch_checkpoint(conn: Conn, key: RunKey, seq: int) -> Checkpoint | No
     return Checkpoint(int(row["seq"]), CheckpointKind(row["kind"]), row["next_node"], row["state"], row["artifact"])
 
 
-def edge_params(claim: Claim, event_id: uuid.UUID, schema: tuple[str, str], event: JsonObject) -> dict[str, object]:
+def edge_params(claim: Claim, event_id: uuid.UUID, schema: SchemaRef, event: JsonObject) -> dict[str, object]:
     """The named parameters every fenced edge statement shares: the run (``t``, ``r``), the fence and owner it
     holds (``f``, ``o``) and the journal event it writes (``eid``, ``sid``, ``sdig``, ``payload``)."""
     return {
@@ -282,7 +286,7 @@ def edge_params(claim: Claim, event_id: uuid.UUID, schema: tuple[str, str], even
         "f": claim.fence,
         "o": claim.owner,
         "eid": event_id,
-        "sid": schema[0],
-        "sdig": schema[1],
+        "sid": schema.schema_id,
+        "sdig": schema.digest,
         "payload": Jsonb(event),
     }

@@ -8,7 +8,7 @@ computed from its canonical JSON (:func:`adx.agents._canonical.digest`) so no di
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -33,6 +33,7 @@ __all__ = [
     "register_standard_agent_maintenance_event_schema",
     "register_standard_graph_driver_event_schema",
     "register_standard_graph_lifecycle_event_schema",
+    "register_standard_schemas",
     "standard_schema_digest",
 ]
 
@@ -336,9 +337,28 @@ _STANDARD: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 )
 
 
-def standard_schema_digest(schema_id: str) -> str:
-    """The digest of this build's frozen body of a standard audit schema (what a bound registry must hold)."""
+#: The standard audit schemas a worker's driver and lifecycle commit events under: a worker's registry holds them
+#: all (AGT-13), and the lifecycle refuses to start without them.
+WORKER_AUDIT_SCHEMAS: tuple[str, ...] = (
+    GRAPH_DRIVER_EVENT_SCHEMA_ID,
+    GRAPH_LIFECYCLE_EVENT_SCHEMA_ID,
+    AGENT_CANCELLATION_EVENT_SCHEMA_ID,
+)
+
+
+def _standard_body(schema_id: str) -> Mapping[str, Any]:
     try:
-        return digest(_STANDARD[schema_id])
+        return _STANDARD[schema_id]
     except KeyError:
         raise InvalidInputError("schema_id", f"{schema_id!r} is not a standard audit schema") from None
+
+
+def standard_schema_digest(schema_id: str) -> str:
+    """The digest of this build's frozen body of a standard audit schema (what a bound registry must hold)."""
+    return digest(_standard_body(schema_id))
+
+
+def register_standard_schemas(builder: JsonSchemaRegistryBuilder, schema_ids: Iterable[str]) -> None:
+    """Register each named standard audit schema with this build's frozen body, in the order given."""
+    for schema_id in schema_ids:
+        builder._register(schema_id, _standard_body(schema_id))

@@ -10,6 +10,7 @@ from psycopg.types.json import Jsonb
 
 from adx.agents._canonical import JsonObject
 from adx.agents._errors import StaleFenceError
+from adx.agents._handoffs import ReleaseHandoff, WaitHandoff
 from adx.agents._pg import Database
 from adx.agents._rows import (
     TERMINAL,
@@ -19,7 +20,6 @@ from adx.agents._rows import (
     RunKey,
     TerminalFacts,
     WaitCommit,
-    WaitRegistration,
     edge_params,
     fenced_row,
     fetch_checkpoint,
@@ -27,7 +27,8 @@ from adx.agents._rows import (
     fetch_run,
     usage_of,
 )
-from adx.agents._status import AttemptStatus, RunStatus
+from adx.agents._schemas import SchemaRef
+from adx.agents._status import RunStatus
 
 __all__ = ["EdgeQueries"]
 
@@ -37,21 +38,10 @@ class EdgeQueries(Database):
 
     # --- lifecycle edges ---------------------------------------------------------------------------------
 
-    async def commit_wait(
-        self,
-        claim: Claim,
-        *,
-        attempt_id: uuid.UUID,
-        step: int,
-        resume_node: str,
-        state: Any,
-        waits: list[WaitRegistration],
-        event_id: uuid.UUID,
-        event: JsonObject,
-        schema: tuple[str, str],
-    ) -> WaitCommit:
+    async def commit_wait(self, h: WaitHandoff, *, event: JsonObject, schema: SchemaRef) -> WaitCommit:
         """AGT-5 in ONE statement: journal event, result consumption, successor checkpoint, waits registered
         with database time, status Waiting, lease released."""
+        claim, step, waits = h.claim, h.step, h.waits
         timers = [w["timer_ms"] for w in waits if w["kind"] == "timer" and w["timer_ms"] is not None]
         k = claim.key
         async with self.transaction("commit wait") as conn:
@@ -77,13 +67,13 @@ class EdgeQueries(Database):
                 "   AND run_id = %(r)s AND EXISTS (SELECT 1 FROM r))"
                 " SELECT revision, at FROM r",
                 {
-                    **edge_params(claim, event_id, schema, event),
+                    **edge_params(claim, h.event_id, schema, event),
                     "seq": step + 1,
                     "step": step,
-                    "next": resume_node,
-                    "state": Jsonb(state),
-                    "waits": Jsonb(waits),
-                    "aid": attempt_id,
+                    "next": h.resume_node,
+                    "state": Jsonb(h.state),
+                    "waits": Jsonb(list(waits)),
+                    "aid": h.attempt_id,
                     "min_timer": min(timers) if timers else None,
                 },
             )
@@ -103,7 +93,7 @@ class EdgeQueries(Database):
                     " AND EXISTS (SELECT 1 FROM e)",
                     {"seq": step + 1, "t": k.tenant_id, "r": k.run_id},
                 )
-        return await self.read_wait_commit(k, event_id)
+        return await self.read_wait_commit(k, h.event_id)
 
     async def read_wait_commit(self, key: RunKey, event_id: uuid.UUID) -> WaitCommit:
         """The committed wait edge as recorded: the event and its immutable registrations (event-first)."""
@@ -140,7 +130,7 @@ class EdgeQueries(Database):
         event_id: uuid.UUID,
         event_kind: str,
         event: JsonObject,
-        schema: tuple[str, str],
+        schema: SchemaRef,
         attempt_id: uuid.UUID | None,
         error: str | None,
     ) -> int:
@@ -234,21 +224,9 @@ class EdgeQueries(Database):
             result_status=row["result_status"],
         )
 
-    async def release(
-        self,
-        claim: Claim,
-        *,
-        reason: str,
-        delay_s: float,
-        requeue: bool,
-        event_id: uuid.UUID,
-        event: JsonObject,
-        schema: tuple[str, str],
-        attempt_id: uuid.UUID | None,
-        attempt_status: AttemptStatus | None,
-        error: str | None,
-    ) -> int:
+    async def release(self, h: ReleaseHandoff, *, requeue: bool, event: JsonObject, schema: SchemaRef) -> int:
         """Give the run back (Deferred, Yielded, RecoveryReleased): ONE transaction clears our exact lease."""
+        claim = h.claim
         k = claim.key
         async with self.transaction("release run", single_statement=True) as conn:
             cur = await conn.execute(
@@ -266,12 +244,12 @@ class EdgeQueries(Database):
                 "   AND EXISTS (SELECT 1 FROM r))"
                 " SELECT revision FROM r",
                 {
-                    **edge_params(claim, event_id, schema, {**event, "reason": reason[:1024]}),
-                    "delay": delay_s,
+                    **edge_params(claim, h.event_id, schema, {**event, "reason": h.reason[:1024]}),
+                    "delay": h.delay_s,
                     "requeue": requeue,
-                    "aid": attempt_id,
-                    "astatus": attempt_status.value if attempt_status is not None else None,
-                    "error": error,
+                    "aid": h.attempt_id,
+                    "astatus": h.attempt_status.value if h.attempt_status is not None else None,
+                    "error": h.error,
                 },
             )
             row = await fenced_row(cur, k.run_id, claim.fence)

@@ -26,6 +26,7 @@ from adx.agents._rows import (
     fetch_checkpoint,
     usage_of,
 )
+from adx.agents._schemas import SchemaRef
 from adx.agents._status import AttemptStatus, CheckpointKind, Wake
 from adx.errors import UnavailableError
 
@@ -270,7 +271,7 @@ class StepQueries(Database):
         artifact: Any,
         event_id: uuid.UUID,
         event: JsonObject,
-        schema: tuple[str, str],
+        schema: SchemaRef,
         lease_s: float,
         hooks: Sequence[CommitHook] = (),
     ) -> NodeCommitResult:

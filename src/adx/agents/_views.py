@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from adx.agents._canonical import JsonObject
+from adx.agents._rows import usage_of
 from adx.agents._status import RunStatus, WaitKind
 
 __all__ = ["AgentResult", "PendingWait", "RunEvent", "RunPage", "RunView", "agent_result", "run_event", "run_view"]
@@ -101,7 +102,7 @@ def run_view(row: Mapping[str, Any], waits: Iterable[Mapping[str, Any]] = ()) ->
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
-        usage={k: int(row[k]) for k in ("input_tokens", "output_tokens", "model_calls", "tool_calls", "node_commits")},
+        usage=usage_of(row),
         waits=tuple(
             PendingWait(
                 w["wait_id"],

@@ -9,12 +9,11 @@ tick was aborted keeps its last checkpoint; its lease expires and a higher fence
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from adx.agents._driver import ShutdownSignal
@@ -54,6 +53,7 @@ class AgentWorkerOptions:
         require_positive(self, "tick_deadline_seconds", "drain_seconds", "idle_poll_seconds", "error_backoff_seconds")
 
 
+@dataclass(frozen=True, slots=True)
 class AgentWorkerReadiness:
     """A mandatory, periodic check of the worker's real host dependencies.
 
@@ -61,22 +61,16 @@ class AgentWorkerReadiness:
     ``ttl_seconds``; expired or failing evidence pauses new ticks. Checks run one at a time, never overlapping.
     """
 
-    def __init__(
-        self,
-        check: Callable[[], Awaitable[bool | None]],
-        *,
-        interval_seconds: float = 5.0,
-        ttl_seconds: float = 15.0,
-        timeout_seconds: float = 5.0,
-    ) -> None:
-        if not 0 < interval_seconds < ttl_seconds:
+    check: Callable[[], Awaitable[bool | None]]
+    _: KW_ONLY
+    interval_seconds: float = 5.0
+    ttl_seconds: float = 15.0
+    timeout_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval_seconds < self.ttl_seconds:
             raise InvalidInputError("interval_seconds", "must be positive and shorter than ttl_seconds")
-        if not timeout_seconds > 0:
-            raise InvalidInputError("timeout_seconds", "must be positive")
-        self.check = check
-        self.interval_seconds = interval_seconds
-        self.ttl_seconds = ttl_seconds
-        self.timeout_seconds = timeout_seconds
+        require_positive(self, "timeout_seconds")
 
     @classmethod
     def database(cls, store: AgentStore, **kwargs: float) -> AgentWorkerReadiness:
@@ -87,6 +81,20 @@ class AgentWorkerReadiness:
             return True
 
         return cls(check, **kwargs)
+
+    async def probe(self, logger: logging.Logger) -> bool:
+        """Run the check once, within ``timeout_seconds``: False when it fails, times out or returns False.
+
+        An application check's own bug counts as not ready, never as ready (and never stops the role)."""
+        try:
+            ok = await asyncio.wait_for(self.check(), timeout=self.timeout_seconds)
+        except (AdxError, OSError, TimeoutError) as exc:
+            logger.warning("readiness check failed", extra={"error": str(exc)})
+            return False
+        except Exception as exc:
+            logger.warning("readiness check raised", extra={"error": f"{type(exc).__name__}: {exc}"})
+            return False
+        return ok is not False
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,15 +240,7 @@ class AgentWorker:
 
     async def _check_once(self) -> bool:
         self._counters.readiness_checks += 1
-        try:
-            ok = await asyncio.wait_for(self.readiness.check(), timeout=self.readiness.timeout_seconds)
-        except (AdxError, OSError, TimeoutError) as exc:
-            log.warning("readiness check failed", extra={"error": str(exc)})
-            ok = False
-        except Exception as exc:  # an application check's own bug counts as not ready, never as ready
-            log.warning("readiness check raised", extra={"error": f"{type(exc).__name__}: {exc}"})
-            ok = False
-        if ok is False:
+        if not await self.readiness.probe(log):
             self._counters.readiness_failures += 1
             self._ready_until = 0.0
             self._ready.clear()
@@ -251,11 +251,7 @@ class AgentWorker:
 
     async def _readiness_loop(self) -> None:
         # One task runs every check in sequence: checks never overlap.
-        while not self._signal.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), timeout=self.readiness.interval_seconds)
-            if self._signal.is_set():
-                return
+        while not await self._signal.sleep(self.readiness.interval_seconds):
             await self._check_once()
 
     def _is_ready(self) -> bool:
@@ -267,15 +263,11 @@ class AgentWorker:
 
     # --- slots -------------------------------------------------------------------------------------------
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._signal.wait(), timeout=seconds)
-
     async def _slot(self, index: int) -> None:
         opts = self.options
         while not self._signal.is_set():
             if not self._is_ready():
-                await self._pause(min(opts.idle_poll_seconds, self.readiness.interval_seconds))
+                await self._signal.sleep(min(opts.idle_poll_seconds, self.readiness.interval_seconds))
                 continue
             self._busy += 1
             try:
@@ -287,12 +279,12 @@ class AgentWorker:
             except AdxError as exc:
                 self._counters.tick_errors += 1
                 log.warning("tick failed", extra={"slot": index, "error": str(exc)})
-                await self._pause(opts.error_backoff_seconds)
+                await self._signal.sleep(opts.error_backoff_seconds)
                 continue
             except Exception:  # a bug must not silently retire a slot: count it, back off, keep ticking
                 self._counters.tick_errors += 1
                 log.exception("tick raised unexpectedly", extra={"slot": index})
-                await self._pause(opts.error_backoff_seconds)
+                await self._signal.sleep(opts.error_backoff_seconds)
                 continue
             finally:
                 self._busy -= 1
@@ -300,9 +292,9 @@ class AgentWorker:
             if report.executed is not None:
                 self._counters.executed[report.executed.value] += 1
             if report.outcome is TickOutcome.IDLE:
-                await self._pause(opts.idle_poll_seconds)
+                await self._signal.sleep(opts.idle_poll_seconds)
             elif report.outcome is TickOutcome.EXECUTION_FAILED:
-                await self._pause(min(opts.error_backoff_seconds, opts.idle_poll_seconds))
+                await self._signal.sleep(min(opts.error_backoff_seconds, opts.idle_poll_seconds))
             elif report.outcome is TickOutcome.CANCELLED:
                 return
             # EXECUTED and SCAN_LIMIT_REACHED: schedule the next bounded tick at once.
