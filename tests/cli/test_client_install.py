@@ -40,9 +40,22 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # which under `uv run` is this venv's own python (no uv in it; fresh-ci failed on that). The project's
     # locked versions, without the server extra and the dev group, from uv's cache (offline); the project
     # itself built as a wheel, not linked to the checkout. What `pip install CHECKOUT` resolves is the same
-    # set: the wheel's own Requires-Dist (checked below).
+    # set: the wheel's own Requires-Dist (checked below). --reinstall-package: uv keys its cached build of a local
+    # project on pyproject.toml, so a wheel of an older checkout was reused (a client without wakeOnTraffic).
     uv = [str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "uv"]
-    sync = [*uv, "sync", "--quiet", "--frozen", "--offline", "--no-dev", "--no-editable", "--project", str(CHECKOUT)]
+    sync = [
+        *uv,
+        "sync",
+        "--quiet",
+        "--frozen",
+        "--offline",
+        "--no-dev",
+        "--no-editable",
+        "--reinstall-package",
+        "adx",
+        "--project",
+        str(CHECKOUT),
+    ]
     env = {
         **os.environ,
         "UV_PROJECT_ENVIRONMENT": str(venv),

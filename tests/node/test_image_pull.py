@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import adx
 from adx.errors import AdxError, NotFoundError, UnavailableError
 from adx.images import ImageManifest, ImageStore, layer_digest
 from adx.node import _image_pull
+from adx.proto import node_pb2 as pb
 from adx.sandboxd import SandboxdClient
 from adx.sandboxd._image_build import build_image
 
@@ -140,7 +142,7 @@ async def test_concurrent_creates_of_one_image_pull_each_layer_once(
     served: list[str] = []
     real = _image_pull.layer_chunks
 
-    def counting(store: ImageStore, digest: str):  # type: ignore[no-untyped-def]
+    def counting(store: ImageStore, digest: str) -> AsyncGenerator[pb.LayerChunk, None]:
         served.append(digest)
         return real(store, digest)
 
