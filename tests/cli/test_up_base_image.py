@@ -6,10 +6,15 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
+from pathlib import Path
+from typing import get_args
 
 import pytest
+from typer.testing import CliRunner
 
-from adx.cli._up import base_image_build_state
+from adx.cli import _up
+from adx.cli._app import app
+from adx.cli._up import BaseImage, base_image_build_state
 from adx.config import UpConfig, load_model
 from adx.logs import configure_logging
 
@@ -18,6 +23,30 @@ def test_adx_ups_default_base_image_is_debian_and_host_is_a_choice() -> None:
     assert UpConfig().base_image == "debian"
     assert load_model(UpConfig, "up", None, environ={}).base_image == "debian"
     assert load_model(UpConfig, "up", None, environ={"ADX_UP__BASE_IMAGE": "host"}).base_image == "host"
+
+
+def test_base_image_flag_overrides_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``adx up --base-image host`` (``./scripts/up --base-image host``) wins over the config and the default;
+    the cluster's start itself is not under test here, so it only records the configuration it gets."""
+    assert {b.value for b in BaseImage} == set(get_args(UpConfig.model_fields["base_image"].annotation))
+    got: list[UpConfig] = []
+
+    async def record(cfg: UpConfig) -> None:
+        got.append(cfg)
+
+    monkeypatch.setattr(_up, "_run", record)
+    root = logging.getLogger()  # `up` sets up logging: restored after
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.delenv("ADX_UP__BASE_IMAGE", raising=False)
+    config = tmp_path / "up.toml"
+    config.write_text('base_image = "debian"\n')
+    runner = CliRunner()
+    assert runner.invoke(app, ["up", "--state-dir", str(tmp_path / "s")]).exit_code == 0
+    assert runner.invoke(app, ["up", "--config", str(config), "--base-image", "host"]).exit_code == 0
+    assert [cfg.base_image for cfg in got] == ["debian", "host"]
+    refused = runner.invoke(app, ["up", "--base-image", "ubuntu"])
+    assert refused.exit_code == 2 and "--base-image" in refused.output
 
 
 @pytest.fixture

@@ -70,12 +70,12 @@ def test_a_failed_first_build_is_shown_and_the_cluster_still_comes_up(tmp_path: 
         mp.setenv("ADX_SANDBOXD_FAULTS", "base_image.build:fail")
         with running_up(tmp_path) as up:
             assert "Building the Debian base image from Debian's packages" in up.output
-            assert "base_image = 'host' in adx up's config skips it" in up.output
+            assert "--base-image host skips it" in up.output
             assert "the Debian base image could not be built: injected fault at base_image.build" in up.output
-            assert "or choose base_image = 'host'" in up.output
+            assert "or start with --base-image host" in up.output
             with adx.Client(api_url=up.url, api_key=up.key) as client:
                 env = client.environments.create(cpu=0.5, memory="256Mi", wait=False)
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + 20  # a failed build is no reason to retry the start (a 409)
                 while env.refresh().state not in ("failed", "running"):
                     assert time.monotonic() < deadline, env.state
                     time.sleep(0.2)

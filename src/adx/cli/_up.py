@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections import deque
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -39,18 +40,35 @@ from adx.errors import UnavailableError
 log = logging.getLogger("adx.up")
 
 
+class BaseImage(StrEnum):
+    """``--base-image``: UpConfig.base_image's choices."""
+
+    DEBIAN = "debian"
+    HOST = "host"
+
+
 @app.command()
 def up(
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="state directory (default ./.adx)", file_okay=False)
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML file (component 'up')", dir_okay=False)] = None,
+    base_image: Annotated[
+        BaseImage | None,
+        typer.Option(
+            "--base-image",
+            help="the default image: 'debian' (default; built from Debian's packages on the first start of a state "
+            "directory) or 'host' (host-derived, no build); overrides base_image of the config. docs/images.md",
+        ),
+    ] = None,
 ) -> None:
     """Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."""
     with failing():
         cfg = load_model(UpConfig, "up", config)
     if state_dir is not None:
         cfg = cfg.model_copy(update={"state_dir": state_dir})
+    if base_image is not None:
+        cfg = cfg.model_copy(update={"base_image": base_image.value})
     setup_logging("up", cfg.logging.level if config else None, cfg.logging.format if config else None)
     with failing():
         asyncio.run(_run(cfg))
@@ -179,7 +197,7 @@ async def _wait_base_image(state_dir: Path, sandboxd_log: Path, since: int, stop
         return
     console.print(
         f"Building the Debian base image from Debian's packages (first start of this state directory; usually "
-        f"~{TYPICAL_BUILD_SECONDS}s; base_image = 'host' in adx up's config skips it: docs/images.md)",
+        f"~{TYPICAL_BUILD_SECONDS}s; --base-image host skips it: docs/images.md)",
         soft_wrap=True,
         highlight=False,
     )
@@ -199,7 +217,7 @@ async def _wait_base_image(state_dir: Path, sandboxd_log: Path, since: int, stop
     elif error is not None:
         console.print(
             f"[red]{escape(error)}[/red]\ncreates of the default image are refused; fix it and restart adx up, "
-            "or choose base_image = 'host' (docs/images.md)",
+            "or start with --base-image host (docs/images.md)",
             soft_wrap=True,
             highlight=False,
         )

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from adx.errors import UnavailableError
+from adx.errors import ConflictError, UnavailableError
 from adx.images import TYPICAL_BUILD_SECONDS, ImageStore, LayerInfo, ensure_debian_image, layer_digest
 from adx.sandboxd._faults import fault
 
@@ -108,4 +108,6 @@ class BaseImageBuilder:
                 details={"retry_after_seconds": 10},
             )
         if self.error is not None:
-            raise UnavailableError(f"the Debian base image could not be built: {self.error}")
+            # Not a 503: nothing changes until sandboxd restarts (a retried start would only wait out the node's
+            # readiness budget before failing with the same reason).
+            raise ConflictError(f"the Debian base image could not be built: {self.error}; restart sandboxd to retry")
