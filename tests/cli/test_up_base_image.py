@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from adx.cli import _up
 from adx.cli._app import app
-from adx.cli._up import BaseImage, base_image_build_state
+from adx.cli._up import BaseImage, _shorten, base_image_build_state
 from adx.config import UpConfig, load_model
 from adx.logs import configure_logging
 
@@ -71,3 +71,11 @@ def test_the_build_state_is_the_latest_step_or_the_failure(sandboxd_log: io.Stri
     images.error("the Debian base image could not be built: %s", 'mmdebstrap failed (1):\nE: "bookworm" not found')
     step, error = base_image_build_state(sandboxd_log.getvalue())
     assert error == 'the Debian base image could not be built: mmdebstrap failed (1): E: "bookworm" not found'
+
+
+def test_a_status_line_is_never_longer_than_its_width() -> None:
+    hook = "[   84s] I: running --customize-hook in shell: sh -c 'rm -rf \"$1\"/var/cache/apt/archives/*.deb' " * 3
+    assert len(_shorten(hook)) == 90 and _shorten(hook).endswith("...")
+    assert _shorten("[   24s] I: installing remaining packages inside the chroot...") == (
+        "[   24s] I: installing remaining packages inside the chroot..."
+    )

@@ -165,6 +165,11 @@ def base_image_build_state(log_tail: str) -> tuple[str | None, str | None]:
     return (_unescape(steps[-1]) if steps else None), (_unescape(failed[-1]) if failed else None)
 
 
+def _shorten(line: str, width: int = 90) -> str:
+    """One status line, never wrapped (mmdebstrap's hook lines carry whole commands and paths)."""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
 def _unescape(text: str) -> str:
     return text.replace('\\"', '"').replace("\\n", " ")
 
@@ -201,18 +206,21 @@ async def _wait_base_image(state_dir: Path, sandboxd_log: Path, since: int, stop
         soft_wrap=True,
         highlight=False,
     )
+
+    def poll() -> tuple[bool, str | None, str | None]:  # file reads: in a thread, off the loop
+        return store.find("base") is not None, *base_image_build_state(_log_tail(sandboxd_log, since))
+
     t0 = time.monotonic()
-    error: str | None = None
+    built, error = False, None
     with console.status("") as status:
-        while store.find("base") is None and not stop.is_set() and time.monotonic() - t0 < 1800:
-            step, error = await asyncio.to_thread(lambda: base_image_build_state(_log_tail(sandboxd_log, since)))
-            if error is not None:
+        while not stop.is_set() and time.monotonic() - t0 < 1800:
+            built, step, error = await asyncio.to_thread(poll)
+            if built or error is not None:
                 break
-            status.update(
-                f"base image: {time.monotonic() - t0:.0f}s of usually ~{TYPICAL_BUILD_SECONDS}s: {step or 'starting'}"
-            )
+            elapsed, line = time.monotonic() - t0, escape(_shorten(step or "starting"))
+            status.update(f"base image: {elapsed:.0f}s of usually ~{TYPICAL_BUILD_SECONDS}s: {line}")
             await asyncio.sleep(1)
-    if store.find("base") is not None:
+    if built:
         console.print(f"base image built in {time.monotonic() - t0:.0f}s", highlight=False)
     elif error is not None:
         console.print(
