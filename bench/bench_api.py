@@ -62,13 +62,14 @@ def start_cluster(base: Path) -> tuple[subprocess.Popen[bytes], str, str]:
         env={**os.environ, "XDG_CONFIG_HOME": str(xdg)},
         start_new_session=True,
     )
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600  # a first start's Debian build: 1.5-4 min
     credentials = xdg / "adx" / "credentials.json"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"adx up exited: {(base / 'up.log').read_text()[-3000:]}")
         stored = read_credentials(credentials)
-        if stored.get("api_url") and stored.get("api_key"):
+        # "Press Ctrl-C": also the default image is there (a first start builds the Debian base, docs/images.md).
+        if stored.get("api_url") and stored.get("api_key") and b"Press Ctrl-C" in (base / "up.log").read_bytes():
             try:
                 if httpx.get(stored["api_url"] + "/healthz", timeout=2).status_code == 200:
                     return proc, stored["api_url"], stored["api_key"]

@@ -31,6 +31,11 @@ from adx.coordinator._daemon import RunningCoordinator, start_coordinator
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ServerInfo
 from adx.proto import coordinator_pb2_grpc
 
+# `adx up` makes the Debian base image by default (a ~1.5-4 min build per state directory). Tests that start it
+# get the host-derived base unless they ask for Debian (e2b_up.running_up(base_image="debian") with the image
+# seeded from the shared cache, tests/helpers/image_cache.py): one Debian build per machine, not one per test.
+os.environ.setdefault("ADX_UP__BASE_IMAGE", "host")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A run on another PostgreSQL version (ADX_TEST_POSTGRES_MAJOR, scripts/test's second pass) keeps only the

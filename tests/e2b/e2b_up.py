@@ -26,6 +26,7 @@ class Up:
     key: str  # tenant "default" (made by adx up)
     other_key: str  # a second tenant
     state: Path
+    output: str = ""  # what adx up printed until "Press Ctrl-C"
 
     def opts(self, key: str | None = None) -> dict[str, str]:
         """Connection options of the e2b SDK (what E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set)."""
@@ -62,7 +63,7 @@ def running_up(root: Path, **settings: str) -> Iterator[Up]:
             env=env,
         )
         assert made.returncode == 0, made.stderr
-        yield Up(credentials["api_url"], credentials["api_key"], made.stdout.strip(), state)
+        yield Up(credentials["api_url"], credentials["api_key"], made.stdout.strip(), state, seen)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -78,10 +79,11 @@ def running_up(root: Path, **settings: str) -> Iterator[Up]:
         cleanup_cgroup_parent(cgroup_parent_name(state.absolute()))
 
 
-def seed_debian_image(root: Path) -> bool:
-    """Put the Debian image (as ``debian`` and ``base``) into the store of an ``adx up`` with its state under
-    ``root``, from the cache tests/sandboxd/test_images.py builds (built here when missing: ~4 min once per
-    machine), hard-linked so that sandboxd does not build it again. False when it cannot be had (no mmdebstrap)."""
+def seed_debian_image(root: Path, as_base: bool = True) -> bool:
+    """Put the Debian image (as ``debian`` and, with ``as_base``, ``base``) into the store of an ``adx up`` with its
+    state under ``root``, from the cache tests/sandboxd/test_images.py builds (built here when missing: ~4 min once
+    per machine), hard-linked so that sandboxd does not build it again (without ``base``, its start finds the
+    layer and only names it ``base``). False when it cannot be had (no mmdebstrap)."""
     import shutil
 
     from adx.images import ImageStore, ensure_debian_image
@@ -94,5 +96,6 @@ def seed_debian_image(root: Path) -> bool:
     for digest in manifest.layers:
         subprocess.run(["cp", "-al", str(cache.layers_dir / digest), str(store.layers_dir / digest)], check=True)
     store.put(manifest)
-    store.put(manifest.model_copy(update={"name": "base"}))
+    if as_base:
+        store.put(manifest.model_copy(update={"name": "base"}))
     return True

@@ -27,9 +27,16 @@ class UpCluster:
     err: Path
 
     def env(self, **extra: str) -> dict[str, str]:
-        """The user's environment: no ADX_* variable, only where their config lives."""
+        """The user's environment: no ADX_* variable, only where their config lives (and the host-derived base
+        image: no Debian build per test, tests/conftest.py)."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("ADX_")}
-        return {**base, "XDG_CONFIG_HOME": str(self.config_home), "COLUMNS": "200", **extra}
+        return {
+            **base,
+            "XDG_CONFIG_HOME": str(self.config_home),
+            "COLUMNS": "200",
+            "ADX_UP__BASE_IMAGE": "host",
+            **extra,
+        }
 
     def adx(self, *args: str, cwd: Path | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
         """``adx ARGS`` from another directory than the one `adx up` ran in."""

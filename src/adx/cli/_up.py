@@ -6,17 +6,20 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
 import time
 from collections import deque
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import psycopg
 import redis
 import typer
+from rich.markup import escape
 
 from adx._fs import atomic_write_json
 from adx.cli._app import app, console, setup_logging
@@ -37,18 +40,35 @@ from adx.errors import UnavailableError
 log = logging.getLogger("adx.up")
 
 
+class BaseImage(StrEnum):
+    """``--base-image``: UpConfig.base_image's choices."""
+
+    DEBIAN = "debian"
+    HOST = "host"
+
+
 @app.command()
 def up(
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="state directory (default ./.adx)", file_okay=False)
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML file (component 'up')", dir_okay=False)] = None,
+    base_image: Annotated[
+        BaseImage | None,
+        typer.Option(
+            "--base-image",
+            help="the default image: 'debian' (default; built from Debian's packages on the first start of a state "
+            "directory) or 'host' (host-derived, no build); overrides base_image of the config. docs/images.md",
+        ),
+    ] = None,
 ) -> None:
     """Start the single-node cluster in the foreground; Ctrl-C stops it cleanly."""
     with failing():
         cfg = load_model(UpConfig, "up", config)
     if state_dir is not None:
         cfg = cfg.model_copy(update={"state_dir": state_dir})
+    if base_image is not None:
+        cfg = cfg.model_copy(update={"base_image": base_image.value})
     setup_logging("up", cfg.logging.level if config else None, cfg.logging.format if config else None)
     with failing():
         asyncio.run(_run(cfg))
@@ -134,25 +154,83 @@ def _print_endpoints(servers: list[ManagedServer], external: dict[str, str], sta
         console.print(f"  {server.kind:<11} {info.url}  (pid {info.pid}, {how})", soft_wrap=True, highlight=False)
 
 
-async def _wait_base_image(state_dir: Path, stop: asyncio.Event) -> None:
-    """sandboxd builds the Debian base image in the background on a first start: show it, with the usual time."""
+#: sandboxd's log lines about the base image build (its logfmt ``msg="..."``, quotes inside escaped).
+_BUILD_STEP = re.compile(r'msg="base image: ((?:[^"\\]|\\.)*)"')
+_BUILD_FAILED = re.compile(r'msg="(the Debian base image could not be built: (?:[^"\\]|\\.)*)"')
+
+
+def base_image_build_state(log_tail: str) -> tuple[str | None, str | None]:
+    """(the build's latest step, its error) from the tail of sandboxd's log; None where the log has none yet."""
+    steps, failed = _BUILD_STEP.findall(log_tail), _BUILD_FAILED.findall(log_tail)
+    return (_unescape(steps[-1]) if steps else None), (_unescape(failed[-1]) if failed else None)
+
+
+def _shorten(line: str, width: int = 90) -> str:
+    """One status line, never wrapped (mmdebstrap's hook lines carry whole commands and paths)."""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _unescape(text: str) -> str:
+    return text.replace('\\"', '"').replace("\\n", " ")
+
+
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _log_tail(path: Path, since: int, size: int = 65536) -> str:
+    """The log's last ``size`` bytes written after offset ``since`` (an earlier start's lines are not this one's)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(since, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+async def _wait_base_image(state_dir: Path, sandboxd_log: Path, since: int, stop: asyncio.Event) -> None:
+    """sandboxd builds the Debian base image in the background on the first start of a state directory: say so
+    on a plain line (also when stdout is no terminal), show its elapsed time, the usual time and sandboxd's
+    latest step meanwhile, and stop waiting when it fails (creates of ``base`` then name the reason)."""
     from adx.images import TYPICAL_BUILD_SECONDS, ImageStore
 
     store = ImageStore(state_dir / "sandboxd" / "data" / "images" / "store")
     if store.find("base") is not None:
         return
+    console.print(
+        f"Building the Debian base image from Debian's packages (first start of this state directory; usually "
+        f"~{TYPICAL_BUILD_SECONDS}s; --base-image host skips it: docs/images.md)",
+        soft_wrap=True,
+        highlight=False,
+    )
+
+    def poll() -> tuple[bool, str | None, str | None]:  # file reads: in a thread, off the loop
+        return store.find("base") is not None, *base_image_build_state(_log_tail(sandboxd_log, since))
+
     t0 = time.monotonic()
+    built, error = False, None
     with console.status("") as status:
-        while store.find("base") is None and not stop.is_set() and time.monotonic() - t0 < 1800:
-            status.update(
-                f"sandboxd is building the Debian base image from Debian's packages: {time.monotonic() - t0:.0f}s "
-                f"(usually ~{TYPICAL_BUILD_SECONDS}s; once per machine; its log has the steps)"
-            )
+        while not stop.is_set() and time.monotonic() - t0 < 1800:
+            built, step, error = await asyncio.to_thread(poll)
+            if built or error is not None:
+                break
+            elapsed, line = time.monotonic() - t0, escape(_shorten(step or "starting"))
+            status.update(f"base image: {elapsed:.0f}s of usually ~{TYPICAL_BUILD_SECONDS}s: {line}")
             await asyncio.sleep(1)
-    if store.find("base") is not None:
+    if built:
         console.print(f"base image built in {time.monotonic() - t0:.0f}s", highlight=False)
+    elif error is not None:
+        console.print(
+            f"[red]{escape(error)}[/red]\ncreates of the default image are refused; fix it and restart adx up, "
+            "or start with --base-image host (docs/images.md)",
+            soft_wrap=True,
+            highlight=False,
+        )
     else:
-        console.print("[yellow]the base image is not built yet: see sandboxd's log[/yellow]")
+        console.print(f"[yellow]the base image is not built yet: see {sandboxd_log}[/yellow]", soft_wrap=True)
 
 
 async def _run(cfg: UpConfig) -> None:
@@ -181,6 +259,7 @@ async def _run(cfg: UpConfig) -> None:
             postgres_url = cfg.postgres_url or _info_url(servers[-1])
             await _migrate_agent_store(postgres_url)
             cluster = await asyncio.to_thread(plan_cluster, cfg, state_dir, redis_url, postgres_url)
+            log_start = _log_size(cluster.sandboxd.log_path)  # this start's lines of sandboxd's log begin here
             for server in cluster.servers:
                 await _start(server, started)
             servers += cluster.servers
@@ -189,7 +268,7 @@ async def _run(cfg: UpConfig) -> None:
             admin_key, admin_created = await asyncio.to_thread(ensure_admin_key, cluster, state_dir, api_url)
             recorded = await asyncio.to_thread(record_cluster, cluster, state_dir, redis_url, cfg.tenant, api_url)
             if cfg.base_image == "debian":
-                await _wait_base_image(state_dir, stop)
+                await _wait_base_image(state_dir, cluster.sandboxd.log_path, log_start, stop)
         _print_endpoints(servers, external, state_dir)
         if not cfg.servers_only:
             _print_access(api_url, cfg.tenant, api_key, created, recorded[-1])

@@ -98,9 +98,10 @@ class UpConfig(StrictModel):
     )
     tenant: str = Field(default="default", description="the tenant whose API key `adx up` creates and prints")
     base_image: Literal["host", "debian"] = Field(
-        default="host",
-        description="the default image: 'host' (host-derived, host /usr read-only) or 'debian' (Debian 12 made by "
-        "mmdebstrap on first start, ~2.5-4 min, with a user account and sudo; docs/images.md)",
+        default="debian",
+        description="the default image: 'debian' (Debian 12 from Debian's packages, built by mmdebstrap on the first "
+        "start of a state directory, ~1.5-4 min shown with its progress; a user account, sudo, apt) or 'host' (the "
+        "host-derived skeleton, host /usr read-only, no build, faster starts; docs/images.md)",
     )
     health_interval_seconds: float = seconds(
         1.0, "how often adx up checks each of its servers (a crashed one is restarted)", le=60

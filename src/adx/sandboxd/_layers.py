@@ -13,8 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from adx.errors import UnavailableError
+from adx.errors import ConflictError, UnavailableError
 from adx.images import TYPICAL_BUILD_SECONDS, ImageStore, LayerInfo, ensure_debian_image, layer_digest
+from adx.sandboxd._faults import fault
 
 __all__ = ["OUTPUT_TAIL_BYTES", "BaseImageBuilder", "commit_upper", "ensure_mountpoints", "output_tail"]
 
@@ -89,6 +90,7 @@ class BaseImageBuilder:
                     "creates of 'base' wait for it",
                     TYPICAL_BUILD_SECONDS,
                 )
+            fault("base_image.build")
             manifest, _ = ensure_debian_image(self.store, "debian", progress=self._progress)
             self.store.put(manifest.model_copy(update={"name": "base"}))
         except Exception as exc:  # reported by every create of base, and in the log
@@ -106,4 +108,6 @@ class BaseImageBuilder:
                 details={"retry_after_seconds": 10},
             )
         if self.error is not None:
-            raise UnavailableError(f"the Debian base image could not be built: {self.error}")
+            # Not a 503: nothing changes until sandboxd restarts (a retried start would only wait out the node's
+            # readiness budget before failing with the same reason).
+            raise ConflictError(f"the Debian base image could not be built: {self.error}; restart sandboxd to retry")
