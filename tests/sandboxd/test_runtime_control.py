@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -96,10 +97,17 @@ def break_control_connection(pid: int) -> None:
     found = 0
     try:
         for name in os.listdir(f"/proc/{pid}/fd"):
-            if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+            # execd opens and closes fds of its own meanwhile: one listed a moment ago may be gone (fresh-ci
+            # failed once on that readlink); the control socket lives throughout, so skipping it is safe.
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    continue
+            except FileNotFoundError:
                 continue
             fd = libc.syscall(438, pidfd, int(name), 0)  # pidfd_getfd
             if fd < 0:
+                if ctypes.get_errno() == errno.EBADF:  # closed since the readlink
+                    continue
                 raise OSError(ctypes.get_errno(), "pidfd_getfd")
             with socket.socket(fileno=fd) as sock:
                 try:
