@@ -318,6 +318,7 @@ async def warm_image_rounds(rounds: int, tmp: str) -> dict[str, Any]:
     factory = DaemonFactory(base, images_dir=CACHE)
     images = {"host": None, "debian": "debian"}
     times: dict[str, dict[str, list[float]]] = {k: {"create": [], "ready": [], "true": []} for k in images}
+    claimed_memory: dict[str, list[dict[str, int]]] = {k: [] for k in images}  # PID 1 after its first ``true``
     try:
         daemon = factory("warm", warm_pool=1)
         async with daemon.client() as client:
@@ -350,6 +351,9 @@ async def warm_image_rounds(rounds: int, tmp: str) -> dict[str, Any]:
                         times[name]["create"].append(created_at - start)
                         times[name]["ready"].append(ready - start)
                         times[name]["true"].append(took_true)
+                        assert created.sandbox.native is not None
+                        procs = (Path(created.sandbox.native.cgroup_dir) / "cgroup.procs").read_text().split()
+                        claimed_memory[name].append(pid1_memory_kib({int(p) for p in procs}))
                     await client.delete(ref_of(created))
 
                 for i in range(2):  # warm-up: each shape is learned (its first create is cold), caches
@@ -375,6 +379,10 @@ async def warm_image_rounds(rounds: int, tmp: str) -> dict[str, Any]:
                     f"{name}_{figure}": summarize(samples)
                     for name, figures in times.items()
                     for figure, samples in figures.items()
+                },
+                "claimed_pid1_kib_median": {
+                    name: {k: sorted(m[k] for m in samples)[len(samples) // 2] for k in ("rss", "pss", "private")}
+                    for name, samples in claimed_memory.items()
                 },
                 "parked_members_pid1_kib": members,
             }

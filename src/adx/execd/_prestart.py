@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 # As ``python -m adx.execd`` (its __main__): no ssl module (nor libssl) in a process that speaks only over Unix
@@ -75,6 +76,9 @@ def main(go_fd: int, err_fd: int) -> int:
         os.chdir(cwd)
         if argv[:3] != [sys.orig_argv[0], "-m", "adx.execd"] or startup_env(env) != startup_env(exec_env):
             os.set_inheritable(err_fd, False)
+            # Default, as the init left them for a cold start's exec (Python ignores them; an exec keeps that).
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)  # never returns
         os.environ.clear()
         os.environ.update(env)

@@ -2,7 +2,10 @@
 
 It runs in the cloned child, PID 1 of the new PID namespace, and ends in ``execve`` or ``_exit``: mounts
 (received from the supervisor), ``/proc`` and ``/dev``, the network device, pivot_root, capabilities and seccomp,
-then the wait for the supervisor's ``go``.
+then the wait for the supervisor's ``go``. A warm member's init waits for its claim before pivot_root (its host
+name, cwd, environment and argv are the claim's) — except one whose execd runs on the image's interpreter
+(``SpawnSpec.prestarts_execd``): it execs that interpreter right away, confined, into ``adx.execd._prestart``,
+which waits for the claim with execd imported.
 """
 
 from __future__ import annotations
