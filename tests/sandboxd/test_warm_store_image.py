@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from sbx_helpers import LAYOUT, Daemon, DaemonFactory, wait_until
-from test_images import CACHE, debian_store  # noqa: F401 - the session's Debian image (a fixture)
+from test_images import CACHE, _exec_ready, debian_store  # noqa: F401 - the session's Debian image (a fixture)
 from test_runtime_control import execd_call, ready, run, until
 
 from adx.images import ImageStore
@@ -52,7 +52,9 @@ def _request(sandbox_id: str, env: dict[str, str] | None = None) -> CreateReques
     )
 
 
-def _daemon(sandboxd: DaemonFactory) -> Daemon:
+@pytest.fixture
+def d(sandboxd: DaemonFactory, debian_store: ImageStore) -> Daemon:  # noqa: F811
+    """One member per shape, user namespaces on (the host name is set across one)."""
     return sandboxd(images_dir=str(CACHE), warm_pool=1, user_namespace="on")
 
 
@@ -99,15 +101,17 @@ async def _settled(c: SandboxdClient, d: Daemon, prestarted: int = 1) -> dict[st
         await asyncio.sleep(0.05)
 
 
-async def _serving(socket: str) -> None:
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                if (await execd_call(socket, "GET", "/v1/health")).status_code == 200:
-                    return
-            except OSError:
-                pass
-            await asyncio.sleep(0.05)
+async def _create(
+    c: SandboxdClient, request: CreateRequest, members: dict[str, int] | None = None
+) -> tuple[CreateResponse, str]:
+    """Create and wait until its execd serves: the response and execd's socket. ``members``: it claims one."""
+    created = await c.create(request)
+    if members is not None:
+        assert created.sandbox.native is not None and Path(created.sandbox.native.cgroup_dir).name in members
+    socket = created.sandbox.execd_socket
+    assert socket is not None
+    await _exec_ready(socket)
+    return created, socket
 
 
 def _same(text: str, *ids: str) -> str:
@@ -125,28 +129,21 @@ def _pid1_environ(created: CreateResponse) -> bytes:
 
 @pytest.mark.req("CTL-1", "SEC-3")
 async def test_a_claimed_debian_member_is_served_by_its_prestarted_execd_exactly_as_a_cold_create(
-    sandboxd: DaemonFactory,
-    debian_store: ImageStore,  # noqa: F811
+    d: Daemon,
 ) -> None:
-    d = _daemon(sandboxd)
     async with d.client() as c:
         health = await c.health()
         assert health.runtime_control_socket is not None
         async with RuntimeControlSubscription(health.runtime_control_socket) as sub:
-            cold = await c.create(_request("store-cold"))  # learns the shape: cold
+            cold, cold_socket = await _create(c, _request("store-cold"))  # learns the shape: cold
             members = await _settled(c, d)
-            warm = await c.create(_request("store-warm"))
-            assert warm.sandbox.native is not None
-            member = Path(warm.sandbox.native.cgroup_dir).name
-            assert member in members  # the pre-started member was claimed: its PID 1 is the sandbox's
+            # The pre-started member is claimed: its PID 1 is the sandbox's.
+            warm, warm_socket = await _create(c, _request("store-warm"), members)
             pool = (await c.health()).warm_pool
             assert pool is not None and (pool.claims, pool.misses) == (1, 1)
             await until(sub, ready("store-cold", "store-warm"))
             outputs = {}
-            for created in (cold, warm):
-                socket = created.sandbox.execd_socket
-                assert socket is not None
-                await _serving(socket)
+            for created, socket in ((cold, cold_socket), (warm, warm_socket)):
                 out, code = await run(socket, SHOW)
                 assert code == 0, out
                 outputs[created.sandbox.sandbox_id] = _same(out, "store-cold", "store-warm")
@@ -172,21 +169,15 @@ async def test_a_claimed_debian_member_is_served_by_its_prestarted_execd_exactly
 
 
 async def test_a_claim_with_its_own_start_up_environment_execs_the_interpreter_as_a_cold_start(
-    sandboxd: DaemonFactory,
-    debian_store: ImageStore,  # noqa: F811
+    d: Daemon,
 ) -> None:
     """``PYTHONDONTWRITEBYTECODE`` (read by the interpreter at start): the pre-started execd cannot become it, so
     it execs the claim's argv and environment, exactly the cold start's exec."""
-    d = _daemon(sandboxd)
     env = {**ENV, "PYTHONDONTWRITEBYTECODE": "1"}
     async with d.client() as c:
         first = await c.create(_request("own-env-cold", env))
         members = await _settled(c, d)
-        created = await c.create(_request("own-env-warm", env))
-        assert created.sandbox.native is not None and Path(created.sandbox.native.cgroup_dir).name in members
-        socket = created.sandbox.execd_socket
-        assert socket is not None
-        await _serving(socket)
+        created, socket = await _create(c, _request("own-env-warm", env), members)
         out, code = await run(socket, "echo $PYTHONDONTWRITEBYTECODE $X; hostname")
         assert (out, code) == ("1 claimed\nown-env-warm\n", 0)
         warm_env = _pid1_environ(created)
@@ -197,12 +188,10 @@ async def test_a_claim_with_its_own_start_up_environment_execs_the_interpreter_a
 
 
 async def test_members_never_claimed_leave_no_process(
-    sandboxd: DaemonFactory,
-    debian_store: ImageStore,  # noqa: F811
+    d: Daemon,
 ) -> None:
     """A member whose supervisor is gone reads EOF instead of a claim and exits by itself; what is left of the
     pool is removed when sandboxd stops."""
-    d = _daemon(sandboxd)
     async with d.client() as c:
         await c.delete(ref_of(await c.create(_request("drop-cold"))))
         members = await _settled(c, d)
@@ -216,10 +205,8 @@ async def test_members_never_claimed_leave_no_process(
 
 @pytest.mark.req("SBX-10")
 async def test_sigkill_of_sandboxd_with_prestarted_members_leaves_no_orphan_and_creates_work_after_restart(
-    sandboxd: DaemonFactory,
-    debian_store: ImageStore,  # noqa: F811
+    d: Daemon,
 ) -> None:
-    d = _daemon(sandboxd)
     async with d.client() as c:
         await c.delete(ref_of(await c.create(_request("kill-cold"))))
         members = await _settled(c, d)
@@ -228,17 +215,9 @@ async def test_sigkill_of_sandboxd_with_prestarted_members_leaves_no_orphan_and_
     wait_until(lambda: not any(_alive(p) for p in members.values()), timeout=30)
     async with d.client() as c:
         assert not members.keys() & _prestarted(d).keys()
-        created = await c.create(_request("after-restart"))  # the shape is learned again: cold
-        socket = created.sandbox.execd_socket
-        assert socket is not None
-        await _serving(socket)
+        created, socket = await _create(c, _request("after-restart"))  # the shape is learned again: cold
         assert await run(socket, "echo $X") == ("claimed\n", 0)
         await c.delete(ref_of(created))
-        fresh = await _settled(c, d)
-        claimed = await c.create(_request("claimed-after-restart"))
-        assert claimed.sandbox.native is not None and Path(claimed.sandbox.native.cgroup_dir).name in fresh
-        socket = claimed.sandbox.execd_socket
-        assert socket is not None
-        await _serving(socket)
+        claimed, socket = await _create(c, _request("claimed-after-restart"), await _settled(c, d))
         assert await run(socket, "hostname; echo $X") == ("claimed-after-restart\nclaimed\n", 0)
         await c.delete(ref_of(claimed))
