@@ -53,9 +53,10 @@ def _request(sandbox_id: str, env: dict[str, str] | None = None) -> CreateReques
 
 
 @pytest.fixture
-def d(sandboxd: DaemonFactory, debian_store: ImageStore) -> Daemon:  # noqa: F811
-    """One member per shape, user namespaces on (the host name is set across one)."""
-    return sandboxd(images_dir=str(CACHE), warm_pool=1, user_namespace="on")
+def d(request: pytest.FixtureRequest, sandboxd: DaemonFactory, debian_store: ImageStore) -> Daemon:  # noqa: F811
+    """One member per shape; user namespaces on (the host name is set across one) unless the test's parameter
+    (``indirect``) says "off"."""
+    return sandboxd(images_dir=str(CACHE), warm_pool=1, user_namespace=getattr(request, "param", "on"))
 
 
 def _nspid(pid: int) -> str:
@@ -128,6 +129,7 @@ def _pid1_environ(created: CreateResponse) -> bytes:
 
 
 @pytest.mark.req("CTL-1", "SEC-3")
+@pytest.mark.parametrize("d", ["on", "off"], indirect=True)
 async def test_a_claimed_debian_member_is_served_by_its_prestarted_execd_exactly_as_a_cold_create(
     d: Daemon,
 ) -> None:
