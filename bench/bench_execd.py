@@ -14,7 +14,12 @@ Figures and their baselines (all in this run, same machine):
   seen on sandboxd's runtime-control subscription, the create call alone, a first ``true`` through the
   host-side execd socket (new connection) and PID 1's idle memory (VmRSS, Pss, private), beside the same
   sandbox created with ``sleep`` as PID 1 (create call only); all of it twice: PID 1 running execd in process
-  (sandboxd's default) and, as the baseline, exec'ing a fresh interpreter (``execd_in_process = false``).
+  (sandboxd's default) and, as the baseline, exec'ing a fresh interpreter (``execd_in_process = false``);
+- with ``--warm-images N`` (root; only this figure): on one sandboxd with a warm pool, N claims of an execd
+  sandbox of the Debian store image (the test cache's, ``tests/helpers/image_cache.py``) and, taking turns, of
+  the host-derived image (the same-run baseline): create -> execd Ready (subscription), the create call and a
+  first ``true``; then the idle memory of each parked member's PID 1 (issue 16: a store image's member starts
+  its interpreter and imports execd before the claim, ``adx.execd._prestart``).
 One client connection per figure, kept alive, raw socket client (no HTTP library overhead in the numbers).
 """
 
@@ -262,6 +267,130 @@ async def sandbox_figures(rounds: int, tmp: str) -> dict[str, object]:
     return {"sandbox_execd": figures}
 
 
+async def _pool_settled(client: Any, at_least: int = 0) -> int:
+    """Wait until no member is starting and at least ``at_least`` are ready; returns how many are ready."""
+    import asyncio
+
+    deadline = time.monotonic() + 120
+    while True:
+        pool = (await client.health()).warm_pool
+        if pool is not None and not pool.starting and pool.ready >= at_least:
+            return int(pool.ready)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"warm pool did not settle: {pool}")
+        await asyncio.sleep(0.02)
+
+
+def _nspid(pid: int) -> str:
+    """``pid`` as its innermost PID namespace numbers it."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("NSpid:"))
+    return line.split()[-1]
+
+
+def _member_pid1_memory(daemon: Any) -> list[dict[str, Any]]:
+    """Every parked member's PID 1: its command line (what it runs while parked) and VmRSS/Pss/private KiB."""
+    from sbx_helpers import LAYOUT
+
+    assert LAYOUT.v2_root is not None
+    members = []
+    for cg in sorted((LAYOUT.v2_root / daemon.cgroup_parent).glob("_warm-*")):
+        procs = {int(x) for x in (cg / "cgroup.procs").read_text().split()}
+        with contextlib.suppress(RuntimeError, OSError):
+            memory = pid1_memory_kib(procs)
+            pid1 = next(p for p in procs if _nspid(p) == "1")
+            cmdline = Path(f"/proc/{pid1}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            members.append({"pid1": cmdline.strip()[:80], "processes": len(procs), **memory})
+    return members
+
+
+async def warm_image_rounds(rounds: int, tmp: str) -> dict[str, Any]:
+    """Claims of execd sandboxes, the Debian store image and the host image taking turns (module docstring)."""
+    import asyncio
+
+    from image_cache import CACHE, cached_debian_store
+    from sbx_helpers import DaemonFactory
+
+    from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RuntimeControlSubscription, ref_of
+
+    cached_debian_store()
+    base = Path(tmp) / "sbxw"
+    base.mkdir()
+    factory = DaemonFactory(base, images_dir=CACHE)
+    images = {"host": None, "debian": "debian"}
+    times: dict[str, dict[str, list[float]]] = {k: {"create": [], "ready": [], "true": []} for k in images}
+    claimed_memory: dict[str, list[dict[str, int]]] = {k: [] for k in images}  # PID 1 after its first ``true``
+    try:
+        daemon = factory("warm", warm_pool=1)
+        async with daemon.client() as client:
+            path = (await client.health()).runtime_control_socket
+            assert path is not None
+            async with RuntimeControlSubscription(path, max_backoff=0.05) as sub:
+                await sub.wait_connected(10)
+
+                async def one(name: str, sid: str, timed: bool) -> None:
+                    start = time.perf_counter()
+                    created = await client.create(
+                        CreateRequest(
+                            request_id=sid,
+                            sandbox_id=sid,
+                            image=images[name],
+                            argv=["sleep", "1000"],
+                            execd=ExecdOptions(),
+                            resources=ResourcesSpec(cpu_millis=500, memory_bytes=256 << 20),
+                        )
+                    )
+                    created_at = time.perf_counter()
+                    async with asyncio.timeout(30):
+                        while not ((state := sub.states.get(sid)) and state.ready):
+                            await sub.next_event()
+                    ready = time.perf_counter()
+                    socket = created.sandbox.execd_socket
+                    assert socket is not None
+                    took_true = await asyncio.to_thread(time_true_once, socket)
+                    if timed:
+                        times[name]["create"].append(created_at - start)
+                        times[name]["ready"].append(ready - start)
+                        times[name]["true"].append(took_true)
+                        assert created.sandbox.native is not None
+                        procs = (Path(created.sandbox.native.cgroup_dir) / "cgroup.procs").read_text().split()
+                        claimed_memory[name].append(pid1_memory_kib({int(p) for p in procs}))
+                    await client.delete(ref_of(created))
+
+                for i in range(2):  # warm-up: each shape is learned (its first create is cold), caches
+                    for name in images:
+                        await one(name, f"u{name[0]}{i}", False)
+                        await _pool_settled(client)
+                kept = await _pool_settled(client)
+                before = (await client.health()).warm_pool
+                for i in range(rounds):
+                    for name in images:
+                        await _pool_settled(client, kept)
+                        await one(name, f"r{name[0]}{i}", True)
+                after = (await client.health()).warm_pool
+                await _pool_settled(client, kept)
+                await asyncio.sleep(1.0)  # idle members
+                members = _member_pid1_memory(daemon)
+        assert before is not None and after is not None
+        return {
+            "warm_claims": {
+                "claims": after.claims - before.claims,
+                "misses": after.misses - before.misses,
+                **{
+                    f"{name}_{figure}": summarize(samples)
+                    for name, figures in times.items()
+                    for figure, samples in figures.items()
+                },
+                "claimed_pid1_kib_median": {
+                    name: {k: sorted(m[k] for m in samples)[len(samples) // 2] for k in ("rss", "pss", "private")}
+                    for name, samples in claimed_memory.items()
+                },
+                "parked_members_pid1_kib": members,
+            }
+        }
+    finally:
+        factory.cleanup()
+
+
 def time_true_once(socket: str) -> float:
     """One ``true`` through execd's host-side socket of a real sandbox (raw HTTP/1.1, one connection)."""
     import socket as sk
@@ -295,8 +424,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--starts", type=int, default=15)
     parser.add_argument("--sandboxes", type=int, default=0, help="rounds on a real sandboxd (root only)")
+    parser.add_argument("--warm-images", type=int, default=0, help="only the store vs host image claims (root)")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="bx", dir="/tmp")
+    if args.warm_images:
+        import asyncio
+        import shutil
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
+        try:
+            emit("execd_warm_images", asyncio.run(warm_image_rounds(args.warm_images, tmp)))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     procs: list[subprocess.Popen[bytes]] = []
     try:
         progress("start-up")

@@ -43,6 +43,8 @@ RUNTIME_MODULES = (
     "adx/execd/_control.py",
     "adx/execd/_protocol.py",
     "adx/execd/_watch.py",
+    "adx/execd/_process_args.py",
+    "adx/execd/_prestart.py",
 )
 
 _SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent

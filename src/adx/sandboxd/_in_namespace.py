@@ -2,7 +2,10 @@
 
 It runs in the cloned child, PID 1 of the new PID namespace, and ends in ``execve`` or ``_exit``: mounts
 (received from the supervisor), ``/proc`` and ``/dev``, the network device, pivot_root, capabilities and seccomp,
-then the wait for the supervisor's ``go``.
+then the wait for the supervisor's ``go``. A warm member's init waits for its claim before pivot_root (its host
+name, cwd, environment and argv are the claim's) — except one whose execd runs on the image's interpreter
+(``SpawnSpec.prestarts_execd``): it execs that interpreter right away, confined, into ``adx.execd._prestart``,
+which waits for the claim with execd imported.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import NoReturn
 
+from adx.execd._process_args import ROOM_VARIABLE
 from adx.sandboxd import _confinement as confine
 from adx.sandboxd import _linux as lx
 from adx.sandboxd import _mount_api as mapi
@@ -126,7 +130,11 @@ def in_namespace_setup(
             veth = spec.veth
             netif.configure_interface("eth0", veth.sandbox_ip, veth.prefix)
             netif.add_default_route(veth.host_ip)  # egress goes through the node (nftables policy + NAT)
-        if spec.warm:
+        prestart = spec.prestarts_execd
+        if prestart:
+            wait_go()  # placed; the claim comes after the exec, to adx.execd._prestart
+            go_fd = fcntl.fcntl(go_fd, fcntl.F_DUPFD_CLOEXEC, 64)  # out of the way of the sockets' 3, 4, ...
+        elif spec.warm:
             spec = _await_claim(spec, wait_go, go_fd, err_fd)
         lx.sethostname(spec.hostname)
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back.
@@ -164,6 +172,8 @@ def in_namespace_setup(
                 os.dup2(fd, EXECD_SOCKET_FD + index, inheritable=True)
         if in_process:
             _become_execd(spec, argv, err_fd, EXECD_SOCKET_FD + len(listen_fds))
+        if prestart:
+            _exec_prestart(spec, go_fd, err_fd, EXECD_SOCKET_FD + len(listen_fds))
         os.execvpe(argv[0], argv, spec.env)
     except BaseException as exc:  # report any failure to the supervisor, never return into its code
         with contextlib.suppress(BaseException):
@@ -184,6 +194,24 @@ def _await_claim(spec: SpawnSpec, wait_go: Callable[[], None], go_fd: int, err_f
         os._exit(0)
     claim = json.loads(data)
     return replace(spec, hostname=claim["hostname"], cwd=claim["cwd"], env=claim["env"], init_argv=claim["init_argv"])
+
+
+#: The pre-started execd's entry (not imported here: the spawner stays without execd unless its template has it).
+_PRESTART_MODULE = "adx.execd._prestart"
+#: Room kept in the pre-started execd's argv and environment areas for the claim's (``/proc`` shows them).
+_PRESTART_ROOM = 8192
+
+
+def _exec_prestart(spec: SpawnSpec, go_fd: int, err_fd: int, first_free: int) -> None:
+    """A warm member of a shape whose execd runs on the image's interpreter: exec that interpreter now, as a cold
+    start would (same place, same descriptors and confinement), into ``adx.execd._prestart``, which imports execd
+    and waits on ``go_fd`` for the claim. ``go_fd`` and ``err_fd`` become the next free descriptors after the
+    listening sockets (inheritable); the originals close at exec. Returns only when the exec failed (raises)."""
+    for index, fd in enumerate([fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (go_fd, err_fd)]):
+        os.dup2(fd, first_free + index, inheritable=True)
+    argv = [spec.init_argv[0], "-m", _PRESTART_MODULE, str(first_free), str(first_free + 1), "-" * _PRESTART_ROOM]
+    env = {**spec.env, ROOM_VARIABLE: "-" * _PRESTART_ROOM}
+    os.execvpe(argv[0], argv, env)
 
 
 def _become_execd(spec: SpawnSpec, argv: list[str], err_fd: int, first_free: int) -> NoReturn:

@@ -12,6 +12,8 @@ import ctypes
 import os
 from typing import Any
 
+from adx.execd._process_args import set_process_args
+
 __all__ = [
     "CLONE_INTO_CGROUP",
     "CLONE_NEWIPC",
@@ -35,6 +37,7 @@ __all__ = [
     "rename_noreplace",
     "set_process_args",
     "sethostname",
+    "sethostname_of",
     "umount2",
     "write_id_maps",
 ]
@@ -75,6 +78,7 @@ libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 def _nr(index: int) -> int:
@@ -171,30 +175,24 @@ def pivot_root(new_root: str, put_old: str) -> None:
     check(syscall(_nr(1), new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def set_process_args(argv: list[str], env: dict[str, str]) -> None:
-    """Rewrite this process's argv and environ areas in place (as setproctitle does), so that
-    ``/proc/self/cmdline`` and ``environ`` show ``argv`` and ``env`` as after an execve of them.
-
-    For a process that becomes another program without exec. The areas keep their size (moving them needs
-    CAP_SYS_RESOURCE, which containers often lack): what does not fit is left out at an item boundary and the
-    rest of each area is NUL, so a reader splitting on NUL sees trailing empty items.
-    """
-    with open("/proc/self/stat", "rb") as fh:
-        fields = fh.read().rsplit(b")", 1)[1].split()
-    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])  # stat fields 48..51
-    for start, end, items in (
-        (arg_start, arg_end, argv),
-        (env_start, env_end, [f"{k}={v}" for k, v in env.items()]),
-    ):
-        size, raw = end - start, b""
-        for item in items:
-            encoded = item.encode() + b"\0"
-            if len(raw) + len(encoded) > size:
-                break
-            raw += encoded
-        ctypes.memmove(start, raw.ljust(size, b"\0"), size)
-
-
 def sethostname(name: str) -> None:
     raw = name.encode()
     check(libc.sethostname(raw, len(raw)), "sethostname")
+
+
+def sethostname_of(pid: int, name: str) -> None:
+    """Set the host name of ``pid``'s UTS namespace from outside it (this thread joins it for the call, then
+    returns to its own): for a process that no longer may (its capabilities are dropped)."""
+    own = os.open("/proc/thread-self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        target = os.open(f"/proc/{pid}/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            check(libc.setns(target, CLONE_NEWUTS), "setns")
+        finally:
+            os.close(target)
+        try:
+            sethostname(name)
+        finally:
+            check(libc.setns(own, CLONE_NEWUTS), "setns back")
+    finally:
+        os.close(own)

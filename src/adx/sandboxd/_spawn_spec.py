@@ -111,6 +111,13 @@ class SpawnSpec:
     #: A warm pool member (``_warm_pool``): made ready, then parked until a create claims it with its own spec.
     warm: bool = False
 
+    @property
+    def prestarts_execd(self) -> bool:
+        """A warm member whose PID 1 would exec execd's interpreter (a store image's python3): it execs it before
+        the claim, into ``adx.execd._prestart``, which imports execd and waits for the claim's argv and environment
+        (issue 16). Not with ``execd_inproc``: that PID 1 has execd imported already (the spawner's template)."""
+        return self.warm and not self.execd_inproc and self.init_argv[1:3] == ["-m", "adx.execd"]
+
     def to_json(self) -> bytes:
         return json.dumps(self.to_wire()).encode()
 

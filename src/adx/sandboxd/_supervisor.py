@@ -156,6 +156,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
 
     go_payload = b"1" if ok else b"0"
     claimed = spec.warm  # the claim's spec, which replaces this one, is no warm member's
+    prestarted = spec.prestarts_execd  # its PID 1 is execd's interpreter already, capabilities dropped
     if claimed:
         parked = _park(spec, pid, go_w, err_r, ok, lock_fd, lambda: report({"ok": True, "warm": True}))
         if isinstance(parked, str):  # not claimed (dropped, or never ready)
@@ -204,6 +205,15 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     if ok and spec.veth is not None and not claimed:  # a warm member's exists already
         ok = _create_veth(spec.veth, pid)
         go_payload = b"1" if ok else b"0"
+    if prestarted:
+        try:
+            lx.sethostname_of(pid, spec.hostname)  # what its init did itself before the exec, on a cold start
+        except OSError as exc:
+            _abandon(pid, go_w, None)
+            os.close(err_r)
+            report({"ok": False, "error": f"sandbox setup failed: setting the host name: {exc}"})
+            _record_exit(sdir, None, None, cgroup, setup_failed=True)
+            return 1
     with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
         _write_all(go_w, go_payload)
     os.close(go_w)

@@ -162,7 +162,8 @@ class WarmSandboxes(SandboxCreator):
                 await asyncio.to_thread(self.images.hold, member_id, list(key.image_layers))
             if policy is not None and self.netfilter.ready:
                 await asyncio.to_thread(self.netfilter.apply, host_if(member_id), policy)
-            spec = replace(self._spawn_spec(self._member_record(member), member.dir), warm=True)
+            env = await asyncio.to_thread(self._image_env, key)
+            spec = replace(self._spawn_spec(self._member_record(member, env), member.dir), warm=True)
             report = await self.spawner.spawn(spec, self.config.create_timeout_seconds)
             if not report.get("ok"):
                 raise UnavailableError(f"the warm member did not start: {report.get('error')}")
@@ -183,8 +184,20 @@ class WarmSandboxes(SandboxCreator):
         log.debug("warm pool: member ready", extra={"member": member_id})
         return True
 
-    def _member_record(self, member: WarmMember) -> SandboxRecord:
-        """What ``_spawn_spec`` reads, for a member: the shape's parts; the rest is the claim's."""
+    def _image_env(self, key: WarmKey) -> dict[str, str]:
+        """The environment the shape's image gives a create that asks for none (its manifest's, while the name
+        still means these layers): what a member's execd interpreter starts with when it is pre-started
+        (``SpawnSpec.prestarts_execd``), so a claim without start-up variables of its own finds it equal."""
+        if key.image_layers is None:
+            return {}
+        manifest = self.images.find(key.image or "base")
+        if manifest is None or key.image_layers[-len(manifest.layers) :] != tuple(manifest.layers):
+            return {}  # (the key's layers start with sandboxd's mount-point layer: ``_resolve_image``)
+        return dict(manifest.env)
+
+    def _member_record(self, member: WarmMember, env: dict[str, str]) -> SandboxRecord:
+        """What ``_spawn_spec`` reads, for a member: the shape's parts and its image's ``env``; the rest is the
+        claim's."""
         key, now = member.key, time.time()
         execd = ExecdOptions(python=key.execd_python) if key.execd_python else None
         return SandboxRecord(
@@ -197,7 +210,7 @@ class WarmSandboxes(SandboxCreator):
             argv=[],
             init_argv=execd.init_argv(member.member_id, [], key.image_user) if execd else ["/bin/true"],
             execd=execd,
-            env={},
+            env=env,
             cwd="/",
             network=key.network,  # type: ignore[arg-type]  # a WarmKey's network came from a record's
             resources=key.resources,
