@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import NoReturn
 
-from adx.execd._process_args import ROOM_VARIABLE
+from adx.execd._process_args import ROOM_VARIABLE, set_process_args
 from adx.sandboxd import _confinement as confine
 from adx.sandboxd import _linux as lx
 from adx.sandboxd import _mount_api as mapi
@@ -143,9 +143,9 @@ def in_namespace_setup(
         os.chdir("/")
         os.chdir(spec.cwd)
         argv = spec.init_argv
-        in_process = bool(spec.execd_inproc) and argv[1:3] == ["-m", "adx.execd"]
+        in_process = spec.execd_in_process
         if in_process:
-            lx.set_process_args(argv, spec.env)
+            set_process_args(argv, spec.env)
         if spec.allow_setuid:
             # Store images (E2B-like: ``sudo``): no no_new_privs, so setuid programs work; what they gain is
             # bounded by the same trimmed capability set. Seccomp goes first: without no_new_privs installing

@@ -1,7 +1,8 @@
 """Thin ctypes bindings for the Linux calls the sandbox needs and the stdlib lacks: libc itself, clone3 and the
-namespace flags, classic mount(2)/pivot_root, and the calls that set a process's identity (ID maps, argv, host
-name). Beside it, one module a kind of call: ``_mount_api`` (detached mounts), ``_confinement`` (capabilities
-and seccomp), ``_netif`` (interfaces and routes) and ``_unix_sockets``.
+namespace flags, classic mount(2)/pivot_root, and the calls that set a process's identity (ID maps, host name;
+argv and environ are ``adx.execd._process_args``'). Beside it, one module a kind of call: ``_mount_api``
+(detached mounts), ``_confinement`` (capabilities and seccomp), ``_netif`` (interfaces and routes) and
+``_unix_sockets``.
 
 Only the spawner and supervisor (single-threaded processes) call ``clone3``; the daemon never does.
 """
@@ -11,8 +12,6 @@ from __future__ import annotations
 import ctypes
 import os
 from typing import Any
-
-from adx.execd._process_args import set_process_args
 
 __all__ = [
     "CLONE_INTO_CGROUP",
@@ -35,7 +34,6 @@ __all__ = [
     "mount",
     "pivot_root",
     "rename_noreplace",
-    "set_process_args",
     "sethostname",
     "sethostname_of",
     "umount2",

@@ -112,11 +112,21 @@ class SpawnSpec:
     warm: bool = False
 
     @property
+    def runs_execd(self) -> bool:
+        """PID 1 is execd: ``init_argv`` is ``PYTHON -m adx.execd ...`` (``_launch.init_argv``)."""
+        return self.init_argv[1:3] == ["-m", "adx.execd"]
+
+    @property
+    def execd_in_process(self) -> bool:
+        """PID 1 runs execd in process, from the spawner's template that imported it (``_become_execd``)."""
+        return self.execd_inproc and self.runs_execd
+
+    @property
     def prestarts_execd(self) -> bool:
         """A warm member whose PID 1 would exec execd's interpreter (a store image's python3): it execs it before
         the claim, into ``adx.execd._prestart``, which imports execd and waits for the claim's argv and environment
         (issue 16). Not with ``execd_inproc``: that PID 1 has execd imported already (the spawner's template)."""
-        return self.warm and not self.execd_inproc and self.init_argv[1:3] == ["-m", "adx.execd"]
+        return self.warm and not self.execd_inproc and self.runs_execd
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_wire()).encode()
