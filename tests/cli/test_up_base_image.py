@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from adx.cli import _up
 from adx.cli._app import app
-from adx.cli._up import BaseImage, _shorten, base_image_build_state
-from adx.config import UpConfig, load_model
+from adx.cli._up import _shorten, base_image_build_state
+from adx.config import BaseImageName, UpConfig, load_model
 from adx.logs import configure_logging
+from adx.sandboxd import SandboxdConfig
 
 
 def test_adx_ups_default_base_image_is_debian_and_host_is_a_choice() -> None:
@@ -28,7 +29,9 @@ def test_adx_ups_default_base_image_is_debian_and_host_is_a_choice() -> None:
 def test_base_image_flag_overrides_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``adx up --base-image host`` (``./scripts/up --base-image host``) wins over the config and the default;
     the cluster's start itself is not under test here, so it only records the configuration it gets."""
-    assert {b.value for b in BaseImage} == set(get_args(UpConfig.model_fields["base_image"].annotation))
+    choices = set(get_args(BaseImageName))  # the flag's, adx up's and sandboxd's: one declaration
+    assert choices == set(get_args(UpConfig.model_fields["base_image"].annotation)) == {"host", "debian"}
+    assert choices == set(get_args(SandboxdConfig.model_fields["base_image"].annotation))
     got: list[UpConfig] = []
 
     async def record(cfg: UpConfig) -> None:

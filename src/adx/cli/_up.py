@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 from collections import deque
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -33,18 +32,11 @@ from adx.cli._up_cluster import (
     plan_cluster,
     record_cluster,
 )
-from adx.config import UpConfig, load_model
+from adx.config import BaseImageName, UpConfig, load_model
 from adx.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedServer, ServerState
 from adx.errors import UnavailableError
 
 log = logging.getLogger("adx.up")
-
-
-class BaseImage(StrEnum):
-    """``--base-image``: UpConfig.base_image's choices."""
-
-    DEBIAN = "debian"
-    HOST = "host"
 
 
 @app.command()
@@ -54,7 +46,7 @@ def up(
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML file (component 'up')", dir_okay=False)] = None,
     base_image: Annotated[
-        BaseImage | None,
+        BaseImageName | None,
         typer.Option(
             "--base-image",
             help="the default image: 'debian' (default; built from Debian's packages on the first start of a state "
@@ -68,7 +60,7 @@ def up(
     if state_dir is not None:
         cfg = cfg.model_copy(update={"state_dir": state_dir})
     if base_image is not None:
-        cfg = cfg.model_copy(update={"base_image": base_image.value})
+        cfg = cfg.model_copy(update={"base_image": base_image})
     setup_logging("up", cfg.logging.level if config else None, cfg.logging.format if config else None)
     with failing():
         asyncio.run(_run(cfg))

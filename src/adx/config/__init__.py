@@ -13,9 +13,11 @@ from __future__ import annotations
 from adx.config._base import ConfigError, LoggingConfig, StrictModel, load_model
 from adx.config._coordinator import CoordinatorConfig
 from adx.config._embedded import PostgresServerConfig, RedisServerConfig, UpConfig
+from adx.config._fields import BaseImageName
 from adx.config._node import NodeConfig
 
 __all__ = [
+    "BaseImageName",
     "ConfigError",
     "CoordinatorConfig",
     "LoggingConfig",

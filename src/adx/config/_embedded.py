@@ -8,7 +8,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from adx.config._base import LoggingConfig, StrictModel
-from adx.config._fields import METRICS_LISTEN_PATTERN, NAME_PATTERN, cpu_overcommit_ratio, seconds
+from adx.config._fields import (
+    METRICS_LISTEN_PATTERN,
+    NAME_PATTERN,
+    BaseImageName,
+    cpu_overcommit_ratio,
+    seconds,
+)
 
 __all__ = ["PostgresServerConfig", "RedisServerConfig", "UpConfig"]
 
@@ -97,7 +103,7 @@ class UpConfig(StrictModel):
         "little CPU; memory stays hard). docs/resources.md",
     )
     tenant: str = Field(default="default", description="the tenant whose API key `adx up` creates and prints")
-    base_image: Literal["host", "debian"] = Field(
+    base_image: BaseImageName = Field(
         default="debian",
         description="the default image: 'debian' (Debian 12 from Debian's packages, built by mmdebstrap on the first "
         "start of a state directory, ~1.5-4 min shown with its progress; a user account, sudo, apt) or 'host' (the "

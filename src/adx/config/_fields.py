@@ -6,7 +6,7 @@ The factories return pydantic ``Field`` objects (typed ``Any``, as ``Field`` its
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
@@ -16,11 +16,16 @@ from adx.model import MAX_CPU_OVERCOMMIT
 __all__ = [
     "METRICS_LISTEN_PATTERN",
     "NAME_PATTERN",
+    "BaseImageName",
     "CoordinatorTargets",
     "cpu_overcommit_ratio",
     "fraction",
     "seconds",
 ]
+
+#: What ``base`` is on a node (sandboxd's ``base_image``, ``adx up``'s and its ``--base-image``): the host-derived
+#: skeleton, or Debian built from Debian's packages on the first start.
+BaseImageName = Literal["host", "debian"]
 
 #: A certificate name (a component's ``name``, a node's name): what ``adx certs issue`` accepts.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9.-]{0,62}$"

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from adx.config._base import LoggingConfig, StrictModel
-from adx.config._fields import cpu_overcommit_ratio, seconds
+from adx.config._fields import BaseImageName, cpu_overcommit_ratio, seconds
 from adx.model import NetworkPolicy
 from adx.sandboxd._devices import DEVICE_ID
 
@@ -108,7 +108,7 @@ class SandboxdConfig(StrictModel):
         description="execd sandboxes whose python is the host's (default image, own execd runtime): PID 1 runs "
         "execd in process, forked from a template that imported it, instead of exec'ing a fresh interpreter",
     )
-    base_image: Literal["host", "debian"] = Field(
+    base_image: BaseImageName = Field(
         default="host",
         description="what 'base' (the default image) is: 'host', the host-derived skeleton with the host's /usr "
         "bound read-only; 'debian', the store's Debian image (mmdebstrap; built in the background on first start, "
