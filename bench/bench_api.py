@@ -87,6 +87,16 @@ def stop_cluster(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # adx up's sandboxd enforces disk with a btrfs pool (disk_quota "auto"), a loop mount beside the state dir that
+    # outlives it by design: a bench leaves none behind (lazily: sandboxes the bench did not delete may hold it).
+    args = [str(a) for a in proc.args] if isinstance(proc.args, list) else []
+    if "--state-dir" in args:
+        from adx.sandboxd._storage import pool_paths
+
+        mount = pool_paths(Path(args[args.index("--state-dir") + 1]) / "sandboxd" / "data")[1]
+        if os.path.ismount(mount):
+            subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def wait_deleted(env: adx.Environment, within: float = 30) -> None:

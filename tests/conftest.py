@@ -35,6 +35,9 @@ from adx.proto import coordinator_pb2_grpc
 # get the host-derived base unless they ask for Debian (e2b_up.running_up(base_image="debian") with the image
 # seeded from the shared cache, tests/helpers/image_cache.py): one Debian build per machine, not one per test.
 os.environ.setdefault("ADX_UP__BASE_IMAGE", "host")
+# Nor a btrfs pool (disk_quota "auto"): a loop mount per test state directory that outlives it;
+# tests/cli/test_up_disk_quota.py runs the default.
+os.environ.setdefault("ADX_UP__DISK_QUOTA", "off")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -118,7 +118,7 @@ def _logs(adx: Any, state: Path) -> None:
 def test_logs_then_down_deletes_environments_stops_up_and_leaves_no_sandbox(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADX_")}
     env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), COLUMNS="200", ADX_UP__API_LISTEN="127.0.0.1:0")
-    env.update(ADX_UP__BASE_IMAGE="host")  # no Debian build per test (tests/conftest.py)
+    env.update(ADX_UP__BASE_IMAGE="host", ADX_UP__DISK_QUOTA="off")  # no Debian build, no pool (tests/conftest.py)
     state = tmp_path / "state"
     out_path = tmp_path / "up.out"
     with out_path.open("w") as out:

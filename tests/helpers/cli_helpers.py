@@ -28,13 +28,14 @@ class UpCluster:
 
     def env(self, **extra: str) -> dict[str, str]:
         """The user's environment: no ADX_* variable, only where their config lives (and the host-derived base
-        image: no Debian build per test, tests/conftest.py)."""
+        image and no btrfs pool per test, tests/conftest.py)."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("ADX_")}
         return {
             **base,
             "XDG_CONFIG_HOME": str(self.config_home),
             "COLUMNS": "200",
             "ADX_UP__BASE_IMAGE": "host",
+            "ADX_UP__DISK_QUOTA": "off",
             **extra,
         }
 

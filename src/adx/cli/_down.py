@@ -132,6 +132,30 @@ def _remove_left_sandboxes(cluster: ClusterInfo) -> int:
     return remove_all(left)
 
 
+def _unmount_storage_pool(cluster: ClusterInfo) -> None:
+    """The btrfs pool of sandboxd's enforced disk is a loop mount that outlives sandboxd (a restart adopts it):
+    with the cluster stopped and none of its sandboxes left, take it down. Its image file stays, with the local
+    checkpoints of paused Environments in it; the next ``adx up`` mounts it again."""
+    from adx.cli._up_cluster import cgroup_parent_name
+    from adx.sandboxd._prune import find_orphans
+    from adx.sandboxd._storage import StoragePool, pool_paths
+
+    data = cluster.state_dir / "sandboxd" / "data"
+    image, mount = pool_paths(data)
+    if up_pid(cluster.state_dir) is not None or not os.path.ismount(mount):
+        return
+    if find_orphans([cgroup_parent_name(cluster.state_dir)], owned_by=str(data)):
+        console.print(f"storage pool {mount} stays mounted: sandboxes of this cluster still use it", highlight=False)
+        return
+    pool = StoragePool(image, mount, image.stat().st_size)
+    try:
+        pool.unmount()
+    except AdxError as exc:
+        err_console.print(f"adx: could not unmount the storage pool {mount}: {exc.message}", highlight=False)
+        return
+    console.print(f"storage pool unmounted ({mount}; its image file keeps paused Environments)", highlight=False)
+
+
 @app.command("down")
 def down(
     delete: Annotated[bool, typer.Option("--delete", help="delete every Environment, then stop")] = False,
@@ -152,4 +176,5 @@ def down(
             console.print("the cluster is not running: its Environments cannot be reached through the API")
         _stop_up(cluster)
         failed = _remove_left_sandboxes(cluster) if action is Action.DELETE else 0
+        _unmount_storage_pool(cluster)
     raise typer.Exit(1 if failed else 0)

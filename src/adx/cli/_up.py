@@ -261,10 +261,12 @@ async def _run(cfg: UpConfig) -> None:
             recorded = await asyncio.to_thread(record_cluster, cluster, state_dir, redis_url, cfg.tenant, api_url)
             if cfg.base_image == "debian":
                 await _wait_base_image(state_dir, cluster.sandboxd.log_path, log_start, stop)
+            disk_line = await _disk_line(cluster.sandboxd.socket_path)
         _print_endpoints(servers, external, state_dir)
         if not cfg.servers_only:
             _print_access(api_url, cfg.tenant, api_key, created, recorded[-1])
             _print_admin(admin_key, admin_created, state_dir)
+            console.print(disk_line, soft_wrap=True, highlight=False)
             if cfg.node_metrics_listen:
                 console.print(
                     f"node metrics  http://{cfg.node_metrics_listen}/metrics", soft_wrap=True, highlight=False
@@ -278,6 +280,17 @@ async def _run(cfg: UpConfig) -> None:
             console.print(f"stopped {server.kind}")
         with contextlib.suppress(FileNotFoundError):
             (state_dir / UP_FILE).unlink()
+
+
+async def _disk_line(sandboxd_socket: Path) -> str:
+    """Whether an Environment's disk request is a limit here (sandboxd's disk_quota as it resolved)."""
+    from adx.sandboxd import SandboxdClient
+
+    async with SandboxdClient(sandboxd_socket, timeout=10) as client:
+        health = await client.health()
+    if health.disk_quota:
+        return "disk: enforced (each Environment's disk request limits its files; pauses are btrfs snapshots)"
+    return f"[yellow]disk: not enforced ({escape(health.disk_quota_note or 'unknown')}); docs/sandboxd.md[/yellow]"
 
 
 async def _migrate_agent_store(postgres_url: str) -> None:

@@ -75,6 +75,7 @@ def plan_cluster(cfg: UpConfig, state_dir: Path, redis_url: str, postgres_url: s
             # sandboxd is the node's local backstop: it admits as far as the node's placement does.
             "capacity": {"cpu_overcommit": cfg.node_cpu_overcommit},
             "base_image": cfg.base_image,
+            "disk_quota": cfg.disk_quota,
         },
     )
     coordinator = CoordinatorDaemon(

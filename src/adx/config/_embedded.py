@@ -109,6 +109,12 @@ class UpConfig(StrictModel):
         "start of a state directory, ~1.5-4 min shown with its progress; a user account, sudo, apt) or 'host' (the "
         "host-derived skeleton, host /usr read-only, no build, faster starts; docs/images.md)",
     )
+    disk_quota: Literal["auto", "btrfs", "off"] = Field(
+        default="auto",
+        description="sandboxd's disk_quota: 'auto' enforces each Environment's disk request (a btrfs pool in a "
+        "sparse image file beside the state directory; pauses are snapshots, not copies) where this host can "
+        "mount one, else runs without; 'btrfs' refuses to start without; 'off' never (docs/sandboxd.md)",
+    )
     health_interval_seconds: float = seconds(
         1.0, "how often adx up checks each of its servers (a crashed one is restarted)", le=60
     )

@@ -118,10 +118,12 @@ class SandboxdConfig(StrictModel):
         default=None,
         description="node-level runtime-control subscription socket (CTL-2); default next to the API socket",
     )
-    disk_quota: Literal["off", "btrfs"] = Field(
+    disk_quota: Literal["off", "btrfs", "auto"] = Field(
         default="off",
         description="'btrfs': each sandbox's writable layer is a subvolume of a loop-mounted btrfs image sandboxd "
-        "owns (beside state_dir), limited to its disk request by a qgroup; writes past it fail with EDQUOT",
+        "owns (beside state_dir), limited to its disk request by a qgroup; writes past it fail with EDQUOT; "
+        "'auto': btrfs where this host can mount it (btrfs-progs, the btrfs module, loop devices), else off "
+        "with a warning and health's disk_quota_note saying why (adx up's default)",
     )
     storage_image_bytes: int = Field(
         default=256 << 30,

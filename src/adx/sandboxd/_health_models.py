@@ -94,4 +94,10 @@ class Health(WireModel):
     user_namespace_note: str | None = Field(
         default=None, description="why user namespaces are off (configured off, or what this host lacks)"
     )
+    disk_quota: bool = Field(
+        default=False, description="disk requests limit each sandbox's writable layer (a btrfs pool: SEC-3)"
+    )
+    disk_quota_note: str | None = Field(
+        default=None, description="why they are not (configured off, or what this host lacks for a pool)"
+    )
     warm_pool: WarmPoolInfo | None = Field(default=None, description="pre-warmed sandboxes (issue 16)")

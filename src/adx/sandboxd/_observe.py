@@ -266,5 +266,7 @@ class SandboxObserver(HostPreflight):
             artifact_roots={name: str(path) for name, path in self.config.artifact_roots().items()},
             user_namespace=self._userns,
             user_namespace_note=self._userns_note,
+            disk_quota=self._pool is not None,
+            disk_quota_note=self._disk_quota_note,
             warm_pool=self.warm.info(),
         )

@@ -15,7 +15,7 @@ from adx.sandboxd._control_sockets import ControlSockets
 from adx.sandboxd._host_resources import measure_capacity
 from adx.sandboxd._image import ensure_default_image, load_image
 from adx.sandboxd._models import ExecdOptions
-from adx.sandboxd._storage import StoragePool, pool_paths
+from adx.sandboxd._storage import StoragePool, pool_paths, pool_unsupported_reason
 from adx.sandboxd._userns import unsupported_reason
 
 __all__ = ["HostPreflight"]
@@ -39,10 +39,8 @@ class HostPreflight(ControlSockets):
         self.images.ensure()
         if self.base_builder is not None:
             self.base_builder.start()  # a thread: minutes on a cold store, and the API must come up meanwhile
-        if self.config.disk_quota == "btrfs":
-            image_file, mount = pool_paths(self.config.state_dir)
-            self._pool = StoragePool(image_file, mount, self.config.storage_image_bytes)
-            self._pool.ensure()  # adopts the mount an earlier run left
+        self._pool = self._storage_pool()
+        if self._pool is not None:
             local = self.config.artifact_roots()["local"]
             referenced = {
                 snap[0]
@@ -68,6 +66,29 @@ class HostPreflight(ControlSockets):
         self.spawner.execd_python = self._execd_python()
         self._decide_userns()
         self.capacity = measure_capacity(self.config)
+
+    def _storage_pool(self) -> StoragePool | None:
+        """``disk_quota``: 'off', 'btrfs' (refuse to start without a pool) or 'auto' (a pool where one mounts)."""
+        mode = self.config.disk_quota
+        if mode == "off":
+            self._disk_quota_note = "disk_quota = 'off' in the configuration"
+            return None
+        image_file, mount = pool_paths(self.config.state_dir)
+        pool = StoragePool(image_file, mount, self.config.storage_image_bytes)
+        reason = pool_unsupported_reason() if mode == "auto" else None
+        if reason is None:
+            try:
+                pool.ensure()  # adopts the mount an earlier run left
+            except UnavailableError as exc:
+                if mode == "btrfs":
+                    raise
+                reason = exc.message
+        if reason is not None:
+            self._disk_quota_note = reason
+            log.warning("disk requests are not enforced (disk_quota = 'auto' found no btrfs pool): %s", reason)
+            return None
+        self._disk_quota_note = None
+        return pool
 
     def _decide_userns(self) -> None:
         """``user_namespace``: 'off', 'on' (refuse to start without support) or 'auto' (on where supported)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 
-__all__ = ["Snapshot", "StoragePool", "pool_paths"]
+__all__ = ["Snapshot", "StoragePool", "pool_paths", "pool_unsupported_reason"]
 
 _SBX = "sbx"
 _CKPT = "ckpt"
@@ -35,6 +35,20 @@ def pool_paths(state_dir: Path) -> tuple[Path, Path]:
     """(image file, mount point), both beside ``state_dir``."""
     base = state_dir.absolute()
     return base.with_name(base.name + ".storage.img"), base.with_name(base.name + ".storage")
+
+
+def pool_unsupported_reason() -> str | None:
+    """Why this host cannot have a pool (None: it can, as far as can be told before trying to mount one)."""
+    missing = [tool for tool in ("mkfs.btrfs", "btrfs") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found (Debian package btrfs-progs)"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop devices (/dev/loop-control is missing)"
+    with open("/proc/filesystems", encoding="utf-8") as f:
+        known = any(line.split()[-1] == "btrfs" for line in f if line.strip())
+    if not known and subprocess.run(["modprobe", "btrfs"], capture_output=True, check=False).returncode != 0:
+        return "the kernel has no btrfs (not in /proc/filesystems, and modprobe btrfs failed)"
+    return None
 
 
 def _run(argv: list[str]) -> str:

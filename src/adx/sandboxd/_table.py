@@ -58,9 +58,10 @@ class SandboxTable:
         # Named images and their layers (``adx image``); the host-derived skeleton above stays the fallback.
         self.images = ImageStore(config.images_root / "store")
         self.base_builder = BaseImageBuilder(self.images) if config.base_image == "debian" else None
-        self._pool: StoragePool | None = None  # disk_quota = 'btrfs'
+        self._pool: StoragePool | None = None  # disk_quota = 'btrfs' (or 'auto' that found one)
         self._userns = False  # sandboxes get a user namespace each (decided at start: config and host)
         self._userns_note: str | None = None
+        self._disk_quota_note: str | None = None  # why disk requests are not enforced (None: they are)
         self.veth_pool = VethPool(config.veth_pool)
         self.netfilter = NetFilter(config.state_dir, config.veth_pool)
         self.logs = LogStore(config.state_dir / "logs")  # workload output, per group (_output, _logs)
