@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import wait_until_up
 
 ADX = [sys.executable, "-m", "adx"]
 
@@ -124,11 +125,7 @@ def test_logs_then_down_deletes_environments_stops_up_and_leaves_no_sandbox(tmp_
     with out_path.open("w") as out:
         up = subprocess.Popen([*ADX, "up", "--state-dir", str(state)], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 180
-        while "Press Ctrl-C" not in out_path.read_text():
-            assert up.poll() is None, out_path.read_text()
-            assert time.monotonic() < deadline, out_path.read_text()
-            time.sleep(0.2)
+        wait_until_up(up, out_path)
         assert json.loads((state / "up.json").read_text())["pid"] == up.pid
 
         def adx(*args: str) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import wait_until_up
 
 from adx.config import UpConfig, load_model
 from adx.sandboxd._storage import pool_paths
@@ -45,11 +46,7 @@ def test_adx_up_limits_disk_pauses_by_snapshot_and_down_unmounts_the_pool(tmp_pa
     with out_path.open("w") as out:
         up = subprocess.Popen([*ADX, "up", "--state-dir", str(state)], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 180
-        while "Press Ctrl-C" not in out_path.read_text():
-            assert up.poll() is None, out_path.read_text()
-            assert time.monotonic() < deadline, out_path.read_text()
-            time.sleep(0.2)
+        wait_until_up(up, out_path)
         assert "disk: enforced" in out_path.read_text(), out_path.read_text()
         assert _is_mountpoint(mount) and image.is_file()
 

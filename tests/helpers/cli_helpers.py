@@ -48,6 +48,15 @@ class UpCluster:
         )
 
 
+def wait_until_up(up: subprocess.Popen[bytes], out_path: Path, timeout: float = 180) -> None:
+    """Until the ``adx up`` writing to ``out_path`` says it is ready (it fails the test if it exits first)."""
+    deadline = time.monotonic() + timeout
+    while "Press Ctrl-C" not in out_path.read_text():
+        assert up.poll() is None, out_path.read_text()
+        assert time.monotonic() < deadline, out_path.read_text()
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def up_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
     root = tmp_path_factory.mktemp("up")
