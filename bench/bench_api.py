@@ -50,10 +50,11 @@ def free_port() -> int:
         return port
 
 
-def start_cluster(base: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_cluster(base: Path, settings: str = "") -> tuple[subprocess.Popen[bytes], str, str]:
+    """``adx up`` in ``base`` (``settings``: more lines of its TOML config); (process, API URL, API key)."""
     state, xdg = base / "state", base / "xdg"
     config = base / "up.toml"
-    config.write_text(f'api_listen = "127.0.0.1:{free_port()}"\n')
+    config.write_text(f'api_listen = "127.0.0.1:{free_port()}"\n{settings}')
     log = open(base / "up.log", "wb")  # noqa: SIM115 - lives as long as the cluster
     proc = subprocess.Popen(
         [sys.executable, "-m", "adx", "up", "--state-dir", str(state), "--config", str(config)],

@@ -1,8 +1,8 @@
 """Pause, resume and wake on traffic on a real ``adx up`` cluster, each figure beside a baseline of the same run.
 
-    uv run python bench/bench_lifecycle.py [--rounds 10] [--mib 64]
+    uv run python bench/bench_lifecycle.py [--rounds 10] [--mib 64] [--disk-quota auto|off|both]
 
-Every round creates an Environment (cpu 1, 512Mi), writes ``--mib`` MiB of random data to /work with ``dd``
+Every round creates an Environment (cpu 1, 512Mi), writes ``--mib`` MiB of random data to $HOME with ``dd``
 through a command, and then (issue 6 targets in brackets):
 - ``pause_64mib``: ``env.pause()`` from the call to its return (freeze, capture, publish, commit Paused,
   release) [<= 1.5 s];
@@ -12,7 +12,10 @@ through a command, and then (issue 6 targets in brackets):
   starts (the Ingress resumes it through EnsureRunning, then forwards) [<= 600 ms], and
   ``wake_on_traffic_to_result`` until the command's result.
 Baseline: ``create_to_first_command`` (SDK ``create(wait=True)`` then ``commands.run("true")``) in the same
-rounds. Prints one JSON object; progress goes to stderr.
+rounds. ``--disk-quota`` is adx up's (``auto``, its default: a btrfs pool, pauses are snapshots; ``off``: the
+tar copy); ``both`` runs the rounds on an ``auto`` cluster and then on an ``off`` one, the second the baseline
+of the first. Each Environment asks for ``--mib`` x 2 (at least 1 GiB) of disk. Prints one JSON object;
+progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -40,11 +43,11 @@ TARGETS_MS = {
 
 def one_round(client: adx.Client, mib: int, samples: dict[str, list[float]], sizes: list[int]) -> None:
     start = time.perf_counter()
-    env = client.environments.create(cpu=CPU, memory=MEMORY)
+    env = client.environments.create(cpu=CPU, memory=MEMORY, disk=f"{max(2 * mib, 1024)}Mi")
     assert env.commands.run("true").exit_code == 0
     samples["create_to_first_command"].append(time.perf_counter() - start)
     try:
-        written = env.commands.run(f"dd if=/dev/urandom of=/work/blob bs=1M count={mib} 2>&1 && sync")
+        written = env.commands.run(f"dd if=/dev/urandom of=$HOME/blob bs=1M count={mib} 2>&1 && sync")
         assert written.exit_code == 0, written
 
         start = time.perf_counter()
@@ -68,7 +71,7 @@ def one_round(client: adx.Client, mib: int, samples: dict[str, list[float]], siz
             result = running.result
         samples["wake_on_traffic_to_result"].append(time.perf_counter() - start)
         assert result.exit_code == 0, result
-        size = env.commands.run("stat -c %s /work/blob").stdout.strip()
+        size = env.commands.run("stat -c %s $HOME/blob").stdout.strip()
         assert size == str(mib * 2**20), f"the blob did not survive two pauses: {size}"
     finally:
         env.delete()
@@ -79,7 +82,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--mib", type=int, default=64, help="MiB written before each pause")
+    parser.add_argument("--disk-quota", choices=("auto", "off", "both"), default="auto", help="adx up's disk_quota")
     args = parser.parse_args()
+    modes = ["auto", "off"] if args.disk_quota == "both" else [args.disk_quota]
+    results = {mode: run_cluster(mode, args.rounds, args.mib) for mode in modes}
+    if len(results) == 1:
+        emit("lifecycle", results[modes[0]])
+    else:
+        emit("lifecycle", {"disk_quota_auto": results["auto"], "baseline_disk_quota_off": results["off"]})
+
+
+def run_cluster(disk_quota: str, rounds: int, mib: int) -> dict[str, Any]:
     names = [
         "create_to_first_command",
         "pause_64mib",
@@ -91,16 +104,16 @@ def main() -> None:
     samples: dict[str, list[float]] = {name: [] for name in names}
     sizes: list[int] = []  # the published checkpoints' sizes (what a pause captured)
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="adx-bench-lifecycle-", dir="/tmp") as tmp:
-        progress("starting adx up")
-        proc, url, key = start_cluster(Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="adx-bench-lifecycle-", dir="/var/tmp") as tmp:
+        progress(f"starting adx up (disk_quota {disk_quota})")
+        proc, url, key = start_cluster(Path(tmp), f'disk_quota = "{disk_quota}"\n')
         try:
             with adx.Client(api_url=url, api_key=key) as client:
                 progress("warm-up round")
-                one_round(client, args.mib, {name: [] for name in names}, [])
-                for i in range(args.rounds):
-                    progress(f"round {i + 1}/{args.rounds}")
-                    one_round(client, args.mib, samples, sizes)
+                one_round(client, mib, {name: [] for name in names}, [])
+                for i in range(rounds):
+                    progress(f"round {i + 1}/{rounds}")
+                    one_round(client, mib, samples, sizes)
         finally:
             stop_cluster(proc)
     figures: dict[str, Any] = {name: summarize(values) for name, values in samples.items()}
@@ -116,14 +129,15 @@ def main() -> None:
     figures["environment"] = {
         "cpu": CPU,
         "memory": MEMORY,
-        "written_mib": args.mib,
+        "disk_quota": disk_quota,
+        "written_mib": mib,
         "checkpoint_size_bytes_median": sorted(sizes)[len(sizes) // 2],
     }
     figures["load_average"] = {
         "before": [round(x, 2) for x in load_before],
         "after": [round(x, 2) for x in os.getloadavg()],
     }
-    emit("lifecycle", figures)
+    return figures
 
 
 if __name__ == "__main__":
