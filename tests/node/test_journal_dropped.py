@@ -104,18 +104,34 @@ async def adxlet_held(cluster: ProcessCluster) -> AsyncIterator[None]:
         adxlet.thaw()
 
 
-@pytest.mark.req("NOD-10", "NOD-11", "JRN-5", "CTL-6")
+@pytest.mark.req("NOD-10", "NOD-11", "NOD-12", "JRN-3", "JRN-5", "CTL-6")
+@pytest.mark.parametrize("delete_on_node", ["after the replay", "journaled behind the pause"])
 async def test_a_delete_accepted_while_a_pause_was_journaled_ends_deleted_after_the_replay_drops_it(
-    outage: Outage,
+    outage: Outage, delete_on_node: str
 ) -> None:
     """The pause is journaled while the Coordinator is SIGSTOPped; the Coordinator, back while the adxlet is
-    held, accepts the delete (deleting at R+1), so the replay that follows meets it and drops both entries. The
-    Environment must end deleted (gone from Redis, or `deleted`), its reservation released, its sandbox gone
-    and the dropped pause's checkpoint deleted from sandboxd's storage."""
+    held, accepts the delete (deleting at R+1), so the replay that follows meets it and drops the entries.
+
+    "after the replay": the Coordinator stays up, so the node's replay and the Coordinator's late hand-over race
+    as in the soak; a delete that comes after the replay (the routine check's) meets a Controller whose local
+    record (R+2) was past the Coordinator's. "journaled behind the pause": the Coordinator is held again and the
+    hand-over reaches the node first, so the node's delete is journaled behind the pause (JRN-3) and dropped
+    with it. Either way the Environment must end deleted (gone
+    from Redis, or `deleted`), its reservation released, its sandbox gone and the dropped pause's checkpoint
+    deleted from sandboxd's storage."""
     cluster = outage.cluster
+    journal = cluster.nodes["n1"].journal
     running, _ = await pause_journaled(outage)
     async with adxlet_held(cluster):
-        assert (await outage.api.delete(running.id)).state is S.DELETING
+        deleting = await outage.api.delete(running.id)
+        assert deleting.state is S.DELETING
+        if delete_on_node != "after the replay":
+            cluster.coordinator.freeze()
+    if delete_on_node != "after the replay":
+        await outage.nodes.delete(cluster.nodes["n1"].listen, deleting)
+        await wait_for(lambda: len(journal_rows(journal)) == 4, 30, "the delete journaled behind the pause")
+        assert [row[1] for row in journal_rows(journal)] == ["pausing", "paused", "deleting", "deleted"]
+        cluster.coordinator.thaw()
 
     async def deleted() -> bool:
         record = record_of(await cluster.redis_record(running.id))
@@ -125,7 +141,7 @@ async def test_a_delete_accepted_while_a_pause_was_journaled_ends_deleted_after_
         return not await checkpoint_ids(cluster)
 
     await wait_for(deleted, 60, "the Environment to end deleted after the dropped replay", interval=0.3)
-    await wait_for(lambda: not cluster.nodes["n1"].journal.exists(), 30, "the journal to be emptied")
+    await wait_for(lambda: not journal.exists(), 30, "the journal to be emptied")
     assert running.id not in await reservations(cluster)
     assert running.execution_id not in await sandbox_ids(cluster)
     await wait_for(no_checkpoints, 30, "the dropped pause's checkpoint deleted")
