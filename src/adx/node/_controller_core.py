@@ -199,8 +199,8 @@ class ControllerCore:
     # True while a result is done locally and its commit is retried in memory (NOD-7; no journal entry).
     commit_retrying: bool = field(default=False, init=False)
     _replay_queued: bool = field(default=False, init=False)
-    # NOD-10/NOD-11: a journaled result the Coordinator refused; only this Controller waits for the routine
-    # check to bring the authority's record.
+    # NOD-10/NOD-11: a recovery that failed, or journaled results refused by a Coordinator that no longer gives
+    # this ownership to the node; only this Controller waits for the routine check to decide.
     restricted: bool = field(default=False, init=False)
     # Journaled results the Coordinator refused, waiting for Step.CONVERGE (the authority's record is adopted).
     dropped: DroppedResults | None = field(default=None, init=False)

@@ -120,8 +120,10 @@ class CatalogConvergence(Recovery):
                 controller.submit(Adopt(record))  # NOD-10: the authoritative check this one waits for
         now = time.monotonic()
         for env_id, controller in list(self.controllers.items()):
-            if controller.publication_pending:
-                continue  # its journaled results still have to reach the Coordinator
+            if controller.publication_pending or controller.dropped is not None:
+                # Its journaled results still have to reach the Coordinator, or what refused ones left (a
+                # checkpoint) is still to be cleaned by its queued convergence, even behind a delete done first.
+                continue
             gone = env_id not in owned and controller.state is S.PAUSED and controller.execution is None
             if controller.state is S.DELETED or gone or controller.retired:
                 # ``gone``: a paused Environment deleted, expired or resumed elsewhere; nothing of it runs here.
