@@ -418,7 +418,9 @@ class NodeAgent(CatalogConvergence, RuntimeChecks):
         controller = self.controllers.get(record.id) or self._controller(record)
         if controller.record.revision < record.revision:
             controller.record = record
-        controller.submit(Delete())
+        # The Coordinator's Deleting record goes with it: adopted in the queue even when the local record is past
+        # it (a result the Coordinator never stored), so the delete is not refused as stale.
+        controller.submit(Delete(record))
         return controller.record
 
     async def pause(self, record: EnvironmentRecord, within: float) -> EnvironmentRecord:

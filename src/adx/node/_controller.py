@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from adx.errors import AdxError, ConflictError, UnavailableError
 from adx.model import EnvironmentRecord
+from adx.node._controller_converge import ConvergeSteps
 from adx.node._controller_core import (
     Admission,
     CheckpointPlaces,
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 
-class Controller(StartSteps, PauseSteps, DeleteSteps, NetworkSteps):
+class Controller(ConvergeSteps, StartSteps, PauseSteps, DeleteSteps, NetworkSteps):
     """One Environment's serial state machine: its queue, the loop that runs one operation at a time, and the
     dispatch from each operation to its step."""
 
@@ -120,6 +121,9 @@ class Controller(StartSteps, PauseSteps, DeleteSteps, NetworkSteps):
                 if not queued.done.done():
                     queued.done.set_exception(exc)
                 continue
+            finally:
+                if isinstance(op, Delete):
+                    self.deletes_queued -= 1
             if not queued.done.done():
                 queued.done.set_result(result)
 
@@ -161,4 +165,5 @@ _STEPS: dict[Step, Callable[[Controller], Awaitable[EnvironmentRecord]]] = {
     Step.REPLAY: Controller._replay,
     Step.NOOP: Controller._barrier,
     Step.REVOKE: Controller._revoke,
+    Step.CONVERGE: Controller._converge,
 }

@@ -10,13 +10,13 @@ import time
 
 from adx._backoff import Backoff
 from adx.errors import AdxError, ConflictError, SessionRejectedError, UnavailableError, UncertainOutcomeError
-from adx.model import EnvironmentRecord, EnvironmentState, check_transition
+from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState, check_transition
 from adx.model._records import RecordChanges
-from adx.node._controller_core import ControllerCore, S, log
+from adx.node._controller_core import ControllerCore, DroppedResults, S, log
 from adx.node._coordinator_client import wire_changes
-from adx.node._journal import NewResult, spec_digest
-from adx.node._operations import SetNetwork
-from adx.node._replay import ReplayEnd, replay
+from adx.node._journal import NewResult, PendingResult, spec_digest
+from adx.node._operations import SetNetwork, Step
+from adx.node._replay import ReplayEnd, ReplayOutcome, replay
 
 
 class CommitSteps(ControllerCore):
@@ -47,11 +47,19 @@ class CommitSteps(ControllerCore):
                     journaled = True
                     break
                 # The journal refuses writes: publish what it holds if the Coordinator is back, then commit.
+                dropped_before = self.dropped
                 try:
                     await self._publish_journaled()
                 except SessionRejectedError as exc:
                     # NOD-6: the node registers again; the entries stay journaled and this result pending.
                     log.warning("journal replay waits for the node's new session: %s", exc, extra=self._context())
+                if self.dropped is not dropped_before:
+                    # This result followed results the Coordinator refused: it is as stale as they are, and the
+                    # Controller now holds the authority's record (converged to in its queue).
+                    raise ConflictError(
+                        f"environment {self.env_id}: the {target.value} result followed journaled results the "
+                        f"Coordinator refused (it holds {self.record.state.value} at revision {self.record.revision})"
+                    )
                 if self.unpublished:
                     await retry_delay.sleep()
                 continue
@@ -154,8 +162,7 @@ class CommitSteps(ControllerCore):
         outcome = await replay(self.journal, self.sink, self.record.node or "", entries, self.sink.fetch)
         self.unpublished = outcome.remaining
         if outcome.end is ReplayEnd.DROPPED:
-            # NOD-10/NOD-11: the authority disagrees; only this Controller waits for the routine check.
-            self.restricted = True
+            self._adopt_after_drop(outcome)
         elif (
             outcome.end is ReplayEnd.DONE
             and outcome.record is not None
@@ -171,6 +178,36 @@ class CommitSteps(ControllerCore):
             extra=self._context(),
         )
         return self.record
+
+    def _adopt_after_drop(self, outcome: ReplayOutcome) -> None:
+        """NOD-10/NOD-11: the Coordinator refused the journaled results for good. The local record they led to
+        (past the Coordinator's revision) is no authority: the Coordinator's record of the same node and
+        generation is adopted at once, so every later operation (a delete queued meanwhile first) compares and
+        commits against it; Step.CONVERGE then makes the runtime match it. Any other answer (ownership gone or
+        moved on) restricts this Controller until the routine check decides (take-over, or forgetting it)."""
+        authority, local = outcome.authority, self.record
+        adopted = authority is not None and authority.node == local.node and authority.generation == local.generation
+        checkpoints = tuple(ref for entry in outcome.dropped_entries if (ref := _checkpoint_of(entry)) is not None)
+        earlier = self.dropped
+        if earlier is not None:  # a second drop before the first one converged: both leave their artifacts
+            local, checkpoints = earlier.local, earlier.checkpoints + checkpoints
+        self.dropped = DroppedResults(local, authority, adopted, checkpoints)
+        if adopted:
+            assert authority is not None
+            self.record = authority
+            self.restricted = False
+            log.warning(
+                "journaled results refused: the Coordinator's record (%s at revision %d) replaces the local one "
+                "(%s at revision %d)",
+                authority.state.value,
+                authority.revision,
+                local.state.value,
+                local.revision,
+                extra=self._context(),
+            )
+        else:
+            self.restricted = True
+        self.submit(Step.CONVERGE)
 
     async def _adopt(self, incoming: EnvironmentRecord) -> EnvironmentRecord:
         """NOD-10: the authoritative check a restricted Controller waits for: its record is adopted when it
@@ -208,3 +245,9 @@ class CommitSteps(ControllerCore):
             return await self.sink.fetch(self.env_id)
         except AdxError:
             return None
+
+
+def _checkpoint_of(entry: PendingResult) -> CheckpointRef | None:
+    """The checkpoint a journaled result referenced (a pause's, a workload checkpoint's), if it set one."""
+    raw = entry.changes.get("checkpoint")
+    return CheckpointRef.model_validate(raw) if isinstance(raw, dict) else None

@@ -20,7 +20,7 @@ from adx.errors import InvalidInputError
 from adx.model import CheckpointRef, CheckpointStorage, EnvironmentRecord, EnvironmentState
 from adx.model._records import RecordChanges
 from adx.node._journal import DegradationJournal
-from adx.node._operations import Operation
+from adx.node._operations import Delete, Operation
 from adx.node._replay import WireCommitter
 from adx.runtime import Execution, RuntimeDriver
 
@@ -129,6 +129,21 @@ class PendingCheckpoint:
     retry_delay: Backoff = field(default_factory=lambda: Backoff(RETRY_MIN_SECONDS, RETRY_MAX_SECONDS))
 
 
+@dataclass(frozen=True)
+class DroppedResults:
+    """NOD-10/NOD-11: journaled results the Coordinator refused for good, until the Controller has converged to
+    the authority's record (Step.CONVERGE): what they led to and made, which nothing published references."""
+
+    #: The local record the dropped results had led to (no authority: the Coordinator never stored it).
+    local: EnvironmentRecord
+    #: The Coordinator's record they were judged against (None: it no longer gives the Environment to this node).
+    authority: EnvironmentRecord | None
+    #: True when ``authority`` (same node and generation) replaced the local record.
+    adopted: bool
+    #: The checkpoints the dropped results referenced (captured here during the outage, published nowhere).
+    checkpoints: tuple[CheckpointRef, ...]
+
+
 @dataclass
 class _Queued:
     operation: Operation
@@ -184,13 +199,19 @@ class ControllerCore:
     # True while a result is done locally and its commit is retried in memory (NOD-7; no journal entry).
     commit_retrying: bool = field(default=False, init=False)
     _replay_queued: bool = field(default=False, init=False)
-    # NOD-10/NOD-11: a journaled result the Coordinator refused; only this Controller waits for the routine
-    # check to bring the authority's record.
+    # NOD-10/NOD-11: a recovery that failed, or journaled results refused by a Coordinator that no longer gives
+    # this ownership to the node; only this Controller waits for the routine check to decide.
     restricted: bool = field(default=False, init=False)
+    # Journaled results the Coordinator refused, waiting for Step.CONVERGE (the authority's record is adopted).
+    dropped: DroppedResults | None = field(default=None, init=False)
+    # How many Delete operations are queued or running: the routine check retries a `deleting` record only when
+    # none is (a delete refused as stale must not leave it deleting forever).
+    deletes_queued: int = field(default=0, init=False)
     # NOD-10: the newest network revision the running execution cannot take in place (no veth); its next
     # start or resume applies it, so the routine check does not ask the runtime again every round.
     network_deferred_revision: int = field(default=0, init=False)
-    # The Coordinator retired this Environment's placement before anything ran here (the node forgets it).
+    # The Coordinator retired this Environment's placement before anything ran here, or its journaled results
+    # were dropped because the ownership is gone and what they left was cleaned: the node forgets it.
     retired: bool = field(default=False, init=False)
     # NOD-12: a newer generation took this Environment over; this Controller only cleaned its execution.
     revoked: bool = field(default=False, init=False)
@@ -223,6 +244,8 @@ class ControllerCore:
         queued = _Queued(operation, asyncio.get_running_loop().create_future())
         # Many submitters never await the result (routine checks, timers): the failure is logged by _run.
         queued.done.add_done_callback(_mark_retrieved)
+        if isinstance(operation, Delete):
+            self.deletes_queued += 1  # counted down by the Controller's loop once it has run
         self._queue.put_nowait(queued)
         return queued.done
 

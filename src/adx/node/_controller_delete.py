@@ -19,8 +19,8 @@ class DeleteSteps(ExecutionSteps):
         if (
             incoming is not None
             and incoming.generation == self.record.generation
-            and incoming.revision > self.record.revision
             and not self.publication_pending
+            and (incoming.revision > self.record.revision or self._stale_against_delete(incoming))
         ):
             self.record = incoming  # NOD-12: the Coordinator's delete, adopted in order behind earlier operations
         if self.record.state is S.DELETED:
@@ -40,6 +40,12 @@ class DeleteSteps(ExecutionSteps):
         deleted = await self._transition(S.DELETED, release=True)
         self.closed = True
         return deleted
+
+    def _stale_against_delete(self, incoming: EnvironmentRecord) -> bool:
+        """A Deleting record of this generation is final (only Deleted follows it, and the Coordinator refuses
+        any other commit on it): a local record that is not deleting, whatever its revision, is a result the
+        Coordinator never stored (a dropped or refused one), never a reason to refuse its delete."""
+        return incoming.state is S.DELETING and self.record.state not in (S.DELETING, S.DELETED)
 
     async def _revoke(self) -> EnvironmentRecord:
         """NOD-12: the Coordinator gave this Environment a newer generation: behind every operation admitted

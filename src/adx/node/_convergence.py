@@ -90,12 +90,18 @@ class CatalogConvergence(Recovery):
                 self._take_over(controller, record, execution)
                 await self._recover_one(record, execution)
                 continue
-            if record.generation < controller.record.generation or record.revision < controller.record.revision:
-                continue  # NOD-5: an old catalog never overwrites a newer local state
-            if record.state is S.DELETING and controller.state not in (S.DELETING, S.DELETED):
+            if record.generation < controller.record.generation:
+                continue  # NOD-5: an old generation never overwrites a newer one
+            if record.state is S.DELETING and controller.state is not S.DELETED and not controller.deletes_queued:
                 # NOD-12: queued behind what this Controller admitted before; it adopts the record in its queue.
+                # Also when the local record is newer (a Deleting record is final: a local result past it was
+                # never stored) or already Deleting (an earlier delete was refused or failed): a delete the node
+                # still holds is retried every round until it is done (NOD-11).
                 controller.submit(Delete(record))
-            elif (
+                continue
+            if record.revision < controller.record.revision:
+                continue  # NOD-5: an old catalog never overwrites a newer local state
+            if (
                 record.state is S.RESUMING
                 and controller.state in (S.PAUSED, S.RESUMING)
                 and record.revision > controller.record.revision
@@ -114,8 +120,10 @@ class CatalogConvergence(Recovery):
                 controller.submit(Adopt(record))  # NOD-10: the authoritative check this one waits for
         now = time.monotonic()
         for env_id, controller in list(self.controllers.items()):
-            if controller.publication_pending:
-                continue  # its journaled results still have to reach the Coordinator
+            if controller.publication_pending or controller.dropped is not None:
+                # Its journaled results still have to reach the Coordinator, or what refused ones left (a
+                # checkpoint) is still to be cleaned by its queued convergence, even behind a delete done first.
+                continue
             gone = env_id not in owned and controller.state is S.PAUSED and controller.execution is None
             if controller.state is S.DELETED or gone or controller.retired:
                 # ``gone``: a paused Environment deleted, expired or resumed elsewhere; nothing of it runs here.

@@ -51,6 +51,8 @@ class Step(Enum):
     NOOP = "noop"
     #: A newer generation took this Environment over: clean this generation's execution, then refuse (NOD-12).
     REVOKE = "revoke"
+    #: The Coordinator refused this Environment's journaled results for good: converge to its record (NOD-10).
+    CONVERGE = "converge"
 
     @property
     def kind(self) -> str:

@@ -65,6 +65,10 @@ class ReplayOutcome:
     dropped: int = 0
     remaining: int = 0
     reasons: list[str] = field(default_factory=list)
+    #: DROPPED: the authority's record the entries were judged against (None: it no longer gives it to this
+    #: node), and the entries dropped, whose results (a checkpoint, an execution) nothing published references.
+    authority: EnvironmentRecord | None = None
+    dropped_entries: list[PendingResult] = field(default_factory=list)
 
 
 async def replay(
@@ -108,6 +112,7 @@ async def replay(
                     finished.extend(e.seq for e in rest)
                     outcome.dropped = len(rest)
                     outcome.end = ReplayEnd.DROPPED
+                    outcome.authority, outcome.dropped_entries = current, rest
                     outcome.reasons.append(f"{entry.env_id} entry {entry.seq}: {verdict} ({exc})")
                     log.error(
                         "journaled results dropped: %s",

@@ -1,0 +1,179 @@
+"""A journaled pause whose replay is dropped because the Coordinator took a delete meanwhile (NOD-10, NOD-11,
+JRN-5, CTL-6), on real parts: a Coordinator process and an adxlet process held by SIGSTOP, real Redis, real
+sandboxd and sandboxes, the adxlet's real SQLite journal.
+
+Found by the fault soak (seed 3): an idle pause journaled while Redis was stopped (running -> pausing ->
+paused, local revision R+2); the Coordinator then accepted the tenant's delete (deleting at R+1); the replay
+dropped both entries, but the Controller kept its dropped record at R+2 as its own, so the queued delete's
+commit was refused as stale and nothing retried it: the Environment stayed `deleting` forever, its reservation
+held, and the dropped pause's checkpoint was referenced by nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from process_cluster import ProcessCluster, record_of, wait_for
+from test_journal import api_of, journal_rows, node_registered, sandbox_ids
+from test_node_agent import Api
+
+from adx._node_client import NodeClients
+from adx.errors import PublicationPendingError
+from adx.model import EnvironmentRecord, EnvironmentState
+from adx.proto import coordinator_pb2 as pb
+
+S = EnvironmentState
+
+
+async def reservations(cluster: ProcessCluster, node: str = "n1") -> dict[str, Any]:
+    """The node's reservation entries as Redis holds them (env id -> amounts)."""
+    info = cluster.redis.read_info()
+    assert info is not None
+    client = aioredis.Redis.from_url(info.url, decode_responses=True)
+    try:
+        return dict(await client.hgetall(f"adx:node-res:{node}"))
+    finally:
+        await client.aclose()
+
+
+async def checkpoint_ids(cluster: ProcessCluster, node: str = "n1") -> set[str]:
+    listing = await cluster.nodes[node].sandboxd.client().list_checkpoints("local")
+    return {c.checkpoint_id for c in listing.checkpoints}
+
+
+@dataclass
+class Outage:
+    """The process cluster and the API's and Coordinator's clients of one test."""
+
+    cluster: ProcessCluster
+    api: Api
+    nodes: NodeClients
+
+
+@pytest.fixture
+async def outage(process_cluster: Any) -> AsyncIterator[Outage]:
+    cluster: ProcessCluster = process_cluster()
+    api = api_of(cluster)
+    nodes = cluster.node_clients(rpc_timeout=30)
+    try:
+        yield Outage(cluster, api, nodes)
+    finally:
+        await nodes.close()
+        await api.close()
+
+
+async def pause_journaled(outage: Outage) -> tuple[EnvironmentRecord, str]:
+    """A running Environment with a file in /work, paused straight at its node while the Coordinator is
+    SIGSTOPped (left stopped): (its running record at revision R, the pause's checkpoint ID). The pause is
+    journaled (pausing R+1, paused R+2), its execution cleaned, its artifact referenced only by the journal."""
+    cluster, api, nodes = outage.cluster, outage.api, outage.nodes
+    await node_registered(api)
+    created = await api.create()
+    running = await api.wait_state(created.id, S.RUNNING)
+    assert created.id in await reservations(cluster)
+    status, _, body = await cluster.run("n1", created.id, ["sh", "-c", "echo kept-data > /work/f"])
+    assert status == 200, body
+    cluster.coordinator.freeze()
+    with pytest.raises(PublicationPendingError):
+        await nodes.pause(cluster.nodes["n1"].listen, running, wait_seconds=30)
+    base = running.revision
+    assert journal_rows(cluster.nodes["n1"].journal) == [
+        (created.id, "pausing", base + 1),
+        (created.id, "paused", base + 2),
+    ]
+    assert running.execution_id not in await sandbox_ids(cluster)
+    [checkpoint] = await checkpoint_ids(cluster)
+    return running, checkpoint
+
+
+@asynccontextmanager
+async def adxlet_held(cluster: ProcessCluster) -> AsyncIterator[None]:
+    """The Coordinator back while the adxlet is SIGSTOPped: what the block makes the Coordinator accept lands
+    before the adxlet can replay (a node hand-over meanwhile times out; its intent stays committed)."""
+    adxlet = cluster.nodes["n1"].adxlet
+    adxlet.freeze()
+    try:
+        cluster.coordinator.thaw()
+        yield
+    finally:
+        adxlet.thaw()
+
+
+@pytest.mark.req("NOD-10", "NOD-11", "NOD-12", "JRN-3", "JRN-5", "CTL-6")
+@pytest.mark.parametrize("delete_on_node", ["after the replay", "journaled behind the pause"])
+async def test_a_delete_accepted_while_a_pause_was_journaled_ends_deleted_after_the_replay_drops_it(
+    outage: Outage, delete_on_node: str
+) -> None:
+    """The pause is journaled while the Coordinator is SIGSTOPped; the Coordinator, back while the adxlet is
+    held, accepts the delete (deleting at R+1), so the replay that follows meets it and drops the entries.
+
+    "after the replay": the Coordinator stays up, so the node's replay and the Coordinator's late hand-over race
+    as in the soak; a delete that comes after the replay (the routine check's) meets a Controller whose local
+    record (R+2) was past the Coordinator's. "journaled behind the pause": the Coordinator is held again and the
+    hand-over reaches the node first, so the node's delete is journaled behind the pause (JRN-3) and dropped
+    with it. Either way the Environment must end deleted (gone
+    from Redis, or `deleted`), its reservation released, its sandbox gone and the dropped pause's checkpoint
+    deleted from sandboxd's storage."""
+    cluster = outage.cluster
+    journal = cluster.nodes["n1"].journal
+    running, _ = await pause_journaled(outage)
+    async with adxlet_held(cluster):
+        deleting = await outage.api.delete(running.id)
+        assert deleting.state is S.DELETING
+        if delete_on_node != "after the replay":
+            cluster.coordinator.freeze()
+    if delete_on_node != "after the replay":
+        await outage.nodes.delete(cluster.nodes["n1"].listen, deleting)
+        await wait_for(lambda: len(journal_rows(journal)) == 4, 30, "the delete journaled behind the pause")
+        assert [row[1] for row in journal_rows(journal)] == ["pausing", "paused", "deleting", "deleted"]
+        cluster.coordinator.thaw()
+
+    async def deleted() -> bool:
+        record = record_of(await cluster.redis_record(running.id))
+        return record is None or record.state is S.DELETED
+
+    async def no_checkpoints() -> bool:
+        return not await checkpoint_ids(cluster)
+
+    await wait_for(deleted, 60, "the Environment to end deleted after the dropped replay", interval=0.3)
+    await wait_for(lambda: not journal.exists(), 30, "the journal to be emptied")
+    assert running.id not in await reservations(cluster)
+    assert running.execution_id not in await sandbox_ids(cluster)
+    await wait_for(no_checkpoints, 30, "the dropped pause's checkpoint deleted")
+
+
+@pytest.mark.req("NOD-10", "NOD-11", "ENV-4")
+async def test_a_pause_dropped_for_a_spec_change_is_published_again_and_wakes_from_its_checkpoint(
+    outage: Outage,
+) -> None:
+    """The same outage, but the Coordinator takes a spec change meanwhile (a lifetime with its action: a new
+    spec, still running at R+1), so the replay drops the pause as "the request spec changed". The pause really
+    happened here (the execution is gone, its checkpoint kept): the Controller adopts the Coordinator's record
+    and publishes the pause again on it, so the Environment is paused on that checkpoint with its reservation
+    released, not running on paper with no execution. A wake (EnsureRunning) then resumes it from the
+    checkpoint with the file written before the pause; its old execution is never back."""
+    cluster, api = outage.cluster, outage.api
+    running, checkpoint = await pause_journaled(outage)
+    async with adxlet_held(cluster):
+        lifetime = pb.SetLifetimeRequest(tenant="acme", environment_id=running.id, seconds=3600, action="pause")
+        changed = await api.call("set lifetime", api.stub.SetLifetime(lifetime))
+        assert EnvironmentRecord.model_validate_json(changed.environment_json).state is S.RUNNING
+
+    paused = await api.wait_state(running.id, S.PAUSED, within=60)
+    assert paused.checkpoint is not None and paused.checkpoint.id == checkpoint
+    assert paused.execution_id is None and paused.generation == running.generation
+    await wait_for(lambda: not cluster.nodes["n1"].journal.exists(), 30, "the journal to be emptied")
+    assert running.id not in await reservations(cluster)
+    assert running.execution_id not in await sandbox_ids(cluster)
+
+    wake = pb.EnsureRunningRequest(tenant="acme", environment_id=running.id, timeout_seconds=60)
+    await api.call("ensure running", api.stub.EnsureRunning(wake))
+    resumed = await api.wait_state(running.id, S.RUNNING, within=60)
+    assert resumed.execution_id not in (None, running.execution_id)
+    status, stdout, body = await cluster.run_when_served("n1", running.id, ["cat", "/work/f"])
+    assert (status, stdout) == (200, "kept-data\n"), body
