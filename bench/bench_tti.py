@@ -21,11 +21,16 @@ runs: for ``e2b``, ``Sandbox.create`` returning) and ``first_command`` (the rest
 with the network an E2B sandbox gets by default (``{"mode": "egress"}``): the like-for-like partner of ``e2b``
 (issue 14's within-1.3x figure).
 Baseline, same run: the same command spawned on the host (``subprocess.run``), n times.
+
+The cluster's store is seeded with the Debian image of the tests' shared cache (``ADX_TEST_IMAGE_CACHE``, hard
+links; built there once, ~2-3 min, if missing), so a run does not pay ``adx up``'s first-start build;
+``--no-seed`` leaves the store empty (``adx up`` builds it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import subprocess
@@ -39,6 +44,7 @@ from typing import Any
 
 from _harness import emit, percentile, progress
 from bench_api import start_cluster, stop_cluster
+from bench_e2b_templates import _seed_debian as seed_debian
 from e2b import Sandbox
 
 import adx
@@ -181,13 +187,18 @@ def main() -> None:
     parser.add_argument("--stagger-ms", type=float, default=200.0)
     parser.add_argument("--cpu", type=float, default=0.5, help="native SDK's CPU request (E2B's default is 0.5)")
     parser.add_argument("--capacity-wait", type=float, default=120.0, help="native create(wait=...), seconds")
+    parser.add_argument("--no-seed", action="store_true", help="let adx up build the Debian image (no cache)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     sdks = [s for s in args.sdks.split(",") if s]
     if bad := [m for m in modes if m not in MODES] + [s for s in sdks if s not in SDKS]:
         parser.error(f"unknown mode or SDK: {bad}")
     figures: dict[str, Any] = {"n": args.n, "stagger_ms": args.stagger_ms, "cpu": args.cpu}
+    figures["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="adx-bench-tti-", dir="/tmp") as tmp:
+        if not args.no_seed:
+            progress("seeding the Debian image from the tests' cache")
+            seed_debian(Path(tmp) / "state")
         progress("starting adx up")
         proc, url, key = start_cluster(Path(tmp))
         opts = {"api_url": url, "sandbox_url": url, "api_key": key}
@@ -232,6 +243,7 @@ def main() -> None:
             # How many creates claimed a pre-warmed sandbox (sandboxd's warm pool, docs/sandboxd.md).
             logs = [p.read_text(errors="replace") for p in Path(tmp).rglob("*.log") if p.is_file()]
             figures["sandboxd_warm_claims"] = sum(text.count('msg="warm claim"') for text in logs)
+    figures["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     emit("tti", figures)
 
 
