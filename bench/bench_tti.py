@@ -22,6 +22,11 @@ with the network an E2B sandbox gets by default (``{"mode": "egress"}``): the li
 (issue 14's within-1.3x figure).
 Baseline, same run: the same command spawned on the host (``subprocess.run``), n times.
 
+``native`` and ``native-poll`` also say how often the CPU limit stalled the sandbox: after each measured run (the
+deletes are not timed, nor is this) the bench reads the sandbox's ``cpu.stat`` (found through sandboxd) and reports
+``throttled_runs`` (runs whose sandbox was throttled at least once, its start included), ``throttled_ms_p50/max``
+over those, and ``sandbox_cpu_ms_p50`` (the sandbox's CPU from its start, a claimed member's early start included).
+
 The cluster's store is seeded with the Debian image of the tests' shared cache (``ADX_TEST_IMAGE_CACHE``, hard
 links; built there once, ~2-3 min, if missing), so a run does not pay ``adx up``'s first-start build;
 ``--no-seed`` leaves the store empty (``adx up`` builds it).
@@ -30,6 +35,7 @@ links; built there once, ~2-3 min, if missing), so a run does not pay ``adx up``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shlex
 import shutil
@@ -39,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +55,8 @@ from bench_e2b_templates import _seed_debian as seed_debian
 from e2b import Sandbox
 
 import adx
+from adx.sandboxd import SandboxdClient
+from adx.sandboxd._cgroups import detect_layout
 
 MODES = ("sequential", "staggered", "burst", "interleaved")
 SDKS = ("native", "native-egress", "native-poll", "e2b")
@@ -71,10 +80,11 @@ def stats(samples: list[float], attempts: int) -> dict[str, Any]:
 class Trial:
     """One create-to-first-result measurement per call; failures are counted, with their first few messages."""
 
-    def __init__(self, tti: Callable[[], float | tuple[float, float]]) -> None:
+    def __init__(self, tti: Callable[[], float | tuple[float, float, CpuStat | None]]) -> None:
         self.tti = tti
         self.samples: list[float] = []
         self.running_seen: list[float] = []  # native SDKs: until the SDK knows it runs
+        self.cpu_stats: list[CpuStat] = []  # native SDKs: the sandbox's CPU accounting after each run
         self.errors: list[str] = []
         self.lock = threading.Lock()
 
@@ -85,11 +95,13 @@ class Trial:
             with self.lock:
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
             return
-        seconds, running = measured if isinstance(measured, tuple) else (measured, None)
+        seconds, running, cpu = measured if isinstance(measured, tuple) else (measured, None, None)
         with self.lock:
             self.samples.append(seconds)
             if running is not None:
                 self.running_seen.append(running)
+            if cpu is not None:
+                self.cpu_stats.append(cpu)
 
     def figures(self, attempts: int) -> dict[str, Any]:
         figures = stats(self.samples, attempts)
@@ -97,6 +109,13 @@ class Trial:
             figures["running_seen_median_ms"] = round(percentile(self.running_seen, 50) * 1e3, 1)
             rest = [total - running for total, running in zip(self.samples, self.running_seen, strict=True)]
             figures["first_command_median_ms"] = round(percentile(rest, 50) * 1e3, 1)
+        if self.cpu_stats:
+            throttled = [c.throttled_ms for c in self.cpu_stats if c.nr_throttled]
+            figures["throttled_runs"] = len(throttled)
+            if throttled:
+                figures["throttled_ms_p50"] = round(percentile(throttled, 50), 1)
+                figures["throttled_ms_max"] = round(max(throttled), 1)
+            figures["sandbox_cpu_ms_p50"] = round(percentile([c.usage_ms for c in self.cpu_stats], 50), 1)
         if self.errors:
             figures["errors"] = sorted(set(self.errors))[:5]
         return figures
@@ -115,6 +134,53 @@ class Trial:
         return self.figures(n)
 
 
+@dataclass(frozen=True)
+class CpuStat:
+    """A sandbox's CPU accounting from its start: its cgroup's ``cpu.stat`` and usage."""
+
+    nr_throttled: int
+    throttled_ms: float
+    usage_ms: float
+
+
+class SandboxCpu:
+    """Reads the CPU accounting of an Environment's sandbox, found through sandboxd (the bench runs as root on
+    the node's host)."""
+
+    def __init__(self, sandboxd_socket: Path) -> None:
+        self.socket = sandboxd_socket
+        self.layout = detect_layout()
+
+    def of(self, env_id: str) -> CpuStat | None:
+        cgroup_dir = asyncio.run(self._cgroup_dir(env_id))
+        if cgroup_dir is None or self.layout.v2_dir is None:
+            return None
+        relative = os.path.relpath(cgroup_dir, self.layout.v2_dir)
+        v1 = self.layout.v1_dirs
+        cpu = f"{v1['cpu']}/{relative}" if "cpu" in v1 else cgroup_dir
+        try:
+            stat = {k: int(v) for k, v in (line.split() for line in Path(f"{cpu}/cpu.stat").read_text().splitlines())}
+            if "cpuacct" in v1:
+                usage_ms = int(Path(f"{v1['cpuacct']}/{relative}/cpuacct.usage").read_text()) / 1e6
+            else:
+                usage_ms = stat.get("usage_usec", 0) / 1e3
+        except OSError:
+            return None
+        # v1 counts throttled_time in ns, v2 throttled_usec in us
+        throttled_ms = stat["throttled_time"] / 1e6 if "throttled_time" in stat else stat.get("throttled_usec", 0) / 1e3
+        return CpuStat(stat.get("nr_throttled", 0), throttled_ms, usage_ms)
+
+    async def _cgroup_dir(self, env_id: str) -> str | None:
+        client = SandboxdClient(self.socket, timeout=10)
+        try:
+            for sandbox in await client.list():
+                if sandbox.metadata.get("adx.env") == env_id and sandbox.native is not None:
+                    return sandbox.native.cgroup_dir
+        finally:
+            await client.aclose()
+        return None
+
+
 def interleaved(trials: dict[str, Trial], n: int) -> dict[str, dict[str, Any]]:
     """n rounds, each SDK once per round in turn (sequential)."""
     for _ in range(n):
@@ -131,8 +197,9 @@ def native_tti(
     *,
     poll: bool = False,
     network: dict[str, str] | None = None,
-) -> Callable[[], tuple[float, float]]:
-    def tti() -> tuple[float, float]:
+    cpu_of: SandboxCpu | None = None,
+) -> Callable[[], tuple[float, float, CpuStat | None]]:
+    def tti() -> tuple[float, float, CpuStat | None]:
         start = time.perf_counter()
         if poll:  # the SDK before the server-side wait: create, then a GET every 15 ms
             env = client.environments.create(cpu=cpu, memory="256Mi", network=network, wait=False)
@@ -149,21 +216,21 @@ def native_tti(
             elapsed = time.perf_counter() - start
             if result.exit_code != 0:
                 raise RuntimeError(f"{argv} exited {result.exit_code}: {result.stderr[:200]!r}")
-            return elapsed, running
+            return elapsed, running, cpu_of.of(env.id) if cpu_of is not None else None
         finally:
             env.delete()
 
     return tti
 
 
-def e2b_tti(opts: dict[str, str], command: str) -> Callable[[], tuple[float, float]]:
-    def tti() -> tuple[float, float]:
+def e2b_tti(opts: dict[str, str], command: str) -> Callable[[], tuple[float, float, CpuStat | None]]:
+    def tti() -> tuple[float, float, CpuStat | None]:
         start = time.perf_counter()
         sandbox = Sandbox.create(**opts)  # answers once the sandbox runs
         running = time.perf_counter() - start
         try:
             sandbox.commands.run(command)  # raises on a non-zero exit
-            return time.perf_counter() - start, running
+            return time.perf_counter() - start, running, None
         finally:
             sandbox.kill()
 
@@ -202,6 +269,7 @@ def main() -> None:
         progress("starting adx up")
         proc, url, key = start_cluster(Path(tmp))
         opts = {"api_url": url, "sandbox_url": url, "api_key": key}
+        cpu_of = SandboxCpu(Path(tmp) / "state" / "sandboxd" / "api" / "sandboxd.sock")
         try:
             with adx.Client(api_url=url, api_key=key) as client:
                 probe = client.environments.create(cpu=args.cpu, memory="256Mi")
@@ -222,7 +290,13 @@ def main() -> None:
                     network = E2B_DEFAULT_NETWORK if sdk == "native-egress" else None
                     return Trial(
                         native_tti(
-                            client, argv, args.cpu, args.capacity_wait, poll=sdk == "native-poll", network=network
+                            client,
+                            argv,
+                            args.cpu,
+                            args.capacity_wait,
+                            poll=sdk == "native-poll",
+                            network=network,
+                            cpu_of=cpu_of,
                         )
                     )
 
