@@ -26,6 +26,9 @@ Baseline, same run: the same command spawned on the host (``subprocess.run``), n
 deletes are not timed, nor is this) the bench reads the sandbox's ``cpu.stat`` (found through sandboxd) and reports
 ``throttled_runs`` (runs whose sandbox was throttled at least once, its start included), ``throttled_ms_p50/max``
 over those, and ``sandbox_cpu_ms_p50`` (the sandbox's CPU from its start, a claimed member's early start included).
+Sequential modes also report ``cpu_ms_per_cycle``: the CPU each daemon (with its exited children), all sandboxes
+(their parent cgroup: warm members' starts included) and the bench client spent per create + command + delete,
+which the machine's load does not inflate as it does wall time.
 
 The cluster's store is seeded with the Debian image of the tests' shared cache (``ADX_TEST_IMAGE_CACHE``, hard
 links; built there once, ~2-3 min, if missing), so a run does not pay ``adx up``'s first-start build;
@@ -52,6 +55,7 @@ from typing import Any
 from _harness import emit, percentile, progress
 from bench_api import start_cluster, stop_cluster
 from bench_e2b_templates import _seed_debian as seed_debian
+from bench_hops import cluster_processes, cpu_seconds
 from e2b import Sandbox
 
 import adx
@@ -150,12 +154,25 @@ class SandboxCpu:
     def __init__(self, sandboxd_socket: Path) -> None:
         self.socket = sandboxd_socket
         self.layout = detect_layout()
+        self.parent: str | None = None  # the sandboxes' parent cgroup, relative (known after the first ``of``)
+
+    def all_sandboxes_seconds(self) -> float:
+        """CPU of every sandbox of this sandboxd so far, warm members and deleted ones included (the parent
+        cgroup's hierarchical usage)."""
+        if self.parent is None:
+            return 0.0
+        if "cpuacct" in self.layout.v1_dirs:
+            return int(Path(f"{self.layout.v1_dirs['cpuacct']}/{self.parent}/cpuacct.usage").read_text()) / 1e9
+        assert self.layout.v2_dir is not None
+        stat = Path(f"{self.layout.v2_dir}/{self.parent}/cpu.stat").read_text().split()
+        return int(stat[stat.index("usage_usec") + 1]) / 1e6
 
     def of(self, env_id: str) -> CpuStat | None:
         cgroup_dir = asyncio.run(self._cgroup_dir(env_id))
         if cgroup_dir is None or self.layout.v2_dir is None:
             return None
         relative = os.path.relpath(cgroup_dir, self.layout.v2_dir)
+        self.parent = os.path.dirname(relative)
         v1 = self.layout.v1_dirs
         cpu = f"{v1['cpu']}/{relative}" if "cpu" in v1 else cgroup_dir
         try:
@@ -179,6 +196,16 @@ class SandboxCpu:
         finally:
             await client.aclose()
         return None
+
+
+def cpu_snapshot(roles: dict[str, list[int]], cpu_of: SandboxCpu) -> dict[str, float]:
+    """CPU seconds so far of each daemon (with its exited children), of all sandboxes, and of this process."""
+    now = {role: sum(cpu_seconds(pid, reaped=True) for pid in pids) for role, pids in roles.items()}
+    now["sandboxes"] = cpu_of.all_sandboxes_seconds()
+    times = os.times()
+    now["bench_client"] = times.user + times.system
+    now["total"] = sum(now.values())
+    return now
 
 
 def interleaved(trials: dict[str, Trial], n: int) -> dict[str, dict[str, Any]]:
@@ -274,7 +301,9 @@ def main() -> None:
             with adx.Client(api_url=url, api_key=key) as client:
                 probe = client.environments.create(cpu=args.cpu, memory="256Mi")
                 has_node = probe.commands.run(["/bin/sh", "-c", "command -v node"]).exit_code == 0
+                cpu_of.of(probe.id)  # learns the sandboxes' parent cgroup
                 probe.delete()
+                roles = cluster_processes(proc.pid)
                 command = "node -v" if has_node else "python3 -V"
                 argv = shlex.split(command)
                 figures["command"], figures["node_in_image"] = command, has_node
@@ -310,7 +339,13 @@ def main() -> None:
                         if mode == "interleaved":
                             continue
                         progress(f"{sdk} {mode} x{args.n}")
+                        before = cpu_snapshot(roles, cpu_of)
                         figures[f"{sdk}_{mode}"] = trial(sdk).run(mode, args.n, args.stagger_ms / 1e3)
+                        if mode == "sequential":  # one cycle at a time: its CPU, whatever the machine's load
+                            after = cpu_snapshot(roles, cpu_of)
+                            figures[f"{sdk}_{mode}"]["cpu_ms_per_cycle"] = {
+                                role: round((after[role] - before[role]) / args.n * 1e3, 1) for role in after
+                            }
                         progress(f"  {figures[f'{sdk}_{mode}']}")
         finally:
             stop_cluster(proc)
