@@ -26,9 +26,10 @@ Baseline, same run: the same command spawned on the host (``subprocess.run``), n
 deletes are not timed, nor is this) the bench reads the sandbox's ``cpu.stat`` (found through sandboxd) and reports
 ``throttled_runs`` (runs whose sandbox was throttled at least once, its start included), ``throttled_ms_p50/max``
 over those, and ``sandbox_cpu_ms_p50`` (the sandbox's CPU from its start, a claimed member's early start included).
-Sequential modes also report ``cpu_ms_per_cycle``: the CPU each daemon (with its exited children), all sandboxes
-(their parent cgroup: warm members' starts included) and the bench client spent per create + command + delete,
-which the machine's load does not inflate as it does wall time.
+Sequential modes also report ``cpu_ms_per_cycle``: the CPU each daemon (with the exited children it waited for: the
+tools sandboxd runs), all sandboxes (their parent cgroup: warm members' starts included) and the bench client spent
+per create + command + delete, which the machine's load does not inflate as it does wall time. Not counted: the
+per-sandbox supervisors outside the sandboxes' cgroups.
 
 The cluster's store is seeded with the Debian image of the tests' shared cache (``ADX_TEST_IMAGE_CACHE``, hard
 links; built there once, ~2-3 min, if missing), so a run does not pay ``adx up``'s first-start build;
@@ -199,8 +200,13 @@ class SandboxCpu:
 
 
 def cpu_snapshot(roles: dict[str, list[int]], cpu_of: SandboxCpu) -> dict[str, float]:
-    """CPU seconds so far of each daemon (with its exited children), of all sandboxes, and of this process."""
-    now = {role: sum(cpu_seconds(pid, reaped=True) for pid in pids) for role, pids in roles.items()}
+    """CPU seconds so far of each daemon (with the exited children it waited for), of all sandboxes, and of this
+    process. sandboxd's spawner is counted without its exited children: those are the sandboxes' processes (and
+    their supervisors), reaped when a sandbox ends, whose CPU the sandboxes' cgroup already counts."""
+    now = {
+        role: sum(cpu_seconds(pid, reaped=role != "sandboxd" or i == 0) for i, pid in enumerate(pids))
+        for role, pids in roles.items()
+    }
     now["sandboxes"] = cpu_of.all_sandboxes_seconds()
     times = os.times()
     now["bench_client"] = times.user + times.system
