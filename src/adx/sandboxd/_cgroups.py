@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypedDict
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["CgroupLayout", "CgroupStats", "SandboxCgroup", "detect_layout"]
+__all__ = ["CgroupLayout", "CgroupStats", "SandboxCgroup", "cpu_bandwidth", "detect_layout"]
 
 _CONTROLLERS = ("memory", "cpu", "pids")
 
