@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 from _harness import emit, percentile, progress, summarize
 from bench_api import MEMORY, execd_socket_of, start_cluster, stop_cluster, wait_deleted
+from bench_e2b_templates import _seed_debian as seed_debian
 
 import adx
 from adx._certs import Identity, client_ssl_context, component_paths
@@ -140,10 +141,13 @@ def main() -> None:
     parser.add_argument("--cpu-runs", type=int, default=200, help="requests per CPU-accounting block")
     parser.add_argument("--profile", type=Path, default=None, help="write py-spy flame graphs here")
     parser.add_argument("--creates", type=int, default=15, help="create-path rounds (each: both modes)")
+    parser.add_argument("--no-seed", action="store_true", help="let adx up build the Debian image (no cache)")
     args = parser.parse_args()
     figures: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="adx-bench-hops-", dir="/tmp") as tmp:
         base = Path(tmp)
+        if not args.no_seed:  # the tests' cached Debian image (bench_tti.py): no first-start build
+            seed_debian(base / "state")
         progress("starting adx up")
         proc, url, key = start_cluster(base)
         state = base / "state"
