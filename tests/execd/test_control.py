@@ -367,6 +367,43 @@ async def test_a_connection_lost_and_replaced_within_one_coalescing_window_still
         await hub.stop()
 
 
+@pytest.mark.req("CTL-3", "NOD-3")
+async def test_ready_goes_out_at_once_even_inside_a_coalescing_window(short_dir: Path) -> None:
+    """Ready (what a node's start waits for) is never held back by the coalescing window: a claimed warm member's
+    execd connects and reports Ready a few ms apart, and the Ready delta used to wait out the window begun by the
+    connect's delta (20 ms by default, on every create). Activity changes are still coalesced."""
+    hub = ControlHub(short_dir / "r.sock", coalesce=0.5)
+    await hub.start()
+    try:
+        await hub.add_sandbox("r", short_dir / "r.ctl")
+        sub, _ = await Subscriber.connect(hub.subscribe_path)
+        _, execd = await asyncio.open_unix_connection(str(short_dir / "r.ctl"))
+        execd.write(P.encode({"type": "hello", "protocol": 1, "sandboxId": "r", "state": P.initial_state()}))
+        await execd.drain()
+        first = await sub.next()  # leading edge: sent at once
+        assert first["state"] is not None and not first["state"]["ready"]
+        t0 = time.monotonic()
+        execd.write(P.encode({"type": "ready"}))
+        await execd.drain()
+        second = await sub.next()
+        assert second["state"]["ready"], second
+        assert time.monotonic() - t0 < 0.25, "Ready waited for the coalescing window"
+        # A window already waiting on a coalesced change is ended by the urgent one.
+        execd.write(P.encode({"type": "hello", "protocol": 1, "sandboxId": "r", "state": P.initial_state()}))
+        await execd.drain()
+        await asyncio.sleep(0.05)  # the reconnect's not-ready state is pending, its window running
+        t1 = time.monotonic()
+        execd.write(P.encode({"type": "ready"}))
+        await execd.drain()
+        third = await sub.next()
+        assert third["state"]["ready"], third
+        assert time.monotonic() - t1 < 0.25, "Ready waited for a window that was already running"
+        execd.close()
+        sub.close()
+    finally:
+        await hub.stop()
+
+
 @pytest.mark.req("CTL-8")
 async def test_an_execd_of_another_protocol_is_refused_with_its_reason_and_a_matching_one_is_served(
     hub: ControlHub, short_dir: Path

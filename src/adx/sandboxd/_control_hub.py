@@ -94,6 +94,7 @@ class _Subscriber:
         self.seq = 0
         self.last_flush = 0.0  # loop time of the last delta flush
         self.cleared: set[str] = set()  # sandboxes whose observation was cleared since the last flush
+        self.urgent = asyncio.Event()  # a pending change a node waits for (Ready, a refusal): no window for it
 
 
 class ControlHub:
@@ -251,7 +252,7 @@ class ControlHub:
             sandbox.hello = {k: v for k, v in first.items() if k != "state"}
             sandbox.state = P.initial_state()
             P.apply_event(sandbox.state, first)
-            self._changed(sandbox)
+            self._changed(sandbox, urgent=bool(sandbox.state["ready"]))
             while line := await reader.readline():
                 message = P.decode(line)
                 if message["type"] == P.REPLY:
@@ -260,8 +261,9 @@ class ControlHub:
                     if future is not None and not future.done():
                         future.set_result(message)
                     continue
+                was_ready = bool(sandbox.state["ready"])
                 if P.apply_event(sandbox.state, message):
-                    self._changed(sandbox)
+                    self._changed(sandbox, urgent=bool(sandbox.state["ready"]) and not was_ready)
         except (OSError, asyncio.IncompleteReadError, P.ProtocolError, ValueError) as exc:
             log.info("execd control connection failed", extra={"sandbox": sandbox.id, "reason": repr(exc)})
         finally:
@@ -282,7 +284,7 @@ class ControlHub:
         state = P.initial_state()
         state["refused"] = reason
         sandbox.state = state
-        self._changed(sandbox)
+        self._changed(sandbox, urgent=True)
 
     def _clear(self, sandbox: _Sandbox) -> None:
         for future in sandbox.pending.values():
@@ -294,9 +296,11 @@ class ControlHub:
                 sub.cleared.add(sandbox.id)  # a reconnect within the same window must not hide the break
             self._changed(sandbox)
 
-    def _changed(self, sandbox: _Sandbox) -> None:
+    def _changed(self, sandbox: _Sandbox, *, urgent: bool = False) -> None:
         for sub in self._subscribers:
             sub.dirty[sandbox.id] = None
+            if urgent:
+                sub.urgent.set()
             sub.wake.set()
 
     # -- subscriber side --------------------------------------------------------------------------------
@@ -328,12 +332,19 @@ class ControlHub:
                 wake.cancel()
                 sub.wake.clear()
                 if sub.dirty:
-                    # Coalescing window, leading edge: a change after a quiet window goes out at once (Ready
-                    # is not delayed); changes within ``coalesce`` of the last flush settle into one delta per
-                    # sandbox. sleep(0) lets changes of the same loop iteration join.
+                    # Coalescing window, leading edge: a change after a quiet window goes out at once; changes
+                    # within ``coalesce`` of the last flush settle into one delta per sandbox. An urgent change
+                    # (Ready, a refusal: a node's start waits for it) never waits for the window: a claimed
+                    # member's execd connects and reports Ready a few ms apart, and Ready used to wait out the
+                    # window the connect's delta opened. sleep(0) lets changes of the same iteration join.
                     loop = asyncio.get_running_loop()
-                    await asyncio.sleep(max(0.0, sub.last_flush + self.coalesce - loop.time()))
+                    hold = sub.last_flush + self.coalesce - loop.time()
+                    if hold > 0 and not sub.urgent.is_set():
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(sub.urgent.wait(), hold)  # an urgent change ends the window
+                    await asyncio.sleep(0)
                     sub.last_flush = loop.time()
+                    sub.urgent.clear()
                     dirty, sub.dirty = sub.dirty, {}
                     cleared, sub.cleared = sub.cleared, set()
                     for sandbox_id in dirty:
