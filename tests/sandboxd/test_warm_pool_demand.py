@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from adx.sandboxd._models import Resources
 from adx.sandboxd._warm_pool import DEMAND_WINDOW_SECONDS, WarmKey, WarmMember, WarmPool
 
@@ -100,29 +98,3 @@ def test_a_dead_member_is_never_taken_nor_counted_but_keeps_its_ids_until_destro
     pool.members[EGRESS] = [a, b]
     assert pool.cull(lambda m: m is not b) == 1
     assert pool.members[EGRESS] == [a] and pool.dead[-1] is b
-
-
-def test_a_miss_waits_for_a_member_being_made_only_while_that_beats_a_cold_create() -> None:
-    """Back to back (issue 13): the refill makes the next member while the next create arrives."""
-    pool = WarmPool(size=2, shapes=4)
-    making = _member(NATIVE, 1)
-    making.started = 10.0
-    pool.making[making.member_id] = making
-    assert pool.late_wait(NATIVE, now=10.001) is None  # nothing measured yet: cold
-    pool.note_made(0.040)
-    # Before any cold create, a cold one is taken to cost a making: begun 1 ms ago, 39 ms to go beat 40 ms,
-    # waited for at most what going cold would take.
-    assert pool.late_wait(NATIVE, now=10.001) == pytest.approx(0.040)
-    making.started = 10.001  # a member begun just now: waiting is no quicker than going cold
-    assert pool.late_wait(NATIVE, now=10.001) is None
-    making.started = 10.0
-    pool.note_cold(0.030)
-    assert pool.late_wait(NATIVE, now=10.005) is None  # 35 ms to go > a 30 ms cold create
-    assert pool.late_wait(NATIVE, now=10.015) == pytest.approx(0.030)
-    assert pool.late_wait(NATIVE, now=10.100) == pytest.approx(0.030)  # overdue: still no longer than cold
-    assert pool.late_wait(EGRESS, now=10.015) is None  # no member of that shape is being made
-    pool.note_made(0.080)  # averages move a fifth of the way
-    assert pool.make_seconds == pytest.approx(0.048)
-    member = _member(NATIVE, 2)
-    pool.members[NATIVE] = [member]
-    assert pool.take_ready(NATIVE, lambda m: True) is member and (pool.claims, pool.misses) == (0, 0)

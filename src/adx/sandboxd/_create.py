@@ -124,8 +124,7 @@ class SandboxCreator(StartupReconcile):
         # A create (not a restore) of a kept shape claims a warm member: its IDs, /30 and names. Not one that
         # mounts volumes: a member's mounts were made before anyone asked for them (volume binds go cold).
         key = WarmKey.of(req.image, layers, user, res, network, req.execd.python if req.execd else None)
-        claimable = restore is None and not req.volumes
-        member = self.warm.take(key, alive=self._member_alive) if claimable else None
+        member = self.warm.take(key, alive=self._member_alive) if restore is None and not req.volumes else None
         env = {**manifest.env, **req.env} if manifest is not None else req.env
         cwd = req.cwd or (manifest.workdir if manifest is not None else "/work")
         now = time.time()
@@ -164,8 +163,6 @@ class SandboxCreator(StartupReconcile):
         self.by_request[req.request_id] = sandbox_id
         if member is not None:
             self.warm.claiming[sandbox_id] = member
-        elif claimable and any(m.key == key for m in self.warm.making.values()):
-            self.warm.awaiting[sandbox_id] = key  # _create_locked may wait for it (WarmPool.late_wait)
         return rec
 
     def _resolve_image(
@@ -229,7 +226,6 @@ class SandboxCreator(StartupReconcile):
     def _unreserve(self, rec: SandboxRecord) -> None:
         self.records.pop(rec.sandbox_id, None)
         self.warm.claiming.pop(rec.sandbox_id, None)
-        self.warm.awaiting.pop(rec.sandbox_id, None)
         if self.by_request.get(rec.request_id) == rec.sandbox_id:
             del self.by_request[rec.request_id]
 
@@ -326,14 +322,8 @@ class SandboxCreator(StartupReconcile):
         """Whether a warm member's processes are all there (``_warm_create``)."""
         raise NotImplementedError
 
-    async def _late_claim(self, rec: SandboxRecord) -> tuple[SandboxRecord, WarmMember | None]:
-        """A create that missed may claim the member being made for its shape (``_warm_create``)."""
-        raise NotImplementedError
-
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, Manifest] | None) -> CreateResponse:
         member = self.warm.claiming.get(rec.sandbox_id)
-        if member is None and rec.sandbox_id in self.warm.awaiting:
-            rec, member = await self._late_claim(rec)
         if member is not None:
             return await self._start_claimed(rec, member)
         t0 = time.perf_counter()
@@ -352,10 +342,7 @@ class SandboxCreator(StartupReconcile):
         # record on the lifecycle lock. Every outcome waits for the commit (the finally), a reply too.
         committed = asyncio.ensure_future(asyncio.to_thread(self._commit_created, rec, lock_fd))
         try:
-            created = await self._start_created(rec, restore, committed, t0)
-            if restore is None:
-                self.warm.note_cold(time.perf_counter() - t0)
-            return created
+            return await self._start_created(rec, restore, committed, t0)
         finally:
             await asyncio.gather(committed, return_exceptions=True)  # a failure has set the storage-failed flag
             self.spares.refill_soon()

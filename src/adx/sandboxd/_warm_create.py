@@ -68,7 +68,6 @@ def _tail(path: Path) -> str:
 class WarmSandboxes(SandboxCreator):
     _warm_task: asyncio.Task[None] | None = None
     _warm_paused_until = 0.0
-    _made_event: asyncio.Event | None = None
 
     # -- which shapes ------------------------------------------------------------------------------------------
     def pin_default_shape(self) -> None:
@@ -159,7 +158,7 @@ class WarmSandboxes(SandboxCreator):
         net_index = self._allocate_net_index() if key.network == "veth" else None
         policy = self._default_policy(key)
         path = self.registry.sandboxes_dir / dir_name
-        member = WarmMember(member_id, key, path, -1, id_base, net_index, policy, started=time.monotonic())
+        member = WarmMember(member_id, key, path, -1, id_base, net_index, policy)
         self.warm.making[member_id] = member
         try:
             member.dir, member.lock_fd = await asyncio.to_thread(
@@ -182,7 +181,6 @@ class WarmSandboxes(SandboxCreator):
         except (AdxError, OSError) as exc:
             self.warm.making.pop(member_id, None)
             self.warm.failed += 1
-            self._member_event().set()  # a waiting create stops waiting for it
             log.warning(
                 "warm pool: a member failed to start (retried): %s; supervisor: %s",
                 exc,
@@ -193,46 +191,8 @@ class WarmSandboxes(SandboxCreator):
         self.warm.making.pop(member_id, None)
         self.warm.members.setdefault(key, []).append(member)
         self.warm.made += 1
-        self.warm.note_made(time.monotonic() - member.started)
-        self._member_event().set()  # a create waiting for this shape's member (_late_claim)
         log.debug("warm pool: member ready", extra={"member": member_id})
         return True
-
-    def _member_event(self) -> asyncio.Event:
-        """Set whenever a member's making ends (ready or failed); waiters clear it before they look."""
-        if self._made_event is None:
-            self._made_event = asyncio.Event()
-        return self._made_event
-
-    async def _late_claim(self, rec: SandboxRecord) -> tuple[SandboxRecord, WarmMember | None]:
-        """A create that found no member ready while one of its shape was being made: wait for that member as long
-        as ``WarmPool.late_wait`` says it beats a cold start, and claim it (the record, reserved and not yet
-        committed, takes the member's ID slice, /30 and names instead of its own). None: go cold."""
-        key = self.warm.awaiting.pop(rec.sandbox_id)
-        limit = self.warm.late_wait(key, time.monotonic())
-        if limit is None:
-            return rec, None
-        deadline = time.monotonic() + limit
-        event = self._member_event()
-        while True:
-            event.clear()  # before looking: a member made after the look sets it again
-            member = self.warm.take_ready(key, self._member_alive)
-            if member is not None:
-                break
-            left = deadline - time.monotonic()
-            if left <= 0 or not any(m.key == key for m in self.warm.making.values()):
-                return rec, None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), left)
-        self.warm.misses -= 1  # counted a miss at the reserve: it is a claim after all
-        self.warm.claims += 1
-        rec = rec.model_copy(
-            update={"id_base": member.id_base, "net_index": member.net_index, "native_name": member.member_id}
-        )
-        self.records[rec.sandbox_id] = rec
-        self.warm.claiming[rec.sandbox_id] = member
-        log.debug("warm pool: late claim", extra={"sandbox_id": rec.sandbox_id, "member": member.member_id})
-        return rec, member
 
     def _member_alive(self, member: WarmMember) -> bool:
         """Both its supervisor and its init are there (a pidfd polls readable once its process exited): a member

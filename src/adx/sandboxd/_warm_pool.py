@@ -89,7 +89,6 @@ class WarmMember:
     policy: NetworkPolicy | None  # the egress policy its chain holds (the defaults'); a claim replaces a different one
     #: pidfds of its supervisor and its init, once ready: a member one of them left is dead (never claimed).
     pidfds: tuple[int, ...] = ()
-    started: float = 0.0  # monotonic time its making began
 
 
 #: A create counts as demand for its shape this long: the shapes kept are those asked for within it.
@@ -114,10 +113,6 @@ class WarmPool:
     claiming: dict[str, WarmMember] = field(default_factory=dict)  # sandbox ID -> member, reserve to claim
     #: Found dead (``take``, ``cull``), no longer counted: to destroy. Their IDs and /30 stay taken until then.
     dead: list[WarmMember] = field(default_factory=list)
-    #: Creates that missed while a member of their shape was being made: sandbox ID -> shape (``late_wait``).
-    awaiting: dict[str, WarmKey] = field(default_factory=dict)
-    make_seconds: float | None = None  # moving average of a member's making, start to ready
-    cold_seconds: float | None = None  # moving average of a cold create, reserve to reply
     claims: int = 0
     misses: int = 0  # claimable creates that found no member (cold)
     made: int = 0
@@ -168,47 +163,15 @@ class WarmPool:
         self._demand.append((time.monotonic() if now is None else now, key))
         if len(self._demand) > DEMAND_MAX:
             self._demand.popleft()
-        member = self.take_ready(key, alive)
-        if member is None:
-            self.misses += 1
-        else:
-            self.claims += 1
-        return member
-
-    def take_ready(self, key: WarmKey, alive: Callable[[WarmMember], bool]) -> WarmMember | None:
-        """A ready member of ``key`` that ``alive`` passes (no demand or claim counted); dead ones go to ``dead``."""
         ready = self.members.get(key)
         while ready:
             member = ready.pop()
             if alive(member):
+                self.claims += 1
                 return member
             self.dead.append(member)
+        self.misses += 1
         return None
-
-    @staticmethod
-    def _average(old: float | None, sample: float) -> float:
-        return sample if old is None else 0.8 * old + 0.2 * sample
-
-    def note_made(self, seconds: float) -> None:
-        self.make_seconds = self._average(self.make_seconds, seconds)
-
-    def note_cold(self, seconds: float) -> None:
-        self.cold_seconds = self._average(self.cold_seconds, seconds)
-
-    def late_wait(self, key: WarmKey, now: float) -> float | None:
-        """How long a create of ``key`` that found no member ready should wait for the one being made (None: go
-        cold). Back to back, the refill makes the next member while the next create arrives: waiting for a
-        member already part made is quicker than a cold start beside it, and the two do not split the CPU.
-        It waits when the member's expected rest (the average making minus its age) is shorter than a cold
-        create's average, and at most that average: never longer than going cold would have taken."""
-        started = [m.started for m in self.making.values() if m.key == key]
-        if not started or self.make_seconds is None:
-            return None
-        # Before any cold create, one is taken to cost what making a member does (the same steps).
-        cold = self.cold_seconds if self.cold_seconds is not None else self.make_seconds
-        if self.make_seconds - (now - min(started)) >= cold:
-            return None
-        return cold
 
     def cull(self, alive: Callable[[WarmMember], bool]) -> int:
         """Move every ready member ``alive`` says is dead to ``dead``; how many."""
