@@ -2,9 +2,12 @@
 
 - ``create_to_running_ms``: the client's create call, as bench_sandboxd.py measures it;
 - ``sandboxd_phases_p50_ms``: sandboxd's own debug timings of the same creates (``create timings``): ``layer``
-  (the btrfs subvolume and its qgroup limit: two ``btrfs`` processes), ``policy`` (the sandbox's nftables chain:
-  one ``nft -f``), ``prepare`` (everything before the spawner is asked: dir, layer, policy, control socket),
-  ``spawn`` (the supervisor's start: cgroup, init mounts, record commit overlap, veth via ``ip -batch``, exec);
+  (the btrfs subvolume and its qgroup limit: two ioctls since 2026-12-04, two ``btrfs`` processes before),
+  ``policy`` (the sandbox's nftables chain: libnftables in process, one ``nft -f`` before; beside ``layer``),
+  ``prepare`` (everything before the spawner is asked: dir, layer, policy, control socket), ``spawn`` (until
+  the supervisor's start report), and the supervisor's own steps, each in ms from its spec's arrival to the
+  step's end: ``sup_pump``, ``sup_cgroup``, ``sup_prepared`` (init in its cgroups, mounts sent, veth made),
+  ``sup_locked`` (the record commit seen), ``sup_identity``, ``sup_go``, ``sup_exec`` (the init exec'd);
 - ``tools_p50_ms``: the native tools alone, same run: fork+exec of ``/bin/true`` from Python (the floor of every
   one of them), ``btrfs subvolume create`` + ``qgroup limit`` on the daemon's pool, ``nft -f`` of a one-chain
   script, ``ip -batch`` of a veth pair like the supervisor's.

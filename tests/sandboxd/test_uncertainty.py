@@ -271,3 +271,24 @@ async def test_sigkill_before_the_create_commit_never_starts_and_reclaims_the_or
         with pytest.raises(ConflictError):  # the ID is not
             await c.create(CreateRequest(request_id="d", sandbox_id="never-made", argv=["sleep", "1000"]))
         await c.delete(ref_of(fresh))
+
+
+@pytest.mark.req("SBX-13")
+async def test_a_refused_veth_start_leaves_no_veth_behind(sandboxd: DaemonFactory) -> None:
+    """The supervisor makes a cold start's veth pair before it sees the record commit (beside its cgroup join,
+    issue 13): a start it then refuses (killed before the commit: no committed record) kills the init, and the
+    pair goes with the init's network namespace; the restart leaves nothing of it."""
+    from adx.sandboxd._veth import host_if
+
+    d = sandboxd(start=False, defaults={"network": "veth"})
+    await _create_killed_at(d, "create.before_commit", "never-up")
+    veth = host_if("never-up")
+
+    def gone() -> bool:
+        return subprocess.run(["ip", "link", "show", "dev", veth], capture_output=True).returncode != 0
+
+    wait_until(gone, timeout=10)
+    d.start()
+    async with d.client() as c:
+        assert await c.list() == []
+        assert gone() and not d.v2_cgroup("never-up").exists()

@@ -39,7 +39,8 @@ os.makedirs("/home/user", exist_ok=True)
 open("/home/user/u.txt", "w").write("user's\n")
 os.chown("/home/user/u.txt", 1000, 1000)
 os.chown("/home/user", 1000, 1000)
-open("/work/ready", "w").write(json.dumps(out))
+open("/work/ready.tmp", "w").write(json.dumps(out))
+os.rename("/work/ready.tmp", "/work/ready")  # whole when it appears: the test reads it as soon as it exists
 """
 
 #: The probe, then stay up (the test inspects the running sandbox from the host).

@@ -349,3 +349,50 @@ async def test_a_claimed_sandbox_is_adopted_after_a_sigkill_and_pause_stats_dele
         assert stats.pids >= 1 and stats.memory_bytes > 0
         await c.delete(ref_of(created))
         assert not cgroup.exists() and not _procs(cgroup)
+
+
+def _supervisors(d: Daemon) -> dict[str, int]:
+    """Each member's supervisor: the parent of its init (the one process in its cgroup while parked)."""
+    out = {}
+    for name in _warm_cgroups(d):
+        (init,) = _procs(_cgroup_root(d) / name)
+        status = Path(f"/proc/{init}/status").read_text()
+        out[name] = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    return out
+
+
+async def test_a_member_whose_supervisor_died_is_never_claimed_and_is_replaced(sandboxd: DaemonFactory) -> None:
+    """Issue 13/16: a member whose supervisor died counted as ready, and the create that claimed it failed (503)
+    instead of taking a live member or starting cold. A dead member is found at the claim and on the maintenance
+    tick (every 0.2 s here), destroyed, not counted, and replaced."""
+    d = sandboxd(**WARM)
+    async with d.client() as c:
+        await _ready(c, 2)
+        supervisors = _supervisors(d)
+        assert len(supervisors) == 2
+        # Both die: the create can only succeed by seeing it before the claim (then it goes cold).
+        for pid in supervisors.values():
+            os.kill(pid, 9)
+        wait_until(lambda: not any(_alive(p) for p in supervisors.values()))  # a SIGKILL lands a moment later
+        created = await c.create(CreateRequest(request_id="a", argv=["/bin/sh", "-c", "exec sleep 1000"]))
+        assert created.sandbox.state == State.RUNNING
+        assert _cgroup_of(created).name not in supervisors  # not a dead member's
+        pool = (await c.health()).warm_pool
+        # Cold (the claim's check, or the tick before it, found both dead), or a member the tick's refill had
+        # made meanwhile.
+        assert pool is not None and pool.claims + pool.misses == 1
+        # The dead members are destroyed (cgroup, dir) and fresh ones made.
+        wait_until(lambda: not set(supervisors) & _warm_cgroups(d), timeout=10)
+        pool = await _ready(c, 2)
+        assert pool.dropped >= 2
+        # A death while idle: the maintenance tick finds it, with no create to claim it.
+        supervisors = _supervisors(d)
+        victim, survivor = sorted(supervisors)
+        os.kill(supervisors[victim], 9)
+        wait_until(lambda: victim not in _warm_cgroups(d), timeout=10)
+        assert survivor in _warm_cgroups(d)
+        await _ready(c, 2)
+        claimed = await c.create(CreateRequest(request_id="b", argv=["sleep", "1000"]))
+        assert _cgroup_of(claimed).name.startswith("_warm-") and _cgroup_of(claimed).name != victim
+        for sandbox in (created, claimed):
+            await c.delete(ref_of(sandbox))

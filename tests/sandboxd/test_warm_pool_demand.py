@@ -78,3 +78,23 @@ def test_a_shape_beyond_its_target_gives_its_oldest_members_and_refill_fills_the
 def test_pool_off_keeps_nothing() -> None:
     pool = WarmPool(size=0, shapes=4, pinned=DEFAULTS)
     assert pool.take(NATIVE, now=0) is None and pool.targets(now=0) == {} and pool.misses == 0
+
+
+def test_a_dead_member_is_never_taken_nor_counted_but_keeps_its_ids_until_destroyed() -> None:
+    """Issue 13/16: a member whose supervisor died was handed to a create (which then failed)."""
+    pool = WarmPool(size=2, shapes=4)
+    dead, live = _member(NATIVE, 1), _member(NATIVE, 2)
+    dead.id_base, dead.net_index, live.id_base = 1 << 16, 7, 2 << 16
+    pool.members[NATIVE] = [live, dead]  # the dead one would be taken first (the last)
+    assert pool.take(NATIVE, now=0, alive=lambda m: m is not dead) is live
+    assert (pool.claims, pool.misses, pool.dead) == (1, 0, [dead])
+    assert pool.info().ready == 0 and 1 << 16 in pool.used_id_bases() and 7 in pool.used_net_indexes()
+    # Only dead ones: a miss (the create goes cold).
+    pool.members[NATIVE] = [dead2 := _member(NATIVE, 3)]
+    assert pool.take(NATIVE, now=1, alive=lambda m: False) is None
+    assert (pool.claims, pool.misses, pool.dead) == (1, 1, [dead, dead2])
+    # The maintenance tick's sweep: only the dead leave the pool.
+    a, b = _member(EGRESS, 4), _member(EGRESS, 5)
+    pool.members[EGRESS] = [a, b]
+    assert pool.cull(lambda m: m is not b) == 1
+    assert pool.members[EGRESS] == [a] and pool.dead[-1] is b

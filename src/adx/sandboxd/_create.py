@@ -124,7 +124,7 @@ class SandboxCreator(StartupReconcile):
         # A create (not a restore) of a kept shape claims a warm member: its IDs, /30 and names. Not one that
         # mounts volumes: a member's mounts were made before anyone asked for them (volume binds go cold).
         key = WarmKey.of(req.image, layers, user, res, network, req.execd.python if req.execd else None)
-        member = self.warm.take(key) if restore is None and not req.volumes else None
+        member = self.warm.take(key, alive=self._member_alive) if restore is None and not req.volumes else None
         env = {**manifest.env, **req.env} if manifest is not None else req.env
         cwd = req.cwd or (manifest.workdir if manifest is not None else "/work")
         now = time.time()
@@ -318,6 +318,10 @@ class SandboxCreator(StartupReconcile):
         """The claim of a warm member (``_warm_create``)."""
         raise NotImplementedError
 
+    def _member_alive(self, member: WarmMember) -> bool:
+        """Whether a warm member's processes are all there (``_warm_create``)."""
+        raise NotImplementedError
+
     async def _create_locked(self, rec: SandboxRecord, restore: tuple[Path, Manifest] | None) -> CreateResponse:
         member = self.warm.claiming.get(rec.sandbox_id)
         if member is not None:
@@ -357,6 +361,22 @@ class SandboxCreator(StartupReconcile):
             details={"sandbox_id": rec.sandbox_id},
         ) from cause
 
+    def _apply_policy_soon(self, rec: SandboxRecord, phases: dict[str, float]) -> asyncio.Future[None] | None:
+        """The sandbox's egress chain, in a worker thread beside the writable layer's (independent steps: the
+        create waits for the longer, not for both). Awaited before the spawn: the veth, made by the supervisor
+        only after that, meets its policy from its first packet. A create that fails after the chain was made
+        removes it with the rest (``_delete_native``: by the record's ``net_index``)."""
+        if rec.net_policy is None or not self.netfilter.ready:
+            return None
+        host, policy = host_if_of(rec.sandbox_id, rec.native_name), rec.net_policy
+
+        def apply() -> None:
+            tp = time.perf_counter()
+            self.netfilter.apply(host, policy)
+            phases["policy_ms"] = round((time.perf_counter() - tp) * 1000, 2)
+
+        return asyncio.ensure_future(asyncio.to_thread(apply))
+
     async def _start_created(
         self,
         rec: SandboxRecord,
@@ -372,6 +392,7 @@ class SandboxCreator(StartupReconcile):
                 await self._register_control(rec.sandbox_id)
             except OSError as exc:
                 error = UnavailableError(f"runtime control socket of {rec.sandbox_id}: {exc}")
+        policy = self._apply_policy_soon(rec, phases) if error is None else None
         snapshot = ckpt.snapshot_of(restore[1]) if restore is not None else None
         if snapshot is not None and self._pool is None:
             error = UnavailableError("the checkpoint is a btrfs snapshot and this sandboxd has no disk_quota pool")
@@ -413,16 +434,11 @@ class SandboxCreator(StartupReconcile):
                 error = exc
             except OSError as exc:
                 error = UnavailableError(f"restore of {rec.sandbox_id} failed: {exc}")
-        if error is None and rec.net_policy is not None and self.netfilter.ready:
-            # Before the veth exists: the sandbox's first packet already meets its policy.
+        if policy is not None:
             try:
-                tp = time.perf_counter()
-                await asyncio.to_thread(
-                    self.netfilter.apply, host_if_of(rec.sandbox_id, rec.native_name), rec.net_policy
-                )
-                phases["policy_ms"] = round((time.perf_counter() - tp) * 1000, 2)
+                await policy
             except AdxError as exc:
-                error = exc
+                error = error or exc
         if error is None:
             try:
                 t1 = time.perf_counter()
@@ -443,6 +459,8 @@ class SandboxCreator(StartupReconcile):
                 await committed  # UncertainOutcomeError (storage failed): the record stays, reserved
                 try:
                     ms = {"prepare_ms": round((t1 - t0) * 1000, 2), "spawn_ms": round((t2 - t1) * 1000, 2)}
+                    # The supervisor's steps, each the ms from its spec's arrival to the step's end.
+                    ms.update({f"sup_{k}_ms": v for k, v in report.get("phases", {}).items()})
                     return self._started(rec, report, "create timings", logging.DEBUG, **ms, **phases)
                 except UnavailableError as exc:
                     error = exc

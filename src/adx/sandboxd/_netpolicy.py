@@ -3,8 +3,8 @@
 One ``inet`` table per sandboxd instance, named after its state dir (``adx_<hash>``) so two daemons on one host
 never touch each other's rules. The table holds:
 - ``forward``: packets from a sandbox's veth jump, through the verdict map ``ifs`` keyed by the host-side veth
-  name, into that sandbox's own chain ``sb_<veth>``; replacing one sandbox's policy is one ``nft -f``
-  transaction (flush + refill its chain), so no packet ever sees half a policy;
+  name, into that sandbox's own chain ``sb_<veth>``; replacing one sandbox's policy is one nftables transaction
+  (flush + refill its chain; in process through libnftables: ``_nft``), so no packet ever sees half a policy;
 - ``input``: a sandbox reaches the node itself only for DNS (tcp/udp 53); nothing else of the host;
 - ``post``: masquerade (NAT through the node) of the sandbox pool's traffic leaving for other networks.
 
@@ -18,16 +18,15 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
-import shutil
 import socket
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from adx.errors import AdxError, InvalidInputError, UnavailableError
+from adx.errors import AdxError, InvalidInputError
 from adx.model import NetworkMode, NetworkPolicy
 from adx.model._network import is_cidr
+from adx.sandboxd._nft import Nft
 
 __all__ = ["NetFilter", "ResolvedPolicy", "table_name"]
 
@@ -91,15 +90,11 @@ class NetFilter:
     def __init__(self, state_dir: Path, pool: str) -> None:
         self.table = table_name(state_dir)
         self.pool = pool
-        self.nft = shutil.which("nft")
+        self.nft = Nft()
         self.ready = False
 
     def _run(self, script: str) -> None:
-        if self.nft is None:
-            raise UnavailableError("nft (Debian's nftables package) is not installed: network policy unavailable")
-        done = subprocess.run([self.nft, "-f", "-"], input=script.encode(), capture_output=True, check=False)
-        if done.returncode != 0:
-            raise UnavailableError(f"nft failed: {done.stderr.decode(errors='replace').strip()}")
+        self.nft.run(script)
 
     def setup(self, policies: Mapping[str, NetworkPolicy] | None = None) -> None:
         """(Re)create this instance's table from scratch and enable IPv4 forwarding (egress needs it).
@@ -109,7 +104,7 @@ class NetFilter:
         sandbox's chain is missing (a missing chain means open egress). A policy whose names no longer resolve
         fails closed: its veth refuses everything until a new policy is set.
         """
-        if self.nft is None:
+        if not self.nft.available:
             log.warning("nft is not installed: veth sandboxes get no egress policy and no NAT")
             return
         if _IP_FORWARD.read_text().strip() != "1":
@@ -151,7 +146,7 @@ class NetFilter:
             return ResolvedPolicy(NetworkMode.NONE, None, ())
 
     def teardown(self) -> None:
-        if self.nft is None or not self.ready:
+        if not self.nft.available or not self.ready:
             return
         self._run(f"table inet {self.table}\ndelete table inet {self.table}\n")
         self.ready = False
@@ -190,7 +185,7 @@ class NetFilter:
 
     def remove(self, host_if: str) -> None:
         """Forget one sandbox's rules (idempotent: the adds make the deletes valid when nothing was there)."""
-        if self.nft is None or not self.ready:
+        if not self.nft.available or not self.ready:
             return
         t, chain = self.table, f"sb_{host_if}"
         self._run(

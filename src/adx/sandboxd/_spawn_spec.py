@@ -35,6 +35,9 @@ class SpawnReport(TypedDict):
     native: NotRequired[NativeFile]  # a started sandbox
     started_at: NotRequired[float]
     warm: NotRequired[bool]  # a warm pool member is ready (parked until claimed)
+    pids: NotRequired[list[int]]  # a ready member's: its supervisor and its init (sandboxd watches both)
+    #: a started sandbox's: the supervisor's own steps in milliseconds (sandboxd's "create timings" debug log)
+    phases: NotRequired[dict[str, float]]
     req: NotRequired[int]
 
 

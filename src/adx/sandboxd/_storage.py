@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
+from adx.sandboxd import _btrfs
 
 __all__ = ["Snapshot", "StoragePool", "pool_paths", "pool_unsupported_reason"]
 
@@ -59,6 +60,14 @@ def _run(argv: list[str]) -> str:
     if done.returncode != 0:
         raise UnavailableError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
     return done.stdout
+
+
+def _ioctl(what: str, call: Callable[[str], None], path: Path) -> None:
+    """One of ``_btrfs``'s ioctls on ``path``; its OSError as the UnavailableError ``_run`` would give."""
+    try:
+        call(str(path))
+    except OSError as exc:
+        raise UnavailableError(f"{what} {path} failed: {exc}") from exc
 
 
 def _is_mountpoint(path: Path) -> bool:
@@ -125,9 +134,10 @@ class StoragePool:
         sub = self.subvolume(sandbox_id)
         if sub.exists():
             self.delete(sandbox_id)
-        _run(["btrfs", "subvolume", "create", str(sub)])
+        # ioctls, not btrfs-progs: two fork+execs fewer on every cold create (_btrfs).
+        _ioctl("btrfs subvolume create", _btrfs.subvolume_create, sub)
         try:
-            _run(["btrfs", "qgroup", "limit", str(limit_bytes), str(sub)])
+            _ioctl("btrfs qgroup limit", lambda p: _btrfs.qgroup_limit(p, limit_bytes), sub)
             (sub / "upper").mkdir(mode=0o755)
             (sub / "ovlwork").mkdir(mode=0o700)
         except BaseException:
@@ -141,7 +151,7 @@ class StoragePool:
             return
         # The overlay work dir holds a mode-000 dir; a subvolume delete removes it all in one call.
         try:
-            _run(["btrfs", "subvolume", "delete", str(sub)])
+            _ioctl("btrfs subvolume delete", _btrfs.subvolume_delete, sub)
         except UnavailableError:
             shutil.rmtree(sub)  # not a subvolume (a half-made create): a plain directory
 
@@ -221,14 +231,14 @@ class StoragePool:
             self.delete(sandbox_id)
         _run(["btrfs", "subvolume", "snapshot", str(source), str(sub)])
         try:
-            _run(["btrfs", "qgroup", "limit", str(limit_bytes), str(sub)])
+            _ioctl("btrfs qgroup limit", lambda p: _btrfs.qgroup_limit(p, limit_bytes), sub)
         except BaseException:
             self.delete(sandbox_id)
             raise
 
     def delete_snapshot(self, name: str) -> None:
         if self.snapshot_path(name).exists():
-            _run(["btrfs", "subvolume", "delete", str(self.snapshot_path(name))])
+            _ioctl("btrfs subvolume delete", _btrfs.subvolume_delete, self.snapshot_path(name))
 
     def sweep_snapshots(self, referenced: set[str]) -> list[str]:
         """Delete the snapshots no whole artifact names (a capture or delete a crash interrupted)."""

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import shutil
 import socket
 import time
@@ -101,7 +102,10 @@ class WarmSandboxes(SandboxCreator):
     def refill_warm_soon(self, after_create: bool = True) -> None:
         """After a create, and on each maintenance tick (a delete frees room; not for 30 s after a refill gave up
         on failures)."""
-        if not after_create and time.monotonic() < self._warm_paused_until:
+        dead = self.warm.cull(self._member_alive)  # every tick: a member may die idle, with no create to see it
+        if dead:
+            log.warning("warm pool: %d member(s) found dead (supervisor or init exited): destroyed, replaced", dead)
+        elif not after_create and time.monotonic() < self._warm_paused_until:
             return
         if self.warm.size and (self._warm_task is None or self._warm_task.done()):
             self._warm_task = asyncio.create_task(self._refill_warm(), name="warm-pool")
@@ -109,6 +113,10 @@ class WarmSandboxes(SandboxCreator):
     async def _refill_warm(self) -> None:
         """One member at a time, after the creates that triggered it (never on a create's path). A member that
         fails to start is retried with backoff, three times in a row at most (then at the next create)."""
+        for member in list(self.warm.dead):  # its IDs and /30 stay taken until it is gone
+            self.warm.dropped += 1
+            await asyncio.to_thread(self._destroy_member, member)
+            self.warm.dead.remove(member)
         drop = self.warm.surplus()
         while not self._fits():
             popped = self._pop_any()
@@ -167,6 +175,8 @@ class WarmSandboxes(SandboxCreator):
             report = await self.spawner.spawn(spec, self.config.create_timeout_seconds)
             if not report.get("ok"):
                 raise UnavailableError(f"the warm member did not start: {report.get('error')}")
+            for pid in report.get("pids", []):  # ProcessLookupError: one died as it got ready
+                member.pidfds += (os.pidfd_open(pid),)
             await asyncio.to_thread(fault, "warm.member_started", 1.0)  # parked, not yet listed
         except (AdxError, OSError) as exc:
             self.warm.making.pop(member_id, None)
@@ -183,6 +193,16 @@ class WarmSandboxes(SandboxCreator):
         self.warm.made += 1
         log.debug("warm pool: member ready", extra={"member": member_id})
         return True
+
+    def _member_alive(self, member: WarmMember) -> bool:
+        """Both its supervisor and its init are there (a pidfd polls readable once its process exited): a member
+        whose supervisor died would take its claim's create down with it. Microseconds, on the loop."""
+        if not member.pidfds:
+            return True  # not ready yet (a making member is not claimable anyway)
+        poller = select.poll()
+        for fd in member.pidfds:
+            poller.register(fd, select.POLLIN)
+        return not poller.poll(0)
 
     def _image_env(self, key: WarmKey) -> dict[str, str]:
         """The environment the shape's image gives a create that asks for none (its manifest's, while the name
@@ -237,6 +257,9 @@ class WarmSandboxes(SandboxCreator):
         if member.lock_fd >= 0:
             os.close(member.lock_fd)  # the parked supervisor finds no claim and exits
             member.lock_fd = -1
+        for fd in member.pidfds:
+            os.close(fd)
+        member.pidfds = ()
         for name in (member.member_id, *names):
             with contextlib.suppress(OSError):  # its supervisor removes it too; a restart sweeps what both missed
                 self._cgroup(name).remove()
@@ -281,6 +304,9 @@ class WarmSandboxes(SandboxCreator):
             self.warm.dropped += 1
             await asyncio.to_thread(self._destroy_member, member)
             raise UnavailableError(f"claiming a warm sandbox failed: {exc}") from exc
+        for fd in member.pidfds:  # checked at the take; from the claim point on the start report tells
+            os.close(fd)
+        member.pidfds = ()
         writer = None
         error: AdxError | None = None
         try:
@@ -308,6 +334,8 @@ class WarmSandboxes(SandboxCreator):
             await self._keep_failed(
                 rec, "claimed warm sandbox did not report", "is uncertain (no start report)", "", None
             )
+        except OSError as exc:  # the supervisor died after the take's check (it reset the connection)
+            error = UnavailableError(f"the claimed warm sandbox's supervisor is gone: {exc}")
         finally:
             if writer is not None:
                 writer.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,8 @@ class WarmMember:
     id_base: int | None
     net_index: int | None
     policy: NetworkPolicy | None  # the egress policy its chain holds (the defaults'); a claim replaces a different one
+    #: pidfds of its supervisor and its init, once ready: a member one of them left is dead (never claimed).
+    pidfds: tuple[int, ...] = ()
 
 
 #: A create counts as demand for its shape this long: the shapes kept are those asked for within it.
@@ -108,6 +111,8 @@ class WarmPool:
     members: dict[WarmKey, list[WarmMember]] = field(default_factory=dict)
     making: dict[str, WarmMember] = field(default_factory=dict)  # being started (IDs and /30 already taken)
     claiming: dict[str, WarmMember] = field(default_factory=dict)  # sandbox ID -> member, reserve to claim
+    #: Found dead (``take``, ``cull``), no longer counted: to destroy. Their IDs and /30 stay taken until then.
+    dead: list[WarmMember] = field(default_factory=list)
     claims: int = 0
     misses: int = 0  # claimable creates that found no member (cold)
     made: int = 0
@@ -148,19 +153,35 @@ class WarmPool:
         """The shapes to keep warm, most wanted first."""
         return list(self.targets(now))
 
-    def take(self, key: WarmKey, now: float | None = None) -> WarmMember | None:
-        """A ready member for ``key`` (counted as demand for the shape), or None (a miss: the create is cold)."""
+    def take(
+        self, key: WarmKey, now: float | None = None, alive: Callable[[WarmMember], bool] = lambda m: True
+    ) -> WarmMember | None:
+        """A ready member for ``key`` that ``alive`` passes (counted as demand for the shape), or None (a miss: the
+        create is cold). A member found dead on the way goes to ``dead``, uncounted."""
         if not self.size:
             return None
         self._demand.append((time.monotonic() if now is None else now, key))
         if len(self._demand) > DEMAND_MAX:
             self._demand.popleft()
         ready = self.members.get(key)
-        if not ready:
-            self.misses += 1
-            return None
-        self.claims += 1
-        return ready.pop()
+        while ready:
+            member = ready.pop()
+            if alive(member):
+                self.claims += 1
+                return member
+            self.dead.append(member)
+        self.misses += 1
+        return None
+
+    def cull(self, alive: Callable[[WarmMember], bool]) -> int:
+        """Move every ready member ``alive`` says is dead to ``dead``; how many."""
+        found = 0
+        for ready in self.members.values():
+            for member in [m for m in ready if not alive(m)]:
+                ready.remove(member)
+                self.dead.append(member)
+                found += 1
+        return found
 
     def next_wanted(self, now: float | None = None) -> WarmKey | None:
         """The kept shape to make a member for next: the one furthest below its target (ties: the most wanted),
@@ -191,11 +212,11 @@ class WarmPool:
         return [m for ready in self.members.values() for m in ready] + list(self.making.values())
 
     def used_id_bases(self) -> set[int]:
-        every = [*self.all_members(), *self.claiming.values()]
+        every = [*self.all_members(), *self.claiming.values(), *self.dead]
         return {m.id_base for m in every if m.id_base is not None}
 
     def used_net_indexes(self) -> set[int]:
-        every = [*self.all_members(), *self.claiming.values()]
+        every = [*self.all_members(), *self.claiming.values(), *self.dead]
         return {m.net_index for m in every if m.net_index is not None}
 
     def info(self) -> WarmPoolInfo:
