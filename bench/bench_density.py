@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 from _harness import emit, percentile, progress
 from bench_api import start_cluster, stop_cluster
+from bench_e2b_templates import _seed_debian as seed_debian
 
 import adx
 
@@ -405,8 +406,12 @@ def main() -> None:
         "--poll-baseline", action="store_true", help="first the same creates with the SDK's old poll, deleted again"
     )
     parser.add_argument("--settle", type=float, default=10.0, help="seconds idle (CPU read) before PSS is read")
+    parser.add_argument("--no-seed", action="store_true", help="let adx up build the Debian image (no cache)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="adx-bench-density-", dir="/tmp") as tmp:
+        if not args.no_seed:
+            progress("seeding the Debian image from the tests' cache")
+            seed_debian(Path(tmp) / "state")
         progress("starting adx up")
         proc, url, key = start_cluster(Path(tmp))
         try:

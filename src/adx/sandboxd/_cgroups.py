@@ -14,6 +14,7 @@ it on first use, for sandboxd and tests.
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import os
 import signal
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, TypedDict
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["CgroupLayout", "CgroupStats", "SandboxCgroup", "cpu_bandwidth", "detect_layout"]
+__all__ = ["CgroupLayout", "CgroupStats", "CpuPhase", "SandboxCgroup", "cpu_bandwidth", "detect_layout"]
 
 _CONTROLLERS = ("memory", "cpu", "pids")
 
@@ -154,6 +155,28 @@ def cpu_bandwidth(cpu_millis: int) -> tuple[int, int, int]:
     return CPU_PERIOD_US, quota, quota
 
 
+class CpuPhase(enum.Enum):
+    """Where a sandbox is in its CPU life (issue 16), the one place that decides its CPU controller's files.
+
+    execd's start-up (an interpreter's imports, asyncio: ~90 ms of CPU on the Debian image's own python3) is the
+    platform's cost, not the workload's; under an Environment's quota (10 millicores: 1 ms every 100 ms) it took
+    6 s. So an execd sandbox starts ``STARTING`` and becomes ``LIMITED`` when execd reports Ready (sandboxd's
+    control hub sees it) or at ``cpu_boost_seconds`` (its supervisor), whichever comes first: nothing runs
+    without its quota for longer than that bound. A warm member waits ``PARKED`` (its pre-started execd imports
+    at idle priority: a refill never competes with a claimed sandbox); its claim makes it ``STARTING``, as a cold
+    start. A sandbox without execd has no Ready to wait for: ``LIMITED`` from the start. Memory and pids limits
+    never change."""
+
+    STARTING = "starting"  # no quota, the normal weight
+    PARKED = "parked"  # no quota, the idle weight
+    LIMITED = "limited"  # the quota and its burst (``cpu_bandwidth``), the normal weight
+
+
+#: cgroup v2 ``cpu.weight`` (1-10000) and v1 ``cpu.shares`` (2-262144): the kernel's default for a sandbox, the
+#: smallest for a parked member (contending with one sandbox, it gets ~1 % of a CPU; alone, all it wants).
+_WEIGHT = {"v2": (100, 1), "v1": (1024, 2)}
+
+
 def _write_burst(path: str, burst_us: int) -> None:
     """The burst is a latency nicety on top of an exact quota: a kernel without it (before 5.14, or built
     without ``CONFIG_CFS_BANDWIDTH`` bursts) leaves the file out, and the sandbox runs with the plain quota."""
@@ -234,27 +257,62 @@ class SandboxCgroup:
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def create(
-        self, cpu_millis: int, memory_bytes: int, pids_max: int, *, defer_v1: bool = False, parent: bool = True
+        self,
+        cpu_millis: int,
+        memory_bytes: int,
+        pids_max: int,
+        *,
+        defer_v1: bool = False,
+        parent: bool = True,
+        cpu: CpuPhase = CpuPhase.LIMITED,
     ) -> None:
         """Create the directories and set the limits. Fails if the leaf already exists (IDs are unique).
 
         ``defer_v1``: create only the cgroup2 directory now; ``create_v1`` does the v1 hierarchies later (the
         supervisor overlaps that with the child's mount setup on hybrid hosts). ``parent=False``: the caller
-        did :meth:`ensure_parent` already.
+        did :meth:`ensure_parent` already. ``cpu``: the phase it starts in (:class:`CpuPhase`).
         """
         if self.v2_dir is not None:
             if parent:
                 self._ensure_v2_parent()
             os.mkdir(self.v2_dir)
-            self._set_limits(cpu_millis, memory_bytes, pids_max, v1=False)
+            self._set_limits(cpu_millis, memory_bytes, pids_max, cpu, v1=False)
         if not defer_v1:
-            self.create_v1(cpu_millis, memory_bytes, pids_max)
+            self.create_v1(cpu_millis, memory_bytes, pids_max, cpu)
 
-    def create_v1(self, cpu_millis: int, memory_bytes: int, pids_max: int) -> None:
+    def create_v1(self, cpu_millis: int, memory_bytes: int, pids_max: int, cpu: CpuPhase = CpuPhase.LIMITED) -> None:
         for path in dict.fromkeys(self.v1_dirs.values()):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.mkdir(path)
-        self._set_limits(cpu_millis, memory_bytes, pids_max, v1=True)
+        self._set_limits(cpu_millis, memory_bytes, pids_max, cpu, v1=True)
+
+    def set_cpu(self, phase: CpuPhase, cpu_millis: int) -> None:
+        """Move the sandbox to ``phase`` (idempotent: the supervisor's bound and sandboxd's Ready may both end one
+        start-up)."""
+        source = self.layout.source("cpu")
+        if source == "v1":
+            self._set_cpu(phase, cpu_millis, self.v1_dirs["cpu"], "v1")
+        elif source == "v2" and self.v2_dir is not None:
+            self._set_cpu(phase, cpu_millis, self.v2_dir, "v2")
+
+    @staticmethod
+    def _set_cpu(phase: CpuPhase, cpu_millis: int, path: str, version: str) -> None:
+        period, quota, burst = cpu_bandwidth(cpu_millis)
+        normal, idle = _WEIGHT[version]
+        weight = idle if phase is CpuPhase.PARKED else normal
+        # Order matters to the kernel: a burst above the quota is refused, so the quota goes first (a boosted
+        # cgroup's burst is still 0: it is only ever set here, with its quota).
+        if version == "v1":
+            _write(f"{path}/cpu.shares", str(weight))
+            _write(f"{path}/cpu.cfs_period_us", str(period))
+            _write(f"{path}/cpu.cfs_quota_us", str(quota) if phase is CpuPhase.LIMITED else "-1")
+            if phase is CpuPhase.LIMITED:
+                _write_burst(f"{path}/cpu.cfs_burst_us", burst)
+        else:
+            _write(f"{path}/cpu.weight", str(weight))
+            _write(f"{path}/cpu.max", f"{quota if phase is CpuPhase.LIMITED else 'max'} {period}")
+            if phase is CpuPhase.LIMITED:
+                _write_burst(f"{path}/cpu.max.burst", burst)
 
     def ensure_parent(self) -> None:
         """The cgroup2 parent (with the controllers enabled down to it); nothing of this sandbox's own."""
@@ -278,9 +336,8 @@ class SandboxCgroup:
         if wanted:
             _write(f"{node}/cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
 
-    def _set_limits(self, cpu_millis: int, memory_bytes: int, pids_max: int, *, v1: bool) -> None:
+    def _set_limits(self, cpu_millis: int, memory_bytes: int, pids_max: int, cpu: CpuPhase, *, v1: bool) -> None:
         """Set the limits of the v1 hierarchies (``v1=True``) or of the cgroup2 directory."""
-        period, quota, burst = cpu_bandwidth(cpu_millis)
         want = "v1" if v1 else "v2"
         if self.layout.source("memory") == want == "v1":
             mem = self.v1_dirs["memory"]
@@ -293,14 +350,8 @@ class SandboxCgroup:
             _write(f"{self.v2_dir}/memory.max", str(memory_bytes))
             if os.path.exists(f"{self.v2_dir}/memory.swap.max"):
                 _write(f"{self.v2_dir}/memory.swap.max", "0")
-        if self.layout.source("cpu") == want == "v1":
-            cpu = self.v1_dirs["cpu"]
-            _write(f"{cpu}/cpu.cfs_period_us", str(period))
-            _write(f"{cpu}/cpu.cfs_quota_us", str(quota))
-            _write_burst(f"{cpu}/cpu.cfs_burst_us", burst)
-        elif self.layout.source("cpu") == want == "v2" and self.v2_dir is not None:
-            _write(f"{self.v2_dir}/cpu.max", f"{quota} {period}")
-            _write_burst(f"{self.v2_dir}/cpu.max.burst", burst)
+        if self.layout.source("cpu") == want:
+            self.set_cpu(cpu, cpu_millis)
         if self.layout.source("pids") == want == "v1":
             _write(f"{self.v1_dirs['pids']}/pids.max", str(pids_max))
         elif self.layout.source("pids") == want == "v2" and self.v2_dir is not None:

@@ -156,6 +156,13 @@ class SandboxdConfig(StrictModel):
     create_timeout_seconds: float = seconds(
         30.0, "longest a create (or restore) may take until its sandbox runs", le=600
     )
+    cpu_boost_seconds: float = seconds(
+        2.0,
+        "start-up boost of an execd sandbox: it runs without its CPU quota until execd reports Ready, at most this "
+        "long (its quota then applies whatever it does); 0: the quota from the start (docs/resources.md)",
+        le=30,
+        ge=0,
+    )
     delete_timeout_seconds: float = seconds(
         10.0,
         "how long a delete waits for a sandbox's processes to be gone before it reports failure "

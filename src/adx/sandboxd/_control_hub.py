@@ -106,11 +106,15 @@ class ControlHub:
         request_timeout: float = 5.0,
         allowed_uid: int | None = None,
         verify_execd: Callable[[str, int], bool] | None = None,
+        on_ready: Callable[[str], None] | None = None,
     ) -> None:
         self.subscribe_path = subscribe_path
         #: ``verify_execd(sandbox_id, peer_pid)``: may this process report for the sandbox? (e.g. only its
         #: PID 1, so a workload inside cannot impersonate execd nor kick its connection off). None: anyone.
         self.verify_execd = verify_execd
+        #: ``on_ready(sandbox_id)``: its execd reported Ready (on this connection; again after a reconnect). Called
+        #: on the loop, before subscribers hear it: sandboxd ends the start-up boost there (``_cgroups.CpuPhase``).
+        self.on_ready = on_ready
         self.allowed_uid = allowed_uid  # None: any peer that can reach the socket (its dir is the gate)
         self.coalesce = coalesce
         self.request_timeout = request_timeout
@@ -252,7 +256,7 @@ class ControlHub:
             sandbox.hello = {k: v for k, v in first.items() if k != "state"}
             sandbox.state = P.initial_state()
             P.apply_event(sandbox.state, first)
-            self._changed(sandbox, urgent=bool(sandbox.state["ready"]))
+            self._changed(sandbox, urgent=self._became_ready(sandbox, False))
             while line := await reader.readline():
                 message = P.decode(line)
                 if message["type"] == P.REPLY:
@@ -263,7 +267,7 @@ class ControlHub:
                     continue
                 was_ready = bool(sandbox.state["ready"])
                 if P.apply_event(sandbox.state, message):
-                    self._changed(sandbox, urgent=bool(sandbox.state["ready"]) and not was_ready)
+                    self._changed(sandbox, urgent=self._became_ready(sandbox, was_ready))
         except (OSError, asyncio.IncompleteReadError, P.ProtocolError, ValueError) as exc:
             log.info("execd control connection failed", extra={"sandbox": sandbox.id, "reason": repr(exc)})
         finally:
@@ -272,6 +276,14 @@ class ControlHub:
                 sandbox.writer = None
                 self._clear(sandbox)
             writer.close()
+
+    def _became_ready(self, sandbox: _Sandbox, was_ready: bool) -> bool:
+        """Whether the last event made the sandbox Ready (``on_ready`` is told)."""
+        if sandbox.state is None or not sandbox.state["ready"] or was_ready:
+            return False
+        if self.on_ready is not None:
+            self.on_ready(sandbox.id)
+        return True
 
     def _refuse(self, sandbox: _Sandbox, protocol: object) -> None:
         """CTL-8: an execd of another version is refused loudly, never served half-understood; subscribers see

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from pathlib import Path
 
+from adx.sandboxd._cgroups import CpuPhase
 from adx.sandboxd._control_hub import ControlHub
 from adx.sandboxd._sandbox_layout import CONTROL_DIR, CONTROL_SOCKET
 from adx.sandboxd._states import State
@@ -12,17 +15,22 @@ from adx.sandboxd._table import SandboxTable
 
 __all__ = ["ControlSockets"]
 
+log = logging.getLogger("adx.sandboxd")
+
 
 class ControlSockets(SandboxTable):
     """The hub and the per-sandbox control sockets execd connects to (only the sandbox's PID 1 may report)."""
 
+    _boost_tasks: set[asyncio.Future[None]]
+
     async def start_control(self) -> None:
         """Runtime control (CTL-2/3): the node-level subscription socket, then one control socket per execd
         sandbox that may still run, so execds that outlived a sandboxd restart reconnect."""
+        self._boost_tasks = set()
         path = self.config.runtime_control_socket
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(path.parent, 0o700)
-        self.hub = ControlHub(path, allowed_uid=os.getuid(), verify_execd=self._is_init_of)
+        self.hub = ControlHub(path, allowed_uid=os.getuid(), verify_execd=self._is_init_of, on_ready=self._end_boost)
         await self.hub.start()
         for rec in list(self.records.values()):
             if rec.execd is not None and rec.state in (State.RUNNING, State.PAUSED, State.CREATING):
@@ -30,6 +38,24 @@ class ControlSockets(SandboxTable):
                     await self._register_control(rec.sandbox_id)
                 except OSError as exc:
                     self._defer(f"runtime control socket of {rec.sandbox_id}: {exc}")
+
+    def _end_boost(self, sandbox_id: str) -> None:
+        """execd reported Ready: its start-up is over, the sandbox gets its CPU quota now (``_cgroups.CpuPhase``;
+        its supervisor would at the boost's bound). In a thread, the Ready delta is not held for it."""
+        rec = self.records.get(sandbox_id)
+        if rec is None:
+            return
+        cgroup, cpu_millis = self._cgroup(sandbox_id), rec.resources.cpu_millis
+
+        def limit() -> None:
+            try:
+                cgroup.set_cpu(CpuPhase.LIMITED, cpu_millis)
+            except OSError as exc:  # deleted meanwhile; else the supervisor's bound still ends the boost
+                log.info("ending the start-up boost at Ready failed: %s", exc, extra={"sandbox_id": sandbox_id})
+
+        task = asyncio.ensure_future(asyncio.to_thread(limit))
+        self._boost_tasks.add(task)
+        task.add_done_callback(self._boost_tasks.discard)
 
     def _is_init_of(self, sandbox_id: str, pid: int) -> bool:
         """Only the sandbox's PID 1 (execd) may report for it: a workload process inside could otherwise

@@ -288,6 +288,8 @@ class SandboxCreator(StartupReconcile):
             log_segment_bytes=self.config.logs_segment_bytes,
             log_max_bytes=self.config.logs_max_bytes,
             execd_sockets=str(sdir / SOCKETS_DIR) if rec.execd is not None else None,
+            # Only execd reports Ready (what ends the boost early); any other init would run it out unlimited.
+            cpu_boost_seconds=self.config.cpu_boost_seconds if rec.execd is not None else 0.0,
             control_dir=str(sdir / CONTROL_DIR) if rec.execd is not None else None,
             userns=UserNamespace(rec.id_base, IDS_PER_SANDBOX) if rec.id_base is not None else None,
             # PID 1 runs execd in process when it would exec the very interpreter the spawner runs.

@@ -113,6 +113,9 @@ class SpawnSpec:
     output_pipes: bool = False  # set by the supervisor: the init's stdout/stderr open the pump's FIFOs
     #: A warm pool member (``_warm_pool``): made ready, then parked until a create claims it with its own spec.
     warm: bool = False
+    #: An execd sandbox's start-up boost (``_cgroups.CpuPhase``): no CPU quota until execd reports Ready, at most
+    #: this long from the start (the supervisor's bound); 0: the quota from the start.
+    cpu_boost_seconds: float = 0.0
 
     @property
     def runs_execd(self) -> bool:

@@ -29,7 +29,7 @@ from adx._fs import fsync_dir
 from adx.sandboxd import _confinement as confine
 from adx.sandboxd import _linux as lx
 from adx.sandboxd import _unix_sockets as usock
-from adx.sandboxd._cgroups import CgroupLayout, SandboxCgroup
+from adx.sandboxd._cgroups import CgroupLayout, CpuPhase, SandboxCgroup
 from adx.sandboxd._in_namespace import in_namespace_setup
 from adx.sandboxd._mounts import mounts_pair, send_mounts
 from adx.sandboxd._output import finish_pump, fork_pump, make_fifos, open_write_ends, start_pump
@@ -129,9 +129,10 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     # Hybrid host: the cgroup2 dir (the identity; the init is cloned or moved into it) now; the v1 limit dirs
     # while the init mounts.
     defer_v1 = cgroup.v2_dir is not None and bool(cgroup.v1_dirs)
+    cpu = CpuPhase.PARKED if spec.warm else _start_phase(spec)
     try:
         # mkdir fails when the leaf exists: an ID's cgroup is only ever made here, once.
-        cgroup.create(res.cpu_millis, res.memory_bytes, res.pids_max, defer_v1=defer_v1, parent=False)
+        cgroup.create(res.cpu_millis, res.memory_bytes, res.pids_max, defer_v1=defer_v1, parent=False, cpu=cpu)
         ident = cgroup.identity()
         assert ident is not None
         mark("cgroup")
@@ -154,7 +155,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
     if prepared is not None:
         pid, go_w, err_r = prepared.pid, prepared.go_w, prepared.err_r
         ok, mount_error = _join_while(
-            cgroup, res, pid, defer_v1, True, lambda: mounts_and_veth(prepared.mounts_w, prepared.pid)
+            cgroup, res, cpu, pid, defer_v1, True, lambda: mounts_and_veth(prepared.mounts_w, prepared.pid)
         )
     else:
         # The dir is the sandbox's (sandboxd made it before asking): files made in it before the commit are
@@ -166,7 +167,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         if pid < 0:
             report({"ok": False, "error": f"starting the sandbox's init failed: {os.strerror(-pid)}"})
             return 1
-        ok, mount_error = _join_while(cgroup, res, pid, defer_v1, False, lambda: mounts_and_veth(mounts_w, pid))
+        ok, mount_error = _join_while(cgroup, res, cpu, pid, defer_v1, False, lambda: mounts_and_veth(mounts_w, pid))
     mark("prepared")  # cgroups joined, mounts built and sent (the init moves them into place meanwhile), veth made
     if mount_error is not None:
         _abandon(pid, go_w, cgroup)
@@ -195,6 +196,14 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
             os.close(pump_claim_w)
         claim = {"hostname": spec.hostname, "cwd": spec.cwd, "env": spec.env, "init_argv": spec.init_argv}
         go_payload = json.dumps(claim).encode()
+        try:
+            # Out of idle priority before anything of the claim runs: its start-up as a cold start's (boosted
+            # for execd, else its quota). The claim's resources are the member's (``WarmKey``).
+            cgroup.set_cpu(_start_phase(spec), spec.resources.cpu_millis)
+        except OSError as exc:
+            _abandon(pid, go_w, cgroup)
+            report({"ok": False, "error": f"cgroup setup failed: setting the claim's CPU: {exc}"})
+            return 1
     # Blocking: sandboxd holds it while it commits the record, a concurrent delete only for moments; the
     # intent check below decides.
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -235,6 +244,7 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
             report({"ok": False, "error": f"sandbox setup failed: setting the host name: {exc}"})
             _record_exit(sdir, None, None, cgroup, setup_failed=True)
             return 1
+    boosted_at = time.monotonic()  # the boost's bound counts from the go: nothing of the sandbox's ran before
     with contextlib.suppress(BrokenPipeError):  # the child failed already: its error follows on err_r
         _write_all(go_w, go_payload)
     os.close(go_w)
@@ -247,6 +257,8 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         _record_exit(sdir, None, None, cgroup, setup_failed=True)
         return 1
     report({"ok": True, "native": native, "started_at": time.time(), "phases": phases})
+    if _start_phase(spec) is CpuPhase.STARTING:
+        _end_boost(pid, cgroup, spec.resources.cpu_millis, boosted_at + spec.cpu_boost_seconds)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -385,8 +397,39 @@ def _clone_init(
     return pid, go_w, err_r, mounts_w
 
 
+def _start_phase(spec: SpawnSpec) -> CpuPhase:
+    """A started (or claimed) sandbox's first CPU phase: boosted until execd's Ready when it runs execd."""
+    return CpuPhase.STARTING if spec.cpu_boost_seconds > 0 else CpuPhase.LIMITED
+
+
+def _end_boost(pid: int, cgroup: SandboxCgroup, cpu_millis: int, deadline: float) -> None:
+    """The boost's bound (``CpuPhase``): at ``deadline`` the sandbox gets its quota, whether or not execd reported
+    Ready (sandboxd sets it then, earlier; a second write of the same values changes nothing). Enforced here, not
+    by sandboxd: the bound holds through a sandboxd restart. An init that exits first ends the wait (what else
+    runs in the cgroup gets its quota now)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pidfd = -1
+    if pidfd >= 0:
+        try:
+            select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(pidfd)
+    try:
+        cgroup.set_cpu(CpuPhase.LIMITED, cpu_millis)
+    except OSError as exc:  # the cgroup is gone (deleted meanwhile): nothing runs without its quota
+        print(f"ending the start-up boost failed: {exc}", flush=True)
+
+
 def _join_while(
-    cgroup: SandboxCgroup, res: Limits, pid: int, create_v1: bool, v2: bool, mounts: Callable[[], str | None]
+    cgroup: SandboxCgroup,
+    res: Limits,
+    cpu: CpuPhase,
+    pid: int,
+    create_v1: bool,
+    v2: bool,
+    mounts: Callable[[], str | None],
 ) -> tuple[bool, str | None]:
     """``_join`` in a thread while ``mounts`` (building and sending the init's mounts, a veth) runs here:
     (joined, the mounts' error). Moving a task into a cgroup waits in the kernel for an RCU grace period: the
@@ -395,7 +438,7 @@ def _join_while(
     overlay) 2.4 ms and the veth 0.7-3.5 ms are syscalls too: they overlap instead of adding up. The thread is
     gone before this returns, and nothing here forks while it runs."""
     joined: list[bool] = []
-    thread = threading.Thread(target=lambda: joined.append(_join(cgroup, res, pid, create_v1=create_v1, v2=v2)))
+    thread = threading.Thread(target=lambda: joined.append(_join(cgroup, res, cpu, pid, create_v1=create_v1, v2=v2)))
     thread.start()
     try:
         error = mounts()
@@ -404,7 +447,7 @@ def _join_while(
     return bool(joined and joined[0]), error
 
 
-def _join(cgroup: SandboxCgroup, res: Limits, pid: int, *, create_v1: bool, v2: bool) -> bool:
+def _join(cgroup: SandboxCgroup, res: Limits, cpu: CpuPhase, pid: int, *, create_v1: bool, v2: bool) -> bool:
     """Move ``pid`` into the cgroup2 dir (``v2``: it was not cloned into it) and the v1 limit hierarchies
     (made here when ``create_v1``)."""
     try:
@@ -415,7 +458,7 @@ def _join(cgroup: SandboxCgroup, res: Limits, pid: int, *, create_v1: bool, v2: 
             finally:
                 os.close(fd)
         if create_v1:
-            cgroup.create_v1(res.cpu_millis, res.memory_bytes, res.pids_max)
+            cgroup.create_v1(res.cpu_millis, res.memory_bytes, res.pids_max, cpu)
         for path in cgroup.v1_procs_files():
             fd = os.open(path, os.O_WRONLY)
             try:
