@@ -19,7 +19,8 @@
 4. ``capacity_refusal``: a create no node has room for answers 503 ``no_capacity`` with ``Retry-After``.
 
 CPU and memory per Environment are small (``--cpu-millis``, ``--memory-mib``) so that n fit the node's
-capacity (``adx up`` overcommits CPU 4x; memory is never overcommitted). Prints one JSON object.
+capacity (``adx up`` overcommits CPU 4x; memory is never overcommitted). The store is seeded with the Debian image
+of the tests' cache (as ``bench_tti.py``; ``--no-seed``: ``adx up`` builds it, ~90 s). Prints one JSON object.
 """
 
 from __future__ import annotations
