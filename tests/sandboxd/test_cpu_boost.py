@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
 #: image (its own python3: imports, asyncio) takes ~90 ms of CPU: held to this quota, seconds.
 SMALL = 10
 _, QUOTA, BURST = cpu_bandwidth(SMALL)
+#: A bound the tests that end the boost at Ready never reach: their quota can only come from Ready.
+LONG = 20.0
 
 
 def _request(sandbox_id: str, python: str = "python3", image: str | None = "debian") -> CreateRequest:
@@ -67,7 +69,7 @@ async def test_a_cold_execd_sandbox_of_a_small_quota_gets_ready_fast_then_holds_
     debian_store: ImageStore,  # noqa: F811
 ) -> None:
     """Before the boost execd's start-up on the Debian image ran under 10 millicores: Ready 6-9 s after the create."""
-    d = sandboxd(images_dir=str(CACHE))
+    d = sandboxd(images_dir=str(CACHE), cpu_boost_seconds=LONG)  # only Ready can end it within the test
     async with d.client() as c:
         health = await c.health()
         assert health.runtime_control_socket is not None
@@ -114,7 +116,7 @@ async def test_a_warm_member_is_parked_at_idle_weight_and_a_claim_ends_as_a_cold
     sandboxd: DaemonFactory,
     debian_store: ImageStore,  # noqa: F811
 ) -> None:
-    d = sandboxd(images_dir=str(CACHE), warm_pool=1)
+    d = sandboxd(images_dir=str(CACHE), warm_pool=1, cpu_boost_seconds=LONG)  # only Ready can end it in the test
     async with d.client() as c:
         health = await c.health()
         assert health.runtime_control_socket is not None
