@@ -104,6 +104,7 @@ class WatchRequest(PathRequest):
     """``WatchDir`` and ``CreateWatcher``."""
 
     recursive: StrictBool = False
+    include_entry: StrictBool = False  # each create/write/chmod event carries its EntryInfo
 
 
 class WatcherRequest(_Message):

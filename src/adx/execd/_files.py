@@ -21,7 +21,7 @@ from adx.execd._accounts import Identity, Names, under_home
 from adx.execd._atomic import create_temp, replacing
 from adx.execd._http import CHUNK, HttpError, Request, Response, account, invalid
 
-__all__ = ["handle_files"]
+__all__ = ["FileDescription", "describe", "handle_files"]
 
 
 def _who(req: Request) -> Identity | None:
@@ -101,7 +101,7 @@ class FileDescription(TypedDict, total=False):
     targetType: str  # what is there (absent when the link dangles)
 
 
-def _describe(name: str, st: os.stat_result, names: Names, path: str | None = None) -> FileDescription:
+def describe(name: str, st: os.stat_result, names: Names, path: str | None = None) -> FileDescription:
     """The entry itself (never followed); a symlink also names where it resolves (``target``, absolute) and
     what is there (``targetType``, absent when the link dangles), given its ``path``."""
     described: FileDescription = {
@@ -291,7 +291,7 @@ async def handle_files(req: Request, resp: Response, action: str) -> None:
             st = os.lstat(path)
         except OSError as exc:
             raise _os_error(exc, path) from None
-        await resp.send_json(200, {"path": path, **_describe(os.path.basename(path), st, Names(), path)})
+        await resp.send_json(200, {"path": path, **describe(os.path.basename(path), st, Names(), path)})
     elif action == "list":
         names = Names()
         try:
@@ -300,7 +300,7 @@ async def handle_files(req: Request, resp: Response, action: str) -> None:
                 for entry in it:
                     with contextlib.suppress(FileNotFoundError):  # removed while listing
                         st = entry.stat(follow_symlinks=False)
-                        entries.append(_describe(entry.name, st, names, entry.path))
+                        entries.append(describe(entry.name, st, names, entry.path))
         except OSError as exc:
             raise _os_error(exc, path) from None
         entries.sort(key=lambda e: e["name"])
