@@ -41,6 +41,8 @@ from adx.e2b._process import sandbox_variables
 from adx.e2b._run_files import write_run_files
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.e2b._start_cmd import run_start_command, start_command_of
+from adx.e2b._template_store import TemplateStore
+from adx.e2b._template_tags import DEFAULT_TAG, SEPARATOR, parse_name, resolve_image
 from adx.e2b._upstream import Execd
 from adx.e2b._views import CreatedSandbox, SandboxLifecycle, SandboxMetric, SandboxState, SandboxView, wire
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
@@ -228,6 +230,9 @@ async def create_sandbox(request: Request) -> Response:
     template = body.template_id
     if template is None:
         raise InvalidInputError("templateID", "required")
+    if SEPARATOR in template and not template.startswith(f"{SNAPSHOT}-"):
+        # ``name:tag``: the image of the build the template's tag names (else a snapshot's name, below).
+        template = await asyncio.to_thread(_tagged_image, p, template) or template
     network = network_policy(body.allow_internet_access, body.network)
     from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
@@ -293,6 +298,17 @@ async def _start_template_command(p: Plane, request: Request, record: Environmen
         with contextlib.suppress(AdxError):  # already going: the create's error is the one to report
             await p.coordinator.delete_environment(record.tenant, record.id)
         raise
+
+
+def _tagged_image(p: Plane, template: str) -> str | None:
+    """The image ``name:tag`` starts (adx.e2b._template_tags); None: no template has that tag."""
+    if p.config.images_dir is None:
+        return None
+    try:
+        name, tag = parse_name(template, "templateID")
+        return resolve_image(TemplateStore(p.config.images_dir / "e2b-templates"), name, tag or DEFAULT_TAG)
+    except (InvalidInputError, NotFoundError):
+        return None
 
 
 async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
