@@ -174,3 +174,13 @@ def test_a_file_reporting_size_zero_is_read_to_its_end(execd: ExecdProcess, shor
         assert status.status_code == 200 and b"Pid:" in status.content and b"Name:" in status.content
         empty = client.get("/v1/files", params={"path": str(short_dir / "empty")})
         assert empty.status_code == 200 and empty.content == b""
+
+
+def test_a_read_says_the_files_modification_time(execd: ExecdProcess, short_dir: Path) -> None:
+    """``Last-Modified`` (whole seconds, IMF-fixdate), what E2B's conditional downloads are answered by."""
+    target = short_dir / "dated.txt"
+    target.write_bytes(b"x")
+    os.utime(target, (784111777.5, 784111777.5))
+    with execd.client() as client:
+        read = client.get("/v1/files", params={"path": str(target)})
+    assert read.status_code == 200 and read.headers["last-modified"] == "Sun, 06 Nov 1994 08:49:37 GMT"

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import stat as stat_mod
+import time
 from typing import TypedDict
 
 from adx.execd._accounts import Identity, Names, under_home
@@ -124,6 +125,17 @@ def describe(name: str, st: os.stat_result, names: Names, path: str | None = Non
     return described
 
 
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(seconds: float) -> str:
+    """RFC 9110's IMF-fixdate (``Sun, 06 Nov 1994 08:49:37 GMT``): ``email.utils`` would cost execd its imports."""
+    t = time.gmtime(seconds)
+    clock = f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+    return f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} {clock} GMT"
+
+
 async def _read(req: Request, resp: Response, path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -133,14 +145,16 @@ async def _read(req: Request, resp: Response, path: str) -> None:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             raise invalid("path", f"{path} is not a regular file")
+        # The modification time, as HTTP says it (whole seconds): conditional requests are answered by it (E2B).
+        extra = {"Last-Modified": http_date(st.st_mtime)} if int(st.st_mtime) > 0 else {}
         if st.st_size == 0:
             # Size 0 may still have content (/proc, /sys report 0): stream to EOF, chunked, instead.
-            await resp.start(200, "application/octet-stream", length=None)
+            await resp.start(200, "application/octet-stream", length=None, extra=extra)
             while data := os.read(fd, CHUNK):
                 await resp.write(data)
             await resp.end()
             return
-        await resp.start(200, "application/octet-stream", length=st.st_size)
+        await resp.start(200, "application/octet-stream", length=st.st_size, extra=extra)
         remaining = st.st_size
         # Exactly the size announced in Content-Length; a file growing meanwhile is cut at that size.
         while remaining > 0:
