@@ -46,6 +46,9 @@ def test_tags_name_builds_and_sandboxes_start_the_tagged_one(up: Up) -> None:
     first = Template.build(_writes("one"), f"{name}:v1", **up.opts())
     assert first.tags == ["v1"] and first.template_id == name
     assert [t.tag for t in Template.get_tags(name, **up.opts())] == ["v1"]
+    client = get_api_client(ConnectionConfig(api_key=up.key, api_url=up.url))
+    (row,) = [t for t in get_templates.sync(client=client) or [] if t.template_id == name]
+    assert (row.build_id, row.build_status.value) == ("00000000-0000-0000-0000-000000000000", "waiting")
     with pytest.raises(SandboxException, match="not found"):  # no build has the default tag yet
         Sandbox.create(name, **up.opts())
     assert _content(up, f"{name}:v1") == "one"
@@ -81,7 +84,6 @@ def test_tags_name_builds_and_sandboxes_start_the_tagged_one(up: Up) -> None:
         Template.assign_tags(f"{name}:v1", "not a tag!", **up.opts())
 
     # The catalog, with the SDK's generated client: its parse is E2B's shape.
-    client = get_api_client(ConnectionConfig(api_key=up.key, api_url=up.url))
     listed = get_templates.sync(client=client)
     assert isinstance(listed, list) and all(isinstance(t, TemplateView) for t in listed)
     (mine,) = [t for t in listed if t.template_id == name]

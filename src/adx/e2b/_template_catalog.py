@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 from adx.e2b._bodies import AssignTemplateTags, DeleteTemplateTags, body_of
 from adx.e2b._control import ENVD_VERSION, E2bRoute, _tenant, page_limit, paged
-from adx.e2b._template_store import BuildRecord, BuildStatus, TemplateRecord, TemplateStore
+from adx.e2b._template_store import BuildRecord, BuildStatus, TemplateRecord, TemplateStore, owner_is_gone
 from adx.e2b._template_tags import DEFAULT_TAG, assign, normalize_tags, parse_name, remove, tagged_build, tags_of
 from adx.e2b._templates import _builder, _iso, template_route
 from adx.errors import ForbiddenError, InvalidInputError, NotFoundError
@@ -112,20 +112,22 @@ def _builds(templates: TemplateStore, record: TemplateRecord) -> list[BuildRecor
     found = []
     for build_id in record.builds:
         try:
-            found.append(templates.get_build(build_id))
+            build = templates.get_build(build_id)
         except NotFoundError:
             continue
+        if build.status in (BuildStatus.WAITING, BuildStatus.BUILDING) and owner_is_gone(build.owner):
+            build = build.model_copy(update={"status": BuildStatus.ERROR})  # as its status route says
+        found.append(build)
     return found
 
 
 def _template_view(templates: TemplateStore, record: TemplateRecord, builds: list[BuildRecord]) -> dict[str, object]:
-    """E2B's ``Template``: ``buildID`` and ``buildStatus`` are the ``default`` tag's build (the newest build's
-    status while none has it yet), as E2B's list query."""
+    """E2B's ``Template``, as its list query makes it: ``buildID`` is the build the ``default`` tag names (the
+    zero UUID before one is ready), ``buildStatus`` the status of the newest build asked to get ``default``
+    (``waiting`` before any)."""
     default = tags_of(record).get(DEFAULT_TAG)
-    latest = builds[-1] if builds else None
-    status = BuildStatus.WAITING if latest is None else latest.status
-    if default is not None and (latest is None or latest.id == default.build or latest.status is BuildStatus.ERROR):
-        status = BuildStatus.READY
+    asked = [b for b in builds if DEFAULT_TAG in (b.tags or [DEFAULT_TAG])]
+    status = asked[-1].status if asked else BuildStatus.WAITING
     return {
         "templateID": record.name,
         "buildID": default.build if default is not None else _NO_BUILD,
