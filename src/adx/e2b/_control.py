@@ -38,7 +38,7 @@ from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import e2b_network_options, network_policy
 from adx.e2b._process import sandbox_variables
-from adx.e2b._run_files import write_run_files
+from adx.e2b._run_files import run_files_written, start_run_files
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.e2b._start_cmd import run_start_command, start_command_of
 from adx.e2b._template_store import TemplateStore
@@ -265,7 +265,7 @@ async def create_sandbox(request: Request) -> Response:
     else:
         record, created = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)
-    await write_run_files(serving_ingress(request.app), record)
+    start_run_files(serving_ingress(request.app), record)
     if created:  # a retried create (the same idempotency key) finds it started already
         await _start_template_command(p, request, record)
     return JSONResponse(created_view(request, record), status_code=201)
@@ -290,6 +290,7 @@ async def _start_template_command(p: Plane, request: Request, record: Environmen
             " (ingress = false)"
         )
     execd = Execd(ingress, record.tenant, record.id)
+    await run_files_written(record.tenant, record.id)  # the start command may read them, as it may on E2B
     try:
         await run_start_command(
             execd, command, sandbox_variables(execd, record.spec.image), p.config.start_wait_seconds
@@ -494,7 +495,7 @@ async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
         record = (await p.coordinator.ensure_running(tenant, record.id, p.config.wake_timeout_seconds)).record
     record = await _wait_running(p, record)
     if resumed:
-        await write_run_files(serving_ingress(request.app), record)
+        start_run_files(serving_ingress(request.app), record)
     if resumed and record.spec.lifecycle.lifetime_seconds is not None:
         # A resumed sandbox gets a fresh deadline (its old one may have been what paused it).
         record = await _set_lifetime(p, tenant, record, timeout or DEFAULT_TIMEOUT_SECONDS)

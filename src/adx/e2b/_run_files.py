@@ -8,6 +8,11 @@ ADX's execd knows nothing of E2B, so the API writes them through execd's files A
 once the sandbox runs: at create (also from a snapshot, and each fork, whose copied files name their source),
 and again at a resume through ``connect``. ``/run`` is part of the sandbox's writable layer, which a pause keeps,
 so a sandbox woken by its own traffic has them too.
+
+As envd writes them after its start (a goroutine, not before it serves), the writes run in the background: the
+create answers without waiting for them (they cost a round trip to the node), and every envd call of that
+sandbox that reaches this API process waits for them first (:func:`run_files_written`), so a program's first
+command or file read finds them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,39 @@ def run_files(record: EnvironmentRecord) -> dict[str, tuple[str, str]]:
         ".E2B_SANDBOX_ID": (record.id, "644"),
         ".E2B_TEMPLATE_ID": (record.spec.image, "644"),
     }
+
+
+#: Writes under way, by (tenant, sandbox): that sandbox's envd calls in this process wait for them first.
+_PENDING: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+
+def start_run_files(ingress: Ingress | None, record: EnvironmentRecord) -> None:
+    """:func:`write_run_files` in the background (see the module's docstring)."""
+    if ingress is None:
+        return
+    key = (record.tenant, record.id)
+    task = asyncio.get_running_loop().create_task(_write_logged(ingress, record), name="e2b-run-files")
+    _PENDING[key] = task
+
+    def done(finished: asyncio.Task[None]) -> None:
+        if _PENDING.get(key) is finished:
+            del _PENDING[key]
+
+    task.add_done_callback(done)
+
+
+async def run_files_written(tenant: str, sandbox_id: str) -> None:
+    """Wait for the sandbox's run files where this process is writing them (at once when it is not)."""
+    task = _PENDING.get((tenant, sandbox_id))
+    if task is not None:
+        await asyncio.shield(task)  # a call cancelled meanwhile does not cancel the writes
+
+
+async def _write_logged(ingress: Ingress, record: EnvironmentRecord) -> None:
+    try:
+        await write_run_files(ingress, record)
+    except Exception as exc:  # the sandbox went away meanwhile: nothing to write into
+        _log.warning("sandbox %s: its /run/e2b files were not written: %s", record.id, exc)
 
 
 async def write_run_files(ingress: Ingress | None, record: EnvironmentRecord) -> None:

@@ -33,7 +33,7 @@ from adx.e2b._control import (
     page_limit,
     paged,
 )
-from adx.e2b._run_files import write_run_files
+from adx.e2b._run_files import start_run_files
 from adx.e2b._snapshot_client import create_from_snapshot, create_snapshot, delete_snapshot, list_snapshots
 from adx.errors import AdxError, InvalidInputError
 from adx.gateway import Plane, plane, status_for
@@ -130,7 +130,7 @@ async def _fork_one(
     p: Plane, ingress: Ingress | None, tenant: str, snapshot: Snapshot, spec: EnvironmentSpec
 ) -> EnvironmentRecord:
     record = await _wait_running(p, await create_from_snapshot(p, tenant, snapshot.id, spec, None))
-    await write_run_files(ingress, record)  # the copied ones name the source
+    start_run_files(ingress, record)  # the copied ones name the source
     return record
 
 
