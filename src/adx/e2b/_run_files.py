@@ -80,12 +80,16 @@ async def write_run_files(ingress: Ingress | None, record: EnvironmentRecord) ->
     async def write(name: str, content: str, mode: str) -> None:
         path = f"{RUN_DIR}/{name}"
         status, body = await execd.call(
-            "PUT", "/v1/files", query={"path": path, "mode": mode, "mkdirs": "true"}, content=content.encode()
+            "PUT",
+            "/v1/files",
+            query={"path": path, "mode": mode, "mkdirs": "true", "durable": "false"},
+            content=content.encode(),
         )
         if status != 201:
             _log.warning("sandbox %s: cannot write %s: %s", record.id, path, _reason(status, body))
 
-    # At once (each is a round trip to the node): ``mkdirs`` makes /run/e2b for whichever comes first.
+    # At once (each is a round trip to the node): ``mkdirs`` makes /run/e2b for whichever comes first. Not synced
+    # to disk (rewritten at every start and resume; a pause's checkpoint reads them as any file).
     await asyncio.gather(*(write(name, *value) for name, value in run_files(record).items()))
 
 

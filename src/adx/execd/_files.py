@@ -209,7 +209,11 @@ def _requested_xattrs(req: Request) -> dict[str, bytes]:
 
 
 async def _write(req: Request, resp: Response, path: str, who: Identity | None) -> None:
-    """Write temp file next to ``path`` -> fsync -> rename -> fsync dir: readers see old or new, never a mix."""
+    """Write temp file next to ``path`` -> fsync -> rename -> fsync dir: readers see old or new, never a mix.
+
+    ``?durable=false`` skips the fsyncs (still atomic: temp file and rename) for files rewritten at every start
+    anyway, as the E2B API's ``/run/e2b`` files (envd's ``os.WriteFile`` does not sync either)."""
+    durable = _flag(req, "durable") if "durable" in req.query else True
     raw_mode = req.query.get("mode", "644")
     try:
         mode = int(raw_mode, 8)
@@ -247,8 +251,10 @@ async def _write(req: Request, resp: Response, path: str, who: Identity | None) 
             except OSError as exc:
                 raise HttpError(400, "invalid_input", f"{path}: cannot set {name}: {exc.strerror}") from None
         # fsync of a large file can take long: off the event loop so other requests keep flowing.
-        await asyncio.to_thread(os.fsync, fd)
-    await asyncio.to_thread(_fsync_dir, parent)
+        if durable:
+            await asyncio.to_thread(os.fsync, fd)
+    if durable:
+        await asyncio.to_thread(_fsync_dir, parent)
     await resp.send_json(201, {"path": path, "size": size})
 
 
