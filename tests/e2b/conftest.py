@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from e2b import Sandbox
 from e2b_up import Up, running_up
 
 
@@ -13,3 +14,11 @@ from e2b_up import Up, running_up
 def adx_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     with running_up(tmp_path_factory.mktemp("e2b-up")) as up:
         yield up
+
+
+@pytest.fixture
+def sandbox(adx_up: Up) -> Iterator[Sandbox]:
+    """A sandbox of the default template (a module may define its own ``sandbox``, which wins)."""
+    made = Sandbox.create(**adx_up.opts())
+    yield made
+    made.kill()

@@ -99,3 +99,15 @@ def seed_debian_image(root: Path, as_base: bool = True) -> bool:
     if as_base:
         store.put(manifest.model_copy(update={"name": "base"}))
     return True
+
+
+@contextlib.contextmanager
+def running_debian_up(root: Path) -> Iterator[Up]:
+    """``adx up`` whose ``base`` is the Debian image (E2B's base has ``user`` and sudo, as template builds expect),
+    seeded from the test cache; the test is skipped where that image cannot be had."""
+    import pytest
+
+    if not seed_debian_image(root):
+        pytest.skip("building the Debian image needs mmdebstrap")
+    with running_up(root, base_image="debian") as running:
+        yield running

@@ -51,17 +51,18 @@ def _sandbox_with_headers(adx_up: Up, sandbox: Sandbox, extra: dict[str, str]) -
 
 
 def test_routes_not_served_answer_e2b_errors_the_sdk_raises_cleanly(adx_up: Up, sandbox: Sandbox) -> None:
-    """Template tags, template listing and any unknown path answer ``{"code", "message"}``: the SDK raises its own
-    exception (it used to crash with ``KeyError: 'code'`` on ADX's error shape). (Snapshots, volumes and template
-    builds are served: test_e2b_snapshots.py, test_e2b_volumes.py, test_e2b_templates.py.)"""
-    with pytest.raises(SandboxException) as alias:
+    """Any path not served answers ``{"code", "message"}``: the SDK raises its own exception (it used to crash with
+    ``KeyError: 'code'`` on ADX's error shape), as it does for a served route's error (a missing template's tags).
+    (Snapshots, volumes, template builds, tags and listing are served: test_e2b_snapshots.py, test_e2b_volumes.py,
+    test_e2b_templates.py, test_e2b_template_tags.py.)"""
+    with pytest.raises(SandboxException) as missing:
         Template.get_tags("some-template", **adx_up.opts())
-    assert "not served" in str(alias.value)
+    assert "not found" in str(missing.value)
 
     headers = {"X-API-KEY": adx_up.key}
     for method, path in [
-        ("GET", "/templates"),
-        ("GET", "/templates/some-template"),
+        ("GET", "/default-templates"),
+        ("GET", "/templates/some-template/builds"),
         ("GET", "/volumes/vol-aaaaaaaaaaaaaaaaaaaaaaaaaa/extra"),
         ("GET", "/snapshots/snap-aaaaaaaaaaaaaaaaaaaaaaaaaa"),
         ("POST", f"/sandboxes/{sandbox.sandbox_id}/refreshes"),  # (network is served: test_e2b_network.py)
@@ -95,11 +96,11 @@ def test_an_unexpected_failure_is_still_an_e2b_error(adx_up: Up) -> None:
     assert answer.status_code == 400 and answer.json()["code"] == 400
 
 
-def test_routes_not_served_async(adx_up: Up) -> None:
+def test_route_errors_async(adx_up: Up) -> None:
     async def main() -> None:
-        with pytest.raises(SandboxException) as alias:
+        with pytest.raises(SandboxException) as missing:
             await AsyncTemplate.get_tags("some-template", **adx_up.opts())
-        assert "not served" in str(alias.value)
+        assert "not found" in str(missing.value)
 
     asyncio.run(main())
 

@@ -141,8 +141,13 @@ async def test_an_api_server_without_a_builder_answers_501_in_e2b_shape(
             ("POST", "/v3/templates"),
             ("GET", "/templates/aliases/x"),
             ("GET", "/templates/x/files/y"),
+            ("GET", "/templates"),
+            ("GET", "/templates/x"),
+            ("GET", "/templates/x/tags"),
+            ("POST", "/templates/tags"),
         ]:
-            answer = await client.request(method, path, json={"name": "x"} if method == "POST" else None)
+            body = {"name": "x", "target": "x", "tags": ["t"]} if method == "POST" else None
+            answer = await client.request(method, path, json=body)
             assert answer.status_code == 501, (path, answer.text)
             assert answer.json()["code"] == 501 and "image_build_socket" in answer.json()["message"]
 

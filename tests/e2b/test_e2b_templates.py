@@ -24,7 +24,7 @@ from e2b import (
     Template,
     wait_for_file,
 )
-from e2b_up import Up, running_up, seed_debian_image
+from e2b_up import Up, running_debian_up
 from test_e2b_template_steps import _schema
 
 from adx.images import ImageStore
@@ -34,10 +34,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    root = tmp_path_factory.mktemp("e2b-templates")
-    if not seed_debian_image(root):
-        pytest.skip("building the Debian image needs mmdebstrap")
-    with running_up(root, base_image="debian") as running:
+    with running_debian_up(tmp_path_factory.mktemp("e2b-templates")) as running:
         yield running
 
 

@@ -219,15 +219,79 @@ def test_range_requests_on_downloads_answer_206_and_416_as_envd(adx_up: Up, sand
         assert got.json()["code"] == 416
     whole = httpx.get(url)
     assert (whole.status_code, whole.content, whole.headers["accept-ranges"]) == (200, b"0123456789", "bytes")
-    several = httpx.get(url, headers={"Range": "bytes=0-1,4-5"})
-    assert (several.status_code, several.content) == (200, b"0123456789")
+    several = httpx.get(url, headers={"Range": "bytes=0-1,4-5,20-"})  # one past the end: dropped
+    assert several.status_code == 206
+    kind, _, boundary = several.headers["content-type"].partition("; boundary=")
+    assert kind == "multipart/byteranges" and boundary, several.headers
+    assert (
+        several.content
+        == (
+            f"--{boundary}\r\nContent-Range: bytes 0-1/10\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n01"
+            f"\r\n--{boundary}\r\nContent-Range: bytes 4-5/10\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n45"
+            f"\r\n--{boundary}--\r\n"
+        ).encode()
+    )
+    assert several.headers["content-length"] == str(len(several.content))
+    backwards = httpx.get(url, headers={"Range": "bytes=8-9,0-1"})  # out of order: the file is read again
+    assert backwards.status_code == 206 and b"\r\n\r\n89\r\n" in backwards.content
+    assert backwards.content.index(b"bytes 8-9/10") < backwards.content.index(b"bytes 0-1/10")
+    assert httpx.get(url, headers={"Range": "bytes=0-1,20-"}).headers["content-range"] == "bytes 0-1/10"
+    overlapping = httpx.get(url, headers={"Range": "bytes=0-7,2-9"})  # more than the file: sent whole
+    assert (overlapping.status_code, overlapping.content) == (200, b"0123456789")
     # The SDK's own envd call (access token and sandbox headers) takes a Range too.
     headers = {"X-Access-Token": sandbox._envd_access_token or "", "E2b-Sandbox-Id": sandbox.sandbox_id}
     got = httpx.get(f"{adx_up.url}/files", params={"path": "ranged.txt"}, headers={**headers, "Range": "bytes=-2"})
     assert (got.status_code, got.content) == (206, b"89"), got.text
+    # Several ranges of a file larger than one chunk of the stream: cut across chunk boundaries.
+    data = bytes(range(256)) * 1200
+    sandbox.files.write("parts.bin", data)
+    got = httpx.get(sandbox.download_url("parts.bin"), headers={"Range": "bytes=10-70000,200000-,-5"})
+    assert got.status_code == 206
+    assert data[10:70001] in got.content and data[200000:] in got.content and got.content.count(data[-5:]) >= 2
     # A range inside a file larger than one chunk of the stream: cut across chunk boundaries.
     data = bytes(range(256)) * 1200
     sandbox.files.write("big.bin", data)
     got = httpx.get(sandbox.download_url("big.bin"), headers={"Range": "bytes=70000-250000"})
     assert (got.status_code, got.content) == (206, data[70000:250001])
     assert got.headers["content-range"] == f"bytes 70000-250000/{len(data)}"
+
+
+def test_conditional_downloads_answer_as_envd(adx_up: Up, sandbox: Sandbox) -> None:
+    """envd serves downloads with Go's ``ServeContent`` and the file's modification time (no ETag): every answer
+    says ``Last-Modified``; ``If-Modified-Since`` at or after it is 304, ``If-Unmodified-Since`` before it 412,
+    ``If-None-Match: *`` 304 (an ETag list matches nothing), ``If-Match`` other than ``*`` 412, and ``If-Range``
+    honours a ``Range`` only when it is the file's date (else the whole file)."""
+    sandbox.files.write("cond.txt", "0123456789")
+    sandbox.commands.run("touch -d '2024-01-02 03:04:05 UTC' /home/user/cond.txt")
+    url = sandbox.download_url("cond.txt")
+    stamp, before, after = (
+        "Tue, 02 Jan 2024 03:04:05 GMT",
+        "Mon, 01 Jan 2024 00:00:00 GMT",
+        "Wed, 03 Jan 2024 00:00:00 GMT",
+    )
+    whole = httpx.get(url)
+    assert (whole.status_code, whole.headers["last-modified"], whole.content) == (200, stamp, b"0123456789")
+    for headers, status in (
+        ({"If-Modified-Since": stamp}, 304),
+        ({"If-Modified-Since": after}, 304),
+        ({"If-Modified-Since": before}, 200),
+        ({"If-Modified-Since": "not a date"}, 200),
+        ({"If-Unmodified-Since": before}, 412),
+        ({"If-Unmodified-Since": stamp}, 200),
+        ({"If-None-Match": "*"}, 304),
+        ({"If-None-Match": '"abc"', "If-Modified-Since": stamp}, 200),  # If-None-Match decides, not the date
+        ({"If-Match": "*"}, 200),
+        ({"If-Match": '"abc"'}, 412),
+        ({"If-Match": '"abc"', "If-Unmodified-Since": after}, 412),
+    ):
+        got = httpx.get(url, headers=headers)
+        assert got.status_code == status, (headers, got.status_code)
+        if status != 200:
+            assert got.content == b"" and got.headers["last-modified"] == stamp, headers
+    for if_range, status, body in ((stamp, 206, b"23"), (before, 200, b"0123456789"), ('"x"', 200, b"0123456789")):
+        got = httpx.get(url, headers={"Range": "bytes=2-3", "If-Range": if_range})
+        assert (got.status_code, got.content) == (status, body), if_range
+    # The SDK's own envd call is answered alike.
+    headers = {"X-Access-Token": sandbox._envd_access_token or "", "E2b-Sandbox-Id": sandbox.sandbox_id}
+    got = httpx.get(f"{adx_up.url}/files", params={"path": "cond.txt"}, headers={**headers, "If-Modified-Since": stamp})
+    assert got.status_code == 304, got.text

@@ -37,3 +37,11 @@ def test_a_path_too_long_is_invalid_input(execd: ExecdProcess) -> None:
         answer = client.get("/v1/files/stat", params={"path": "/" + "a" * 300})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["details"]["field"] == "path"
+
+
+def test_watcher_entries_must_be_a_boolean(execd: ExecdProcess) -> None:
+    """``entries`` (envd's include_entry) is a flag: another value is refused naming it, not read as truthy."""
+    with execd.client() as client:
+        answer = client.post("/v1/watchers", json={"path": "/tmp", "entries": "yes"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["details"]["field"] == "entries"

@@ -174,3 +174,26 @@ def test_a_file_reporting_size_zero_is_read_to_its_end(execd: ExecdProcess, shor
         assert status.status_code == 200 and b"Pid:" in status.content and b"Name:" in status.content
         empty = client.get("/v1/files", params={"path": str(short_dir / "empty")})
         assert empty.status_code == 200 and empty.content == b""
+
+
+def test_a_read_says_the_files_modification_time(execd: ExecdProcess, short_dir: Path) -> None:
+    """``Last-Modified`` (whole seconds, IMF-fixdate), what E2B's conditional downloads are answered by."""
+    target = short_dir / "dated.txt"
+    target.write_bytes(b"x")
+    os.utime(target, (784111777.5, 784111777.5))
+    with execd.client() as client:
+        read = client.get("/v1/files", params={"path": str(target)})
+    assert read.status_code == 200 and read.headers["last-modified"] == "Sun, 06 Nov 1994 08:49:37 GMT"
+
+
+def test_a_write_that_need_not_be_durable_is_still_whole(execd: ExecdProcess, short_dir: Path) -> None:
+    """``durable=false`` (the E2B API's /run/e2b files) skips the fsyncs only: the file appears whole, with its
+    mode; another value is refused naming the field."""
+    target = short_dir / "run" / "f"
+    with execd.client() as client:
+        params = {"path": str(target), "mode": "444", "mkdirs": "true", "durable": "false"}
+        written = client.put("/v1/files", params=params, content=b"abc")
+        assert written.status_code == 201, written.text
+        refused = client.put("/v1/files", params={**params, "durable": "maybe"}, content=b"abc")
+    assert target.read_bytes() == b"abc" and (target.stat().st_mode & 0o777) == 0o444
+    assert refused.status_code == 400 and refused.json()["error"]["details"]["field"] == "durable"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr
 from starlette.requests import Request
 
 from adx.errors import InvalidInputError
@@ -21,7 +21,9 @@ __all__ = [
     "FORK_TIMEOUT_SECONDS",
     "MAX_FORKS",
     "MAX_TIMEOUT_SECONDS",
+    "AssignTemplateTags",
     "ConnectSandbox",
+    "DeleteTemplateTags",
     "NewSandbox",
     "NewVolume",
     "PatchVolumecontentVolumeIdPathBody",
@@ -193,6 +195,20 @@ class TemplateBuildRequestV3(_Exact):
     cpu_count: Annotated[int | None, _at_least(1)] = Field(default=None, alias="cpuCount")
     memory_mb: Annotated[int | None, _at_least(128)] = Field(default=None, alias="memoryMB")
     min_free_disk_mb: Annotated[int | None, _at_least(0)] = Field(default=None, alias="minFreeDiskMb")
+
+
+class AssignTemplateTags(_Exact):
+    """``POST /templates/tags`` (``Template.assign_tags``): ``target`` is ``name[:tag]``, the build to tag."""
+
+    target: Annotated[str, BeforeValidator(_string)]
+    tags: list[StrictStr]
+
+
+class DeleteTemplateTags(_Exact):
+    """``DELETE /templates/tags`` (``Template.remove_tags``): a template's name (no tag) and the tags to drop."""
+
+    name: Annotated[str, BeforeValidator(_string)]
+    tags: list[StrictStr]
 
 
 def _non_negative(value: object) -> object:

@@ -38,8 +38,11 @@ from adx.e2b._envd import tokens_for
 from adx.e2b._hosts import base_domain, sandbox_domain
 from adx.e2b._network import e2b_network_options, network_policy
 from adx.e2b._process import sandbox_variables
+from adx.e2b._run_files import run_files_written, start_run_files
 from adx.e2b._snapshot_client import create_from_snapshot, get_snapshot
 from adx.e2b._start_cmd import run_start_command, start_command_of
+from adx.e2b._template_store import TemplateStore
+from adx.e2b._template_tags import DEFAULT_TAG, SEPARATOR, parse_name, resolve_image
 from adx.e2b._upstream import Execd
 from adx.e2b._views import CreatedSandbox, SandboxLifecycle, SandboxMetric, SandboxState, SandboxView, wire
 from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
@@ -227,6 +230,9 @@ async def create_sandbox(request: Request) -> Response:
     template = body.template_id
     if template is None:
         raise InvalidInputError("templateID", "required")
+    if SEPARATOR in template and not template.startswith(f"{SNAPSHOT}-"):
+        # ``name:tag``: the image of the build the template's tag names (else a snapshot's name, below).
+        template = await asyncio.to_thread(_tagged_image, p, template) or template
     network = network_policy(body.allow_internet_access, body.network)
     from_snapshot = await _is_snapshot(p, tenant, template)
     wire = {
@@ -259,6 +265,7 @@ async def create_sandbox(request: Request) -> Response:
     else:
         record, created = await p.coordinator.create_environment(tenant, spec, key)
     record = await _wait_running(p, record)
+    start_run_files(serving_ingress(request.app), record)
     if created:  # a retried create (the same idempotency key) finds it started already
         await _start_template_command(p, request, record)
     return JSONResponse(created_view(request, record), status_code=201)
@@ -283,6 +290,7 @@ async def _start_template_command(p: Plane, request: Request, record: Environmen
             " (ingress = false)"
         )
     execd = Execd(ingress, record.tenant, record.id)
+    await run_files_written(record.tenant, record.id)  # the start command may read them, as it may on E2B
     try:
         await run_start_command(
             execd, command, sandbox_variables(execd, record.spec.image), p.config.start_wait_seconds
@@ -291,6 +299,17 @@ async def _start_template_command(p: Plane, request: Request, record: Environmen
         with contextlib.suppress(AdxError):  # already going: the create's error is the one to report
             await p.coordinator.delete_environment(record.tenant, record.id)
         raise
+
+
+def _tagged_image(p: Plane, template: str) -> str | None:
+    """The image ``name:tag`` starts (adx.e2b._template_tags); None: no template has that tag."""
+    if p.config.images_dir is None:
+        return None
+    try:
+        name, tag = parse_name(template, "templateID")
+        return resolve_image(TemplateStore(p.config.images_dir / "e2b-templates"), name, tag or DEFAULT_TAG)
+    except (InvalidInputError, NotFoundError):
+        return None
 
 
 async def _is_snapshot(p: Plane, tenant: str, template: str) -> bool:
@@ -475,6 +494,8 @@ async def connect_sandbox(request: Request, sandbox_id: str) -> Response:
     if resumed:
         record = (await p.coordinator.ensure_running(tenant, record.id, p.config.wake_timeout_seconds)).record
     record = await _wait_running(p, record)
+    if resumed:
+        start_run_files(serving_ingress(request.app), record)
     if resumed and record.spec.lifecycle.lifetime_seconds is not None:
         # A resumed sandbox gets a fresh deadline (its old one may have been what paused it).
         record = await _set_lifetime(p, tenant, record, timeout or DEFAULT_TIMEOUT_SECONDS)

@@ -23,6 +23,7 @@ from adx.e2b._files import HttpFailure, download, upload
 from adx.e2b._filesystem import FilesystemService
 from adx.e2b._hosts import SandboxHost, base_domain, parse_host
 from adx.e2b._process import ProcessService
+from adx.e2b._run_files import run_files_written
 from adx.e2b._tokens import EnvdTokens
 from adx.e2b._upstream import Execd
 from adx.e2b._user import envd_user
@@ -218,6 +219,7 @@ class EnvdDataPlane:
             if status != 200:
                 return _http_error(502, f"envd of sandbox {sandbox_id} is not healthy: {body[:200]!r}")
             return Response(status_code=204)
+        await run_files_written(tenant, execd.environment_id)  # as envd's own, there before its first answer
         # A signed URL is for its own path only: an upload's part names no other target.
         only = request.query_params.get("path") if signed.is_signed(request) else None
         user = envd_user(request)  # E2B's ``user`` unless the SDK names another account

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from adx.e2b._conditional import Verdict, http_seconds, precondition, range_counts
 from adx.e2b._multipart import MultipartReader, boundary_of, disposition
 from adx.e2b._ranges import ranged
-from adx.e2b._upstream import Execd, execd_error, read_all
+from adx.e2b._upstream import Execd, close, execd_error, read_all
 from adx.errors import InvalidInputError
 from adx.model import FileEntry, FileStat, FileType
 
@@ -56,13 +57,27 @@ async def download(execd: Execd, request: Request, user: str) -> Response:
     path = request.query_params.get("path")
     if not path:
         raise HttpFailure(400, "path: required")
-    upstream = await execd.open("GET", "/v1/files", query={"path": path, "user": user}, read_timeout=300.0)
-    if upstream.status_code != 200:
-        raise _failure(upstream.status_code, await read_all(upstream))
-    # As envd (Go's ServeContent): the type by the name's extension, so a download URL opened in a browser shows
-    # a page or an image; an unknown one stays octet-stream.
-    upstream.headers["content-type"] = content_type(path)
-    return await ranged(upstream, request.headers.get("range"))
+
+    async def opened() -> Response:
+        upstream = await execd.open("GET", "/v1/files", query={"path": path, "user": user}, read_timeout=300.0)
+        if upstream.status_code != 200:
+            raise _failure(upstream.status_code, await read_all(upstream))
+        # As envd (Go's ServeContent): the type by the name's extension, so a download URL opened in a browser
+        # shows a page or an image; an unknown one stays octet-stream.
+        upstream.headers["content-type"] = content_type(path)
+        upstream.headers["vary"] = "Accept-Encoding"
+        return upstream
+
+    upstream = await opened()
+    # execd says the file's modification time (Last-Modified): conditional requests are answered by it, as envd's.
+    mtime = http_seconds(upstream.headers.get("last-modified"))
+    verdict = precondition(request.headers, mtime)
+    if verdict is not Verdict.SEND:
+        await close(upstream)
+        kept = {k: v for k, v in upstream.headers.items() if k in ("last-modified", "vary")}
+        return Response(status_code=verdict.value, headers=kept)
+    wanted = request.headers.get("range") if range_counts(request.headers, mtime) else None
+    return await ranged(upstream, wanted, opened)
 
 
 _COMPRESSED = {"gzip": "application/gzip", "bzip2": "application/x-bzip2", "xz": "application/x-xz"}

@@ -104,6 +104,7 @@ class WatchRequest(PathRequest):
     """``WatchDir`` and ``CreateWatcher``."""
 
     recursive: StrictBool = False
+    include_entry: StrictBool = False  # each create/write/chmod event carries its EntryInfo
 
 
 class WatcherRequest(_Message):
@@ -136,11 +137,12 @@ class Pty(_Message):
 class StartRequest(_Message):
     process: ProcessConfig
     pty: Pty | None = None
+    tag: StrictStr | None = None  # names the process for List and ProcessSelector (envd's start command's)
     stdin: StrictBool | None = None  # the SDK asks for stdin kept open (``commands.run(..., stdin=True)``)
 
 
 class ProcessSelector(_Message):
-    """Which process: by PID (tags are not supported)."""
+    """Which process: by PID, or by the tag its Start gave it."""
 
     pid: StrictInt | None = None
     tag: StrictStr | None = None

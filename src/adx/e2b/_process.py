@@ -3,7 +3,7 @@
 | RPC | execd |
 |---|---|
 | ``Start`` (server stream) | ``POST /v1/commands`` streamed (NDJSON, base64), re-encoded as ProcessEvents |
-| ``Connect`` (server stream) | the command found by PID: its live output from here on (no replay), then its end |
+| ``Connect`` (server stream) | the command found by PID or tag: its live output from here on, then its end |
 | ``List`` | ``GET /v1/commands`` (running ones) |
 | ``SendSignal`` | ``POST /v1/commands/{id}/kill`` |
 | ``SendInput`` / ``StreamInput`` / ``CloseStdin`` | ``POST /v1/commands/{id}/stdin[?close=true]`` (stdin or PTY) |
@@ -13,8 +13,13 @@ A ``Start`` with ``pty`` runs the command on a pseudo-terminal in execd (``"pty"
 is one stream, sent as ``data.pty`` events.
 
 ``Connect`` streams live output from the reader of the command's ``Start`` stream in this process (which keeps
-reading after its client left): every frame it reads is also handed to each connected client. A command this
-process does not stream (another API process started it) is followed by its status only.
+reading after its client left): every frame it reads is also handed to each connected client, from the moment
+it connects, as envd's ``Connect`` does for the SDK (envd replays earlier output only when the request asks,
+which the SDK's ``ConnectRequest`` cannot). A command this process does not stream (another API process started
+it) is followed by its status only.
+
+A ``Start``'s ``tag`` is kept with its config: ``List`` answers it, and a ``ProcessSelector`` by tag finds the
+running command this process started with it (as envd's tags; another API process's are not known here).
 
 A started process outlives its stream as in envd: when the client goes away before the end, the execd stream
 is drained in the background instead of being dropped (which would kill the command); the call's deadline
@@ -28,6 +33,7 @@ import asyncio
 import base64
 import binascii
 import json
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -105,6 +111,7 @@ class StartedConfig:
     args: list[str]
     envs: dict[str, str]
     cwd: str | None
+    tag: str | None = None  # ProcessInfo's, beside the config
 
     def wire(self) -> dict[str, object]:
         config: dict[str, object] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
@@ -132,6 +139,7 @@ class _Pump:
         self.config = config
         self.key = (execd.tenant, execd.environment_id)
         self.pid = 0
+        self.started = time.monotonic()
         self.queue: asyncio.Queue[Frame | BaseException | None] = asyncio.Queue(QUEUE_FRAMES)
         self.detached = False
         self.followers: set[asyncio.Queue[_Followed]] = set()
@@ -271,7 +279,8 @@ class ProcessService:
         upstream = await self.execd.open("POST", "/v1/commands", json_body=body, read_timeout=None)
         if upstream.status_code != 200:
             raise rpc_error_of(upstream.status_code, await read_all(upstream))
-        pump = _Pump(upstream, self.execd, StartedConfig(process.cmd, process.args, process.envs, process.cwd or None))
+        config = StartedConfig(process.cmd, process.args, process.envs, process.cwd or None, message.tag)
+        pump = _Pump(upstream, self.execd, config)
         return StreamingResponse(_start_events(pump, _keepalive_interval(request)), media_type=STREAM_TYPE)
 
     async def _commands(self) -> list[CommandStatus]:
@@ -283,11 +292,21 @@ class ProcessService:
     async def _find(self, selector: ProcessSelector) -> CommandStatus:
         pid = selector.pid
         if pid is None:
-            raise RpcError("not_found", f"process with tag {selector.tag!r} not found (tags are not supported)")
+            pid = self._tagged(selector.tag)
         for command in await self._commands():
             if command.pid == pid and command.state is CommandState.RUNNING:
                 return command
         raise RpcError("not_found", f"process with pid {pid} not found")
+
+    def _tagged(self, tag: str | None) -> int:
+        """The PID of the running command started here with ``tag`` (the newest, if several)."""
+        if tag is None:
+            raise RpcError("invalid_argument", "process: give pid or tag")
+        key = (self.execd.tenant, self.execd.environment_id)
+        found = [pid for (*owner, pid), pump in _LIVE.items() if tuple(owner) == key and pump.config.tag == tag]
+        if not found:
+            raise RpcError("not_found", f"process with tag {tag} not found")
+        return max(found, key=lambda pid: _LIVE[(*key, pid)].started)
 
     async def list(self, request: Request) -> Response:
         await single_message(request)
@@ -301,7 +320,10 @@ class ProcessService:
             else:  # started through another API process: execd knows only its argv
                 argv = command.argv or [""]
                 config = StartedConfig(argv[0], argv[1:], {}, None)
-            processes.append({"config": config.wire(), "pid": command.pid})
+            process: dict[str, object] = {"config": config.wire(), "pid": command.pid}
+            if config.tag is not None:
+                process["tag"] = config.tag
+            processes.append(process)
         return JSONResponse({"processes": processes})
 
     async def send_signal(self, request: Request) -> Response:

@@ -33,9 +33,11 @@ from adx.e2b._control import (
     page_limit,
     paged,
 )
+from adx.e2b._run_files import start_run_files
 from adx.e2b._snapshot_client import create_from_snapshot, create_snapshot, delete_snapshot, list_snapshots
 from adx.errors import AdxError, InvalidInputError
 from adx.gateway import Plane, plane, status_for
+from adx.ingress import Ingress, serving_ingress
 from adx.model import EnvironmentRecord, EnvironmentSpec, Snapshot
 
 snapshot_router = APIRouter(include_in_schema=False, route_class=E2bRoute)
@@ -98,7 +100,8 @@ async def fork_sandbox(request: Request, sandbox_id: str) -> Response:
     lifecycle = source.spec.lifecycle.model_copy(update={"lifetime_seconds": wanted.timeout})
     spec = source.spec.model_copy(update={"lifecycle": lifecycle})
     outcomes = await asyncio.gather(
-        *(_fork_one(p, tenant, snapshot, spec) for _ in range(wanted.count)), return_exceptions=True
+        *(_fork_one(p, serving_ingress(request.app), tenant, snapshot, spec) for _ in range(wanted.count)),
+        return_exceptions=True,
     )
     results: list[dict[str, object]] = []
     settled = True
@@ -123,9 +126,12 @@ async def fork_sandbox(request: Request, sandbox_id: str) -> Response:
     return JSONResponse(results, status_code=201)
 
 
-async def _fork_one(p: Plane, tenant: str, snapshot: Snapshot, spec: EnvironmentSpec) -> EnvironmentRecord:
-    record = await create_from_snapshot(p, tenant, snapshot.id, spec, None)
-    return await _wait_running(p, record)
+async def _fork_one(
+    p: Plane, ingress: Ingress | None, tenant: str, snapshot: Snapshot, spec: EnvironmentSpec
+) -> EnvironmentRecord:
+    record = await _wait_running(p, await create_from_snapshot(p, tenant, snapshot.id, spec, None))
+    start_run_files(ingress, record)  # the copied ones name the source
+    return record
 
 
 def _may_still_start(error: AdxError) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from adx.e2b._template_steps import BuildStart
 from adx.e2b._template_store import BuildReason, BuildRecord, BuildStatus, Level, LogEntry, TemplateStore
+from adx.e2b._template_tags import image_of
 from adx.errors import AdxError, ImageBuildError
 from adx.images import ImageStore, Instruction, ensure_debian_image
 from adx.sandboxd import SandboxdClient
@@ -136,7 +137,7 @@ class TemplateBuilder:
                     client,
                     self.images,
                     job.steps,
-                    job.record.template,
+                    image_of(job.record),
                     context=self.context_root,
                     memory_bytes=job.memory_bytes,
                     progress=on_step,

@@ -8,7 +8,8 @@ Layout (every write is temp + fsync + rename, so a reader on any API replica see
     uploads/<tenant>/<name>/<hash>   E2B's files hash of a COPY step -> the blob its upload made
     contexts/<sha256>/               a blob unpacked (the COPY steps' sources), made once, then reused
 
-The image a template builds is an ordinary image of the store named like the template; the layers its COPY steps
+Each build makes an ordinary image of the store, ``<name>--<build>`` (adx.e2b._template_tags); the template's
+``default`` tag also names its image ``<name>``, so ``Sandbox.create(name)`` starts it. The layers its COPY steps
 make are keyed by the blob's own digest, never by the client's files hash, so one tenant's upload can never stand
 in for another's content under the same hash.
 """
@@ -33,7 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from adx._fs import atomic_write_bytes, atomic_write_json, exclusive_lock, fsync_dir
 from adx.errors import InvalidInputError, NotFoundError
 
-__all__ = ["BuildRecord", "BuildStatus", "LogEntry", "TemplateRecord", "TemplateStore", "process_owner"]
+__all__ = [
+    "BuildRecord",
+    "BuildStatus",
+    "LogEntry",
+    "TagAssignment",
+    "TemplateRecord",
+    "TemplateStore",
+    "process_owner",
+]
 
 #: The largest build-context archive one COPY step may upload.
 MAX_UPLOAD_BYTES = 2 << 30
@@ -77,6 +86,15 @@ class BuildRecord(_Model):
     owner: str = Field(description="host:pid of the API process running the build")
     logs: list[LogEntry] = Field(default_factory=list)
     reason: BuildReason | None = None
+    tags: list[str] = Field(default_factory=list, description="the tags the build gets once it is ready")
+    image: str | None = Field(default=None, description="the image it builds (None: the template's name, as before)")
+
+
+class TagAssignment(_Model):
+    """A tag of a template names one of its builds (E2B's tag assignment)."""
+
+    build: str
+    assigned_at: float
 
 
 class TemplateRecord(_Model):
@@ -87,6 +105,8 @@ class TemplateRecord(_Model):
     memory_mb: int | None = None
     builds: list[str] = Field(default_factory=list)
     ready_build: str | None = None
+    tags: dict[str, TagAssignment] = Field(default_factory=dict)
+    updated_at: float | None = None
 
 
 def process_owner() -> str:
@@ -130,6 +150,15 @@ class TemplateStore:
             yield
 
     # -- templates and builds -----------------------------------------------------------------------------
+    def templates(self) -> list[TemplateRecord]:
+        """Every template's record (of every tenant)."""
+        folder = self.root / "templates"
+        found = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                found.append(TemplateRecord.model_validate_json(path.read_bytes()))
+        return found
+
     def find_template(self, name: str) -> TemplateRecord | None:
         try:
             return TemplateRecord.model_validate_json((self.root / "templates" / f"{name}.json").read_bytes())

@@ -13,9 +13,10 @@
 - ``DELETE /templates/{id}``: a template of the tenant loses its image and record; any other ID is a snapshot's
   (the SDK deletes snapshots as templates, adx.e2b._snapshots).
 
-The template ID is its name: ``Sandbox.create(template=name)`` starts a sandbox on the image the last good build
-made. Builds need ``images_dir`` and ``image_build_socket`` in the API's configuration (``adx up`` sets both);
-without them these routes answer 501.
+The template ID is its name: ``Sandbox.create(template=name)`` starts a sandbox on the image of the build its
+``default`` tag names; tags and the catalog routes are adx.e2b._template_tags and adx.e2b._template_catalog.
+Builds need ``images_dir`` and ``image_build_socket`` in the API's configuration (``adx up`` sets both); without
+them these routes answer 501.
 """
 
 from __future__ import annotations
@@ -56,10 +57,18 @@ from adx.e2b._template_store import (
     owner_is_gone,
     process_owner,
 )
+from adx.e2b._template_tags import (
+    DEFAULT_TAG,
+    assign,
+    build_image,
+    check_name_length,
+    normalize_tags,
+    parse_name,
+)
 from adx.e2b._views import BuildLogEntry, BuildStatusReason, TemplateBuildInfo, wire
 from adx.errors import AdxError, ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 from adx.gateway import plane
-from adx.images import ImageStore, validate_image_name
+from adx.images import ImageStore
 from adx.model import NODE_IMAGES
 
 __all__ = ["template_router"]
@@ -113,13 +122,15 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _name(body: TemplateBuildRequestV3) -> str:
-    name, field = (body.name, "name") if body.name else (body.alias, "alias")
-    if not name:
+def _name_and_tags(body: TemplateBuildRequestV3) -> tuple[str, list[str]]:
+    """The template's name and the tags its build gets: ``name:tag`` first, then ``tags``; none: ``default``."""
+    given, field = (body.name, "name") if body.name else (body.alias, "alias")
+    if not given:
         raise InvalidInputError("name", "required")
-    if ":" in name:
-        raise InvalidInputError(field, f"{name!r}: tags are not supported (a template is one image, its last build)")
-    return validate_image_name(name, field)
+    name, tag = parse_name(given, field)
+    check_name_length(name, field)
+    tags = normalize_tags([*([tag] if tag else []), *(body.tags or [])], "tags")
+    return name, tags or [DEFAULT_TAG]
 
 
 def _in_progress(templates: TemplateStore, record: TemplateRecord) -> bool:
@@ -138,23 +149,21 @@ async def request_build(request: Request) -> Response:
     tenant = await _tenant(request)
     builder = _builder(request)
     body = await body_of(request, TemplateBuildRequestV3)
-    if body.tags:
-        raise InvalidInputError("tags", "tags are not supported (a template is one image, its last build)")
-    name = _name(body)
-    build = await asyncio.to_thread(_new_build, builder, tenant, name, body.cpu_count, body.memory_mb)
-    view = {"templateID": name, "buildID": build.id, "public": False, "names": [name], "tags": [], "aliases": [name]}
+    name, tags = _name_and_tags(body)
+    build = await asyncio.to_thread(_new_build, builder, tenant, name, tags, body)
+    view = {"templateID": name, "buildID": build.id, "public": False, "names": [name], "tags": tags, "aliases": [name]}
     return JSONResponse(view, status_code=202)
 
 
 def _new_build(
-    builder: TemplateBuilder, tenant: str, name: str, cpu_count: int | None, memory_mb: int | None
+    builder: TemplateBuilder, tenant: str, name: str, tags: list[str], body: TemplateBuildRequestV3
 ) -> BuildRecord:
     with builder.templates.locked():
-        return _new_build_locked(builder, tenant, name, cpu_count, memory_mb)
+        return _new_build_locked(builder, tenant, name, tags, body.cpu_count, body.memory_mb)
 
 
 def _new_build_locked(
-    builder: TemplateBuilder, tenant: str, name: str, cpu_count: int | None, memory_mb: int | None
+    builder: TemplateBuilder, tenant: str, name: str, tags: list[str], cpu_count: int | None, memory_mb: int | None
 ) -> BuildRecord:
     templates = builder.templates
     templates.sweep_staging()  # uploads and unpackings a crash left (cheap: a glob of two directories)
@@ -167,8 +176,15 @@ def _new_build_locked(
         raise ConflictError(f"the template name {name!r} is taken")
     elif _in_progress(templates, record):
         raise ConflictError(f"a build of template {name!r} is in progress")
+    build_id = str(uuid.uuid4())
     build = BuildRecord(
-        id=str(uuid.uuid4()), template=name, tenant=tenant, created_at=time.time(), owner=process_owner()
+        id=build_id,
+        template=name,
+        tenant=tenant,
+        created_at=time.time(),
+        owner=process_owner(),
+        tags=tags,
+        image=build_image(name, build_id),
     )
     templates.put_build(build)
     record.builds.append(build.id)
@@ -276,7 +292,7 @@ async def start_build(request: Request, template_id: str, build_id: str) -> Resp
         build.logs.append(LogEntry(timestamp=time.time(), level="error", message=exc.message))
         await asyncio.to_thread(builder.templates.put_build, build)
         raise
-    builder.start(job, functools.partial(_mark_ready, builder.templates))
+    builder.start(job, functools.partial(_mark_ready, builder.templates, builder.images))
     return Response(status_code=202)
 
 
@@ -315,10 +331,12 @@ def _job(builder: TemplateBuilder, template: TemplateRecord, build: BuildRecord,
     return BuildJob(record=build, start=start, steps=steps, memory_bytes=memory)
 
 
-def _mark_ready(templates: TemplateStore, build: BuildRecord) -> None:
-    record = templates.find_template(build.template)
-    if record is not None:
-        templates.put_template(record.model_copy(update={"ready_build": build.id}))
+def _mark_ready(templates: TemplateStore, images: ImageStore, build: BuildRecord) -> None:
+    """A good build: the template's last, and its tags move to it (``default`` also names its image NAME)."""
+    with templates.locked():
+        record = templates.find_template(build.template)
+        if record is not None:
+            assign(templates, images, record, build, build.tags or [DEFAULT_TAG], ready=True)
 
 
 def _entry_view(entry: LogEntry) -> BuildLogEntry:
@@ -407,7 +425,14 @@ async def delete_template(request: Request, template_id: str) -> Response:
     builder = _builder(request, build=False)
     if _in_progress(builder.templates, found):
         raise ConflictError(f"a build of template {template_id!r} is in progress")
-    if await asyncio.to_thread(_is_image, builder, template_id):
-        await asyncio.to_thread(builder.images.rm, template_id)
+    await asyncio.to_thread(_remove_images, builder, found)
     await asyncio.to_thread(builder.templates.remove_template, template_id)
     return Response(status_code=204)
+
+
+def _remove_images(builder: TemplateBuilder, record: TemplateRecord) -> None:
+    """The template's images: its name's (the ``default`` tag) first, then each build's. A sandbox on one refuses
+    the deletion (409, ImageStore.rm); the record stays until all are gone, so asking again finishes it."""
+    for name in [record.name, *(build_image(record.name, b) for b in record.builds)]:
+        if _is_image(builder, name):
+            builder.images.rm(name)

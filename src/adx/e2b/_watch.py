@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adx.e2b._connect import STREAM_TYPE, RpcError, end_stream, envelope
+from adx.e2b._entries import entry_info
 from adx.e2b._messages import Message, WatcherRequest, WatchRequest, message_as
 from adx.e2b._upstream import Execd, rpc_error_of
+from adx.model import FileStat
 
 _TYPES = {
     "create": "EVENT_TYPE_CREATE",
@@ -47,7 +49,7 @@ class _Events:
     def __init__(self) -> None:
         self._arriving: set[str] = set()
 
-    def translate(self, body: bytes) -> list[dict[str, str]]:
+    def translate(self, body: bytes) -> list[dict[str, object]]:
         out = []
         for event in json.loads(body)["events"]:
             name, kind = str(event["name"]), str(event["type"])
@@ -57,10 +59,14 @@ class _Events:
                 if kind == "rename":
                     self._arriving.add(posixpath.join(folder, temporary["name"]))
                 continue
-            out.append({"name": name, "type": _TYPES[kind]})
+            translated: dict[str, object] = {"name": name, "type": _TYPES[kind]}
+            if "entry" in event:  # asked for (include_entry) and still there when execd read the event
+                described = FileStat.model_validate(event["entry"])
+                translated["entry"] = entry_info(described.path, described)
+            out.append(translated)
             if kind == "create" and name in self._arriving:
                 self._arriving.discard(name)
-                out.append({"name": name, "type": _TYPES["write"]})
+                out.append({**translated, "type": _TYPES["write"]})
         return out
 
 
@@ -71,13 +77,18 @@ class WatchService:
 
     async def _create(self, message: Message) -> str:
         wanted = message_as(WatchRequest, message)
-        watch = {"path": wanted.where(), "recursive": wanted.recursive, "user": self.user}
+        watch = {
+            "path": wanted.where(),
+            "recursive": wanted.recursive,
+            "user": self.user,
+            "entries": wanted.include_entry,
+        }
         status, body = await self.execd.call("POST", "/v1/watchers", json_body=watch)
         if status != 201:
             raise rpc_error_of(status, body)
         return str(json.loads(body)["id"])
 
-    async def _take(self, watcher_id: str, wait: float, events: _Events) -> list[dict[str, str]]:
+    async def _take(self, watcher_id: str, wait: float, events: _Events) -> list[dict[str, object]]:
         status, body = await self.execd.call("GET", f"/v1/watchers/{watcher_id}/events", query={"wait": str(wait)})
         if status != 200:
             raise rpc_error_of(status, body, conflict="data_loss")

@@ -12,8 +12,9 @@ Client socket routes (each is a *client operation*: counted in activity and subj
   ``POST /v1/commands/{id}/resize`` ``{"rows","cols"}`` (a command run with ``"pty": {"rows","cols"}``)
 - ``GET|PUT|DELETE /v1/files?path=``; ``GET /v1/files/stat?path=``; ``GET /v1/files/list?path=``;
   ``POST /v1/files/mkdir?path=``; ``POST /v1/files/rename?path=&to=``; each with an optional ``&user=``
-- ``POST /v1/watchers`` ``{"path", "recursive"?, "user"?}`` -> ``{"id"}``; ``GET /v1/watchers/{id}/events?wait=s``
-  (long-poll, drains the queue); ``DELETE /v1/watchers/{id}`` (inotify, :mod:`adx.execd._watch`)
+- ``POST /v1/watchers`` ``{"path", "recursive"?, "user"?, "entries"?}`` -> ``{"id"}``;
+  ``GET /v1/watchers/{id}/events?wait=s`` (long-poll, drains the queue; with ``entries`` a create, write or chmod
+  event carries the path's stat); ``DELETE /v1/watchers/{id}`` (inotify, :mod:`adx.execd._watch`)
 - ``POST /v1/checkpoint-requests`` ``{"operationId"?, "reason"?}`` (the workload asks for a checkpoint)
 
 Admin socket routes (control operations, never counted as activity, never gated):

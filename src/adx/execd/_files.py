@@ -15,13 +15,14 @@ import contextlib
 import errno
 import os
 import stat as stat_mod
+import time
 from typing import TypedDict
 
 from adx.execd._accounts import Identity, Names, under_home
 from adx.execd._atomic import create_temp, replacing
 from adx.execd._http import CHUNK, HttpError, Request, Response, account, invalid
 
-__all__ = ["handle_files"]
+__all__ = ["FileDescription", "describe", "handle_files"]
 
 
 def _who(req: Request) -> Identity | None:
@@ -101,7 +102,7 @@ class FileDescription(TypedDict, total=False):
     targetType: str  # what is there (absent when the link dangles)
 
 
-def _describe(name: str, st: os.stat_result, names: Names, path: str | None = None) -> FileDescription:
+def describe(name: str, st: os.stat_result, names: Names, path: str | None = None) -> FileDescription:
     """The entry itself (never followed); a symlink also names where it resolves (``target``, absolute) and
     what is there (``targetType``, absent when the link dangles), given its ``path``."""
     described: FileDescription = {
@@ -124,6 +125,17 @@ def _describe(name: str, st: os.stat_result, names: Names, path: str | None = No
     return described
 
 
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(seconds: float) -> str:
+    """RFC 9110's IMF-fixdate (``Sun, 06 Nov 1994 08:49:37 GMT``): ``email.utils`` would cost execd its imports."""
+    t = time.gmtime(seconds)
+    clock = f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+    return f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} {clock} GMT"
+
+
 async def _read(req: Request, resp: Response, path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -133,14 +145,16 @@ async def _read(req: Request, resp: Response, path: str) -> None:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             raise invalid("path", f"{path} is not a regular file")
+        # The modification time, as HTTP says it (whole seconds): conditional requests are answered by it (E2B).
+        extra = {"Last-Modified": http_date(st.st_mtime)} if int(st.st_mtime) > 0 else {}
         if st.st_size == 0:
             # Size 0 may still have content (/proc, /sys report 0): stream to EOF, chunked, instead.
-            await resp.start(200, "application/octet-stream", length=None)
+            await resp.start(200, "application/octet-stream", length=None, extra=extra)
             while data := os.read(fd, CHUNK):
                 await resp.write(data)
             await resp.end()
             return
-        await resp.start(200, "application/octet-stream", length=st.st_size)
+        await resp.start(200, "application/octet-stream", length=st.st_size, extra=extra)
         remaining = st.st_size
         # Exactly the size announced in Content-Length; a file growing meanwhile is cut at that size.
         while remaining > 0:
@@ -195,7 +209,11 @@ def _requested_xattrs(req: Request) -> dict[str, bytes]:
 
 
 async def _write(req: Request, resp: Response, path: str, who: Identity | None) -> None:
-    """Write temp file next to ``path`` -> fsync -> rename -> fsync dir: readers see old or new, never a mix."""
+    """Write temp file next to ``path`` -> fsync -> rename -> fsync dir: readers see old or new, never a mix.
+
+    ``?durable=false`` skips the fsyncs (still atomic: temp file and rename) for files rewritten at every start
+    anyway, as the E2B API's ``/run/e2b`` files (envd's ``os.WriteFile`` does not sync either)."""
+    durable = _flag(req, "durable") if "durable" in req.query else True
     raw_mode = req.query.get("mode", "644")
     try:
         mode = int(raw_mode, 8)
@@ -233,8 +251,10 @@ async def _write(req: Request, resp: Response, path: str, who: Identity | None) 
             except OSError as exc:
                 raise HttpError(400, "invalid_input", f"{path}: cannot set {name}: {exc.strerror}") from None
         # fsync of a large file can take long: off the event loop so other requests keep flowing.
-        await asyncio.to_thread(os.fsync, fd)
-    await asyncio.to_thread(_fsync_dir, parent)
+        if durable:
+            await asyncio.to_thread(os.fsync, fd)
+    if durable:
+        await asyncio.to_thread(_fsync_dir, parent)
     await resp.send_json(201, {"path": path, "size": size})
 
 
@@ -291,7 +311,7 @@ async def handle_files(req: Request, resp: Response, action: str) -> None:
             st = os.lstat(path)
         except OSError as exc:
             raise _os_error(exc, path) from None
-        await resp.send_json(200, {"path": path, **_describe(os.path.basename(path), st, Names(), path)})
+        await resp.send_json(200, {"path": path, **describe(os.path.basename(path), st, Names(), path)})
     elif action == "list":
         names = Names()
         try:
@@ -300,7 +320,7 @@ async def handle_files(req: Request, resp: Response, action: str) -> None:
                 for entry in it:
                     with contextlib.suppress(FileNotFoundError):  # removed while listing
                         st = entry.stat(follow_symlinks=False)
-                        entries.append(_describe(entry.name, st, names, entry.path))
+                        entries.append(describe(entry.name, st, names, entry.path))
         except OSError as exc:
             raise _os_error(exc, path) from None
         entries.sort(key=lambda e: e["name"])

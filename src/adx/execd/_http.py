@@ -271,9 +271,11 @@ class Response:
     async def send_json(self, status: int, value: Any) -> None:
         await self.send(status, json.dumps(value, separators=(",", ":")).encode())
 
-    async def start(self, status: int, content_type: str, length: int | None = None) -> None:
-        """Send the head; with ``length=None`` the body is chunked (streamed as produced)."""
-        headers = {"Content-Type": content_type}
+    async def start(
+        self, status: int, content_type: str, length: int | None = None, extra: dict[str, str] | None = None
+    ) -> None:
+        """Send the head (``extra``: more headers); with ``length=None`` the body is chunked (streamed as produced)."""
+        headers = {"Content-Type": content_type, **(extra or {})}
         if length is None:
             self._chunked = True
             headers["Transfer-Encoding"] = "chunked"

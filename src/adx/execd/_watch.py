@@ -23,9 +23,10 @@ import contextlib
 import os
 import struct
 from collections import deque
-from typing import Any
+from typing import Any, TypedDict
 
-from adx.execd._accounts import under_home
+from adx.execd._accounts import Names, under_home
+from adx.execd._files import FileDescription, describe
 from adx.execd._http import HttpError, Request, Response, account, invalid
 
 __all__ = ["MAX_DIRS", "MAX_EVENTS", "MAX_WATCHERS", "Watchers", "handle_watchers"]
@@ -54,12 +55,32 @@ _KINDS = (
 )
 
 
+#: The kinds whose event carries the entry when asked (envd's ``opCarriesEntry``): after a remove or a rename the
+#: path names no longer that entry (a stat could describe a replacement made since).
+_CARRY_ENTRY = frozenset({"create", "write", "chmod"})
+
+
+class WatchEvent(TypedDict, total=False):
+    """One event as ``GET /v1/watchers/{id}/events`` answers it; ``entry`` (the path's stat, as
+    ``/v1/files/stat`` answers it) only for a watcher made with ``entries`` and a kind that carries one, and
+    absent when the path was gone by the time the event was read."""
+
+    type: str
+    name: str
+    entry: _Entry
+
+
+class _Entry(FileDescription):
+    path: str
+
+
 class _Watcher:
-    def __init__(self, wid: str, root: str, recursive: bool) -> None:
+    def __init__(self, wid: str, root: str, recursive: bool, entries: bool = False) -> None:
         self.id = wid
         self.root = root
         self.recursive = recursive
-        self.events: deque[tuple[str, str]] = deque()
+        self.entries = entries  # events carry the entry's stat (envd's include_entry)
+        self.events: deque[WatchEvent] = deque()
         self.lost: str | None = None  # why events were lost (then every fetch fails)
         self.wds: set[int] = set()
         self.changed = asyncio.Event()
@@ -115,11 +136,13 @@ class Watchers:
                     return False
         return True
 
-    def create(self, path: Any, recursive: Any) -> str:
+    def create(self, path: Any, recursive: Any, entries: Any = False) -> str:
         if not isinstance(path, str) or not path.startswith("/"):
             raise invalid("path", "required absolute path")
         if not isinstance(recursive, bool):
             raise invalid("recursive", "must be a boolean")
+        if not isinstance(entries, bool):
+            raise invalid("entries", "must be a boolean")
         if not os.path.exists(path):
             raise HttpError(404, "not_found", f"path {path!r} not found", {"field": "path"})
         if not os.path.isdir(path):
@@ -129,7 +152,7 @@ class Watchers:
                 429, "too_many_watchers", f"this sandbox already has {MAX_WATCHERS} watchers; remove one first"
             )
         self._open()
-        watcher = _Watcher(os.urandom(8).hex(), os.path.normpath(path), recursive)
+        watcher = _Watcher(os.urandom(8).hex(), os.path.normpath(path), recursive, entries)
         self._watchers[watcher.id] = watcher
         if not self._add_tree(watcher, watcher.root, ""):
             self.remove(watcher.id)
@@ -144,7 +167,7 @@ class Watchers:
             raise HttpError(404, "not_found", f"watcher {wid!r} not found", {"field": "id"})
         return watcher
 
-    async def take(self, wid: str, wait: float) -> list[tuple[str, str]]:
+    async def take(self, wid: str, wait: float) -> list[WatchEvent]:
         """The watcher's queued events (waiting up to ``wait`` s for the first one); a lost watcher fails."""
         watcher = self._get(wid)
         if not watcher.events and watcher.lost is None and wait > 0:
@@ -194,13 +217,14 @@ class Watchers:
         except BlockingIOError:
             return
         offset = 0
+        names = Names()  # owners named once per read, not per event
         while offset + _HEADER.size <= len(data):
             wd, mask, _cookie, size = _HEADER.unpack_from(data, offset)
             name = data[offset + _HEADER.size : offset + _HEADER.size + size].rstrip(b"\0")
             offset += _HEADER.size + size
-            self._dispatch(wd, mask, os.fsdecode(name))
+            self._dispatch(wd, mask, os.fsdecode(name), names)
 
-    def _dispatch(self, wd: int, mask: int, name: str) -> None:
+    def _dispatch(self, wd: int, mask: int, name: str, names: Names) -> None:
         if mask & _IN_Q_OVERFLOW:
             for every in self._watchers.values():
                 self._lose(every, "the kernel's inotify queue overflowed")
@@ -224,13 +248,27 @@ class Watchers:
                 self._lose(watcher, f"more than {MAX_EVENTS} events were queued unfetched")
                 continue
             if name:  # the *_SELF events of a subdirectory are reported by its parent already
-                watcher.events.append((kind, relative))
+                event: WatchEvent = {"type": kind, "name": relative}
+                if watcher.entries and kind in _CARRY_ENTRY:
+                    # Stat-ed as the event is read, as envd's watcher does; gone meanwhile: no entry (envd's too).
+                    entry = _entry(os.path.join(watcher.root, relative), names)
+                    if entry is not None:
+                        event["entry"] = entry
+                watcher.events.append(event)
                 watcher.changed.set()
             if watcher.recursive and mask & _IN_ISDIR and mask & _IN_MOVED_FROM:
                 self._release(watcher, relative)  # moved away: a move within the tree re-adds it (MOVED_TO)
             grew = watcher.recursive and mask & _IN_ISDIR and mask & (_IN_CREATE | _IN_MOVED_TO)
             if grew and not self._add_tree(watcher, os.path.join(watcher.root, relative), relative):
                 self._lose(watcher, f"more than {MAX_DIRS} directories would be watched")
+
+
+def _entry(path: str, names: Names) -> _Entry | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return {"path": path, **describe(os.path.basename(path), st, names, path)}
 
 
 #: The longest one events request waits for a first event (a long-poll; the client polls again after it).
@@ -241,7 +279,7 @@ async def handle_watchers(watchers: Watchers, req: Request, resp: Response, rest
     """``POST /v1/watchers``, ``GET /v1/watchers/{id}/events?wait=s``, ``DELETE /v1/watchers/{id}``."""
     if not rest and req.method == "POST":
         body = await req.body.json()
-        unknown = set(body) - {"path", "recursive", "user"}
+        unknown = set(body) - {"path", "recursive", "user", "entries"}
         if unknown:
             raise invalid(sorted(unknown)[0], "unknown field")
         path = body.get("path")
@@ -250,7 +288,7 @@ async def handle_watchers(watchers: Watchers, req: Request, resp: Response, rest
             if not isinstance(path, str) or not path:
                 raise invalid("path", "required")
             path = under_home(path, account(body["user"]))
-        wid = watchers.create(path, body.get("recursive", False))
+        wid = watchers.create(path, body.get("recursive", False), body.get("entries", False))
         return await resp.send_json(201, {"id": wid})
     if len(rest) == 1 and req.method == "DELETE":
         watchers.remove(rest[0])
@@ -263,5 +301,5 @@ async def handle_watchers(watchers: Watchers, req: Request, resp: Response, rest
         if not 0 <= wait <= MAX_WAIT_SECONDS:
             raise invalid("wait", f"must be 0-{MAX_WAIT_SECONDS:.0f} seconds")
         events = await watchers.take(rest[0], wait)
-        return await resp.send_json(200, {"events": [{"type": k, "name": n} for k, n in events]})
+        return await resp.send_json(200, {"events": events})
     raise HttpError(404, "not_found", f"no route {req.method} {req.path}")
