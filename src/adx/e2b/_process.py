@@ -296,7 +296,10 @@ class ProcessService:
         for command in await self._commands():
             if command.pid == pid and command.state is CommandState.RUNNING:
                 return command
-        raise RpcError("not_found", f"process with pid {pid} not found")
+        # A tagged process that ended a moment ago can still be in this process's table (its output pump closes
+        # after execd reports the end): the caller named a tag, so the answer names it too, as envd's does.
+        named = f"pid {pid}" if selector.pid is not None else f"tag {selector.tag}"
+        raise RpcError("not_found", f"process with {named} not found")
 
     def _tagged(self, tag: str | None) -> int:
         """The PID of the running command started here with ``tag`` (the newest, if several)."""
