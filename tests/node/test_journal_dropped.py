@@ -132,6 +132,12 @@ async def test_a_delete_accepted_while_a_pause_was_journaled_ends_deleted_after_
         await wait_for(lambda: len(journal_rows(journal)) == 4, 30, "the delete journaled behind the pause")
         assert [row[1] for row in journal_rows(journal)] == ["pausing", "paused", "deleting", "deleted"]
         cluster.coordinator.thaw()
+    await ends_deleted(cluster, running)
+
+
+async def ends_deleted(cluster: ProcessCluster, running: EnvironmentRecord) -> None:
+    """The Environment ends deleted (gone from Redis, or `deleted`) with the journal emptied, its reservation
+    released, its sandbox gone and no checkpoint left in sandboxd's storage (the dropped pause's deleted)."""
 
     async def deleted() -> bool:
         record = record_of(await cluster.redis_record(running.id))
@@ -141,7 +147,7 @@ async def test_a_delete_accepted_while_a_pause_was_journaled_ends_deleted_after_
         return not await checkpoint_ids(cluster)
 
     await wait_for(deleted, 60, "the Environment to end deleted after the dropped replay", interval=0.3)
-    await wait_for(lambda: not journal.exists(), 30, "the journal to be emptied")
+    await wait_for(lambda: not cluster.nodes["n1"].journal.exists(), 30, "the journal to be emptied")
     assert running.id not in await reservations(cluster)
     assert running.execution_id not in await sandbox_ids(cluster)
     await wait_for(no_checkpoints, 30, "the dropped pause's checkpoint deleted")
@@ -164,16 +170,89 @@ async def test_a_pause_dropped_for_a_spec_change_is_published_again_and_wakes_fr
         changed = await api.call("set lifetime", api.stub.SetLifetime(lifetime))
         assert EnvironmentRecord.model_validate_json(changed.environment_json).state is S.RUNNING
 
-    paused = await api.wait_state(running.id, S.PAUSED, within=60)
+    await ends_paused_on(outage, running, checkpoint)
+    await wakes_with_its_file(outage, running)
+
+
+async def ends_paused_on(outage: Outage, running: EnvironmentRecord, checkpoint: str) -> None:
+    """The Environment ends paused on the dropped pause's checkpoint, same generation, its reservation
+    released, its old sandbox gone and the journal emptied."""
+    cluster = outage.cluster
+    paused = await outage.api.wait_state(running.id, S.PAUSED, within=60)
     assert paused.checkpoint is not None and paused.checkpoint.id == checkpoint
     assert paused.execution_id is None and paused.generation == running.generation
     await wait_for(lambda: not cluster.nodes["n1"].journal.exists(), 30, "the journal to be emptied")
     assert running.id not in await reservations(cluster)
     assert running.execution_id not in await sandbox_ids(cluster)
 
+
+async def wakes_with_its_file(outage: Outage, running: EnvironmentRecord) -> None:
+    """A wake (EnsureRunning) resumes it from the checkpoint on a new execution, with the file written before
+    the pause, its resources reserved again."""
+    api = outage.api
     wake = pb.EnsureRunningRequest(tenant="acme", environment_id=running.id, timeout_seconds=60)
     await api.call("ensure running", api.stub.EnsureRunning(wake))
     resumed = await api.wait_state(running.id, S.RUNNING, within=60)
     assert resumed.execution_id not in (None, running.execution_id)
-    status, stdout, body = await cluster.run_when_served("n1", running.id, ["cat", "/work/f"])
+    status, stdout, body = await outage.cluster.run_when_served("n1", running.id, ["cat", "/work/f"])
     assert (status, stdout) == (200, "kept-data\n"), body
+    assert running.id in await reservations(outage.cluster)
+
+
+async def restarted_after(outage: Outage, change: str, times: int = 1) -> EnvironmentRecord:
+    """The pause journaled (Coordinator SIGSTOPped), then the adxlet SIGSTOPped and the Coordinator back to take
+    ``change`` ("delete", or "spec" ``times`` times: a lifetime with its action, so the record stays running on a
+    new spec); then the adxlet SIGKILLed and started again: its journal is replayed by the startup barrier
+    (JRN-6), before any Controller exists, and the replay drops the pause. Returns the Coordinator's record after
+    the change."""
+    cluster, api = outage.cluster, outage.api
+    running, _ = await pause_journaled(outage)
+    adxlet = cluster.nodes["n1"].adxlet
+    adxlet.freeze()
+    cluster.coordinator.thaw()
+    if change == "delete":
+        changed = await api.delete(running.id)
+        assert changed.state is S.DELETING
+    else:
+        for seconds in range(3600, 3600 + times):
+            lifetime = pb.SetLifetimeRequest(tenant="acme", environment_id=running.id, seconds=seconds, action="pause")
+            reply = await api.call("set lifetime", api.stub.SetLifetime(lifetime))
+            changed = EnvironmentRecord.model_validate_json(reply.environment_json)
+        assert changed.state is S.RUNNING and changed.spec != running.spec
+        assert changed.revision == running.revision + times
+    adxlet.kill()  # SIGKILL while stopped: nothing more of this process runs
+    assert [row[1] for row in journal_rows(cluster.nodes["n1"].journal)] == ["pausing", "paused"]
+    adxlet.start()
+    return changed
+
+
+@pytest.mark.req("NOD-1", "NOD-10", "NOD-11", "NOD-15", "JRN-5", "JRN-6", "CTL-6", "ENV-4")
+@pytest.mark.parametrize("changes", [1, 2])
+async def test_a_pause_dropped_by_the_startup_replay_is_published_again_not_swept(outage: Outage, changes: int) -> None:
+    """The startup replay of a restarted adxlet drops the journaled pause (the request spec changed meanwhile,
+    ``changes`` times) while the Coordinator still shows the Environment running on an execution that no longer
+    exists. The pause really happened (its execution is gone, its checkpoint holds the files): the startup
+    barrier converges as the Controller does at runtime, so the pause is published again on the Coordinator's
+    record and the checkpoint sweep (NOD-15) leaves its checkpoint alone.
+
+    Before the fix the barrier took every entry at or below the catalog's revision as committed: with two
+    changes (R+2) both entries were forgotten unreplayed, the Environment stayed `running` with no execution and
+    the sweep deleted the only copy of its files; with one (R+1) the `paused` entry was committed on the changed
+    record without the replay ever judging the spec."""
+    cluster, api = outage.cluster, outage.api
+    running = await api.get((await restarted_after(outage, "spec", changes)).id)
+    [checkpoint] = await checkpoint_ids(cluster)
+
+    await ends_paused_on(outage, running, checkpoint)
+    assert await checkpoint_ids(cluster) == {checkpoint}  # kept, and no other artifact left behind
+    # Judged by the replay (the spec), not committed over the Coordinator's change nor forgotten by revision.
+    assert "journaled results dropped" in cluster.nodes["n1"].adxlet.log_text()
+    await wakes_with_its_file(outage, running)
+
+
+@pytest.mark.req("NOD-1", "NOD-11", "NOD-12", "NOD-15", "JRN-5", "JRN-6")
+async def test_a_delete_accepted_while_a_pause_was_journaled_ends_deleted_after_a_restart(outage: Outage) -> None:
+    """The delete-meanwhile variant at restart: the startup replay drops the pause against the `deleting`
+    record; the Environment ends deleted, its reservation released, its sandbox gone, the dropped pause's
+    checkpoint deleted and the journal emptied."""
+    await ends_deleted(outage.cluster, await restarted_after(outage, "delete"))
