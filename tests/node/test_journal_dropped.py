@@ -11,6 +11,7 @@ held, and the dropped pause's checkpoint was referenced by nothing.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,9 +24,13 @@ from test_journal import api_of, journal_rows, node_registered, sandbox_ids
 from test_node_agent import Api
 
 from adx._node_client import NodeClients
-from adx.errors import PublicationPendingError
+from adx.config import NodeConfig
+from adx.config._base import load_model
+from adx.errors import PublicationPendingError, UnavailableError
 from adx.model import EnvironmentRecord, EnvironmentState
+from adx.node._agent import NodeAgent
 from adx.proto import coordinator_pb2 as pb
+from adx.runtime import InventoryItem
 
 S = EnvironmentState
 
@@ -199,7 +204,7 @@ async def wakes_with_its_file(outage: Outage, running: EnvironmentRecord) -> Non
     assert running.id in await reservations(outage.cluster)
 
 
-async def restarted_after(outage: Outage, change: str, times: int = 1) -> EnvironmentRecord:
+async def restarted_after(outage: Outage, change: str, times: int = 1, *, restart: bool = True) -> EnvironmentRecord:
     """The pause journaled (Coordinator SIGSTOPped), then the adxlet SIGSTOPped and the Coordinator back to take
     ``change`` ("delete", or "spec" ``times`` times: a lifetime with its action, so the record stays running on a
     new spec); then the adxlet SIGKILLed and started again: its journal is replayed by the startup barrier
@@ -222,7 +227,8 @@ async def restarted_after(outage: Outage, change: str, times: int = 1) -> Enviro
         assert changed.revision == running.revision + times
     adxlet.kill()  # SIGKILL while stopped: nothing more of this process runs
     assert [row[1] for row in journal_rows(cluster.nodes["n1"].journal)] == ["pausing", "paused"]
-    adxlet.start()
+    if restart:
+        adxlet.start()
     return changed
 
 
@@ -256,3 +262,45 @@ async def test_a_delete_accepted_while_a_pause_was_journaled_ends_deleted_after_
     record; the Environment ends deleted, its reservation released, its sandbox gone, the dropped pause's
     checkpoint deleted and the journal emptied."""
     await ends_deleted(outage.cluster, await restarted_after(outage, "delete"))
+
+
+@pytest.mark.req("NOD-1", "NOD-10", "NOD-15", "JRN-6")
+async def test_a_dropped_pause_is_decided_only_once_the_runtime_inventory_can_be_read(outage: Outage) -> None:
+    """The spec-change outage at restart, but the restarted adxlet (run in this test process on the same
+    configuration, so its runtime's inventory call can be made to fail: fault injection) cannot read the runtime's
+    inventory: the record names an execution this node has no file for, which the runtime might still hold
+    (a file lost with a damaged state directory). Nothing is decided while it cannot: the record stays as the
+    Coordinator holds it, the checkpoint sweep keeps the dropped pause's checkpoint, and no Controller acts on it.
+    Once the inventory answers, the routine check recovers it and it ends paused on that checkpoint."""
+    cluster = outage.cluster
+    changed = await restarted_after(outage, "spec", restart=False)
+    [checkpoint] = await checkpoint_ids(cluster)
+    agent = NodeAgent(load_model(NodeConfig, "node", cluster.nodes["n1"].adxlet.config, environ={}))
+    readable = asyncio.Event()
+    refused = 0
+    real_inventory = agent.driver.inventory
+
+    async def inventory() -> list[InventoryItem]:
+        nonlocal refused
+        if not readable.is_set():
+            refused += 1
+            raise UnavailableError("injected: the runtime's inventory cannot be read")
+        return await real_inventory()
+
+    agent.driver.inventory = inventory  # type: ignore[method-assign]
+    await agent.start()
+    try:
+        # start() returned: the barrier (its take-over and the recovery) is over; then three routine checks'
+        # rounds (0.5 s each) in which nothing may happen.
+        await asyncio.sleep(1.5)
+        held = record_of(await cluster.redis_record(changed.id))
+        assert held is not None and (held.state, held.revision) == (S.RUNNING, changed.revision)
+        assert changed.id not in agent.controllers
+        assert await checkpoint_ids(cluster) == {checkpoint}
+        assert [row[1] for row in journal_rows(cluster.nodes["n1"].journal)] == []
+        assert refused >= 4  # the barrier's take-over and recovery, then each routine check's recovery
+        readable.set()
+        await ends_paused_on(outage, changed, checkpoint)
+        assert await checkpoint_ids(cluster) == {checkpoint}
+    finally:
+        await agent.stop()
