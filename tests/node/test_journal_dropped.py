@@ -304,3 +304,33 @@ async def test_a_dropped_pause_is_decided_only_once_the_runtime_inventory_can_be
         assert await checkpoint_ids(cluster) == {checkpoint}
     finally:
         await agent.stop()
+
+
+@pytest.mark.req("NOD-10", "NOD-11", "RST-1", "JRN-5")
+async def test_an_exit_dropped_for_a_spec_change_goes_through_the_exit_flow_again(outage: Outage) -> None:
+    """The convergence's exit-flow branch: the workload exits while the Coordinator is SIGSTOPped, so its
+    `failed` result (no restart policy: final, reservation released) is journaled and its sandbox cleaned; the
+    Coordinator, back while the adxlet is held, takes a spec change (still running on the ended execution), so
+    the replay drops the exit. The Controller adopts the record, which names an execution that no longer exists
+    here: the exit flow runs again on it and the Environment ends failed, its reservation released, never
+    `running` on paper with nothing behind it."""
+    cluster, api = outage.cluster, outage.api
+    await node_registered(api)
+    wait_then_exit = "while [ ! -e /work/stop ]; do sleep 0.1; done; exit 3"
+    created = await api.create(entrypoint=["sh", "-c", wait_then_exit])
+    running = await api.wait_state(created.id, S.RUNNING)
+    cluster.coordinator.freeze()
+    status, _, body = await cluster.run("n1", created.id, ["touch", "/work/stop"])
+    assert status == 200, body
+    journal = cluster.nodes["n1"].journal
+    await wait_for(lambda: journal_rows(journal) == [(created.id, "failed", running.revision + 1)], 30, "the exit")
+    async with adxlet_held(cluster):
+        lifetime = pb.SetLifetimeRequest(tenant="acme", environment_id=created.id, seconds=3600, action="pause")
+        await api.call("set lifetime", api.stub.SetLifetime(lifetime))
+
+    failed = await api.wait_state(created.id, S.FAILED, within=60)
+    assert failed.execution_id == running.execution_id and not failed.restart_pending
+    assert "while the Coordinator was away" in (failed.last_error or ""), failed.last_error
+    await wait_for(lambda: not journal.exists(), 30, "the journal to be emptied")
+    assert created.id not in await reservations(cluster)
+    assert running.execution_id not in await sandbox_ids(cluster)
