@@ -150,18 +150,21 @@ async def replay(
 
 
 def done_by(current: EnvironmentRecord | None, entries: list[PendingResult]) -> list[PendingResult]:
-    """The leading entries the authority already holds: up to the one whose result it shows (same ownership,
-    revision, state and execution). A revision alone says nothing: the Coordinator's own change (a delete, a new
-    spec) takes the revision the first entry expected to commit."""
+    """The leading entries the authority already holds: up to the latest one whose result it shows (same
+    generation, state, execution and spec, at that entry's revision or past it: the Coordinator may have changed
+    fields the node does not own since, e.g. a lifetime deadline). A revision alone says nothing: the
+    Coordinator's own change (a delete, a new spec) takes the revision the first entry expected to commit."""
     if current is None:
         return []
-    for position, entry in enumerate(entries):
-        if (current.generation, current.revision, current.state, current.execution_id) == (
+    digest = spec_digest(current.spec)
+    for position in range(len(entries) - 1, -1, -1):
+        entry = entries[position]
+        if (current.generation, current.state, current.execution_id, digest) == (
             entry.generation,
-            entry.revision,
             entry.state,
             entry.execution_id,
-        ):
+            entry.spec_digest,
+        ) and current.revision >= entry.revision:
             return entries[: position + 1]
     return []
 
