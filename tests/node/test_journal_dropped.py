@@ -29,8 +29,9 @@ from adx.config._base import load_model
 from adx.errors import PublicationPendingError, UnavailableError
 from adx.model import EnvironmentRecord, EnvironmentState
 from adx.node._agent import NodeAgent
+from adx.node._operations import Pause
 from adx.proto import coordinator_pb2 as pb
-from adx.runtime import InventoryItem
+from adx.runtime import Execution, InventoryItem
 
 S = EnvironmentState
 
@@ -334,3 +335,59 @@ async def test_an_exit_dropped_for_a_spec_change_goes_through_the_exit_flow_agai
     await wait_for(lambda: not journal.exists(), 30, "the journal to be emptied")
     assert created.id not in await reservations(cluster)
     assert running.execution_id not in await sandbox_ids(cluster)
+
+
+@pytest.mark.req("NOD-1", "NOD-10", "NOD-11", "NOD-13", "JRN-6", "CTL-6")
+async def test_a_dropped_pause_whose_cleanup_was_cut_short_is_published_again_at_restart(outage: Outage) -> None:
+    """The adxlet is stopped after its pause was journaled (`pausing`, `paused`: the checkpoint captured) but
+    before the paused execution's cleanup was confirmed (fault injection: the runtime's stop of that execution
+    never returns in the first adxlet, run in this test process on the cluster's configuration), so the
+    execution's file is still here. The Coordinator takes a spec change meanwhile and the successor's startup
+    replay drops the pause. The pause is still the truth (the checkpoint holds the files; the execution was
+    frozen for it): it is published again and the execution cleaned, never the checkpoint deleted while the
+    execution is adopted, thawed or failed."""
+    cluster, api = outage.cluster, outage.api
+    config = load_model(NodeConfig, "node", cluster.nodes["n1"].adxlet.config, environ={})
+    cluster.nodes["n1"].adxlet.kill()
+    first = NodeAgent(config)
+    cut_short: set[str] = set()
+    real_stop = first.driver.stop
+
+    async def stop(execution: Execution) -> None:
+        if execution.execution_id in cut_short:
+            await asyncio.Event().wait()  # the cleanup never confirmed: cancelled by the adxlet's stop
+        await real_stop(execution)
+
+    first.driver.stop = stop  # type: ignore[method-assign]
+    await first.start()
+    successor: NodeAgent | None = None
+    try:
+        await node_registered(api)
+        created = await api.create()
+        running = await api.wait_state(created.id, S.RUNNING)
+        assert running.execution_id is not None
+        status, _, body = await cluster.run("n1", created.id, ["sh", "-c", "echo kept-data > /work/f"])
+        assert status == 200, body
+        cut_short.add(running.execution_id)
+        cluster.coordinator.freeze()
+        first.controllers[created.id].submit(Pause())
+        journal = cluster.nodes["n1"].journal
+        await wait_for(lambda: [r[1] for r in journal_rows(journal)] == ["pausing", "paused"], 30, "the pause")
+        await first.stop()
+        assert first.executions.get(running.execution_id) is not None  # its cleanup was never confirmed
+        [checkpoint] = await checkpoint_ids(cluster)
+        cluster.coordinator.thaw()
+        lifetime = pb.SetLifetimeRequest(tenant="acme", environment_id=created.id, seconds=3600, action="pause")
+        await api.call("set lifetime", api.stub.SetLifetime(lifetime))
+
+        successor = NodeAgent(config)
+        await successor.start()
+        await ends_paused_on(outage, running, checkpoint)
+        assert await checkpoint_ids(cluster) == {checkpoint}
+        assert successor.executions.get(running.execution_id) is None
+        await wakes_with_its_file(outage, running)
+    finally:
+        if successor is not None:
+            await successor.stop()
+        elif not first.stop_event.is_set():
+            await first.stop()
