@@ -48,6 +48,7 @@ from adx.node._metrics import MetricsSampler, NodeCollector, metrics_registry
 from adx.node._operations import Delete, Pause, Resume, Step
 from adx.node._pressure import PressureMonitor
 from adx.node._relay import Relay, RelayServer, RelayTarget, serve_asgi, serve_relay
+from adx.node._replay import ReplayOutcome
 from adx.node._reporter import Reporter
 from adx.node._resources import CapacityTracker, Reading, read_auto, read_capacity_file_devices
 from adx.node._service import NodeService
@@ -89,6 +90,8 @@ class NodeAgent(CatalogConvergence, RuntimeChecks):
         # NOD-1: executions the runtime holds that this node cannot address (seen at the last recovery).
         self.unaddressable: list[InventoryItem] = []
         self._journaled_at_start: list[PendingResult] = []
+        self._dropped_at_start: dict[str, ReplayOutcome] = {}
+        self._converging: set[str] = set()
         self.controllers: dict[str, Controller] = {}
         # Recently deleted Environments (monotonic time of removal), so late data-plane calls get "not running".
         self._deleted: dict[str, float] = {}

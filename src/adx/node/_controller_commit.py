@@ -10,13 +10,13 @@ import time
 
 from adx._backoff import Backoff
 from adx.errors import AdxError, ConflictError, SessionRejectedError, UnavailableError, UncertainOutcomeError
-from adx.model import CheckpointRef, EnvironmentRecord, EnvironmentState, check_transition
+from adx.model import EnvironmentRecord, EnvironmentState, check_transition
 from adx.model._records import RecordChanges
 from adx.node._controller_core import ControllerCore, DroppedResults, S, log
 from adx.node._coordinator_client import wire_changes
-from adx.node._journal import NewResult, PendingResult, spec_digest
+from adx.node._journal import NewResult, spec_digest
 from adx.node._operations import SetNetwork, Step
-from adx.node._replay import ReplayEnd, ReplayOutcome, replay
+from adx.node._replay import ReplayEnd, ReplayOutcome, dropped_checkpoints, led_to, replay
 
 
 class CommitSteps(ControllerCore):
@@ -179,15 +179,23 @@ class CommitSteps(ControllerCore):
         )
         return self.record
 
-    def _adopt_after_drop(self, outcome: ReplayOutcome) -> None:
+    def adopt_startup_drop(self, outcome: ReplayOutcome, catalog: EnvironmentRecord) -> None:
+        """JRN-6: the startup barrier's replay dropped this Environment's results before its Controller existed.
+        They are judged as a drop at runtime is (the same adoption and Step.CONVERGE), from the local record they
+        had led to; the catalog read after the replay stays the record when it is newer than the authority's."""
+        self._adopt_after_drop(outcome, led_to(catalog, outcome.dropped_entries))
+        if catalog.revision > self.record.revision:
+            self.record = catalog
+
+    def _adopt_after_drop(self, outcome: ReplayOutcome, local: EnvironmentRecord | None = None) -> None:
         """NOD-10/NOD-11: the Coordinator refused the journaled results for good. The local record they led to
         (past the Coordinator's revision) is no authority: the Coordinator's record of the same node and
         generation is adopted at once, so every later operation (a delete queued meanwhile first) compares and
         commits against it; Step.CONVERGE then makes the runtime match it. Any other answer (ownership gone or
         moved on) restricts this Controller until the routine check decides (take-over, or forgetting it)."""
-        authority, local = outcome.authority, self.record
+        authority, local = outcome.authority, local or self.record
         adopted = authority is not None and authority.node == local.node and authority.generation == local.generation
-        checkpoints = tuple(ref for entry in outcome.dropped_entries if (ref := _checkpoint_of(entry)) is not None)
+        checkpoints = dropped_checkpoints(outcome)
         earlier = self.dropped
         if earlier is not None:  # a second drop before the first one converged: both leave their artifacts
             local, checkpoints = earlier.local, earlier.checkpoints + checkpoints
@@ -245,9 +253,3 @@ class CommitSteps(ControllerCore):
             return await self.sink.fetch(self.env_id)
         except AdxError:
             return None
-
-
-def _checkpoint_of(entry: PendingResult) -> CheckpointRef | None:
-    """The checkpoint a journaled result referenced (a pause's, a workload checkpoint's), if it set one."""
-    raw = entry.changes.get("checkpoint")
-    return CheckpointRef.model_validate(raw) if isinstance(raw, dict) else None

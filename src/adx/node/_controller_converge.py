@@ -61,13 +61,17 @@ class ConvergeSteps(FailureSteps):
         return record
 
     def _paused_here_unknown_there(self, dropped: DroppedResults) -> bool:
-        """A pause really happened here (its execution is gone, its checkpoint kept) while the authority still
-        shows the Environment running: the pause is the truth, published again on the authority's record."""
+        """A pause really happened here (its checkpoint kept) while the authority still shows the Environment
+        running: the pause is the truth, published again on the authority's record. Its execution is gone, or,
+        after a node restart, is still the one the record names: the adxlet stopped after the `paused` result
+        was journaled and before that execution's cleanup was confirmed (its file kept). That execution is then
+        cleaned below like any the record no longer names; its checkpoint is never the part given up."""
         checkpoint = dropped.local.checkpoint
+        execution = self.execution
         return (
             dropped.local.state is S.PAUSED
             and checkpoint is not None
-            and self.execution is None
+            and (execution is None or execution.execution_id == self.record.execution_id)
             and self.record.state is S.RUNNING
             and (self.record.checkpoint is None or self.record.checkpoint.id != checkpoint.id)
         )

@@ -62,7 +62,11 @@ class CatalogConvergence(Recovery):
             if record.id in restricted:
                 continue  # NOD-13: until the old execution's cleanup is confirmed
             if controller is None:
-                if record.state is S.PENDING:
+                if record.id in self._dropped_at_start:
+                    # Its startup replay was dropped and its recovery waited for the runtime's inventory: the
+                    # recovery hands the dropped results to its Controller, whatever the state (NOD-10).
+                    await self._recover_one(record, self.executions.get(record.execution_id or ""))
+                elif record.state is S.PENDING:
                     # NOD-8/NOD-20: a placed Environment starts when this node admits; until then it waits.
                     if self.reporter.admission_open:
                         self._controller(record).submit(Step.START)

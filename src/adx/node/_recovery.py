@@ -21,7 +21,7 @@ from adx.errors import AdxError, NotFoundError, UnavailableError, UncertainOutco
 from adx.model import EnvironmentRecord, EnvironmentState
 from adx.node._journal import DegradationJournal, PendingResult
 from adx.node._operations import Delete, Exited, Resume, Step
-from adx.node._replay import ReplayEnd, replay
+from adx.node._replay import ReplayEnd, ReplayOutcome, done_by, dropped_checkpoints, replay
 from adx.runtime import Execution, ExecutionState, ExitInfo, InventoryItem
 
 if TYPE_CHECKING:
@@ -52,6 +52,12 @@ class Recovery:
     unaddressable: list[InventoryItem]
     _orphans: dict[str, Execution]
     _journaled_at_start: list[PendingResult]
+    # Replays of the startup barrier the Coordinator refused while keeping the ownership here: each waits for
+    # its Environment's recovery to hand it to the Controller (NOD-10).
+    _dropped_at_start: dict[str, ReplayOutcome]
+    # The checkpoints of the dropped results handed to Controllers: kept from the sweep (their Controller
+    # decides).
+    _converging: set[str]
     _tasks: list[asyncio.Task[None]]
 
     def _controller(self, record: EnvironmentRecord, execution: Execution | None = None) -> Controller:
@@ -218,9 +224,12 @@ class Recovery:
         records = {record.id: record for record in catalog}
         for env_id, entries in by_env.items():
             record = records.get(env_id)
-            # Committed entries (versions the catalog already has) are dropped; the rest must match ownership
-            # and spec, which replay() checks against the authority on any conflict.
-            stale = [e for e in entries if record is not None and e.revision <= record.revision]
+            # Committed entries (results the catalog already shows: an uncertain commit had landed) are removed;
+            # the rest must match ownership and spec, which replay() checks against the authority on any
+            # conflict. Never judged by revision alone: a change the Coordinator took meanwhile (a delete, a new
+            # spec) holds the revision the first entry expected, and the next entry committed on top of it would
+            # overwrite that change (a `deleting` record made `paused`).
+            stale = done_by(record, entries)
             if stale:
                 await self.journal.remove([e.seq for e in stale])
             entries = [e for e in entries if e not in stale]
@@ -235,12 +244,26 @@ class Recovery:
                 continue
             while entries:
                 outcome = await replay(self.journal, self.sink, self.name, entries, self.sink.fetch)
+                if outcome.end is ReplayEnd.DROPPED:
+                    self._keep_for_convergence(outcome)
                 if outcome.end is not ReplayEnd.PAUSED:
                     break
                 log.warning("journal replay waits for the Coordinator: %s", outcome.reasons, extra={"env_id": env_id})
                 await asyncio.sleep(min(self.config.report_interval_seconds, 1.0))
                 entries = await self.journal.pending(env_id)
         self._journaled_at_start = []
+
+    def _keep_for_convergence(self, outcome: ReplayOutcome) -> None:
+        """NOD-10/NOD-11 at startup: results the Coordinator refused for good still did something here (a pause's
+        checkpoint holds the files of an execution that is gone). When the authority keeps the ownership here,
+        the Environment's Controller converges to it as at runtime (``_recover``); until then no sweep deletes
+        those checkpoints. Any other answer leaves them to the sweep: nothing of this ownership is left."""
+        authority = outcome.authority
+        if authority is None or authority.node != self.name or not outcome.dropped_entries:
+            return
+        if authority.generation != outcome.dropped_entries[0].generation:
+            return
+        self._dropped_at_start[authority.id] = outcome
 
     def _warn_if_journal_missing(self, catalog: list[EnvironmentRecord]) -> None:
         """JRN-8: the configured journal was deleted while it held results (its marker outlived it): they are
@@ -266,6 +289,10 @@ class Recovery:
             log.warning("checkpoint sweep skipped: the Coordinator sent no reference list", extra={"node": self.name})
             return
         referenced = self.sink.referenced_checkpoints | {ref.id for ref in self.sink.retired_checkpoints}
+        # A dropped result's checkpoint is its Controller's to keep (published again) or delete (Step.CONVERGE);
+        # that may not have run yet, and the reference list predates it.
+        referenced |= {ref.id for outcome in self._dropped_at_start.values() for ref in dropped_checkpoints(outcome)}
+        referenced |= self._converging
         storages = ["local"] if self.places.shared_root is None else ["local", self.places.shared_root]
         for storage in storages:
             try:
@@ -292,7 +319,18 @@ class Recovery:
                 )
 
     async def _recover(self, record: EnvironmentRecord, execution: Execution | None) -> None:
+        dropped = self._dropped_at_start.get(record.id)
+        if dropped is not None and execution is None and not await self._execution_absent(record):
+            # The record names an execution this node has no file for and the runtime's inventory could not
+            # rule out: deciding now (a pause published again, the exit flow) could be wrong; nothing is
+            # touched, and the routine check (a missing Controller) recovers it again.
+            return
         controller = self._controller(record, execution)
+        if dropped is not None:
+            del self._dropped_at_start[record.id]
+            self._converging |= {ref.id for ref in dropped_checkpoints(dropped)}
+            # Queued first: the state's own recovery below (a delete, an adoption) acts on the adopted record.
+            controller.adopt_startup_drop(dropped, record)
         if record.state is S.PENDING:
             controller.submit(Step.START)
         elif record.state is S.DELETING:
@@ -336,6 +374,24 @@ class Recovery:
                 controller.adopt_running()
             else:
                 controller.submit(Exited(execution.execution_id, None))
+
+    async def _execution_absent(self, record: EnvironmentRecord) -> bool:
+        """True when the record names no execution, or the runtime's inventory (read now) does not hold it: a
+        file-less execution it holds is taken over at a barrier first (NOD-1); an unreadable one decides
+        nothing."""
+        if record.execution_id is None:
+            return True
+        try:
+            inventory = await self.driver.inventory()
+        except AdxError as exc:
+            log.warning(
+                "runtime inventory unavailable: %s; %s waits for the next routine check",
+                exc,
+                record.id,
+                extra={"node": self.name, "env_id": record.id, "execution_id": record.execution_id},
+            )
+            return False
+        return all(item.execution_id != record.execution_id for item in inventory)
 
     async def _recover_when_known(self, record: EnvironmentRecord, execution: Execution) -> None:
         """Ask the runtime again (backoff 0.2-2 s) until it answers, then recover ``record`` as at startup, unless

@@ -28,7 +28,7 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.model import EnvironmentRecord
+from adx.model import CheckpointRef, EnvironmentRecord, parse_wire
 from adx.node._journal import DegradationJournal, PendingResult, spec_digest
 
 log = logging.getLogger("adx.node.journal")
@@ -98,7 +98,7 @@ async def replay(
                 raise
             except (ConflictError, NotFoundError) as exc:
                 current = await latest(entry.env_id)
-                landed = _landed(entries[index:], current)
+                landed = done_by(current, entries[index:])
                 verdict = _resolve(entry, current, node)
                 if landed:
                     # Uncertain commits had landed: every entry up to the one the record shows is done.
@@ -149,20 +149,41 @@ async def replay(
     return outcome
 
 
-def _landed(entries: list[PendingResult], current: EnvironmentRecord | None) -> list[PendingResult]:
-    """The leading entries the authority already holds: up to the one whose result it shows (same ownership,
-    revision, state and execution)."""
+def done_by(current: EnvironmentRecord | None, entries: list[PendingResult]) -> list[PendingResult]:
+    """The leading entries the authority already holds: up to the latest one whose result it shows (same
+    generation, state, execution and spec, at that entry's revision or past it: the Coordinator may have changed
+    fields the node does not own since, e.g. a lifetime deadline). A revision alone says nothing: the
+    Coordinator's own change (a delete, a new spec) takes the revision the first entry expected to commit."""
     if current is None:
         return []
-    for position, entry in enumerate(entries):
-        if (current.generation, current.revision, current.state, current.execution_id) == (
+    digest = spec_digest(current.spec)
+    for position in range(len(entries) - 1, -1, -1):
+        entry = entries[position]
+        if (current.generation, current.state, current.execution_id, digest) == (
             entry.generation,
-            entry.revision,
             entry.state,
             entry.execution_id,
-        ):
+            entry.spec_digest,
+        ) and current.revision >= entry.revision:
             return entries[: position + 1]
     return []
+
+
+def dropped_checkpoints(outcome: ReplayOutcome) -> tuple[CheckpointRef, ...]:
+    """The checkpoints the dropped entries referenced (a pause's, a workload checkpoint's): captured on this
+    node, published nowhere."""
+    refs = (entry.changes.get("checkpoint") for entry in outcome.dropped_entries)
+    return tuple(CheckpointRef.model_validate(raw) for raw in refs if isinstance(raw, dict))
+
+
+def led_to(base: EnvironmentRecord, entries: list[PendingResult]) -> EnvironmentRecord:
+    """The record ``entries`` made of ``base`` on this node (each entry's changes merged in order, as the
+    Coordinator merges a commit): what a dropped replay leaves real here, though no authority stored it."""
+    record = base
+    for entry in entries:
+        merged = {**record.to_wire(), **entry.changes, "revision": entry.revision}
+        record = parse_wire(EnvironmentRecord, merged)
+    return record
 
 
 async def _commit(sink: WireCommitter, entry: PendingResult, on_revision: int) -> EnvironmentRecord:
