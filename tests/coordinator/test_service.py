@@ -216,6 +216,11 @@ async def test_commit_result_checks_owner_version_and_fields(coordinator_cluster
     assert EnvironmentRecord.model_validate_json(reply.environment_json).state is EnvironmentState.STARTING
     with pytest.raises(ConflictError, match="stale result"):
         await call("commit", stub.CommitResult(commit("n1", session, 1, {"state": "running"})))
+    # A transition the state table forbids is refused even at the right revision (a node whose record diverged).
+    with pytest.raises(ConflictError, match="cannot go from starting to paused"):
+        await call("commit", stub.CommitResult(commit("n1", session, 2, {"state": "paused"})))
+    reply = await call("commit", stub.CommitResult(commit("n1", session, 2, {"state": "running"})))
+    assert EnvironmentRecord.model_validate_json(reply.environment_json).state is EnvironmentState.RUNNING
     await channel.close()
     await other_channel.close()
 

@@ -35,7 +35,15 @@ from adx.errors import (
     UnavailableError,
     UncertainOutcomeError,
 )
-from adx.model import EnvironmentRecord, EnvironmentSpec, EnvironmentState, NetworkPolicy, Resources, parse_wire
+from adx.model import (
+    EnvironmentRecord,
+    EnvironmentSpec,
+    EnvironmentState,
+    NetworkPolicy,
+    Resources,
+    check_transition,
+    parse_wire,
+)
 from adx.model._records import RecordChanges
 from adx.proto import coordinator_pb2 as pb
 from adx.proto import coordinator_pb2_grpc as pb_grpc
@@ -228,6 +236,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 details={"revision": current.revision, "generation": current.generation},
             )
         merged = parse_wire(EnvironmentRecord, {**current.to_wire(), **changes})
+        if merged.state is not current.state:
+            # The node checks its own transitions against its record; a node whose record diverged (a journaled
+            # result the authority never stored) must not move the authority along a path the state table
+            # forbids, e.g. a Deleting record to Paused.
+            check_transition(current.state, merged.state, env_id=current.id)
         # The fields of a validated record, with its types: a RecordChanges (the store sets revision and time).
         update = cast(RecordChanges, {name: getattr(merged, name) for name in merged.model_fields_set if name != "id"})
         if merged.state is EnvironmentState.RUNNING and (current.ownership_lost or current.recovery_pending):
