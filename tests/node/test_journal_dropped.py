@@ -189,7 +189,12 @@ async def ends_paused_on(outage: Outage, running: EnvironmentRecord, checkpoint:
     assert paused.execution_id is None and paused.generation == running.generation
     await wait_for(lambda: not cluster.nodes["n1"].journal.exists(), 30, "the journal to be emptied")
     assert running.id not in await reservations(cluster)
-    assert running.execution_id not in await sandbox_ids(cluster)
+
+    async def old_sandbox_gone() -> bool:
+        # The pause published again comes first, its execution's cleanup right after it (_converge).
+        return running.execution_id not in await sandbox_ids(cluster)
+
+    await wait_for(old_sandbox_gone, 30, "the paused execution's sandbox to be cleaned")
 
 
 async def wakes_with_its_file(outage: Outage, running: EnvironmentRecord) -> None:
