@@ -191,6 +191,10 @@ class Relay:
     async def _target(self, env_id: str) -> RelayTarget | JSONResponse:
         if self.prepare is not None:
             await self.prepare(env_id)
+        return self._resolved(env_id)
+
+    def _resolved(self, env_id: str) -> RelayTarget | JSONResponse:
+        """The target, or the answer saying why there is none (gone, not running, unavailable)."""
         try:
             return self.resolve(env_id)
         except NotFoundError as exc:
@@ -301,6 +305,12 @@ class Relay:
             )
         except (OSError, TimeoutError, h11.ProtocolError, AdxError) as exc:
             self.streams.closed(env_id)
+            now = self._resolved(env_id)
+            if isinstance(now, JSONResponse):
+                # It stopped running here while the request was on its way (a delete or pause took its execd
+                # down): that is the answer, not a server error.
+                await self.forget(env_id)
+                return now
             detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {detail}")
         return self._stream_back(env_id, upstream)
