@@ -36,6 +36,8 @@ async def test_volume_create_ls_mount_rm(api_stack, tmp_path: Path) -> None:  # 
     assert code == 4 and env["id"] in err, (code, err)  # mounted: refused
 
     await stack.mark_running(node, env["id"])
+    # The node's delete, as it commits it (the Coordinator refuses running -> deleted in one step).
+    await stack.commit(node, env["id"], {"state": "deleting"})
     await stack.commit(node, env["id"], {"state": "deleted"})
     code, out, err = await adx_cli("volume", "rm", "data", env=user)
     assert code == 0 and volume["id"] in out, err
