@@ -61,8 +61,11 @@ async def test_running_environments_are_sampled_and_paused_ones_are_not(node_clu
                 break
             assert time.monotonic() < deadline, "no CPU rate was sampled"
             await asyncio.sleep(0.2)
-        # A busy loop under a 0.5-core limit uses about the whole limit (the host has 2 cores).
-        assert 20 <= percent <= 150, percent
+        # A busy loop under a 0.5-core limit uses about the whole limit (the host has 2 cores: unlimited would read
+        # up to 400). Over one 0.3 s sample the CPU burst (one quota, docs/resources.md) allows 150 + 50 ms of CPU,
+        # 133 % of the limit, and the two samples' timing jitter adds to a rate over so short a window: the fresh CI
+        # run read 155.
+        assert 20 <= percent <= 200, percent
         assert for_env(metrics, "adx_environment_cpu_seconds_total", busy.id) > 0
         assert for_env(metrics, "adx_environment_memory_bytes", busy.id) > 1 << 20
         assert for_env(metrics, "adx_environment_memory_limit_bytes", busy.id) == 256 << 20
