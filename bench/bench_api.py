@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -93,11 +94,11 @@ def stop_cluster(proc: subprocess.Popen[bytes]) -> None:
     # outlives it by design: a bench leaves none behind (lazily: sandboxes the bench did not delete may hold it).
     args = [str(a) for a in proc.args] if isinstance(proc.args, list) else []
     if "--state-dir" in args:
-        from adx.sandboxd._storage import pool_paths
+        from adx.errors import AdxError
+        from adx.sandboxd._storage import pool_paths, unmount_pool
 
-        mount = pool_paths(Path(args[args.index("--state-dir") + 1]) / "sandboxd" / "data")[1]
-        if os.path.ismount(mount):
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+        with contextlib.suppress(AdxError):
+            unmount_pool(pool_paths(Path(args[args.index("--state-dir") + 1]) / "sandboxd" / "data")[1], lazy=True)
 
 
 def wait_deleted(env: adx.Environment, within: float = 30) -> None:

@@ -18,14 +18,9 @@ import pytest
 from cli_helpers import wait_until_up
 
 from adx.config import UpConfig, load_model
-from adx.sandboxd._storage import pool_paths
+from adx.sandboxd._storage import mounted, pool_paths
 
 ADX = [sys.executable, "-m", "adx"]
-
-
-def _is_mountpoint(path: Path) -> bool:
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        return any(line.split(" ", 5)[4] == str(path) for line in f)
 
 
 def test_adx_up_defaults_to_auto_and_refuses_other_values() -> None:
@@ -48,7 +43,7 @@ def test_adx_up_limits_disk_pauses_by_snapshot_and_down_unmounts_the_pool(tmp_pa
     try:
         wait_until_up(up, out_path)
         assert "disk: enforced" in out_path.read_text(), out_path.read_text()
-        assert _is_mountpoint(mount) and image.is_file()
+        assert mounted(mount) and image.is_file()
 
         def adx(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([*ADX, *args], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
@@ -74,7 +69,7 @@ def test_adx_up_limits_disk_pauses_by_snapshot_and_down_unmounts_the_pool(tmp_pa
         done = adx("down", "--delete", "--yes")
         assert done.returncode == 0, done.stdout + done.stderr
         assert up.wait(30) == 0
-        assert not _is_mountpoint(mount), "adx down unmounts the pool once no sandbox uses it"
+        assert not mounted(mount), "adx down unmounts the pool once no sandbox uses it"
         assert "storage pool unmounted" in done.stdout, done.stdout
     finally:
         if up.poll() is None:
@@ -85,5 +80,5 @@ def test_adx_up_limits_disk_pauses_by_snapshot_and_down_unmounts_the_pool(tmp_pa
         from adx.cli._up_cluster import cgroup_parent_name
 
         cleanup_cgroup_parent(cgroup_parent_name(state.absolute()))
-        if _is_mountpoint(mount):
+        if mounted(mount):
             subprocess.run(["umount", "-l", str(mount)], check=False)

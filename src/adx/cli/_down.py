@@ -138,18 +138,17 @@ def _unmount_storage_pool(cluster: ClusterInfo) -> None:
     checkpoints of paused Environments in it; the next ``adx up`` mounts it again."""
     from adx.cli._up_cluster import cgroup_parent_name
     from adx.sandboxd._prune import find_orphans
-    from adx.sandboxd._storage import StoragePool, pool_paths
+    from adx.sandboxd._storage import mounted, pool_paths, unmount_pool
 
     data = cluster.state_dir / "sandboxd" / "data"
-    image, mount = pool_paths(data)
-    if up_pid(cluster.state_dir) is not None or not os.path.ismount(mount):
+    mount = pool_paths(data)[1]
+    if up_pid(cluster.state_dir) is not None or not mounted(mount):
         return
     if find_orphans([cgroup_parent_name(cluster.state_dir)], owned_by=str(data)):
         console.print(f"storage pool {mount} stays mounted: sandboxes of this cluster still use it", highlight=False)
         return
-    pool = StoragePool(image, mount, image.stat().st_size)
     try:
-        pool.unmount()
+        unmount_pool(mount)
     except AdxError as exc:
         err_console.print(f"adx: could not unmount the storage pool {mount}: {exc.message}", highlight=False)
         return

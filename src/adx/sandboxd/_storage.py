@@ -26,7 +26,7 @@ from pathlib import Path
 from adx.errors import ConflictError, InvalidInputError, UnavailableError
 from adx.sandboxd import _btrfs
 
-__all__ = ["Snapshot", "StoragePool", "pool_paths", "pool_unsupported_reason"]
+__all__ = ["Snapshot", "StoragePool", "mounted", "pool_paths", "pool_unsupported_reason", "unmount_pool"]
 
 _SBX = "sbx"
 _CKPT = "ckpt"
@@ -70,11 +70,22 @@ def _ioctl(what: str, call: Callable[[str], None], path: Path) -> None:
         raise UnavailableError(f"{what} {path} failed: {exc}") from exc
 
 
-def _is_mountpoint(path: Path) -> bool:
+def mounted(path: Path) -> bool:
+    """Whether ``path`` is a mount point in this process's mount table (read, not stat'ed: a pool whose loop
+    device is gone still shows there and must still be unmounted)."""
     target = str(path)
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         # Field 5 is the mount point (octal escapes for spaces; our paths have none).
         return any(line.split(" ", 5)[4] == target for line in f)
+
+
+def unmount_pool(mount: Path, *, lazy: bool = False) -> bool:
+    """Unmount the pool at ``mount`` if it is mounted (the loop device was set up with autoclear and goes with
+    it); whether it was. ``lazy``: detach now even while sandboxes still hold files in it."""
+    if not mounted(mount):
+        return False
+    _run(["umount", *(["-l"] if lazy else []), str(mount)])
+    return True
 
 
 def _sweep(root: Path, keep: set[str], delete: Callable[[str], None]) -> list[str]:
@@ -103,7 +114,7 @@ class StoragePool:
     def ensure(self) -> None:
         """Create (sparse), format and mount the pool, or adopt the mount an earlier run left."""
         self.mount.mkdir(mode=0o700, exist_ok=True)
-        if not _is_mountpoint(self.mount):
+        if not mounted(self.mount):
             if not self.image.exists():
                 tmp = self.image.with_name(self.image.name + ".tmp")
                 with open(tmp, "wb") as f:
@@ -115,8 +126,7 @@ class StoragePool:
         (self.mount / _SBX).mkdir(mode=0o700, exist_ok=True)
 
     def unmount(self) -> None:
-        if _is_mountpoint(self.mount):
-            _run(["umount", str(self.mount)])  # the loop device was set up with autoclear
+        unmount_pool(self.mount)
 
     def subvolume(self, sandbox_id: str) -> Path:
         return self.mount / _SBX / sandbox_id
