@@ -194,6 +194,20 @@ class Daemon:
         """The sandbox's processes once exactly ``count`` exist (SLEEPER's transient subshell has exited)."""
         return wait_until(lambda: len(procs := self.cgroup_procs(sandbox_id)) == count and procs, timeout=timeout)
 
+    def supervisor_pid(self, sandbox_id: str) -> int:
+        """The process holding the sandbox's lifecycle lock open (the daemon itself opens it only briefly)."""
+        lock = str(self.sandbox_dir(sandbox_id) / "lifecycle.lock")
+        assert self.proc is not None
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == self.proc.pid:
+                continue
+            try:
+                if any(os.readlink(fd) == lock for fd in (proc / "fd").iterdir()):
+                    return int(proc.name)
+            except OSError:
+                continue
+        raise AssertionError(f"no supervisor holds {lock}")
+
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self.sock_dir, ignore_errors=True)

@@ -239,21 +239,6 @@ async def test_sigkill_mid_restore_settles_failed_and_reserved_and_the_checkpoin
         await c.delete_checkpoint(ck.location, ck.digest)
 
 
-def _supervisor_pid(d: Daemon, sandbox_id: str) -> int:
-    """The process holding the sandbox's lifecycle lock open (the daemon itself opens it only briefly)."""
-    lock = str(d.sandbox_dir(sandbox_id) / "lifecycle.lock")
-    assert d.proc is not None
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == d.proc.pid:
-            continue
-        try:
-            if any(os.readlink(fd) == lock for fd in (proc / "fd").iterdir()):
-                return int(proc.name)
-        except OSError:
-            continue
-    raise AssertionError(f"no supervisor holds {lock}")
-
-
 def _lock_free(d: Daemon, sandbox_id: str) -> bool:
     fd = os.open(d.sandbox_dir(sandbox_id) / "lifecycle.lock", os.O_RDWR | os.O_CLOEXEC)
     try:
@@ -276,7 +261,7 @@ async def test_a_paused_sandbox_whose_supervisor_died_is_still_paused_and_a_chec
     sid = created.sandbox.sandbox_id
     async with d.client() as c:
         assert (await c.pause(ref_of(created))).state == State.PAUSED
-        os.kill(_supervisor_pid(d, sid), signal.SIGKILL)
+        os.kill(d.supervisor_pid(sid), signal.SIGKILL)
         wait_until(lambda: _lock_free(d, sid))
         assert (await c.get(ref_of(created))).state == State.PAUSED
         assert (await c.pause(ref_of(created))).state == State.PAUSED  # the node's pause, then its checkpoint

@@ -31,7 +31,7 @@ from adx.sandboxd._models import (
     WaitResponse,
 )
 from adx.sandboxd._preflight import HostPreflight
-from adx.sandboxd._sandbox_layout import EXECD_SOCKET_NAMES, EXIT_FILE, LOCK_FILE, OUTPUT_LOG, SOCKETS_DIR
+from adx.sandboxd._sandbox_layout import EXECD_SOCKET_NAMES, LOCK_FILE, OUTPUT_LOG, SOCKETS_DIR
 from adx.sandboxd._states import ALLOWED, TERMINAL_FOR_WAIT, State
 
 __all__ = ["SandboxObserver"]
@@ -176,29 +176,36 @@ class SandboxObserver(HostPreflight):
     async def wait(self, req: WaitRequest) -> WaitResponse:
         rec = self._auth(req.ref)
         sandbox_id = rec.sandbox_id
-        exit_path = self.registry.sandbox_dir(sandbox_id) / EXIT_FILE
         deadline = time.monotonic() + min(req.timeout_seconds, self.config.max_wait_seconds)
-        next_full = 0.0
-        last = self._info(rec)
-        while True:
-            now = time.monotonic()
-            current = self.records.get(sandbox_id)
-            if current is None:
-                return WaitResponse(done=True, sandbox=last.model_copy(update={"state": State.DELETED}))
-            self._check_token(req.ref, current)  # a Reclaim meanwhile ends the old holder's wait
-            # A stat per tick is cheap; the full native query (thread) runs when the exit record appears
-            # and once a second to notice vanished cgroups.
-            if exit_path.exists() or now >= next_full:
-                next_full = now + 1.0
-                async with self._lock(sandbox_id):
-                    if sandbox_id in self.records:
-                        current, _ = await self._reconcile(sandbox_id)
-                last = self._info(current)
-            if current.state in TERMINAL_FOR_WAIT:
-                return WaitResponse(done=True, sandbox=self._info(current))
-            if now >= deadline:
-                return WaitResponse(done=False, sandbox=last)
-            await asyncio.sleep(0.02)
+        v2_dir = self._cgroup(sandbox_id).v2_dir
+        # Woken by the exit record's arrival, the cgroup's events and any change of the record (_wait_watch);
+        # the full native query (a thread) runs then, and now and then as a safety net.
+        sub = self.wait_watch.subscribe(
+            sandbox_id, str(self.registry.sandbox_dir(sandbox_id)), v2_dir and f"{v2_dir}/cgroup.events"
+        )
+        try:
+            next_full = 0.0
+            last = self._info(rec)
+            while True:
+                now = time.monotonic()
+                current = self.records.get(sandbox_id)
+                if current is None:
+                    return WaitResponse(done=True, sandbox=last.model_copy(update={"state": State.DELETED}))
+                self._check_token(req.ref, current)  # a Reclaim meanwhile ends the old holder's wait
+                if sub.fired or now >= next_full:
+                    sub.clear()
+                    next_full = now + sub.full_check_seconds
+                    async with self._lock(sandbox_id):
+                        if sandbox_id in self.records:
+                            current, _ = await self._reconcile(sandbox_id)
+                    last = self._info(current)
+                if current.state in TERMINAL_FOR_WAIT:
+                    return WaitResponse(done=True, sandbox=self._info(current))
+                if now >= deadline:
+                    return WaitResponse(done=False, sandbox=last)
+                await sub.sleep(min(next_full, deadline) - time.monotonic())
+        finally:
+            self.wait_watch.unsubscribe(sub)
 
     async def stats(self, ref: SandboxRef) -> Stats:
         rec = self._auth(ref)

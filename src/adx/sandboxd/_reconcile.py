@@ -19,6 +19,7 @@ from adx.sandboxd._registry import LoadedRegistry, Tombstone
 from adx.sandboxd._sandbox_layout import LOCK_FILE
 from adx.sandboxd._states import State
 from adx.sandboxd._veth import host_if_of
+from adx.sandboxd._wait_watch import RecordTable
 from adx.sandboxd._warm_pool import WARM_ID_PREFIX
 
 __all__ = ["StartupReconcile"]
@@ -53,7 +54,7 @@ class StartupReconcile(SandboxDeleter):
         )
         self.spares.fill()
         self.spawner.start()
-        self.records = dict(loaded.records)
+        self.records = RecordTable(self.wait_watch.poke, loaded.records)
         # After the records: the fresh table must hold the policy of every veth sandboxd that outlived the last
         # daemon (set up before them, it held none and their egress was open), and before any delete below
         # (removing a chain needs the table).

@@ -23,11 +23,12 @@ from adx.sandboxd._models import ResourceInfo, Resources, SandboxRecord, Sandbox
 from adx.sandboxd._netpolicy import NetFilter
 from adx.sandboxd._registry import Registry, Tombstone
 from adx.sandboxd._sandbox_dirs import SpareDirs
-from adx.sandboxd._sandbox_layout import boot_id
+from adx.sandboxd._sandbox_layout import EXIT_FILE, boot_id
 from adx.sandboxd._spawn_client import SpawnerProcess
 from adx.sandboxd._states import State, check_transition
 from adx.sandboxd._storage import StoragePool
 from adx.sandboxd._veth import VethPool
+from adx.sandboxd._wait_watch import RecordTable, WaitWatch
 from adx.sandboxd._warm_pool import WarmPool
 
 __all__ = ["SandboxTable"]
@@ -44,7 +45,8 @@ class SandboxTable:
         self.layout = layout
         self.registry = Registry(config.state_dir, config.max_record_bytes)
         self.spawner = SpawnerProcess()
-        self.records: dict[str, SandboxRecord] = {}
+        self.wait_watch = WaitWatch(EXIT_FILE)  # wakes Wait calls (_observe) instead of a poll per sandbox
+        self.records: dict[str, SandboxRecord] = RecordTable(self.wait_watch.poke)
         self.tombstoned: set[str] = set()
         self.pending_reclaim: dict[str, Tombstone] = {}
         self.by_request: dict[str, str] = {}
