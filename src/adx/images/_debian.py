@@ -11,8 +11,8 @@ self-contained build and npm from the npm registry, pinned by version and sha512
 unpacked into ``/usr/local`` (so ``sudo npm install -g`` installs there too).
 
 The layer's digest covers the suite, the package list, the node and npm pins and this recipe's version: the same
-request is built once per store and then found there ("cached"). A cold build downloads ~150 MB and took 2.5-4
-minutes on the dev machines (a 600 MB tree).
+request is built once per store and then found there ("cached"). A cold build took 58-88 s on the dev machine
+(2 CPUs, load 6-28; Debian's nodejs/npm recipe: 112-186 s) and makes a 540 MB tree (149 packages).
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ DEBIAN_PACKAGES = (
 )
 #: Bumped whenever the hooks below change what the tree holds (the digest then changes: a rebuild).
 _RECIPE = 3
-#: Shown to the user before a cold build (measured on the dev machines: bench/bench_images.py).
-TYPICAL_BUILD_SECONDS = 240
+#: Shown to the user before a cold build (58-88 s measured on the dev machine at load 6-28, docs/images.md; up to
+#: twice that on a slow mirror).
+TYPICAL_BUILD_SECONDS = 120
 
 _HOOKS = (
     'chroot "$1" groupadd --gid 1000 user',
