@@ -22,6 +22,7 @@ from test_runtime_control import execd_call, run
 
 from adx.errors import ImageBuildError, InvalidInputError, UnavailableError
 from adx.images import ImageStore
+from adx.images._node_dist import NODE, NPM
 from adx.sandboxd import CreateRequest, ExecdOptions, ResourcesSpec, RestoreRequest, SandboxdClient, SandboxRef, ref_of
 from adx.sandboxd._image_build import build_image
 
@@ -80,10 +81,46 @@ async def test_debian_image_runs_as_user_in_home_with_sudo_and_no_host_paths(
         assert code == 0, out
         lines = out.splitlines()
         assert lines[:5] == ["user", "1000", "/home/user", "/home/user", "0"], out
-        assert lines[5].startswith("Python 3.11") and lines[6].startswith("v18")
+        assert lines[5].startswith("Python 3.11") and lines[6] == f"v{NODE.version}"
         # Nothing of the host: its pyenv interpreter and the repository are not there.
         out, code = await run(socket, f"ls {HOST_ONLY} 2>&1; true")
         assert "No such file" in out, out
+        await c.delete(ref)
+
+
+async def test_debian_node_is_the_pinned_upstream_build_and_sudo_npm_installs_globally(
+    sandboxd: DaemonFactory, debian_store: ImageStore
+) -> None:
+    """Issue 16: the image's node is upstream's self-contained build (not Debian's ``nodejs``, which links libnode
+    and ICU), with npm and npx; ``sudo npm install -g`` of a package packed in the sandbox (no network) puts its
+    command on ``user``'s PATH."""
+    d = _daemon(sandboxd)
+    pkg = (
+        "mkdir -p /tmp/hello && cd /tmp/hello && "
+        """printf '{"name":"adx-hello","version":"1.0.0","bin":{"adx-hello":"cli.js"}}' > package.json && """
+        """printf '#!/usr/bin/env node\\nconsole.log("hello from " + process.version)\\n' > cli.js && """
+        "npm pack --silent"
+    )
+    async with d.client() as c:
+        ref, socket = await _start(c, "npm", "debian")
+        out, code = await run(
+            socket,
+            "for t in node npm npx; do command -v $t; done; node -v; npm -v; npx -v; sudo -n node -v; "
+            "dpkg -s nodejs 2>&1 | head -1; "
+            "ldd /usr/local/bin/node | grep -c -e libnode -e libicu; true",
+        )
+        assert code == 0, out
+        lines = out.splitlines()
+        assert lines[:3] == ["/usr/local/bin/node", "/usr/local/bin/npm", "/usr/local/bin/npx"], out
+        assert lines[3:7] == [f"v{NODE.version}", NPM.version, NPM.version, f"v{NODE.version}"], out
+        assert "not installed" in lines[7] and lines[8] == "0", out
+        out, code = await run(
+            socket,
+            f"{pkg} && sudo -n npm install -g --offline --no-audit --no-fund /tmp/hello/adx-hello-1.0.0.tgz "
+            ">/tmp/npm.log 2>&1 || cat /tmp/npm.log; command -v adx-hello && adx-hello",
+        )
+        assert code == 0, out
+        assert out.splitlines()[-2:] == ["/usr/local/bin/adx-hello", f"hello from v{NODE.version}"], out
         await c.delete(ref)
 
 

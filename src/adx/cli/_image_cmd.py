@@ -182,6 +182,14 @@ def image_rm(
 @image_app.command("base")
 def image_base(
     name: Annotated[str, typer.Argument(help="name of the image to make")] = "debian",
+    npm_registry: Annotated[
+        str | None,
+        typer.Option(
+            "--npm-registry",
+            help="npm registry (or mirror) node and npm are fetched from; default $ADX_NPM_REGISTRY, else "
+            "https://registry.npmjs.org",
+        ),
+    ] = None,
     config: Annotated[Path | None, _CONFIG] = None,
     cluster: Annotated[str | None, _CLUSTER] = None,
 ) -> None:
@@ -191,7 +199,9 @@ def image_base(
     store = _open_store(config, cluster)
     t0 = time.monotonic()
     with failing(), console.status("building the Debian base image ...") as status:
-        manifest, built = ensure_debian_image(store, name, progress=lambda line: status.update(line[:110]))
+        manifest, built = ensure_debian_image(
+            store, name, npm_registry=npm_registry, progress=lambda line: status.update(line[:110])
+        )
     how = f"built in {time.monotonic() - t0:.0f}s" if built else "already in the store"
     console.print(f"image {manifest.name}: {how}", highlight=False)
 

@@ -1,23 +1,30 @@
 """The Debian base image: a bookworm userland made by ``mmdebstrap`` from Debian's packages, one layer.
 
-What is in it (E2B's base has the same): python3 and ``python`` (python-is-python3), pip, nodejs/npm, git,
-curl, sudo, ca-certificates, a ``user`` account (uid/gid 1000, ``/home/user``, bash, passwordless sudo), and the
-directories sandboxd mounts on (``/work``, ``/run/adx``, ``/opt/adx``). The manifest runs as ``user`` in
+What is in it (E2B's base has the same): python3 and ``python`` (python-is-python3), pip, node and npm/npx,
+git, curl, sudo, ca-certificates, a ``user`` account (uid/gid 1000, ``/home/user``, bash, passwordless sudo), and
+the directories sandboxd mounts on (``/work``, ``/run/adx``, ``/opt/adx``). The manifest runs as ``user`` in
 ``/home/user``. Nothing of the host is in it.
 
-The layer's digest covers the suite, the package list and this recipe's version: the same request is built once
-per store and then found there ("cached"). A cold build downloads ~150 MB and took 2.5-4 minutes on the dev
-machines (a 600 MB tree).
+node is not Debian's ``nodejs``: that one links libnode, ICU, OpenSSL and libuv dynamically (24-26 ms of CPU per
+``node -v``, docs/performance.md) and its ``npm`` brings hundreds of ``node-*`` packages. It is upstream's
+self-contained build and npm from the npm registry, pinned by version and sha512 (images/_node_dist.py),
+unpacked into ``/usr/local`` (so ``sudo npm install -g`` installs there too).
+
+The layer's digest covers the suite, the package list, the node and npm pins and this recipe's version: the same
+request is built once per store and then found there ("cached"). A cold build took 58-88 s on the dev machine
+(2 CPUs, load 6-28; Debian's nodejs/npm recipe: 112-186 s) and makes a 540 MB tree (149 packages).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
 
 from adx.errors import UnavailableError
+from adx.images._node_dist import DEFAULT_NPM_REGISTRY, NODE, NPM, fetch_tarball, install_node
 from adx.images._store import ImageManifest, ImageStore, layer_digest
 
 __all__ = ["DEBIAN_PACKAGES", "TYPICAL_BUILD_SECONDS", "ensure_debian_image"]
@@ -28,8 +35,8 @@ DEBIAN_PACKAGES = (
     "python-is-python3",
     "python3-pip",
     "python3-venv",
-    "nodejs",
-    "npm",
+    # node's one dynamic dependency besides libc (minbase has it through apt; named so it stays).
+    "libstdc++6",
     "git",
     "curl",
     "sudo",
@@ -39,9 +46,10 @@ DEBIAN_PACKAGES = (
     "libnss-myhostname",
 )
 #: Bumped whenever the hooks below change what the tree holds (the digest then changes: a rebuild).
-_RECIPE = 2
-#: Shown to the user before a cold build (measured on the dev machines: bench/bench_images.py).
-TYPICAL_BUILD_SECONDS = 240
+_RECIPE = 3
+#: Shown to the user before a cold build (58-88 s measured on the dev machine at load 6-28, docs/images.md; up to
+#: twice that on a slow mirror).
+TYPICAL_BUILD_SECONDS = 120
 
 _HOOKS = (
     'chroot "$1" groupadd --gid 1000 user',
@@ -56,7 +64,10 @@ _HOOKS = (
 
 
 def _step_text(suite: str, packages: tuple[str, ...]) -> str:
-    return f"mmdebstrap recipe={_RECIPE} variant=minbase suite={suite} include={','.join(sorted(packages))}"
+    return (
+        f"mmdebstrap recipe={_RECIPE} variant=minbase suite={suite} include={','.join(sorted(packages))} "
+        f"node={NODE.pin} npm={NPM.pin}"
+    )
 
 
 def ensure_debian_image(
@@ -66,10 +77,14 @@ def ensure_debian_image(
     suite: str = DEBIAN_SUITE,
     packages: tuple[str, ...] = DEBIAN_PACKAGES,
     mirror: str | None = None,
+    npm_registry: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[ImageManifest, bool]:
     """Image ``name`` from Debian's packages: built when its layer is not in the store yet. Returns the
-    manifest and whether a build ran (False: cached)."""
+    manifest and whether a build ran (False: cached).
+
+    ``mirror``: the Debian mirror (mmdebstrap's default when None). ``npm_registry``: where node and npm are
+    fetched (else ``ADX_NPM_REGISTRY``, else the public registry); neither is in the digest: the pins are."""
     say = progress or (lambda _line: None)
     step = _step_text(suite, packages)
     digest = layer_digest(None, step)
@@ -89,6 +104,12 @@ def ensure_debian_image(
         return store.get(name), False
     if shutil.which("mmdebstrap") is None:
         raise UnavailableError("building the Debian base image needs mmdebstrap (apt-get install mmdebstrap)")
+    registry = npm_registry or os.environ.get("ADX_NPM_REGISTRY") or DEFAULT_NPM_REGISTRY
+    downloads = store.root / "downloads"
+    say(f"fetching node {NODE.version} and npm {NPM.version} from {registry}")
+    # First: an unreachable registry or a wrong tarball fails the build before minutes of mmdebstrap.
+    node_tgz = fetch_tarball(NODE, registry, downloads, say)
+    npm_tgz = fetch_tarball(NPM, registry, downloads, say)
     staging = store.staging()
     tree = staging / "tree"
     tree.rmdir()  # mmdebstrap wants to create (or find empty) its target
@@ -116,6 +137,8 @@ def ensure_debian_image(
                     say(f"[{time.monotonic() - t0:5.0f}s] {line}")
         if proc.returncode != 0:
             raise UnavailableError(f"mmdebstrap failed ({proc.returncode}):\n" + "\n".join(tail))
+        say(f"[{time.monotonic() - t0:5.0f}s] installing node {NODE.version} and npm {NPM.version} into /usr/local")
+        install_node(node_tgz, npm_tgz, tree)
         store.commit_layer(staging, digest, None, step)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

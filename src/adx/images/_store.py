@@ -7,6 +7,7 @@ every write is a rename)::
     layers/<digest>/layer.json what made it: parent digest, step text, size
     images/<name>.json         manifest: ordered layer digests (bottom first), env, workdir, user
     refs/<holder>.json         layers a live sandbox mounts (sandboxd writes it at create, removes it at delete)
+    downloads/                 verified tarballs a build fetched (the Debian image's node and npm: _node_dist.py)
     store.lock                 flock held by commits, removals and garbage collection
 
 A layer's digest is ``sha256(parent digest + the step's canonical text + the digest of any content it copies)``:
