@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import select
@@ -73,6 +74,7 @@ def fork_pump(spec: SpawnSpec, reads: list[int], claim_fd: int | None = None) ->
     """Fork the pump over ``reads`` (closed here either way). ``claim_fd``: a warm pool member's pump reads the
     claiming sandbox's spec there first (its log group and ID; EOF without one: the member was dropped, exit)."""
     try:
+        gc.freeze()  # the pump's collections leave the supervisor's objects (and their shared pages) alone
         pid = os.fork()
     except OSError as exc:
         print(f"the output pump could not start (output is discarded): {exc}", flush=True)
