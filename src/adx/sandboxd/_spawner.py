@@ -26,7 +26,6 @@ socket ends the spawner (it never outlives its daemon).
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import select
@@ -71,22 +70,9 @@ def _zygote_main(spec_r: int, result_w: int, layout: CgroupLayout, prepare: bool
         os._exit(code)
 
 
-def _freeze_before_fork() -> None:
-    """Move every object this process holds into the cyclic GC's permanent generation, right before a fork.
-
-    A child shares this process's heap copy-on-write until it writes a page; a collection of the generation
-    holding these objects writes every one's GC header, so one full collection in a supervisor (or in the
-    execd a template's zygote becomes) copied most of the inherited heap. Frozen, the child's collections
-    walk only what it allocated itself. The spawner's own later garbage is unaffected: what a request
-    allocates is acyclic (decoded JSON, specs, pipes), freed by reference counting, frozen or not.
-    """
-    gc.freeze()
-
-
 def _fork_zygote(layout: CgroupLayout, ctrl_fd: int) -> _Zygote:
     spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
     result_r, result_w = os.pipe2(os.O_CLOEXEC)
-    _freeze_before_fork()
     if os.fork() == 0:
         _zygote_main(spec_r, result_w, layout, True)  # closes every other descriptor (ctrl_fd, spec_w, ...)
     os.close(spec_r)
@@ -103,7 +89,6 @@ class _Template:
 
     def __init__(self, layout: CgroupLayout, ctrl_fd: int) -> None:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        _freeze_before_fork()
         self.pid = os.fork()
         if self.pid == 0:
             code = 1
@@ -144,7 +129,6 @@ def _template_loop(sock: socket.socket, layout: CgroupLayout) -> None:
         spec_r, result_w = fds
         for fd in fds:
             os.set_inheritable(fd, False)  # received without close-on-exec: the workload must not hold them
-        _freeze_before_fork()  # execd's imports above all: in-process PID 1's collections leave them shared
         if os.fork() == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the supervisor waits for its own child
             sock.close()
