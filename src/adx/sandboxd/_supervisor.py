@@ -8,7 +8,8 @@ waiting. Under the lock it refuses to start when a
 delete intent is persisted (SBX-7), the record is not a committed ``creating`` one, or the sandbox was started
 before (IDs are never restarted, SBX-5) — killing that init and removing the cgroup — and otherwise persists
 the native identity (boot ID + cgroup inode) *before* letting the init exec the workload, then waits for it
-and durably records how it ended (exit code / signal / OOM) in ``exit.json``.
+(pumping its output meanwhile: ``_output``; no process of its own, issue 16) and durably records how it ended
+(exit code / signal / OOM) in ``exit.json``.
 """
 
 from __future__ import annotations
