@@ -9,7 +9,8 @@
    clients on the SDK's path before the server-side wait (``create(wait=False)``, a GET every 15 ms).
 2. ``memory``: with the n idle, the PSS (``/proc/PID/smaps_rollup``: shared pages split among their sharers, so
    the sum is what the host spends) of every process of the stack, from before the creates to after:
-   ``sandbox_processes`` (per Environment: its supervisor, execd and anything they run) and
+   ``sandbox_processes`` (per Environment: its supervisor, execd and anything they run; ``by_kind``: each kind's
+   mean ``smaps_rollup`` fields, private and shared, with a supervisor's output pump a kind of its own) and
    ``daemons_growth`` (the bookkeeping the n add to the Coordinator, Redis, adxlet, sandboxd, API), each per
    Environment, and ``mem_available_drop`` (``/proc/meminfo``: adds the kernel's share, cgroups, namespaces,
    page tables, mounts; it also moves with anything else the machine runs). Baseline, same run: the PSS of a
