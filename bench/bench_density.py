@@ -9,7 +9,8 @@
    clients on the SDK's path before the server-side wait (``create(wait=False)``, a GET every 15 ms).
 2. ``memory``: with the n idle, the PSS (``/proc/PID/smaps_rollup``: shared pages split among their sharers, so
    the sum is what the host spends) of every process of the stack, from before the creates to after:
-   ``sandbox_processes`` (per Environment: its supervisor, execd and anything they run) and
+   ``sandbox_processes`` (per Environment: its supervisor, execd and anything they run; ``by_kind``: each kind's
+   mean ``smaps_rollup`` fields, private and shared, with a supervisor's output pump a kind of its own) and
    ``daemons_growth`` (the bookkeeping the n add to the Coordinator, Redis, adxlet, sandboxd, API), each per
    Environment, and ``mem_available_drop`` (``/proc/meminfo``: adds the kernel's share, cgroups, namespaces,
    page tables, mounts; it also moves with anything else the machine runs). Baseline, same run: the PSS of a
@@ -46,15 +47,28 @@ import adx
 OLD_POLL_SECONDS = 0.015
 
 
-def pss_kib(pid: int) -> int:
-    """The process's PSS in KiB (0 when it is gone)."""
+#: What ``stack_pss`` reads of each sandbox process (``/proc/PID/smaps_rollup``, KiB): PSS splits shared pages
+#: among their sharers; Private_Dirty is what the process copied of what it inherited or allocated (a forked
+#: process's own cost), Private_Clean and Shared_* what it maps of files and of its parent's untouched pages.
+ROLLUP_FIELDS = ("Pss", "Private_Dirty", "Private_Clean", "Shared_Dirty", "Shared_Clean")
+
+
+def rollup_kib(pid: int) -> dict[str, int]:
+    """The process's ``ROLLUP_FIELDS`` in KiB (zeros when it is gone)."""
+    found = dict.fromkeys(ROLLUP_FIELDS, 0)
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
+            name, _, rest = line.partition(":")
+            if name in found:
+                found[name] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return found
+
+
+def pss_kib(pid: int) -> int:
+    """The process's PSS in KiB (0 when it is gone)."""
+    return rollup_kib(pid)["Pss"]
 
 
 def descendants(root: int) -> dict[int, int]:
@@ -90,18 +104,33 @@ def stack_pss(up_pid: int) -> dict[str, int]:
     helpers |= {pid for pid, parent in tree.items() if parent in helpers and _is_template(pid)}
     fixed = daemons | helpers
     sandbox_pids = [pid for pid in tree if pid not in fixed]
-    kinds: dict[str, list[int]] = {}
+    supervisors = {pid for pid in sandbox_pids if tree[pid] in helpers and not _is_pid1(pid)}
+    kinds: dict[str, list[dict[str, int]]] = {}
     for pid in sandbox_pids:
-        kind = "pid1" if _is_pid1(pid) else "supervisor" if tree[pid] in helpers else "other"
-        kinds.setdefault(kind, []).append(pss_kib(pid))
+        if _is_pid1(pid):
+            kind = "pid1"
+        elif pid in supervisors:
+            kind = "supervisor"
+        elif tree[pid] in supervisors and _is_pump(pid):
+            kind = "pump"  # the supervisor's output pump (its other child is the sandbox's PID 1)
+        else:
+            kind = "other"  # idle zygotes and their prepared inits, commands
+        kinds.setdefault(kind, []).append(rollup_kib(pid))
     return {
         "daemons_kib": sum(pss_kib(pid) for pid in fixed),
         "daemon_processes": len(fixed),
-        "sandboxes_kib": sum(sum(v) for v in kinds.values()),
+        "sandboxes_kib": sum(r["Pss"] for v in kinds.values() for r in v),
         "sandbox_processes": len(sandbox_pids),
-        # execd as each sandbox's PID 1, the supervisors (children of sandboxd's spawner or its template),
-        # anything else (idle zygotes and their prepared inits, commands): processes and mean PSS
-        "by_kind": {k: {"processes": len(v), "mean_kib": round(sum(v) / len(v))} for k, v in sorted(kinds.items())},
+        # execd as each sandbox's PID 1, the supervisors (children of sandboxd's spawner or its template), their
+        # output pumps, anything else: processes, mean PSS, and the mean of each smaps_rollup field
+        "by_kind": {
+            k: {
+                "processes": len(v),
+                "mean_kib": round(sum(r["Pss"] for r in v) / len(v)),
+                "mean_rollup_kib": {f: round(sum(r[f] for r in v) / len(v)) for f in ROLLUP_FIELDS},
+            }
+            for k, v in sorted(kinds.items())
+        },
     }
 
 
@@ -152,6 +181,17 @@ def _is_pid1(pid: int) -> bool:
             if line.startswith("NSpid:"):
                 ids = line.split()[1:]
                 return len(ids) > 1 and ids[-1] == "1"
+    except OSError:
+        pass
+    return False
+
+
+def _is_pump(pid: int) -> bool:
+    """A supervisor's output pump: in the host's PID namespace (the supervisor's other child is a PID 1)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return len(line.split()) == 2
     except OSError:
         pass
     return False

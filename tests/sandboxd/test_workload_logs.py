@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from sbx_helpers import DaemonFactory
@@ -29,7 +30,7 @@ async def test_stdout_and_stderr_are_tagged_timestamped_and_complete_at_exit(san
         created = await c.create(CreateRequest(request_id="l1", argv=["python3", "-c", SCRIPT], log_group="env-a"))
         done = await c.wait(ref_of(created), timeout_seconds=20)
         assert done.done and done.sandbox.exit is not None and done.sandbox.exit.exit_code == 0, d.log()
-        # Complete as soon as the exit is known: the supervisor waited for the pump to drain.
+        # Complete as soon as the exit is known: the supervisor drained the pipes before it recorded the exit.
         got = await c.logs(LogsRequest(group="env-a"))
         assert [(line.stream, line.text, line.partial) for line in got.lines] == [
             ("stdout", "out one", False),
@@ -89,7 +90,7 @@ async def test_output_keeps_flowing_across_a_sandboxd_restart(sandboxd: DaemonFa
     async with d.client() as c:
         created = await c.create(CreateRequest(request_id="r1", argv=["python3", "-c", loop], log_group="env-c"))
         first = await c.logs(LogsRequest(group="env-c", wait_seconds=10))
-    d.kill()  # SIGKILL: sandboxd dies; the supervisor and the pump do not
+    d.kill()  # SIGKILL: sandboxd dies; the supervisor (which pumps the output) does not
     await asyncio.sleep(0.5)
     d.start()
     async with d.client() as c:
@@ -98,6 +99,38 @@ async def test_output_keeps_flowing_across_a_sandboxd_restart(sandboxd: DaemonFa
         assert ticks == list(range(ticks[0], ticks[0] + len(ticks))), "no line lost or repeated"
         assert len(ticks) >= 8, "the workload kept writing while sandboxd was down"
         assert (await c.get(ref_of(created))).state.value == "running"
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if _parent(int(entry.name)) == pid:
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_the_supervisor_pumps_the_output_itself_a_partial_line_shows_while_running(
+    sandboxd: DaemonFactory,
+) -> None:
+    """Issue 16: no process of its own for a sandbox's output (it cost ~2 MiB PSS per sandbox): the supervisor's
+    only child is the init, and it still writes a line without a newline (partial) while the workload runs."""
+    d = sandboxd()
+    prog = "import sys, time\nsys.stdout.write('progress 50%')\nsys.stdout.flush()\ntime.sleep(60)\n"
+    async with d.client() as c:
+        created = await c.create(CreateRequest(request_id="p1", argv=["python3", "-c", prog], log_group="env-p"))
+        got = await c.logs(LogsRequest(group="env-p", wait_seconds=10))
+        assert [(line.stream, line.text, line.partial) for line in got.lines] == [("stdout", "progress 50%", True)]
+        (init,) = d.settled_procs(created.sandbox.sandbox_id, count=1)
+        assert _children(_parent(init)) == {init}
+        await c.delete(ref_of(created))
 
 
 async def test_a_group_is_bounded_by_rotation(sandboxd: DaemonFactory) -> None:

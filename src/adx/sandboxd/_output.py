@@ -1,9 +1,12 @@
 """The output pump: a sandbox's stdout and stderr as stream-tagged, timestamped, rotated log segments.
 
-The supervisor starts one pump per sandbox before the sandbox's init exists. The init's descriptors 1 and 2
-are the write ends of two FIFOs in the sandbox dir (``stdout.pipe``, ``stderr.pipe``; the init opens them by
-path, so a prepared init that gets its spec later needs no descriptor passing); the pump holds the read ends.
-Like the supervisor, the pump is no child of sandboxd: a sandboxd restart never closes a workload's output.
+The pump is the sandbox's supervisor itself, once the sandbox started: it reads the output while it waits for
+the init to end (:meth:`Pump.run` polls the FIFOs and the init's pidfd). The init's descriptors 1 and 2 are
+the write ends of two FIFOs in the sandbox dir (``stdout.pipe``, ``stderr.pipe``; the init opens them by path,
+so a prepared init that gets its spec later needs no descriptor passing); the supervisor makes them, and holds
+the read ends, before the init exists. The supervisor is no child of sandboxd: a sandboxd restart never
+closes a workload's output. (The pump used to be a process of its own, forked by the supervisor: ~2 MiB PSS
+per sandbox, most of it the supervisor's heap copied again; issue 16.)
 
 Each line becomes one JSON object (``{"time", "stream", "text"[, "partial"]}``) appended with a single write
 to the group's current segment, ``<logs_dir>/<group>/<start_ns>-<sandbox_id>-<part>.jsonl``. The group is
@@ -18,17 +21,17 @@ Stdlib only and no pathlib: the supervisor imports this in the spawner's pristin
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import select
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import NotRequired, TypedDict
 
-from adx.sandboxd._spawn_spec import SpawnSpec, read_to_eof
+from adx.sandboxd._spawn_spec import SpawnSpec
 
-__all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "finish_pump", "fork_pump", "make_fifos", "open_write_ends", "start_pump"]
+__all__ = ["PIPE_NAMES", "SEGMENT_SUFFIX", "Pump", "make_fifos", "open_write_ends"]
 
 PIPE_NAMES = ("stdout.pipe", "stderr.pipe")
 STREAMS = ("stdout", "stderr")
@@ -38,20 +41,14 @@ RAW_LOG = "output.log"
 MAX_LINE = 16 << 10
 #: Output without a newline is written (marked partial) once it waited this long: progress bars show up.
 PARTIAL_FLUSH_SECONDS = 0.5
-#: How long the supervisor waits for the pump to drain after the sandbox's init ended.
+#: How long the pump keeps draining the pipes after the sandbox's init ended (its last writers are going).
 DRAIN_SECONDS = 2.0
 
 
-def start_pump(spec: SpawnSpec) -> int | None:
-    """Make the FIFOs and fork the pump (the caller's child). Returns its PID, or None when no pump could be
-    started: then the init's output goes to ``/dev/null`` (its start does not fail for want of a log)."""
-    reads = make_fifos(spec.sandbox_dir)
-    return fork_pump(spec, reads) if reads is not None else None
-
-
 def make_fifos(sdir: str) -> list[int] | None:
-    """The FIFOs, their read ends open (a warm pool member's supervisor holds them until it is claimed, so the
-    init's opens never wait; the pump is forked then, with the claiming sandbox's log group)."""
+    """The FIFOs, their read ends open (the supervisor holds them from before the init exists: the init's opens
+    never wait, and what it writes before the pump runs waits in the pipes). None when they could not be made:
+    then the init's output goes to ``/dev/null`` (its start does not fail for want of a log)."""
     reads: list[int] = []
     try:
         for name in PIPE_NAMES:
@@ -69,43 +66,6 @@ def make_fifos(sdir: str) -> list[int] | None:
     return reads
 
 
-def fork_pump(spec: SpawnSpec, reads: list[int], claim_fd: int | None = None) -> int | None:
-    """Fork the pump over ``reads`` (closed here either way). ``claim_fd``: a warm pool member's pump reads the
-    claiming sandbox's spec there first (its log group and ID; EOF without one: the member was dropped, exit)."""
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        print(f"the output pump could not start (output is discarded): {exc}", flush=True)
-        for fd in reads:
-            os.close(fd)
-        return None
-    if pid == 0:
-        code = 0
-        try:
-            # Keep only the read ends (and 0-2): a held copy of the supervisor's pipes (the prepared init's
-            # spec or go pipe) would stall the init.
-            high = fcntl.fcntl(claim_fd, fcntl.F_DUPFD_CLOEXEC, 64) if claim_fd is not None else -1
-            keep = [os.dup2(fd, 10 + i, inheritable=False) for i, fd in enumerate(reads)]
-            claim = os.dup2(high, 12, inheritable=False) if high >= 0 else -1
-            os.closerange(3, 10)
-            os.closerange(13 if claim >= 0 else 12, 65536)  # whatever else, the report pipe above all
-            if claim >= 0:
-                data = read_to_eof(claim)
-                if not data:
-                    os._exit(0)
-                spec = SpawnSpec.from_json(data)
-            Pump(spec, keep).run()
-        except BaseException as exc:  # never return into the supervisor's code
-            code = 1
-            with contextlib.suppress(BaseException):
-                print(f"output pump failed: {type(exc).__name__}: {exc}", flush=True)
-        finally:
-            os._exit(code)
-    for fd in reads:
-        os.close(fd)
-    return pid
-
-
 def open_write_ends(sdir: str, have_pump: bool) -> tuple[int, int]:
     """The init's stdout and stderr: the FIFOs' write ends (``/dev/null`` without a pump)."""
     flags = os.O_WRONLY | os.O_CLOEXEC
@@ -113,22 +73,6 @@ def open_write_ends(sdir: str, have_pump: bool) -> tuple[int, int]:
         null = os.open("/dev/null", flags)
         return null, os.dup(null)
     return os.open(f"{sdir}/{PIPE_NAMES[0]}", flags), os.open(f"{sdir}/{PIPE_NAMES[1]}", flags)
-
-
-def finish_pump(pid: int | None) -> None:
-    """Wait (bounded) for the pump to write what the ended sandbox left in its pipes, so the output is complete
-    when the exit is recorded."""
-    if pid is None:
-        return
-    deadline = time.monotonic() + DRAIN_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done:
-            return
-        time.sleep(0.005)
 
 
 class SegmentLine(TypedDict):
@@ -186,7 +130,10 @@ class Segments:
 
 
 class Pump:
+    """The sandbox's output, pumped by its supervisor while it waits for the init (:meth:`run`)."""
+
     def __init__(self, spec: SpawnSpec, fds: list[int]) -> None:
+        """OSError when the log group's segment or ``output.log`` cannot be opened."""
         self.streams = dict(zip(fds, STREAMS, strict=True))
         self.pending: dict[int, tuple[bytes, float]] = {}
         self.segments = Segments(spec)
@@ -195,28 +142,40 @@ class Pump:
         )
         self.raw_size = os.fstat(self.raw).st_size
         self.raw_max: int = spec.log_max_bytes
-        self.supervisor = os.getppid()
 
-    def run(self) -> None:
+    def run(self, init_fd: int, timer: tuple[float, Callable[[], None]] | None = None) -> None:
+        """Pump until the init has ended (``init_fd``, its pidfd, readable) and what it and its last writers
+        left is read: EOF on both FIFOs, at most ``DRAIN_SECONDS`` after the end. ``timer``: ``(deadline,
+        call)``, ``call`` run once at the ``time.monotonic()`` deadline or at the init's end, whichever is
+        first. The poll sleeps without a timeout when nothing is due: an idle sandbox costs no wake-ups."""
         poller = select.poll()
         for fd in self.streams:
             poller.register(fd, select.POLLIN)
+        poller.register(init_fd, select.POLLIN)
         open_fds = set(self.streams)
-        while open_fds:
-            for fd, events in poller.poll(PARTIAL_FLUSH_SECONDS * 1000):
-                if events & (select.POLLIN | select.POLLHUP | select.POLLERR) and not self._read(fd):
+        drain_until: float | None = None  # set once the init ended
+        while open_fds or drain_until is None:
+            now = time.monotonic()
+            due = [since + PARTIAL_FLUSH_SECONDS for _, since in self.pending.values()]
+            due += [t for t in (drain_until, timer[0] if timer else None) if t is not None]
+            wait_ms = max(0.0, min(due) - now) * 1000 if due else None
+            for fd, events in poller.poll(wait_ms):
+                if fd == init_fd:
+                    poller.unregister(init_fd)
+                    drain_until = time.monotonic() + DRAIN_SECONDS
+                elif events & (select.POLLIN | select.POLLHUP | select.POLLERR) and not self._read(fd):
                     poller.unregister(fd)
                     open_fds.discard(fd)
                     self._flush(fd)
             self._flush_stale()
-            if os.getppid() != self.supervisor:
-                # The supervisor is gone (it ended after the sandbox's init, or refused the start before the
-                # init opened the pipes): nothing writes any more; keep what is buffered.
-                for fd in list(open_fds):
-                    while self._read(fd):
-                        pass
-                    self._flush(fd)
-                break
+            now = time.monotonic()
+            if timer is not None and (now >= timer[0] or drain_until is not None):
+                call, timer = timer[1], None
+                call()
+            if drain_until is not None and now >= drain_until:
+                break  # a writer outlived the init (held by something outside the sandbox?): keep what came
+        for fd in open_fds:
+            self._flush(fd)
 
     def _read(self, fd: int) -> bool:
         """Read what is there; False at end of stream (every writer closed)."""

@@ -33,7 +33,7 @@ class Leftover:
     cgroup_parent: str
     state_dir: str  # the removed state directory the supervisor's lock names
     supervisor: int
-    helpers: list[int] = field(default_factory=list)  # the supervisor's other children (the output pump)
+    helpers: list[int] = field(default_factory=list)  # the supervisor's other children (an older version's pump)
     processes: list[int] = field(default_factory=list)  # in the sandbox's cgroup
     cgroup_dirs: list[str] = field(default_factory=list)
     nft_table: str | None = None  # the state directory's nftables table (veth egress policy), if present

@@ -8,7 +8,8 @@ waiting. Under the lock it refuses to start when a
 delete intent is persisted (SBX-7), the record is not a committed ``creating`` one, or the sandbox was started
 before (IDs are never restarted, SBX-5) — killing that init and removing the cgroup — and otherwise persists
 the native identity (boot ID + cgroup inode) *before* letting the init exec the workload, then waits for it
-and durably records how it ended (exit code / signal / OOM) in ``exit.json``.
+(pumping its output meanwhile: ``_output``; no process of its own, issue 16) and durably records how it ended
+(exit code / signal / OOM) in ``exit.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from adx.sandboxd import _unix_sockets as usock
 from adx.sandboxd._cgroups import CgroupLayout, CpuPhase, SandboxCgroup
 from adx.sandboxd._in_namespace import in_namespace_setup
 from adx.sandboxd._mounts import mounts_pair, send_mounts
-from adx.sandboxd._output import finish_pump, fork_pump, make_fifos, open_write_ends, start_pump
+from adx.sandboxd._output import Pump, make_fifos, open_write_ends
 from adx.sandboxd._prepared_init import PreparedInit, hand_to_prepared
 from adx.sandboxd._rtnetlink import create_veth
 from adx.sandboxd._sandbox_layout import (
@@ -94,19 +95,10 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
             os.close(result_fd)
         result_fd = -1
 
-    # The output pump reads the FIFOs the init's stdout/stderr open: it exists before any init has the spec. A
-    # warm member's pump is forked now too (off the claim's path) and learns its log group from the claim.
-    pump_claim_w = -1
-    if spec.warm:
-        pump = None
-        fifo_reads = make_fifos(sdir)
-        if fifo_reads is not None:
-            pump_claim_r, pump_claim_w = os.pipe2(os.O_CLOEXEC)
-            pump = fork_pump(spec, fifo_reads, pump_claim_r)
-            os.close(pump_claim_r)
-    else:
-        pump = start_pump(spec)
-    spec = replace(spec, output_pipes=pump is not None)
+    # The FIFOs the init's stdout/stderr open exist, their read ends held here, before any init has the spec;
+    # this process pumps them once the sandbox started (``_output``). What the init writes before waits in them.
+    fifo_reads = make_fifos(sdir)
+    spec = replace(spec, output_pipes=fifo_reads is not None)
     mark("pump")
     prepared = hand_to_prepared(init, spec)
     mount_error = None
@@ -183,17 +175,11 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         if isinstance(parked, str):  # not claimed (dropped, or never ready)
             _abandon(pid, go_w, cgroup)
             parked += _reported(err_r)
-            if pump_claim_w >= 0:
-                os.close(pump_claim_w)  # EOF without a spec: the pump exits
             report({"ok": False, "error": parked})  # a no-op after the ready report
             return 0
         conn, spec = parked
         result_fd = conn.detach()  # the claiming create reads this start's report here
         sdir = spec.sandbox_dir  # renamed by the claim; the cgroup keeps its name (cgroup v2 refuses renames)
-        if pump_claim_w >= 0:
-            with contextlib.suppress(OSError):  # a dead pump: the output is lost, the start is not
-                _write_all(pump_claim_w, spec.to_json())
-            os.close(pump_claim_w)
         claim = {"hostname": spec.hostname, "cwd": spec.cwd, "env": spec.env, "init_argv": spec.init_argv}
         go_payload = json.dumps(claim).encode()
         try:
@@ -257,8 +243,8 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         _record_exit(sdir, None, None, cgroup, setup_failed=True)
         return 1
     report({"ok": True, "native": native, "started_at": time.time(), "phases": phases})
-    if _start_phase(spec) is CpuPhase.STARTING:
-        _end_boost(pid, cgroup, spec.resources.cpu_millis, boosted_at + spec.cpu_boost_seconds)
+    boost_end = boosted_at + spec.cpu_boost_seconds if _start_phase(spec) is CpuPhase.STARTING else None
+    _await_init(spec, pid, fifo_reads, cgroup, boost_end)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -269,7 +255,6 @@ def run_supervisor(spec: SpawnSpec, layout: CgroupLayout, result_fd: int, init: 
         except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
             continue
     code = os.waitstatus_to_exitcode(status) if status != -1 else None
-    finish_pump(pump)  # the output is complete when the exit is recorded
     if code is None:
         _record_exit(sdir, None, None, cgroup, lock_fd=lock_fd)
     elif code < 0:
@@ -402,20 +387,49 @@ def _start_phase(spec: SpawnSpec) -> CpuPhase:
     return CpuPhase.STARTING if spec.cpu_boost_seconds > 0 else CpuPhase.LIMITED
 
 
-def _end_boost(pid: int, cgroup: SandboxCgroup, cpu_millis: int, deadline: float) -> None:
-    """The boost's bound (``CpuPhase``): at ``deadline`` the sandbox gets its quota, whether or not execd reported
+def _await_init(
+    spec: SpawnSpec, pid: int, fifo_reads: list[int] | None, cgroup: SandboxCgroup, boost_end: float | None
+) -> None:
+    """Until the started init has ended (it is reaped after): pump its output (``fifo_reads``, closed here), and
+    end its start-up boost at ``boost_end`` (``time.monotonic()``; None: not boosted).
+
+    The boost's bound (``CpuPhase``): at ``boost_end`` the sandbox gets its quota, whether or not execd reported
     Ready (sandboxd sets it then, earlier; a second write of the same values changes nothing). Enforced here, not
     by sandboxd: the bound holds through a sandboxd restart. An init that exits first ends the wait (what else
     runs in the cgroup gets its quota now)."""
+    cpu_millis = spec.resources.cpu_millis
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
         pidfd = -1
-    if pidfd >= 0:
-        try:
-            select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
-        finally:
+    try:
+        if fifo_reads is not None and pidfd >= 0:
+            try:
+                timer = (boost_end, lambda: _end_boost(cgroup, cpu_millis)) if boost_end is not None else None
+                Pump(spec, fifo_reads).run(pidfd, timer)  # the boost ends in it (at its time or the init's end)
+                return
+            except Exception as exc:  # output is lost from here on (writers get EPIPE); the exit is still recorded
+                print(f"output pump failed: {type(exc).__name__}: {exc}", flush=True)
+        _close_all(fifo_reads)
+        fifo_reads = None
+        if boost_end is not None:  # (again, if the pump failed after it: the same values change nothing)
+            if pidfd >= 0:
+                select.select([pidfd], [], [], max(0.0, boost_end - time.monotonic()))
+            _end_boost(cgroup, cpu_millis)
+    finally:
+        _close_all(fifo_reads)
+        if pidfd >= 0:
             os.close(pidfd)
+
+
+def _close_all(fds: list[int] | None) -> None:
+    for fd in fds or ():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _end_boost(cgroup: SandboxCgroup, cpu_millis: int) -> None:
+    """The sandbox's quota, the start-up boost over."""
     try:
         cgroup.set_cpu(CpuPhase.LIMITED, cpu_millis)
     except OSError as exc:  # the cgroup is gone (deleted meanwhile): nothing runs without its quota
