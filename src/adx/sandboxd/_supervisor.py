@@ -448,8 +448,8 @@ def _join_while(
     """``_join`` in a thread while ``mounts`` (building and sending the init's mounts, a veth) runs here:
     (joined, the mounts' error). The joins (cgroup2 move ~0.07 ms in the kernel, the v1 dirs, limits and moves)
     are done ~2.7 ms p50 into this, the mounts (ID maps, idmapped binds, the overlay) and the veth ~4.4 ms
-    (docs/performance.md, "The cgroup join is not where the time goes"): they overlap instead of adding up. The thread is
-    gone before this returns, and nothing here forks while it runs."""
+    (docs/performance.md, "The cgroup join is not where the time goes"): they overlap instead of adding up. The
+    thread is gone before this returns, and nothing here forks while it runs."""
     joined: list[bool] = []
     thread = threading.Thread(target=lambda: joined.append(_join(cgroup, res, cpu, pid, create_v1=create_v1, v2=v2)))
     thread.start()
