@@ -131,19 +131,46 @@ async def wait_running(http: httpx.AsyncClient, env_id: str) -> None:
 
 
 async def test_the_e2b_edge_answers_a_capacity_refusal_with_503_and_retry_after(node_cluster, api_for) -> None:
-    """E2B's create on a full node: 503 in E2B's error shape with Retry-After, so a client knows when to ask
-    again (it had no Retry-After)."""
+    """E2B's create on a full node, once its wait for capacity (e2b_capacity_wait_seconds) ran out: 503 in E2B's
+    error shape with Retry-After, so a client knows when to ask again (it had no Retry-After)."""
     nc = await node_cluster(capacity={"cpuMillis": 1000, "memoryBytes": 4 * GiB})
-    stack: ApiStack = await api_for(nc.cluster)
+    stack: ApiStack = await api_for(nc.cluster, e2b_capacity_wait_seconds=1.0)
     key = await stack.tenant("alpha")
     await wait_admitting(stack, "n1")
     async with stack.http(key) as http:
         filled = await create(http, {"resources": {"cpuMillis": 1000, "memoryBytes": 64 * 2**20}})
         assert filled.status_code == 201, filled.text
+        started = time.monotonic()
         refused = await http.post("/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-Key": key})
+        waited = time.monotonic() - started
     assert refused.status_code == 503, refused.text
     assert refused.json()["code"] == 503 and "no capacity" in refused.json()["message"]
     assert int(refused.headers["retry-after"]) >= 1
+    assert 1.0 <= waited < 5, f"the create waited {waited:.1f} s for capacity (bound 1 s)"
+
+
+async def test_an_e2b_create_waits_for_capacity_freed_meanwhile(node_cluster, api_for) -> None:
+    """The E2B SDK does not retry a 503, so its create waits on the server's side: a create that finds the node
+    full answers 201 once a delete made room, within e2b_capacity_wait_seconds (a burst of E2B creates on a full
+    node failed a third of them before, bench_tti)."""
+    nc = await node_cluster(capacity={"cpuMillis": 1000, "memoryBytes": 4 * GiB})
+    stack: ApiStack = await api_for(nc.cluster)  # the default wait, 30 s
+    key = await stack.tenant("alpha")
+    await wait_admitting(stack, "n1")
+    async with stack.http(key) as http:
+        filled = await create(http, {"resources": {"cpuMillis": 1000, "memoryBytes": 64 * 2**20}})
+        assert filled.status_code == 201, filled.text
+        waiting = asyncio.create_task(
+            http.post("/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-Key": key}, timeout=60)
+        )
+        await asyncio.sleep(1.5)
+        assert not waiting.done(), "the create was answered while the node was full"
+        deleted = await http.delete(f"/v1/environments/{filled.json()['id']}")
+        assert deleted.status_code in (200, 202, 204), deleted.text
+        created = await waiting
+        assert created.status_code == 201, created.text
+        sandbox_id = created.json()["sandboxID"]
+        assert (await http.delete(f"/sandboxes/{sandbox_id}", headers={"X-API-Key": key})).status_code == 204
 
 
 async def test_the_sdk_create_waits_for_capacity_when_asked(node_cluster, api_for) -> None:

@@ -45,7 +45,7 @@ from adx.e2b._template_store import TemplateStore
 from adx.e2b._template_tags import DEFAULT_TAG, SEPARATOR, parse_name, resolve_image
 from adx.e2b._upstream import Execd
 from adx.e2b._views import CreatedSandbox, SandboxLifecycle, SandboxMetric, SandboxState, SandboxView, wire
-from adx.errors import AdxError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from adx.errors import AdxError, ConflictError, InvalidInputError, NoCapacityError, NotFoundError, UnavailableError
 from adx.gateway import (
     ON_THE_WAY,
     Plane,
@@ -263,12 +263,30 @@ async def create_sandbox(request: Request) -> Response:
     if from_snapshot:
         record = await create_from_snapshot(p, tenant, template, spec, key)
     else:
-        record, created = await p.coordinator.create_environment(tenant, spec, key)
+        record, created = await _create_when_room(p, tenant, spec, key)
     record = await _wait_running(p, record)
     start_run_files(serving_ingress(request.app), record)
     if created:  # a retried create (the same idempotency key) finds it started already
         await _start_template_command(p, request, record)
     return JSONResponse(created_view(request, record), status_code=201)
+
+
+async def _create_when_room(
+    p: Plane, tenant: str, spec: EnvironmentSpec, key: str | None
+) -> tuple[EnvironmentRecord, bool]:
+    """The create, sent again while no node has room for it, up to ``e2b_capacity_wait_seconds``: E2B's SDK gives
+    up at the first 503 (a burst of creates on a full node failed a third of them, bench_tti), so the wait the
+    native SDK does on its side (``create(wait=SECONDS)``) happens here. A refused create left nothing behind, and
+    each try waits the refusal's own retry hint, bounded by what is left; past the bound the 503 goes out."""
+    deadline = time.monotonic() + p.config.e2b_capacity_wait_seconds
+    while True:
+        try:
+            return await p.coordinator.create_environment(tenant, spec, key)
+        except NoCapacityError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            await asyncio.sleep(min(left, float(exc.details.get("retry_after_seconds", 1.0))))
 
 
 async def _start_template_command(p: Plane, request: Request, record: EnvironmentRecord) -> None:

@@ -43,6 +43,13 @@ class ApiConfig(StrictModel):
         description="E2B: the domain of sandbox host names (get_host: PORT-ID.<proof>.DOMAIN); empty: localhost "
         "with the API's port (docs/e2b.md)",
     )
+    e2b_capacity_wait_seconds: float = seconds(
+        30.0,
+        "E2B: how long a create that no node has room for waits for capacity before its 503 (the E2B SDK does not "
+        "retry a 503; its requests time out after 60 s)",
+        le=600,
+        ge=0,
+    )
     start_wait_seconds: float = seconds(
         30.0, "Ingress: how long a request waits for a pending/starting Environment", le=600, ge=0
     )
