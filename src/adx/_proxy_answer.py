@@ -27,6 +27,12 @@ from starlette.types import Receive, Scope, Send
 SHORT_ANSWER_BYTES = 64 * 1024
 
 
+def is_short(headers: list[tuple[str, str]]) -> bool:
+    """Whether an upstream answer's declared Content-Length (if any) is short enough to be read whole."""
+    declared = next((v for k, v in headers if k.lower() == "content-length"), None)
+    return declared is not None and declared.isdigit() and int(declared) <= SHORT_ANSWER_BYTES
+
+
 async def _once(body: bytes) -> AsyncIterator[bytes]:
     yield body
 

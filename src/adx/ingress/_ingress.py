@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask
 from starlette.websockets import WebSocket
 
 from adx._certs import Identity, client_ssl_context, component_paths
-from adx._proxy_answer import SHORT_ANSWER_BYTES, ProxiedAnswer
+from adx._proxy_answer import ProxiedAnswer, is_short
 from adx._wsproxy import Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
@@ -359,7 +359,7 @@ class Ingress:
                 return ProxiedAnswer(upstream.status_code, _answer_headers(upstream), whole=content)
             self.forget(tenant, environment_id)
             await self.wake(tenant, environment_id)
-        if _short_length(upstream.headers) is not None:  # read whole, sent in one message (docs/performance.md)
+        if is_short(upstream.headers):  # read whole, sent in one message (docs/performance.md)
             content = await _read_whole(upstream, address)
             return ProxiedAnswer(upstream.status_code, _answer_headers(upstream), whole=content)
         return ProxiedAnswer(
@@ -473,14 +473,6 @@ def _carries_token(name: str, value: str) -> bool:
 def _answer_headers(upstream: RelayResponse) -> list[tuple[bytes, bytes]]:
     """The Relay's headers as they came, repeated ones (Set-Cookie of a user's service) kept, hop-by-hop dropped."""
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream.headers if k.lower() not in _HOP]
-
-
-def _short_length(headers: list[tuple[str, str]]) -> int | None:
-    """The declared Content-Length when the answer is short enough to be read whole, else None."""
-    declared = next((v for k, v in headers if k.lower() == "content-length"), None)
-    if declared is None or not declared.isdigit() or int(declared) > SHORT_ANSWER_BYTES:
-        return None
-    return int(declared)
 
 
 async def _read_whole(upstream: RelayResponse, address: str) -> bytes:

@@ -30,7 +30,7 @@ from starlette.websockets import WebSocket
 
 from adx._certs import CertPaths
 from adx._fs import ShortUnixPath
-from adx._proxy_answer import SHORT_ANSWER_BYTES, ProxiedAnswer
+from adx._proxy_answer import ProxiedAnswer, is_short
 from adx._wsproxy import MAX_MESSAGE_BYTES, Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
@@ -326,7 +326,7 @@ class Relay:
             for k, v in upstream.headers
             if k.lower() not in _DROP_HEADERS
         ]
-        if _short_length(upstream.headers) is not None:
+        if is_short(upstream.headers):
             try:
                 whole = b"".join([chunk async for chunk in upstream.body])
             except (OSError, h11.ProtocolError) as exc:
@@ -334,7 +334,7 @@ class Relay:
                 if isinstance(now, JSONResponse):  # it stopped running here meanwhile: that is the answer
                     await self.forget(env_id)
                     return now
-                return _error(502, failure, f"the answer from {env_id} broke off: {exc or type(exc).__name__}")
+                return _error(502, failure, f"the answer from {env_id} broke off: {str(exc) or type(exc).__name__}")
             finally:
                 await _close_body(upstream)
                 self.streams.closed(env_id)
@@ -349,14 +349,6 @@ class Relay:
                 self.streams.closed(env_id)
 
         return ProxiedAnswer(upstream.status, raw_headers, chunks=body())
-
-
-def _short_length(headers: list[tuple[str, str]]) -> int | None:
-    """The declared Content-Length when the answer is short enough to be read whole, else None."""
-    declared = next((v for k, v in headers if k.lower() == "content-length"), None)
-    if declared is None or not declared.isdigit() or int(declared) > SHORT_ANSWER_BYTES:
-        return None
-    return int(declared)
 
 
 async def _close_body(upstream: PortResponse) -> None:
