@@ -38,6 +38,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from typing import Any
 
 import httpx
 from _harness import emit, percentile, progress, summarize
-from bench_api import MEMORY, execd_socket_of, start_cluster, stop_cluster, wait_deleted
+from bench_api import MEMORY, execd_socket_of, free_port, start_cluster, stop_cluster, wait_deleted
 from bench_e2b_templates import _seed_debian as seed_debian
 
 import adx
@@ -142,7 +143,16 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None, help="write py-spy flame graphs here")
     parser.add_argument("--creates", type=int, default=15, help="create-path rounds (each: both modes)")
     parser.add_argument("--no-seed", action="store_true", help="let adx up build the Debian image (no cache)")
+    parser.add_argument(
+        "--parsers",
+        type=int,
+        default=0,
+        help="only compare uvicorn's h11 and httptools parsers: server CPU per streamed answer over N requests",
+    )
     args = parser.parse_args()
+    if args.parsers:
+        emit("hops_parsers", parser_check(args.parsers))
+        return
     figures: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="adx-bench-hops-", dir="/tmp") as tmp:
         base = Path(tmp)
@@ -332,6 +342,65 @@ def create_path(client: adx.Client, state: Path, rounds: int) -> dict[str, Any]:
             for name, v in sorted(named.items(), key=lambda kv: percentile(kv[1], 50))
         }
         for size, named in phases.items()
+    }
+
+
+#: One proxy hop's answer alone: a uvicorn server (``http`` = argv[2]) answering every POST with two NDJSON frames
+#: streamed through the proxies' ProxiedAnswer, on asyncio's own loop.
+PARSER_SERVER = r"""
+import sys, uvicorn
+from adx._proxy_answer import ProxiedAnswer
+
+async def frames():
+    yield b'{"frame":1}\n'
+    yield b'{"frame":2}\n'
+
+async def app(scope, receive, send):
+    while (await receive()).get("more_body"):
+        pass
+    answer = ProxiedAnswer(200, [(b"content-type", b"application/x-ndjson")], chunks=frames())
+    await answer(scope, receive, send)
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), http=sys.argv[2], loop="asyncio", lifespan="off",
+            log_level="warning")
+"""
+
+
+def parser_check(n: int, rounds: int = 3) -> dict[str, Any]:
+    """uvicorn's HTTP/1.1 parsers side by side, alternating (``rounds`` each): the server process's CPU per
+    request (the figure load does not inflate much), and the client's wall p50."""
+    cpu: dict[str, list[float]] = {"h11": [], "httptools": []}
+    wall: dict[str, list[float]] = {"h11": [], "httptools": []}
+    for _ in range(rounds):
+        for http in cpu:
+            port = free_port()
+            server = subprocess.Popen([sys.executable, "-c", PARSER_SERVER, str(port), http])
+            try:
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+                    deadline = time.monotonic() + 30
+                    while True:
+                        try:
+                            client.post("/", json=BODY)
+                            break
+                        except httpx.TransportError:
+                            assert time.monotonic() < deadline, f"the {http} server did not start"
+                            time.sleep(0.1)
+                    for _ in range(50):
+                        client.post("/", json=BODY)
+                    before = cpu_seconds(server.pid)
+                    for _ in range(n):
+                        start = time.perf_counter()
+                        client.post("/", json=BODY)
+                        wall[http].append(time.perf_counter() - start)
+                    cpu[http].append((cpu_seconds(server.pid) - before) / n * 1e3)
+            finally:
+                server.terminate()
+                server.wait(10)
+            progress(f"  {http}: {cpu[http][-1]:.3f} ms CPU per answer")
+    return {
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "server_cpu_ms_per_answer": {http: [round(v, 3) for v in values] for http, values in cpu.items()},
+        "wall": {http: summarize(values) for http, values in wall.items()},
     }
 
 

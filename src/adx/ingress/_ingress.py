@@ -20,10 +20,10 @@ from urllib.parse import quote
 from fastapi import Request
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.responses import StreamingResponse
 from starlette.websockets import WebSocket
 
 from adx._certs import Identity, client_ssl_context, component_paths
+from adx._proxy_answer import ProxiedAnswer, is_short
 from adx._wsproxy import Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
@@ -339,7 +339,7 @@ class Ingress:
         *,
         body: bytes | None = None,
         read_timeout: float | None,
-    ) -> StreamingResponse:
+    ) -> ProxiedAnswer:
         """Forward to the Relay; ``body`` given: sent as is, else the request body is streamed through.
 
         A request that meets a paused or pausing Environment wakes it and is sent again (ENV-4, IDLE-6), when
@@ -354,17 +354,19 @@ class Ingress:
             upstream = await self._send(request, address, environment_id, execd_path, body, read_timeout, tenant)
             if body is None or upstream.status_code not in (409, 503):
                 break
-            content = await upstream.aread()
-            await upstream.aclose()
+            content = await _read_whole(upstream, address)
             if _answer_code(content) not in _WAKE_CODES:
-                return _answer(StreamingResponse(iter([content]), upstream.status_code), upstream)
+                return ProxiedAnswer(upstream.status_code, _answer_headers(upstream), whole=content)
             self.forget(tenant, environment_id)
             await self.wake(tenant, environment_id)
-        return _answer(
-            StreamingResponse(
-                upstream.aiter_raw(), status_code=upstream.status_code, background=BackgroundTask(upstream.aclose)
-            ),
-            upstream,
+        if is_short(upstream.headers):  # read whole, sent in one message (docs/performance.md)
+            content = await _read_whole(upstream, address)
+            return ProxiedAnswer(upstream.status_code, _answer_headers(upstream), whole=content)
+        return ProxiedAnswer(
+            upstream.status_code,
+            _answer_headers(upstream),
+            chunks=upstream.aiter_raw(),
+            background=BackgroundTask(upstream.aclose),
         )
 
     async def forward_websocket(self, websocket: WebSocket, tenant: str, environment_id: str, execd_path: str) -> None:
@@ -468,12 +470,19 @@ def _carries_token(name: str, value: str) -> bool:
     return name.lower() == "referer" and ENDPOINT_TOKEN_QUERY in value
 
 
-def _answer(response: StreamingResponse, upstream: RelayResponse) -> StreamingResponse:
+def _answer_headers(upstream: RelayResponse) -> list[tuple[bytes, bytes]]:
     """The Relay's headers as they came, repeated ones (Set-Cookie of a user's service) kept, hop-by-hop dropped."""
-    response.raw_headers = [
-        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream.headers if k.lower() not in _HOP
-    ]
-    return response
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream.headers if k.lower() not in _HOP]
+
+
+async def _read_whole(upstream: RelayResponse, address: str) -> bytes:
+    """The whole body of a Relay's answer (its connection returned to the pool or closed)."""
+    try:
+        return await upstream.aread()
+    except RelayTimeoutError as exc:
+        raise RelayTimeout(f"the node's Relay at {address} did not answer in time: {exc}") from None
+    except RelayTransportError as exc:
+        raise RelayTimeout(f"the connection to the node's Relay at {address} failed: {exc}") from None
 
 
 def _answer_code(content: bytes) -> str:

@@ -24,12 +24,13 @@ import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from adx._certs import CertPaths
 from adx._fs import ShortUnixPath
+from adx._proxy_answer import ProxiedAnswer, is_short
 from adx._wsproxy import MAX_MESSAGE_BYTES, Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
@@ -245,7 +246,7 @@ class Relay:
         except (OSError, h11.ProtocolError) as exc:
             self.streams.closed(env_id)
             return _error(502, "port_unavailable", f"port {port}: {exc}")
-        return self._stream_back(env_id, upstream)
+        return await self._stream_back(env_id, upstream, "port_unavailable")
 
     async def websocket_port(self, websocket: WebSocket) -> None:
         """A WebSocket to a user's service on ``port``: opened there with the client's path, query, headers and
@@ -313,22 +314,46 @@ class Relay:
                 return now
             detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {detail}")
-        return self._stream_back(env_id, upstream)
+        return await self._stream_back(env_id, upstream, "upstream_unavailable")
 
-    def _stream_back(self, env_id: str, upstream: PortResponse) -> StreamingResponse:
-        """``upstream``'s answer to the caller; the stream ``env_id`` holds open (IDLE-2) ends with its body."""
+    async def _stream_back(self, env_id: str, upstream: PortResponse, failure: str) -> Response:
+        """``upstream``'s answer to the caller; the stream ``env_id`` holds open (IDLE-2) ends with its body.
+
+        A short answer (a Content-Length up to SHORT_ANSWER_BYTES) is read here and sent whole, without the
+        streaming machinery; a body that fails on the way is then answered as a failed connect is (``failure``)."""
+        raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in upstream.headers
+            if k.lower() not in _DROP_HEADERS
+        ]
+        if is_short(upstream.headers):
+            try:
+                whole = b"".join([chunk async for chunk in upstream.body])
+            except (OSError, h11.ProtocolError) as exc:
+                now = self._resolved(env_id)
+                if isinstance(now, JSONResponse):  # it stopped running here meanwhile: that is the answer
+                    await self.forget(env_id)
+                    return now
+                return _error(502, failure, f"the answer from {env_id} broke off: {str(exc) or type(exc).__name__}")
+            finally:
+                await _close_body(upstream)
+                self.streams.closed(env_id)
+            return ProxiedAnswer(upstream.status, raw_headers, whole=whole)
 
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in upstream.body:
                     yield chunk
             finally:
-                if isinstance(upstream.body, AsyncGenerator):  # not run to its end: close its socket now
-                    await upstream.body.aclose()
+                await _close_body(upstream)
                 self.streams.closed(env_id)
 
-        response_headers = {k: v for k, v in upstream.headers if k.lower() not in _DROP_HEADERS}
-        return StreamingResponse(body(), status_code=upstream.status, headers=response_headers)
+        return ProxiedAnswer(upstream.status, raw_headers, chunks=body())
+
+
+async def _close_body(upstream: PortResponse) -> None:
+    if isinstance(upstream.body, AsyncGenerator):  # not run to its end: close its socket now
+        await upstream.body.aclose()
 
 
 class EmbeddedUvicorn(uvicorn.Server):
