@@ -298,13 +298,17 @@ async def delete_all(envs: list[adx.AsyncEnvironment], clients: int) -> None:
     await asyncio.gather(*(worker() for _ in range(clients)))
 
 
-async def wait_gone(client: adx.AsyncClient, within: float) -> None:
+async def wait_gone(client: adx.AsyncClient, within: float) -> int:
+    """Until every Environment is deleted (or ``within`` ran out): how many were left."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if all(e.state == "deleted" for e in await client.environments.list()):
-            return
+    while True:
+        left = sum(e.state != "deleted" for e in await client.environments.list())
+        if not left or time.monotonic() >= deadline:
+            break
         await asyncio.sleep(0.5)
-    progress("some Environments were not deleted in time")
+    if left:
+        progress(f"{left} Environments were not deleted within {within:g}s")
+    return left
 
 
 async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -424,12 +428,22 @@ async def bench(url: str, key: str, up_pid: int, args: argparse.Namespace) -> di
         figures["capacity_refusal"] = {
             "status": refused.status_code,
             "code": error.get("code"),
+            "message": error.get("message"),
             "retry_after": refused.headers.get("retry-after"),
             "ok": (refused.status_code, error.get("code")) == (503, "no_capacity") and "retry-after" in refused.headers,
         }
         progress(f"deleting {len(envs)}")
+        start = time.perf_counter()
         await delete_all(envs, args.clients)
-        await wait_gone(client, 300)
+        answered = time.perf_counter() - start
+        left = await wait_gone(client, 300)
+        figures["deletes"] = {
+            "n": len(envs),
+            "clients": args.clients,
+            "all_answered_s": round(answered, 1),
+            "all_deleted_s": round(time.perf_counter() - start, 1),
+            "not_deleted": left,
+        }
     return figures
 
 
