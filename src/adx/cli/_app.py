@@ -201,6 +201,7 @@ SERVER_MODULES = frozenset(
         "google",  # protobuf
         "grpc",
         "h11",
+        "httptools",
         "jsonschema",
         "pgserver",
         "prometheus_client",
