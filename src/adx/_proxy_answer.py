@@ -27,6 +27,12 @@ from starlette.types import Receive, Scope, Send
 SHORT_ANSWER_BYTES = 64 * 1024
 
 
+def forwarded_headers(headers: list[tuple[str, str]], drop: frozenset[str]) -> list[tuple[bytes, bytes]]:
+    """An upstream's headers as an ASGI answer carries them: as they came (repeated ones, a user service's
+    Set-Cookie, kept), names lower-cased, the hop's own (``drop``, lower-case) left out."""
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers if k.lower() not in drop]
+
+
 def is_short(headers: list[tuple[str, str]]) -> bool:
     """Whether an upstream answer's declared Content-Length (if any) is short enough to be read whole."""
     declared = next((v for k, v in headers if k.lower() == "content-length"), None)

@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask
 from starlette.websockets import WebSocket
 
 from adx._certs import Identity, client_ssl_context, component_paths
-from adx._proxy_answer import ProxiedAnswer, is_short
+from adx._proxy_answer import ProxiedAnswer, forwarded_headers, is_short
 from adx._wsproxy import Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
@@ -471,8 +471,8 @@ def _carries_token(name: str, value: str) -> bool:
 
 
 def _answer_headers(upstream: RelayResponse) -> list[tuple[bytes, bytes]]:
-    """The Relay's headers as they came, repeated ones (Set-Cookie of a user's service) kept, hop-by-hop dropped."""
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream.headers if k.lower() not in _HOP]
+    """The Relay's headers as they came, hop-by-hop dropped."""
+    return forwarded_headers(upstream.headers, _HOP)
 
 
 async def _read_whole(upstream: RelayResponse, address: str) -> bytes:

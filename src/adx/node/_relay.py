@@ -30,7 +30,7 @@ from starlette.websockets import WebSocket
 
 from adx._certs import CertPaths
 from adx._fs import ShortUnixPath
-from adx._proxy_answer import ProxiedAnswer, is_short
+from adx._proxy_answer import ProxiedAnswer, forwarded_headers, is_short
 from adx._wsproxy import MAX_MESSAGE_BYTES, Refused, UpstreamError, WebSocketClient, bridge, deny, refusal_response
 from adx.errors import (
     AdxError,
@@ -194,6 +194,16 @@ class Relay:
             await self.prepare(env_id)
         return self._resolved(env_id)
 
+    async def _stopped_meanwhile(self, env_id: str) -> JSONResponse | None:
+        """After an upstream failure: the answer when the Environment stopped running here while the request was
+        on its way (a delete or pause took its execd down), which is that answer and not a server error; None
+        when it still runs (the failure is the upstream's)."""
+        now = self._resolved(env_id)
+        if not isinstance(now, JSONResponse):
+            return None
+        await self.forget(env_id)
+        return now
+
     def _resolved(self, env_id: str) -> RelayTarget | JSONResponse:
         """The target, or the answer saying why there is none (gone, not running, unavailable)."""
         try:
@@ -306,12 +316,8 @@ class Relay:
             )
         except (OSError, TimeoutError, h11.ProtocolError, AdxError) as exc:
             self.streams.closed(env_id)
-            now = self._resolved(env_id)
-            if isinstance(now, JSONResponse):
-                # It stopped running here while the request was on its way (a delete or pause took its execd
-                # down): that is the answer, not a server error.
-                await self.forget(env_id)
-                return now
+            if (stopped := await self._stopped_meanwhile(env_id)) is not None:
+                return stopped
             detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             return _error(502, "upstream_unavailable", f"execd of {env_id} did not answer: {detail}")
         return await self._stream_back(env_id, upstream, "upstream_unavailable")
@@ -321,19 +327,13 @@ class Relay:
 
         A short answer (a Content-Length up to SHORT_ANSWER_BYTES) is read here and sent whole, without the
         streaming machinery; a body that fails on the way is then answered as a failed connect is (``failure``)."""
-        raw_headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1"))
-            for k, v in upstream.headers
-            if k.lower() not in _DROP_HEADERS
-        ]
+        raw_headers = forwarded_headers(upstream.headers, _DROP_HEADERS)
         if is_short(upstream.headers):
             try:
                 whole = b"".join([chunk async for chunk in upstream.body])
             except (OSError, h11.ProtocolError) as exc:
-                now = self._resolved(env_id)
-                if isinstance(now, JSONResponse):  # it stopped running here meanwhile: that is the answer
-                    await self.forget(env_id)
-                    return now
+                if (stopped := await self._stopped_meanwhile(env_id)) is not None:
+                    return stopped
                 return _error(502, failure, f"the answer from {env_id} broke off: {str(exc) or type(exc).__name__}")
             finally:
                 await _close_body(upstream)

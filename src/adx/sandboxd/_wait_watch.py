@@ -142,16 +142,6 @@ class WaitWatch:
             with contextlib.suppress(RuntimeError):  # the loop is closing: no Wait is left to wake
                 loop.call_soon_threadsafe(self._fire, sandbox_id)
 
-    def close(self) -> None:
-        if self._fd is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-        self._fd = None
-        self._loop = None
-        self._watched.clear()
-        self._by_wd.clear()
-
     def _attach(self) -> None:
         if self._loop is not None:
             return
